@@ -1,0 +1,27 @@
+// Counters and timings in the style of PyTorch/XLA's metrics. Thread-safe.
+//
+// Counters: UncachedCompile, CachedCompile, ExecuteGraph (more arrive with later features).
+// Timings:  TraceTime (graph extraction and hashing at a sync), CompileTime, ExecuteTime.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace lazyrt::metrics {
+
+/// The value of a counter; 0 when it was never touched.
+int64_t counter(std::string_view name);
+/// How many times a timing was recorded, and their total in nanoseconds.
+int64_t timing_count(std::string_view name);
+int64_t timing_total_ns(std::string_view name);
+/// Every counter and timing, one per line, sorted by name.
+std::string report();
+/// Sets every counter and timing back to zero.
+void reset();
+
+// Recording, used by the runtime itself.
+void increment(std::string_view name, int64_t by = 1);
+void record_timing(std::string_view name, int64_t nanoseconds);
+
+}  // namespace lazyrt::metrics

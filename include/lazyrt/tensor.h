@@ -1,0 +1,174 @@
+// Lazy tensors. A Tensor is a cheap handle to shared state: its shape and dtype, and either
+// device data (a materialized buffer) or a pending IR value. Ops record IR and return at once;
+// values are computed at a sync point (mark_step(), sync(), or reading a value).
+//
+// Thread-safety: tracing is meant for one thread at a time; the live-tensor registry, the
+// compile cache and the metrics are internally synchronized.
+#pragma once
+
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lazyrt/types.h"
+
+namespace lazyrt {
+
+namespace trace {
+struct TensorImpl;
+}
+
+class Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor; every accessor but defined() throws
+  explicit Tensor(std::shared_ptr<trace::TensorImpl> impl);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  int64_t dim() const;
+  int64_t numel() const;
+  int64_t size(int64_t d) const;  // negative d counts from the end
+  DType dtype() const;
+  bool is_pending() const;  // holds un-materialized IR
+
+  /// Syncs this tensor and copies its elements out in row-major order. T must match the
+  /// dtype (float: f32, double: f64, int32_t: i32, int64_t: i64, bool: b8).
+  template <class T>
+  std::vector<T> to_vector() const;
+  /// The value of a one-element tensor as a double; syncs.
+  double item() const;
+  /// Syncs and formats like PyTorch: tensor([[1., 2.], [3., 4.]]).
+  std::string to_string() const;
+
+  // In place: the handle keeps its identity and gets a new value. The new value must have
+  // this tensor's shape (after broadcasting the right-hand side) and dtype.
+  Tensor& add_(const Tensor& other, Scalar alpha = 1);
+  Tensor& mul_(const Tensor& other);
+  Tensor& copy_(const Tensor& src);
+  Tensor& zero_();
+
+  Tensor& requires_grad_(bool requires_grad = true);
+  bool requires_grad() const;
+  /// A new tensor with the same value that does not require grad.
+  Tensor detach() const;
+
+  // Method forms of common ops.
+  Tensor sum(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor mean(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor reshape(Shape shape) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor matmul(const Tensor& other) const;
+  Tensor to(DType dtype) const;
+
+  const std::shared_ptr<trace::TensorImpl>& impl() const { return impl_; }
+
+ private:
+  std::shared_ptr<trace::TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// ---- creation -------------------------------------------------------------------------
+// tensor(), scalar_tensor() make device data: graph inputs, never baked into a graph.
+// zeros/ones/full/arange are recorded lazily as constants of the graph.
+Tensor tensor(const std::vector<float>& data, Shape shape);
+Tensor tensor(const std::vector<double>& data, Shape shape);
+Tensor tensor(const std::vector<int32_t>& data, Shape shape);
+Tensor tensor(const std::vector<int64_t>& data, Shape shape);
+Tensor tensor(const std::vector<bool>& data, Shape shape);
+/// A braced list of numbers, converted to `dtype` (f32 unless given): tensor({1, 2}, {2}).
+Tensor tensor(std::initializer_list<double> values, Shape shape, DType dtype = DType::f32);
+/// Device data from raw bytes in row-major order (bf16/f16 as their 16-bit patterns).
+Tensor from_blob(const void* data, Shape shape, DType dtype);
+Tensor scalar_tensor(double value, DType dtype = DType::f32);
+Tensor zeros(Shape shape, DType dtype = DType::f32);
+Tensor ones(Shape shape, DType dtype = DType::f32);
+Tensor full(Shape shape, Scalar value, DType dtype = DType::f32);
+Tensor arange(int64_t n, DType dtype = DType::i64);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+
+// ---- elementwise -----------------------------------------------------------------------
+Tensor neg(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor isnan(const Tensor& a);
+Tensor logical_not(const Tensor& a);
+Tensor cast(const Tensor& a, DType dtype);
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give f32
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, Scalar exponent);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, Scalar b);
+Tensor operator-(const Tensor& a, Scalar b);
+Tensor operator*(const Tensor& a, Scalar b);
+Tensor operator/(const Tensor& a, Scalar b);
+Tensor operator+(Scalar a, const Tensor& b);
+Tensor operator-(Scalar a, const Tensor& b);
+Tensor operator*(Scalar a, const Tensor& b);
+Tensor operator/(Scalar a, const Tensor& b);
+Tensor operator==(const Tensor& a, const Tensor& b);
+Tensor operator!=(const Tensor& a, const Tensor& b);
+Tensor operator<(const Tensor& a, const Tensor& b);
+Tensor operator<=(const Tensor& a, const Tensor& b);
+Tensor operator>(const Tensor& a, const Tensor& b);
+Tensor operator>=(const Tensor& a, const Tensor& b);
+Tensor operator==(const Tensor& a, Scalar b);
+Tensor operator!=(const Tensor& a, Scalar b);
+Tensor operator<(const Tensor& a, Scalar b);
+Tensor operator<=(const Tensor& a, Scalar b);
+Tensor operator>(const Tensor& a, Scalar b);
+Tensor operator>=(const Tensor& a, Scalar b);
+
+// ---- reductions ------------------------------------------------------------------------
+// dims empty means every dim. Negative dims count from the end.
+Tensor sum(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+
+// ---- linear algebra and shape ----------------------------------------------------------
+/// PyTorch's matmul: 1-D and 2-D operands, and batched operands with broadcast batch dims.
+Tensor matmul(const Tensor& a, const Tensor& b);
+Tensor reshape(const Tensor& a, Shape shape);  // one dim may be -1
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& a, std::vector<int64_t> dims);
+Tensor expand(const Tensor& a, Shape shape);  // -1 keeps a dim
+Tensor unsqueeze(const Tensor& a, int64_t dim);
+Tensor squeeze(const Tensor& a, int64_t dim);  // no-op when that dim is not 1
+
+// ---- sync ------------------------------------------------------------------------------
+/// Syncs every live tensor that holds pending IR, as one graph.
+void mark_step();
+/// Syncs these tensors, as one graph.
+void sync(const std::vector<Tensor>& tensors);
+
+}  // namespace lazyrt

@@ -1,0 +1,24 @@
+// Compile: verify, optimize, lower to steps, plan memory, emit an Executable.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "ir/graph.h"
+#include "runtime/executable.h"
+
+namespace lazyrt::compile {
+
+/// donations[k] = p offers parameter p's buffer for output k (-1: none). Each parameter is
+/// offered at most once. The executable accepts an offer unless another output returns that
+/// parameter unchanged; when the output cannot be computed in place safely (the parameter is
+/// still read after it is produced), it is computed aside and copied in at the end.
+std::shared_ptr<runtime::Executable> compile(const ir::Graph& graph,
+                                             const std::vector<int32_t>& donations = {});
+
+/// Lowering alone, on an already optimized graph (tests use it to see the plan of a graph
+/// exactly as written).
+std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
+                                           const std::vector<int32_t>& donations);
+
+}  // namespace lazyrt::compile

@@ -1,0 +1,46 @@
+// Graph-to-graph passes. Each takes a graph and returns a new one with the same parameters
+// (count and indices) and the same outputs (count and order, possibly other values); none
+// holds state. optimize() runs them in the order compile uses.
+#pragma once
+
+#include "ir/graph.h"
+
+namespace lazyrt::compile {
+
+/// Removes nodes no output depends on.
+ir::Graph dead_code_elimination(const ir::Graph& g);
+/// Merges nodes with equal op, operands (in canonical order for commutative ops), attributes
+/// and result types. Parameters are never merged.
+ir::Graph common_subexpression_elimination(const ir::Graph& g);
+/// Replaces elementwise and shape ops whose operands are all constants (full) by a constant.
+ir::Graph constant_folding(const ir::Graph& g);
+/// x*1, 1*x, x/1, x+0, 0+x, x-0, x**1 -> x; neg(neg(x)) -> x; permute of permute -> one
+/// permute (identity -> x); reshape of reshape -> one reshape; reshape, expand or cast to the
+/// operand's own type -> x. Only where the result keeps x's exact type.
+ir::Graph algebraic_simplification(const ir::Graph& g);
+
+/// fold, simplify, CSE, DCE.
+ir::Graph optimize(const ir::Graph& g);
+
+/// Rebuilds a graph node by node with remapped operands; the passes are written on it.
+class GraphRewriter {
+ public:
+  explicit GraphRewriter(const ir::Graph& source);
+  const ir::Graph& source() const { return src_; }
+  /// The new value standing for an old one.
+  ir::ValueRef map(ir::ValueRef old) const;
+  /// Declares that old node i's result k is now `v`.
+  void set(int32_t node, int32_t index, ir::ValueRef v);
+  /// Copies old node i with remapped operands, records the mapping, returns its result 0.
+  ir::ValueRef copy(int32_t i);
+  ir::Graph& graph() { return out_; }
+  /// Remaps the outputs and returns the new graph.
+  ir::Graph finish();
+
+ private:
+  const ir::Graph& src_;
+  ir::Graph out_;
+  std::vector<std::vector<ir::ValueRef>> map_;
+};
+
+}  // namespace lazyrt::compile

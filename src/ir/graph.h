@@ -1,0 +1,108 @@
+// The IR: a Graph is a flat, topologically ordered list of Nodes (every operand refers to an
+// earlier node), a list of outputs, and a parameter count. Graphs are plain values: passes
+// take a graph and return a new one. Regions (loop bodies) are graphs owned by their node.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ir/op.h"
+#include "lazyrt/types.h"
+
+namespace lazyrt::ir {
+
+struct TensorType {
+  DType dtype = DType::f32;
+  Shape shape;
+  int64_t numel() const { return shape_numel(shape); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
+  bool operator!=(const TensorType& o) const { return !(*this == o); }
+};
+std::string type_str(const TensorType& t);  // "f32[2, 3]"
+
+using AttrValue = std::variant<int64_t, double, bool, DType, std::vector<int64_t>>;
+
+/// Attributes of a node, positional in the order its ops.def row declares them.
+struct Attrs {
+  std::vector<AttrValue> values;
+
+  Attrs() = default;
+  Attrs(std::initializer_list<AttrValue> v) : values(v) {}
+  int64_t i(size_t k) const { return std::get<int64_t>(values.at(k)); }
+  double f(size_t k) const { return std::get<double>(values.at(k)); }
+  bool b(size_t k) const { return std::get<bool>(values.at(k)); }
+  DType dtype(size_t k) const { return std::get<DType>(values.at(k)); }
+  const std::vector<int64_t>& ints(size_t k) const {
+    return std::get<std::vector<int64_t>>(values.at(k));
+  }
+  bool operator==(const Attrs& o) const { return values == o.values; }
+};
+
+/// A result of a node: node index and result index.
+struct ValueRef {
+  int32_t node = -1;
+  int32_t index = 0;
+  bool operator==(const ValueRef& o) const { return node == o.node && index == o.index; }
+  bool operator!=(const ValueRef& o) const { return !(*this == o); }
+  bool operator<(const ValueRef& o) const {
+    return node != o.node ? node < o.node : index < o.index;
+  }
+};
+
+struct Graph;
+
+struct Node {
+  OpKind op = OpKind::Parameter;
+  std::vector<ValueRef> operands;
+  Attrs attrs;
+  std::vector<TensorType> results;
+  std::vector<std::shared_ptr<const Graph>> regions;
+};
+
+struct Graph {
+  std::vector<Node> nodes;
+  std::vector<ValueRef> outputs;
+  int64_t num_params = 0;
+
+  const TensorType& type(ValueRef v) const { return nodes.at(v.node).results.at(v.index); }
+  const Node& node(ValueRef v) const { return nodes.at(v.node); }
+
+  /// Appends a node; infers its result types (throws lazyrt::Error on bad operands).
+  ValueRef add(OpKind op, std::vector<ValueRef> operands, Attrs attrs = {});
+  /// Appends the next parameter (index num_params).
+  ValueRef add_parameter(TensorType type);
+  /// Appends a constant filled with `value`.
+  ValueRef add_full(double value, Shape shape, DType dtype);
+};
+
+/// Result types of `op` applied to operands of these types; throws lazyrt::Error naming the op
+/// and the types when they do not fit. The one shape rule, used by tracing and by passes.
+std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& operands,
+                                    const Attrs& attrs);
+
+/// NumPy broadcasting of two shapes; throws lazyrt::Error naming `what` on a mismatch.
+Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what);
+
+/// Checks every invariant of the graph: topological order, operand counts, attribute kinds,
+/// result types equal to what the op's rule infers, parameter indices, outputs in range.
+/// Throws lazyrt::Error describing the first violation.
+void verify(const Graph& g);
+
+/// Text form: one line per node, "%3 = add(%1, %2) : f32[2, 3]", then "return %3".
+std::string to_text(const Graph& g);
+/// Graphviz form.
+std::string to_dot(const Graph& g);
+
+/// Deterministic 128-bit structural hash: ops, attributes, types, operand structure, the
+/// parameter sequence, outputs and regions, and the IR format version. Never pointer values
+/// or tensor contents.
+GraphHash hash_graph(const Graph& g);
+
+/// Bumped whenever the meaning of a graph or its hash changes.
+inline constexpr uint32_t kIrFormatVersion = 1;
+
+}  // namespace lazyrt::ir

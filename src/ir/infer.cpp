@@ -1,0 +1,213 @@
+// Result rules: the one place that says what shape and dtype an op produces, and which
+// operands it refuses. Tracing calls it before recording a node, so a bad call throws before
+// anything is built.
+#include <algorithm>
+
+#include "ir/graph.h"
+#include "util/check.h"
+
+namespace lazyrt::ir {
+namespace {
+
+using detail::str_cat;
+
+std::string types_str(const std::vector<TensorType>& ts) {
+  std::string s;
+  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + type_str(ts[i]);
+  return s;
+}
+
+void check_same_dtype(std::string_view op, const std::vector<TensorType>& ts) {
+  for (const auto& t : ts)
+    LAZYRT_CHECK(t.dtype == ts[0].dtype, op, ": operands must have one dtype, got ",
+                 types_str(ts));
+}
+
+void check_not_bool(std::string_view op, const TensorType& t) {
+  LAZYRT_CHECK(t.dtype != DType::b8, op, ": does not take b8 tensors, got ", type_str(t));
+}
+
+void check_float(std::string_view op, const TensorType& t) {
+  LAZYRT_CHECK(is_floating(t.dtype), op, ": expects a floating tensor (f32, f64, bf16, f16), got ",
+               type_str(t));
+}
+
+void check_shape_valid(std::string_view op, const Shape& s) {
+  for (int64_t d : s)
+    LAZYRT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(s));
+}
+
+std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in, const Attrs& a,
+                                     bool non_empty) {
+  const auto& dims = a.ints(0);
+  bool keepdim = a.b(1);
+  const int64_t rank = static_cast<int64_t>(in.shape.size());
+  for (size_t k = 0; k < dims.size(); ++k) {
+    LAZYRT_CHECK(dims[k] >= 0 && dims[k] < std::max<int64_t>(rank, 1), op, ": dim ", dims[k],
+                 " out of range for a tensor of rank ", rank);
+    LAZYRT_CHECK(k == 0 || dims[k] > dims[k - 1], op, ": dims must be sorted and unique");
+  }
+  Shape out;
+  for (int64_t d = 0; d < rank; ++d) {
+    bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (reduced && non_empty)
+      LAZYRT_CHECK(in.shape[d] != 0, op, ": cannot reduce over dim ", d,
+                   " of size 0 (no identity); input ", type_str(in));
+    if (!reduced) out.push_back(in.shape[d]);
+    else if (keepdim) out.push_back(1);
+  }
+  return {{in.dtype, out}};
+}
+
+}  // namespace
+
+std::string type_str(const TensorType& t) {
+  return str_cat(dtype_name(t.dtype), shape_str(t.shape));
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    LAZYRT_CHECK(da == db || da == 1 || db == 1, what, ": shapes ", shape_str(a), " and ",
+                 shape_str(b), " cannot be broadcast (dim ", i, ": ", da, " vs ", db, ")");
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& ops,
+                                    const Attrs& a) {
+  const OpInfo& info = op_info(op);
+  const std::string_view name = info.name;
+  LAZYRT_CHECK(static_cast<int>(ops.size()) == info.operands, name, ": expects ", info.operands,
+               " operands, got ", ops.size());
+  switch (info.rule) {
+    case ResultRule::Given:
+      LAZYRT_ASSERT(false, name, " has no result rule: its type is given by its builder");
+    case ResultRule::Full: {
+      check_shape_valid(name, a.ints(1));
+      return {{a.dtype(2), a.ints(1)}};
+    }
+    case ResultRule::UnaryNumeric:
+      check_not_bool(name, ops[0]);
+      return {ops[0]};
+    case ResultRule::UnaryFloat:
+      check_float(name, ops[0]);
+      return {ops[0]};
+    case ResultRule::UnaryToBool:
+      return {{DType::b8, ops[0].shape}};
+    case ResultRule::Cast:
+      return {{a.dtype(0), ops[0].shape}};
+    case ResultRule::Binary:
+    case ResultRule::BinaryNumeric:
+    case ResultRule::BinaryFloat:
+    case ResultRule::Compare: {
+      check_same_dtype(name, ops);
+      if (info.rule == ResultRule::BinaryNumeric) check_not_bool(name, ops[0]);
+      if (info.rule == ResultRule::BinaryFloat) check_float(name, ops[0]);
+      Shape s = broadcast_shapes(ops[0].shape, ops[1].shape, name);
+      return {{info.rule == ResultRule::Compare ? DType::b8 : ops[0].dtype, s}};
+    }
+    case ResultRule::Where: {
+      LAZYRT_CHECK(ops[0].dtype == DType::b8, name, ": condition must be b8, got ",
+                   type_str(ops[0]));
+      LAZYRT_CHECK(ops[1].dtype == ops[2].dtype, name, ": values must have one dtype, got ",
+                   type_str(ops[1]), " and ", type_str(ops[2]));
+      Shape s = broadcast_shapes(broadcast_shapes(ops[0].shape, ops[1].shape, name),
+                                 ops[2].shape, name);
+      return {{ops[1].dtype, s}};
+    }
+    case ResultRule::Reduce:
+      return reduce_types(name, ops[0], a, false);
+    case ResultRule::ReduceFloat:
+      check_float(name, ops[0]);
+      return reduce_types(name, ops[0], a, false);
+    case ResultRule::ReduceNonEmpty:
+      return reduce_types(name, ops[0], a, true);
+    case ResultRule::Matmul: {
+      const auto& x = ops[0];
+      const auto& y = ops[1];
+      LAZYRT_CHECK(x.shape.size() >= 2 && y.shape.size() >= 2, name,
+                   ": expects operands of rank >= 2, got ", types_str(ops));
+      LAZYRT_CHECK(x.dtype == y.dtype, name, ": operands must have one dtype, got ",
+                   types_str(ops));
+      check_not_bool(name, x);
+      int64_t n = x.shape[x.shape.size() - 2], k = x.shape.back();
+      int64_t k2 = y.shape[y.shape.size() - 2], m = y.shape.back();
+      LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", shape_str(x.shape), " x ",
+                   shape_str(y.shape), " (", k, " vs ", k2, ")");
+      Shape bx(x.shape.begin(), x.shape.end() - 2), by(y.shape.begin(), y.shape.end() - 2);
+      Shape out = broadcast_shapes(bx, by, str_cat(name, " batch dims"));
+      out.push_back(n);
+      out.push_back(m);
+      return {{x.dtype, out}};
+    }
+    case ResultRule::Permute: {
+      const auto& perm = a.ints(0);
+      const size_t rank = ops[0].shape.size();
+      LAZYRT_CHECK(perm.size() == rank, name, ": ", perm.size(), " dims given for a tensor of rank ",
+                   rank);
+      std::vector<bool> seen(rank, false);
+      Shape out(rank);
+      for (size_t i = 0; i < rank; ++i) {
+        LAZYRT_CHECK(perm[i] >= 0 && perm[i] < static_cast<int64_t>(rank) && !seen[perm[i]], name,
+                     ": dims ", shape_str(perm), " are not a permutation of rank ", rank);
+        seen[perm[i]] = true;
+        out[i] = ops[0].shape[perm[i]];
+      }
+      return {{ops[0].dtype, out}};
+    }
+    case ResultRule::Reshape: {
+      const auto& s = a.ints(0);
+      check_shape_valid(name, s);
+      LAZYRT_CHECK(shape_numel(s) == ops[0].numel(), name, ": cannot reshape ",
+                   type_str(ops[0]), " to ", shape_str(s), " (element counts differ)");
+      return {{ops[0].dtype, s}};
+    }
+    case ResultRule::Expand: {
+      const auto& s = a.ints(0);
+      const auto& in = ops[0].shape;
+      LAZYRT_CHECK(s.size() >= in.size(), name, ": cannot expand ", shape_str(in), " to ",
+                   shape_str(s), " (fewer dims)");
+      for (size_t i = 0; i < in.size(); ++i) {
+        int64_t target = s[s.size() - in.size() + i];
+        LAZYRT_CHECK(in[i] == target || in[i] == 1, name, ": cannot expand ", shape_str(in),
+                     " to ", shape_str(s));
+      }
+      check_shape_valid(name, s);
+      return {{ops[0].dtype, s}};
+    }
+  }
+  LAZYRT_ASSERT(false, "unhandled result rule for ", name);
+}
+
+ValueRef Graph::add(OpKind op, std::vector<ValueRef> operands, Attrs attrs) {
+  std::vector<TensorType> in;
+  in.reserve(operands.size());
+  for (ValueRef v : operands) in.push_back(type(v));
+  Node n;
+  n.op = op;
+  n.results = infer_types(op, in, attrs);
+  n.operands = std::move(operands);
+  n.attrs = std::move(attrs);
+  nodes.push_back(std::move(n));
+  return {static_cast<int32_t>(nodes.size() - 1), 0};
+}
+
+ValueRef Graph::add_parameter(TensorType type) {
+  Node n;
+  n.op = OpKind::Parameter;
+  n.attrs = {num_params++};
+  n.results = {std::move(type)};
+  nodes.push_back(std::move(n));
+  return {static_cast<int32_t>(nodes.size() - 1), 0};
+}
+
+ValueRef Graph::add_full(double value, Shape shape, DType dtype) {
+  return add(OpKind::Full, {}, {value, std::move(shape), dtype});
+}
+
+}  // namespace lazyrt::ir

@@ -1,0 +1,63 @@
+#include "ir/op.h"
+
+#include <array>
+#include <string>
+
+#include "util/check.h"
+
+namespace lazyrt::ir {
+namespace {
+
+std::vector<AttrSpec> parse_attr_specs(std::string_view spec) {
+  std::vector<AttrSpec> out;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t end = spec.find(' ', pos);
+    if (end == std::string_view::npos) end = spec.size();
+    std::string_view item = spec.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    size_t colon = item.find(':');
+    LAZYRT_ASSERT(colon != std::string_view::npos, "bad attribute spec ", std::string(item));
+    std::string_view kind = item.substr(colon + 1);
+    AttrKind k;
+    if (kind == "int") k = AttrKind::Int;
+    else if (kind == "float") k = AttrKind::Float;
+    else if (kind == "bool") k = AttrKind::Bool;
+    else if (kind == "dtype") k = AttrKind::DType;
+    else if (kind == "ints") k = AttrKind::Ints;
+    else LAZYRT_ASSERT(false, "bad attribute kind ", std::string(kind));
+    out.push_back({item.substr(0, colon), k});
+  }
+  return out;
+}
+
+const std::array<OpInfo, kNumOps>& table() {
+  static const std::array<OpInfo, kNumOps> t = {{
+#define OP(Enum, name, operands, rule, flags, attrs) \
+  OpInfo{name, operands, ResultRule::rule, static_cast<uint32_t>(flags), parse_attr_specs(attrs)},
+#include "ir/ops.def"
+#undef OP
+  }};
+  return t;
+}
+
+}  // namespace
+
+const OpInfo& op_info(OpKind op) {
+  auto i = static_cast<size_t>(op);
+  LAZYRT_ASSERT(i < kNumOps, "op kind ", i, " out of range");
+  return table()[i];
+}
+
+bool op_from_name(std::string_view name, OpKind* op) {
+  for (int i = 0; i < kNumOps; ++i) {
+    if (table()[i].name == name) {
+      *op = static_cast<OpKind>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace lazyrt::ir

@@ -1,0 +1,72 @@
+// Op kinds and the per-op facts generated from ops.def.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace lazyrt::ir {
+
+enum class OpKind : uint16_t {
+#define OP(Enum, name, operands, rule, flags, attrs) Enum,
+#include "ir/ops.def"
+#undef OP
+};
+
+// Number of rows in ops.def. Tables indexed by OpKind static_assert against it, so a table
+// that misses an op does not compile.
+inline constexpr int kNumOps = 0
+#define OP(Enum, name, operands, rule, flags, attrs) +1
+#include "ir/ops.def"
+#undef OP
+    ;
+
+enum OpFlags : uint32_t {
+  kElementwise = 1u << 0,
+  kCommutative = 1u << 1,
+  kInPlace = 1u << 2,
+};
+
+enum class ResultRule : uint8_t {
+  Given,           // the result type is supplied by whoever builds the node (parameters)
+  Full,            // from the shape and dtype attributes
+  UnaryNumeric,    // same type; not b8
+  UnaryFloat,      // same type; floating only
+  UnaryToBool,     // same shape, b8
+  Cast,            // same shape, the dtype attribute
+  Binary,          // broadcast shape, the operands' common dtype
+  BinaryNumeric,   // as Binary; not b8
+  BinaryFloat,     // as Binary; floating only
+  Compare,         // broadcast shape, b8
+  Where,           // b8 condition, two values of one dtype; broadcast of all three
+  Reduce,          // dims removed (or kept as 1)
+  ReduceFloat,     // as Reduce; floating only
+  ReduceNonEmpty,  // as Reduce; reduced dims must not be empty
+  Matmul,          // [..., n, k] x [..., k, m] -> [broadcast(...), n, m]
+  Permute,         // dims permuted
+  Reshape,         // the shape attribute, same element count
+  Expand,          // the shape attribute, broadcast from the operand
+};
+
+enum class AttrKind : uint8_t { Int, Float, Bool, DType, Ints };
+
+struct AttrSpec {
+  std::string_view name;
+  AttrKind kind;
+};
+
+struct OpInfo {
+  std::string_view name;
+  int operands;
+  ResultRule rule;
+  uint32_t flags;
+  std::vector<AttrSpec> attrs;
+};
+
+const OpInfo& op_info(OpKind op);
+inline std::string_view op_name(OpKind op) { return op_info(op).name; }
+inline bool has_flag(OpKind op, OpFlags f) { return (op_info(op).flags & f) != 0; }
+/// The op whose name is `name`, or false.
+bool op_from_name(std::string_view name, OpKind* op);
+
+}  // namespace lazyrt::ir

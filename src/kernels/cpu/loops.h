@@ -1,0 +1,163 @@
+// Shared machinery of the CPU kernels: dtype dispatch, compute types, and the precomputed
+// broadcast iteration of elementwise ops.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "ir/graph.h"
+#include "util/check.h"
+#include "util/half.h"
+
+namespace lazyrt::kernels {
+
+inline constexpr int kMaxRank = 16;
+
+/// Calls fn with a value of the storage type of `d`.
+template <class Fn>
+decltype(auto) visit_dtype(DType d, Fn&& fn) {
+  switch (d) {
+    case DType::f32: return fn(float{});
+    case DType::f64: return fn(double{});
+    case DType::bf16: return fn(bf16{});
+    case DType::f16: return fn(f16{});
+    case DType::i32: return fn(int32_t{});
+    case DType::i64: return fn(int64_t{});
+    case DType::b8: return fn(bool{});
+  }
+  LAZYRT_ASSERT(false, "bad dtype");
+}
+
+/// The type arithmetic happens in: float for the 16-bit floats, the storage type otherwise.
+template <class T>
+using compute_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16>, float, T>;
+
+template <class To, class From>
+inline To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, bf16> || std::is_same_v<From, f16>) {
+    return convert<To>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, bf16> || std::is_same_v<To, f16>) {
+    return To(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+/// Iteration of an elementwise op over its output, with each input broadcast to the output
+/// shape. Dims are collapsed where every operand is contiguous across them, so the common
+/// cases (same shapes, a scalar operand, a row vector) become one or two loops.
+struct BroadcastLayout {
+  int64_t numel = 0;
+  std::vector<int64_t> shape;                 // collapsed output shape, innermost last
+  std::vector<std::vector<int64_t>> strides;  // per input, element strides per collapsed dim
+
+  BroadcastLayout(const Shape& out, const std::vector<Shape>& inputs);
+
+  /// Calls inner(offsets, n, inner_strides) for each innermost run: offsets[k] is the element
+  /// offset of input k, n the run length, inner_strides[k] its stride within the run.
+  template <class Inner>
+  void for_each_run(Inner&& inner) const {
+    const size_t nin = strides.size();
+    std::array<int64_t, 8> offs{};
+    std::array<int64_t, 8> inner_strides{};
+    if (numel == 0) return;
+    const size_t rank = shape.size();
+    if (rank == 0) {
+      inner(offs.data(), int64_t{1}, inner_strides.data(), int64_t{0});
+      return;
+    }
+    for (size_t k = 0; k < nin; ++k) inner_strides[k] = strides[k][rank - 1];
+    const int64_t run = shape[rank - 1];
+    std::array<int64_t, kMaxRank> idx{};
+    int64_t out_off = 0;
+    while (true) {
+      inner(offs.data(), run, inner_strides.data(), out_off);
+      out_off += run;
+      // Advance the odometer over the outer dims.
+      int64_t d = static_cast<int64_t>(rank) - 2;
+      for (; d >= 0; --d) {
+        if (++idx[d] < shape[d]) {
+          for (size_t k = 0; k < nin; ++k) offs[k] += strides[k][d];
+          break;
+        }
+        for (size_t k = 0; k < nin; ++k) offs[k] -= strides[k][d] * (shape[d] - 1);
+        idx[d] = 0;
+      }
+      if (d < 0) return;
+    }
+  }
+};
+
+}  // namespace lazyrt::kernels
+
+namespace lazyrt::kernels {
+
+/// Iteration over one strided operand in row-major order of `shape`, with dims collapsed
+/// where the strides allow. for_each_run(fn) calls fn(offset, n, stride) for each innermost
+/// run of n elements at element offset `offset` with element stride `stride`.
+struct StridedLayout {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  int64_t numel = 0;
+
+  StridedLayout(const Shape& shape_in, const std::vector<int64_t>& strides_in) {
+    LAZYRT_ASSERT(shape_in.size() <= static_cast<size_t>(kMaxRank), "rank ", shape_in.size(),
+                  " exceeds the kernel limit ", kMaxRank);
+    numel = shape_numel(shape_in);
+    for (size_t d = 0; d < shape_in.size(); ++d) {
+      if (shape_in[d] == 1) continue;
+      if (!shape.empty() && strides.back() == strides_in[d] * shape_in[d]) {
+        shape.back() *= shape_in[d];
+        strides.back() = strides_in[d];
+      } else {
+        shape.push_back(shape_in[d]);
+        strides.push_back(strides_in[d]);
+      }
+    }
+  }
+
+  template <class Fn>
+  void for_each_run(Fn&& fn) const {
+    if (numel == 0) return;
+    const size_t rank = shape.size();
+    if (rank == 0) {
+      fn(int64_t{0}, int64_t{1}, int64_t{0});
+      return;
+    }
+    const int64_t run = shape[rank - 1], run_stride = strides[rank - 1];
+    std::array<int64_t, kMaxRank> idx{};
+    int64_t off = 0;
+    while (true) {
+      fn(off, run, run_stride);
+      int64_t d = static_cast<int64_t>(rank) - 2;
+      for (; d >= 0; --d) {
+        if (++idx[d] < shape[d]) {
+          off += strides[d];
+          break;
+        }
+        off -= strides[d] * (shape[d] - 1);
+        idx[d] = 0;
+      }
+      if (d < 0) return;
+    }
+  }
+};
+
+/// Contiguous element strides of a shape.
+inline std::vector<int64_t> contiguous_strides(const Shape& shape) {
+  std::vector<int64_t> s(shape.size());
+  int64_t st = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    s[d] = st;
+    st *= shape[d];
+  }
+  return s;
+}
+
+}  // namespace lazyrt::kernels

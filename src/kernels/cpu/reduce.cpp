@@ -1,0 +1,82 @@
+// Reductions over any set of dims. Each output element accumulates over the reduced
+// sub-space in a wide accumulator (double for floats, int64 for integers).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/ops.h"
+
+namespace lazyrt::kernels {
+namespace {
+
+struct ReduceLayout {
+  StridedLayout outer;  // over the kept dims, strides into the input
+  StridedLayout inner;  // over the reduced dims, strides into the input
+  int64_t count;        // elements per output
+
+  static StridedLayout part(const Shape& in, const std::vector<int64_t>& dims, bool reduced) {
+    std::vector<int64_t> st = contiguous_strides(in);
+    Shape shape;
+    std::vector<int64_t> strides;
+    for (size_t d = 0; d < in.size(); ++d) {
+      bool r = std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+      if (r == reduced) {
+        shape.push_back(in[d]);
+        strides.push_back(st[d]);
+      }
+    }
+    return StridedLayout(shape, strides);
+  }
+  ReduceLayout(const Shape& in, const std::vector<int64_t>& dims)
+      : outer(part(in, dims, false)), inner(part(in, dims, true)), count(inner.numel) {}
+};
+
+enum class Kind { Sum, Mean, Max, Min };
+
+template <Kind K>
+Kernel reduce(const KernelSpec& s) {
+  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, s.attrs.ints(0));
+  return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    using Acc = std::conditional_t<std::is_floating_point_v<C>, double,
+                                   std::conditional_t<std::is_same_v<T, bool>, bool, int64_t>>;
+    return {[layout](const void* const* in, void* const* out) {
+      const T* x = static_cast<const T*>(in[0]);
+      T* o = static_cast<T*>(out[0]);
+      layout->outer.for_each_run([&](int64_t off, int64_t n, int64_t stride) {
+        for (int64_t j = 0; j < n; ++j) {
+          const T* base = x + off + j * stride;
+          Acc acc{};
+          bool first = true;
+          layout->inner.for_each_run([&](int64_t ioff, int64_t in_n, int64_t istride) {
+            for (int64_t i = 0; i < in_n; ++i) {
+              Acc v = static_cast<Acc>(convert<C>(base[ioff + i * istride]));
+              if constexpr (K == Kind::Sum || K == Kind::Mean) {
+                acc += v;
+              } else {
+                if (first || v != v) {
+                  acc = v;
+                  first = false;
+                } else if (acc == acc && (K == Kind::Max ? v > acc : v < acc)) {
+                  acc = v;
+                }
+              }
+            }
+          });
+          if constexpr (K == Kind::Mean) acc = acc / static_cast<Acc>(layout->count);
+          *o++ = convert<T>(static_cast<C>(acc));
+        }
+      });
+    }};
+  });
+}
+
+}  // namespace
+
+Kernel make_Sum(const KernelSpec& s) { return reduce<Kind::Sum>(s); }
+Kernel make_Mean(const KernelSpec& s) { return reduce<Kind::Mean>(s); }
+Kernel make_Amax(const KernelSpec& s) { return reduce<Kind::Max>(s); }
+Kernel make_Amin(const KernelSpec& s) { return reduce<Kind::Min>(s); }
+
+}  // namespace lazyrt::kernels

@@ -1,0 +1,21 @@
+#include <array>
+
+#include "kernels/cpu/ops.h"
+
+namespace lazyrt::kernels {
+namespace {
+
+using Maker = Kernel (*)(const KernelSpec&);
+
+constexpr std::array<Maker, ir::kNumOps> kMakers = {
+#define OP(Enum, name, operands, rule, flags, attrs) &make_##Enum,
+#include "ir/ops.def"
+#undef OP
+};
+static_assert(kMakers.size() == ir::kNumOps, "every op in ops.def needs a kernel maker");
+
+}  // namespace
+
+Kernel make_kernel(const KernelSpec& spec) { return kMakers[static_cast<size_t>(spec.op)](spec); }
+
+}  // namespace lazyrt::kernels

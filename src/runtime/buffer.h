@@ -1,0 +1,32 @@
+// Device data: a 64-byte aligned block of host memory.
+//
+// Invariant: once a buffer holds a tensor's value it is never written again, except by an
+// executable to which the runtime donated it after proving that nothing else can observe it
+// (the buffer's only owner is the graph being executed). Aliasing buffers between tensors is
+// therefore always safe.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+namespace lazyrt::runtime {
+
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+};
+
+inline std::shared_ptr<Buffer> allocate(size_t bytes) { return std::make_shared<Buffer>(bytes); }
+
+}  // namespace lazyrt::runtime

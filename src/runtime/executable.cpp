@@ -1,0 +1,74 @@
+#include "runtime/executable.h"
+
+#include <sstream>
+
+#include "util/check.h"
+
+namespace lazyrt::runtime {
+
+Executable::Executable(Parts parts) : parts_(std::move(parts)) {
+  arena_ = std::make_unique<Buffer>(parts_.arena_bytes);
+  auto* arena = static_cast<char*>(arena_->data());
+  auto* consts = parts_.constants ? static_cast<char*>(parts_.constants->data()) : nullptr;
+  auto resolve = [&](const Slot& s) -> void* {
+    switch (s.kind) {
+      case SlotKind::Arena: return arena + s.offset;
+      case SlotKind::Const: return consts + s.offset;
+      default: return nullptr;  // bound at run time
+    }
+  };
+  for (const Step& st : parts_.steps) {
+    const auto in_base = static_cast<uint32_t>(args_.size());
+    for (const Slot& s : st.in) {
+      if (s.kind == SlotKind::Param || s.kind == SlotKind::Output)
+        patches_.push_back({static_cast<uint32_t>(args_.size()), s.kind, s.index});
+      args_.push_back(resolve(s));
+    }
+    const auto out_base = static_cast<uint32_t>(args_.size());
+    for (const Slot& s : st.out) {
+      if (s.kind == SlotKind::Param || s.kind == SlotKind::Output)
+        patches_.push_back({static_cast<uint32_t>(args_.size()), s.kind, s.index});
+      args_.push_back(resolve(s));
+    }
+    bases_.emplace_back(in_base, out_base);
+  }
+}
+
+void Executable::run(const void* const* params, void* const* outputs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Patch& p : patches_)
+    args_[p.arg] = p.kind == SlotKind::Param ? const_cast<void*>(params[p.index]) : outputs[p.index];
+  void** args = args_.data();
+  for (size_t i = 0; i < parts_.steps.size(); ++i)
+    parts_.steps[i].fn(args + bases_[i].first, args + bases_[i].second);
+}
+
+ExecutableStats Executable::stats() const {
+  return {parts_.steps.size(), parts_.arena_bytes, parts_.arena_blocks,
+          parts_.constants ? parts_.constants->bytes() : 0};
+}
+
+std::string Executable::to_text() const {
+  auto slot = [](const Slot& s) {
+    std::ostringstream os;
+    switch (s.kind) {
+      case SlotKind::Arena: os << "arena+" << s.offset; break;
+      case SlotKind::Const: os << "const+" << s.offset; break;
+      case SlotKind::Param: os << "param " << s.index; break;
+      case SlotKind::Output: os << "out " << s.index; break;
+    }
+    return os.str();
+  };
+  std::ostringstream os;
+  for (size_t i = 0; i < parts_.steps.size(); ++i) {
+    const Step& st = parts_.steps[i];
+    os << i << ": " << ir::op_name(st.op) << '(';
+    for (size_t k = 0; k < st.in.size(); ++k) os << (k ? ", " : "") << slot(st.in[k]);
+    os << ") ->";
+    for (size_t k = 0; k < st.out.size(); ++k) os << (k ? ", " : " ") << slot(st.out[k]);
+    os << '\n';
+  }
+  return os.str();
+}
+
+}  // namespace lazyrt::runtime

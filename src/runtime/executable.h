@@ -1,0 +1,103 @@
+// An Executable: the compiled form of one graph. A flat list of steps, each a kernel with its
+// operand and result slots resolved at compile time, an arena sized at compile time, and the
+// graph's constants already filled in.
+//
+// run() binds the parameter and output pointers, then calls the kernels in order. It allocates
+// nothing. One Executable may be shared by several threads; runs are serialized by its mutex.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "kernels/cpu/kernel.h"
+#include "runtime/buffer.h"
+
+namespace lazyrt::runtime {
+
+enum class SlotKind : uint8_t { Arena, Param, Output, Const };
+
+/// Where a value lives: an arena offset, parameter i, output i, or a constant offset.
+struct Slot {
+  SlotKind kind = SlotKind::Arena;
+  int32_t index = 0;
+  size_t offset = 0;
+};
+
+struct Step {
+  ir::OpKind op;
+  kernels::KernelFn fn;
+  std::vector<Slot> in;
+  std::vector<Slot> out;  // results, then the workspace if the kernel has one
+};
+
+/// How the executable produces output k.
+struct OutputSource {
+  enum class Kind : uint8_t {
+    Computed,  // a step writes it into the output pointer the caller passes
+    Param,     // it is parameter `index`, unchanged: the caller reuses that buffer
+    Const,     // it is constant buffer `index` of the executable
+    Alias,     // it is the same value as output `index`
+  };
+  Kind kind = Kind::Computed;
+  int32_t index = 0;
+};
+
+struct ExecutableStats {
+  size_t steps = 0;
+  size_t arena_bytes = 0;
+  size_t arena_blocks = 0;
+  size_t constant_bytes = 0;
+};
+
+class Executable {
+ public:
+  struct Parts {
+    ir::Graph graph;  // the optimized graph this was lowered from
+    std::vector<Step> steps;
+    size_t arena_bytes = 0;
+    size_t arena_blocks = 0;
+    std::shared_ptr<Buffer> constants;
+    std::vector<std::shared_ptr<Buffer>> constant_outputs;
+    std::vector<OutputSource> outputs;
+    std::vector<bool> donation_accepted;  // per output
+    std::vector<ir::TensorType> param_types;
+    std::vector<ir::TensorType> output_types;
+  };
+  explicit Executable(Parts parts);
+
+  /// params[i]: buffer of parameter i (may be null if the graph does not read it).
+  /// outputs[k]: destination of output k when outputs()[k] is Computed; for a donated output
+  /// the caller passes the donated parameter's buffer.
+  void run(const void* const* params, void* const* outputs);
+
+  const std::vector<OutputSource>& outputs() const { return parts_.outputs; }
+  const std::vector<ir::TensorType>& output_types() const { return parts_.output_types; }
+  const std::vector<ir::TensorType>& param_types() const { return parts_.param_types; }
+  /// Whether output k may be written into the parameter buffer the caller offered to donate.
+  bool donation_accepted(size_t k) const { return parts_.donation_accepted[k]; }
+  const std::shared_ptr<Buffer>& constant_output(int32_t i) const {
+    return parts_.constant_outputs[i];
+  }
+  const ir::Graph& graph() const { return parts_.graph; }
+  ExecutableStats stats() const;
+  /// One line per step: "3: add(arena+0, param 1) -> out 0".
+  std::string to_text() const;
+
+ private:
+  struct Patch {
+    uint32_t arg;
+    SlotKind kind;
+    int32_t index;
+  };
+  Parts parts_;
+  std::unique_ptr<Buffer> arena_;
+  std::vector<void*> args_;                             // all kernel arguments, step by step
+  std::vector<std::pair<uint32_t, uint32_t>> bases_;    // per step: first input, first output
+  std::vector<Patch> patches_;                          // arguments bound at run time
+  std::mutex mu_;
+};
+
+}  // namespace lazyrt::runtime

@@ -1,0 +1,82 @@
+// The state behind a Tensor handle, and the pending IR that tensors point into.
+//
+// Pending IR is a DAG of LazyNodes owned through shared_ptr: a tensor owns its value's node,
+// a node owns its operands. Nothing is global, so an op that throws halfway leaves nothing
+// behind: its temporaries die with it. At a sync the DAG reachable from the synced tensors is
+// flattened into an ir::Graph (extract.cpp).
+//
+// Materialized tensors enter the DAG through parameter leaves: a leaf holds the tensor's buffer
+// (not the tensor), so rebinding the tensor later never changes a graph already traced.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "ir/graph.h"
+#include "runtime/buffer.h"
+
+namespace lazyrt::trace {
+
+struct LazyNode;
+
+struct LazyValue {
+  std::shared_ptr<LazyNode> node;
+  int32_t index = 0;
+  explicit operator bool() const { return node != nullptr; }
+  const ir::TensorType& type() const;
+};
+
+struct LazyNode {
+  ir::OpKind op = ir::OpKind::Parameter;
+  std::vector<LazyValue> operands;
+  ir::Attrs attrs;
+  std::vector<ir::TensorType> types;
+  // Parameter leaves only: the device data, and the id of the tensor it was taken from.
+  std::shared_ptr<runtime::Buffer> data;
+  int64_t source_tensor = -1;
+};
+
+inline const ir::TensorType& LazyValue::type() const { return node->types[index]; }
+
+struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
+  explicit TensorImpl(ir::TensorType type);
+  ~TensorImpl();
+  TensorImpl(const TensorImpl&) = delete;
+  TensorImpl& operator=(const TensorImpl&) = delete;
+
+  const int64_t id;
+  ir::TensorType type;
+  bool requires_grad = false;
+
+  bool is_pending() const { return static_cast<bool>(ir); }
+  /// The tensor's value in the IR: its pending value, or a parameter leaf for its data.
+  LazyValue value();
+  /// Rebinds to a pending value (in-place ops): drops the data.
+  void set_ir(LazyValue v);
+  /// Materializes: drops the pending value.
+  void set_data(std::shared_ptr<runtime::Buffer> buffer);
+  const std::shared_ptr<runtime::Buffer>& data() const { return data_; }
+  const LazyValue& pending() const { return ir; }
+
+ private:
+  std::shared_ptr<runtime::Buffer> data_;
+  LazyValue ir;
+  LazyValue leaf_;  // cached parameter leaf for data_
+};
+
+/// Records `op` over these operands: infers result types (throwing lazyrt::Error on bad
+/// operands before anything is built) and returns result 0 of the new node.
+LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs = {});
+/// A scalar (or shaped) constant of the graph.
+LazyValue constant(double value, DType dtype, Shape shape = {});
+
+std::shared_ptr<TensorImpl> make_data(ir::TensorType type, std::shared_ptr<runtime::Buffer> data);
+std::shared_ptr<TensorImpl> make_pending(LazyValue v);
+
+/// Every live tensor that holds pending IR, in creation order.
+std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
+
+/// Syncs these tensors as one graph (extract, hash, look up or compile, execute, bind).
+void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
+
+}  // namespace lazyrt::trace

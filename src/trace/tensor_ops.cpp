@@ -1,0 +1,558 @@
+// The public tensor API: PyTorch's semantics (type promotion, broadcasting, dim wrapping,
+// in-place rules) expressed as IR recorded through the op table. Every check runs before the
+// first node is recorded, so a call that throws leaves no trace.
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "lazyrt/tensor.h"
+#include "kernels/cpu/ops.h"
+#include "trace/lazy_tensor.h"
+#include "util/check.h"
+
+namespace lazyrt {
+
+using ir::OpKind;
+using trace::LazyValue;
+using trace::record;
+using detail::str_cat;
+
+namespace {
+
+trace::TensorImpl& impl_of(const Tensor& t, const char* what = "tensor") {
+  LAZYRT_CHECK(t.defined(), what, ": the tensor is undefined");
+  return *t.impl();
+}
+
+LazyValue value_of(const Tensor& t) { return impl_of(t).value(); }
+Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
+
+LazyValue cast_value(LazyValue v, DType to) {
+  if (v.type().dtype == to) return v;
+  return record(OpKind::Cast, {std::move(v)}, {to});
+}
+
+// ---- type promotion (PyTorch's result_type) ---------------------------------------------
+// Operands are ranked: tensors with dims, then zero-dim tensors, then plain numbers. A lower
+// rank changes the result only when it brings a higher category (bool < integer < floating).
+struct Promotion {
+  std::optional<DType> dim, zero, wrapped;
+
+  static std::optional<DType> merge(std::optional<DType> a, DType b) {
+    return a ? promote_types(*a, b) : b;
+  }
+  void add(const Tensor& t) {
+    if (t.dim() == 0) zero = merge(zero, t.dtype());
+    else dim = merge(dim, t.dtype());
+  }
+  void add(Scalar s) {
+    DType d = s.kind() == Scalar::Kind::Float ? DType::f32
+              : s.kind() == Scalar::Kind::Int ? DType::i64 : DType::b8;
+    wrapped = merge(wrapped, d);
+  }
+  static std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> lower) {
+    if (!higher) return lower;
+    if (!lower) return higher;
+    if (is_floating(*higher)) return higher;
+    if (*higher == DType::b8 || is_floating(*lower)) return promote_types(*higher, *lower);
+    return higher;
+  }
+  DType result() const { return combine(dim, combine(zero, wrapped)).value_or(DType::f32); }
+};
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  Promotion p;
+  p.add(a);
+  p.add(b);
+  return p.result();
+}
+DType result_type(const Tensor& a, Scalar b) {
+  Promotion p;
+  p.add(a);
+  p.add(b);
+  return p.result();
+}
+
+LazyValue scalar_value(Scalar s, DType dtype) { return trace::constant(s.to_double(), dtype); }
+
+Tensor binary(OpKind op, const Tensor& a, const Tensor& b, DType compute) {
+  return wrap(record(op, {cast_value(value_of(a), compute), cast_value(value_of(b), compute)}));
+}
+
+Tensor binary_scalar(OpKind op, const Tensor& a, Scalar b, DType compute, bool scalar_first) {
+  LazyValue x = cast_value(value_of(a), compute);
+  LazyValue s = scalar_value(b, compute);
+  return wrap(scalar_first ? record(op, {s, x}) : record(op, {x, s}));
+}
+
+// Arithmetic ops: the promoted type; true division always floating.
+DType arith_type(OpKind op, DType promoted) {
+  if (op == OpKind::Div && !is_floating(promoted)) return DType::f32;
+  return promoted;
+}
+
+Tensor arith(OpKind op, const Tensor& a, const Tensor& b) {
+  impl_of(a, ir::op_name(op).data());
+  impl_of(b, ir::op_name(op).data());
+  return binary(op, a, b, arith_type(op, result_type(a, b)));
+}
+Tensor arith(OpKind op, const Tensor& a, Scalar b, bool scalar_first = false) {
+  impl_of(a, ir::op_name(op).data());
+  return binary_scalar(op, a, b, arith_type(op, result_type(a, b)), scalar_first);
+}
+
+Tensor unary(OpKind op, const Tensor& a) { return wrap(record(op, {value_of(a)})); }
+
+// exp, log, ...: integer and bool inputs compute in the default float type, as in PyTorch.
+Tensor unary_float(OpKind op, const Tensor& a) {
+  LazyValue v = value_of(a);
+  if (!is_floating(v.type().dtype)) v = cast_value(std::move(v), DType::f32);
+  return wrap(record(op, {std::move(v)}));
+}
+
+int64_t wrap_dim(int64_t d, int64_t rank, const char* op) {
+  const int64_t r = std::max<int64_t>(rank, 1);
+  LAZYRT_CHECK(d >= -r && d < r, op, ": dim ", d, " out of range for a tensor of rank ", rank,
+               " (expected ", -r, " to ", r - 1, ")");
+  return d < 0 ? d + r : d;
+}
+
+std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, const char* op) {
+  const int64_t rank = a.dim();
+  if (dims.empty()) {
+    for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
+    return dims;
+  }
+  for (auto& d : dims) d = wrap_dim(d, rank, op);
+  std::sort(dims.begin(), dims.end());
+  LAZYRT_CHECK(std::adjacent_find(dims.begin(), dims.end()) == dims.end(), op,
+               ": a dim appears more than once in ", shape_str(dims));
+  if (rank == 0) dims.clear();  // dim 0 of a scalar names the scalar itself
+  return dims;
+}
+
+Tensor reduce(OpKind op, const Tensor& a, std::vector<int64_t> dims, bool keepdim, const char* name) {
+  impl_of(a, name);
+  auto d = reduce_dims(a, std::move(dims), name);
+  LazyValue v = value_of(a);
+  if (op == OpKind::Sum && !is_floating(v.type().dtype)) v = cast_value(std::move(v), DType::i64);
+  return wrap(record(op, {std::move(v)}, {d, keepdim}));
+}
+
+// In place: the result must keep the tensor's shape and be castable to its dtype.
+bool can_cast(DType from, DType to) {
+  if (is_floating(from) && !is_floating(to)) return false;
+  if (from != DType::b8 && to == DType::b8) return false;
+  return true;
+}
+
+void assign(Tensor& self, const Tensor& result, const char* op) {
+  auto& s = impl_of(self, op);
+  LAZYRT_CHECK(result.shape() == s.type.shape, op, ": the result's shape ",
+               shape_str(result.shape()), " does not match the tensor's shape ",
+               shape_str(s.type.shape), " (in-place ops cannot broadcast the tensor itself)");
+  LAZYRT_CHECK(can_cast(result.dtype(), s.type.dtype), op, ": result type ",
+               dtype_name(result.dtype()), " cannot be cast to the tensor's dtype ",
+               dtype_name(s.type.dtype));
+  s.set_ir(cast_value(value_of(result), s.type.dtype));
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& data, Shape shape, DType dtype) {
+  for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
+  LAZYRT_CHECK(static_cast<int64_t>(data.size()) == shape_numel(shape), "tensor: ", data.size(),
+               " values given for shape ", shape_str(shape), " (", shape_numel(shape),
+               " elements)");
+  return from_blob(data.data(), std::move(shape), dtype);
+}
+
+}  // namespace
+
+// ---- Tensor -------------------------------------------------------------------------------
+
+Tensor::Tensor(std::shared_ptr<trace::TensorImpl> impl) : impl_(std::move(impl)) {}
+
+const Shape& Tensor::shape() const { return impl_of(*this).type.shape; }
+int64_t Tensor::dim() const { return static_cast<int64_t>(shape().size()); }
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+DType Tensor::dtype() const { return impl_of(*this).type.dtype; }
+bool Tensor::is_pending() const { return impl_of(*this).is_pending(); }
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  constexpr DType want = std::is_same_v<T, float>     ? DType::f32
+                         : std::is_same_v<T, double>  ? DType::f64
+                         : std::is_same_v<T, int32_t> ? DType::i32
+                         : std::is_same_v<T, int64_t> ? DType::i64
+                                                      : DType::b8;
+  auto& s = impl_of(*this, "to_vector");
+  LAZYRT_CHECK(s.type.dtype == want, "to_vector<", dtype_name(want), ">: the tensor has dtype ",
+               dtype_name(s.type.dtype), "; cast it first");
+  trace::sync_tensors({impl()});
+  const int64_t n = s.type.numel();
+  std::vector<T> out(static_cast<size_t>(n));
+  if constexpr (std::is_same_v<T, bool>) {
+    const bool* p = static_cast<const bool*>(s.data()->data());
+    for (int64_t i = 0; i < n; ++i) out[i] = p[i];
+  } else {
+    if (n) std::memcpy(out.data(), s.data()->data(), static_cast<size_t>(n) * sizeof(T));
+  }
+  return out;
+}
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<bool> Tensor::to_vector<bool>() const;
+
+double Tensor::item() const {
+  LAZYRT_CHECK(numel() == 1, "item: the tensor has ", numel(), " elements (shape ",
+               shape_str(shape()), "), expected exactly one");
+  return cast(*this, DType::f64).to_vector<double>()[0];
+}
+
+Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
+  assign(*this, add(*this, other, alpha), "add_");
+  return *this;
+}
+Tensor& Tensor::mul_(const Tensor& other) {
+  assign(*this, mul(*this, other), "mul_");
+  return *this;
+}
+Tensor& Tensor::copy_(const Tensor& src) {
+  auto& s = impl_of(*this, "copy_");
+  LazyValue v = cast_value(value_of(src), s.type.dtype);
+  if (v.type().shape != s.type.shape) {
+    ir::broadcast_shapes(v.type().shape, s.type.shape, "copy_");
+    v = record(OpKind::Expand, {std::move(v)}, {s.type.shape});
+  }
+  s.set_ir(std::move(v));
+  return *this;
+}
+Tensor& Tensor::zero_() {
+  auto& s = impl_of(*this, "zero_");
+  s.set_ir(trace::constant(0, s.type.dtype, s.type.shape));
+  return *this;
+}
+
+Tensor& Tensor::requires_grad_(bool requires_grad) {
+  auto& s = impl_of(*this, "requires_grad_");
+  LAZYRT_CHECK(!requires_grad || is_floating(s.type.dtype),
+               "requires_grad_: only floating tensors can require gradients, got ",
+               dtype_name(s.type.dtype));
+  s.requires_grad = requires_grad;
+  return *this;
+}
+bool Tensor::requires_grad() const { return impl_of(*this).requires_grad; }
+
+Tensor Tensor::sum(std::vector<int64_t> dims, bool keepdim) const {
+  return lazyrt::sum(*this, std::move(dims), keepdim);
+}
+Tensor Tensor::mean(std::vector<int64_t> dims, bool keepdim) const {
+  return lazyrt::mean(*this, std::move(dims), keepdim);
+}
+Tensor Tensor::reshape(Shape shape) const { return lazyrt::reshape(*this, std::move(shape)); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return lazyrt::transpose(*this, d0, d1); }
+Tensor Tensor::matmul(const Tensor& other) const { return lazyrt::matmul(*this, other); }
+Tensor Tensor::to(DType dtype) const { return cast(*this, dtype); }
+
+// ---- creation -------------------------------------------------------------------------------
+
+Tensor from_blob(const void* data, Shape shape, DType dtype) {
+  for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "from_blob: negative dimension in shape ", shape_str(shape));
+  ir::TensorType type{dtype, std::move(shape)};
+  auto buf = runtime::allocate(type.bytes());
+  if (type.bytes()) std::memcpy(buf->data(), data, type.bytes());
+  return Tensor(trace::make_data(std::move(type), std::move(buf)));
+}
+
+Tensor tensor(const std::vector<float>& d, Shape s) { return from_vector(d, std::move(s), DType::f32); }
+Tensor tensor(const std::vector<double>& d, Shape s) { return from_vector(d, std::move(s), DType::f64); }
+Tensor tensor(const std::vector<int32_t>& d, Shape s) { return from_vector(d, std::move(s), DType::i32); }
+Tensor tensor(const std::vector<int64_t>& d, Shape s) { return from_vector(d, std::move(s), DType::i64); }
+Tensor tensor(const std::vector<bool>& d, Shape s) {
+  std::vector<uint8_t> bytes(d.begin(), d.end());
+  return from_vector(bytes, std::move(s), DType::b8);
+}
+
+namespace {
+// Device data from doubles, each converted to `dtype` on the host.
+Tensor data_from_doubles(const double* values, Shape shape, DType dtype) {
+  ir::TensorType type{dtype, std::move(shape)};
+  auto buf = runtime::allocate(type.bytes());
+  auto* base = static_cast<char*>(buf->data());
+  const int64_t n = type.numel();
+  for (int64_t i = 0; i < n; ++i)
+    kernels::fill(base + static_cast<size_t>(i) * dtype_size(dtype), dtype, values[i], 1);
+  return Tensor(trace::make_data(std::move(type), std::move(buf)));
+}
+}  // namespace
+
+Tensor tensor(std::initializer_list<double> values, Shape shape, DType dtype) {
+  for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "tensor: negative dimension in shape ", shape_str(shape));
+  LAZYRT_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "tensor: ",
+               values.size(), " values given for shape ", shape_str(shape), " (",
+               shape_numel(shape), " elements)");
+  return data_from_doubles(values.begin(), std::move(shape), dtype);
+}
+
+Tensor scalar_tensor(double value, DType dtype) { return data_from_doubles(&value, {}, dtype); }
+
+Tensor full(Shape shape, Scalar value, DType dtype) {
+  for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "full: negative dimension in shape ", shape_str(shape));
+  return wrap(trace::constant(value.to_double(), dtype, std::move(shape)));
+}
+Tensor zeros(Shape shape, DType dtype) { return full(std::move(shape), 0, dtype); }
+Tensor ones(Shape shape, DType dtype) { return full(std::move(shape), 1, dtype); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
+Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
+
+Tensor arange(int64_t n, DType dtype) {
+  LAZYRT_CHECK(n >= 0, "arange: n must be >= 0, got ", n);
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<double>(i);
+  return data_from_doubles(values.data(), {n}, dtype);
+}
+
+Tensor Tensor::detach() const {
+  auto& s = impl_of(*this, "detach");
+  if (s.is_pending()) return wrap(s.pending());
+  return Tensor(trace::make_data(s.type, s.data()));
+}
+
+// ---- elementwise ----------------------------------------------------------------------------
+
+Tensor neg(const Tensor& a) {
+  LAZYRT_CHECK(a.dtype() != DType::b8,
+               "neg: negation of a b8 tensor is not supported; use logical_not");
+  return unary(OpKind::Neg, a);
+}
+Tensor abs(const Tensor& a) {
+  LAZYRT_CHECK(a.dtype() != DType::b8, "abs: does not take b8 tensors");
+  return unary(OpKind::Abs, a);
+}
+Tensor relu(const Tensor& a) {
+  LAZYRT_CHECK(a.dtype() != DType::b8, "relu: does not take b8 tensors");
+  return unary(OpKind::Relu, a);
+}
+Tensor exp(const Tensor& a) { return unary_float(OpKind::Exp, a); }
+Tensor log(const Tensor& a) { return unary_float(OpKind::Log, a); }
+Tensor sqrt(const Tensor& a) { return unary_float(OpKind::Sqrt, a); }
+Tensor rsqrt(const Tensor& a) { return unary_float(OpKind::Rsqrt, a); }
+Tensor sigmoid(const Tensor& a) { return unary_float(OpKind::Sigmoid, a); }
+Tensor tanh(const Tensor& a) { return unary_float(OpKind::Tanh, a); }
+Tensor isnan(const Tensor& a) { return unary(OpKind::IsNan, a); }
+Tensor logical_not(const Tensor& a) { return unary(OpKind::LogicalNot, a); }
+Tensor cast(const Tensor& a, DType dtype) { return wrap(cast_value(value_of(a), dtype)); }
+
+Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  if (alpha.to_double() == 1) return arith(OpKind::Add, a, b);
+  DType t = result_type(a, b);
+  LAZYRT_CHECK(is_floating(t) || alpha.kind() != Scalar::Kind::Float, "add: alpha ",
+               alpha.to_double(), " is not an integer but the result dtype is ", dtype_name(t));
+  return binary(OpKind::Add, a, binary_scalar(OpKind::Mul, b, alpha, t, false), t);
+}
+Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  LAZYRT_CHECK(!(a.dtype() == DType::b8 && b.dtype() == DType::b8),
+               "sub: subtraction of two b8 tensors is not supported; use logical_xor");
+  if (alpha.to_double() == 1) return arith(OpKind::Sub, a, b);
+  DType t = result_type(a, b);
+  return binary(OpKind::Sub, a, binary_scalar(OpKind::Mul, b, alpha, t, false), t);
+}
+Tensor mul(const Tensor& a, const Tensor& b) { return arith(OpKind::Mul, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return arith(OpKind::Div, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return arith(OpKind::Pow, a, b); }
+Tensor pow(const Tensor& a, Scalar exponent) { return arith(OpKind::Pow, a, exponent); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return arith(OpKind::Maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return arith(OpKind::Minimum, a, b); }
+
+namespace {
+Tensor compare(OpKind op, const Tensor& a, const Tensor& b) {
+  return binary(op, a, b, result_type(a, b));
+}
+Tensor compare(OpKind op, const Tensor& a, Scalar b) {
+  return binary_scalar(op, a, b, result_type(a, b), false);
+}
+}  // namespace
+
+Tensor eq(const Tensor& a, const Tensor& b) { return compare(OpKind::Eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return compare(OpKind::Ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return compare(OpKind::Lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return compare(OpKind::Le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return compare(OpKind::Gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return compare(OpKind::Ge, a, b); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return compare(OpKind::LogicalAnd, a, b); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return compare(OpKind::LogicalOr, a, b); }
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  LAZYRT_CHECK(cond.dtype() == DType::b8, "where: the condition must be b8, got ",
+               dtype_name(cond.dtype()));
+  DType t = result_type(a, b);
+  return wrap(record(OpKind::Where, {value_of(cond), cast_value(value_of(a), t),
+                                     cast_value(value_of(b), t)}));
+}
+
+Tensor operator-(const Tensor& a) { return neg(a); }
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, Scalar b) { return arith(OpKind::Add, a, b); }
+Tensor operator-(const Tensor& a, Scalar b) {
+  LAZYRT_CHECK(a.dtype() != DType::b8 || b.kind() != Scalar::Kind::Bool,
+               "sub: subtraction of two bools is not supported; use logical_xor");
+  return arith(OpKind::Sub, a, b);
+}
+Tensor operator*(const Tensor& a, Scalar b) { return arith(OpKind::Mul, a, b); }
+Tensor operator/(const Tensor& a, Scalar b) { return arith(OpKind::Div, a, b); }
+Tensor operator+(Scalar a, const Tensor& b) { return arith(OpKind::Add, b, a, true); }
+Tensor operator-(Scalar a, const Tensor& b) { return arith(OpKind::Sub, b, a, true); }
+Tensor operator*(Scalar a, const Tensor& b) { return arith(OpKind::Mul, b, a, true); }
+Tensor operator/(Scalar a, const Tensor& b) { return arith(OpKind::Div, b, a, true); }
+Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
+Tensor operator!=(const Tensor& a, const Tensor& b) { return ne(a, b); }
+Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
+Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
+Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
+Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
+Tensor operator==(const Tensor& a, Scalar b) { return compare(OpKind::Eq, a, b); }
+Tensor operator!=(const Tensor& a, Scalar b) { return compare(OpKind::Ne, a, b); }
+Tensor operator<(const Tensor& a, Scalar b) { return compare(OpKind::Lt, a, b); }
+Tensor operator<=(const Tensor& a, Scalar b) { return compare(OpKind::Le, a, b); }
+Tensor operator>(const Tensor& a, Scalar b) { return compare(OpKind::Gt, a, b); }
+Tensor operator>=(const Tensor& a, Scalar b) { return compare(OpKind::Ge, a, b); }
+
+// ---- reductions -----------------------------------------------------------------------------
+
+Tensor sum(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(OpKind::Sum, a, std::move(dims), keepdim, "sum");
+}
+Tensor mean(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  LAZYRT_CHECK(is_floating(a.dtype()), "mean: expects a floating tensor, got ",
+               dtype_name(a.dtype()), "; cast it first");
+  return reduce(OpKind::Mean, a, std::move(dims), keepdim, "mean");
+}
+Tensor amax(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(OpKind::Amax, a, std::move(dims), keepdim, "amax");
+}
+Tensor amin(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(OpKind::Amin, a, std::move(dims), keepdim, "amin");
+}
+
+// ---- shape ----------------------------------------------------------------------------------
+
+Tensor reshape(const Tensor& a, Shape shape) {
+  const int64_t n = a.numel();
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      LAZYRT_CHECK(infer < 0, "reshape: more than one -1 in ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      LAZYRT_CHECK(shape[i] >= 0, "reshape: invalid dimension ", shape[i], " in ", shape_str(shape));
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0) {
+    LAZYRT_CHECK(known != 0 && n % known == 0, "reshape: shape ", shape_str(shape),
+                 " is invalid for a tensor of ", n, " elements ", shape_str(a.shape()));
+    shape[infer] = n / known;
+  }
+  LAZYRT_CHECK(shape_numel(shape) == n, "reshape: shape ", shape_str(shape),
+               " is invalid for a tensor of ", n, " elements ", shape_str(a.shape()));
+  if (shape == a.shape()) return wrap(value_of(a));
+  return wrap(record(OpKind::Reshape, {value_of(a)}, {shape}));
+}
+
+Tensor permute(const Tensor& a, std::vector<int64_t> dims) {
+  const int64_t rank = a.dim();
+  LAZYRT_CHECK(static_cast<int64_t>(dims.size()) == rank, "permute: ", dims.size(),
+               " dims given for a tensor of rank ", rank);
+  for (auto& d : dims) d = wrap_dim(d, rank, "permute");
+  return wrap(record(OpKind::Permute, {value_of(a)}, {dims}));
+}
+
+Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
+  const int64_t rank = a.dim();
+  d0 = wrap_dim(d0, rank, "transpose");
+  d1 = wrap_dim(d1, rank, "transpose");
+  if (rank == 0 || d0 == d1) return wrap(value_of(a));
+  std::vector<int64_t> perm(static_cast<size_t>(rank));
+  for (int64_t i = 0; i < rank; ++i) perm[i] = i;
+  std::swap(perm[d0], perm[d1]);
+  return wrap(record(OpKind::Permute, {value_of(a)}, {perm}));
+}
+
+Tensor expand(const Tensor& a, Shape shape) {
+  const Shape& in = a.shape();
+  LAZYRT_CHECK(shape.size() >= in.size(), "expand: the target ", shape_str(shape),
+               " has fewer dims than the tensor ", shape_str(in));
+  const size_t lead = shape.size() - in.size();
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != -1) continue;
+    LAZYRT_CHECK(i >= lead, "expand: -1 is not allowed for a new leading dim in ", shape_str(shape));
+    shape[i] = in[i - lead];
+  }
+  if (shape == in) return wrap(value_of(a));
+  return wrap(record(OpKind::Expand, {value_of(a)}, {shape}));
+}
+
+Tensor unsqueeze(const Tensor& a, int64_t d) {
+  const int64_t rank = a.dim();
+  LAZYRT_CHECK(d >= -(rank + 1) && d <= rank, "unsqueeze: dim ", d,
+               " out of range for a tensor of rank ", rank);
+  if (d < 0) d += rank + 1;
+  Shape s = a.shape();
+  s.insert(s.begin() + d, 1);
+  return reshape(a, s);
+}
+
+Tensor squeeze(const Tensor& a, int64_t d) {
+  d = wrap_dim(d, a.dim(), "squeeze");
+  if (a.dim() == 0 || a.shape()[d] != 1) return wrap(value_of(a));
+  Shape s = a.shape();
+  s.erase(s.begin() + d);
+  return reshape(a, s);
+}
+
+// ---- linear algebra -------------------------------------------------------------------------
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const Shape& x = a.shape();
+  const Shape& y = b.shape();
+  LAZYRT_CHECK(!x.empty() && !y.empty(), "matmul: both operands need at least one dim, got ",
+               shape_str(x), " and ", shape_str(y));
+  LAZYRT_CHECK(a.dtype() == b.dtype(), "matmul: operands must have one dtype, got ",
+               dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  LAZYRT_CHECK(a.dtype() != DType::b8, "matmul: does not take b8 tensors");
+  const int64_t k1 = x.back();
+  const int64_t k2 = y.size() == 1 ? y[0] : y[y.size() - 2];
+  LAZYRT_CHECK(k1 == k2, "matmul: inner dimensions differ: ", shape_str(x), " @ ", shape_str(y),
+               " (", k1, " vs ", k2, ")");
+  if (x.size() >= 2 && y.size() >= 2) {
+    Shape bx(x.begin(), x.end() - 2), by(y.begin(), y.end() - 2);
+    ir::broadcast_shapes(bx, by, "matmul (batch dims)");
+    return wrap(record(OpKind::Matmul, {value_of(a), value_of(b)}));
+  }
+  // 1-D operands become matrices for the product and lose that dim again after it.
+  Tensor xa = x.size() == 1 ? unsqueeze(a, 0) : a;
+  Tensor yb = y.size() == 1 ? unsqueeze(b, 1) : b;
+  Tensor r = wrap(record(OpKind::Matmul, {value_of(xa), value_of(yb)}));
+  if (y.size() == 1) r = squeeze(r, -1);
+  if (x.size() == 1) r = squeeze(r, y.size() == 1 ? -1 : -2);
+  return r;
+}
+
+// ---- sync -----------------------------------------------------------------------------------
+
+void mark_step() { trace::sync_tensors(trace::live_pending_tensors()); }
+
+void sync(const std::vector<Tensor>& tensors) {
+  std::vector<std::shared_ptr<trace::TensorImpl>> impls;
+  impls.reserve(tensors.size());
+  for (const Tensor& t : tensors) impls.push_back(impl_of(t, "sync").shared_from_this());
+  trace::sync_tensors(impls);
+}
+
+}  // namespace lazyrt

@@ -1,0 +1,35 @@
+// Internal invariants (LAZYRT_ASSERT) and user-facing errors (LAZYRT_CHECK).
+//
+// LAZYRT_ASSERT reports a bug in lazyrt itself, with file and line. LAZYRT_CHECK reports bad
+// input from a user: the message must name the call, what it saw and what it expected.
+#pragma once
+
+#include <sstream>
+#include <string>
+
+#include "lazyrt/types.h"
+
+namespace lazyrt::detail {
+
+[[noreturn]] void assert_fail(const char* expr, const char* file, int line, const std::string& msg);
+
+template <class... Args>
+std::string str_cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+}  // namespace lazyrt::detail
+
+#define LAZYRT_ASSERT(cond, ...)                                                            \
+  do {                                                                                      \
+    if (!(cond))                                                                            \
+      ::lazyrt::detail::assert_fail(#cond, __FILE__, __LINE__,                              \
+                                    ::lazyrt::detail::str_cat("" __VA_OPT__(, ) __VA_ARGS__)); \
+  } while (0)
+
+#define LAZYRT_CHECK(cond, ...)                                                     \
+  do {                                                                              \
+    if (!(cond)) throw ::lazyrt::Error(::lazyrt::detail::str_cat(__VA_ARGS__));     \
+  } while (0)
