@@ -10,7 +10,7 @@ int main() {
   Tensor w = zeros({3, 1});
   Tensor x = tensor({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {4, 3});
   Tensor y = tensor({1, 2, 3, 4}, {4, 1});
-  const double lr = 0.01;
+  const double lr = 0.002;
   for (int step = 0; step < 10; ++step) {
     Tensor pred = matmul(x, w);
     Tensor err = pred - y;

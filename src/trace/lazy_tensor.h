@@ -76,6 +76,9 @@ std::shared_ptr<TensorImpl> make_pending(LazyValue v);
 /// Every live tensor that holds pending IR, in creation order.
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
 
+/// The key sync would look these tensors' graph up by; nothing is executed.
+GraphHash pending_graph_hash(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
+
 /// Syncs these tensors as one graph (extract, hash, look up or compile, execute, bind).
 void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
 

@@ -120,14 +120,35 @@ Extracted extract(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
   return ex;
 }
 
-}  // namespace
-
-void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
+// The pending tensors among `requested`, each once, in order.
+std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors;
   for (const auto& t : requested)
-    if (t && t->is_pending() &&
-        std::find(tensors.begin(), tensors.end(), t) == tensors.end())
+    if (t && t->is_pending() && std::find(tensors.begin(), tensors.end(), t) == tensors.end())
       tensors.push_back(t);
+  return tensors;
+}
+
+// The cache key: the graph's structure plus the donations, which change the executable.
+GraphHash cache_key(const Extracted& ex) {
+  ir::Hasher h;
+  GraphHash gh = ir::hash_graph(ex.graph);
+  h.add(gh.hi);
+  h.add(gh.lo);
+  for (int32_t d : ex.donations) h.add(static_cast<uint64_t>(static_cast<int64_t>(d)));
+  return h.finish();
+}
+
+}  // namespace
+
+GraphHash pending_graph_hash(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
+  std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
+  if (tensors.empty()) return {};
+  return cache_key(extract(tensors));
+}
+
+void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
+  std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 
   Extracted ex;
@@ -135,12 +156,7 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   {
     detail::ScopedTimer timer("TraceTime");
     ex = extract(tensors);
-    ir::Hasher h;
-    GraphHash gh = ir::hash_graph(ex.graph);
-    h.add(gh.hi);
-    h.add(gh.lo);
-    for (int32_t d : ex.donations) h.add(static_cast<uint64_t>(static_cast<int64_t>(d)));
-    key = h.finish();
+    key = cache_key(ex);
   }
 
   std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key);

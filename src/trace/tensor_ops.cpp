@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "lazyrt/tensor.h"
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -209,7 +210,14 @@ template std::vector<bool> Tensor::to_vector<bool>() const;
 double Tensor::item() const {
   LAZYRT_CHECK(numel() == 1, "item: the tensor has ", numel(), " elements (shape ",
                shape_str(shape()), "), expected exactly one");
-  return cast(*this, DType::f64).to_vector<double>()[0];
+  auto& s = impl_of(*this, "item");
+  trace::sync_tensors({impl()});
+  double v = 0;
+  kernels::visit_dtype(s.type.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    v = kernels::convert<double>(*static_cast<const T*>(s.data()->data()));
+  });
+  return v;
 }
 
 Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
@@ -548,11 +556,19 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 void mark_step() { trace::sync_tensors(trace::live_pending_tensors()); }
 
-void sync(const std::vector<Tensor>& tensors) {
+namespace {
+std::vector<std::shared_ptr<trace::TensorImpl>> impls_of(const std::vector<Tensor>& ts, const char* op) {
   std::vector<std::shared_ptr<trace::TensorImpl>> impls;
-  impls.reserve(tensors.size());
-  for (const Tensor& t : tensors) impls.push_back(impl_of(t, "sync").shared_from_this());
-  trace::sync_tensors(impls);
+  impls.reserve(ts.size());
+  for (const Tensor& t : ts) impls.push_back(impl_of(t, op).shared_from_this());
+  return impls;
+}
+}  // namespace
+
+void sync(const std::vector<Tensor>& tensors) { trace::sync_tensors(impls_of(tensors, "sync")); }
+
+GraphHash graph_hash(const std::vector<Tensor>& outputs) {
+  return trace::pending_graph_hash(impls_of(outputs, "graph_hash"));
 }
 
 }  // namespace lazyrt

@@ -1,0 +1,148 @@
+// Each pass alone on a hand-built graph, checked as text before and after.
+#include <gtest/gtest.h>
+
+#include "compile/passes.h"
+#include "support/graphs.h"
+
+namespace lazyrt::compile {
+using ir::Graph;
+using ir::OpKind;
+using ir::ValueRef;
+using lazyrt::testing::f32;
+
+TEST(DeadCodeElimination, DropsNodesNoOutputReads) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2}));
+  ValueRef dead = g.add(OpKind::Exp, {x});
+  g.add(OpKind::Neg, {dead});
+  ValueRef live = g.add(OpKind::Abs, {x});
+  g.outputs = {live};
+  EXPECT_EQ(ir::to_text(g),
+            "%0 = parameter {index=0} : f32[2]\n"
+            "%1 = exp(%0) : f32[2]\n"
+            "%2 = neg(%1) : f32[2]\n"
+            "%3 = abs(%0) : f32[2]\n"
+            "return %3\n");
+  EXPECT_EQ(ir::to_text(dead_code_elimination(g)),
+            "%0 = parameter {index=0} : f32[2]\n"
+            "%1 = abs(%0) : f32[2]\n"
+            "return %1\n");
+}
+
+TEST(CommonSubexpressionElimination, MergesEqualNodesAndCommutedOperands) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2}));
+  ValueRef y = g.add_parameter(f32({2}));
+  ValueRef a = g.add(OpKind::Add, {x, y});
+  ValueRef b = g.add(OpKind::Add, {y, x});
+  ValueRef c = g.add(OpKind::Sub, {x, y});
+  ValueRef d = g.add(OpKind::Sub, {y, x});
+  ValueRef one = g.add_full(1, {}, DType::f32);
+  ValueRef one2 = g.add_full(1, {}, DType::f32);
+  g.outputs = {g.add(OpKind::Mul, {a, one}), g.add(OpKind::Mul, {b, one2}), c, d};
+  EXPECT_EQ(ir::to_text(common_subexpression_elimination(g)),
+            "%0 = parameter {index=0} : f32[2]\n"
+            "%1 = parameter {index=1} : f32[2]\n"
+            "%2 = add(%0, %1) : f32[2]\n"
+            "%3 = sub(%0, %1) : f32[2]\n"
+            "%4 = sub(%1, %0) : f32[2]\n"
+            "%5 = full {value=1, shape=[], dtype=f32} : f32[]\n"
+            "%6 = mul(%2, %5) : f32[2]\n"
+            "return %6, %6, %3, %4\n");
+}
+
+TEST(CommonSubexpressionElimination, NeverMergesParameters) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2}));
+  ValueRef y = g.add_parameter(f32({2}));
+  g.outputs = {g.add(OpKind::Exp, {x}), g.add(OpKind::Exp, {y})};
+  EXPECT_EQ(ir::to_text(common_subexpression_elimination(g)), ir::to_text(g));
+}
+
+TEST(ConstantFolding, EvaluatesElementwiseOpsOnConstants) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({3}));
+  ValueRef two = g.add_full(2, {}, DType::f32);
+  ValueRef three = g.add_full(3, {3}, DType::f32);
+  ValueRef six = g.add(OpKind::Mul, {two, three});
+  ValueRef e = g.add(OpKind::Cast, {g.add(OpKind::Sqrt, {g.add_full(16, {}, DType::f64)})}, {DType::i32});
+  g.outputs = {g.add(OpKind::Add, {x, six}), e};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(constant_folding(g))),
+            "%0 = parameter {index=0} : f32[3]\n"
+            "%1 = full {value=6, shape=[3], dtype=f32} : f32[3]\n"
+            "%2 = full {value=4, shape=[], dtype=i32} : i32[]\n"
+            "%3 = add(%0, %1) : f32[3]\n"
+            "return %3, %2\n");
+}
+
+TEST(ConstantFolding, LeavesOpsOnParametersAlone) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({3}));
+  g.outputs = {g.add(OpKind::Mul, {x, g.add_full(2, {}, DType::f32)})};
+  EXPECT_EQ(ir::to_text(constant_folding(g)), ir::to_text(g));
+}
+
+TEST(AlgebraicSimplification, RemovesMultiplyByOneAndAddZero) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef one = g.add_full(1, {}, DType::f32);
+  ValueRef zero = g.add_full(0, {}, DType::f32);
+  ValueRef a = g.add(OpKind::Mul, {x, one});
+  ValueRef b = g.add(OpKind::Add, {zero, a});
+  ValueRef c = g.add(OpKind::Sub, {b, zero});
+  g.outputs = {g.add(OpKind::Div, {c, one})};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(algebraic_simplification(g))),
+            "%0 = parameter {index=0} : f32[2, 3]\n"
+            "return %0\n");
+}
+
+TEST(AlgebraicSimplification, KeepsIdentitiesThatWouldChangeTheType) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({3}));
+  ValueRef ones = g.add_full(1, {2, 3}, DType::f32);  // broadcasting x to [2, 3]
+  g.outputs = {g.add(OpKind::Mul, {x, ones})};
+  EXPECT_EQ(ir::to_text(algebraic_simplification(g)), ir::to_text(g));
+}
+
+TEST(AlgebraicSimplification, FoldsADoubleTransposeAway) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3, 4}));
+  ValueRef t = g.add(OpKind::Permute, {x}, {std::vector<int64_t>{1, 0, 2}});
+  ValueRef back = g.add(OpKind::Permute, {t}, {std::vector<int64_t>{1, 0, 2}});
+  ValueRef rot = g.add(OpKind::Permute, {g.add(OpKind::Permute, {x}, {std::vector<int64_t>{2, 0, 1}})},
+                       {std::vector<int64_t>{0, 2, 1}});
+  g.outputs = {g.add(OpKind::Exp, {back}), rot};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(algebraic_simplification(g))),
+            "%0 = parameter {index=0} : f32[2, 3, 4]\n"
+            "%1 = permute(%0) {dims=[2, 1, 0]} : f32[4, 3, 2]\n"
+            "%2 = exp(%0) : f32[2, 3, 4]\n"
+            "return %2, %1\n");
+}
+
+TEST(AlgebraicSimplification, CollapsesReshapeChainsAndNegNeg) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 6}));
+  ValueRef r = g.add(OpKind::Reshape, {g.add(OpKind::Reshape, {x}, {Shape{3, 4}})}, {Shape{12}});
+  ValueRef n = g.add(OpKind::Neg, {g.add(OpKind::Neg, {x})});
+  ValueRef c = g.add(OpKind::Cast, {x}, {DType::f32});
+  g.outputs = {r, n, c};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(algebraic_simplification(g))),
+            "%0 = parameter {index=0} : f32[2, 6]\n"
+            "%1 = reshape(%0) {shape=[12]} : f32[12]\n"
+            "return %1, %0, %0\n");
+}
+
+TEST(Optimize, KeepsParameterCountAndOutputOrder) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2}));
+  g.add_parameter(f32({5}));  // unused
+  g.outputs = {g.add(OpKind::Mul, {x, g.add_full(1, {}, DType::f32)}), g.add(OpKind::Exp, {x})};
+  Graph o = optimize(g);
+  EXPECT_EQ(o.num_params, 2);
+  ASSERT_EQ(o.outputs.size(), 2u);
+  EXPECT_EQ(o.node(o.outputs[0]).op, OpKind::Parameter);
+  EXPECT_EQ(o.node(o.outputs[1]).op, OpKind::Exp);
+  EXPECT_NO_THROW(ir::verify(o));
+}
+
+}  // namespace lazyrt::compile

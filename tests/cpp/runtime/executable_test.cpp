@@ -1,0 +1,121 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "compile/compile.h"
+#include "runtime/buffer.h"
+#include "support/alloc_counter.h"
+#include "support/graphs.h"
+
+namespace lazyrt::runtime {
+using ir::Graph;
+using ir::OpKind;
+using ir::ValueRef;
+using lazyrt::testing::f32;
+
+namespace {
+std::shared_ptr<Buffer> floats(std::vector<float> v) {
+  auto b = allocate(v.size() * sizeof(float));
+  std::memcpy(b->data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+std::vector<float> read(const Buffer& b, size_t n) {
+  std::vector<float> v(n);
+  std::memcpy(v.data(), b.data(), n * sizeof(float));
+  return v;
+}
+
+// y = relu(x @ w + b) summed over rows, and w - 0.5 * w (an update of w).
+Graph layer() {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef w = g.add_parameter(f32({3, 2}));
+  ValueRef b = g.add_parameter(f32({2}));
+  ValueRef h = g.add(OpKind::Relu, {g.add(OpKind::Add, {g.add(OpKind::Matmul, {x, w}), b})});
+  ValueRef s = g.add(OpKind::Sum, {h}, {std::vector<int64_t>{0}, false});
+  ValueRef w2 = g.add(OpKind::Sub, {w, g.add(OpKind::Mul, {w, g.add_full(0.5, {}, DType::f32)})});
+  g.outputs = {s, w2};
+  return g;
+}
+}  // namespace
+
+TEST(Executable, ComputesTheGraph) {
+  auto exe = compile::compile(layer());
+  auto x = floats({1, 2, 3, 4, 5, 6}), w = floats({1, -1, 0, 1, 2, 0}), b = floats({0.5, -20});
+  auto s = allocate(8), w2 = allocate(24);
+  const void* params[] = {x->data(), w->data(), b->data()};
+  void* outs[] = {s->data(), w2->data()};
+  exe->run(params, outs);
+  // x@w = [[7, 1], [16, 1]]; + b = [[7.5, -19], [16.5, -19]]; relu; column sums.
+  EXPECT_EQ(read(*s, 2), (std::vector<float>{24, 0}));
+  EXPECT_EQ(read(*w2, 6), (std::vector<float>{0.5, -0.5, 0, 0.5, 1, 0}));
+}
+
+TEST(Executable, RunPerformsZeroHeapAllocations) {
+  auto exe = compile::compile(layer());
+  auto x = floats({1, 2, 3, 4, 5, 6}), w = floats({1, -1, 0, 1, 2, 0}), b = floats({0.5, -20});
+  auto s = allocate(8), w2 = allocate(24);
+  const void* params[] = {x->data(), w->data(), b->data()};
+  void* outs[] = {s->data(), w2->data()};
+  exe->run(params, outs);  // first run outside the count: BLAS may set itself up
+  lazyrt::testing::CountAllocations count;
+  for (int i = 0; i < 10; ++i) exe->run(params, outs);
+  EXPECT_EQ(count.count(), 0);
+}
+
+TEST(Executable, DonatedOutputWrittenInPlaceWhenNothingReadsTheParameterAfter) {
+  Graph g;
+  ValueRef w = g.add_parameter(f32({4}));
+  ValueRef gr = g.add_parameter(f32({4}));
+  g.outputs = {g.add(OpKind::Sub, {w, gr})};
+  auto exe = compile::compile(g, {0});
+  ASSERT_TRUE(exe->donation_accepted(0));
+  EXPECT_EQ(exe->stats().steps, 1u) << exe->to_text();
+  auto wb = floats({1, 2, 3, 4}), gb = floats({1, 1, 1, 1});
+  const void* params[] = {wb->data(), gb->data()};
+  void* outs[] = {wb->data()};
+  exe->run(params, outs);
+  EXPECT_EQ(read(*wb, 4), (std::vector<float>{0, 1, 2, 3}));
+}
+
+TEST(Executable, DonatedOutputCopiedInLastWhenTheParameterIsReadLater) {
+  // out0 = w + 1 is produced first, but w is read again for out1 afterwards.
+  Graph g;
+  ValueRef w = g.add_parameter(f32({3}));
+  ValueRef a = g.add(OpKind::Add, {w, g.add_full(1, {}, DType::f32)});
+  ValueRef s = g.add(OpKind::Sum, {g.add(OpKind::Mul, {w, a})}, {std::vector<int64_t>{0}, false});
+  g.outputs = {a, s};
+  auto exe = compile::compile(g, {0, -1});
+  ASSERT_TRUE(exe->donation_accepted(0));
+  auto wb = floats({1, 2, 3});
+  auto sb = allocate(4);
+  const void* params[] = {wb->data()};
+  void* outs[] = {wb->data(), sb->data()};
+  exe->run(params, outs);
+  EXPECT_EQ(read(*wb, 3), (std::vector<float>{2, 3, 4}));
+  EXPECT_EQ(read(*sb, 1)[0], 1 * 2 + 2 * 3 + 3 * 4);
+}
+
+TEST(Executable, DonationRefusedWhenAnotherOutputReturnsTheParameter) {
+  Graph g;
+  ValueRef w = g.add_parameter(f32({3}));
+  g.outputs = {g.add(OpKind::Exp, {w}), w};
+  auto exe = compile::compile(g, {0, -1});
+  EXPECT_FALSE(exe->donation_accepted(0));
+  EXPECT_EQ(exe->outputs()[1].kind, OutputSource::Kind::Param);
+}
+
+TEST(Executable, ConstantAndAliasedOutputs) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2}));
+  ValueRef e = g.add(OpKind::Exp, {x});
+  g.outputs = {e, e, g.add_full(3, {2}, DType::f32)};
+  auto exe = compile::compile(g);
+  EXPECT_EQ(exe->outputs()[0].kind, OutputSource::Kind::Computed);
+  EXPECT_EQ(exe->outputs()[1].kind, OutputSource::Kind::Alias);
+  EXPECT_EQ(exe->outputs()[1].index, 0);
+  ASSERT_EQ(exe->outputs()[2].kind, OutputSource::Kind::Const);
+  EXPECT_EQ(read(*exe->constant_output(exe->outputs()[2].index), 2), (std::vector<float>{3, 3}));
+}
+
+}  // namespace lazyrt::runtime
