@@ -2,6 +2,8 @@
 #pragma once
 
 #include "lazyrt/cache.h"
+#include "lazyrt/debug.h"
+#include "lazyrt/loops.h"
 #include "lazyrt/metrics.h"
 #include "lazyrt/tensor.h"
 #include "lazyrt/types.h"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 
+#include "compile/control_flow.h"
 #include "compile/memory_plan.h"
 #include "compile/passes.h"
 #include "kernels/cpu/ops.h"
@@ -61,19 +62,20 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       }
   }
 
-  // Steps in graph order; readers of every value and parameter.
+  // Steps in graph order; the last reader of every value; the readers of every parameter.
   std::vector<int32_t> step_of(g.nodes.size(), -1);
   int32_t num_steps = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     OpKind op = g.nodes[i].op;
     if (op != OpKind::Parameter && op != OpKind::Full) step_of[i] = num_steps++;
   }
-  std::vector<int32_t> last_read(g.nodes.size(), -1);
+  std::map<ValueRef, int32_t> last_read;
   std::vector<std::vector<int32_t>> param_readers(static_cast<size_t>(g.num_params));
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (step_of[i] < 0) continue;
     for (ValueRef v : g.nodes[i].operands) {
-      last_read[v.node] = std::max(last_read[v.node], step_of[i]);
+      auto [it, fresh] = last_read.emplace(v, step_of[i]);
+      if (!fresh) it->second = std::max(it->second, step_of[i]);
       if (g.nodes[v.node].op == OpKind::Parameter)
         param_readers[g.nodes[v.node].attrs.i(0)].push_back(static_cast<int32_t>(i));
     }
@@ -124,46 +126,52 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       }
     }
   }
+  std::vector<int32_t> copy_step_of_output(num_outputs, -1);
+  for (size_t c = 0; c < copy_out_of.size(); ++c)
+    copy_step_of_output[copy_out_of[c]] = num_steps + static_cast<int32_t>(c);
 
-  // Arena requests: every step result not written straight to an output, and workspaces.
+  // Kernels, and arena requests for every step result not written straight to an output and
+  // for workspaces.
   std::vector<BufferRequest> reqs;
-  std::vector<int32_t> req_of(g.nodes.size(), -1);
-  std::vector<Slot> slot_of(g.nodes.size());
+  std::map<ValueRef, int32_t> req_of;
+  std::map<ValueRef, Slot> slot_of;
   std::vector<kernels::Kernel> made(g.nodes.size());
   std::vector<int32_t> workspace_req(g.nodes.size(), -1);
-  std::vector<bool> computed_aside(num_outputs, false);
-  for (int32_t k : copy_out_of) computed_aside[k] = true;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
+    const auto node = static_cast<int32_t>(i);
     if (n.op == OpKind::Parameter) {
-      slot_of[i] = {SlotKind::Param, static_cast<int32_t>(n.attrs.i(0)), 0};
+      slot_of[{node, 0}] = {SlotKind::Param, static_cast<int32_t>(n.attrs.i(0)), 0};
       continue;
     }
     if (n.op == OpKind::Full) {
-      slot_of[i] = {SlotKind::Const, 0, const_offset[i]};
+      slot_of[{node, 0}] = {SlotKind::Const, 0, const_offset[i]};
       continue;
     }
-    LAZYRT_ASSERT(n.results.size() == 1, "multi-result ops are not lowered yet");
     std::vector<ir::TensorType> in_types;
     for (ValueRef v : n.operands) in_types.push_back(g.type(v));
-    made[i] = kernels::make_kernel({n.op, n.attrs, in_types, n.results});
+    made[i] = n.regions.empty() ? kernels::make_kernel({n.op, n.attrs, in_types, n.results})
+                                : lower_control_flow(n, in_types);
     const int32_t s = step_of[i];
-    auto it = claimed.find({static_cast<int32_t>(i), 0});
-    if (it != claimed.end() && !computed_aside[it->second]) {
-      slot_of[i] = {SlotKind::Output, it->second, 0};
-    } else {
-      BufferRequest r;
-      r.bytes = n.results[0].bytes();
-      r.first = s;
-      r.last = std::max(s, last_read[i]);
-      if (it != claimed.end()) r.last = num_steps + static_cast<int32_t>(
-          std::find(copy_out_of.begin(), copy_out_of.end(), it->second) - copy_out_of.begin());
-      if (!n.operands.empty() && can_alias(g, n, 0)) {
-        int32_t src = req_of[n.operands[0].node];
-        if (src >= 0 && reqs[src].last == s) r.inplace_of = src;
+    for (size_t r = 0; r < n.results.size(); ++r) {
+      const ValueRef v{node, static_cast<int32_t>(r)};
+      auto it = claimed.find(v);
+      if (it != claimed.end() && copy_step_of_output[it->second] < 0) {
+        slot_of[v] = {SlotKind::Output, it->second, 0};
+        continue;
       }
-      req_of[i] = static_cast<int32_t>(reqs.size());
-      reqs.push_back(r);
+      BufferRequest req;
+      req.bytes = n.results[r].bytes();
+      req.first = s;
+      auto lr = last_read.find(v);
+      req.last = std::max(s, lr == last_read.end() ? s : lr->second);
+      if (it != claimed.end()) req.last = copy_step_of_output[it->second];
+      if (r == 0 && !n.operands.empty() && can_alias(g, n, 0)) {
+        auto src = req_of.find(n.operands[0]);
+        if (src != req_of.end() && reqs[src->second].last == s) req.inplace_of = src->second;
+      }
+      req_of[v] = static_cast<int32_t>(reqs.size());
+      reqs.push_back(req);
     }
     if (made[i].workspace_bytes) {
       workspace_req[i] = static_cast<int32_t>(reqs.size());
@@ -173,14 +181,15 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   MemoryPlan plan = plan_memory(reqs);
   parts.arena_bytes = plan.arena_bytes;
   parts.arena_blocks = plan.distinct_blocks;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (req_of[i] >= 0) slot_of[i] = {SlotKind::Arena, 0, plan.offsets[req_of[i]]};
+  for (const auto& [v, r] : req_of) slot_of[v] = {SlotKind::Arena, 0, plan.offsets[r]};
 
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (step_of[i] < 0) continue;
     const Node& n = g.nodes[i];
-    runtime::Step st{n.op, std::move(made[i].run), {}, {slot_of[i]}};
-    for (ValueRef v : n.operands) st.in.push_back(slot_of[v.node]);
+    runtime::Step st{n.op, std::move(made[i].run), {}, {}};
+    for (ValueRef v : n.operands) st.in.push_back(slot_of.at(v));
+    for (size_t r = 0; r < n.results.size(); ++r)
+      st.out.push_back(slot_of.at({static_cast<int32_t>(i), static_cast<int32_t>(r)}));
     if (workspace_req[i] >= 0) st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
     parts.steps.push_back(std::move(st));
   }
@@ -189,7 +198,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     const ir::TensorType& t = g.type(v);
     ir::Attrs attrs{t.shape};
     kernels::Kernel copy = kernels::make_kernel({OpKind::Reshape, attrs, {t}, {t}});
-    parts.steps.push_back({OpKind::Reshape, std::move(copy.run), {slot_of[v.node]}, {{SlotKind::Output, k, 0}}});
+    parts.steps.push_back({OpKind::Reshape, std::move(copy.run), {slot_of.at(v)}, {{SlotKind::Output, k, 0}}});
   }
   parts.graph = g;
   return std::make_shared<runtime::Executable>(std::move(parts));

@@ -82,8 +82,8 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
                                     const Attrs& a) {
   const OpInfo& info = op_info(op);
   const std::string_view name = info.name;
-  LAZYRT_CHECK(static_cast<int>(ops.size()) == info.operands, name, ": expects ", info.operands,
-               " operands, got ", ops.size());
+  LAZYRT_CHECK(info.operands < 0 || static_cast<int>(ops.size()) == info.operands, name,
+               ": expects ", info.operands, " operands, got ", ops.size());
   switch (info.rule) {
     case ResultRule::Given:
       LAZYRT_ASSERT(false, name, " has no result rule: its type is given by its builder");
@@ -179,6 +179,12 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       }
       check_shape_valid(name, s);
       return {{ops[0].dtype, s}};
+    }
+    case ResultRule::While: {
+      const int64_t carries = a.i(0);
+      LAZYRT_CHECK(carries >= 0 && carries <= static_cast<int64_t>(ops.size()), name, ": ",
+                   carries, " carries but ", ops.size(), " operands");
+      return std::vector<TensorType>(ops.begin(), ops.begin() + carries);
     }
   }
   LAZYRT_ASSERT(false, "unhandled result rule for ", name);

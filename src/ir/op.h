@@ -46,6 +46,7 @@ enum class ResultRule : uint8_t {
   Permute,         // dims permuted
   Reshape,         // the shape attribute, same element count
   Expand,          // the shape attribute, broadcast from the operand
+  While,           // the first `carries` operand types
 };
 
 enum class AttrKind : uint8_t { Int, Float, Bool, DType, Ints };

@@ -8,9 +8,10 @@ namespace lazyrt::ir {
 namespace {
 
 std::string value_str(ValueRef v) {
-  std::string s = "%" + std::to_string(v.node);
-  if (v.index != 0) s += "." + std::to_string(v.index);
-  return s;
+  std::ostringstream os;
+  os << '%' << v.node;
+  if (v.index != 0) os << '.' << v.index;
+  return os.str();
 }
 
 std::string attr_str(const AttrValue& v) {
@@ -48,16 +49,29 @@ std::string node_line(size_t i, const Node& n) {
   return os.str();
 }
 
+void print_graph(std::ostream& os, const Graph& g, const std::string& indent) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    os << indent << node_line(i, n) << (n.regions.empty() ? "\n" : " {\n");
+    for (size_t r = 0; r < n.regions.size(); ++r) {
+      os << indent << "  region " << r << ":\n";
+      print_graph(os, *n.regions[r], indent + "    ");
+    }
+    if (!n.regions.empty()) os << indent << "}\n";
+  }
+  os << indent << "return";
+  for (size_t k = 0; k < g.outputs.size(); ++k) os << (k ? ", " : " ") << value_str(g.outputs[k]);
+  os << '\n';
+}
+
 }  // namespace
 
 std::string to_text(const Graph& g) {
   std::ostringstream os;
-  for (size_t i = 0; i < g.nodes.size(); ++i) os << node_line(i, g.nodes[i]) << '\n';
-  os << "return";
-  for (size_t k = 0; k < g.outputs.size(); ++k) os << (k ? ", " : " ") << value_str(g.outputs[k]);
-  os << '\n';
+  print_graph(os, g, "");
   return os.str();
 }
+
 
 std::string to_dot(const Graph& g) {
   std::ostringstream os;

@@ -23,6 +23,37 @@ bool attr_has_kind(const AttrValue& v, AttrKind k) {
   throw Error(str_cat("verify: node %", node, " (", op_name(n.op), "): ", what));
 }
 
+void verify_region_params(size_t i, const Node& n, const Graph& r, const char* which,
+                          const std::vector<TensorType>& operands) {
+  if (r.num_params != static_cast<int64_t>(operands.size()))
+    fail(i, n, str_cat(which, " region has ", r.num_params, " parameters for ", operands.size(),
+                       " operands"));
+  for (const Node& rn : r.nodes)
+    if (rn.op == OpKind::Parameter && rn.results[0] != operands[rn.attrs.i(0)])
+      fail(i, n, str_cat(which, " parameter ", rn.attrs.i(0), " is ", type_str(rn.results[0]),
+                         ", its operand ", type_str(operands[rn.attrs.i(0)])));
+}
+
+void verify_while(size_t i, const Node& n, const std::vector<TensorType>& operands) {
+  if (n.regions.size() != 2) fail(i, n, "a while needs a cond and a body region");
+  const Graph& cond = *n.regions[0];
+  const Graph& body = *n.regions[1];
+  verify(cond);
+  verify(body);
+  verify_region_params(i, n, cond, "cond", operands);
+  verify_region_params(i, n, body, "body", operands);
+  if (cond.outputs.size() != 1 || cond.type(cond.outputs[0]).dtype != DType::b8 ||
+      cond.type(cond.outputs[0]).numel() != 1)
+    fail(i, n, "cond must return one b8 element");
+  const auto carries = static_cast<size_t>(n.attrs.i(0));
+  if (body.outputs.size() != carries)
+    fail(i, n, str_cat("body returns ", body.outputs.size(), " values for ", carries, " carries"));
+  for (size_t k = 0; k < carries; ++k)
+    if (body.type(body.outputs[k]) != operands[k])
+      fail(i, n, str_cat("body result ", k, " is ", type_str(body.type(body.outputs[k])),
+                         ", the carry is ", type_str(operands[k])));
+}
+
 }  // namespace
 
 void verify(const Graph& g) {
@@ -30,7 +61,7 @@ void verify(const Graph& g) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const OpInfo& info = op_info(n.op);
-    if (static_cast<int>(n.operands.size()) != info.operands)
+    if (info.operands >= 0 && static_cast<int>(n.operands.size()) != info.operands)
       fail(i, n, str_cat("has ", n.operands.size(), " operands, the op takes ", info.operands));
     if (n.attrs.values.size() != info.attrs.size())
       fail(i, n, str_cat("has ", n.attrs.values.size(), " attributes, the op takes ",
@@ -61,6 +92,7 @@ void verify(const Graph& g) {
     } catch (const Error& e) {
       fail(i, n, e.what());
     }
+    if (n.op == OpKind::While) verify_while(i, n, in);
     if (expect != n.results) {
       std::string got, want;
       for (const auto& t : n.results) got += type_str(t) + " ";

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 namespace lazyrt::runtime {
@@ -26,6 +27,14 @@ class Buffer {
   void* data_;
   size_t bytes_;
 };
+
+/// Bytes held by all buffers now, and the most held at once since reset_peak_memory().
+struct MemoryStats {
+  int64_t live_bytes;
+  int64_t peak_bytes;
+};
+MemoryStats memory_stats();
+void reset_peak_memory();
 
 inline std::shared_ptr<Buffer> allocate(size_t bytes) { return std::make_shared<Buffer>(bytes); }
 

@@ -36,6 +36,10 @@ Executable::Executable(Parts parts) : parts_(std::move(parts)) {
 
 void Executable::run(const void* const* params, void* const* outputs) {
   std::lock_guard<std::mutex> lock(mu_);
+  run_unlocked(params, outputs);
+}
+
+void Executable::run_unlocked(const void* const* params, void* const* outputs) {
   for (const Patch& p : patches_)
     args_[p.arg] = p.kind == SlotKind::Param ? const_cast<void*>(params[p.index]) : outputs[p.index];
   void** args = args_.data();

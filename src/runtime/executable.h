@@ -72,6 +72,9 @@ class Executable {
   /// outputs[k]: destination of output k when outputs()[k] is Computed; for a donated output
   /// the caller passes the donated parameter's buffer.
   void run(const void* const* params, void* const* outputs);
+  /// As run(), without taking the mutex: for an executable owned by one step of another
+  /// (a loop body), which the owner's own run already serializes.
+  void run_unlocked(const void* const* params, void* const* outputs);
 
   const std::vector<OutputSource>& outputs() const { return parts_.outputs; }
   const std::vector<ir::TensorType>& output_types() const { return parts_.output_types; }

@@ -11,6 +11,8 @@ namespace lazyrt::trace {
 namespace {
 
 std::atomic<int64_t> next_id{1};
+std::atomic<int64_t> next_scope{1};
+thread_local std::vector<int64_t> scope_stack;
 
 // Pending tensors, for mark_step. Tensors enter when they get IR and leave when they are
 // materialized or destroyed.
@@ -25,7 +27,19 @@ PendingRegistry& pending_registry() {
 
 }  // namespace
 
-TensorImpl::TensorImpl(ir::TensorType t) : id(next_id++), type(std::move(t)) {}
+int64_t current_scope() { return scope_stack.empty() ? 0 : scope_stack.back(); }
+
+bool scope_is_active(int64_t scope) {
+  if (scope == 0) return true;
+  for (int64_t s : scope_stack)
+    if (s == scope) return true;
+  return false;
+}
+
+TraceScope::TraceScope() : id_(next_scope++) { scope_stack.push_back(id_); }
+TraceScope::~TraceScope() { scope_stack.pop_back(); }
+
+TensorImpl::TensorImpl(ir::TensorType t) : id(next_id++), scope(current_scope()), type(std::move(t)) {}
 
 TensorImpl::~TensorImpl() {
   if (ir) {
@@ -50,6 +64,9 @@ LazyValue TensorImpl::value() {
 }
 
 void TensorImpl::set_ir(LazyValue v) {
+  LAZYRT_CHECK(scope == current_scope(),
+               "while_loop: the loop body modifies a tensor from outside the loop in place (",
+               ir::type_str(type), "); return the new value as part of the carry instead");
   LAZYRT_ASSERT(v.type() == type, "rebinding tensor ", id, " of ", ir::type_str(type), " to ",
                 ir::type_str(v.type()));
   if (!ir) {
@@ -82,6 +99,7 @@ LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs
   n->op = op;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);
+  n->scope = current_scope();
   return {std::move(n), 0};
 }
 
@@ -101,14 +119,25 @@ std::shared_ptr<TensorImpl> make_pending(LazyValue v) {
   return t;
 }
 
+std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index) {
+  auto n = std::make_shared<LazyNode>();
+  n->op = ir::OpKind::Parameter;
+  n->types = {type};
+  n->scope = current_scope();
+  n->placeholder = index;
+  return make_pending({std::move(n), 0});
+}
+
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
   std::vector<std::shared_ptr<TensorImpl>> out;
   {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     out.reserve(r.set.size());
+    // Tensors of a loop body being traced (or leaked from one) are symbolic: not synced.
     for (TensorImpl* t : r.set)
-      if (auto sp = t->weak_from_this().lock()) out.push_back(std::move(sp));
+      if (t->scope == 0)
+        if (auto sp = t->weak_from_this().lock()) out.push_back(std::move(sp));
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->id < b->id; });
   return out;

@@ -31,9 +31,14 @@ struct LazyNode {
   std::vector<LazyValue> operands;
   ir::Attrs attrs;
   std::vector<ir::TensorType> types;
-  // Parameter leaves only: the device data, and the id of the tensor it was taken from.
+  std::vector<std::shared_ptr<const ir::Graph>> regions;  // while: cond, body
+  // The trace scope the node was recorded in: 0 at top level, a loop's scope inside its body.
+  int64_t scope = 0;
+  // Parameter leaves only: the device data and the id of the tensor it was taken from; or,
+  // for a loop placeholder (no data), which carry it stands for.
   std::shared_ptr<runtime::Buffer> data;
   int64_t source_tensor = -1;
+  int32_t placeholder = -1;
 };
 
 inline const ir::TensorType& LazyValue::type() const { return node->types[index]; }
@@ -45,6 +50,7 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   TensorImpl& operator=(const TensorImpl&) = delete;
 
   const int64_t id;
+  const int64_t scope;  // the trace scope the tensor was made in
   ir::TensorType type;
   bool requires_grad = false;
 
@@ -64,6 +70,22 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   LazyValue leaf_;  // cached parameter leaf for data_
 };
 
+/// Trace scopes: while a loop body is traced, ops record into the loop's scope. The scope
+/// stack is per thread.
+int64_t current_scope();
+bool scope_is_active(int64_t scope);
+class TraceScope {
+ public:
+  TraceScope();
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+  int64_t id() const { return id_; }
+
+ private:
+  int64_t id_;
+};
+
 /// Records `op` over these operands: infers result types (throwing lazyrt::Error on bad
 /// operands before anything is built) and returns result 0 of the new node.
 LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs = {});
@@ -72,10 +94,14 @@ LazyValue constant(double value, DType dtype, Shape shape = {});
 
 std::shared_ptr<TensorImpl> make_data(ir::TensorType type, std::shared_ptr<runtime::Buffer> data);
 std::shared_ptr<TensorImpl> make_pending(LazyValue v);
+/// A tensor standing for carry `index` of the loop being traced in the current scope.
+std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index);
 
 /// Every live tensor that holds pending IR, in creation order.
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
 
+/// The graph sync would compile for these tensors (unoptimized); nothing is executed.
+ir::Graph pending_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
 /// The key sync would look these tensors' graph up by; nothing is executed.
 GraphHash pending_graph_hash(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
 

@@ -11,6 +11,7 @@
 #include "compile/compile.h"
 #include "ir/hash.h"
 #include "lazyrt/metrics.h"
+#include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 #include "util/timer.h"
@@ -22,104 +23,68 @@ struct Extracted {
   ir::Graph graph;
   std::vector<int32_t> donations;                          // per output
   std::vector<std::shared_ptr<runtime::Buffer>> params;    // per parameter
+  std::vector<int32_t> param_nodes;                        // per parameter, its graph node
 };
 
 Extracted extract(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
   Extracted ex;
-  ir::Graph& g = ex.graph;
-  // Distinct DAG nodes in post order, each with one owning reference to read its use count.
-  std::vector<const std::shared_ptr<LazyNode>*> order;
-  std::unordered_map<const LazyNode*, int32_t> pos;       // node -> position in `order`
-  std::vector<int32_t> graph_node;                         // position -> graph node index
-  std::vector<int64_t> internal_refs;                      // position -> refs from this sync
   std::unordered_map<const runtime::Buffer*, int32_t> param_of_buffer;
-  std::vector<int32_t> param_of_pos;                       // position -> parameter or -1
-  std::vector<int32_t> param_node;                         // parameter -> graph node index
-
-  std::vector<std::pair<const std::shared_ptr<LazyNode>*, size_t>> stack;
-  auto visit_root = [&](const std::shared_ptr<LazyNode>& root) {
-    if (pos.count(root.get())) return;
-    stack.push_back({&root, 0});
-    while (!stack.empty()) {
-      auto [ref, k] = stack.back();
-      const LazyNode* n = ref->get();
-      if (k < n->operands.size()) {
-        stack.back().second++;
-        const auto& child = n->operands[k].node;
-        if (!pos.count(child.get())) stack.push_back({&child, 0});
-        continue;
-      }
-      stack.pop_back();
-      if (pos.count(n)) continue;
-      const auto p = static_cast<int32_t>(order.size());
-      pos[n] = p;
-      order.push_back(ref);
-      internal_refs.push_back(0);
-      param_of_pos.push_back(-1);
-      if (n->op == ir::OpKind::Parameter) {
+  std::vector<int64_t> source;  // per parameter, the tensor its buffer came from
+  Flattener flat(
+      [](const LazyNode& n) {
+        LAZYRT_CHECK(n.scope == 0,
+                     "a value traced inside a while_loop body is used outside of it; return it "
+                     "from the body as part of the carry instead");
+        return n.op != ir::OpKind::Parameter;
+      },
+      [&](const LazyValue& v, ir::Graph& g) {
+        LAZYRT_ASSERT(v.node->data, "a loop placeholder reached a sync");
         // All leaves of one buffer are one parameter.
-        auto [it, fresh] = param_of_buffer.emplace(n->data.get(), static_cast<int32_t>(ex.params.size()));
+        auto [it, fresh] = param_of_buffer.emplace(v.node->data.get(), static_cast<int32_t>(ex.params.size()));
         if (fresh) {
-          param_node.push_back(g.add_parameter(n->types[0]).node);
-          ex.params.push_back(n->data);
+          ex.param_nodes.push_back(g.add_parameter(v.type()).node);
+          ex.params.push_back(v.node->data);
+          source.push_back(v.node->source_tensor);
         }
-        param_of_pos[p] = it->second;
-        graph_node.push_back(param_node[it->second]);
-        continue;
-      }
-      ir::Node node;
-      node.op = n->op;
-      node.attrs = n->attrs;
-      node.results = n->types;
-      for (const LazyValue& v : n->operands) {
-        int32_t q = pos.at(v.node.get());
-        internal_refs[q]++;
-        node.operands.push_back({graph_node[q], v.index});
-      }
-      g.nodes.push_back(std::move(node));
-      graph_node.push_back(static_cast<int32_t>(g.nodes.size() - 1));
-    }
-  };
-  for (const auto& t : tensors) visit_root(t->pending().node);
-  for (const auto& t : tensors) {
-    int32_t q = pos.at(t->pending().node.get());
-    internal_refs[q]++;
-    g.outputs.push_back({graph_node[q], t->pending().index});
-  }
+        return ir::ValueRef{ex.param_nodes[it->second], 0};
+      });
+  std::vector<ir::ValueRef> outputs;
+  for (const auto& t : tensors) outputs.push_back(flat.add_root(t->pending()));
 
   // A node survives the sync when something outside it holds a reference; so does everything
   // it reads. Post order puts users after operands, so walk backwards.
-  std::vector<bool> survives(order.size(), false);
-  for (size_t p = order.size(); p-- > 0;) {
-    const auto& sp = *order[p];
-    if (sp.use_count() > internal_refs[p]) survives[p] = true;
-    if (survives[p])
-      for (const LazyValue& v : sp->operands) survives[pos.at(v.node.get())] = true;
+  const auto& visited = flat.visited();
+  std::vector<bool> survives(visited.size(), false);
+  for (size_t p = visited.size(); p-- > 0;) {
+    const auto& sp = *visited[p].ref;
+    if (sp.use_count() > visited[p].internal_refs) survives[p] = true;
+    if (survives[p] && sp->op != ir::OpKind::Parameter)
+      for (const LazyValue& v : sp->operands) survives[flat.position(v.node.get())] = true;
   }
   std::vector<bool> donatable(ex.params.size(), true);
   std::vector<int64_t> leaves(ex.params.size(), 0);
-  std::vector<int64_t> source(ex.params.size(), -1);
-  for (size_t p = 0; p < order.size(); ++p) {
-    int32_t param = param_of_pos[p];
-    if (param < 0) continue;
+  for (size_t p = 0; p < visited.size(); ++p) {
+    const LazyNode& n = **visited[p].ref;
+    if (n.op != ir::OpKind::Parameter) continue;
+    const int32_t param = param_of_buffer.at(n.data.get());
     leaves[param]++;
-    source[param] = (*order[p])->source_tensor;
     if (survives[p]) donatable[param] = false;
   }
   ex.donations.assign(tensors.size(), -1);
   for (size_t i = 0; i < ex.params.size(); ++i) {
-    // The leaves hold the buffer, and so does ex.params.
+    // The leaves hold the buffer, and so does ex.params; anything more is an outside owner.
     if (!donatable[i] || ex.params[i].use_count() != leaves[i] + 1) continue;
     for (size_t k = 0; k < tensors.size(); ++k)
-      if (tensors[k]->id == source[i] && tensors[k]->type == g.nodes[param_node[i]].results[0] &&
+      if (tensors[k]->id == source[i] && tensors[k]->type == flat.graph().nodes[ex.param_nodes[i]].results[0] &&
           ex.donations[k] < 0) {
         ex.donations[k] = static_cast<int32_t>(i);
         break;
       }
   }
+  ex.graph = std::move(flat.graph());
+  ex.graph.outputs = std::move(outputs);
   return ex;
 }
-
 // The pending tensors among `requested`, each once, in order.
 std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors;
@@ -141,6 +106,12 @@ GraphHash cache_key(const Extracted& ex) {
 
 }  // namespace
 
+ir::Graph pending_graph(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
+  std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
+  if (tensors.empty()) return {};
+  return extract(tensors).graph;
+}
+
 GraphHash pending_graph_hash(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return {};
@@ -148,6 +119,9 @@ GraphHash pending_graph_hash(const std::vector<std::shared_ptr<TensorImpl>>& req
 }
 
 void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
+  LAZYRT_CHECK(current_scope() == 0,
+               "cannot read a value or sync while a while_loop body or cond is being traced: "
+               "values there are symbolic (use tensor ops, or return the value from the loop)");
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 

@@ -25,7 +25,13 @@ trace::TensorImpl& impl_of(const Tensor& t, const char* what = "tensor") {
   return *t.impl();
 }
 
-LazyValue value_of(const Tensor& t) { return impl_of(t).value(); }
+LazyValue value_of(const Tensor& t) {
+  auto& s = impl_of(t);
+  LAZYRT_CHECK(!s.requires_grad || trace::current_scope() == 0 || s.scope == trace::current_scope(),
+               "while_loop: a tensor that requires grad (", ir::type_str(s.type),
+               ") is used inside the loop, and loops are not differentiable yet; detach it first");
+  return s.value();
+}
 Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
 
 LazyValue cast_value(LazyValue v, DType to) {
@@ -111,10 +117,11 @@ Tensor unary_float(OpKind op, const Tensor& a) {
   return wrap(record(op, {std::move(v)}));
 }
 
-int64_t wrap_dim(int64_t d, int64_t rank, const char* op) {
+int64_t wrap_dim(int64_t d, const Shape& shape, const char* op) {
+  const auto rank = static_cast<int64_t>(shape.size());
   const int64_t r = std::max<int64_t>(rank, 1);
-  LAZYRT_CHECK(d >= -r && d < r, op, ": dim ", d, " out of range for a tensor of rank ", rank,
-               " (expected ", -r, " to ", r - 1, ")");
+  LAZYRT_CHECK(d >= -r && d < r, op, ": dim ", d, " out of range for a tensor of shape ",
+               shape_str(shape), " (expected ", -r, " to ", r - 1, ")");
   return d < 0 ? d + r : d;
 }
 
@@ -124,7 +131,7 @@ std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, con
     for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
     return dims;
   }
-  for (auto& d : dims) d = wrap_dim(d, rank, op);
+  for (auto& d : dims) d = wrap_dim(d, a.shape(), op);
   std::sort(dims.begin(), dims.end());
   LAZYRT_CHECK(std::adjacent_find(dims.begin(), dims.end()) == dims.end(), op,
                ": a dim appears more than once in ", shape_str(dims));
@@ -176,7 +183,7 @@ Tensor::Tensor(std::shared_ptr<trace::TensorImpl> impl) : impl_(std::move(impl))
 const Shape& Tensor::shape() const { return impl_of(*this).type.shape; }
 int64_t Tensor::dim() const { return static_cast<int64_t>(shape().size()); }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
-int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, shape(), "size")]; }
 DType Tensor::dtype() const { return impl_of(*this).type.dtype; }
 bool Tensor::is_pending() const { return impl_of(*this).is_pending(); }
 
@@ -361,9 +368,17 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
                alpha.to_double(), " is not an integer but the result dtype is ", dtype_name(t));
   return binary(OpKind::Add, a, binary_scalar(OpKind::Mul, b, alpha, t, false), t);
 }
+namespace {
+// PyTorch refuses subtraction whenever a bool takes part in it.
+void check_sub(bool bool_operand) {
+  LAZYRT_CHECK(!bool_operand,
+               "sub: subtraction with a b8 operand is not supported; use logical_xor or "
+               "logical_not instead");
+}
+}  // namespace
+
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
-  LAZYRT_CHECK(!(a.dtype() == DType::b8 && b.dtype() == DType::b8),
-               "sub: subtraction of two b8 tensors is not supported; use logical_xor");
+  check_sub(a.dtype() == DType::b8 || b.dtype() == DType::b8);
   if (alpha.to_double() == 1) return arith(OpKind::Sub, a, b);
   DType t = result_type(a, b);
   return binary(OpKind::Sub, a, binary_scalar(OpKind::Mul, b, alpha, t, false), t);
@@ -408,14 +423,16 @@ Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
 Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
 Tensor operator+(const Tensor& a, Scalar b) { return arith(OpKind::Add, a, b); }
 Tensor operator-(const Tensor& a, Scalar b) {
-  LAZYRT_CHECK(a.dtype() != DType::b8 || b.kind() != Scalar::Kind::Bool,
-               "sub: subtraction of two bools is not supported; use logical_xor");
+  check_sub(a.dtype() == DType::b8 || b.kind() == Scalar::Kind::Bool);
   return arith(OpKind::Sub, a, b);
 }
 Tensor operator*(const Tensor& a, Scalar b) { return arith(OpKind::Mul, a, b); }
 Tensor operator/(const Tensor& a, Scalar b) { return arith(OpKind::Div, a, b); }
 Tensor operator+(Scalar a, const Tensor& b) { return arith(OpKind::Add, b, a, true); }
-Tensor operator-(Scalar a, const Tensor& b) { return arith(OpKind::Sub, b, a, true); }
+Tensor operator-(Scalar a, const Tensor& b) {
+  check_sub(b.dtype() == DType::b8 || a.kind() == Scalar::Kind::Bool);
+  return arith(OpKind::Sub, b, a, true);
+}
 Tensor operator*(Scalar a, const Tensor& b) { return arith(OpKind::Mul, b, a, true); }
 Tensor operator/(Scalar a, const Tensor& b) { return arith(OpKind::Div, b, a, true); }
 Tensor operator==(const Tensor& a, const Tensor& b) { return eq(a, b); }
@@ -477,14 +494,14 @@ Tensor permute(const Tensor& a, std::vector<int64_t> dims) {
   const int64_t rank = a.dim();
   LAZYRT_CHECK(static_cast<int64_t>(dims.size()) == rank, "permute: ", dims.size(),
                " dims given for a tensor of rank ", rank);
-  for (auto& d : dims) d = wrap_dim(d, rank, "permute");
+  for (auto& d : dims) d = wrap_dim(d, a.shape(), "permute");
   return wrap(record(OpKind::Permute, {value_of(a)}, {dims}));
 }
 
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
   const int64_t rank = a.dim();
-  d0 = wrap_dim(d0, rank, "transpose");
-  d1 = wrap_dim(d1, rank, "transpose");
+  d0 = wrap_dim(d0, a.shape(), "transpose");
+  d1 = wrap_dim(d1, a.shape(), "transpose");
   if (rank == 0 || d0 == d1) return wrap(value_of(a));
   std::vector<int64_t> perm(static_cast<size_t>(rank));
   for (int64_t i = 0; i < rank; ++i) perm[i] = i;
@@ -509,7 +526,8 @@ Tensor expand(const Tensor& a, Shape shape) {
 Tensor unsqueeze(const Tensor& a, int64_t d) {
   const int64_t rank = a.dim();
   LAZYRT_CHECK(d >= -(rank + 1) && d <= rank, "unsqueeze: dim ", d,
-               " out of range for a tensor of rank ", rank);
+               " out of range for a tensor of shape ", shape_str(a.shape()), " (expected ",
+               -(rank + 1), " to ", rank, ")");
   if (d < 0) d += rank + 1;
   Shape s = a.shape();
   s.insert(s.begin() + d, 1);
@@ -517,7 +535,7 @@ Tensor unsqueeze(const Tensor& a, int64_t d) {
 }
 
 Tensor squeeze(const Tensor& a, int64_t d) {
-  d = wrap_dim(d, a.dim(), "squeeze");
+  d = wrap_dim(d, a.shape(), "squeeze");
   if (a.dim() == 0 || a.shape()[d] != 1) return wrap(value_of(a));
   Shape s = a.shape();
   s.erase(s.begin() + d);

@@ -67,7 +67,12 @@ struct LogicalNotF { template <class C> static bool f(C x) { return x == C(0); }
 
 struct AddF { template <class C> static C f(C a, C b) { return a + b; } };
 struct SubF { template <class C> static C f(C a, C b) { return a - b; } };
-struct MulF { template <class C> static C f(C a, C b) { return a * b; } };
+struct MulF {
+  template <class C> static C f(C a, C b) {
+    if constexpr (std::is_same_v<C, bool>) return a && b;
+    else return a * b;
+  }
+};
 struct DivF { template <class C> static C f(C a, C b) { return a / b; } };
 struct PowF {
   template <class C> static C f(C a, C b) {
@@ -261,6 +266,10 @@ Kernel make_Full(const KernelSpec& s) {
 
 Kernel make_Parameter(const KernelSpec&) {
   LAZYRT_ASSERT(false, "parameters are bound, not computed: they have no kernel");
+}
+
+Kernel make_While(const KernelSpec&) {
+  LAZYRT_ASSERT(false, "while is lowered by the compiler (control_flow.cpp), not a kernel");
 }
 
 }  // namespace lazyrt::kernels

@@ -1,0 +1,21 @@
+// Looking at what lazyrt does: the pending graph as text and its size.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "lazyrt/tensor.h"
+
+namespace lazyrt::debug {
+
+/// The graph a sync of these tensors would compile, as text (before optimization).
+std::string graph_text(const std::vector<Tensor>& tensors);
+/// Its node count, loop regions included.
+int64_t graph_node_count(const std::vector<Tensor>& tensors);
+/// Bytes of device memory (tensor data, arenas, constants) live now, and the most live at
+/// once since the last reset_peak_memory().
+int64_t live_memory_bytes();
+int64_t peak_memory_bytes();
+void reset_peak_memory();
+
+}  // namespace lazyrt::debug

@@ -1,0 +1,31 @@
+// Structured loops. The body (and cond) are traced once per call into sub-graphs over
+// placeholder tensors and compiled once: graph size, compile time and memory stay the same
+// however many iterations run, and the trip count is data, so 10 and 100000 iterations share
+// one compiled executable.
+//
+// Tensors the body or cond use from outside (weights, pending values) are captured
+// automatically. Inside cond and body, values are symbolic: reading one (item, to_vector) or
+// syncing throws, and so does modifying an outer tensor in place.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "lazyrt/tensor.h"
+
+namespace lazyrt {
+
+using Carry = std::vector<Tensor>;
+
+/// Runs body_fn while cond_fn gives a true one-element tensor. The body must return as many
+/// values as init, each with its init's shape and dtype. Returns the final carries; a loop
+/// that runs zero times returns init's values.
+Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
+                 std::function<Carry(const Carry&)> body_fn, Carry init);
+
+/// body_fn(i, carry) for i = lower, ..., upper - 1, with i an i64 scalar tensor. lower and
+/// upper are inputs of the graph, not constants: any bounds share one executable.
+Carry fori_loop(int64_t lower, int64_t upper,
+                std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init);
+
+}  // namespace lazyrt

@@ -1,0 +1,14 @@
+// Lowering of ops that own regions (while) into a step: the regions are compiled into
+// sub-executables that the step's kernel runs.
+#pragma once
+
+#include <vector>
+
+#include "ir/graph.h"
+#include "kernels/cpu/kernel.h"
+
+namespace lazyrt::compile {
+
+kernels::Kernel lower_control_flow(const ir::Node& node, const std::vector<ir::TensorType>& operands);
+
+}  // namespace lazyrt::compile

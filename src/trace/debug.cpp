@@ -1,0 +1,37 @@
+#include "lazyrt/debug.h"
+
+#include "runtime/buffer.h"
+#include "trace/lazy_tensor.h"
+
+namespace lazyrt::debug {
+namespace {
+
+std::vector<std::shared_ptr<trace::TensorImpl>> impls(const std::vector<Tensor>& ts) {
+  std::vector<std::shared_ptr<trace::TensorImpl>> out;
+  for (const Tensor& t : ts)
+    if (t.defined()) out.push_back(t.impl());
+  return out;
+}
+
+int64_t count_nodes(const ir::Graph& g) {
+  int64_t n = static_cast<int64_t>(g.nodes.size());
+  for (const ir::Node& node : g.nodes)
+    for (const auto& r : node.regions) n += count_nodes(*r);
+  return n;
+}
+
+}  // namespace
+
+std::string graph_text(const std::vector<Tensor>& tensors) {
+  return ir::to_text(trace::pending_graph(impls(tensors)));
+}
+
+int64_t graph_node_count(const std::vector<Tensor>& tensors) {
+  return count_nodes(trace::pending_graph(impls(tensors)));
+}
+
+int64_t live_memory_bytes() { return runtime::memory_stats().live_bytes; }
+int64_t peak_memory_bytes() { return runtime::memory_stats().peak_bytes; }
+void reset_peak_memory() { runtime::reset_peak_memory(); }
+
+}  // namespace lazyrt::debug

@@ -1,0 +1,361 @@
+// Parity of lazyrt's public tensor ops with PyTorch. Each case of the fixture file (generated
+// by tests/fixtures/gen_op_fixtures.py with torch) is its own test: the op runs in lazyrt on
+// the case's inputs, is synced, and must give torch's dtype, shape and values. Expected values
+// come only from torch, never from lazyrt.
+//
+// The dispatcher below maps a fixture op name to a call of the public API; its twin is
+// TORCH_OPS in the generator, which says what torch call the same name stands for.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <functional>
+#include <iomanip>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include <lazyrt/lazyrt.h>
+
+#include "ops/op_fixture.h"
+
+#ifndef LAZYRT_OP_FIXTURES
+#error "LAZYRT_OP_FIXTURES (the generated fixture file) must be defined by tests/fixtures/tests.cmake"
+#endif
+
+namespace lazyrt::fixtures {
+namespace {
+
+constexpr const char* kLoadError = "__fixture_load_error__";
+
+// ---- attributes -------------------------------------------------------------------------------
+
+class Attrs {
+ public:
+  explicit Attrs(const OpCase& c) : c_(c) {}
+
+  bool has(const std::string& key) const { return c_.attrs.count(key) != 0; }
+  const std::vector<std::string>& raw(const std::string& key) const {
+    auto it = c_.attrs.find(key);
+    if (it == c_.attrs.end()) throw std::runtime_error("case needs attribute '" + key + "'");
+    return it->second;
+  }
+  std::vector<int64_t> ints(const std::string& key) const {
+    std::vector<int64_t> out;
+    for (const auto& s : raw(key)) out.push_back(parse_int(s));
+    return out;
+  }
+  std::vector<int64_t> ints_or_empty(const std::string& key) const {
+    return has(key) ? ints(key) : std::vector<int64_t>{};
+  }
+  int64_t one_int(const std::string& key) const {
+    auto v = ints(key);
+    if (v.size() != 1) throw std::runtime_error("attribute '" + key + "' must be one integer");
+    return v[0];
+  }
+  bool flag_or(const std::string& key, bool fallback) const {
+    return has(key) ? one_int(key) != 0 : fallback;
+  }
+  DType dtype(const std::string& key) const { return parse_dtype(raw(key).at(0)); }
+  // "KIND VALUE": the kind decides PyTorch's promotion, so the Scalar must keep it.
+  Scalar scalar(const std::string& key) const {
+    const auto& v = raw(key);
+    if (v.size() != 2) throw std::runtime_error("scalar attribute '" + key + "' needs KIND VALUE");
+    if (v[0] == "bool") return Scalar(parse_int(v[1]) != 0);
+    if (v[0] == "int") return Scalar(parse_int(v[1]));
+    if (v[0] == "float") return Scalar(parse_real(v[1]));
+    throw std::runtime_error("unknown scalar kind '" + v[0] + "'");
+  }
+  Scalar scalar_or(const std::string& key, Scalar fallback) const {
+    return has(key) ? scalar(key) : fallback;
+  }
+
+ private:
+  const OpCase& c_;
+};
+
+// ---- dispatcher --------------------------------------------------------------------------------
+
+using Args = std::vector<Tensor>;
+struct OpEntry {
+  size_t arity;
+  std::function<Tensor(const Args&, const Attrs&)> call;
+};
+
+const std::map<std::string, OpEntry>& dispatcher() {
+  static const std::map<std::string, OpEntry> table = [] {
+    std::map<std::string, OpEntry> t;
+    auto unary = [&](const char* name, Tensor (*fn)(const Tensor&)) {
+      t[name] = {1, [fn](const Args& x, const Attrs&) { return fn(x[0]); }};
+    };
+    auto binary = [&](const char* name, Tensor (*fn)(const Tensor&, const Tensor&)) {
+      t[name] = {2, [fn](const Args& x, const Attrs&) { return fn(x[0], x[1]); }};
+    };
+    unary("neg", lazyrt::neg);
+    unary("abs", lazyrt::abs);
+    unary("exp", lazyrt::exp);
+    unary("log", lazyrt::log);
+    unary("sqrt", lazyrt::sqrt);
+    unary("rsqrt", lazyrt::rsqrt);
+    unary("relu", lazyrt::relu);
+    unary("sigmoid", lazyrt::sigmoid);
+    unary("tanh", lazyrt::tanh);
+    unary("isnan", lazyrt::isnan);
+    unary("logical_not", lazyrt::logical_not);
+    t["cast"] = {1, [](const Args& x, const Attrs& a) { return cast(x[0], a.dtype("dtype")); }};
+    t["unary_minus"] = {1, [](const Args& x, const Attrs&) { return -x[0]; }};
+
+    t["add"] = {2, [](const Args& x, const Attrs& a) { return add(x[0], x[1], a.scalar_or("alpha", 1)); }};
+    t["sub"] = {2, [](const Args& x, const Attrs& a) { return sub(x[0], x[1], a.scalar_or("alpha", 1)); }};
+    binary("mul", lazyrt::mul);
+    binary("div", lazyrt::div);
+    t["pow"] = {2, [](const Args& x, const Attrs&) { return pow(x[0], x[1]); }};
+    t["pow_scalar"] = {1, [](const Args& x, const Attrs& a) { return pow(x[0], a.scalar("exponent")); }};
+    binary("maximum", lazyrt::maximum);
+    binary("minimum", lazyrt::minimum);
+    binary("eq", lazyrt::eq);
+    binary("ne", lazyrt::ne);
+    binary("lt", lazyrt::lt);
+    binary("le", lazyrt::le);
+    binary("gt", lazyrt::gt);
+    binary("ge", lazyrt::ge);
+    binary("logical_and", lazyrt::logical_and);
+    binary("logical_or", lazyrt::logical_or);
+    t["where"] = {3, [](const Args& x, const Attrs&) { return where(x[0], x[1], x[2]); }};
+
+    t["operator_add"] = {2, [](const Args& x, const Attrs&) { return x[0] + x[1]; }};
+    t["operator_sub"] = {2, [](const Args& x, const Attrs&) { return x[0] - x[1]; }};
+    t["operator_mul"] = {2, [](const Args& x, const Attrs&) { return x[0] * x[1]; }};
+    t["operator_div"] = {2, [](const Args& x, const Attrs&) { return x[0] / x[1]; }};
+
+#define LAZYRT_SCALAR_OP(name, expr)                                  \
+  t[name] = {1, [](const Args& x, const Attrs& a) {                   \
+               const Scalar s = a.scalar("scalar");                   \
+               return expr;                                           \
+             }};
+    LAZYRT_SCALAR_OP("add_scalar", x[0] + s)
+    LAZYRT_SCALAR_OP("sub_scalar", x[0] - s)
+    LAZYRT_SCALAR_OP("mul_scalar", x[0] * s)
+    LAZYRT_SCALAR_OP("div_scalar", x[0] / s)
+    LAZYRT_SCALAR_OP("radd_scalar", s + x[0])
+    LAZYRT_SCALAR_OP("rsub_scalar", s - x[0])
+    LAZYRT_SCALAR_OP("rmul_scalar", s * x[0])
+    LAZYRT_SCALAR_OP("rdiv_scalar", s / x[0])
+    LAZYRT_SCALAR_OP("eq_scalar", x[0] == s)
+    LAZYRT_SCALAR_OP("ne_scalar", x[0] != s)
+    LAZYRT_SCALAR_OP("lt_scalar", x[0] < s)
+    LAZYRT_SCALAR_OP("le_scalar", x[0] <= s)
+    LAZYRT_SCALAR_OP("gt_scalar", x[0] > s)
+    LAZYRT_SCALAR_OP("ge_scalar", x[0] >= s)
+#undef LAZYRT_SCALAR_OP
+
+    using Reduction = Tensor (*)(const Tensor&, std::vector<int64_t>, bool);
+    auto reduction = [&](const char* name, Reduction fn) {
+      t[name] = {1, [fn](const Args& x, const Attrs& a) {
+                   return fn(x[0], a.ints_or_empty("dims"), a.flag_or("keepdim", false));
+                 }};
+    };
+    reduction("sum", lazyrt::sum);
+    reduction("mean", lazyrt::mean);
+    reduction("amax", lazyrt::amax);
+    reduction("amin", lazyrt::amin);
+
+    binary("matmul", lazyrt::matmul);
+    t["transpose"] = {1, [](const Args& x, const Attrs& a) {
+                        return transpose(x[0], a.one_int("d0"), a.one_int("d1"));
+                      }};
+    t["permute"] = {1, [](const Args& x, const Attrs& a) { return permute(x[0], a.ints_or_empty("dims")); }};
+    t["reshape"] = {1, [](const Args& x, const Attrs& a) { return reshape(x[0], a.ints_or_empty("shape")); }};
+    t["expand"] = {1, [](const Args& x, const Attrs& a) { return expand(x[0], a.ints_or_empty("shape")); }};
+    t["unsqueeze"] = {1, [](const Args& x, const Attrs& a) { return unsqueeze(x[0], a.one_int("dim")); }};
+    t["squeeze"] = {1, [](const Args& x, const Attrs& a) { return squeeze(x[0], a.one_int("dim")); }};
+    return t;
+  }();
+  return table;
+}
+
+// ---- fixture cases -----------------------------------------------------------------------------
+
+// Loaded once, at test registration. An unreadable file becomes one failing case, so the
+// failure shows up as a test instead of an empty suite.
+const std::vector<OpCase>& fixture_cases() {
+  static const std::vector<OpCase> cases = [] {
+    try {
+      return load_op_cases(LAZYRT_OP_FIXTURES);
+    } catch (const std::exception& e) {
+      OpCase c;
+      c.name = "FixtureFileUnreadable";
+      c.op = kLoadError;
+      c.attrs["error"] = {e.what()};
+      return std::vector<OpCase>{c};
+    }
+  }();
+  return cases;
+}
+
+// ---- reading and describing values -------------------------------------------------------------
+
+std::vector<double> reals_of(const Tensor& t) {
+  if (t.dtype() == DType::f32) {
+    auto v = t.to_vector<float>();
+    return {v.begin(), v.end()};
+  }
+  return t.to_vector<double>();
+}
+
+std::vector<int64_t> ints_of(const Tensor& t) {
+  switch (t.dtype()) {
+    case DType::i32: {
+      auto v = t.to_vector<int32_t>();
+      return {v.begin(), v.end()};
+    }
+    case DType::i64: return t.to_vector<int64_t>();
+    default: {
+      auto v = t.to_vector<bool>();
+      return {v.begin(), v.end()};
+    }
+  }
+}
+
+template <class T>
+std::string values_str(const std::vector<T>& v, int precision) {
+  std::ostringstream os;
+  os << std::setprecision(precision) << "{";
+  const size_t shown = std::min<size_t>(v.size(), 32);
+  for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << v[i];
+  if (shown < v.size()) os << ", ... (" << v.size() << " values)";
+  os << "}";
+  return os.str();
+}
+
+int precision_of(DType d) { return d == DType::f64 ? 17 : 9; }
+
+std::string describe(const FixtureTensor& t) {
+  std::string s = std::string(dtype_name(t.dtype)) + shape_str(t.shape) + " ";
+  return s + (is_floating(t.dtype) ? values_str(t.reals, precision_of(t.dtype)) : values_str(t.ints, 0));
+}
+
+std::string describe_case(const OpCase& c) {
+  std::ostringstream os;
+  os << "case " << c.name << " (fixture line " << c.line << "): op " << c.op;
+  for (const auto& [key, values] : c.attrs) {
+    os << " " << key << "=";
+    for (size_t i = 0; i < values.size(); ++i) os << (i ? "," : "") << values[i];
+  }
+  for (size_t i = 0; i < c.inputs.size(); ++i) os << "\n  input " << i << ": " << describe(c.inputs[i]);
+  os << "\n  torch: " << describe(c.expected);
+  return os.str();
+}
+
+// |actual - expected| <= atol + rtol * |expected|; nan only matches nan, inf only the same inf.
+bool close(double actual, double expected, DType dtype) {
+  const double rtol = dtype == DType::f64 ? 1e-12 : 1e-5;
+  const double atol = dtype == DType::f64 ? 1e-12 : 1e-6;
+  if (std::isnan(expected)) return std::isnan(actual);
+  if (std::isinf(expected)) return actual == expected;
+  if (!std::isfinite(actual)) return false;
+  return std::fabs(actual - expected) <= atol + rtol * std::fabs(expected);
+}
+
+// Checks one tensor's values against the fixture; says which elements differ.
+::testing::AssertionResult values_match(const Tensor& t, const FixtureTensor& want) {
+  std::ostringstream bad;
+  int mismatches = 0;
+  std::string actual;
+  if (is_floating(want.dtype)) {
+    auto got = reals_of(t);
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!close(got[i], want.reals[i], want.dtype) && ++mismatches <= 8)
+        bad << std::setprecision(precision_of(want.dtype)) << "\n    [" << i << "] torch "
+            << want.reals[i] << ", lazyrt " << got[i];
+    actual = values_str(got, precision_of(want.dtype));
+  } else {
+    auto got = ints_of(t);
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != want.ints[i] && ++mismatches <= 8)
+        bad << "\n    [" << i << "] torch " << want.ints[i] << ", lazyrt " << got[i];
+    actual = values_str(got, 0);
+  }
+  if (mismatches == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << mismatches << " element(s) differ:" << bad.str()
+                                       << "\n  lazyrt: " << actual;
+}
+
+// ---- the tests ---------------------------------------------------------------------------------
+
+// The identity permutation of x: a pending value equal to x in every bit, so the op under test
+// is traced and compiled together with the ops that produce its operands.
+Tensor pending_copy(const Tensor& x) {
+  std::vector<int64_t> dims(static_cast<size_t>(x.dim()));
+  std::iota(dims.begin(), dims.end(), 0);
+  return permute(x, dims);
+}
+
+// Runs the case's op in lazyrt and checks dtype, shape and values against torch's.
+void check_case(const OpCase& c, bool pending_inputs) {
+  ASSERT_NE(c.op, kLoadError) << c.attrs.at("error").at(0);
+  SCOPED_TRACE(describe_case(c));
+  auto it = dispatcher().find(c.op);
+  ASSERT_NE(it, dispatcher().end()) << "no dispatcher entry for op '" << c.op << "'";
+  ASSERT_EQ(c.inputs.size(), it->second.arity) << "wrong number of inputs for op " << c.op;
+
+  std::vector<Tensor> inputs;
+  for (const auto& fi : c.inputs) inputs.push_back(make_tensor(fi));
+  Tensor out;
+  try {
+    std::vector<Tensor> args = inputs;
+    if (pending_inputs)
+      for (Tensor& a : args) a = pending_copy(a);
+    out = it->second.call(args, Attrs(c));
+    sync({out});
+  } catch (const std::exception& e) {
+    FAIL() << "lazyrt threw where torch gave a result: " << e.what();
+  }
+  EXPECT_FALSE(out.is_pending()) << "sync left the result pending";
+
+  ASSERT_EQ(std::string(dtype_name(out.dtype())), dtype_name(c.expected.dtype)) << "dtype differs";
+  ASSERT_EQ(shape_str(out.shape()), shape_str(c.expected.shape)) << "shape differs";
+  EXPECT_TRUE(values_match(out, c.expected));
+
+  // Running an op must never write into its operands (e.g. a wrong buffer donation).
+  for (size_t i = 0; i < inputs.size(); ++i)
+    EXPECT_TRUE(values_match(inputs[i], c.inputs[i])) << "input " << i << " changed";
+}
+
+class OpParity : public ::testing::TestWithParam<OpCase> {};
+
+// Operands are device data (graph parameters).
+TEST_P(OpParity, MatchesTorch) { check_case(GetParam(), /*pending_inputs=*/false); }
+
+// Operands are pending IR, so the op goes through the passes and fusion with its producers.
+TEST_P(OpParity, MatchesTorchOnPendingInputs) { check_case(GetParam(), /*pending_inputs=*/true); }
+
+std::string case_test_name(const ::testing::TestParamInfo<OpCase>& info) {
+  std::string name = info.param.name;
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Torch, OpParity, ::testing::ValuesIn(fixture_cases()), case_test_name);
+
+// The fixture and the dispatcher must agree on the op names, and every op must be exercised
+// by several cases; otherwise a typo would silently drop an op from the parity check.
+TEST(OpFixtures, EveryDispatcherOpHasSeveralCases) {
+  std::map<std::string, int> count;
+  for (const auto& c : fixture_cases()) count[c.op]++;
+  for (const auto& [op, entry] : dispatcher()) EXPECT_GE(count[op], 2) << "op " << op;
+}
+
+TEST(OpFixtures, EveryFixtureOpIsDispatched) {
+  std::set<std::string> names;
+  for (const auto& c : fixture_cases()) {
+    EXPECT_TRUE(dispatcher().count(c.op)) << "case " << c.name << " uses unknown op " << c.op;
+    EXPECT_TRUE(names.insert(c.name).second) << "duplicate case name " << c.name;
+  }
+}
+
+}  // namespace
+}  // namespace lazyrt::fixtures
