@@ -49,8 +49,18 @@ class Tensor {
   Tensor& copy_(const Tensor& src);
   Tensor& zero_();
 
+  // Autograd.
   Tensor& requires_grad_(bool requires_grad = true);
   bool requires_grad() const;
+  bool is_leaf() const;  // no grad_fn: made by the user, not by a recorded op
+  /// The accumulated gradient; undefined until a backward pass reaches this tensor.
+  Tensor grad() const;
+  /// Replaces the gradient (an undefined tensor clears it, as `p.grad = None`).
+  void set_grad(const Tensor& grad);
+  /// Accumulates d(this)/d(leaf) * gradient into the .grad of every leaf that requires grad.
+  /// For a one-element tensor the gradient may be omitted (ones). The backward ops are lazy:
+  /// they join the pending graph. The saved values are freed afterwards.
+  void backward(const Tensor& gradient = Tensor()) const;
   /// A new tensor with the same value that does not require grad.
   Tensor detach() const;
 
@@ -69,6 +79,18 @@ class Tensor {
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+/// RAII: ops inside record no gradient (optimizer updates, evaluation). Per thread.
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // ---- creation -------------------------------------------------------------------------
 // tensor(), scalar_tensor() make device data: graph inputs, never baked into a graph.

@@ -15,6 +15,10 @@
 #include "ir/graph.h"
 #include "runtime/buffer.h"
 
+namespace lazyrt::autograd {
+struct GradNode;
+}
+
 namespace lazyrt::trace {
 
 struct LazyNode;
@@ -52,7 +56,10 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   const int64_t id;
   const int64_t scope;  // the trace scope the tensor was made in
   ir::TensorType type;
+  // Autograd: a leaf that requires grad has no grad_fn; a result of a recorded op has one.
   bool requires_grad = false;
+  std::shared_ptr<autograd::GradNode> grad_fn;
+  std::shared_ptr<TensorImpl> grad;
 
   bool is_pending() const { return static_cast<bool>(ir); }
   /// The tensor's value in the IR: its pending value, or a parameter leaf for its data.

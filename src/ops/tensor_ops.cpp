@@ -1,11 +1,13 @@
 // The public tensor API: PyTorch's semantics (type promotion, broadcasting, dim wrapping,
-// in-place rules) expressed as IR recorded through the op table. Every check runs before the
-// first node is recorded, so a call that throws leaves no trace.
+// in-place rules) expressed as IR ops recorded through apply(), which also records them for
+// autograd. Every check runs before the first node is recorded, so a call that throws leaves
+// no trace.
 #include <algorithm>
 #include <cstring>
 #include <optional>
 
 #include "lazyrt/tensor.h"
+#include "autograd/autograd.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops.h"
 #include "trace/lazy_tensor.h"
@@ -34,9 +36,21 @@ LazyValue value_of(const Tensor& t) {
 }
 Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
 
-LazyValue cast_value(LazyValue v, DType to) {
-  if (v.type().dtype == to) return v;
-  return record(OpKind::Cast, {std::move(v)}, {to});
+// Records one op of the table over these tensors (and for autograd, when it must).
+Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {}) {
+  std::vector<LazyValue> values;
+  values.reserve(inputs.size());
+  for (const Tensor& t : inputs) values.push_back(value_of(t));
+  if (!autograd::should_record(op, inputs)) return wrap(record(op, std::move(values), std::move(attrs)));
+  Tensor out = wrap(record(op, std::move(values), attrs));
+  autograd::record(out, op, inputs, std::move(attrs));
+  return out;
+}
+
+Tensor cast_to(const Tensor& t, DType to) { return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to}); }
+
+Tensor constant_tensor(double value, DType dtype, Shape shape = {}) {
+  return wrap(trace::constant(value, dtype, std::move(shape)));
 }
 
 // ---- type promotion (PyTorch's result_type) ---------------------------------------------
@@ -80,16 +94,14 @@ DType result_type(const Tensor& a, Scalar b) {
   return p.result();
 }
 
-LazyValue scalar_value(Scalar s, DType dtype) { return trace::constant(s.to_double(), dtype); }
-
 Tensor binary(OpKind op, const Tensor& a, const Tensor& b, DType compute) {
-  return wrap(record(op, {cast_value(value_of(a), compute), cast_value(value_of(b), compute)}));
+  return apply(op, {cast_to(a, compute), cast_to(b, compute)});
 }
 
 Tensor binary_scalar(OpKind op, const Tensor& a, Scalar b, DType compute, bool scalar_first) {
-  LazyValue x = cast_value(value_of(a), compute);
-  LazyValue s = scalar_value(b, compute);
-  return wrap(scalar_first ? record(op, {s, x}) : record(op, {x, s}));
+  Tensor x = cast_to(a, compute);
+  Tensor c = constant_tensor(b.to_double(), compute);
+  return scalar_first ? apply(op, {c, x}) : apply(op, {x, c});
 }
 
 // Arithmetic ops: the promoted type; true division always floating.
@@ -108,13 +120,11 @@ Tensor arith(OpKind op, const Tensor& a, Scalar b, bool scalar_first = false) {
   return binary_scalar(op, a, b, arith_type(op, result_type(a, b)), scalar_first);
 }
 
-Tensor unary(OpKind op, const Tensor& a) { return wrap(record(op, {value_of(a)})); }
+Tensor unary(OpKind op, const Tensor& a) { return apply(op, {a}); }
 
 // exp, log, ...: integer and bool inputs compute in the default float type, as in PyTorch.
 Tensor unary_float(OpKind op, const Tensor& a) {
-  LazyValue v = value_of(a);
-  if (!is_floating(v.type().dtype)) v = cast_value(std::move(v), DType::f32);
-  return wrap(record(op, {std::move(v)}));
+  return apply(op, {is_floating(a.dtype()) ? a : cast_to(a, DType::f32)});
 }
 
 int64_t wrap_dim(int64_t d, const Shape& shape, const char* op) {
@@ -142,9 +152,8 @@ std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, con
 Tensor reduce(OpKind op, const Tensor& a, std::vector<int64_t> dims, bool keepdim, const char* name) {
   impl_of(a, name);
   auto d = reduce_dims(a, std::move(dims), name);
-  LazyValue v = value_of(a);
-  if (op == OpKind::Sum && !is_floating(v.type().dtype)) v = cast_value(std::move(v), DType::i64);
-  return wrap(record(op, {std::move(v)}, {d, keepdim}));
+  Tensor v = op == OpKind::Sum && !is_floating(a.dtype()) ? cast_to(a, DType::i64) : a;
+  return apply(op, {v}, {d, keepdim});
 }
 
 // In place: the result must keep the tensor's shape and be castable to its dtype.
@@ -154,15 +163,38 @@ bool can_cast(DType from, DType to) {
   return true;
 }
 
+// Rebinds `self` to `result` (cast to self's dtype): the handle keeps its identity, and its
+// autograd history becomes the result's.
+void rebind(Tensor& self, const Tensor& result) {
+  auto& s = *self.impl();
+  Tensor v = cast_to(result, s.type.dtype);
+  s.set_ir(v.impl()->value());
+  if (v.impl()->grad_fn) {
+    s.grad_fn = v.impl()->grad_fn;
+    s.requires_grad = true;
+  } else if (s.grad_fn) {  // a non-leaf given an untracked value no longer has a history
+    s.grad_fn = nullptr;
+    s.requires_grad = false;
+  }  // a leaf stays a leaf, requiring grad or not (updates under NoGradGuard)
+}
+
+void check_in_place(const Tensor& self, const char* op) {
+  auto& s = impl_of(self, op);
+  LAZYRT_CHECK(!(s.requires_grad && !s.grad_fn && autograd::grad_enabled()), op,
+               ": a leaf tensor that requires grad (", ir::type_str(s.type),
+               ") cannot be modified in place while gradients are recorded; use NoGradGuard");
+}
+
 void assign(Tensor& self, const Tensor& result, const char* op) {
   auto& s = impl_of(self, op);
+  check_in_place(self, op);
   LAZYRT_CHECK(result.shape() == s.type.shape, op, ": the result's shape ",
                shape_str(result.shape()), " does not match the tensor's shape ",
                shape_str(s.type.shape), " (in-place ops cannot broadcast the tensor itself)");
   LAZYRT_CHECK(can_cast(result.dtype(), s.type.dtype), op, ": result type ",
                dtype_name(result.dtype()), " cannot be cast to the tensor's dtype ",
                dtype_name(s.type.dtype));
-  s.set_ir(cast_value(value_of(result), s.type.dtype));
+  rebind(self, result);
 }
 
 template <class T>
@@ -237,17 +269,22 @@ Tensor& Tensor::mul_(const Tensor& other) {
 }
 Tensor& Tensor::copy_(const Tensor& src) {
   auto& s = impl_of(*this, "copy_");
-  LazyValue v = cast_value(value_of(src), s.type.dtype);
-  if (v.type().shape != s.type.shape) {
-    ir::broadcast_shapes(v.type().shape, s.type.shape, "copy_");
-    v = record(OpKind::Expand, {std::move(v)}, {s.type.shape});
+  impl_of(src, "copy_");
+  check_in_place(*this, "copy_");
+  Tensor v = cast_to(src, s.type.dtype);
+  if (v.shape() != s.type.shape) {
+    LAZYRT_CHECK(ir::broadcast_shapes(v.shape(), s.type.shape, "copy_") == s.type.shape,
+                 "copy_: cannot copy a tensor of shape ", shape_str(src.shape()),
+                 " into one of shape ", shape_str(s.type.shape));
+    v = apply(OpKind::Expand, {v}, {s.type.shape});
   }
-  s.set_ir(std::move(v));
+  rebind(*this, v);
   return *this;
 }
 Tensor& Tensor::zero_() {
   auto& s = impl_of(*this, "zero_");
-  s.set_ir(trace::constant(0, s.type.dtype, s.type.shape));
+  check_in_place(*this, "zero_");
+  rebind(*this, constant_tensor(0, s.type.dtype, s.type.shape));
   return *this;
 }
 
@@ -316,7 +353,7 @@ Tensor scalar_tensor(double value, DType dtype) { return data_from_doubles(&valu
 
 Tensor full(Shape shape, Scalar value, DType dtype) {
   for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "full: negative dimension in shape ", shape_str(shape));
-  return wrap(trace::constant(value.to_double(), dtype, std::move(shape)));
+  return constant_tensor(value.to_double(), dtype, std::move(shape));
 }
 Tensor zeros(Shape shape, DType dtype) { return full(std::move(shape), 0, dtype); }
 Tensor ones(Shape shape, DType dtype) { return full(std::move(shape), 1, dtype); }
@@ -359,7 +396,10 @@ Tensor sigmoid(const Tensor& a) { return unary_float(OpKind::Sigmoid, a); }
 Tensor tanh(const Tensor& a) { return unary_float(OpKind::Tanh, a); }
 Tensor isnan(const Tensor& a) { return unary(OpKind::IsNan, a); }
 Tensor logical_not(const Tensor& a) { return unary(OpKind::LogicalNot, a); }
-Tensor cast(const Tensor& a, DType dtype) { return wrap(cast_value(value_of(a), dtype)); }
+Tensor cast(const Tensor& a, DType dtype) {
+  impl_of(a, "cast");
+  return cast_to(a, dtype);
+}
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   if (alpha.to_double() == 1) return arith(OpKind::Add, a, b);
@@ -412,8 +452,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   LAZYRT_CHECK(cond.dtype() == DType::b8, "where: the condition must be b8, got ",
                dtype_name(cond.dtype()));
   DType t = result_type(a, b);
-  return wrap(record(OpKind::Where, {value_of(cond), cast_value(value_of(a), t),
-                                     cast_value(value_of(b), t)}));
+  return apply(OpKind::Where, {cond, cast_to(a, t), cast_to(b, t)});
 }
 
 Tensor operator-(const Tensor& a) { return neg(a); }
@@ -486,8 +525,8 @@ Tensor reshape(const Tensor& a, Shape shape) {
   }
   LAZYRT_CHECK(shape_numel(shape) == n, "reshape: shape ", shape_str(shape),
                " is invalid for a tensor of ", n, " elements ", shape_str(a.shape()));
-  if (shape == a.shape()) return wrap(value_of(a));
-  return wrap(record(OpKind::Reshape, {value_of(a)}, {shape}));
+  if (shape == a.shape()) return a;
+  return apply(OpKind::Reshape, {a}, {shape});
 }
 
 Tensor permute(const Tensor& a, std::vector<int64_t> dims) {
@@ -495,18 +534,18 @@ Tensor permute(const Tensor& a, std::vector<int64_t> dims) {
   LAZYRT_CHECK(static_cast<int64_t>(dims.size()) == rank, "permute: ", dims.size(),
                " dims given for a tensor of rank ", rank);
   for (auto& d : dims) d = wrap_dim(d, a.shape(), "permute");
-  return wrap(record(OpKind::Permute, {value_of(a)}, {dims}));
+  return apply(OpKind::Permute, {a}, {dims});
 }
 
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
   const int64_t rank = a.dim();
   d0 = wrap_dim(d0, a.shape(), "transpose");
   d1 = wrap_dim(d1, a.shape(), "transpose");
-  if (rank == 0 || d0 == d1) return wrap(value_of(a));
+  if (rank == 0 || d0 == d1) return a;
   std::vector<int64_t> perm(static_cast<size_t>(rank));
   for (int64_t i = 0; i < rank; ++i) perm[i] = i;
   std::swap(perm[d0], perm[d1]);
-  return wrap(record(OpKind::Permute, {value_of(a)}, {perm}));
+  return apply(OpKind::Permute, {a}, {perm});
 }
 
 Tensor expand(const Tensor& a, Shape shape) {
@@ -519,8 +558,8 @@ Tensor expand(const Tensor& a, Shape shape) {
     LAZYRT_CHECK(i >= lead, "expand: -1 is not allowed for a new leading dim in ", shape_str(shape));
     shape[i] = in[i - lead];
   }
-  if (shape == in) return wrap(value_of(a));
-  return wrap(record(OpKind::Expand, {value_of(a)}, {shape}));
+  if (shape == in) return a;
+  return apply(OpKind::Expand, {a}, {shape});
 }
 
 Tensor unsqueeze(const Tensor& a, int64_t d) {
@@ -536,7 +575,7 @@ Tensor unsqueeze(const Tensor& a, int64_t d) {
 
 Tensor squeeze(const Tensor& a, int64_t d) {
   d = wrap_dim(d, a.shape(), "squeeze");
-  if (a.dim() == 0 || a.shape()[d] != 1) return wrap(value_of(a));
+  if (a.dim() == 0 || a.shape()[d] != 1) return a;
   Shape s = a.shape();
   s.erase(s.begin() + d);
   return reshape(a, s);
@@ -559,12 +598,12 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (x.size() >= 2 && y.size() >= 2) {
     Shape bx(x.begin(), x.end() - 2), by(y.begin(), y.end() - 2);
     ir::broadcast_shapes(bx, by, "matmul (batch dims)");
-    return wrap(record(OpKind::Matmul, {value_of(a), value_of(b)}));
+    return apply(OpKind::Matmul, {a, b});
   }
   // 1-D operands become matrices for the product and lose that dim again after it.
   Tensor xa = x.size() == 1 ? unsqueeze(a, 0) : a;
   Tensor yb = y.size() == 1 ? unsqueeze(b, 1) : b;
-  Tensor r = wrap(record(OpKind::Matmul, {value_of(xa), value_of(yb)}));
+  Tensor r = apply(OpKind::Matmul, {xa, yb});
   if (y.size() == 1) r = squeeze(r, -1);
   if (x.size() == 1) r = squeeze(r, y.size() == 1 ? -1 : -2);
   return r;

@@ -1,0 +1,161 @@
+// Gradient rules, one per row of ops.def. Each builds the input gradients out of public lazy
+// ops, so they trace into the same graph as the forward. An op that is not differentiable
+// says so explicitly; a row with neither a rule nor that mark does not compile.
+#include <array>
+
+#include "autograd/autograd.h"
+#include "util/check.h"
+
+namespace lazyrt::autograd {
+namespace {
+
+using Grads = std::vector<Tensor>;
+using C = GradContext;
+
+Tensor zeros_of(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
+Tensor cast_like(const Tensor& g, const Tensor& like) {
+  return g.dtype() == like.dtype() ? g : cast(g, like.dtype());
+}
+// dL/da for a broadcast elementwise operand a.
+Tensor to_operand(const Tensor& g, const Tensor& operand) {
+  return cast_like(sum_to(g, operand.shape()), operand);
+}
+Tensor sign_of(const Tensor& x) {
+  return cast(x > 0, x.dtype()) - cast(x < 0, x.dtype());
+}
+// Reduced dims of a reduction put back as size-1 dims, so the output broadcasts to the input.
+Tensor unreduce(const Tensor& t, const C& c) {
+  if (c.attrs.b(1)) return t;
+  Shape s = c.inputs[0].shape();
+  for (int64_t d : c.attrs.ints(0)) s[d] = 1;
+  return reshape(t, s);
+}
+
+// ---- rules --------------------------------------------------------------------------------
+Grads grad_Neg(const C& c) { return {-c.grad}; }
+Grads grad_Abs(const C& c) { return {c.grad * sign_of(c.inputs[0])}; }
+Grads grad_Exp(const C& c) { return {c.grad * c.output}; }
+Grads grad_Log(const C& c) { return {c.grad / c.inputs[0]}; }
+Grads grad_Sqrt(const C& c) { return {c.grad / (c.output * 2)}; }
+Grads grad_Rsqrt(const C& c) { return {c.grad * c.output * c.output * c.output * -0.5}; }
+Grads grad_Relu(const C& c) { return {where(c.output > 0, c.grad, zeros_of(c.grad))}; }
+Grads grad_Sigmoid(const C& c) { return {c.grad * c.output * (1 - c.output)}; }
+Grads grad_Tanh(const C& c) { return {c.grad * (1 - c.output * c.output)}; }
+Grads grad_Cast(const C& c) {
+  if (!is_floating(c.inputs[0].dtype())) return {Tensor()};
+  return {cast_like(c.grad, c.inputs[0])};
+}
+
+Grads grad_Add(const C& c) {
+  return {c.needs[0] ? to_operand(c.grad, c.inputs[0]) : Tensor(),
+          c.needs[1] ? to_operand(c.grad, c.inputs[1]) : Tensor()};
+}
+Grads grad_Sub(const C& c) {
+  return {c.needs[0] ? to_operand(c.grad, c.inputs[0]) : Tensor(),
+          c.needs[1] ? to_operand(-c.grad, c.inputs[1]) : Tensor()};
+}
+Grads grad_Mul(const C& c) {
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  return {c.needs[0] ? to_operand(c.grad * b, a) : Tensor(),
+          c.needs[1] ? to_operand(c.grad * a, b) : Tensor()};
+}
+Grads grad_Div(const C& c) {
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  return {c.needs[0] ? to_operand(c.grad / b, a) : Tensor(),
+          c.needs[1] ? to_operand(-c.grad * a / (b * b), b) : Tensor()};
+}
+Grads grad_Pow(const C& c) {
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  Grads g(2);
+  if (c.needs[0]) g[0] = to_operand(c.grad * b * pow(a, b - 1), a);
+  if (c.needs[1]) {
+    // d/db a^b = a^b log a, taken as 0 where a == 0 and b >= 0 (PyTorch's convention).
+    Tensor d = c.output * log(a);
+    d = where(logical_and(a == 0, b >= 0), zeros_of(d), d);
+    g[1] = to_operand(c.grad * d, b);
+  }
+  return g;
+}
+// Ties split the gradient evenly, as in PyTorch.
+Grads min_max_grads(const C& c, bool is_max) {
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  Tensor shared = where(a == b, c.grad / 2, c.grad);
+  Tensor zero = zeros_of(shared);
+  Tensor a_wins = is_max ? a > b : a < b;
+  Tensor b_wins = is_max ? b > a : b < a;
+  return {c.needs[0] ? to_operand(where(b_wins, zero, shared), a) : Tensor(),
+          c.needs[1] ? to_operand(where(a_wins, zero, shared), b) : Tensor()};
+}
+Grads grad_Maximum(const C& c) { return min_max_grads(c, true); }
+Grads grad_Minimum(const C& c) { return min_max_grads(c, false); }
+Grads grad_Where(const C& c) {
+  const Tensor& cond = c.inputs[0];
+  Tensor zero = zeros_of(c.grad);
+  return {Tensor(), c.needs[1] ? to_operand(where(cond, c.grad, zero), c.inputs[1]) : Tensor(),
+          c.needs[2] ? to_operand(where(cond, zero, c.grad), c.inputs[2]) : Tensor()};
+}
+
+Grads grad_Sum(const C& c) { return {expand(unreduce(c.grad, c), c.inputs[0].shape())}; }
+Grads grad_Mean(const C& c) {
+  const Tensor& x = c.inputs[0];
+  const double count = static_cast<double>(x.numel()) / static_cast<double>(std::max<int64_t>(c.output.numel(), 1));
+  return {expand(unreduce(c.grad, c) / count, x.shape())};
+}
+// The gradient goes to every element equal to the extreme, split evenly among ties.
+Grads extreme_grads(const C& c) {
+  const Tensor& x = c.inputs[0];
+  Tensor hit = cast(x == unreduce(c.output, c), x.dtype());
+  Tensor count = sum(hit, c.attrs.ints(0), true);
+  return {hit * unreduce(c.grad, c) / count};
+}
+Grads grad_Amax(const C& c) { return extreme_grads(c); }
+Grads grad_Amin(const C& c) { return extreme_grads(c); }
+
+Grads grad_Matmul(const C& c) {
+  const Tensor& a = c.inputs[0];
+  const Tensor& b = c.inputs[1];
+  Grads g(2);
+  if (c.needs[0]) g[0] = sum_to(matmul(c.grad, transpose(b, -1, -2)), a.shape());
+  if (c.needs[1]) g[1] = sum_to(matmul(transpose(a, -1, -2), c.grad), b.shape());
+  return g;
+}
+
+Grads grad_Permute(const C& c) {
+  const auto& perm = c.attrs.ints(0);
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t d = 0; d < perm.size(); ++d) inverse[perm[d]] = static_cast<int64_t>(d);
+  return {permute(c.grad, inverse)};
+}
+Grads grad_Reshape(const C& c) { return {reshape(c.grad, c.inputs[0].shape())}; }
+Grads grad_Expand(const C& c) { return {sum_to(c.grad, c.inputs[0].shape())}; }
+
+// Not differentiable: leaves, boolean results, control flow (until loop autodiff lands).
+constexpr GradRule grad_Parameter = nullptr;
+constexpr GradRule grad_Full = nullptr;
+constexpr GradRule grad_IsNan = nullptr;
+constexpr GradRule grad_LogicalNot = nullptr;
+constexpr GradRule grad_Eq = nullptr;
+constexpr GradRule grad_Ne = nullptr;
+constexpr GradRule grad_Lt = nullptr;
+constexpr GradRule grad_Le = nullptr;
+constexpr GradRule grad_Gt = nullptr;
+constexpr GradRule grad_Ge = nullptr;
+constexpr GradRule grad_LogicalAnd = nullptr;
+constexpr GradRule grad_LogicalOr = nullptr;
+constexpr GradRule grad_While = nullptr;
+
+constexpr std::array<GradRule, ir::kNumOps> kRules = {
+#define OP(Enum, name, operands, rule, flags, attrs) grad_##Enum,
+#include "ir/ops.def"
+#undef OP
+};
+
+}  // namespace
+
+GradRule grad_rule(ir::OpKind op) { return kRules[static_cast<size_t>(op)]; }
+
+}  // namespace lazyrt::autograd

@@ -1,0 +1,79 @@
+// Losses and gradients of small composite models against torch.autograd (fixtures written by
+// tests/fixtures/gen_grad_fixtures.py).
+#include <gtest/gtest.h>
+
+#include <lazyrt/lazyrt.h>
+
+#include <functional>
+#include <map>
+
+#include "ops/op_fixture.h"
+
+namespace lazyrt {
+namespace {
+
+using fixtures::FixtureTensor;
+using fixtures::OpCase;
+using V = std::vector<Tensor>;
+
+const std::map<std::string, std::function<Tensor(const V&)>>& models() {
+  static const std::map<std::string, std::function<Tensor(const V&)>> m = {
+      {"mlp",
+       [](const V& x) {
+         Tensor h = relu(matmul(x[0], x[1]) + x[2]);
+         Tensor o = tanh(matmul(h, x[3]) + x[4]);
+         Tensor d = o - x[5];
+         return mean(d * d);
+       }},
+      {"log_softmax_nll",
+       [](const V& x) {
+         Tensor z = matmul(x[0], x[1]);
+         Tensor m = amax(z, {1}, true);
+         Tensor lse = log(sum(exp(z - m), {1}, true)) + m;
+         return -mean(z - lse);
+       }},
+      {"elementwise_zoo",
+       [](const V& x) {
+         const Tensor& a = x[0];
+         const Tensor& b = x[1];
+         Tensor out = sqrt(a * a + 1) / (b + 2) + pow(abs(a) + 0.5, b) * rsqrt(b + 1) +
+                      maximum(a, b) - minimum(a, 0.5 * b) +
+                      where(a > b, sigmoid(a), abs(a) * b) - exp(-a) * log(b + 3);
+         return sum(out);
+       }},
+      {"shapes_and_batches",
+       [](const V& x) {
+         Tensor p = matmul(x[0], x[1]);
+         Tensor q = reshape(permute(p, {0, 3, 1, 2}), {4, 15});
+         Tensor r = expand(sum(q, {1}, true), {4, 3});
+         Tensor s = amin(r * x[2], {0}) + sum(mean(q, {0}));
+         return sum(s) + mean(q * q);
+       }},
+  };
+  return m;
+}
+
+Tensor make(const FixtureTensor& t) { return tensor(t.reals, t.shape); }
+
+class Composite : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(Composite, LossAndGradientsMatchTorchAutograd) {
+  const OpCase& c = GetParam();
+  V inputs;
+  for (const FixtureTensor& t : c.inputs) inputs.push_back(make(t).requires_grad_());
+  Tensor loss = models().at(c.op)(inputs);
+  loss.backward();
+  const std::string result = c.attrs.at("result").at(0);
+  Tensor got = result == "loss" ? loss : inputs.at(std::stoul(result.substr(4))).grad();
+  ASSERT_TRUE(got.defined());
+  ASSERT_EQ(got.shape(), c.expected.shape);
+  std::vector<double> v = got.to_vector<double>();
+  for (size_t i = 0; i < v.size(); ++i)
+    EXPECT_NEAR(v[i], c.expected.reals[i], 1e-10 * (1 + std::abs(c.expected.reals[i]))) << "element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Torch, Composite, ::testing::ValuesIn(fixtures::load_op_cases(LAZYRT_GRAD_FIXTURES)),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace lazyrt
