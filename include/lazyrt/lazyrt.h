@@ -4,6 +4,7 @@
 #include "lazyrt/cache.h"
 #include "lazyrt/debug.h"
 #include "lazyrt/loops.h"
+#include "lazyrt/random.h"
 #include "lazyrt/metrics.h"
 #include "lazyrt/tensor.h"
 #include "lazyrt/types.h"

@@ -147,6 +147,7 @@ constexpr GradRule grad_Ge = nullptr;
 constexpr GradRule grad_LogicalAnd = nullptr;
 constexpr GradRule grad_LogicalOr = nullptr;
 constexpr GradRule grad_While = nullptr;
+constexpr GradRule grad_Random = nullptr;
 
 constexpr std::array<GradRule, ir::kNumOps> kRules = {
 #define OP(Enum, name, operands, rule, flags, attrs) grad_##Enum,

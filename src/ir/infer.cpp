@@ -180,6 +180,16 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       check_shape_valid(name, s);
       return {{ops[0].dtype, s}};
     }
+    case ResultRule::Random: {
+      for (const auto& t : ops)
+        LAZYRT_CHECK(t.dtype == DType::i64 && t.shape.empty(), name,
+                     ": seed and offset must be i64 scalars, got ", types_str(ops));
+      LAZYRT_CHECK(a.i(0) == 0 || a.i(0) == 1, name, ": unknown distribution ", a.i(0));
+      LAZYRT_CHECK(is_floating(a.dtype(2)), name, ": random values must be floating, got ",
+                   dtype_name(a.dtype(2)));
+      check_shape_valid(name, a.ints(1));
+      return {{a.dtype(2), a.ints(1)}};
+    }
     case ResultRule::While: {
       const int64_t carries = a.i(0);
       LAZYRT_CHECK(carries >= 0 && carries <= static_cast<int64_t>(ops.size()), name, ": ",

@@ -47,6 +47,7 @@ enum class ResultRule : uint8_t {
   Reshape,         // the shape attribute, same element count
   Expand,          // the shape attribute, broadcast from the operand
   While,           // the first `carries` operand types
+  Random,          // the shape and (floating) dtype attributes; operands i64 scalars
 };
 
 enum class AttrKind : uint8_t { Int, Float, Bool, DType, Ints };

@@ -8,6 +8,7 @@
 
 #include "lazyrt/tensor.h"
 #include "autograd/autograd.h"
+#include "ops/op_helpers.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops.h"
 #include "trace/lazy_tensor.h"
@@ -36,8 +37,12 @@ LazyValue value_of(const Tensor& t) {
 }
 Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
 
+}  // namespace
+
+namespace detail {
+
 // Records one op of the table over these tensors (and for autograd, when it must).
-Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {}) {
+Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));
@@ -49,9 +54,18 @@ Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {})
 
 Tensor cast_to(const Tensor& t, DType to) { return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to}); }
 
-Tensor constant_tensor(double value, DType dtype, Shape shape = {}) {
+Tensor constant_tensor(double value, DType dtype, Shape shape) {
   return wrap(trace::constant(value, dtype, std::move(shape)));
 }
+
+}  // namespace detail
+
+using detail::apply;
+using detail::cast_to;
+using detail::constant_tensor;
+
+namespace {
+
 
 // ---- type promotion (PyTorch's result_type) ---------------------------------------------
 // Operands are ranked: tensors with dims, then zero-dim tensors, then plain numbers. A lower

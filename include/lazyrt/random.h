@@ -1,0 +1,29 @@
+// Random numbers from the default generator: Philox 4x32-10, counter based. Its state (an i64
+// seed and an i64 offset) lives in two tensors that graphs read as inputs and update in place,
+// so random ops never bake a value into a graph, a traced step keeps one graph, and the same
+// seed gives the same numbers. Not available inside while_loop bodies yet.
+#pragma once
+
+#include <utility>
+
+#include "lazyrt/tensor.h"
+
+namespace lazyrt {
+
+/// Resets the default generator: seed `seed`, offset 0.
+void manual_seed(uint64_t seed);
+/// The generator's state tensors {seed, offset}; the same tensors for the whole process.
+std::pair<Tensor, Tensor> random_state();
+
+Tensor rand(Shape shape, DType dtype = DType::f32);   // uniform in [0, 1)
+Tensor randn(Shape shape, DType dtype = DType::f32);  // standard normal
+Tensor randint(int64_t low, int64_t high, Shape shape, DType dtype = DType::i64);  // [low, high)
+/// 1 with probability p[i], else 0, in p's dtype.
+Tensor bernoulli(const Tensor& p);
+Tensor bernoulli(Shape shape, double p, DType dtype = DType::f32);
+/// Dropout's mask: 0 with probability p, else 1 / (1 - p).
+Tensor dropout_mask(Shape shape, double p, DType dtype = DType::f32);
+/// x * dropout_mask(...) when training and p > 0; x itself otherwise.
+Tensor dropout(const Tensor& x, double p, bool training = true);
+
+}  // namespace lazyrt

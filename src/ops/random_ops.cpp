@@ -1,0 +1,93 @@
+// The default random generator. Its state is two i64 scalar tensors, seed and offset, that
+// graphs read as inputs; every draw advances the offset in place by the number of counters it
+// used. A traced step that draws random numbers therefore has the same graph every time, and
+// replaying it advances the state like running it.
+#include <mutex>
+
+#include "autograd/autograd.h"
+#include "lazyrt/random.h"
+#include "ops/op_helpers.h"
+#include "trace/lazy_tensor.h"
+#include "util/check.h"
+
+namespace lazyrt {
+namespace {
+
+constexpr uint64_t kDefaultSeed = 67280421310721ull;
+
+struct Generator {
+  std::mutex mu;
+  Tensor seed = scalar_tensor(static_cast<double>(kDefaultSeed), DType::i64);
+  Tensor offset = scalar_tensor(0, DType::i64);
+};
+
+Generator& generator() {
+  static Generator* g = new Generator();
+  return *g;
+}
+
+Tensor draw(int64_t distribution, const Shape& shape, DType dtype, const char* op) {
+  for (int64_t d : shape) LAZYRT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(shape));
+  LAZYRT_CHECK(is_floating(dtype), op, ": expects a floating dtype, got ", dtype_name(dtype));
+  LAZYRT_CHECK(trace::current_scope() == 0, op,
+               ": random numbers inside a while_loop body are not supported yet; draw them "
+               "outside and pass them in");
+  Generator& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  NoGradGuard no_grad;
+  Tensor r = detail::apply(ir::OpKind::Random, {g.seed, g.offset},
+                           {distribution, Shape(shape), dtype});
+  g.offset.add_(scalar_tensor(static_cast<double>(shape_numel(shape)), DType::i64));
+  return r;
+}
+
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+  Generator& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  // The state tensors keep their identity (captured state stays valid); only values change.
+  g.seed.impl()->set_data(scalar_tensor(static_cast<double>(seed), DType::i64).impl()->data());
+  g.offset.impl()->set_data(scalar_tensor(0, DType::i64).impl()->data());
+}
+
+std::pair<Tensor, Tensor> random_state() {
+  Generator& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  return {g.seed, g.offset};
+}
+
+Tensor rand(Shape shape, DType dtype) { return draw(0, shape, dtype, "rand"); }
+Tensor randn(Shape shape, DType dtype) { return draw(1, shape, dtype, "randn"); }
+
+Tensor randint(int64_t low, int64_t high, Shape shape, DType dtype) {
+  LAZYRT_CHECK(low < high, "randint: low (", low, ") must be below high (", high, ")");
+  // u * range lies in [0, range), so truncation is the floor.
+  Tensor u = draw(0, shape, DType::f64, "randint");
+  return cast(cast(u * static_cast<double>(high - low), DType::i64) + low, dtype);
+}
+
+Tensor bernoulli(const Tensor& p) {
+  LAZYRT_CHECK(is_floating(p.dtype()), "bernoulli: probabilities must be floating, got ",
+               dtype_name(p.dtype()));
+  return cast(rand(p.shape(), p.dtype()) < p.detach(), p.dtype());
+}
+
+Tensor bernoulli(Shape shape, double p, DType dtype) {
+  LAZYRT_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got ", p);
+  return cast(rand(std::move(shape), dtype) < p, dtype);
+}
+
+Tensor dropout_mask(Shape shape, double p, DType dtype) {
+  LAZYRT_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got ", p);
+  return cast(rand(std::move(shape), dtype) >= p, dtype) * (1.0 / (1.0 - p));
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  LAZYRT_CHECK(p >= 0 && p <= 1, "dropout: p must be in [0, 1], got ", p);
+  if (!training || p == 0) return x;
+  if (p == 1) return x * 0.0;
+  return x * dropout_mask(x.shape(), p, is_floating(x.dtype()) ? x.dtype() : DType::f32);
+}
+
+}  // namespace lazyrt
