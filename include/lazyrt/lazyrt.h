@@ -6,5 +6,7 @@
 #include "lazyrt/loops.h"
 #include "lazyrt/random.h"
 #include "lazyrt/metrics.h"
+#include "lazyrt/nn.h"
+#include "lazyrt/optim.h"
 #include "lazyrt/tensor.h"
 #include "lazyrt/types.h"

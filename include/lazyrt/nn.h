@@ -1,0 +1,115 @@
+// Modules and losses, built only from the public tensor API (as in libtorch's frontend).
+//
+// A Module owns named parameters, buffers and child modules. Parameters are leaf tensors that
+// require grad; their handles are stable for the module's life (optimizers, replay and
+// load_state_dict rely on that), and their values change in place.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lazyrt/tensor.h"
+
+namespace lazyrt::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+/// Parameters and buffers by dotted name ("0.weight", "encoder.bias"), in registration order.
+using StateDict = NamedTensors;
+
+class Module {
+ public:
+  explicit Module(std::string type_name = "Module");
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  /// The module applied to one input. Modules that take other inputs define their own calls.
+  virtual Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  NamedTensors named_parameters(bool recurse = true) const;
+  NamedTensors named_buffers(bool recurse = true) const;
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
+
+  StateDict state_dict() const;
+  /// Copies every value in place (the tensors keep their identity). All entries are checked
+  /// first (names, shapes, dtypes); on any mismatch it throws and changes nothing. With
+  /// strict, missing and unexpected names are errors too.
+  void load_state_dict(const StateDict& state, bool strict = true);
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  /// Clears (set_to_none) or zeroes every parameter's gradient.
+  void zero_grad(bool set_to_none = true);
+  const std::string& type_name() const { return type_name_; }
+
+  Tensor register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
+  Tensor register_buffer(const std::string& name, Tensor value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> module);
+  void collect(const std::string& prefix, bool recurse, bool buffers, NamedTensors* out) const;
+
+  std::string type_name_;
+  NamedTensors params_, buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+/// y = x W^T + b, with PyTorch's default initialisation from the seeded generator:
+/// W and b uniform in [-1/sqrt(in), 1/sqrt(in)].
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  Tensor weight, bias;  // bias undefined without one
+};
+
+/// Its children applied in order.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  explicit Sequential(std::vector<std::shared_ptr<Module>> modules);
+  Sequential& push_back(std::shared_ptr<Module> module);
+  Tensor forward(const Tensor& input) override;
+  size_t size() const { return children().size(); }
+};
+
+class ReLU : public Module {
+ public:
+  ReLU() : Module("ReLU") {}
+  Tensor forward(const Tensor& x) override;
+};
+class Tanh : public Module {
+ public:
+  Tanh() : Module("Tanh") {}
+  Tensor forward(const Tensor& x) override;
+};
+class Sigmoid : public Module {
+ public:
+  Sigmoid() : Module("Sigmoid") {}
+  Tensor forward(const Tensor& x) override;
+};
+/// Zeroes elements with probability p while training (scaling the rest by 1/(1-p)).
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override;
+  double p;
+};
+
+// ---- losses (reduction: "mean", "sum" or "none") -------------------------------------------
+Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const std::string& reduction = "mean");
+
+}  // namespace lazyrt::nn

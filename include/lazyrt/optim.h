@@ -1,0 +1,96 @@
+// Optimizers with PyTorch's update formulas, built from lazy tensor ops so that the update
+// traces into the same graph as forward and backward.
+//
+// All optimizer state, the step count included, lives in tensors created with the optimizer
+// (device data, not graph constants) and updated in place: every step has the same graph, and
+// a replayed step updates the state like a traced one. step(found_inf) skips the whole update
+// where found_inf is non-zero, without reading it on the host (for mixed precision).
+#pragma once
+
+#include <vector>
+
+#include "lazyrt/tensor.h"
+
+namespace lazyrt::optim {
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<Tensor> params);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  /// One update of every parameter that has a gradient. found_inf: a one-element tensor; where
+  /// it is non-zero, parameters and state keep their values.
+  void step(const Tensor& found_inf = Tensor());
+  /// Clears (set_to_none) or zeroes the gradients of the parameters.
+  void zero_grad(bool set_to_none = true);
+
+  const std::vector<Tensor>& params() const { return params_; }
+  /// Every state tensor (step count first), for capturing a step.
+  std::vector<Tensor> state() const;
+  /// The step count, an f64 scalar tensor.
+  const Tensor& step_count() const { return step_; }
+
+ protected:
+  /// New values of parameter i and of its state slots, from its gradient; the step count t
+  /// (already advanced) is an f64 scalar tensor.
+  struct Update {
+    Tensor param;
+    std::vector<Tensor> slots;
+  };
+  virtual Update update(size_t i, const Tensor& grad, const Tensor& t) = 0;
+  /// Slot tensors of parameter i (zeros like it, made at construction).
+  std::vector<std::vector<Tensor>> slots_;
+  void add_slots(int per_param);
+
+ private:
+  std::vector<Tensor> params_;
+  Tensor step_;
+};
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions options);
+  SGDOptions options;
+
+ protected:
+  Update update(size_t i, const Tensor& grad, const Tensor& t) override;
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;  // Adam: L2 added to the gradient; AdamW: decoupled
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, AdamOptions options);
+  AdamOptions options;
+
+ protected:
+  Update update(size_t i, const Tensor& grad, const Tensor& t) override;
+  Update adam_update(size_t i, const Tensor& param, const Tensor& grad, const Tensor& t);
+};
+
+class AdamW : public Adam {
+ public:
+  /// AdamW's default weight decay is 1e-2, as in PyTorch.
+  AdamW(std::vector<Tensor> params, AdamOptions options = {1e-3, 0.9, 0.999, 1e-8, 1e-2});
+
+ protected:
+  Update update(size_t i, const Tensor& grad, const Tensor& t) override;
+};
+
+}  // namespace lazyrt::optim

@@ -1,0 +1,181 @@
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "lazyrt/nn.h"
+#include "lazyrt/random.h"
+#include "util/check.h"
+
+namespace lazyrt::nn {
+
+Module::Module(std::string type_name) : type_name_(std::move(type_name)) {}
+
+Tensor Module::forward(const Tensor&) {
+  throw Error(type_name_ + ": this module has no single-input forward");
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+  LAZYRT_CHECK(value.defined(), type_name_, ": parameter '", name, "' is undefined");
+  for (const auto& [n, t] : params_) LAZYRT_CHECK(n != name, type_name_, ": parameter '", name, "' registered twice");
+  Tensor p = value.detach();
+  if (requires_grad) p.requires_grad_();
+  params_.emplace_back(name, p);
+  return p;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor value) {
+  LAZYRT_CHECK(value.defined(), type_name_, ": buffer '", name, "' is undefined");
+  buffers_.emplace_back(name, value);
+  return value;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> module) {
+  LAZYRT_CHECK(module != nullptr, type_name_, ": child module '", name, "' is null");
+  for (const auto& [n, m] : children_) LAZYRT_CHECK(n != name, type_name_, ": child '", name, "' registered twice");
+  children_.emplace_back(name, std::move(module));
+}
+
+void Module::collect(const std::string& prefix, bool recurse, bool buffers, NamedTensors* out) const {
+  for (const auto& [n, t] : buffers ? buffers_ : params_) out->emplace_back(prefix + n, t);
+  if (!recurse) return;
+  for (const auto& [n, m] : children_) m->collect(prefix + n + ".", true, buffers, out);
+}
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out;
+  collect("", recurse, false, &out);
+  return out;
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  collect("", recurse, true, &out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+StateDict Module::state_dict() const {
+  StateDict out = named_parameters();
+  for (auto& entry : named_buffers()) out.push_back(std::move(entry));
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  std::map<std::string, Tensor> given(state.begin(), state.end());
+  StateDict own = state_dict();
+  std::vector<std::pair<Tensor, Tensor>> copies;
+  for (const auto& [name, t] : own) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      LAZYRT_CHECK(!strict, "load_state_dict: missing key '", name, "' in the state dict");
+      continue;
+    }
+    const Tensor& v = it->second;
+    LAZYRT_CHECK(v.defined() && v.shape() == t.shape(), "load_state_dict: '", name, "' has shape ",
+                 v.defined() ? shape_str(v.shape()) : std::string("undefined"), ", the module expects ",
+                 shape_str(t.shape()));
+    LAZYRT_CHECK(v.dtype() == t.dtype(), "load_state_dict: '", name, "' has dtype ",
+                 dtype_name(v.dtype()), ", the module expects ", dtype_name(t.dtype()));
+    copies.emplace_back(t, v);
+    given.erase(it);
+  }
+  LAZYRT_CHECK(!strict || given.empty(), "load_state_dict: unexpected key '",
+               given.empty() ? "" : given.begin()->first, "' in the state dict");
+  NoGradGuard no_grad;
+  for (auto& [dst, src] : copies) dst.copy_(src.detach());
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, m] : children_) m->train(on);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (Tensor& p : parameters()) {
+    if (set_to_none || !p.grad().defined()) {
+      p.set_grad(Tensor());
+    } else {
+      Tensor g = p.grad();
+      g.zero_();
+    }
+  }
+}
+
+// ---- layers -----------------------------------------------------------------------------------
+
+namespace {
+// Uniform in [-bound, bound), from the seeded generator.
+Tensor uniform(Shape shape, double bound) { return rand(std::move(shape)) * (2 * bound) - bound; }
+}  // namespace
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias) : Module("Linear") {
+  LAZYRT_CHECK(in > 0 && out > 0, "Linear: features must be positive, got ", in, " and ", out);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  weight = register_parameter("weight", uniform({out, in}, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  LAZYRT_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "Linear: input of shape ",
+               shape_str(x.shape()), " does not end in in_features = ", weight.shape()[1]);
+  Tensor y = matmul(x, transpose(weight, 0, 1));
+  return bias.defined() ? y + bias : y;
+}
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Module("Sequential") {
+  for (auto& m : modules) push_back(std::move(m));
+}
+
+Sequential& Sequential::push_back(std::shared_ptr<Module> module) {
+  register_module(std::to_string(children().size()), std::move(module));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& [n, m] : children()) x = m->forward(x);
+  return x;
+}
+
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
+Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
+
+Dropout::Dropout(double p_) : Module("Dropout"), p(p_) {
+  LAZYRT_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p);
+}
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+
+// ---- losses -----------------------------------------------------------------------------------
+
+namespace {
+Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op) {
+  if (reduction == "mean") return mean(l);
+  if (reduction == "sum") return sum(l);
+  LAZYRT_CHECK(reduction == "none", op, ": reduction must be 'mean', 'sum' or 'none', got '",
+               reduction, "'");
+  return l;
+}
+}  // namespace
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
+  LAZYRT_CHECK(input.shape() == target.shape(), "mse_loss: input ", shape_str(input.shape()),
+               " and target ", shape_str(target.shape()), " must have one shape");
+  Tensor d = input - target;
+  return reduce_loss(d * d, reduction, "mse_loss");
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, const std::string& reduction) {
+  LAZYRT_CHECK(x.shape() == t.shape(), "binary_cross_entropy_with_logits: input ",
+               shape_str(x.shape()), " and target ", shape_str(t.shape()), " must have one shape");
+  // max(x, 0) - x t + log(1 + exp(-|x|)): no overflow for large |x|.
+  Tensor l = relu(x) - x * t + log(exp(-abs(x)) + 1);
+  return reduce_loss(l, reduction, "binary_cross_entropy_with_logits");
+}
+
+}  // namespace lazyrt::nn

@@ -1,0 +1,130 @@
+#include <cmath>
+
+#include "lazyrt/optim.h"
+#include "lazyrt/random.h"
+#include "util/check.h"
+
+namespace lazyrt::optim {
+namespace {
+
+// Zeros as device data: state is an input of every step's graph, never a constant.
+Tensor zeros_data(const Shape& shape, DType dtype) {
+  std::vector<char> bytes(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), 0);
+  return from_blob(bytes.data(), shape, dtype);
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> params)
+    : params_(std::move(params)), step_(scalar_tensor(0, DType::f64)) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    LAZYRT_CHECK(params_[i].defined(), "optimizer: parameter ", i, " is undefined");
+    LAZYRT_CHECK(params_[i].requires_grad() && params_[i].is_leaf(), "optimizer: parameter ", i,
+                 " (", dtype_name(params_[i].dtype()), shape_str(params_[i].shape()),
+                 ") must be a leaf tensor that requires grad");
+  }
+  slots_.resize(params_.size());
+}
+
+void Optimizer::add_slots(int per_param) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (int k = 0; k < per_param; ++k) slots_[i].push_back(zeros_data(params_[i].shape(), params_[i].dtype()));
+}
+
+std::vector<Tensor> Optimizer::state() const {
+  std::vector<Tensor> out{step_};
+  for (const auto& s : slots_) out.insert(out.end(), s.begin(), s.end());
+  return out;
+}
+
+void Optimizer::step(const Tensor& found_inf) {
+  if (found_inf.defined())
+    LAZYRT_CHECK(found_inf.numel() == 1, "optimizer step: found_inf must have one element, got ",
+                 shape_str(found_inf.shape()));
+  NoGradGuard no_grad;
+  Tensor skip = found_inf.defined() ? reshape(found_inf, {}) != 0 : Tensor();
+  // Keeps the old value where the step is skipped.
+  auto commit = [&](Tensor& dst, const Tensor& value) {
+    dst.copy_(skip.defined() ? where(skip, dst.detach(), value) : value);
+  };
+  Tensor t = step_ + 1;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    Update u = update(i, g.detach(), t);
+    for (size_t k = 0; k < u.slots.size(); ++k) commit(slots_[i][k], u.slots[k]);
+    commit(params_[i], u.param);
+  }
+  commit(step_, t);
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (Tensor& p : params_) {
+    if (set_to_none || !p.grad().defined()) {
+      p.set_grad(Tensor());
+    } else {
+      Tensor g = p.grad();
+      g.zero_();
+    }
+  }
+}
+
+// ---- SGD --------------------------------------------------------------------------------------
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)), options(o) {
+  LAZYRT_CHECK(o.lr >= 0, "SGD: invalid learning rate ", o.lr);
+  LAZYRT_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
+               "SGD: nesterov momentum needs momentum > 0 and dampening 0");
+  if (o.momentum != 0) add_slots(1);
+}
+
+Optimizer::Update SGD::update(size_t i, const Tensor& grad, const Tensor& t) {
+  const Tensor& p = params()[i];
+  Tensor d = options.weight_decay != 0 ? grad + p * options.weight_decay : grad;
+  Update u;
+  if (options.momentum != 0) {
+    // PyTorch starts the buffer as a copy of the first gradient.
+    const Tensor& buf = slots_[i][0];
+    Tensor next = where(t == 1, d, buf * options.momentum + d * (1 - options.dampening));
+    u.slots.push_back(next);
+    d = options.nesterov ? d + next * options.momentum : next;
+  }
+  u.param = p - d * options.lr;
+  return u;
+}
+
+// ---- Adam / AdamW -----------------------------------------------------------------------------
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Optimizer(std::move(params)), options(o) {
+  LAZYRT_CHECK(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+               "Adam: invalid options (lr ", o.lr, ", betas ", o.beta1, ", ", o.beta2, ", eps ", o.eps, ")");
+  add_slots(2);  // exp_avg, exp_avg_sq
+}
+
+Optimizer::Update Adam::adam_update(size_t i, const Tensor& param, const Tensor& grad, const Tensor& t) {
+  const AdamOptions& o = options;
+  Tensor m = slots_[i][0] * o.beta1 + grad * (1 - o.beta1);
+  Tensor v = slots_[i][1] * o.beta2 + grad * grad * (1 - o.beta2);
+  // Bias corrections from the step count tensor, in f64 as PyTorch computes them.
+  Tensor bc1 = 1 - pow(full({}, o.beta1, DType::f64), t);
+  Tensor bc2_sqrt = sqrt(1 - pow(full({}, o.beta2, DType::f64), t));
+  Tensor step_size = cast(o.lr / bc1, param.dtype());
+  Tensor denom = sqrt(v) / cast(bc2_sqrt, param.dtype()) + o.eps;
+  return {param - step_size * (m / denom), {m, v}};
+}
+
+Optimizer::Update Adam::update(size_t i, const Tensor& grad, const Tensor& t) {
+  const Tensor& p = params()[i];
+  Tensor g = options.weight_decay != 0 ? grad + p * options.weight_decay : grad;
+  return adam_update(i, p, g, t);
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o) {}
+
+Optimizer::Update AdamW::update(size_t i, const Tensor& grad, const Tensor& t) {
+  const Tensor& p = params()[i];
+  Tensor decayed = options.weight_decay != 0 ? p * (1 - options.lr * options.weight_decay) : p;
+  return adam_update(i, decayed, grad, t);
+}
+
+}  // namespace lazyrt::optim

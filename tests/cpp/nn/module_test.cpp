@@ -1,0 +1,143 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <lazyrt/lazyrt.h>
+
+#include <cmath>
+
+namespace lazyrt {
+using ::testing::HasSubstr;
+
+namespace {
+std::shared_ptr<nn::Sequential> mlp() {
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(3, 4), std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(4, 2)});
+}
+}  // namespace
+
+TEST(Module, NamedParametersAndStateDictUseDottedNames) {
+  auto m = mlp();
+  std::vector<std::string> names;
+  for (const auto& [n, t] : m->named_parameters()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+  EXPECT_EQ(m->parameters().size(), 4u);
+  EXPECT_EQ(m->state_dict().size(), 4u);
+  for (const Tensor& p : m->parameters()) {
+    EXPECT_TRUE(p.requires_grad());
+    EXPECT_TRUE(p.is_leaf());
+  }
+}
+
+TEST(Module, LinearInitIsUniformInTheFanInBoundAndSeeded) {
+  manual_seed(123);
+  nn::Linear a(50, 40);
+  manual_seed(123);
+  nn::Linear b(50, 40);
+  std::vector<float> wa = a.weight.to_vector<float>();
+  EXPECT_EQ(wa, b.weight.to_vector<float>());
+  const float bound = 1.0f / std::sqrt(50.0f);
+  float lo = 1, hi = -1;
+  for (float x : wa) {
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+  }
+  EXPECT_GE(lo, -bound);
+  EXPECT_LT(hi, bound);
+  EXPECT_LT(lo, -0.9 * bound);
+  EXPECT_GT(hi, 0.9 * bound);
+  EXPECT_EQ(a.weight.shape(), (Shape{40, 50}));
+  EXPECT_EQ(a.bias.shape(), (Shape{40}));
+}
+
+TEST(Module, LoadStateDictCopiesInPlaceAndKeepsIdentity) {
+  auto m = mlp();
+  auto* w_impl = m->parameters()[0].impl().get();
+  nn::StateDict sd = m->state_dict();
+  sd[0].second = full({4, 3}, 0.5);
+  m->load_state_dict(sd);
+  EXPECT_EQ(m->parameters()[0].impl().get(), w_impl);
+  EXPECT_EQ(m->parameters()[0].to_vector<float>(), std::vector<float>(12, 0.5f));
+  EXPECT_TRUE(m->parameters()[0].requires_grad());
+}
+
+TEST(Module, LoadStateDictChecksEverythingBeforeChangingAnything) {
+  auto m = mlp();
+  std::vector<float> before = m->parameters()[0].to_vector<float>();
+  nn::StateDict sd = m->state_dict();
+  sd[0].second = zeros({4, 3});
+  sd[3].second = zeros({5});  // wrong shape, after a valid entry
+  try {
+    m->load_state_dict(sd);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'2.bias' has shape [5]"));
+  }
+  EXPECT_EQ(m->parameters()[0].to_vector<float>(), before);
+  nn::StateDict missing(sd.begin(), sd.begin() + 2);
+  EXPECT_THROW(m->load_state_dict(missing), Error);
+  nn::StateDict extra = m->state_dict();
+  extra.emplace_back("9.weight", zeros({1}));
+  EXPECT_THROW(m->load_state_dict(extra), Error);
+  EXPECT_NO_THROW(m->load_state_dict(extra, false));
+}
+
+TEST(Module, TrainAndEvalReachChildrenAndSwitchDropout) {
+  auto m = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Dropout>(0.5)});
+  Tensor x = ones({1000});
+  EXPECT_TRUE(m->is_training());
+  std::vector<float> y = m->forward(x).to_vector<float>();
+  EXPECT_NE(std::count(y.begin(), y.end(), 0.0f), 0);
+  m->eval();
+  EXPECT_FALSE(m->children()[0].second->is_training());
+  EXPECT_EQ(m->forward(x).to_vector<float>(), std::vector<float>(1000, 1.0f));
+}
+
+TEST(Losses, MseAndBceWithLogitsKnownValues) {
+  Tensor a = tensor({1, 2, 3}, {3});
+  Tensor b = tensor({1, 0, 5}, {3});
+  EXPECT_FLOAT_EQ(nn::mse_loss(a, b).item(), (0 + 4 + 4) / 3.0);
+  EXPECT_FLOAT_EQ(nn::mse_loss(a, b, "sum").item(), 8);
+  Tensor x = tensor({-100, 0, 100, 2}, {4});
+  Tensor t = tensor({0, 1, 1, 0}, {4});
+  std::vector<float> l = nn::binary_cross_entropy_with_logits(x, t, "none").to_vector<float>();
+  EXPECT_NEAR(l[0], 0, 1e-6);
+  EXPECT_NEAR(l[1], std::log(2.0), 1e-6);
+  EXPECT_NEAR(l[2], 0, 1e-6);
+  EXPECT_NEAR(l[3], 2 + std::log1p(std::exp(-2.0)), 1e-6);
+  EXPECT_THROW(nn::mse_loss(a, b, "avg"), Error);
+}
+
+TEST(Optimizer, FoundInfSkipsTheWholeUpdateWithoutSync) {
+  Tensor w = tensor({1, 2}, {2}).requires_grad_();
+  optim::AdamW opt({w});
+  sum(w * w).backward();
+  metrics::reset();
+  opt.step(tensor({1}, {1}));  // inf found: skip
+  EXPECT_EQ(metrics::counter("ExecuteGraph"), 0) << "the skip is decided in the graph";
+  mark_step();
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(opt.step_count().item(), 0);
+  opt.step(tensor({0}, {1}));
+  mark_step();
+  EXPECT_NE(w.to_vector<float>(), (std::vector<float>{1, 2}));
+  EXPECT_EQ(opt.step_count().item(), 1);
+}
+
+TEST(Optimizer, ZeroGradToNoneOrToZeros) {
+  Tensor w = tensor({1, 2}, {2}).requires_grad_();
+  optim::SGD opt({w}, {0.1});
+  sum(w * 3).backward();
+  opt.zero_grad(false);
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{0, 0}));
+  opt.zero_grad();
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(Optimizer, RefusesNonLeafParameters) {
+  Tensor w = tensor({1}, {1}).requires_grad_();
+  EXPECT_THROW(optim::SGD({w * 2}, {0.1}), Error);
+  EXPECT_THROW(optim::SGD({tensor({1}, {1})}, {0.1}), Error);
+}
+
+}  // namespace lazyrt
