@@ -170,6 +170,31 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
   return reduce_loss(d * d, reduction, "mse_loss");
 }
 
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  Tensor m = amax(x, {dim}, true).detach();  // a shift: the result does not depend on it
+  Tensor z = x - m;
+  return z - log(sum(exp(z), {dim}, true));
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
+                     const std::string& reduction) {
+  LAZYRT_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got ", shape_str(logits.shape()));
+  LAZYRT_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0] && !is_floating(target.dtype()) &&
+                   target.dtype() != DType::b8,
+               "cross_entropy: target must be integer class indices of shape [", logits.shape()[0],
+               "], got ", dtype_name(target.dtype()), shape_str(target.shape()));
+  LAZYRT_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
+               "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+  const int64_t classes = logits.shape()[1];
+  Tensor logp = log_softmax(logits, 1);
+  Tensor onehot = cast(reshape(target, {-1, 1}) == reshape(arange(classes), {1, classes}), logp.dtype());
+  Tensor nll = -sum(onehot * logp, {1});
+  Tensor l = label_smoothing == 0
+                 ? nll
+                 : nll * (1 - label_smoothing) - sum(logp, {1}) * (label_smoothing / static_cast<double>(classes));
+  return reduce_loss(l, reduction, "cross_entropy");
+}
+
 Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, const std::string& reduction) {
   LAZYRT_CHECK(x.shape() == t.shape(), "binary_cross_entropy_with_logits: input ",
                shape_str(x.shape()), " and target ", shape_str(t.shape()), " must have one shape");
