@@ -5,6 +5,7 @@
 #include "lazyrt/debug.h"
 #include "lazyrt/loops.h"
 #include "lazyrt/random.h"
+#include "lazyrt/replay.h"
 #include "lazyrt/metrics.h"
 #include "lazyrt/nn.h"
 #include "lazyrt/optim.h"

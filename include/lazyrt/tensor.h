@@ -192,8 +192,9 @@ Tensor squeeze(const Tensor& a, int64_t dim);  // no-op when that dim is not 1
 void mark_step();
 /// Syncs these tensors, as one graph.
 void sync(const std::vector<Tensor>& tensors);
-/// The hash under which the pending graph of these tensors is compiled and cached. Nothing is
-/// executed and the tensors stay pending. The zero hash when none of them is pending.
+/// The hash under which the pending graph of these tensors (with the in-place updates of the
+/// tensors it reads, see replay.h) is compiled and cached. Nothing is executed and the tensors
+/// stay pending. The zero hash when none of them is pending.
 GraphHash graph_hash(const std::vector<Tensor>& outputs);
 
 }  // namespace lazyrt

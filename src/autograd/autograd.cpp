@@ -17,7 +17,7 @@ void accumulate(trace::TensorImpl& leaf, const Tensor& g) {
   LAZYRT_ASSERT(grad.shape() == leaf.type.shape, "gradient of shape ", shape_str(grad.shape()),
                 " for a leaf of shape ", shape_str(leaf.type.shape));
   if (!leaf.grad) {
-    leaf.grad = grad.detach().impl();
+    leaf.set_grad_impl(grad.detach().impl());
   } else {
     Tensor existing(leaf.grad);
     existing.add_(grad);
@@ -154,7 +154,7 @@ void Tensor::set_grad(const Tensor& g) {
     LAZYRT_CHECK(g.shape() == shape() && g.dtype() == dtype(), "set_grad: gradient ",
                  dtype_name(g.dtype()), shape_str(g.shape()), " for a tensor ", dtype_name(dtype()),
                  shape_str(shape()));
-  impl()->grad = g.defined() ? g.impl() : nullptr;
+  impl()->set_grad_impl(g.defined() ? g.impl() : nullptr);
 }
 
 bool Tensor::is_leaf() const { return impl()->grad_fn == nullptr; }

@@ -638,8 +638,5 @@ std::vector<std::shared_ptr<trace::TensorImpl>> impls_of(const std::vector<Tenso
 
 void sync(const std::vector<Tensor>& tensors) { trace::sync_tensors(impls_of(tensors, "sync")); }
 
-GraphHash graph_hash(const std::vector<Tensor>& outputs) {
-  return trace::pending_graph_hash(impls_of(outputs, "graph_hash"));
-}
 
 }  // namespace lazyrt

@@ -13,6 +13,7 @@ namespace {
 std::atomic<int64_t> next_id{1};
 std::atomic<int64_t> next_scope{1};
 thread_local std::vector<int64_t> scope_stack;
+thread_local RebindJournal* active_journal = nullptr;
 
 // Pending tensors, for mark_step. Tensors enter when they get IR and leave when they are
 // materialized or destroyed.
@@ -58,6 +59,7 @@ LazyValue TensorImpl::value() {
     n->types = {type};
     n->data = data_;
     n->source_tensor = id;
+    n->source = weak_from_this();
     leaf_ = {std::move(n), 0};
   }
   return leaf_;
@@ -67,6 +69,7 @@ void TensorImpl::set_ir(LazyValue v) {
   LAZYRT_CHECK(scope == current_scope(),
                "while_loop: the loop body modifies a tensor from outside the loop in place (",
                ir::type_str(type), "); return the new value as part of the carry instead");
+  if (active_journal) active_journal->value_changing(*this);
   LAZYRT_ASSERT(v.type() == type, "rebinding tensor ", id, " of ", ir::type_str(type), " to ",
                 ir::type_str(v.type()));
   if (!ir) {
@@ -80,6 +83,8 @@ void TensorImpl::set_ir(LazyValue v) {
 }
 
 void TensorImpl::set_data(std::shared_ptr<runtime::Buffer> buffer) {
+  if (!ir && buffer == data_) return;  // replays write back into the same buffer
+  if (active_journal) active_journal->value_changing(*this);
   if (ir) {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
@@ -88,6 +93,76 @@ void TensorImpl::set_data(std::shared_ptr<runtime::Buffer> buffer) {
   ir = {};
   leaf_ = {};
   data_ = std::move(buffer);
+}
+
+void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value) {
+  if (value) {
+    if (!ir) {
+      auto& r = pending_registry();
+      std::lock_guard<std::mutex> lock(r.mu);
+      r.set.insert(this);
+    }
+    ir = std::move(value);
+    data_.reset();
+    leaf_ = {};
+  } else {
+    RebindJournal* saved = active_journal;
+    active_journal = nullptr;
+    set_data(std::move(data));
+    active_journal = saved;
+  }
+}
+
+void TensorImpl::set_grad_impl(std::shared_ptr<TensorImpl> g) {
+  if (active_journal) active_journal->grad_changing(*this);
+  grad = std::move(g);
+}
+
+RebindJournal::RebindJournal() : first_new_id_(next_id.load()), previous_(active_journal) {
+  active_journal = this;
+}
+
+RebindJournal::~RebindJournal() { active_journal = previous_; }
+
+RebindJournal::Entry& RebindJournal::entry(TensorImpl& t) {
+  for (Entry& e : entries_)
+    if (e.tensor.get() == &t) return e;
+  entries_.push_back({});
+  entries_.back().tensor = t.shared_from_this();
+  return entries_.back();
+}
+
+void RebindJournal::value_changing(TensorImpl& t) {
+  if (t.id >= first_new_id_) return;  // made during the trace: nothing to restore
+  Entry& e = entry(t);
+  if (e.value_changed) return;
+  e.value_changed = true;
+  e.data = t.data();
+  e.ir = t.pending();
+  e.grad_fn = t.grad_fn;
+  e.requires_grad = t.requires_grad;
+}
+
+void RebindJournal::grad_changing(TensorImpl& t) {
+  if (t.id >= first_new_id_) return;
+  Entry& e = entry(t);
+  if (e.grad_changed) return;
+  e.grad_changed = true;
+  e.grad = t.grad;
+}
+
+void RebindJournal::undo() {
+  RebindJournal* saved = active_journal;
+  active_journal = nullptr;
+  for (Entry& e : entries_) {
+    if (e.value_changed) {
+      e.tensor->restore_value(e.data, e.ir);
+      e.tensor->grad_fn = e.grad_fn;
+      e.tensor->requires_grad = e.requires_grad;
+    }
+    if (e.grad_changed) e.tensor->grad = e.grad;
+  }
+  active_journal = saved;
 }
 
 LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs) {

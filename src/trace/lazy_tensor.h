@@ -14,6 +14,7 @@
 
 #include "ir/graph.h"
 #include "runtime/buffer.h"
+#include "runtime/executable.h"
 
 namespace lazyrt::autograd {
 struct GradNode;
@@ -22,6 +23,7 @@ struct GradNode;
 namespace lazyrt::trace {
 
 struct LazyNode;
+struct TensorImpl;
 
 struct LazyValue {
   std::shared_ptr<LazyNode> node;
@@ -42,6 +44,7 @@ struct LazyNode {
   // for a loop placeholder (no data), which carry it stands for.
   std::shared_ptr<runtime::Buffer> data;
   int64_t source_tensor = -1;
+  std::weak_ptr<TensorImpl> source;
   int32_t placeholder = -1;
 };
 
@@ -70,6 +73,15 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   void set_data(std::shared_ptr<runtime::Buffer> buffer);
   const std::shared_ptr<runtime::Buffer>& data() const { return data_; }
   const LazyValue& pending() const { return ir; }
+  /// Puts back a value saved by a RebindJournal (data, or pending IR).
+  void restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value);
+  /// Drops the cached parameter leaf, so the data buffer's owners are the tensor and whatever
+  /// else really holds it (replays write into a buffer only its tensor owns).
+  void release_leaf() {
+    if (!ir) leaf_ = {};
+  }
+  /// Replaces the gradient, journaling the old one when a RebindJournal is active.
+  void set_grad_impl(std::shared_ptr<TensorImpl> g);
 
  private:
   std::shared_ptr<runtime::Buffer> data_;
@@ -93,6 +105,41 @@ class TraceScope {
   int64_t id_;
 };
 
+/// While active (per thread), records the first change of value or gradient of every tensor
+/// that existed before it, with what it held, so that a trace can be undone: compile_step
+/// traces a step without running it and then puts everything back.
+class RebindJournal {
+ public:
+  struct Entry {
+    std::shared_ptr<TensorImpl> tensor;
+    bool value_changed = false;
+    std::shared_ptr<runtime::Buffer> data;  // the value before
+    LazyValue ir;
+    std::shared_ptr<autograd::GradNode> grad_fn;
+    bool requires_grad = false;
+    bool grad_changed = false;
+    std::shared_ptr<TensorImpl> grad;  // the gradient before
+  };
+  RebindJournal();
+  ~RebindJournal();
+  RebindJournal(const RebindJournal&) = delete;
+  RebindJournal& operator=(const RebindJournal&) = delete;
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  /// Restores every journaled tensor's value, autograd state and gradient.
+  void undo();
+
+  // Hooks called by TensorImpl.
+  void value_changing(TensorImpl& t);
+  void grad_changing(TensorImpl& t);
+
+ private:
+  Entry& entry(TensorImpl& t);
+  int64_t first_new_id_;
+  RebindJournal* previous_;
+  std::vector<Entry> entries_;
+};
+
 /// Records `op` over these operands: infers result types (throwing lazyrt::Error on bad
 /// operands before anything is built) and returns result 0 of the new node.
 LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs = {});
@@ -107,10 +154,35 @@ std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index)
 /// Every live tensor that holds pending IR, in creation order.
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
 
+/// The flattened pending graph of some pending tensors (one output per tensor, in order).
+struct Extracted {
+  ir::Graph graph;
+  std::vector<int32_t> donations;                        // per output, the parameter offered
+  std::vector<std::shared_ptr<runtime::Buffer>> params;  // per parameter, its buffer
+  std::vector<int32_t> param_nodes;                      // per parameter, its graph node
+  std::vector<int64_t> param_sources;                    // per parameter, the tensor it came from
+  std::vector<std::weak_ptr<TensorImpl>> param_tensors;  // per parameter, that tensor
+};
+Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& pending);
+/// The cache key of a graph compiled with these donation offers.
+GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations);
+/// The executable for `key`: from the in-memory cache, or compiled and cached (counted).
+std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
+                                                    const std::vector<int32_t>& donations);
+/// While alive (per thread), any sync throws lazyrt::Error with `reason`.
+class SyncForbidden {
+ public:
+  explicit SyncForbidden(const char* reason);
+  ~SyncForbidden();
+  SyncForbidden(const SyncForbidden&) = delete;
+  SyncForbidden& operator=(const SyncForbidden&) = delete;
+
+ private:
+  const char* previous_;
+};
+
 /// The graph sync would compile for these tensors (unoptimized); nothing is executed.
 ir::Graph pending_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
-/// The key sync would look these tensors' graph up by; nothing is executed.
-GraphHash pending_graph_hash(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
 
 /// Syncs these tensors as one graph (extract, hash, look up or compile, execute, bind).
 void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& tensors);

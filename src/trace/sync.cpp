@@ -17,19 +17,11 @@
 #include "util/timer.h"
 
 namespace lazyrt::trace {
-namespace {
 
-struct Extracted {
-  ir::Graph graph;
-  std::vector<int32_t> donations;                          // per output
-  std::vector<std::shared_ptr<runtime::Buffer>> params;    // per parameter
-  std::vector<int32_t> param_nodes;                        // per parameter, its graph node
-};
-
-Extracted extract(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
+Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
   Extracted ex;
   std::unordered_map<const runtime::Buffer*, int32_t> param_of_buffer;
-  std::vector<int64_t> source;  // per parameter, the tensor its buffer came from
+  std::vector<int64_t>& source = ex.param_sources;
   Flattener flat(
       [](const LazyNode& n) {
         LAZYRT_CHECK(n.scope == 0,
@@ -45,6 +37,7 @@ Extracted extract(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
           ex.param_nodes.push_back(g.add_parameter(v.type()).node);
           ex.params.push_back(v.node->data);
           source.push_back(v.node->source_tensor);
+          ex.param_tensors.push_back(v.node->source);
         }
         return ir::ValueRef{ex.param_nodes[it->second], 0};
       });
@@ -85,6 +78,8 @@ Extracted extract(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
   ex.graph.outputs = std::move(outputs);
   return ex;
 }
+namespace {
+
 // The pending tensors among `requested`, each once, in order.
 std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors;
@@ -94,34 +89,48 @@ std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::sha
   return tensors;
 }
 
-// The cache key: the graph's structure plus the donations, which change the executable.
-GraphHash cache_key(const Extracted& ex) {
+thread_local const char* sync_forbidden = nullptr;
+
+}  // namespace
+
+GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations) {
   ir::Hasher h;
-  GraphHash gh = ir::hash_graph(ex.graph);
+  GraphHash gh = ir::hash_graph(graph);
   h.add(gh.hi);
   h.add(gh.lo);
-  for (int32_t d : ex.donations) h.add(static_cast<uint64_t>(static_cast<int64_t>(d)));
+  for (int32_t d : donations) h.add(static_cast<uint64_t>(static_cast<int64_t>(d)));
   return h.finish();
 }
 
-}  // namespace
+std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
+                                                    const std::vector<int32_t>& donations) {
+  std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key);
+  if (exe) {
+    metrics::increment("CachedCompile");
+    return exe;
+  }
+  detail::ScopedTimer timer("CompileTime");
+  exe = compile::compile(graph, donations);
+  metrics::increment("UncachedCompile");
+  cache::memory_cache().put(key, exe);
+  return exe;
+}
+
+SyncForbidden::SyncForbidden(const char* reason) : previous_(sync_forbidden) { sync_forbidden = reason; }
+SyncForbidden::~SyncForbidden() { sync_forbidden = previous_; }
 
 ir::Graph pending_graph(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return {};
-  return extract(tensors).graph;
+  return extract_graph(tensors).graph;
 }
 
-GraphHash pending_graph_hash(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
-  std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
-  if (tensors.empty()) return {};
-  return cache_key(extract(tensors));
-}
 
 void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   LAZYRT_CHECK(current_scope() == 0,
                "cannot read a value or sync while a while_loop body or cond is being traced: "
                "values there are symbolic (use tensor ops, or return the value from the loop)");
+  LAZYRT_CHECK(sync_forbidden == nullptr, sync_forbidden);
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 
@@ -129,19 +138,10 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   GraphHash key;
   {
     detail::ScopedTimer timer("TraceTime");
-    ex = extract(tensors);
-    key = cache_key(ex);
+    ex = extract_graph(tensors);
+    key = cache_key(ex.graph, ex.donations);
   }
-
-  std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key);
-  if (exe) {
-    metrics::increment("CachedCompile");
-  } else {
-    detail::ScopedTimer timer("CompileTime");
-    exe = compile::compile(ex.graph, ex.donations);
-    metrics::increment("UncachedCompile");
-    cache::memory_cache().put(key, exe);
-  }
+  std::shared_ptr<runtime::Executable> exe = executable_for(key, ex.graph, ex.donations);
 
   const size_t n = tensors.size();
   std::vector<const void*> param_ptrs;

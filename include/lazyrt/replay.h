@@ -1,0 +1,77 @@
+// Cached-graph replay: run a traced step's compiled graph again and again on new inputs,
+// without tracing or hashing, with every tensor the step updates in place (parameters,
+// optimizer state, the random generator's state, gradients) written back each time.
+//
+// The low-level calls mirror PyTorch/XLA's (_get_graph_hash, _xla_warm_up_cache,
+// _get_tensors_xla_device_data_node, _run_cached_graph). Unlike those, the graph of some
+// outputs always includes the in-place updates of the tensors it reads, so a replay can never
+// silently return the same loss with stale weights.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "lazyrt/tensor.h"
+
+namespace lazyrt {
+
+/// A process-unique id of a tensor (stable for the tensor's life, kept by in-place ops).
+int64_t tensor_id(const Tensor& t);
+
+/// Compiles and caches the graph of `outputs` (and of the in-place updates of what it reads),
+/// under graph_hash(outputs). Nothing is executed; the tensors stay pending.
+void warm_up_cache(const std::vector<Tensor>& outputs);
+
+struct GraphInputs {
+  std::vector<int64_t> tensor_ids;
+  std::vector<Tensor> values;
+};
+/// The parameter leaves of that graph, in parameter order. A leaf whose tensor the traced code
+/// updated in place is returned as that same tensor, holding its value from before the trace
+/// again (the pending update is dropped: replays perform it).
+GraphInputs graph_inputs(const std::vector<Tensor>& outputs);
+
+/// Runs the graph warmed up under `hash` once on the inputs' current values (in the order of
+/// graph_inputs). Every input the traced code updated in place gets its new value (written
+/// into its own buffer when nothing else holds that buffer). Returns every output of the
+/// graph; an updated input is returned as that input tensor. Throws lazyrt::Error for an
+/// unknown hash or inputs of the wrong number, shapes or dtypes, changing nothing.
+std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Tensor>& inputs);
+
+/// A step function traced once and replayed. Calling it binds the arguments, runs the
+/// compiled graph, writes back every tensor the step updates in place (and gradients it
+/// leaves), and returns the step's outputs.
+///
+/// Guards run before every call: the number, shapes and dtypes of the arguments, and that
+/// every captured tensor still exists. A failed guard retraces (by default) or throws; a
+/// replay never runs stale, and a call that throws changes nothing. Tensors the step creates
+/// from host data, and scalars in its ops, are constants of the trace: pass values that change
+/// between calls as arguments.
+class CompiledStep {
+ public:
+  struct State;
+  explicit CompiledStep(std::shared_ptr<State> state);
+
+  /// One step; the returned tensors are the caller's to keep.
+  std::vector<Tensor> operator()(const std::vector<Tensor>& args);
+  /// One step, allocating nothing when the shapes match the trace: the returned tensors are
+  /// the step's own output handles, rebound to new values by the next call.
+  const std::vector<Tensor>& run(const std::vector<Tensor>& args);
+  /// How many times the step was traced (1 unless guards forced retraces).
+  int traces() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct CompileStepOptions {
+  bool retrace_on_guard_failure = true;  // false: a failed guard throws lazyrt::Error
+};
+
+/// Traces fn(example_args) once, without running it, and leaves every tensor as it was.
+CompiledStep compile_step(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
+                          const std::vector<Tensor>& example_args,
+                          CompileStepOptions options = {});
+
+}  // namespace lazyrt
