@@ -1,6 +1,7 @@
 // The one header users include.
 #pragma once
 
+#include "lazyrt/amp.h"
 #include "lazyrt/cache.h"
 #include "lazyrt/debug.h"
 #include "lazyrt/loops.h"

@@ -4,6 +4,7 @@
 
 #include "lazyrt/nn.h"
 #include "lazyrt/random.h"
+#include "ops/op_helpers.h"
 #include "util/check.h"
 
 namespace lazyrt::nn {
@@ -124,7 +125,8 @@ Tensor Linear::forward(const Tensor& x) {
   LAZYRT_CHECK(x.dim() >= 1 && x.shape().back() == weight.shape()[1], "Linear: input of shape ",
                shape_str(x.shape()), " does not end in in_features = ", weight.shape()[1]);
   Tensor y = matmul(x, transpose(weight, 0, 1));
-  return bias.defined() ? y + bias : y;
+  // Under autocast the whole linear, bias included, runs in the lower precision (as PyTorch).
+  return bias.defined() ? y + detail::autocast_lower(bias) : y;
 }
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> modules) : Module("Sequential") {
@@ -166,11 +168,12 @@ Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
   LAZYRT_CHECK(input.shape() == target.shape(), "mse_loss: input ", shape_str(input.shape()),
                " and target ", shape_str(target.shape()), " must have one shape");
-  Tensor d = input - target;
+  Tensor d = detail::autocast_f32(input) - detail::autocast_f32(target);
   return reduce_loss(d * d, reduction, "mse_loss");
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim) {
+Tensor log_softmax(const Tensor& x_in, int64_t dim) {
+  const Tensor x = detail::autocast_f32(x_in);
   Tensor m = amax(x, {dim}, true).detach();  // a shift: the result does not depend on it
   Tensor z = x - m;
   return z - log(sum(exp(z), {dim}, true));
@@ -195,10 +198,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   return reduce_loss(l, reduction, "cross_entropy");
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& t, const std::string& reduction) {
-  LAZYRT_CHECK(x.shape() == t.shape(), "binary_cross_entropy_with_logits: input ",
-               shape_str(x.shape()), " and target ", shape_str(t.shape()), " must have one shape");
+Tensor binary_cross_entropy_with_logits(const Tensor& x_in, const Tensor& t_in, const std::string& reduction) {
+  LAZYRT_CHECK(x_in.shape() == t_in.shape(), "binary_cross_entropy_with_logits: input ",
+               shape_str(x_in.shape()), " and target ", shape_str(t_in.shape()), " must have one shape");
   // max(x, 0) - x t + log(1 + exp(-|x|)): no overflow for large |x|.
+  const Tensor x32 = detail::autocast_f32(x_in), t32 = detail::autocast_f32(t_in);
+  const Tensor& x = x32;
+  const Tensor& t = t32;
   Tensor l = relu(x) - x * t + log(exp(-abs(x)) + 1);
   return reduce_loss(l, reduction, "binary_cross_entropy_with_logits");
 }

@@ -163,8 +163,9 @@ std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, con
   return dims;
 }
 
-Tensor reduce(OpKind op, const Tensor& a, std::vector<int64_t> dims, bool keepdim, const char* name) {
-  impl_of(a, name);
+Tensor reduce(OpKind op, const Tensor& a_in, std::vector<int64_t> dims, bool keepdim, const char* name) {
+  impl_of(a_in, name);
+  const Tensor a = op == OpKind::Sum || op == OpKind::Mean ? detail::autocast_f32(a_in) : a_in;
   auto d = reduce_dims(a, std::move(dims), name);
   Tensor v = op == OpKind::Sum && !is_floating(a.dtype()) ? cast_to(a, DType::i64) : a;
   return apply(op, {v}, {d, keepdim});
@@ -597,7 +598,11 @@ Tensor squeeze(const Tensor& a, int64_t d) {
 
 // ---- linear algebra -------------------------------------------------------------------------
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  impl_of(a_in, "matmul");
+  impl_of(b_in, "matmul");
+  const Tensor a = detail::autocast_lower(a_in);
+  const Tensor b = detail::autocast_lower(b_in);
   const Shape& x = a.shape();
   const Shape& y = b.shape();
   LAZYRT_CHECK(!x.empty() && !y.empty(), "matmul: both operands need at least one dim, got ",
