@@ -130,7 +130,9 @@ Kernel unary(const KernelSpec& s) {
       return {[n](const void* const* in, void* const* out) {
         const T* a = static_cast<const T*>(in[0]);
         R* o = static_cast<R*>(out[0]);
-        for (int64_t i = 0; i < n; ++i) o[i] = convert<R>(F::template f<C>(convert<C>(a[i])));
+        parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) o[i] = convert<R>(F::template f<C>(convert<C>(a[i])));
+        });
       }};
     }
   });
@@ -242,7 +244,9 @@ Kernel make_Cast(const KernelSpec& s) {
       return {[n](const void* const* in, void* const* out) {
         const From* a = static_cast<const From*>(in[0]);
         To* o = static_cast<To*>(out[0]);
-        for (int64_t i = 0; i < n; ++i) o[i] = convert<To>(a[i]);
+        parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) o[i] = convert<To>(a[i]);
+        });
       }};
     });
   });

@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "util/check.h"
 #include "util/half.h"
+#include "kernels/cpu/parallel.h"
 
 namespace lazyrt::kernels {
 
@@ -59,38 +60,54 @@ struct BroadcastLayout {
 
   BroadcastLayout(const Shape& out, const std::vector<Shape>& inputs);
 
-  /// Calls inner(offsets, n, inner_strides) for each innermost run: offsets[k] is the element
-  /// offset of input k, n the run length, inner_strides[k] its stride within the run.
+  /// Calls inner(offsets, n, inner_strides, out_offset) for each innermost run: offsets[k] is
+  /// the element offset of input k, n the run length, inner_strides[k] its stride within the
+  /// run, out_offset the run's first output element. Large iterations are split across the
+  /// thread pool, so inner must only write the run's own outputs.
   template <class Inner>
   void for_each_run(Inner&& inner) const {
-    const size_t nin = strides.size();
-    std::array<int64_t, 8> offs{};
-    std::array<int64_t, 8> inner_strides{};
     if (numel == 0) return;
     const size_t rank = shape.size();
+    const size_t nin = strides.size();
+    std::array<int64_t, 8> zero{};
     if (rank == 0) {
-      inner(offs.data(), int64_t{1}, inner_strides.data(), int64_t{0});
+      inner(zero.data(), int64_t{1}, zero.data(), int64_t{0});
       return;
     }
+    std::array<int64_t, 8> inner_strides{};
     for (size_t k = 0; k < nin; ++k) inner_strides[k] = strides[k][rank - 1];
     const int64_t run = shape[rank - 1];
-    std::array<int64_t, kMaxRank> idx{};
-    int64_t out_off = 0;
-    while (true) {
-      inner(offs.data(), run, inner_strides.data(), out_off);
-      out_off += run;
-      // Advance the odometer over the outer dims.
-      int64_t d = static_cast<int64_t>(rank) - 2;
-      for (; d >= 0; --d) {
-        if (++idx[d] < shape[d]) {
-          for (size_t k = 0; k < nin; ++k) offs[k] += strides[k][d];
-          break;
-        }
-        for (size_t k = 0; k < nin; ++k) offs[k] -= strides[k][d] * (shape[d] - 1);
-        idx[d] = 0;
-      }
-      if (d < 0) return;
+    const int64_t rows = numel / run;
+    if (rows == 1) {  // one long run: split it
+      parallel_for(run, kParallelGrain, [&](int64_t b, int64_t e) {
+        std::array<int64_t, 8> offs{};
+        for (size_t k = 0; k < nin; ++k) offs[k] = b * inner_strides[k];
+        inner(offs.data(), e - b, inner_strides.data(), b);
+      });
+      return;
     }
+    parallel_for(rows, std::max<int64_t>(1, kParallelGrain / run), [&](int64_t b, int64_t e) {
+      // The odometer over the outer dims, started at row b.
+      std::array<int64_t, kMaxRank> idx{};
+      std::array<int64_t, 8> offs{};
+      int64_t r = b;
+      for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
+        idx[d] = r % shape[d];
+        r /= shape[d];
+        for (size_t k = 0; k < nin; ++k) offs[k] += idx[d] * strides[k][d];
+      }
+      for (int64_t row = b; row < e; ++row) {
+        inner(offs.data(), run, inner_strides.data(), row * run);
+        for (int64_t d = static_cast<int64_t>(rank) - 2; d >= 0; --d) {
+          if (++idx[d] < shape[d]) {
+            for (size_t k = 0; k < nin; ++k) offs[k] += strides[k][d];
+            break;
+          }
+          for (size_t k = 0; k < nin; ++k) offs[k] -= strides[k][d] * (shape[d] - 1);
+          idx[d] = 0;
+        }
+      }
+    });
   }
 };
 
@@ -120,6 +137,16 @@ struct StridedLayout {
         strides.push_back(strides_in[d]);
       }
     }
+  }
+
+  /// The element offset of the i-th element in row-major order.
+  int64_t offset_of(int64_t i) const {
+    int64_t off = 0;
+    for (size_t d = shape.size(); d-- > 0;) {
+      off += (i % shape[d]) * strides[d];
+      i /= shape[d];
+    }
+    return off;
   }
 
   template <class Fn>

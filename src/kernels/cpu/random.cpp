@@ -58,7 +58,10 @@ Kernel make_Random(const KernelSpec& s) {
       return {[=](const void* const* in, void* const* out) {
         const auto seed = static_cast<uint64_t>(*static_cast<const int64_t*>(in[0]));
         const auto offset = static_cast<uint64_t>(*static_cast<const int64_t*>(in[1]));
-        draw(static_cast<T*>(out[0]), n, seed, offset, distribution);
+        T* o = static_cast<T*>(out[0]);
+        parallel_for(n, kParallelGrain / 8, [&](int64_t b, int64_t e) {
+          draw(o + b, e - b, seed, offset + static_cast<uint64_t>(b), distribution);
+        });
       }};
     }
   });

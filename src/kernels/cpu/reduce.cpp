@@ -44,9 +44,11 @@ Kernel reduce(const KernelSpec& s) {
     return {[layout](const void* const* in, void* const* out) {
       const T* x = static_cast<const T*>(in[0]);
       T* o = static_cast<T*>(out[0]);
-      layout->outer.for_each_run([&](int64_t off, int64_t n, int64_t stride) {
-        for (int64_t j = 0; j < n; ++j) {
-          const T* base = x + off + j * stride;
+      const int64_t count = layout->count;
+      parallel_for(layout->outer.numel, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(count, 1)),
+                   [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) {
+          const T* base = x + layout->outer.offset_of(j);
           Acc acc{};
           bool first = true;
           layout->inner.for_each_run([&](int64_t ioff, int64_t in_n, int64_t istride) {
@@ -64,8 +66,8 @@ Kernel reduce(const KernelSpec& s) {
               }
             }
           });
-          if constexpr (K == Kind::Mean) acc = acc / static_cast<Acc>(layout->count);
-          *o++ = convert<T>(static_cast<C>(acc));
+          if constexpr (K == Kind::Mean) acc = acc / static_cast<Acc>(count);
+          o[j] = convert<T>(static_cast<C>(acc));
         }
       });
     }};

@@ -1,0 +1,125 @@
+#include "kernels/cpu/parallel.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace lazyrt::kernels {
+namespace {
+
+// Workers sleep until a job is posted; a job is a chunked range that workers and the caller
+// take chunks of through an atomic counter until none are left.
+class Pool {
+ public:
+  explicit Pool(int threads) { resize(threads); }
+  ~Pool() { stop(); }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void resize(int threads) {
+    std::lock_guard<std::mutex> busy(busy_);
+    stop();
+    quit_ = false;
+    for (int i = 1; i < std::max(threads, 1); ++i) workers_.emplace_back([this] { work(); });
+  }
+
+  // False when another thread is using the pool: the caller then runs the range itself.
+  bool run(int64_t n, int64_t grain, detail::ChunkFn fn, const void* ctx) {
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock() || workers_.empty()) return false;
+    const int64_t chunks = std::min<int64_t>(n / grain, static_cast<int64_t>(size()) * 4);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = fn;
+      ctx_ = ctx;
+      n_ = n;
+      chunks_ = chunks;
+      next_.store(0);
+      done_ = 0;
+      ++generation_;
+    }
+    wake_.notify_all();
+    take_chunks();
+    std::unique_lock<std::mutex> lock(mu_);
+    finished_.wait(lock, [&] { return done_ == static_cast<int>(workers_.size()); });
+    return true;
+  }
+
+ private:
+  void take_chunks() {
+    for (int64_t c; (c = next_.fetch_add(1)) < chunks_;) {
+      const int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
+      fn_(ctx_, begin, end);
+    }
+  }
+
+  void work() {
+    uint64_t seen = 0;
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return quit_ || generation_ != seen; });
+        if (quit_) return;
+        seen = generation_;
+      }
+      take_chunks();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++done_;
+      }
+      finished_.notify_one();
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quit_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  std::mutex busy_;  // one job at a time
+  std::mutex mu_;
+  std::condition_variable wake_, finished_;
+  std::vector<std::thread> workers_;
+  bool quit_ = false;
+  uint64_t generation_ = 0;
+  int done_ = 0;
+  detail::ChunkFn fn_ = nullptr;
+  const void* ctx_ = nullptr;
+  int64_t n_ = 0, chunks_ = 0;
+  std::atomic<int64_t> next_{0};
+};
+
+int default_threads() {
+  if (const char* env = std::getenv("LAZYRT_NUM_THREADS")) {
+    int n = std::atoi(env);
+    if (n > 0) return n;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+Pool& pool() {
+  static Pool* p = new Pool(default_threads());  // never destroyed: workers may outlive statics
+  return *p;
+}
+
+}  // namespace
+
+int num_threads() { return pool().size(); }
+void set_num_threads(int n) { pool().resize(n); }
+
+namespace detail {
+void run_parallel(int64_t n, int64_t grain, ChunkFn fn, const void* ctx) {
+  if (!pool().run(n, grain, fn, ctx)) fn(ctx, 0, n);
+}
+}  // namespace detail
+
+}  // namespace lazyrt::kernels

@@ -1,0 +1,37 @@
+// A small thread pool for kernels over large tensors. parallel_for splits [0, n) into chunks
+// of at least `grain` items and runs them on the pool's workers and the calling thread; below
+// two chunks, or while the pool is busy with another call, it runs inline. Nothing allocates
+// per call, so executables stay allocation-free.
+//
+// The pool has LAZYRT_NUM_THREADS threads in all (the caller included), by default one per
+// hardware thread.
+#pragma once
+
+#include <cstdint>
+
+namespace lazyrt::kernels {
+
+/// Elements below which an elementwise kernel stays on one thread.
+inline constexpr int64_t kParallelGrain = 32768;
+
+int num_threads();
+void set_num_threads(int n);
+
+namespace detail {
+using ChunkFn = void (*)(const void* ctx, int64_t begin, int64_t end);
+void run_parallel(int64_t n, int64_t grain, ChunkFn fn, const void* ctx);
+}  // namespace detail
+
+/// fn(begin, end) over disjoint chunks covering [0, n).
+template <class F>
+void parallel_for(int64_t n, int64_t grain, const F& fn) {
+  if (n <= 0) return;
+  if (n < 2 * grain || num_threads() == 1) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  detail::run_parallel(
+      n, grain, [](const void* ctx, int64_t b, int64_t e) { (*static_cast<const F*>(ctx))(b, e); }, &fn);
+}
+
+}  // namespace lazyrt::kernels

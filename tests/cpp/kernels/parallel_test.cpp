@@ -1,0 +1,78 @@
+// Kernels over large tensors run on the thread pool; results must not depend on it.
+#include <gtest/gtest.h>
+
+#include <lazyrt/lazyrt.h>
+
+#include <atomic>
+#include <cmath>
+#include <set>
+#include <thread>
+
+#include "kernels/cpu/parallel.h"
+
+namespace lazyrt {
+
+TEST(Parallel, ChunksCoverTheRangeExactlyOnce) {
+  const int64_t n = 1000003;
+  std::vector<std::atomic<int>> hits(n);
+  std::set<std::thread::id> threads;
+  std::mutex mu;
+  kernels::parallel_for(n, 1000, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) hits[i]++;
+    std::lock_guard<std::mutex> lock(mu);
+    threads.insert(std::this_thread::get_id());
+  });
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+  if (kernels::num_threads() > 1) EXPECT_GT(threads.size(), 1u) << "large ranges use the pool";
+  int calls = 0;
+  kernels::parallel_for(10, 1000, [&](int64_t b, int64_t e) {
+    EXPECT_EQ(b, 0);
+    EXPECT_EQ(e, 10);
+    ++calls;
+  });
+  EXPECT_EQ(calls, 1) << "small ranges run inline";
+}
+
+TEST(Parallel, LargeElementwiseBroadcastAndReductionsMatchPlainLoops) {
+  const int64_t rows = 300, cols = 1000;
+  std::vector<float> a(rows * cols), b(cols), c(rows);
+  for (int64_t i = 0; i < rows * cols; ++i) a[i] = static_cast<float>(i % 97) * 0.5f - 7;
+  for (int64_t j = 0; j < cols; ++j) b[j] = static_cast<float>(j % 13) - 3;
+  for (int64_t i = 0; i < rows; ++i) c[i] = static_cast<float>(i % 5);
+  Tensor ta = tensor(a, {rows, cols}), tb = tensor(b, {cols}), tc = tensor(c, {rows, 1});
+  std::vector<float> y = (ta * tb + tc).to_vector<float>();      // rows x cols, two broadcasts
+  std::vector<float> e = exp(ta * 0.01).to_vector<float>();       // unary
+  std::vector<float> rs = sum(ta, {1}).to_vector<float>();        // row sums
+  std::vector<float> cs = sum(ta, {0}).to_vector<float>();        // column sums
+  std::vector<float> flat = (tensor(a, {rows * cols}) + 1).to_vector<float>();  // one long run
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      ASSERT_EQ(y[i * cols + j], a[i * cols + j] * b[j] + c[i]);
+      ASSERT_EQ(flat[i * cols + j], a[i * cols + j] + 1);
+      ASSERT_FLOAT_EQ(e[i * cols + j], std::exp(a[i * cols + j] * 0.01f));
+    }
+  for (int64_t i = 0; i < rows; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < cols; ++j) s += a[i * cols + j];
+    ASSERT_FLOAT_EQ(rs[i], static_cast<float>(s));
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    double s = 0;
+    for (int64_t i = 0; i < rows; ++i) s += a[i * cols + j];
+    ASSERT_FLOAT_EQ(cs[j], static_cast<float>(s));
+  }
+}
+
+TEST(Parallel, RandomDrawsDoNotDependOnTheThreadCount) {
+  const int before = kernels::num_threads();
+  kernels::set_num_threads(1);
+  manual_seed(21);
+  std::vector<float> one = randn({200000}).to_vector<float>();
+  kernels::set_num_threads(std::max(2, before));
+  manual_seed(21);
+  std::vector<float> many = randn({200000}).to_vector<float>();
+  kernels::set_num_threads(before);
+  EXPECT_EQ(one, many);
+}
+
+}  // namespace lazyrt
