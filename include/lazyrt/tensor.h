@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,92 @@ Tensor permute(const Tensor& a, std::vector<int64_t> dims);
 Tensor expand(const Tensor& a, Shape shape);  // -1 keeps a dim
 Tensor unsqueeze(const Tensor& a, int64_t dim);
 Tensor squeeze(const Tensor& a, int64_t dim);  // no-op when that dim is not 1
+
+// ---- shape, indexing and NN ops (PyTorch's names, arguments and defaults) ---------------
+// As torch.* and torch.nn.functional.*: negative dims count from the end, indices are i64
+// (i32 where torch takes it too) and are checked against the sizes when the graph runs.
+// lazyrt has no views: results hold their own values, except that an op that changes
+// nothing (a full slice, a reshape to the same shape) may return its input.
+
+/// reshape under PyTorch's other name.
+Tensor view(const Tensor& a, Shape shape);
+/// Dims start_dim..end_dim merged into one; a 0-dim tensor becomes [1].
+Tensor flatten(const Tensor& a, int64_t start_dim = 0, int64_t end_dim = -1);
+/// a[start:end:step] along dim (Python's a[..., start:end:step]). start and end may be
+/// negative (counted from the end) and are clamped to the dim as torch does; step > 0.
+Tensor slice(const Tensor& a, int64_t dim = 0, std::optional<int64_t> start = std::nullopt,
+             std::optional<int64_t> end = std::nullopt, int64_t step = 1);
+/// length elements of dim from start (which may be negative); no clamping.
+Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
+/// Concatenation along dim, in the dtype torch.cat promotes the inputs to. 1-D empty tensors
+/// (shape [0]) are skipped, as torch does for legacy reasons.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+/// The tensors (of one shape) stacked along a new dim.
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+/// Pieces of split_size along dim (the last may be smaller). A braced single number,
+/// split(t, {n}), picks this overload, as in libtorch.
+std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim = 0);
+/// Pieces of the given sizes, which must add up to the size of dim.
+std::vector<Tensor> split(const Tensor& a, const std::vector<int64_t>& split_sizes, int64_t dim = 0);
+std::vector<Tensor> split_with_sizes(const Tensor& a, const std::vector<int64_t>& split_sizes,
+                                     int64_t dim = 0);
+/// At most `chunks` pieces of ceil(size / chunks) along dim, as torch.chunk.
+std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim = 0);
+/// The order of elements reversed along each of dims.
+Tensor flip(const Tensor& a, std::vector<int64_t> dims);
+/// Tiled repeats[i] times along dim i; extra leading repeats add leading dims.
+Tensor repeat(const Tensor& a, std::vector<int64_t> repeats);
+/// torch.nn.functional.pad in constant mode: (left, right) pairs from the last dim backwards;
+/// negative pads crop.
+Tensor pad(const Tensor& a, std::vector<int64_t> pad, Scalar value = 0);
+
+Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index);  // index: 1-D
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index);
+/// A copy of a with a[..., index[i][j], ...] = src[i][j] along dim (the last write wins on
+/// repeated indices, as in torch on CPU).
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src);
+/// A copy of a with alpha * source added to the slices of dim that index names.
+Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source,
+                 Scalar alpha = 1);
+/// value where mask (b8, broadcast with a) is true; value converted to a's dtype.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
+Tensor masked_fill(const Tensor& a, const Tensor& mask, const Tensor& value);  // 0-dim value
+/// The lower (upper) triangle of the last two dims, from `diagonal` on; the rest zero.
+Tensor tril(const Tensor& a, int64_t diagonal = 0);
+Tensor triu(const Tensor& a, int64_t diagonal = 0);
+/// Rows of weight [num, dim] picked by indices: shape indices.shape + [dim]. Rows picked by
+/// padding_idx get no gradient.
+Tensor embedding(const Tensor& weight, const Tensor& indices,
+                 std::optional<int64_t> padding_idx = std::nullopt);
+/// i64 one-hot rows of num_classes. num_classes = -1 takes max(indices) + 1, which reads the
+/// indices (a sync). With num_classes given nothing is read, so an index outside
+/// [0, num_classes) gives a row of zeros where torch raises.
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);
+
+/// Batched matrix product of [b, n, k] and [b, k, m] (no broadcasting).
+Tensor bmm(const Tensor& a, const Tensor& b);
+/// beta * input + alpha * (mat1 @ mat2); input broadcasts to the product's shape, and with
+/// beta == 0 it is ignored (nan and inf included).
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, Scalar beta = 1,
+             Scalar alpha = 1);
+/// 2-D convolution of input [N, C, H, W] (or unbatched [C, H, W]) with weight
+/// [O, C / groups, kH, kW] and an optional bias [O]. stride, padding and dilation take one
+/// value for both dims or one per dim.
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+              std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
+              std::vector<int64_t> dilation = {1}, int64_t groups = 1);
+/// 2-D max pooling of [N, C, H, W] or [C, H, W]; stride defaults to kernel_size.
+Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0},
+                  std::vector<int64_t> dilation = {1}, bool ceil_mode = false);
+/// 2-D average pooling; padded elements count toward the divisor unless count_include_pad
+/// is false; divisor_override replaces the divisor.
+Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0},
+                  bool ceil_mode = false, bool count_include_pad = true,
+                  std::optional<int64_t> divisor_override = std::nullopt);
 
 // ---- sync ------------------------------------------------------------------------------
 /// Syncs every live tensor that holds pending IR, as one graph.

@@ -1,9 +1,11 @@
 // Gradient rules, one per row of ops.def. Each builds the input gradients out of public lazy
 // ops, so they trace into the same graph as the forward. An op that is not differentiable
 // says so explicitly; a row with neither a rule nor that mark does not compile.
+#include <algorithm>
 #include <array>
 
 #include "autograd/autograd.h"
+#include "ops/op_helpers.h"
 #include "util/check.h"
 
 namespace lazyrt::autograd {
@@ -132,6 +134,130 @@ Grads grad_Permute(const C& c) {
 }
 Grads grad_Reshape(const C& c) { return {reshape(c.grad, c.inputs[0].shape())}; }
 Grads grad_Expand(const C& c) { return {sum_to(c.grad, c.inputs[0].shape())}; }
+
+// ---- data movement, indexing, convolution and pooling --------------------------------------
+// Built from the IR ops directly (detail::apply): their gradients are other IR ops with
+// normalized attributes that no public op spells (pad with interior padding, a full-rank
+// slice, the backward kernels of conv and pooling).
+using detail::apply;
+using ir::OpKind;
+
+std::vector<int64_t> negated(std::vector<int64_t> v) {
+  for (auto& x : v) x = -x;
+  return v;
+}
+// g (the shape of an index) zero-padded at the end of each dim up to `shape`.
+Tensor pad_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  std::vector<int64_t> high(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) high[d] = shape[d] - g.shape()[d];
+  return apply(OpKind::Pad, {g}, {std::vector<int64_t>(shape.size(), 0), high,
+                                  std::vector<int64_t>(shape.size(), 0), 0.0});
+}
+
+// The slice's elements go back to their places; the rest of the input gets zeros.
+Grads grad_Slice(const C& c) {
+  const Shape& in = c.inputs[0].shape();
+  const Shape& out = c.output.shape();
+  const auto& starts = c.attrs.ints(0);
+  const auto& steps = c.attrs.ints(2);
+  std::vector<int64_t> high(in.size()), interior(in.size());
+  for (size_t d = 0; d < in.size(); ++d) {
+    interior[d] = steps[d] - 1;
+    high[d] = in[d] - starts[d] - out[d] - std::max<int64_t>(out[d] - 1, 0) * interior[d];
+  }
+  return {apply(OpKind::Pad, {c.grad}, {starts, high, interior, 0.0})};
+}
+// Output j holds input i when j = low + i * (interior + 1): undo the edges (padding what was
+// cropped with zeros), then keep every (interior + 1)-th element.
+Grads grad_Pad(const C& c) {
+  const auto& interior = c.attrs.ints(2);
+  const size_t rank = interior.size();
+  Tensor g = apply(OpKind::Pad, {c.grad}, {negated(c.attrs.ints(0)), negated(c.attrs.ints(1)),
+                                           std::vector<int64_t>(rank, 0), 0.0});
+  if (std::any_of(interior.begin(), interior.end(), [](int64_t i) { return i > 0; })) {
+    std::vector<int64_t> steps(rank);
+    for (size_t d = 0; d < rank; ++d) steps[d] = interior[d] + 1;
+    g = apply(OpKind::Slice, {g}, {std::vector<int64_t>(rank, 0), g.shape(), steps});
+  }
+  return {g};
+}
+Grads grad_Flip(const C& c) { return {apply(OpKind::Flip, {c.grad}, c.attrs)}; }
+Grads grad_Concat(const C& c) {
+  const int64_t dim = c.attrs.i(0);
+  Grads g(c.inputs.size());
+  int64_t offset = 0;
+  for (size_t k = 0; k < c.inputs.size(); ++k) {
+    const int64_t size = c.inputs[k].shape()[dim];
+    if (c.needs[k]) {
+      std::vector<int64_t> starts(c.grad.dim(), 0);
+      Shape ends = c.grad.shape();
+      starts[dim] = offset;
+      ends[dim] = offset + size;
+      g[k] = apply(OpKind::Slice, {c.grad}, {starts, ends, std::vector<int64_t>(c.grad.dim(), 1)});
+    }
+    offset += size;
+  }
+  return g;
+}
+
+Grads grad_IndexSelect(const C& c) {
+  return {apply(OpKind::IndexAdd, {zeros_of(c.inputs[0]), c.inputs[1], c.grad}, c.attrs), Tensor()};
+}
+Grads grad_Gather(const C& c) {
+  return {apply(OpKind::ScatterAdd, {zeros_of(c.inputs[0]), c.inputs[1], c.grad}, c.attrs), Tensor()};
+}
+// The overwritten elements of self get no gradient; src's used elements get theirs back.
+Grads grad_Scatter(const C& c) {
+  const Tensor& index = c.inputs[1];
+  Grads g(3);
+  if (c.needs[0])
+    g[0] = apply(OpKind::Scatter, {c.grad, index, zeros(index.shape(), c.grad.dtype())}, c.attrs);
+  if (c.needs[2]) g[2] = pad_to(apply(OpKind::Gather, {c.grad, index}, c.attrs), c.inputs[2].shape());
+  return g;
+}
+Grads grad_ScatterAdd(const C& c) {
+  Grads g(3);
+  if (c.needs[0]) g[0] = c.grad;
+  if (c.needs[2])
+    g[2] = pad_to(apply(OpKind::Gather, {c.grad, c.inputs[1]}, c.attrs), c.inputs[2].shape());
+  return g;
+}
+Grads grad_IndexAdd(const C& c) {
+  Grads g(3);
+  if (c.needs[0]) g[0] = c.grad;
+  if (c.needs[2]) g[2] = apply(OpKind::IndexSelect, {c.grad, c.inputs[1]}, c.attrs);
+  return g;
+}
+
+Grads grad_Conv2d(const C& c) {
+  const Tensor& x = c.inputs[0];
+  const Tensor& w = c.inputs[1];
+  const auto& a = c.attrs;  // stride, padding, dilation, groups
+  Grads g(2);
+  if (c.needs[0])
+    g[0] = apply(OpKind::Conv2dBackwardInput, {c.grad, w},
+                 {x.shape(), a.ints(0), a.ints(1), a.ints(2), a.i(3)});
+  if (c.needs[1])
+    g[1] = apply(OpKind::Conv2dBackwardWeight, {c.grad, x},
+                 {w.shape(), a.ints(0), a.ints(1), a.ints(2), a.i(3)});
+  return g;
+}
+Grads grad_MaxPool2d(const C& c) {
+  return {apply(OpKind::MaxPool2dBackward, {c.grad, c.inputs[0]}, c.attrs)};
+}
+Grads grad_AvgPool2d(const C& c) {
+  const auto& a = c.attrs;  // kernel, stride, padding, ceil_mode, count_include_pad, divisor
+  return {apply(OpKind::AvgPool2dBackward, {c.grad},
+                {c.inputs[0].shape(), a.ints(0), a.ints(1), a.ints(2), a.b(3), a.b(4), a.i(5)})};
+}
+
+// Backward kernels: backward() runs under NoGradGuard (no double backward), so they are
+// never recorded.
+constexpr GradRule grad_Conv2dBackwardInput = nullptr;
+constexpr GradRule grad_Conv2dBackwardWeight = nullptr;
+constexpr GradRule grad_MaxPool2dBackward = nullptr;
+constexpr GradRule grad_AvgPool2dBackward = nullptr;
 
 // Not differentiable: leaves, boolean results, control flow (until loop autodiff lands).
 constexpr GradRule grad_Parameter = nullptr;

@@ -26,6 +26,10 @@ bool can_alias(const Graph& g, const Node& node, size_t k) {
   if (!ir::has_flag(node.op, ir::kInPlace) || node.results.size() != 1) return false;
   const ir::TensorType& in = g.type(node.operands[k]);
   if (ir::has_flag(node.op, ir::kElementwise)) return in == node.results[0];
+  // Other in-place kernels (scatter, index_add) still read their other operands while they
+  // write: none of those may be the operand written over.
+  for (size_t j = 1; j < node.operands.size(); ++j)
+    if (node.operands[j] == node.operands[0]) return false;
   return k == 0 && in.bytes() == node.results[0].bytes();
 }
 

@@ -61,6 +61,10 @@ std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in, 
 
 }  // namespace
 
+// The rules of the data-movement, indexing and NN ops (infer_nn.cpp).
+std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<TensorType>& ops,
+                                       const Attrs& a);
+
 std::string type_str(const TensorType& t) {
   return str_cat(dtype_name(t.dtype), shape_str(t.shape));
 }
@@ -190,6 +194,22 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       check_shape_valid(name, a.ints(1));
       return {{a.dtype(2), a.ints(1)}};
     }
+    case ResultRule::Slice:
+    case ResultRule::Pad:
+    case ResultRule::Flip:
+    case ResultRule::Concat:
+    case ResultRule::IndexSelect:
+    case ResultRule::Gather:
+    case ResultRule::Scatter:
+    case ResultRule::IndexAdd:
+    case ResultRule::Conv2d:
+    case ResultRule::Conv2dBackwardInput:
+    case ResultRule::Conv2dBackwardWeight:
+    case ResultRule::MaxPool2d:
+    case ResultRule::MaxPool2dBackward:
+    case ResultRule::AvgPool2d:
+    case ResultRule::AvgPool2dBackward:
+      return infer_nn_types(info, ops, a);
     case ResultRule::While: {
       const int64_t carries = a.i(0);
       LAZYRT_CHECK(carries >= 0 && carries <= static_cast<int64_t>(ops.size()), name, ": ",

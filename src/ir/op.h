@@ -46,6 +46,22 @@ enum class ResultRule : uint8_t {
   Permute,         // dims permuted
   Reshape,         // the shape attribute, same element count
   Expand,          // the shape attribute, broadcast from the operand
+  // Data movement, indexing and NN ops: rules in infer_nn.cpp.
+  Slice,                 // per dim ceil((end - start) / step)
+  Pad,                   // per dim low + high + n + (n - 1) * interior
+  Flip,                  // same type
+  Concat,                // operands of one type but for `dim`; sizes along it add up
+  IndexSelect,           // `dim` takes the index's length
+  Gather,                // the index's shape
+  Scatter,               // operand 0's type; index and src fit it
+  IndexAdd,              // operand 0's type; src is it with `dim` of the index's length
+  Conv2d,                // [N, C, H, W] x [O, C / groups, kh, kw] -> [N, O, OH, OW]
+  Conv2dBackwardInput,   // the input_size attribute
+  Conv2dBackwardWeight,  // the weight_size attribute
+  MaxPool2d,             // [N, C, OH, OW]
+  MaxPool2dBackward,     // the input's type
+  AvgPool2d,             // [N, C, OH, OW]
+  AvgPool2dBackward,     // the input_size attribute
   While,           // the first `carries` operand types
   Random,          // the shape and (floating) dtype attributes; operands i64 scalars
 };

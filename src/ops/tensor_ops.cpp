@@ -8,9 +8,9 @@
 
 #include "lazyrt/tensor.h"
 #include "autograd/autograd.h"
-#include "ops/op_helpers.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops.h"
+#include "ops/op_helpers.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 
@@ -20,13 +20,18 @@ using ir::OpKind;
 using trace::LazyValue;
 using trace::record;
 using detail::str_cat;
+using detail::apply;
+using detail::cast_to;
+using detail::constant_tensor;
+using detail::impl_of;
+using detail::wrap_dim;
 
-namespace {
-
-trace::TensorImpl& impl_of(const Tensor& t, const char* what = "tensor") {
+trace::TensorImpl& detail::impl_of(const Tensor& t, const char* what) {
   LAZYRT_CHECK(t.defined(), what, ": the tensor is undefined");
   return *t.impl();
 }
+
+namespace {
 
 LazyValue value_of(const Tensor& t) {
   auto& s = impl_of(t);
@@ -39,10 +44,7 @@ Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
 
 }  // namespace
 
-namespace detail {
-
-// Records one op of the table over these tensors (and for autograd, when it must).
-Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
+Tensor detail::apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));
@@ -52,20 +54,15 @@ Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
   return out;
 }
 
-Tensor cast_to(const Tensor& t, DType to) { return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to}); }
+Tensor detail::cast_to(const Tensor& t, DType to) {
+  return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to});
+}
 
-Tensor constant_tensor(double value, DType dtype, Shape shape) {
+Tensor detail::constant_tensor(double value, DType dtype, Shape shape) {
   return wrap(trace::constant(value, dtype, std::move(shape)));
 }
 
-}  // namespace detail
-
-using detail::apply;
-using detail::cast_to;
-using detail::constant_tensor;
-
 namespace {
-
 
 // ---- type promotion (PyTorch's result_type) ---------------------------------------------
 // Operands are ranked: tensors with dims, then zero-dim tensors, then plain numbers. A lower
@@ -141,13 +138,17 @@ Tensor unary_float(OpKind op, const Tensor& a) {
   return apply(op, {is_floating(a.dtype()) ? a : cast_to(a, DType::f32)});
 }
 
-int64_t wrap_dim(int64_t d, const Shape& shape, const char* op) {
+}  // namespace
+
+int64_t detail::wrap_dim(int64_t d, const Shape& shape, const char* op) {
   const auto rank = static_cast<int64_t>(shape.size());
   const int64_t r = std::max<int64_t>(rank, 1);
   LAZYRT_CHECK(d >= -r && d < r, op, ": dim ", d, " out of range for a tensor of shape ",
                shape_str(shape), " (expected ", -r, " to ", r - 1, ")");
   return d < 0 ? d + r : d;
 }
+
+namespace {
 
 std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, const char* op) {
   const int64_t rank = a.dim();

@@ -49,6 +49,30 @@ const std::map<std::string, std::function<Tensor(const V&)>>& models() {
          Tensor s = amin(r * x[2], {0}) + sum(mean(q, {0}));
          return sum(s) + mean(q * q);
        }},
+      {"tiny_cnn",
+       [](const V& x) {
+         Tensor h = relu(conv2d(x[0], x[1], x[2], {1}, {1}));
+         h = max_pool2d(h, {2});
+         h = tanh(conv2d(h, x[3], Tensor(), {1, 2}, {1}, {1}, 2));
+         h = avg_pool2d(h, {2, 1});
+         Tensor o = matmul(flatten(h, 1), x[4]) + x[5];
+         Tensor d = o - x[6];
+         return mean(d * d);
+       }},
+      {"embedding_gather",
+       [](const V& x) {
+         auto i64 = [](std::vector<int64_t> v, Shape s) { return tensor(v, std::move(s)); };
+         Tensor e = embedding(x[0], i64({0, 2, 4, 2, 2, 1}, {2, 3}), 2);
+         Tensor g = gather(e, 2, i64({1, 0, 2, 2, 0, 1, 2, 1, 0, 0, 1, 2}, {2, 3, 2}));
+         Tensor s = index_select(x[1], 0, i64({1, 0, 1}, {3}));
+         Tensor h = pad(cat({g * s, flip(g, {1})}, 2), {1, -1});
+         Tensor t = scatter_add(zeros({2, 5}, DType::f64), 1, i64({0, 4, 4, 1, 3, 3, 2, 0}, {2, 4}),
+                                sum(h, {1}));
+         Tensor z = index_add(zeros({4, 2}, DType::f64), 0, i64({3, 1, 3}, {3}), s, 0.5);
+         Tensor u = slice(slice(h, 1, 1), 2, 0, std::nullopt, 2);
+         Tensor st = stack(split(h, 2, 2), 0);
+         return sum(pow(tanh(t), 2)) + mean(u * u) + sum(tanh(z)) + mean(st * slice(st, 2, 0, 1));
+       }},
   };
   return m;
 }

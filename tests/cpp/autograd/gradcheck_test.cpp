@@ -12,6 +12,7 @@
 
 #include "autograd/autograd.h"
 #include "ir/op.h"
+#include "ops/op_helpers.h"
 
 namespace lazyrt {
 namespace {
@@ -60,6 +61,46 @@ std::map<std::string, GradCase> cases() {
   c["permute"] = {{{2, 3, 4}}, [](const V& x) { return permute(x[0], {2, 0, 1}); }};
   c["reshape"] = {{{2, 3, 4}}, [](const V& x) { return reshape(x[0], {4, 6}); }};
   c["expand"] = {{{3, 1}}, [](const V& x) { return expand(x[0], {2, 3, 4}); }};
+
+  // Data movement and indexing. Index tensors are fixed; where an index repeats, the
+  // gradients of the repeats must add up.
+  auto i64 = [](std::vector<int64_t> v, Shape s) { return tensor(v, std::move(s)); };
+  c["slice"] = {{{4, 5}}, [](const V& x) { return slice(slice(x[0], 1, -4, std::nullopt, 2), 0, 1, 4, 2); }};
+  // The public pad, and pad with interior padding (what a strided slice's gradient uses).
+  c["pad"] = {{{2, 3}}, [](const V& x) {
+    Tensor interior = detail::apply(ir::OpKind::Pad, {x[0]},
+                                    {std::vector<int64_t>{-1, 1}, std::vector<int64_t>{2, -1},
+                                     std::vector<int64_t>{1, 2}, 0.0});
+    return cat({flatten(pad(x[0], {1, -1, 2, 0}, 0.5)), flatten(interior)});
+  }};
+  c["flip"] = {{{2, 3, 4}}, [](const V& x) { return flip(x[0], {0, 2}); }};
+  c["concat"] = {{{2, 3}, {2, 1}}, [](const V& x) { return cat({x[0], x[1], x[0]}, 1); }};
+  c["index_select"] = {{{4, 3}}, [=](const V& x) { return index_select(x[0], 0, i64({2, 0, 2}, {3})); }};
+  c["gather"] = {{{3, 4}}, [=](const V& x) {
+    return gather(x[0], 1, i64({3, 3, 0, 1, 2, 1}, {3, 2}));
+  }};
+  // Unique rows per column: which repeated write wins is not differentiable.
+  c["scatter"] = {{{3, 4}, {2, 5}}, [=](const V& x) {
+    return scatter(x[0], 0, i64({2, 0, 1, 2, 0, 2, 0, 1}, {2, 4}), x[1]);
+  }};
+  c["scatter_add"] = {{{3, 4}, {3, 5}}, [=](const V& x) {
+    return scatter_add(x[0], 0, i64({2, 0, 2, 2, 0, 0, 1, 2, 2, 1, 1, 2}, {3, 4}), x[1]);
+  }};
+  c["index_add"] = {{{2, 4}, {2, 3}}, [=](const V& x) {
+    return index_add(x[0], 1, i64({3, 0, 3}, {3}), x[1], 1.5);
+  }};
+
+  // Convolution and pooling: groups, per-dim stride / padding / dilation, a bias.
+  c["conv2d"] = {{{2, 4, 5, 6}, {6, 2, 3, 2}, {6}}, [](const V& x) {
+    return conv2d(x[0], x[1], x[2], {2, 1}, {1, 2}, {1, 2}, 2);
+  }};
+  c["max_pool2d"] = {{{1, 2, 5, 6}}, [](const V& x) {
+    return max_pool2d(x[0], {3, 2}, {2, 1}, {1, 1}, {1, 2}, true);
+  }};
+  c["avg_pool2d"] = {{{2, 2, 5, 6}}, [](const V& x) {
+    return avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1}, true, false) +
+           avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1}, true, true);
+  }};
   return c;
 }
 

@@ -120,6 +120,163 @@ TEST(OpErrors, ReshapeToWrongElementCountNamesBothShapes) {
               AllOf(HasSubstr("reshape"), HasSubstr("[2, 3]"), HasSubstr("[4, -1]")));
 }
 
+// ---- shape, indexing and NN ops ---------------------------------------------------------------------
+
+TEST(OpErrors, CatOfMismatchedShapesNamesBothShapes) {
+  EXPECT_THAT(error_of([&] { cat({zeros({2, 3}), zeros({2, 4})}, 0); }),
+              AllOf(HasSubstr("cat"), HasSubstr("[2, 3]"), HasSubstr("[2, 4]"), HasSubstr("dim 0")));
+  EXPECT_THAT(error_of([&] { cat({zeros({2, 3}), zeros({2, 3, 1})}, 1); }),
+              AllOf(HasSubstr("cat"), HasSubstr("[2, 3]"), HasSubstr("[2, 3, 1]")));
+  EXPECT_THAT(error_of([&] { cat({zeros({2}), scalar_tensor(1)}); }),
+              AllOf(HasSubstr("cat"), HasSubstr("0-dim")));
+  EXPECT_THAT(error_of([&] { cat({}); }), HasSubstr("cat"));
+  EXPECT_THAT(error_of([&] { stack({zeros({2}), zeros({3})}); }),
+              AllOf(HasSubstr("stack"), HasSubstr("[2]"), HasSubstr("[3]")));
+}
+
+TEST(OpErrors, SliceNarrowSplitArgumentsNameOpAndShape) {
+  Tensor a = f32_2x3();
+  EXPECT_THAT(error_of([&] { slice(a, 1, 0, 2, 0); }), AllOf(HasSubstr("slice"), HasSubstr("step")));
+  EXPECT_THAT(error_of([&] { slice(a, 1, 0, 2, -1); }), AllOf(HasSubstr("slice"), HasSubstr("-1")));
+  EXPECT_THAT(error_of([&] { slice(a, 2); }), AllOf(HasSubstr("slice"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { slice(scalar_tensor(1), 0); }), AllOf(HasSubstr("slice"), HasSubstr("0-dim")));
+  EXPECT_THAT(error_of([&] { narrow(a, 1, 2, 2); }),
+              AllOf(HasSubstr("narrow"), HasSubstr("[2, 3]"), HasSubstr("length (2)")));
+  EXPECT_THAT(error_of([&] { split(a, std::vector<int64_t>{1, 1}, 1); }),
+              AllOf(HasSubstr("split_with_sizes"), HasSubstr("[1, 1]"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { split(a, 0, 1); }), AllOf(HasSubstr("split"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { chunk(a, 0); }), HasSubstr("chunk"));
+  EXPECT_THAT(error_of([&] { flatten(a, 1, 0); }), AllOf(HasSubstr("flatten"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { view(a, {4}); }), AllOf(HasSubstr("view"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { flip(a, {1, -1}); }), AllOf(HasSubstr("flip"), HasSubstr("more than once")));
+  EXPECT_THAT(error_of([&] { repeat(a, {2}); }), AllOf(HasSubstr("repeat"), HasSubstr("[2, 3]")));
+}
+
+TEST(OpErrors, PadWithTooManyPairsOrANegativeSizeNamesShape) {
+  Tensor a = f32_2x3();
+  EXPECT_THAT(error_of([&] { pad(a, {1, 1, 1, 1, 1, 1}); }),
+              AllOf(HasSubstr("pad"), HasSubstr("too large"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { pad(a, {1}); }), AllOf(HasSubstr("pad"), HasSubstr("divisible by 2")));
+  EXPECT_THAT(error_of([&] { pad(a, {-2, -2}); }),
+              AllOf(HasSubstr("pad"), HasSubstr("f32[2, 3]"), HasSubstr("negative size")));
+}
+
+TEST(OpErrors, IndexingShapeAndDtypeMismatchesNameBoth) {
+  Tensor a = f32_2x3();
+  Tensor idx = tensor(std::vector<int64_t>{0, 1}, {2});
+  EXPECT_THAT(error_of([&] { gather(a, 1, idx); }),
+              AllOf(HasSubstr("gather"), HasSubstr("f32[2, 3]"), HasSubstr("i64[2]")));
+  EXPECT_THAT(error_of([&] { gather(a, 1, tensor(std::vector<int32_t>{0, 1}, {1, 2})); }),
+              AllOf(HasSubstr("gather"), HasSubstr("i32")));
+  EXPECT_THAT(error_of([&] { gather(a, 0, tensor(std::vector<int64_t>{0, 0, 0, 0}, {1, 4})); }),
+              AllOf(HasSubstr("gather"), HasSubstr("[1, 4]"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { scatter(a, 0, reshape(idx, {1, 2}), zeros({2, 3}, DType::f64)); }),
+              AllOf(HasSubstr("scatter"), HasSubstr("f32[2, 3]"), HasSubstr("f64[2, 3]")));
+  EXPECT_THAT(error_of([&] { scatter_add(a, 0, reshape(idx, {1, 2}), zeros({1, 1})); }),
+              AllOf(HasSubstr("scatter_add"), HasSubstr("[1, 2]"), HasSubstr("[1, 1]")));
+  EXPECT_THAT(error_of([&] { index_select(a, 0, tensor(std::vector<float>{0}, {1})); }),
+              AllOf(HasSubstr("index_select"), HasSubstr("f32[1]")));
+  EXPECT_THAT(error_of([&] { index_add(a, 0, idx, zeros({3, 3})); }),
+              AllOf(HasSubstr("index_add"), HasSubstr("[2, 3]"), HasSubstr("[3, 3]")));
+  EXPECT_THAT(error_of([&] { masked_fill(a, zeros({3}), 1.0); }),
+              AllOf(HasSubstr("masked_fill"), HasSubstr("b8"), HasSubstr("f32[3]")));
+  EXPECT_THAT(error_of([&] { masked_fill(a, ones({3}, DType::b8), zeros({1})); }),
+              AllOf(HasSubstr("masked_fill"), HasSubstr("0-dim")));
+  EXPECT_THAT(error_of([&] { tril(zeros({3})); }), AllOf(HasSubstr("tril"), HasSubstr("f32[3]")));
+  EXPECT_THAT(error_of([&] { embedding(zeros({3}), idx); }),
+              AllOf(HasSubstr("embedding"), HasSubstr("f32[3]")));
+  EXPECT_THAT(error_of([&] { embedding(zeros({3, 2}), idx, 3); }),
+              AllOf(HasSubstr("embedding"), HasSubstr("padding_idx 3")));
+  EXPECT_THAT(error_of([&] { one_hot(tensor(std::vector<int32_t>{0, 1}, {2}), 3); }),
+              AllOf(HasSubstr("one_hot"), HasSubstr("i32[2]")));
+}
+
+// torch checks index values when it runs the op; lazyrt when the graph runs, at the sync.
+TEST(OpErrors, IndexOutOfRangeIsReportedWhenTheGraphRuns) {
+  Tensor a = f32_2x3();
+  Tensor g = gather(a, 1, tensor(std::vector<int64_t>{0, 5}, {1, 2}));
+  EXPECT_THAT(error_of([&] { g.to_vector<float>(); }),
+              AllOf(HasSubstr("gather"), HasSubstr("index 5"), HasSubstr("size 3")));
+  Tensor s = index_select(a, 0, tensor(std::vector<int64_t>{-1}, {1}));
+  EXPECT_THAT(error_of([&] { s.to_vector<float>(); }),
+              AllOf(HasSubstr("index_select"), HasSubstr("index -1"), HasSubstr("size 2")));
+  Tensor e = embedding(a, tensor(std::vector<int64_t>{2}, {1}));
+  EXPECT_THAT(error_of([&] { sync({e}); }), AllOf(HasSubstr("index_select"), HasSubstr("index 2")));
+  EXPECT_THAT(error_of([&] { one_hot(tensor(std::vector<int64_t>{1, -2}, {2})); }),
+              AllOf(HasSubstr("one_hot"), HasSubstr("non-negative")));
+  // The operand itself is untouched.
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(OpErrors, Conv2dChannelAndGroupMismatchesNameShapes) {
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 2, 5, 5}), zeros({4, 3, 3, 3})); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("[1, 2, 5, 5]"), HasSubstr("[4, 3, 3, 3]"),
+                    HasSubstr("3 channels")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 4, 5, 5}), zeros({3, 2, 3, 3}), Tensor(), {1}, {0}, {1}, 2); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("groups=2"), HasSubstr("[3, 2, 3, 3]")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 4, 5, 5}), zeros({4, 2, 3, 3}), Tensor(), {1}, {0}, {1}, 3); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("groups=3")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 4, 2, 2}), zeros({4, 4, 3, 3})); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("[1, 4, 2, 2]"), HasSubstr("[4, 4, 3, 3]")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 4, 2, 2}), zeros({4, 4, 1, 1}), zeros({3})); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("bias"), HasSubstr("f32[3]")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({4, 4}), zeros({4, 4, 1, 1})); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("f32[4, 4]")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 4, 2, 2}), zeros({4, 4, 1, 1}, DType::f64)); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("f32[1, 4, 2, 2]"), HasSubstr("f64[4, 4, 1, 1]")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 4, 2, 2}), zeros({4, 4, 1, 1}), Tensor(), {0}); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("stride")));
+  EXPECT_THAT(error_of([&] { conv2d(zeros({1, 4, 2, 2}, DType::b8), zeros({4, 4, 1, 1}, DType::b8)); }),
+              AllOf(HasSubstr("conv2d"), HasSubstr("b8")));
+}
+
+TEST(OpErrors, PoolingWindowErrorsNameShapes) {
+  Tensor x = zeros({1, 1, 4, 4});
+  EXPECT_THAT(error_of([&] { max_pool2d(x, {2}, {}, {2}); }),
+              AllOf(HasSubstr("max_pool2d"), HasSubstr("half of the kernel size")));
+  EXPECT_THAT(error_of([&] { max_pool2d(x, {5}); }),
+              AllOf(HasSubstr("max_pool2d"), HasSubstr("[1, 1, 4, 4]"), HasSubstr("too small")));
+  EXPECT_THAT(error_of([&] { avg_pool2d(zeros({4, 4}), {2}); }),
+              AllOf(HasSubstr("avg_pool2d"), HasSubstr("f32[4, 4]")));
+  EXPECT_THAT(error_of([&] { max_pool2d(zeros({1, 1, 4, 4}, DType::i64), {2}); }),
+              AllOf(HasSubstr("max_pool2d"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { avg_pool2d(x, {2}, {}, {0}, false, true, 0); }),
+              AllOf(HasSubstr("avg_pool2d"), HasSubstr("divisor_override")));
+}
+
+TEST(OpErrors, BmmAndAddmmMismatchesNameShapesAndDtypes) {
+  EXPECT_THAT(error_of([&] { bmm(zeros({2, 3, 4}), zeros({1, 4, 5})); }),
+              AllOf(HasSubstr("bmm"), HasSubstr("[2, 3, 4]"), HasSubstr("[1, 4, 5]")));
+  EXPECT_THAT(error_of([&] { bmm(zeros({3, 4}), zeros({4, 5})); }), AllOf(HasSubstr("bmm"), HasSubstr("3-D")));
+  EXPECT_THAT(error_of([&] { addmm(zeros({3}, DType::f64), zeros({2, 3}), zeros({3, 3})); }),
+              AllOf(HasSubstr("addmm"), HasSubstr("f64[3]"), HasSubstr("f32[2, 3]")));
+  EXPECT_THAT(error_of([&] { addmm(zeros({3}), zeros({2, 3}), zeros({2, 3})); }),
+              AllOf(HasSubstr("addmm"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { addmm(zeros({4}), zeros({2, 3}), zeros({3, 3})); }),
+              AllOf(HasSubstr("addmm"), HasSubstr("f32[4]"), HasSubstr("[2, 3]")));
+}
+
+// As for the ops above: a failing shape, indexing or NN op records nothing.
+TEST(OpErrors, FailedShapeIndexingAndNnOpsLeaveNothingPending) {
+  Tensor a = f32_2x3();
+  Tensor idx = tensor(std::vector<int64_t>{0, 1}, {2});
+  mark_step();
+  const int64_t compiles = metrics::counter("UncachedCompile");
+  EXPECT_THROW(cat({a, zeros({2, 4})}), Error);
+  EXPECT_THROW(cat({a, zeros({2, 4}, DType::f64)}), Error);  // the casts come after the checks
+  EXPECT_THROW(stack({a, zeros({3, 2})}), Error);
+  EXPECT_THROW(slice(a, 0, 0, 1, 0), Error);
+  EXPECT_THROW(pad(a, {1, 1, 1, 1, 1, 1}), Error);
+  EXPECT_THROW(index_add(a, 0, idx, zeros({3, 3}), 2.0), Error);  // alpha is applied after the check
+  EXPECT_THROW(conv2d(zeros({1, 2, 5, 5}), zeros({4, 3, 3, 3}), zeros({4})), Error);
+  EXPECT_THROW(conv2d(zeros({1, 3, 5, 5}), zeros({4, 3, 3, 3}), zeros({5})), Error);
+  EXPECT_THROW(addmm(zeros({4}), a, zeros({3, 3}), 0.5, 2.0), Error);
+  EXPECT_THROW(max_pool2d(zeros({1, 1, 4, 4}), {5}), Error);
+  EXPECT_FALSE(a.is_pending());
+  mark_step();
+  EXPECT_EQ(metrics::counter("UncachedCompile"), compiles) << "a failed op left IR behind";
+}
+
 // ---- calls PyTorch refuses ------------------------------------------------------------------------
 // The API follows PyTorch, so what torch refuses (checked with torch 1.13) lazyrt refuses too,
 // instead of returning a value torch would not.

@@ -14,6 +14,7 @@
 #include <iomanip>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -80,6 +81,7 @@ class Attrs {
 
 using Args = std::vector<Tensor>;
 struct OpEntry {
+  static constexpr size_t kVariadic = static_cast<size_t>(-1);  // any number of inputs
   size_t arity;
   std::function<Tensor(const Args&, const Attrs&)> call;
 };
@@ -171,6 +173,7 @@ const std::map<std::string, OpEntry>& dispatcher() {
     t["expand"] = {1, [](const Args& x, const Attrs& a) { return expand(x[0], a.ints_or_empty("shape")); }};
     t["unsqueeze"] = {1, [](const Args& x, const Attrs& a) { return unsqueeze(x[0], a.one_int("dim")); }};
     t["squeeze"] = {1, [](const Args& x, const Attrs& a) { return squeeze(x[0], a.one_int("dim")); }};
+#include "ops/dispatch_shape.inc"
     return t;
   }();
   return table;
@@ -299,7 +302,8 @@ void check_case(const OpCase& c, bool pending_inputs) {
   SCOPED_TRACE(describe_case(c));
   auto it = dispatcher().find(c.op);
   ASSERT_NE(it, dispatcher().end()) << "no dispatcher entry for op '" << c.op << "'";
-  ASSERT_EQ(c.inputs.size(), it->second.arity) << "wrong number of inputs for op " << c.op;
+  if (it->second.arity != OpEntry::kVariadic)
+    ASSERT_EQ(c.inputs.size(), it->second.arity) << "wrong number of inputs for op " << c.op;
 
   std::vector<Tensor> inputs;
   for (const auto& fi : c.inputs) inputs.push_back(make_tensor(fi));

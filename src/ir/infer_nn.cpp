@@ -1,0 +1,344 @@
+// Result rules of the data-movement, indexing and NN ops (slice, pad, flip, concat, the
+// index_select / gather / scatter family, conv2d and pooling with their backward ops).
+// Called from infer_types; like every rule, they throw lazyrt::Error naming the op and the
+// types when the operands do not fit, before anything is recorded.
+//
+// Ops whose IR name is the public name (slice, gather, conv2d, ...) report user errors from
+// here; the public ops only normalize arguments (wrap dims, clamp bounds) before recording.
+#include <algorithm>
+
+#include "ir/graph.h"
+#include "util/check.h"
+
+namespace lazyrt::ir {
+namespace {
+
+using detail::str_cat;
+
+std::string types_str(const std::vector<TensorType>& ts) {
+  std::string s;
+  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + type_str(ts[i]);
+  return s;
+}
+
+int64_t rank_of(const TensorType& t) { return static_cast<int64_t>(t.shape.size()); }
+
+void check_rank_attr(std::string_view op, std::string_view attr, const std::vector<int64_t>& v,
+                     const TensorType& t) {
+  LAZYRT_CHECK(static_cast<int64_t>(v.size()) == rank_of(t), op, ": ", attr, " has ", v.size(),
+               " entries for a tensor ", type_str(t), " of rank ", rank_of(t));
+}
+
+void check_dim(std::string_view op, int64_t dim, const TensorType& t) {
+  LAZYRT_CHECK(dim >= 0 && dim < rank_of(t), op, ": dim ", dim, " out of range for ", type_str(t));
+}
+
+void check_index_dtype(std::string_view op, const TensorType& index, bool allow_i32) {
+  if (allow_i32) {
+    LAZYRT_CHECK(index.dtype == DType::i64 || index.dtype == DType::i32, op,
+                 ": expects an i32 or i64 index, got ", type_str(index));
+  } else {
+    LAZYRT_CHECK(index.dtype == DType::i64, op, ": expects an i64 index, got ", type_str(index));
+  }
+}
+
+// Two entries, each at least `min`.
+void check_pair(std::string_view op, std::string_view what, const std::vector<int64_t>& v,
+                int64_t min) {
+  LAZYRT_CHECK(v.size() == 2, op, ": ", what, " needs 2 values, got ", shape_str(v));
+  LAZYRT_CHECK(v[0] >= min && v[1] >= min, op, ": ", what, " must be ",
+               min > 0 ? "positive" : "non-negative", ", got ", shape_str(v));
+}
+
+// ---- data movement ---------------------------------------------------------------------------
+
+std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, const Attrs& a) {
+  const auto& starts = a.ints(0);
+  const auto& ends = a.ints(1);
+  const auto& steps = a.ints(2);
+  check_rank_attr(op, "starts", starts, x);
+  check_rank_attr(op, "ends", ends, x);
+  check_rank_attr(op, "steps", steps, x);
+  Shape out(x.shape.size());
+  for (size_t d = 0; d < x.shape.size(); ++d) {
+    LAZYRT_CHECK(steps[d] > 0, op, ": step must be positive, got ", steps[d], " for dim ", d);
+    LAZYRT_CHECK(0 <= starts[d] && starts[d] <= ends[d] && ends[d] <= x.shape[d], op,
+                 ": range [", starts[d], ", ", ends[d], ") of dim ", d, " is not within ",
+                 type_str(x));
+    out[d] = (ends[d] - starts[d] + steps[d] - 1) / steps[d];
+  }
+  return {{x.dtype, out}};
+}
+
+std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, const Attrs& a) {
+  const auto& low = a.ints(0);
+  const auto& high = a.ints(1);
+  const auto& interior = a.ints(2);
+  check_rank_attr(op, "low", low, x);
+  check_rank_attr(op, "high", high, x);
+  check_rank_attr(op, "interior", interior, x);
+  Shape out(x.shape.size());
+  for (size_t d = 0; d < x.shape.size(); ++d) {
+    const int64_t n = x.shape[d];
+    LAZYRT_CHECK(interior[d] >= 0, op, ": interior padding must be non-negative, got ",
+                 interior[d]);
+    out[d] = low[d] + high[d] + n + std::max<int64_t>(n - 1, 0) * interior[d];
+    LAZYRT_CHECK(out[d] >= 0, op, ": padding (", low[d], ", ", high[d], ") of dim ", d,
+                 " of ", type_str(x), " gives a negative size ", out[d]);
+  }
+  return {{x.dtype, out}};
+}
+
+std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, const Attrs& a) {
+  const auto& dims = a.ints(0);
+  for (size_t k = 0; k < dims.size(); ++k) {
+    check_dim(op, dims[k], x);
+    LAZYRT_CHECK(k == 0 || dims[k] > dims[k - 1], op, ": dims must be sorted and unique, got ",
+                 shape_str(dims));
+  }
+  return {x};
+}
+
+std::vector<TensorType> concat_types(std::string_view op, const std::vector<TensorType>& ops,
+                                     const Attrs& a) {
+  LAZYRT_CHECK(!ops.empty(), op, ": expects at least one operand");
+  const int64_t dim = a.i(0);
+  const TensorType& first = ops[0];
+  check_dim(op, dim, first);
+  Shape out = first.shape;
+  out[dim] = 0;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const TensorType& t = ops[k];
+    bool fits = t.dtype == first.dtype && t.shape.size() == first.shape.size();
+    for (size_t d = 0; fits && d < t.shape.size(); ++d)
+      fits = static_cast<int64_t>(d) == dim || t.shape[d] == first.shape[d];
+    LAZYRT_CHECK(fits, op, ": operands must have one dtype and equal sizes except in dim ", dim,
+                 ": operand 0 is ", type_str(first), ", operand ", k, " is ", type_str(t));
+    out[dim] += t.shape[dim];
+  }
+  return {{first.dtype, out}};
+}
+
+// ---- indexing --------------------------------------------------------------------------------
+
+std::vector<TensorType> index_select_types(std::string_view op, const std::vector<TensorType>& ops,
+                                           const Attrs& a) {
+  const TensorType& x = ops[0];
+  const TensorType& index = ops[1];
+  const int64_t dim = a.i(0);
+  check_dim(op, dim, x);
+  check_index_dtype(op, index, true);
+  LAZYRT_CHECK(index.shape.size() <= 1, op, ": the index must be a vector, got ", type_str(index));
+  Shape out = x.shape;
+  out[dim] = index.numel();
+  return {{x.dtype, out}};
+}
+
+std::vector<TensorType> gather_types(std::string_view op, const std::vector<TensorType>& ops,
+                                     const Attrs& a) {
+  const TensorType& x = ops[0];
+  const TensorType& index = ops[1];
+  const int64_t dim = a.i(0);
+  check_dim(op, dim, x);
+  check_index_dtype(op, index, false);
+  LAZYRT_CHECK(index.shape.size() == x.shape.size(), op,
+               ": the index must have as many dims as the input, got ", types_str(ops));
+  for (size_t d = 0; d < x.shape.size(); ++d)
+    LAZYRT_CHECK(static_cast<int64_t>(d) == dim || index.shape[d] <= x.shape[d], op,
+                 ": expected index ", shape_str(index.shape), " to be no larger than input ",
+                 shape_str(x.shape), " apart from dim ", dim);
+  return {{x.dtype, index.shape}};
+}
+
+std::vector<TensorType> scatter_types(std::string_view op, const std::vector<TensorType>& ops,
+                                      const Attrs& a) {
+  const TensorType& x = ops[0];
+  const TensorType& index = ops[1];
+  const TensorType& src = ops[2];
+  const int64_t dim = a.i(0);
+  check_dim(op, dim, x);
+  check_index_dtype(op, index, false);
+  LAZYRT_CHECK(src.dtype == x.dtype, op, ": self and src must have one dtype, got ",
+               type_str(x), " and ", type_str(src));
+  LAZYRT_CHECK(index.shape.size() == x.shape.size() && src.shape.size() == x.shape.size(), op,
+               ": self, index and src must have the same number of dims, got ", types_str(ops));
+  for (size_t d = 0; d < x.shape.size(); ++d)
+    LAZYRT_CHECK((static_cast<int64_t>(d) == dim || index.shape[d] <= x.shape[d]) &&
+                     index.shape[d] <= src.shape[d],
+                 op, ": expected index ", shape_str(index.shape), " to be no larger than self ",
+                 shape_str(x.shape), " apart from dim ", dim, " and no larger than src ",
+                 shape_str(src.shape));
+  return {x};
+}
+
+std::vector<TensorType> index_add_types(std::string_view op, const std::vector<TensorType>& ops,
+                                        const Attrs& a) {
+  const TensorType& x = ops[0];
+  const TensorType& index = ops[1];
+  const TensorType& src = ops[2];
+  const int64_t dim = a.i(0);
+  check_dim(op, dim, x);
+  check_index_dtype(op, index, true);
+  LAZYRT_CHECK(index.shape.size() <= 1, op, ": the index must be a vector, got ", type_str(index));
+  LAZYRT_CHECK(src.dtype == x.dtype, op, ": self and source must have one dtype, got ",
+               type_str(x), " and ", type_str(src));
+  Shape want = x.shape;
+  want[dim] = index.numel();
+  LAZYRT_CHECK(src.shape == want, op, ": expected source of shape ", shape_str(want), " (self ",
+               shape_str(x.shape), " with dim ", dim, " of the index's length ", index.numel(),
+               "), got ", shape_str(src.shape));
+  return {x};
+}
+
+// ---- convolution -----------------------------------------------------------------------------
+
+struct ConvAttrs {
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups;
+};
+
+// The output type of conv2d(input, weight), checking both as torch does.
+TensorType conv_result(std::string_view op, const TensorType& x, const TensorType& w,
+                       const ConvAttrs& c) {
+  LAZYRT_CHECK(x.shape.size() == 4, op, ": expects a 4-D input [N, C, H, W], got ", type_str(x));
+  LAZYRT_CHECK(w.shape.size() == 4, op, ": expects a 4-D weight [O, C / groups, kH, kW], got ",
+               type_str(w));
+  LAZYRT_CHECK(x.dtype == w.dtype, op, ": input and weight must have one dtype, got ",
+               type_str(x), " and ", type_str(w));
+  LAZYRT_CHECK(x.dtype == DType::f32 || x.dtype == DType::f64 || x.dtype == DType::i32 ||
+                   x.dtype == DType::i64,
+               op, ": expects f32, f64, i32 or i64 tensors, got ", type_str(x));
+  check_pair(op, "stride", c.stride, 1);
+  check_pair(op, "padding", c.padding, 0);
+  check_pair(op, "dilation", c.dilation, 1);
+  LAZYRT_CHECK(c.groups > 0, op, ": groups must be positive, got ", c.groups);
+  const int64_t out_channels = w.shape[0];
+  LAZYRT_CHECK(out_channels > 0 && out_channels % c.groups == 0, op, ": given groups=", c.groups,
+               ", expected the weight's dim 0 to be a positive multiple of ", c.groups,
+               ", got weight ", type_str(w));
+  LAZYRT_CHECK(x.shape[1] == w.shape[1] * c.groups, op, ": given groups=", c.groups,
+               " and weight ", type_str(w), ", expected input ", type_str(x), " to have ",
+               w.shape[1] * c.groups, " channels, but got ", x.shape[1]);
+  Shape out{x.shape[0], out_channels, 0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const int64_t padded = x.shape[2 + k] + 2 * c.padding[k];
+    const int64_t span = c.dilation[k] * (w.shape[2 + k] - 1) + 1;
+    LAZYRT_CHECK(w.shape[2 + k] > 0 && padded >= span, op, ": the padded input size (",
+                 x.shape[2] + 2 * c.padding[0], " x ", x.shape[3] + 2 * c.padding[1],
+                 ") is smaller than the dilated kernel of weight ", type_str(w), " (input ",
+                 type_str(x), ")");
+    out[2 + k] = (padded - span) / c.stride[k] + 1;
+  }
+  return {x.dtype, out};
+}
+
+ConvAttrs conv_attrs(const Attrs& a, size_t first) {
+  return {a.ints(first), a.ints(first + 1), a.ints(first + 2), a.i(first + 3)};
+}
+
+// ---- pooling ---------------------------------------------------------------------------------
+
+struct PoolAttrs {
+  std::vector<int64_t> kernel, stride, padding, dilation;
+  bool ceil_mode;
+};
+
+// PyTorch's pooling_output_shape and pool2d_shape_check.
+Shape pool_result(std::string_view op, const TensorType& x, const PoolAttrs& p) {
+  LAZYRT_CHECK(x.shape.size() == 4 && x.shape[1] > 0 && x.shape[2] > 0 && x.shape[3] > 0, op,
+               ": expects a 4-D input [N, C, H, W] with non-empty C, H, W, got ", type_str(x));
+  check_pair(op, "kernel_size", p.kernel, 1);
+  check_pair(op, "stride", p.stride, 1);
+  check_pair(op, "padding", p.padding, 0);
+  check_pair(op, "dilation", p.dilation, 1);
+  Shape out{x.shape[0], x.shape[1], 0, 0};
+  for (int k = 0; k < 2; ++k) {
+    LAZYRT_CHECK(p.padding[k] <= p.kernel[k] / 2, op,
+                 ": padding should be at most half of the kernel size, got padding ",
+                 shape_str(p.padding), " and kernel_size ", shape_str(p.kernel));
+    const int64_t in = x.shape[2 + k];
+    const int64_t s = p.stride[k];
+    const int64_t num = in + 2 * p.padding[k] - p.dilation[k] * (p.kernel[k] - 1) - 1 +
+                        (p.ceil_mode ? s - 1 : 0);
+    int64_t o = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;  // floor division
+    // The last window must start inside the input or its left padding.
+    if (p.ceil_mode && (o - 1) * s >= in + p.padding[k]) --o;
+    out[2 + k] = o;
+  }
+  LAZYRT_CHECK(out[2] >= 1 && out[3] >= 1, op, ": input ", type_str(x), " with kernel_size ",
+               shape_str(p.kernel), ", stride ", shape_str(p.stride), ", padding ",
+               shape_str(p.padding), " gives output size ", out[2], " x ", out[3],
+               ", which is too small");
+  return out;
+}
+
+PoolAttrs max_pool_attrs(const Attrs& a) {
+  return {a.ints(0), a.ints(1), a.ints(2), a.ints(3), a.b(4)};
+}
+// Avg pooling has no dilation.
+PoolAttrs avg_pool_attrs(const Attrs& a, size_t first) {
+  return {a.ints(first), a.ints(first + 1), a.ints(first + 2), {1, 1}, a.b(first + 3)};
+}
+
+void check_float(std::string_view op, const TensorType& t) {
+  LAZYRT_CHECK(is_floating(t.dtype), op, ": expects a floating tensor (f32, f64, bf16, f16), got ",
+               type_str(t));
+}
+
+void check_grad(std::string_view op, const TensorType& grad, const Shape& want, DType dtype) {
+  LAZYRT_CHECK(grad.shape == want && grad.dtype == dtype, op, ": expected a gradient ",
+               type_str({dtype, want}), ", got ", type_str(grad));
+}
+
+}  // namespace
+
+std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<TensorType>& ops,
+                                       const Attrs& a) {
+  const std::string_view op = info.name;
+  switch (info.rule) {
+    case ResultRule::Slice: return slice_types(op, ops[0], a);
+    case ResultRule::Pad: return pad_types(op, ops[0], a);
+    case ResultRule::Flip: return flip_types(op, ops[0], a);
+    case ResultRule::Concat: return concat_types(op, ops, a);
+    case ResultRule::IndexSelect: return index_select_types(op, ops, a);
+    case ResultRule::Gather: return gather_types(op, ops, a);
+    case ResultRule::Scatter: return scatter_types(op, ops, a);
+    case ResultRule::IndexAdd: return index_add_types(op, ops, a);
+    case ResultRule::Conv2d: return {conv_result(op, ops[0], ops[1], conv_attrs(a, 0))};
+    case ResultRule::Conv2dBackwardInput: {
+      const TensorType input{ops[0].dtype, a.ints(0)};
+      LAZYRT_CHECK(input.shape.size() == 4, op, ": input_size must have 4 entries");
+      TensorType out = conv_result(op, input, ops[1], conv_attrs(a, 1));
+      check_grad(op, ops[0], out.shape, out.dtype);
+      return {input};
+    }
+    case ResultRule::Conv2dBackwardWeight: {
+      const TensorType weight{ops[0].dtype, a.ints(0)};
+      LAZYRT_CHECK(weight.shape.size() == 4, op, ": weight_size must have 4 entries");
+      TensorType out = conv_result(op, ops[1], weight, conv_attrs(a, 1));
+      check_grad(op, ops[0], out.shape, out.dtype);
+      return {weight};
+    }
+    case ResultRule::MaxPool2d:
+      check_float(op, ops[0]);
+      return {{ops[0].dtype, pool_result(op, ops[0], max_pool_attrs(a))}};
+    case ResultRule::MaxPool2dBackward:
+      check_float(op, ops[1]);
+      check_grad(op, ops[0], pool_result(op, ops[1], max_pool_attrs(a)), ops[1].dtype);
+      return {ops[1]};
+    case ResultRule::AvgPool2d:
+      LAZYRT_CHECK(is_floating(ops[0].dtype) || ops[0].dtype == DType::i64, op,
+                   ": expects a floating or i64 tensor, got ", type_str(ops[0]));
+      LAZYRT_CHECK(a.i(5) >= 0, op, ": divisor_override must be positive, got ", a.i(5));
+      return {{ops[0].dtype, pool_result(op, ops[0], avg_pool_attrs(a, 0))}};
+    case ResultRule::AvgPool2dBackward: {
+      const TensorType input{ops[0].dtype, a.ints(0)};
+      check_grad(op, ops[0], pool_result(op, input, avg_pool_attrs(a, 1)), input.dtype);
+      return {input};
+    }
+    default: break;
+  }
+  LAZYRT_ASSERT(false, "infer_nn_types called for ", op);
+}
+
+}  // namespace lazyrt::ir

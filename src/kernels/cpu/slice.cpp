@@ -1,0 +1,191 @@
+// Data movement between differently strided layouts: slice (a strided window of the input),
+// flip (negative strides), pad (the input written strided into a filled output) and concat
+// (blocks of rows). All copies dispatch on element size, not dtype; only pad's fill value
+// needs the dtype.
+#include <cstring>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/ops.h"
+
+namespace lazyrt::kernels {
+namespace {
+
+// A copy of `shape` elements from src (element strides `src`) to dst (strides `dst`), dims
+// merged where both sides are contiguous across them. Offsets are relative to the bases the
+// caller adds; strides may be negative.
+struct CopyLayout {
+  std::vector<int64_t> shape, src, dst;
+  int64_t numel = 0;
+  int64_t src_base = 0, dst_base = 0;
+
+  CopyLayout(const Shape& s, const std::vector<int64_t>& src_strides,
+             const std::vector<int64_t>& dst_strides) {
+    LAZYRT_ASSERT(s.size() <= static_cast<size_t>(kMaxRank), "rank ", s.size(),
+                  " exceeds the kernel limit ", kMaxRank);
+    numel = shape_numel(s);
+    for (size_t d = 0; d < s.size(); ++d) {
+      if (s[d] == 1) continue;
+      if (!shape.empty() && src.back() == src_strides[d] * s[d] && dst.back() == dst_strides[d] * s[d]) {
+        shape.back() *= s[d];
+        src.back() = src_strides[d];
+        dst.back() = dst_strides[d];
+      } else {
+        shape.push_back(s[d]);
+        src.push_back(src_strides[d]);
+        dst.push_back(dst_strides[d]);
+      }
+    }
+  }
+
+  template <class W>
+  void run(const W* from, W* to) const {
+    if (numel == 0) return;
+    from += src_base;
+    to += dst_base;
+    const size_t rank = shape.size();
+    if (rank == 0) {
+      *to = *from;
+      return;
+    }
+    const int64_t n = shape[rank - 1], ss = src[rank - 1], ds = dst[rank - 1];
+    std::array<int64_t, kMaxRank> idx{};
+    int64_t so = 0, doff = 0;
+    while (true) {
+      if (ss == 1 && ds == 1) {
+        std::memcpy(to + doff, from + so, static_cast<size_t>(n) * sizeof(W));
+      } else {
+        for (int64_t i = 0; i < n; ++i) to[doff + i * ds] = from[so + i * ss];
+      }
+      int64_t d = static_cast<int64_t>(rank) - 2;
+      for (; d >= 0; --d) {
+        if (++idx[d] < shape[d]) {
+          so += src[d];
+          doff += dst[d];
+          break;
+        }
+        so -= src[d] * (shape[d] - 1);
+        doff -= dst[d] * (shape[d] - 1);
+        idx[d] = 0;
+      }
+      if (d < 0) return;
+    }
+  }
+};
+
+// Calls fn with a value of the unsigned integer type of `bytes` bytes.
+template <class Fn>
+decltype(auto) visit_width(size_t bytes, Fn&& fn) {
+  switch (bytes) {
+    case 1: return fn(uint8_t{});
+    case 2: return fn(uint16_t{});
+    case 4: return fn(uint32_t{});
+    case 8: return fn(uint64_t{});
+  }
+  LAZYRT_ASSERT(false, "bad element size ", bytes);
+}
+
+Kernel copy_kernel(std::shared_ptr<const CopyLayout> layout, DType dtype) {
+  return visit_width(dtype_size(dtype), [&](auto tag) -> Kernel {
+    using W = decltype(tag);
+    return {[layout](const void* const* in, void* const* out) {
+      layout->run(static_cast<const W*>(in[0]), static_cast<W*>(out[0]));
+    }};
+  });
+}
+
+}  // namespace
+
+Kernel make_Slice(const KernelSpec& s) {
+  const auto& starts = s.attrs.ints(0);
+  const auto& steps = s.attrs.ints(2);
+  const Shape& out = s.outputs[0].shape;
+  std::vector<int64_t> in_st = contiguous_strides(s.inputs[0].shape);
+  std::vector<int64_t> src(out.size());
+  int64_t base = 0;
+  for (size_t d = 0; d < out.size(); ++d) {
+    src[d] = in_st[d] * steps[d];
+    base += starts[d] * in_st[d];
+  }
+  auto layout = std::make_shared<CopyLayout>(out, src, contiguous_strides(out));
+  layout->src_base = base;
+  return copy_kernel(std::move(layout), s.outputs[0].dtype);
+}
+
+Kernel make_Flip(const KernelSpec& s) {
+  const Shape& shape = s.outputs[0].shape;
+  std::vector<int64_t> st = contiguous_strides(shape);
+  std::vector<int64_t> src = st;
+  int64_t base = 0;
+  for (int64_t d : s.attrs.ints(0)) {
+    src[d] = -st[d];
+    if (shape[d] > 0) base += (shape[d] - 1) * st[d];
+  }
+  auto layout = std::make_shared<CopyLayout>(shape, src, st);
+  layout->src_base = base;
+  return copy_kernel(std::move(layout), s.outputs[0].dtype);
+}
+
+// Output element j of a dim comes from input element i when j = low + i * (interior + 1);
+// every other output element is `value`. Negative low/high crop.
+Kernel make_Pad(const KernelSpec& s) {
+  const auto& low = s.attrs.ints(0);
+  const auto& interior = s.attrs.ints(2);
+  const double value = s.attrs.f(3);
+  const Shape& in = s.inputs[0].shape;
+  const Shape& out = s.outputs[0].shape;
+  const DType dtype = s.outputs[0].dtype;
+  std::vector<int64_t> in_st = contiguous_strides(in), out_st = contiguous_strides(out);
+  Shape count(in.size());
+  std::vector<int64_t> dst(in.size());
+  int64_t src_base = 0, dst_base = 0;
+  for (size_t d = 0; d < in.size(); ++d) {
+    const int64_t step = interior[d] + 1;
+    // The first and last input elements that land inside the output.
+    const int64_t first = low[d] >= 0 ? 0 : (-low[d] + step - 1) / step;
+    const int64_t room = out[d] - 1 - low[d];
+    const int64_t last = room < 0 ? -1 : std::min(in[d] - 1, room / step);
+    count[d] = std::max<int64_t>(last - first + 1, 0);
+    dst[d] = out_st[d] * step;
+    src_base += first * in_st[d];
+    dst_base += (low[d] + first * step) * out_st[d];
+  }
+  auto layout = std::make_shared<CopyLayout>(count, in_st, dst);
+  layout->src_base = src_base;
+  layout->dst_base = dst_base;
+  const int64_t n_out = s.outputs[0].numel();
+  const bool needs_fill = shape_numel(count) != n_out;
+  return visit_width(dtype_size(dtype), [&](auto tag) -> Kernel {
+    using W = decltype(tag);
+    return {[layout, needs_fill, dtype, value, n_out](const void* const* in, void* const* out) {
+      if (needs_fill) fill(out[0], dtype, value, n_out);
+      layout->run(static_cast<const W*>(in[0]), static_cast<W*>(out[0]));
+    }};
+  });
+}
+
+Kernel make_Concat(const KernelSpec& s) {
+  const int64_t dim = s.attrs.i(0);
+  const Shape& out = s.outputs[0].shape;
+  const size_t esize = dtype_size(s.outputs[0].dtype);
+  int64_t outer = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= out[d];
+  // Bytes per outer row of each input.
+  std::vector<size_t> row;
+  for (const auto& t : s.inputs) {
+    int64_t n = 1;
+    for (size_t d = static_cast<size_t>(dim); d < t.shape.size(); ++d) n *= t.shape[d];
+    row.push_back(static_cast<size_t>(n) * esize);
+  }
+  return {[outer, row](const void* const* in, void* const* out) {
+    char* dst = static_cast<char*>(out[0]);
+    for (int64_t o = 0; o < outer; ++o) {
+      for (size_t k = 0; k < row.size(); ++k) {
+        if (!row[k]) continue;
+        std::memcpy(dst, static_cast<const char*>(in[k]) + static_cast<size_t>(o) * row[k], row[k]);
+        dst += row[k];
+      }
+    }
+  }};
+}
+
+}  // namespace lazyrt::kernels

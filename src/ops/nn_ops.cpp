@@ -1,0 +1,182 @@
+// Linear algebra and neural-network ops with PyTorch's semantics. conv2d, max_pool2d and
+// avg_pool2d are IR ops (the result rules check channels, groups and window sizes); these
+// wrappers add what torch's functional forms add around them: unbatched inputs, a bias,
+// one value standing for both spatial dims. bmm, addmm, embedding and one_hot are exact
+// compositions of matmul, mul/add, index_select/where and eq.
+#include <algorithm>
+
+#include "ir/graph.h"
+#include "lazyrt/tensor.h"
+#include "ops/op_helpers.h"
+#include "trace/lazy_tensor.h"
+#include "util/check.h"
+
+namespace lazyrt {
+
+using detail::apply;
+using detail::cast_to;
+using detail::constant_tensor;
+using detail::impl_of;
+using ir::OpKind;
+
+namespace {
+
+std::string type_of(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + shape_str(t.shape());
+}
+
+// One value for both spatial dims, or one per dim.
+std::vector<int64_t> pair_of(std::vector<int64_t> v, const char* op, const char* what) {
+  LAZYRT_CHECK(v.size() == 1 || v.size() == 2, op, ": ", what,
+               " takes one value or two (height, width), got ", shape_str(v));
+  if (v.size() == 1) v.push_back(v[0]);
+  return v;
+}
+
+// Pooling and convolution take [N, C, H, W], or [C, H, W] as a batch of one.
+Tensor batched(const Tensor& input, const char* op) {
+  impl_of(input, op);
+  LAZYRT_CHECK(input.dim() == 3 || input.dim() == 4, op,
+               ": expects a 3-D (unbatched) or 4-D (batched) input, got ", type_of(input));
+  return input.dim() == 3 ? unsqueeze(input, 0) : input;
+}
+Tensor unbatched_like(const Tensor& out, const Tensor& input) {
+  return input.dim() == 3 ? squeeze(out, 0) : out;
+}
+
+}  // namespace
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  impl_of(a, "bmm");
+  impl_of(b, "bmm");
+  LAZYRT_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expects 3-D tensors, got ", type_of(a),
+               " and ", type_of(b));
+  LAZYRT_CHECK(a.shape()[0] == b.shape()[0] && a.shape()[2] == b.shape()[1], "bmm: ",
+               type_of(a), " and ", type_of(b), " do not fit: expected the second to be [",
+               a.shape()[0], ", ", a.shape()[2], ", *]");
+  return matmul(a, b);
+}
+
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, Scalar beta,
+             Scalar alpha) {
+  impl_of(input, "addmm");
+  impl_of(mat1, "addmm");
+  impl_of(mat2, "addmm");
+  LAZYRT_CHECK(mat1.dim() == 2 && mat2.dim() == 2, "addmm: expects 2-D mat1 and mat2, got ",
+               type_of(mat1), " and ", type_of(mat2));
+  LAZYRT_CHECK(mat1.shape()[1] == mat2.shape()[0], "addmm: mat1 and mat2 cannot be multiplied (",
+               shape_str(mat1.shape()), " and ", shape_str(mat2.shape()), ")");
+  LAZYRT_CHECK(input.dtype() == mat1.dtype() && mat1.dtype() == mat2.dtype(),
+               "addmm: expects input, mat1 and mat2 of one dtype, got ", type_of(input), ", ",
+               type_of(mat1), " and ", type_of(mat2));
+  const Shape out{mat1.shape()[0], mat2.shape()[1]};
+  const Shape& in = input.shape();
+  bool fits = in.size() <= 2;
+  for (size_t i = 0; fits && i < in.size(); ++i)
+    fits = in[i] == 1 || in[i] == out[2 - in.size() + i];
+  LAZYRT_CHECK(fits, "addmm: input ", type_of(input), " cannot be broadcast to the product's shape ",
+               shape_str(out), " of ", type_of(mat1), " and ", type_of(mat2));
+  const DType dtype = input.dtype();
+  // The scalars in the operands' dtype: an integer addmm truncates them, as torch does.
+  Tensor product = matmul(mat1, mat2);
+  if (alpha.to_double() != 1) product = product * constant_tensor(alpha.to_double(), dtype);
+  if (beta.to_double() == 0) return product;
+  Tensor bias = beta.to_double() == 1 ? input : input * constant_tensor(beta.to_double(), dtype);
+  return bias + product;
+}
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+              std::vector<int64_t> stride, std::vector<int64_t> padding,
+              std::vector<int64_t> dilation, int64_t groups) {
+  Tensor x = batched(input, "conv2d");
+  impl_of(weight, "conv2d");
+  stride = pair_of(std::move(stride), "conv2d", "stride");
+  padding = pair_of(std::move(padding), "conv2d", "padding");
+  dilation = pair_of(std::move(dilation), "conv2d", "dilation");
+  ir::Attrs attrs{stride, padding, dilation, groups};
+  // The conv's own checks (channels, groups, sizes), then the bias's, before recording.
+  const ir::TensorType out_type =
+      ir::infer_types(OpKind::Conv2d, {impl_of(x).type, impl_of(weight).type}, attrs)[0];
+  if (bias.defined()) {
+    const int64_t channels = out_type.shape[1];
+    LAZYRT_CHECK(impl_of(bias).type.shape == Shape{channels}, "conv2d: given weight ",
+                 type_of(weight), ", expected a bias of shape [", channels, "], got ",
+                 type_of(bias));
+    LAZYRT_CHECK(bias.dtype() == weight.dtype(), "conv2d: input ", type_of(input), " and bias ",
+                 type_of(bias), " must have one dtype");
+  }
+  Tensor out = apply(OpKind::Conv2d, {x, weight}, std::move(attrs));
+  if (bias.defined()) out = out + reshape(bias, {out_type.shape[1], 1, 1});
+  return unbatched_like(out, input);
+}
+
+Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride, std::vector<int64_t> padding,
+                  std::vector<int64_t> dilation, bool ceil_mode) {
+  Tensor x = batched(input, "max_pool2d");
+  kernel_size = pair_of(std::move(kernel_size), "max_pool2d", "kernel_size");
+  stride = stride.empty() ? kernel_size : pair_of(std::move(stride), "max_pool2d", "stride");
+  padding = pair_of(std::move(padding), "max_pool2d", "padding");
+  dilation = pair_of(std::move(dilation), "max_pool2d", "dilation");
+  Tensor out = apply(OpKind::MaxPool2d, {x}, {kernel_size, stride, padding, dilation, ceil_mode});
+  return unbatched_like(out, input);
+}
+
+Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride, std::vector<int64_t> padding, bool ceil_mode,
+                  bool count_include_pad, std::optional<int64_t> divisor_override) {
+  Tensor x = batched(input, "avg_pool2d");
+  kernel_size = pair_of(std::move(kernel_size), "avg_pool2d", "kernel_size");
+  stride = stride.empty() ? kernel_size : pair_of(std::move(stride), "avg_pool2d", "stride");
+  padding = pair_of(std::move(padding), "avg_pool2d", "padding");
+  LAZYRT_CHECK(!divisor_override || *divisor_override != 0,
+               "avg_pool2d: divisor_override must be non-zero");
+  Tensor out = apply(OpKind::AvgPool2d, {x},
+                     {kernel_size, stride, padding, ceil_mode, count_include_pad,
+                      divisor_override.value_or(0)});
+  return unbatched_like(out, input);
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx) {
+  impl_of(weight, "embedding");
+  impl_of(indices, "embedding");
+  LAZYRT_CHECK(weight.dim() == 2, "embedding: the weight must be 2-D [num_embeddings, dim], got ",
+               type_of(weight));
+  LAZYRT_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32,
+               "embedding: expects i32 or i64 indices, got ", type_of(indices));
+  const int64_t num = weight.shape()[0];
+  if (padding_idx) {
+    LAZYRT_CHECK(*padding_idx >= -num && *padding_idx < num, "embedding: padding_idx ",
+                 *padding_idx, " is not within the ", num, " embeddings of weight ",
+                 type_of(weight));
+    if (*padding_idx < 0) *padding_idx += num;
+  }
+  Shape shape = indices.shape();
+  shape.push_back(weight.shape()[1]);
+  Tensor out = reshape(index_select(weight, 0, reshape(indices, {-1})), shape);
+  // Rows picked by padding_idx take no gradient: there the output is a detached copy of
+  // itself, the same value cut off from the weight.
+  if (padding_idx && out.requires_grad())
+    out = where(unsqueeze(indices == *padding_idx, -1), out.detach(), out);
+  return out;
+}
+
+Tensor one_hot(const Tensor& indices, int64_t num_classes) {
+  impl_of(indices, "one_hot");
+  LAZYRT_CHECK(indices.dtype() == DType::i64, "one_hot: expects an i64 index tensor, got ",
+               type_of(indices));
+  LAZYRT_CHECK(num_classes >= -1, "one_hot: num_classes must be -1 (inferred) or >= 0, got ",
+               num_classes);
+  if (num_classes == -1) {
+    LAZYRT_CHECK(indices.numel() > 0,
+                 "one_hot: cannot infer the number of classes from an empty tensor ",
+                 type_of(indices));
+    Tensor hi = amax(indices), lo = amin(indices);
+    sync({hi, lo});
+    LAZYRT_CHECK(lo.item() >= 0, "one_hot: class values must be non-negative, got ", lo.item());
+    num_classes = static_cast<int64_t>(hi.item()) + 1;
+  }
+  return cast(unsqueeze(indices, -1) == arange(num_classes, DType::i64), DType::i64);
+}
+
+}  // namespace lazyrt
