@@ -8,6 +8,7 @@
 
 #include "lazyrt/tensor.h"
 #include "autograd/autograd.h"
+#include "ops/op_helpers.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops.h"
 #include "trace/lazy_tensor.h"
@@ -20,9 +21,10 @@ using trace::LazyValue;
 using trace::record;
 using detail::str_cat;
 
-namespace {
+// Helpers shared with the other files of src/ops (declared in ops/op_helpers.h).
+namespace ops {
 
-trace::TensorImpl& impl_of(const Tensor& t, const char* what = "tensor") {
+trace::TensorImpl& impl_of(const Tensor& t, const char* what) {
   LAZYRT_CHECK(t.defined(), what, ": the tensor is undefined");
   return *t.impl();
 }
@@ -36,8 +38,7 @@ LazyValue value_of(const Tensor& t) {
 }
 Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
 
-// Records one op of the table over these tensors (and for autograd, when it must).
-Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {}) {
+Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));
@@ -49,37 +50,32 @@ Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {})
 
 Tensor cast_to(const Tensor& t, DType to) { return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to}); }
 
-Tensor constant_tensor(double value, DType dtype, Shape shape = {}) {
+Tensor constant_tensor(double value, DType dtype, Shape shape) {
   return wrap(trace::constant(value, dtype, std::move(shape)));
 }
 
 // ---- type promotion (PyTorch's result_type) ---------------------------------------------
-// Operands are ranked: tensors with dims, then zero-dim tensors, then plain numbers. A lower
-// rank changes the result only when it brings a higher category (bool < integer < floating).
-struct Promotion {
-  std::optional<DType> dim, zero, wrapped;
 
-  static std::optional<DType> merge(std::optional<DType> a, DType b) {
-    return a ? promote_types(*a, b) : b;
-  }
-  void add(const Tensor& t) {
-    if (t.dim() == 0) zero = merge(zero, t.dtype());
-    else dim = merge(dim, t.dtype());
-  }
-  void add(Scalar s) {
-    DType d = s.kind() == Scalar::Kind::Float ? DType::f32
-              : s.kind() == Scalar::Kind::Int ? DType::i64 : DType::b8;
-    wrapped = merge(wrapped, d);
-  }
-  static std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> lower) {
-    if (!higher) return lower;
-    if (!lower) return higher;
-    if (is_floating(*higher)) return higher;
-    if (*higher == DType::b8 || is_floating(*lower)) return promote_types(*higher, *lower);
-    return higher;
-  }
-  DType result() const { return combine(dim, combine(zero, wrapped)).value_or(DType::f32); }
-};
+std::optional<DType> Promotion::merge(std::optional<DType> a, DType b) {
+  return a ? promote_types(*a, b) : b;
+}
+void Promotion::add(const Tensor& t) {
+  if (t.dim() == 0) zero = merge(zero, t.dtype());
+  else dim = merge(dim, t.dtype());
+}
+void Promotion::add(Scalar s) {
+  DType d = s.kind() == Scalar::Kind::Float ? DType::f32
+            : s.kind() == Scalar::Kind::Int ? DType::i64 : DType::b8;
+  wrapped = merge(wrapped, d);
+}
+std::optional<DType> Promotion::combine(std::optional<DType> higher, std::optional<DType> lower) {
+  if (!higher) return lower;
+  if (!lower) return higher;
+  if (is_floating(*higher)) return higher;
+  if (*higher == DType::b8 || is_floating(*lower)) return promote_types(*higher, *lower);
+  return higher;
+}
+DType Promotion::result() const { return combine(dim, combine(zero, wrapped)).value_or(DType::f32); }
 
 DType result_type(const Tensor& a, const Tensor& b) {
   Promotion p;
@@ -115,7 +111,7 @@ Tensor arith(OpKind op, const Tensor& a, const Tensor& b) {
   impl_of(b, ir::op_name(op).data());
   return binary(op, a, b, arith_type(op, result_type(a, b)));
 }
-Tensor arith(OpKind op, const Tensor& a, Scalar b, bool scalar_first = false) {
+Tensor arith(OpKind op, const Tensor& a, Scalar b, bool scalar_first) {
   impl_of(a, ir::op_name(op).data());
   return binary_scalar(op, a, b, arith_type(op, result_type(a, b)), scalar_first);
 }
@@ -206,7 +202,9 @@ Tensor from_vector(const std::vector<T>& data, Shape shape, DType dtype) {
   return from_blob(data.data(), std::move(shape), dtype);
 }
 
-}  // namespace
+}  // namespace ops
+
+using namespace ops;
 
 // ---- Tensor -------------------------------------------------------------------------------
 
