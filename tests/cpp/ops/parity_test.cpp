@@ -171,6 +171,7 @@ const std::map<std::string, OpEntry>& dispatcher() {
     t["expand"] = {1, [](const Args& x, const Attrs& a) { return expand(x[0], a.ints_or_empty("shape")); }};
     t["unsqueeze"] = {1, [](const Args& x, const Attrs& a) { return unsqueeze(x[0], a.one_int("dim")); }};
     t["squeeze"] = {1, [](const Args& x, const Attrs& a) { return squeeze(x[0], a.one_int("dim")); }};
+#include "ops/dispatch_math.inc"
     return t;
   }();
   return table;
