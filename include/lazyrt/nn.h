@@ -113,8 +113,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
 /// distribution is (1 - e) one-hot + e / C, as in PyTorch.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0,
                      const std::string& reduction = "mean");
-/// log(softmax(x)) along dim, computed stably.
-Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const std::string& reduction = "mean");
 

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lazyrt/types.h"
@@ -273,6 +274,88 @@ Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
                   std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0},
                   bool ceil_mode = false, bool count_include_pad = true,
                   std::optional<int64_t> divisor_override = std::nullopt);
+// ---- math: functions, activations, reductions, normalization ---------------------------
+// PyTorch's semantics and defaults (torch 1.13): integer and bool inputs of floating functions
+// compute in f32, operands broadcast and promote as in torch, negative dims count from the
+// end, and where torch accepts None the argument is a std::optional.
+
+// Elementwise functions.
+Tensor sin(const Tensor& a);
+Tensor cos(const Tensor& a);
+Tensor log1p(const Tensor& a);   // log(1 + a), accurate near 0
+Tensor expm1(const Tensor& a);   // exp(a) - 1, accurate near 0
+Tensor erf(const Tensor& a);
+Tensor reciprocal(const Tensor& a);  // 1 / a; integers give f32
+Tensor sign(const Tensor& a);    // -1, 0 or 1 in a's dtype (0 for nan); b8 stays b8
+Tensor floor(const Tensor& a);   // integers unchanged
+Tensor ceil(const Tensor& a);
+Tensor round(const Tensor& a);   // half to even: round(2.5) == 2
+/// Bounds a to [min, max]; either bound may be absent, not both. A nan in a stays nan. With
+/// min > max every element is max. Scalar bounds take part in type promotion as numbers (an
+/// i64 tensor clamped to 0.5 becomes f32). As in torch, a nan in a tensor bound gives nan
+/// there; a nan scalar bound makes every element nan when both bounds are given, and is
+/// ignored when it is the only one.
+Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max = std::nullopt);
+Tensor clamp(const Tensor& a, const std::optional<Tensor>& min,
+             const std::optional<Tensor>& max = std::nullopt);
+/// start + weight * (end - start), computed from the nearer end as torch does (for
+/// |weight| >= 0.5: end - (end - start) * (1 - weight)). Floating tensors of one dtype.
+Tensor lerp(const Tensor& start, const Tensor& end, Scalar weight);
+Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight);
+/// a + value * t1 * t2, and a + value * t1 / t2 (not for two integer t1, t2, as in torch).
+Tensor addcmul(const Tensor& a, const Tensor& t1, const Tensor& t2, Scalar value = 1);
+Tensor addcdiv(const Tensor& a, const Tensor& t1, const Tensor& t2, Scalar value = 1);
+Tensor isinf(const Tensor& a);
+Tensor isfinite(const Tensor& a);
+/// nan, +inf and -inf replaced; infinities default to the dtype's largest and lowest finite
+/// values. Integer and bool tensors are returned unchanged.
+Tensor nan_to_num(const Tensor& a, std::optional<double> nan = 0.0,
+                  std::optional<double> posinf = std::nullopt,
+                  std::optional<double> neginf = std::nullopt);
+
+// Activations (floating tensors only, as in torch).
+/// approximate: "none" (the exact erf form) or "tanh".
+Tensor gelu(const Tensor& a, std::string_view approximate = "none");
+Tensor silu(const Tensor& a);
+/// log(1 + exp(beta a)) / beta, and a itself where beta a > threshold.
+Tensor softplus(const Tensor& a, Scalar beta = 1, Scalar threshold = 20);
+Tensor leaky_relu(const Tensor& a, Scalar negative_slope = 0.01);
+
+// Reductions. dims empty means every dim.
+/// The product of all elements, or along one dim. Integer and bool tensors give i64.
+Tensor prod(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+/// Variance: sum((a - mean)^2) / max(count - correction, 0); correction 1 is the unbiased
+/// estimate, 0 the population variance. Floating tensors only. std is its square root.
+Tensor var(const Tensor& a, std::vector<int64_t> dims = {}, double correction = 1,
+           bool keepdim = false);
+Tensor std(const Tensor& a, std::vector<int64_t> dims = {}, double correction = 1,
+           bool keepdim = false);
+/// log(sum(exp(a))) with the maximum taken out first; -inf for an all -inf or empty slice.
+/// Integer and bool tensors compute in f32.
+Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+/// The index (i64) of the first largest / smallest element along dim, or in the flattened
+/// tensor when dim is absent (keepdim then keeps every dim as 1). A nan counts as the largest
+/// and the smallest. Not for b8 tensors or empty dims.
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& a, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+/// Whether every / any element is non-zero (b8). True / false over an empty dim.
+Tensor all(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor any(const Tensor& a, std::vector<int64_t> dims = {}, bool keepdim = false);
+/// Vector p-norm over dims for p = 1, 2 or INFINITY (max |a|). Floating tensors only.
+Tensor norm(const Tensor& a, double p = 2, std::vector<int64_t> dims = {}, bool keepdim = false);
+
+// Normalization.
+/// exp(a) / sum(exp(a)) along dim, and its logarithm, with the maximum subtracted first so
+/// large inputs do not overflow. With dtype the input is cast to it first (how integer
+/// tensors are used, as in torch); otherwise it must be floating.
+Tensor softmax(const Tensor& a, int64_t dim, std::optional<DType> dtype = std::nullopt);
+Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<DType> dtype = std::nullopt);
+/// Normalizes over the last normalized_shape.size() dims (which must equal normalized_shape):
+/// (a - mean) / sqrt(var + eps) with the biased variance, then * weight + bias when given
+/// (each of normalized_shape, a's dtype).
+Tensor layer_norm(const Tensor& a, const Shape& normalized_shape,
+                  const std::optional<Tensor>& weight = std::nullopt,
+                  const std::optional<Tensor>& bias = std::nullopt, double eps = 1e-5);
 
 // ---- sync ------------------------------------------------------------------------------
 /// Syncs every live tensor that holds pending IR, as one graph.

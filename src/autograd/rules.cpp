@@ -3,6 +3,7 @@
 // says so explicitly; a row with neither a rule nor that mark does not compile.
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "autograd/autograd.h"
 #include "ops/op_helpers.h"
@@ -31,6 +32,19 @@ Tensor unreduce(const Tensor& t, const C& c) {
   Shape s = c.inputs[0].shape();
   for (int64_t d : c.attrs.ints(0)) s[d] = 1;
   return reshape(t, s);
+}
+
+// A reduction's result over `dims` (keepdim or not) as size-1 dims, to broadcast against x.
+Tensor unreduce_dims(const Tensor& t, const std::vector<int64_t>& dims, const Tensor& x) {
+  Shape s = x.shape();
+  for (int64_t d : dims) s[d] = 1;
+  return reshape(t, s);
+}
+// The product over several dims (the public prod takes one dim or all).
+Tensor prod_over(const Tensor& x, const std::vector<int64_t>& dims) {
+  Tensor p = x;
+  for (size_t k = dims.size(); k-- > 0;) p = prod(p, dims[k], true);
+  return p;
 }
 
 // ---- rules --------------------------------------------------------------------------------
@@ -259,6 +273,121 @@ constexpr GradRule grad_Conv2dBackwardWeight = nullptr;
 constexpr GradRule grad_MaxPool2dBackward = nullptr;
 constexpr GradRule grad_AvgPool2dBackward = nullptr;
 
+// ---- math ops (PyTorch's derivatives, torch/csrc/autograd/FunctionsManual.cpp) -----------
+Grads grad_Sin(const C& c) { return {c.grad * cos(c.inputs[0])}; }
+Grads grad_Cos(const C& c) { return {-c.grad * sin(c.inputs[0])}; }
+Grads grad_Log1p(const C& c) { return {c.grad / (c.inputs[0] + 1)}; }
+Grads grad_Expm1(const C& c) { return {c.grad * (c.output + 1)}; }
+Grads grad_Erf(const C& c) {
+  const Tensor& x = c.inputs[0];
+  return {c.grad * (2.0 / std::sqrt(M_PI)) * exp(-(x * x))};
+}
+Grads grad_Gelu(const C& c) {
+  const Tensor& x = c.inputs[0];
+  if (c.attrs.b(0)) {  // tanh form
+    const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
+    Tensor x_sq = x * x;
+    Tensor t = tanh((x + x_sq * x * kappa) * beta);
+    Tensor left_derivative = (t + 1) * 0.5;
+    Tensor right_derivative = x * 0.5 * (1 - t * t) * beta * (x_sq * (3 * kappa) + 1);
+    return {c.grad * (left_derivative + right_derivative)};
+  }
+  Tensor cdf = (erf(x * M_SQRT1_2) + 1) * 0.5;
+  Tensor pdf = exp(x * x * -0.5) * (M_2_SQRTPI * M_SQRT1_2 * 0.5);
+  return {c.grad * (cdf + x * pdf)};
+}
+Grads grad_Silu(const C& c) {
+  const Tensor& x = c.inputs[0];
+  Tensor s = sigmoid(x);
+  return {c.grad * s * (x * (1 - s) + 1)};
+}
+// Above the threshold softplus is x, so the gradient passes unchanged.
+Grads grad_Softplus(const C& c) {
+  const Tensor& x = c.inputs[0];
+  const double beta = c.attrs.f(0), threshold = c.attrs.f(1);
+  Tensor bx = x * beta;
+  return {where(bx > threshold, c.grad, c.grad * sigmoid(bx))};
+}
+// Piecewise constant: zero gradient almost everywhere, as in torch.
+Grads grad_Floor(const C& c) { return {zeros_of(c.grad)}; }
+Grads grad_Ceil(const C& c) { return {zeros_of(c.grad)}; }
+Grads grad_Round(const C& c) { return {zeros_of(c.grad)}; }
+Grads grad_Sign(const C& c) { return {zeros_of(c.grad)}; }
+// torch's clamp_backward and clamp_backward_min_max: x gets the gradient where it lies within
+// the bounds (inclusive); a bound gets it where it is the result. With min > max the result
+// is max everywhere, so min gets nothing.
+Grads grad_Clamp(const C& c) {
+  const Tensor& x = c.inputs[0];
+  const Tensor& lo = c.inputs[1];
+  const Tensor& hi = c.inputs[2];
+  const bool has_min = c.attrs.b(0), has_max = c.attrs.b(1);
+  Tensor zero = zeros_of(c.grad);
+  Grads g(3);
+  if (c.needs[0]) {
+    Tensor inside = has_min && has_max ? logical_and(x >= lo, x <= hi) : has_min ? x >= lo : x <= hi;
+    g[0] = to_operand(where(inside, c.grad, zero), x);
+  }
+  if (c.needs[1] && has_min) {
+    Tensor hit = has_max ? logical_and(x < lo, lo < hi) : x < lo;
+    g[1] = to_operand(where(hit, c.grad, zero), lo);
+  }
+  if (c.needs[2] && has_max) {
+    Tensor hit = has_min ? logical_or(x > hi, hi < lo) : x > hi;
+    g[2] = to_operand(where(hit, c.grad, zero), hi);
+  }
+  return g;
+}
+
+// The product of the other elements of each slice, also where some are zero: with no zero it
+// is prod / x; with one zero only that element gets the product of the rest; with more, none.
+Grads grad_Prod(const C& c) {
+  const Tensor& x = c.inputs[0];
+  const auto& dims = c.attrs.ints(0);
+  Tensor is_zero = x == 0;
+  Tensor zeros_in_slice = sum(is_zero, dims, true);
+  Tensor nonzero_product = unreduce_dims(prod_over(where(is_zero, ones_like(x), x), dims), dims, x);
+  Tensor others = where(is_zero, where(zeros_in_slice == 1, nonzero_product, zeros_of(x)),
+                        where(zeros_in_slice == 0, nonzero_product / x, zeros_of(x)));
+  return {unreduce(c.grad, c) * others};
+}
+// torch's var_backward: 2 (x - mean) / (count - correction) times the gradient.
+Tensor var_backward(const Tensor& grad, const C& c) {
+  const Tensor& x = c.inputs[0];
+  const double count = static_cast<double>(x.numel()) /
+                       static_cast<double>(std::max<int64_t>(c.output.numel(), 1));
+  const double scale = 2.0 / (count - c.attrs.f(2));
+  return unreduce(grad, c) * scale * (x - mean(x, c.attrs.ints(0), true));
+}
+Grads grad_Var(const C& c) { return {var_backward(c.grad, c)}; }
+// torch's std_backward: through var with grad / (2 std), taken as 0 where std is 0 (constant
+// slices get a zero gradient, not nan).
+Grads grad_Std(const C& c) {
+  const Tensor& s = c.output;
+  return {var_backward(where(s == 0, zeros_of(s), c.grad / (s * 2)), c)};
+}
+// torch's norm_backward for p = 1, 2, inf: sign(x) g; x g / norm (0 where the norm is 0);
+// the gradient split evenly among the elements whose |x| is the norm (or nan).
+Grads grad_Norm(const C& c) {
+  const Tensor& x = c.inputs[0];
+  const double p = c.attrs.f(2);
+  Tensor g = unreduce(c.grad, c);
+  Tensor norm = unreduce(c.output, c);
+  if (p == 1) return {sign_of(x) * g};
+  if (p == 2) return {x * where(norm == 0, zeros_of(norm), g / norm)};
+  Tensor ax = abs(x);
+  Tensor hit = cast(logical_or(ax == norm, isnan(ax)), x.dtype());
+  return {sign_of(x) * (g / sum(hit, c.attrs.ints(0), true)) * hit};
+}
+Grads grad_Softmax(const C& c) {
+  const Tensor& y = c.output;
+  const int64_t dim = c.attrs.i(0);
+  return {y * (c.grad - sum(c.grad * y, {dim}, true))};
+}
+Grads grad_LogSoftmax(const C& c) {
+  const int64_t dim = c.attrs.i(0);
+  return {c.grad - exp(c.output) * sum(c.grad, {dim}, true)};
+}
+
 // Not differentiable: leaves, boolean results, control flow (until loop autodiff lands).
 constexpr GradRule grad_Parameter = nullptr;
 constexpr GradRule grad_Full = nullptr;
@@ -274,6 +403,8 @@ constexpr GradRule grad_LogicalAnd = nullptr;
 constexpr GradRule grad_LogicalOr = nullptr;
 constexpr GradRule grad_While = nullptr;
 constexpr GradRule grad_Random = nullptr;
+constexpr GradRule grad_ArgMax = nullptr;  // integer results
+constexpr GradRule grad_ArgMin = nullptr;
 
 constexpr std::array<GradRule, ir::kNumOps> kRules = {
 #define OP(Enum, name, operands, rule, flags, attrs) grad_##Enum,

@@ -2,6 +2,7 @@
 // operands it refuses. Tracing calls it before recording a node, so a bad call throws before
 // anything is built.
 #include <algorithm>
+#include <limits>
 
 #include "ir/graph.h"
 #include "util/check.h"
@@ -95,6 +96,8 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       check_shape_valid(name, a.ints(1));
       return {{a.dtype(2), a.ints(1)}};
     }
+    case ResultRule::Unary:
+      return {ops[0]};
     case ResultRule::UnaryNumeric:
       check_not_bool(name, ops[0]);
       return {ops[0]};
@@ -124,6 +127,13 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
                                  ops[2].shape, name);
       return {{ops[1].dtype, s}};
     }
+    case ResultRule::Clamp: {
+      check_same_dtype(name, ops);
+      check_not_bool(name, ops[0]);
+      Shape s = broadcast_shapes(broadcast_shapes(ops[0].shape, ops[1].shape, name),
+                                 ops[2].shape, name);
+      return {{ops[0].dtype, s}};
+    }
     case ResultRule::Reduce:
       return reduce_types(name, ops[0], a, false);
     case ResultRule::ReduceFloat:
@@ -131,6 +141,27 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       return reduce_types(name, ops[0], a, false);
     case ResultRule::ReduceNonEmpty:
       return reduce_types(name, ops[0], a, true);
+    case ResultRule::ReduceNorm: {
+      check_float(name, ops[0]);
+      const double p = a.f(2);
+      LAZYRT_CHECK(p == 1 || p == 2 || p == std::numeric_limits<double>::infinity(), name,
+                   ": p must be 1, 2 or inf, got ", p);
+      return reduce_types(name, ops[0], a, false);
+    }
+    case ResultRule::ArgReduce: {
+      check_not_bool(name, ops[0]);
+      const int64_t dim = a.i(0);
+      auto out = reduce_types(name, ops[0], {std::vector<int64_t>{dim}, a.b(1)}, true);
+      out[0].dtype = DType::i64;
+      return out;
+    }
+    case ResultRule::Softmax: {
+      check_float(name, ops[0]);
+      const auto rank = static_cast<int64_t>(ops[0].shape.size());
+      LAZYRT_CHECK(a.i(0) >= 0 && a.i(0) < std::max<int64_t>(rank, 1), name, ": dim ", a.i(0),
+                   " out of range for ", type_str(ops[0]));
+      return {ops[0]};
+    }
     case ResultRule::Matmul: {
       const auto& x = ops[0];
       const auto& y = ops[1];

@@ -30,6 +30,7 @@ enum OpFlags : uint32_t {
 enum class ResultRule : uint8_t {
   Given,           // the result type is supplied by whoever builds the node (parameters)
   Full,            // from the shape and dtype attributes
+  Unary,           // same type
   UnaryNumeric,    // same type; not b8
   UnaryFloat,      // same type; floating only
   UnaryToBool,     // same shape, b8
@@ -39,9 +40,13 @@ enum class ResultRule : uint8_t {
   BinaryFloat,     // as Binary; floating only
   Compare,         // broadcast shape, b8
   Where,           // b8 condition, two values of one dtype; broadcast of all three
+  Clamp,           // three operands of one dtype, not b8; broadcast of all three
   Reduce,          // dims removed (or kept as 1)
   ReduceFloat,     // as Reduce; floating only
   ReduceNonEmpty,  // as Reduce; reduced dims must not be empty
+  ReduceNorm,      // as ReduceFloat; the p attribute must be 1, 2 or inf
+  ArgReduce,       // the dim attribute removed (or kept as 1), i64; not b8; dim not empty
+  Softmax,         // same type, floating only; the dim attribute in range
   Matmul,          // [..., n, k] x [..., k, m] -> [broadcast(...), n, m]
   Permute,         // dims permuted
   Reshape,         // the shape attribute, same element count

@@ -172,13 +172,6 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
   return reduce_loss(d * d, reduction, "mse_loss");
 }
 
-Tensor log_softmax(const Tensor& x_in, int64_t dim) {
-  const Tensor x = detail::autocast_f32(x_in);
-  Tensor m = amax(x, {dim}, true).detach();  // a shift: the result does not depend on it
-  Tensor z = x - m;
-  return z - log(sum(exp(z), {dim}, true));
-}
-
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
                      const std::string& reduction) {
   LAZYRT_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got ", shape_str(logits.shape()));
@@ -189,7 +182,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_sm
   LAZYRT_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
                "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
   const int64_t classes = logits.shape()[1];
-  Tensor logp = log_softmax(logits, 1);
+  Tensor logp = lazyrt::log_softmax(logits, 1);
   Tensor onehot = cast(reshape(target, {-1, 1}) == reshape(arange(classes), {1, classes}), logp.dtype());
   Tensor nll = -sum(onehot * logp, {1});
   Tensor l = label_smoothing == 0

@@ -1,24 +1,62 @@
-// Internal helpers shared by the files of src/ops (defined in tensor_ops.cpp). Not part of
-// the public API.
+// Internal helpers of the public tensor ops (src/ops/*.cpp): recording IR ops through apply(),
+// PyTorch's type promotion, and dim handling. Defined in tensor_ops.cpp. Nothing here is part
+// of the public API.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "ir/graph.h"
 #include "lazyrt/tensor.h"
+#include "trace/lazy_tensor.h"
 
 namespace lazyrt::detail {
 
-/// The state of a defined tensor; throws lazyrt::Error naming `what` for an undefined one.
+/// The tensor's state; throws naming `what` when the tensor is undefined.
 trace::TensorImpl& impl_of(const Tensor& t, const char* what = "tensor");
-/// Records one op of the table over these tensors, and for autograd when it must.
+
+/// Records one op of the table over these tensors, and for autograd when it must. Every IR op
+/// a public op builds goes through here.
 Tensor apply(ir::OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {});
-/// t itself when it has dtype `to`, else a cast.
+
+/// t as `to` (t itself when it already has that dtype).
 Tensor cast_to(const Tensor& t, DType to);
-/// A constant of the graph filled with `value`.
+
+/// A constant of the graph (a scalar unless a shape is given).
 Tensor constant_tensor(double value, DType dtype, Shape shape = {});
-/// d in [-rank, rank) made non-negative (a 0-dim tensor takes 0 and -1); throws naming `op`.
+
+/// PyTorch's result_type: operands are ranked tensors with dims, then zero-dim tensors, then
+/// plain numbers. A lower rank changes the result only when it brings a higher category
+/// (bool < integer < floating). Add every operand, then read result().
+struct Promotion {
+  std::optional<DType> dim, zero, wrapped;
+
+  static std::optional<DType> merge(std::optional<DType> a, DType b);
+  void add(const Tensor& t);
+  void add(Scalar s);
+  static std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> lower);
+  DType result() const;
+};
+
+DType result_type(const Tensor& a, const Tensor& b);
+DType result_type(const Tensor& a, Scalar b);
+
+/// op(a, b) with both operands cast to `compute`.
+Tensor binary(ir::OpKind op, const Tensor& a, const Tensor& b, DType compute);
+/// op(a, b) (or op(b, a) when scalar_first) with a cast to `compute` and b a constant of it.
+Tensor binary_scalar(ir::OpKind op, const Tensor& a, Scalar b, DType compute, bool scalar_first);
+/// An arithmetic op with PyTorch's promotion (true division always floating).
+Tensor arith(ir::OpKind op, const Tensor& a, const Tensor& b);
+Tensor arith(ir::OpKind op, const Tensor& a, Scalar b, bool scalar_first = false);
+
+Tensor unary(ir::OpKind op, const Tensor& a);
+/// A floating unary op: integer and bool inputs compute in f32, as in PyTorch.
+Tensor unary_float(ir::OpKind op, const Tensor& a);
+
+/// d wrapped into [0, rank) (a 0-dim tensor takes -1 and 0); throws naming `op` and the shape.
 int64_t wrap_dim(int64_t d, const Shape& shape, const char* op);
+/// The reduction dims of a call, wrapped, sorted and checked for duplicates; empty means all.
+std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, const char* op);
 
 /// Autocast (amp.h): t in the autocast dtype for ops that run in lower precision (matmul,
 /// conv), or in f32 for ops that need the range (reductions, softmax, losses); t itself when

@@ -8,9 +8,9 @@
 
 #include "lazyrt/tensor.h"
 #include "autograd/autograd.h"
+#include "ops/op_helpers.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/ops.h"
-#include "ops/op_helpers.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 
@@ -20,18 +20,14 @@ using ir::OpKind;
 using trace::LazyValue;
 using trace::record;
 using detail::str_cat;
-using detail::apply;
-using detail::cast_to;
-using detail::constant_tensor;
-using detail::impl_of;
-using detail::wrap_dim;
 
-trace::TensorImpl& detail::impl_of(const Tensor& t, const char* what) {
+// Helpers shared with the other files of src/ops (declared in ops/op_helpers.h).
+namespace detail {
+
+trace::TensorImpl& impl_of(const Tensor& t, const char* what) {
   LAZYRT_CHECK(t.defined(), what, ": the tensor is undefined");
   return *t.impl();
 }
-
-namespace {
 
 LazyValue value_of(const Tensor& t) {
   auto& s = impl_of(t);
@@ -42,9 +38,7 @@ LazyValue value_of(const Tensor& t) {
 }
 Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
 
-}  // namespace
-
-Tensor detail::apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
+Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));
@@ -54,43 +48,34 @@ Tensor detail::apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs att
   return out;
 }
 
-Tensor detail::cast_to(const Tensor& t, DType to) {
-  return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to});
-}
+Tensor cast_to(const Tensor& t, DType to) { return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to}); }
 
-Tensor detail::constant_tensor(double value, DType dtype, Shape shape) {
+Tensor constant_tensor(double value, DType dtype, Shape shape) {
   return wrap(trace::constant(value, dtype, std::move(shape)));
 }
 
-namespace {
-
 // ---- type promotion (PyTorch's result_type) ---------------------------------------------
-// Operands are ranked: tensors with dims, then zero-dim tensors, then plain numbers. A lower
-// rank changes the result only when it brings a higher category (bool < integer < floating).
-struct Promotion {
-  std::optional<DType> dim, zero, wrapped;
 
-  static std::optional<DType> merge(std::optional<DType> a, DType b) {
-    return a ? promote_types(*a, b) : b;
-  }
-  void add(const Tensor& t) {
-    if (t.dim() == 0) zero = merge(zero, t.dtype());
-    else dim = merge(dim, t.dtype());
-  }
-  void add(Scalar s) {
-    DType d = s.kind() == Scalar::Kind::Float ? DType::f32
-              : s.kind() == Scalar::Kind::Int ? DType::i64 : DType::b8;
-    wrapped = merge(wrapped, d);
-  }
-  static std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> lower) {
-    if (!higher) return lower;
-    if (!lower) return higher;
-    if (is_floating(*higher)) return higher;
-    if (*higher == DType::b8 || is_floating(*lower)) return promote_types(*higher, *lower);
-    return higher;
-  }
-  DType result() const { return combine(dim, combine(zero, wrapped)).value_or(DType::f32); }
-};
+std::optional<DType> Promotion::merge(std::optional<DType> a, DType b) {
+  return a ? promote_types(*a, b) : b;
+}
+void Promotion::add(const Tensor& t) {
+  if (t.dim() == 0) zero = merge(zero, t.dtype());
+  else dim = merge(dim, t.dtype());
+}
+void Promotion::add(Scalar s) {
+  DType d = s.kind() == Scalar::Kind::Float ? DType::f32
+            : s.kind() == Scalar::Kind::Int ? DType::i64 : DType::b8;
+  wrapped = merge(wrapped, d);
+}
+std::optional<DType> Promotion::combine(std::optional<DType> higher, std::optional<DType> lower) {
+  if (!higher) return lower;
+  if (!lower) return higher;
+  if (is_floating(*higher)) return higher;
+  if (*higher == DType::b8 || is_floating(*lower)) return promote_types(*higher, *lower);
+  return higher;
+}
+DType Promotion::result() const { return combine(dim, combine(zero, wrapped)).value_or(DType::f32); }
 
 DType result_type(const Tensor& a, const Tensor& b) {
   Promotion p;
@@ -126,7 +111,7 @@ Tensor arith(OpKind op, const Tensor& a, const Tensor& b) {
   impl_of(b, ir::op_name(op).data());
   return binary(op, a, b, arith_type(op, result_type(a, b)));
 }
-Tensor arith(OpKind op, const Tensor& a, Scalar b, bool scalar_first = false) {
+Tensor arith(OpKind op, const Tensor& a, Scalar b, bool scalar_first) {
   impl_of(a, ir::op_name(op).data());
   return binary_scalar(op, a, b, arith_type(op, result_type(a, b)), scalar_first);
 }
@@ -138,17 +123,13 @@ Tensor unary_float(OpKind op, const Tensor& a) {
   return apply(op, {is_floating(a.dtype()) ? a : cast_to(a, DType::f32)});
 }
 
-}  // namespace
-
-int64_t detail::wrap_dim(int64_t d, const Shape& shape, const char* op) {
+int64_t wrap_dim(int64_t d, const Shape& shape, const char* op) {
   const auto rank = static_cast<int64_t>(shape.size());
   const int64_t r = std::max<int64_t>(rank, 1);
   LAZYRT_CHECK(d >= -r && d < r, op, ": dim ", d, " out of range for a tensor of shape ",
                shape_str(shape), " (expected ", -r, " to ", r - 1, ")");
   return d < 0 ? d + r : d;
 }
-
-namespace {
 
 std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, const char* op) {
   const int64_t rank = a.dim();
@@ -166,7 +147,7 @@ std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, con
 
 Tensor reduce(OpKind op, const Tensor& a_in, std::vector<int64_t> dims, bool keepdim, const char* name) {
   impl_of(a_in, name);
-  const Tensor a = op == OpKind::Sum || op == OpKind::Mean ? detail::autocast_f32(a_in) : a_in;
+  const Tensor a = op == OpKind::Sum || op == OpKind::Mean ? autocast_f32(a_in) : a_in;
   auto d = reduce_dims(a, std::move(dims), name);
   Tensor v = op == OpKind::Sum && !is_floating(a.dtype()) ? cast_to(a, DType::i64) : a;
   return apply(op, {v}, {d, keepdim});
@@ -222,7 +203,9 @@ Tensor from_vector(const std::vector<T>& data, Shape shape, DType dtype) {
   return from_blob(data.data(), std::move(shape), dtype);
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 // ---- Tensor -------------------------------------------------------------------------------
 
@@ -602,8 +585,8 @@ Tensor squeeze(const Tensor& a, int64_t d) {
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   impl_of(a_in, "matmul");
   impl_of(b_in, "matmul");
-  const Tensor a = detail::autocast_lower(a_in);
-  const Tensor b = detail::autocast_lower(b_in);
+  const Tensor a = autocast_lower(a_in);
+  const Tensor b = autocast_lower(b_in);
   const Shape& x = a.shape();
   const Shape& y = b.shape();
   LAZYRT_CHECK(!x.empty() && !y.empty(), "matmul: both operands need at least one dim, got ",

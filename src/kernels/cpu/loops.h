@@ -2,6 +2,7 @@
 // broadcast iteration of elementwise ops.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <type_traits>
@@ -186,5 +187,29 @@ inline std::vector<int64_t> contiguous_strides(const Shape& shape) {
   }
   return s;
 }
+
+/// Iteration of a reduction over `dims` of a contiguous input: `outer` walks the kept dims in
+/// row-major order (one output element each), `inner` walks the reduced dims of one output.
+struct ReduceLayout {
+  StridedLayout outer;  // over the kept dims, strides into the input
+  StridedLayout inner;  // over the reduced dims, strides into the input
+  int64_t count;        // elements per output
+
+  static StridedLayout part(const Shape& in, const std::vector<int64_t>& dims, bool reduced) {
+    std::vector<int64_t> st = contiguous_strides(in);
+    Shape shape;
+    std::vector<int64_t> strides;
+    for (size_t d = 0; d < in.size(); ++d) {
+      bool r = std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+      if (r == reduced) {
+        shape.push_back(in[d]);
+        strides.push_back(st[d]);
+      }
+    }
+    return StridedLayout(shape, strides);
+  }
+  ReduceLayout(const Shape& in, const std::vector<int64_t>& dims)
+      : outer(part(in, dims, false)), inner(part(in, dims, true)), count(inner.numel) {}
+};
 
 }  // namespace lazyrt::kernels

@@ -1,6 +1,5 @@
 // Reductions over any set of dims. Each output element accumulates over the reduced
 // sub-space in a wide accumulator (double for floats, int64 for integers).
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/loops.h"
@@ -8,28 +7,6 @@
 
 namespace lazyrt::kernels {
 namespace {
-
-struct ReduceLayout {
-  StridedLayout outer;  // over the kept dims, strides into the input
-  StridedLayout inner;  // over the reduced dims, strides into the input
-  int64_t count;        // elements per output
-
-  static StridedLayout part(const Shape& in, const std::vector<int64_t>& dims, bool reduced) {
-    std::vector<int64_t> st = contiguous_strides(in);
-    Shape shape;
-    std::vector<int64_t> strides;
-    for (size_t d = 0; d < in.size(); ++d) {
-      bool r = std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
-      if (r == reduced) {
-        shape.push_back(in[d]);
-        strides.push_back(st[d]);
-      }
-    }
-    return StridedLayout(shape, strides);
-  }
-  ReduceLayout(const Shape& in, const std::vector<int64_t>& dims)
-      : outer(part(in, dims, false)), inner(part(in, dims, true)), count(inner.numel) {}
-};
 
 enum class Kind { Sum, Mean, Max, Min };
 

@@ -51,7 +51,7 @@ TEST(Autocast, PolicyLowersMatmulAndKeepsReductionsInF32) {
   amp::AutocastGuard autocast;
   EXPECT_EQ(matmul(a, b).dtype(), DType::bf16);
   EXPECT_EQ(sum(cast(a, DType::bf16)).dtype(), DType::f32);
-  EXPECT_EQ(nn::log_softmax(cast(a, DType::bf16), 1).dtype(), DType::f32);
+  EXPECT_EQ(log_softmax(cast(a, DType::bf16), 1).dtype(), DType::f32);
   EXPECT_EQ((cast(a, DType::bf16) + a).dtype(), DType::f32) << "elementwise ops promote";
   {
     amp::AutocastGuard off(DType::bf16, false);

@@ -4,7 +4,9 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include <cmath>
 #include <functional>
+#include <optional>
 #include <map>
 
 #include "ops/op_fixture.h"
@@ -72,6 +74,26 @@ const std::map<std::string, std::function<Tensor(const V&)>>& models() {
          Tensor u = slice(slice(h, 1, 1), 2, 0, std::nullopt, 2);
          Tensor st = stack(split(h, 2, 2), 0);
          return sum(pow(tanh(t), 2)) + mean(u * u) + sum(tanh(z)) + mean(st * slice(st, 2, 0, 1));
+       }},
+      {"layer_norm_gelu_nll",
+       [](const V& x) {
+         Tensor h = layer_norm(matmul(x[0], x[1]), {5}, x[2], x[3]);
+         Tensor z = matmul(gelu(h), x[4]);
+         return -mean(sum(log_softmax(z, 1) * x[5], {1}));
+       }},
+      {"math_zoo",
+       [](const V& x) {
+         const Tensor& a = x[0];
+         const Tensor& b = x[1];
+         const Tensor& c = x[2];
+         Tensor e = sin(a) * cos(b) + log1p(c) - expm1(0.5 * a) + erf(b) + silu(a) +
+                    softplus(b, 2, 1) + gelu(a, "tanh") + leaky_relu(b, 0.2) + reciprocal(c + 1) +
+                    clamp(a, std::optional<Tensor>(b - 0.5), std::optional<Tensor>(c)) +
+                    clamp(b, -0.3, 0.4) + lerp(a, b, c * 0.5) + addcmul(a, b, c, 0.7) +
+                    addcdiv(b, a, c + 1, -1.5) + round(a * 4) * b + sign(b) * a;
+         return sum(var(e, {1})) + sum(lazyrt::std(e, {0}, 0)) + sum(logsumexp(e, {1})) +
+                sum(prod(c + 0.5, 1)) + norm(e, 1) + sum(norm(e, 2, {1})) +
+                sum(norm(e, INFINITY, {0})) + sum(softmax(e, 0) * a) + sum(nan_to_num(log(c - 0.5)));
        }},
   };
   return m;

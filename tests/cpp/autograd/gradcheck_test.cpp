@@ -101,6 +101,49 @@ std::map<std::string, GradCase> cases() {
     return avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1}, true, false) +
            avg_pool2d(x[0], {3, 2}, {2, 1}, {1, 1}, true, true);
   }};
+  // Math ops. Kinks (rounding steps, clamp bounds, |x| at 0) have probability zero for the
+  // drawn values; piecewise constant ops check a zero gradient.
+  c["sin"] = {{{2, 3}}, [](const V& x) { return sin(x[0] * 2); }};
+  c["cos"] = {{{2, 3}}, [](const V& x) { return cos(x[0] * 2); }};
+  c["log1p"] = {{{2, 3}}, [](const V& x) { return log1p(x[0]); }, -0.8, 3};
+  c["expm1"] = {{{2, 3}}, [](const V& x) { return expm1(x[0]); }};
+  c["erf"] = {{{2, 3}}, [](const V& x) { return erf(x[0]); }};
+  c["gelu"] = {{{2, 3}}, [](const V& x) { return gelu(x[0] * 2); }};
+  c["gelu_tanh"] = {{{2, 3}}, [](const V& x) { return gelu(x[0] * 2, "tanh"); }};
+  c["silu"] = {{{2, 3}}, [](const V& x) { return silu(x[0] * 2); }};
+  c["softplus"] = {{{2, 3}}, [](const V& x) { return softplus(x[0] * 2); }};
+  // beta x crosses the threshold (1.5) inside the range: both pieces are checked.
+  c["softplus_threshold"] = {{{3, 4}}, [](const V& x) { return softplus(x[0], 2, 1.5); }};
+  c["floor"] = {{{2, 3}}, [](const V& x) { return floor(x[0] * 3) * x[0]; }};
+  c["ceil"] = {{{2, 3}}, [](const V& x) { return ceil(x[0] * 3) * x[0]; }};
+  c["round"] = {{{2, 3}}, [](const V& x) { return round(x[0] * 3) * x[0]; }};
+  c["sign"] = {{{2, 3}}, [](const V& x) { return sign(x[0]) * x[0]; }};
+  c["clamp"] = {{{2, 3}, {3}, {2, 1}}, [](const V& x) { return clamp(x[0] * 2, x[1] - 1, x[2] + 1); }};
+  c["clamp_scalar_bounds"] = {{{3, 4}}, [](const V& x) { return clamp(x[0], -0.5, 1.0); }};
+  c["clamp_min_above_max"] = {{{2, 3}, {3}}, [](const V& x) {
+    return clamp(x[0], std::optional<Tensor>(x[1] + 3), std::optional<Tensor>(x[1] - 3));
+  }};
+  c["prod"] = {{{2, 3, 4}}, [](const V& x) { return prod(x[0], 1); }, 0.5, 2};
+  c["prod_all_negative_values"] = {{{5}}, [](const V& x) { return prod(x[0]); }, -2, -0.5};
+  c["var"] = {{{2, 3, 4}}, [](const V& x) { return var(x[0], {0, 2}); }};
+  c["var_correction0_keepdim"] = {{{3, 4}}, [](const V& x) { return var(x[0], {1}, 0, true); }};
+  c["std"] = {{{3, 4}}, [](const V& x) { return lazyrt::std(x[0], {1}); }};
+  c["norm"] = {{{3, 4}}, [](const V& x) { return norm(x[0], 2, {1}); }};
+  c["norm_p1"] = {{{3, 4}}, [](const V& x) { return norm(x[0], 1, {0}, true); }};
+  c["norm_pinf"] = {{{3, 4}}, [](const V& x) { return norm(x[0], INFINITY); }};
+  c["softmax"] = {{{3, 4}}, [](const V& x) { return softmax(x[0], 1); }};
+  c["softmax_dim0"] = {{{3, 2, 4}}, [](const V& x) { return softmax(x[0] * 3, 0); }};
+  c["log_softmax"] = {{{3, 4}}, [](const V& x) { return log_softmax(x[0], -1); }};
+  c["log_softmax_dim1"] = {{{2, 3, 2}}, [](const V& x) { return log_softmax(x[0] * 3, 1); }};
+  // Composites of the math API: their gradients come from the IR ops' rules.
+  c["logsumexp_composite"] = {{{3, 4}}, [](const V& x) { return logsumexp(x[0] * 5, {1}); }};
+  c["layer_norm_composite"] = {{{3, 4}, {4}, {4}}, [](const V& x) {
+    return layer_norm(x[0], {4}, x[1], x[2]);
+  }};
+  c["lerp_composite"] = {{{2, 3}, {3}, {2, 3}}, [](const V& x) { return lerp(x[0], x[1], x[2]); }};
+  c["addcdiv_composite"] = {{{2, 3}, {2, 3}, {3}}, [](const V& x) {
+    return addcdiv(x[0], x[1], x[2] + 3, 0.5);
+  }};
   return c;
 }
 

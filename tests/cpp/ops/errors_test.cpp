@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -307,6 +309,108 @@ TEST(OpErrors, MatmulOfMixedDtypesNamesBothDtypes) {
   Tensor b = tensor(std::vector<int64_t>{1, 2}, {2, 1});
   EXPECT_THAT(error_of([&] { matmul(a, b); }),
               AllOf(HasSubstr("matmul"), HasSubstr("f32"), HasSubstr("i64")));
+}
+
+// ---- math ops ------------------------------------------------------------------------------------
+
+TEST(OpErrors, SoftmaxDimOutOfRangeNamesOpAndShape) {
+  Tensor a = f32_2x3();
+  EXPECT_THAT(error_of([&] { softmax(a, 2); }), AllOf(HasSubstr("softmax"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { log_softmax(a, -3); }),
+              AllOf(HasSubstr("log_softmax"), HasSubstr("[2, 3]")));
+}
+
+TEST(OpErrors, SoftmaxOfIntegersWithoutDtypeIsRefusedAsInTorch) {
+  Tensor ints = tensor(std::vector<int64_t>{1, 2, 3}, {3});
+  EXPECT_THAT(error_of([&] { softmax(ints, 0); }),
+              AllOf(HasSubstr("softmax"), HasSubstr("i64"), HasSubstr("dtype")));
+}
+
+TEST(OpErrors, LayerNormShapeMismatchNamesBothShapes) {
+  Tensor a = f32_2x3();
+  EXPECT_THAT(error_of([&] { layer_norm(a, {4}); }),
+              AllOf(HasSubstr("layer_norm"), HasSubstr("[4]"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { layer_norm(a, {2, 3, 1}); }),
+              AllOf(HasSubstr("layer_norm"), HasSubstr("[2, 3, 1]"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { layer_norm(a, {3}, zeros({4})); }),
+              AllOf(HasSubstr("layer_norm"), HasSubstr("weight"), HasSubstr("[4]"), HasSubstr("[3]")));
+  EXPECT_THAT(error_of([&] { layer_norm(a, {3}, std::nullopt, zeros({3}, DType::f64)); }),
+              AllOf(HasSubstr("layer_norm"), HasSubstr("bias"), HasSubstr("f64"), HasSubstr("f32")));
+  EXPECT_THAT(error_of([&] { layer_norm(a, {}); }), HasSubstr("layer_norm"));
+}
+
+TEST(OpErrors, NormWithUnsupportedPNamesP) {
+  Tensor a = f32_2x3();
+  EXPECT_THAT(error_of([&] { norm(a, 3); }), AllOf(HasSubstr("norm"), HasSubstr("p"), HasSubstr("3")));
+  EXPECT_THAT(error_of([&] { norm(a, 0); }), AllOf(HasSubstr("norm"), HasSubstr("0")));
+  EXPECT_THAT(error_of([&] { norm(a, -INFINITY); }), AllOf(HasSubstr("norm"), HasSubstr("-inf")));
+  Tensor ints = tensor(std::vector<int64_t>{1, 2}, {2});
+  EXPECT_THAT(error_of([&] { norm(ints); }), AllOf(HasSubstr("norm"), HasSubstr("i64")));
+}
+
+TEST(OpErrors, ArgmaxOfAnEmptyDimNamesDimAndShape) {
+  Tensor empty = zeros({0, 3});
+  EXPECT_THAT(error_of([&] { argmax(empty, 0); }),
+              AllOf(HasSubstr("argmax"), HasSubstr("dim 0"), HasSubstr("[0, 3]")));
+  EXPECT_THAT(error_of([&] { argmin(empty); }), AllOf(HasSubstr("argmin"), HasSubstr("[0, 3]")));
+  EXPECT_THAT(error_of([&] { argmax(f32_2x3(), 2); }), AllOf(HasSubstr("argmax"), HasSubstr("[2, 3]")));
+  Tensor flags = tensor(std::vector<bool>{true, false}, {2});
+  EXPECT_THAT(error_of([&] { argmax(flags); }), AllOf(HasSubstr("argmax"), HasSubstr("b8")));
+}
+
+TEST(OpErrors, FloatOnlyMathOpsNameTheDtype) {
+  Tensor ints = tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_THAT(error_of([&] { var(ints); }), AllOf(HasSubstr("var"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { lazyrt::std(ints, {1}); }), AllOf(HasSubstr("std"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { gelu(ints); }), AllOf(HasSubstr("gelu"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { silu(ints); }), AllOf(HasSubstr("silu"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { softplus(ints); }), AllOf(HasSubstr("softplus"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { leaky_relu(ints); }), AllOf(HasSubstr("leaky_relu"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { layer_norm(ints, {3}); }), AllOf(HasSubstr("layer_norm"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { lerp(ints, ints, 0.5); }), AllOf(HasSubstr("lerp"), HasSubstr("i64")));
+  Tensor flags = tensor(std::vector<bool>{true, false}, {2});
+  EXPECT_THAT(error_of([&] { floor(flags); }), AllOf(HasSubstr("floor"), HasSubstr("b8")));
+  EXPECT_THAT(error_of([&] { round(flags); }), AllOf(HasSubstr("round"), HasSubstr("b8")));
+}
+
+TEST(OpErrors, MathOpArgumentsCheckedAsInTorch) {
+  Tensor a = f32_2x3();
+  Tensor ints = tensor(std::vector<int64_t>{1, 2, 3}, {3});
+  EXPECT_THAT(error_of([&] { gelu(a, "fast"); }), AllOf(HasSubstr("gelu"), HasSubstr("fast")));
+  EXPECT_THAT(error_of([&] { clamp(a, std::optional<Scalar>(), std::optional<Scalar>()); }),
+              HasSubstr("clamp"));
+  EXPECT_THAT(error_of([&] { clamp(a, std::optional<Tensor>(zeros({4}))); }),
+              AllOf(HasSubstr("clamp"), HasSubstr("[2, 3]"), HasSubstr("[4]")));
+  EXPECT_THAT(error_of([&] { lerp(a, cast(a, DType::f64), 0.5); }),
+              AllOf(HasSubstr("lerp"), HasSubstr("f32"), HasSubstr("f64")));
+  EXPECT_THAT(error_of([&] { lerp(a, a, zeros({2, 3}, DType::f64)); }),
+              AllOf(HasSubstr("lerp"), HasSubstr("weight"), HasSubstr("f64")));
+  EXPECT_THAT(error_of([&] { addcdiv(ints, ints, ints); }), AllOf(HasSubstr("addcdiv"), HasSubstr("i64")));
+  EXPECT_THAT(error_of([&] { addcmul(a, a, zeros({4})); }),
+              AllOf(HasSubstr("addcmul"), HasSubstr("[2, 3]"), HasSubstr("[4]")));
+  EXPECT_THAT(error_of([&] { prod(a, 2); }), AllOf(HasSubstr("prod"), HasSubstr("[2, 3]")));
+  EXPECT_THAT(error_of([&] { logsumexp(a, {0, -2}); }), HasSubstr("logsumexp"));
+  EXPECT_THAT(error_of([&] { all(a, {5}); }), AllOf(HasSubstr("all"), HasSubstr("[2, 3]")));
+}
+
+// Failing math ops leave nothing behind either.
+TEST(OpErrors, FailedMathOpsLeaveNothingPending) {
+  Tensor a = f32_2x3();
+  Tensor ints = tensor(std::vector<int64_t>{1, 2, 3}, {3});
+  mark_step();
+  const int64_t runs = metrics::counter("ExecuteGraph");
+  EXPECT_THROW(softmax(a, 2), Error);
+  EXPECT_THROW(layer_norm(a, {4}), Error);
+  EXPECT_THROW(layer_norm(a, {3}, zeros({4})), Error);
+  EXPECT_THROW(norm(a, 3), Error);
+  EXPECT_THROW(argmax(zeros({0, 3}), 0), Error);
+  EXPECT_THROW(clamp(a, std::optional<Tensor>(zeros({4}))), Error);
+  EXPECT_THROW(lerp(a, zeros({4}), 0.5), Error);
+  EXPECT_THROW(addcdiv(ints, ints, ints), Error);
+  EXPECT_THROW(var(ints), Error);
+  mark_step();
+  EXPECT_EQ(metrics::counter("ExecuteGraph"), runs) << "a failed op left IR behind";
+  EXPECT_FALSE(a.is_pending());
 }
 
 // ---- state after an error -------------------------------------------------------------------------

@@ -174,6 +174,7 @@ const std::map<std::string, OpEntry>& dispatcher() {
     t["unsqueeze"] = {1, [](const Args& x, const Attrs& a) { return unsqueeze(x[0], a.one_int("dim")); }};
     t["squeeze"] = {1, [](const Args& x, const Attrs& a) { return squeeze(x[0], a.one_int("dim")); }};
 #include "ops/dispatch_shape.inc"
+#include "ops/dispatch_math.inc"
     return t;
   }();
   return table;

@@ -1,0 +1,81 @@
+// softmax and log_softmax along one dim. The tensor is seen as [outer, n, inner]; each of the
+// outer * inner lines of n elements (stride inner) is normalized on its own, with its maximum
+// subtracted first so exp never overflows, as in PyTorch's kernels:
+//   softmax:     e = exp(x - max),  out = e * (1 / sum e)
+//   log_softmax: out = (x - max) - log(sum exp(x - max))
+// Sums are in double. Every pass reads element j before writing element j and nothing else,
+// so the output may be the input's buffer (the op is kInPlace).
+#include <cmath>
+#include <memory>
+#include <type_traits>
+
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/ops.h"
+
+namespace lazyrt::kernels {
+namespace {
+
+struct Lines {
+  int64_t outer = 1, n = 1, inner = 1;
+  Lines(const Shape& shape, int64_t dim) {
+    for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+      if (d < dim) outer *= shape[d];
+      else if (d == dim) n = shape[d];
+      else inner *= shape[d];
+    }
+  }
+};
+
+template <bool kLog>
+Kernel softmax(const KernelSpec& s) {
+  const Lines lines(s.inputs[0].shape, s.attrs.i(0));
+  return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    if constexpr (!std::is_floating_point_v<C>) {
+      LAZYRT_ASSERT(false, "kernel ", ir::op_name(s.op), " made for ", dtype_name(s.inputs[0].dtype));
+      return {};
+    } else {
+      return {[lines](const void* const* in, void* const* out) {
+        const T* x = static_cast<const T*>(in[0]);
+        T* y = static_cast<T*>(out[0]);
+        const int64_t n = lines.n, st = lines.inner;
+        for (int64_t o = 0; o < lines.outer; ++o) {
+          for (int64_t i = 0; i < lines.inner; ++i) {
+            const int64_t base = o * n * st + i;
+            const T* xl = x + base;
+            T* yl = y + base;
+            // The maximum, nan if any element is nan (then the whole line is nan).
+            C max = n ? convert<C>(xl[0]) : C(0);
+            for (int64_t j = 1; j < n; ++j) {
+              const C v = convert<C>(xl[j * st]);
+              if (v != v || v > max) max = v;
+              if (max != max) break;
+            }
+            double sum = 0;
+            if constexpr (kLog) {
+              for (int64_t j = 0; j < n; ++j) sum += std::exp(convert<C>(xl[j * st]) - max);
+              const C log_sum = static_cast<C>(std::log(sum));
+              for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>((convert<C>(xl[j * st]) - max) - log_sum);
+            } else {
+              for (int64_t j = 0; j < n; ++j) {
+                const C e = std::exp(convert<C>(xl[j * st]) - max);
+                sum += e;
+                yl[j * st] = convert<T>(e);
+              }
+              const C scale = static_cast<C>(1.0 / sum);
+              for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>(convert<C>(yl[j * st]) * scale);
+            }
+          }
+        }
+      }};
+    }
+  });
+}
+
+}  // namespace
+
+Kernel make_Softmax(const KernelSpec& s) { return softmax<false>(s); }
+Kernel make_LogSoftmax(const KernelSpec& s) { return softmax<true>(s); }
+
+}  // namespace lazyrt::kernels

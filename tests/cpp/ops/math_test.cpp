@@ -1,0 +1,70 @@
+// Math ops on paths the per-op parity fixtures do not reach: operands that are intermediate
+// values (softmax may then run in place over its input's buffer), constant operands (folded
+// at compile time through the op's own kernel), and a deliberate difference from torch.
+// Expected values are known in closed form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <lazyrt/lazyrt.h>
+
+namespace lazyrt {
+namespace {
+
+void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol = 1e-12) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], tol) << "element " << i;
+}
+
+// exp(x) proportional to 1, 2, 5 (row 0) and 1, 1, 2 (row 1).
+Tensor log_weights() {
+  return tensor(std::vector<double>{0, std::log(2.0), std::log(5.0), 0, 0, std::log(2.0)}, {2, 3});
+}
+
+TEST(MathOps, SoftmaxOverAnIntermediateValueWhoseBufferItMayReuse) {
+  Tensor x = log_weights() * 0.5;
+  Tensor y = softmax(x * 2.0, 1);  // x * 2 is read by softmax only: its buffer may be the output's
+  Tensor z = log_softmax(x * 2.0 + 0.0, 1);
+  mark_step();
+  expect_near(y.to_vector<double>(), {1.0 / 8, 2.0 / 8, 5.0 / 8, 0.25, 0.25, 0.5});
+  expect_near(z.to_vector<double>(), {std::log(1.0 / 8), std::log(2.0 / 8), std::log(5.0 / 8),
+                                      std::log(0.25), std::log(0.25), std::log(0.5)});
+}
+
+TEST(MathOps, SoftmaxAlongAStridedDimOfAnIntermediateValue) {
+  Tensor x = transpose(log_weights(), 0, 1) * 1.0;  // [3, 2]: rows of the original are columns
+  Tensor y = softmax(x + 1.0, 0);                    // shift invariance: same as without + 1
+  expect_near(y.to_vector<double>(), {1.0 / 8, 0.25, 2.0 / 8, 0.25, 5.0 / 8, 0.5});
+}
+
+TEST(MathOps, ElementwiseOpsOnConstantsFoldToTheKernelsResult) {
+  Tensor c = clamp(full({3}, 5.0, DType::f64), -1.0, 1.0);
+  Tensor r = round(full({2}, 2.5, DType::f64));
+  Tensor s = sign(full({2}, -3.0, DType::f64));
+  Tensor g = gelu(zeros({2}, DType::f64), "tanh");
+  Tensor e = erf(full({1}, INFINITY, DType::f64));
+  mark_step();
+  expect_near(c.to_vector<double>(), {1, 1, 1});
+  expect_near(r.to_vector<double>(), {2, 2});
+  expect_near(s.to_vector<double>(), {-1, -1});
+  expect_near(g.to_vector<double>(), {0, 0});
+  expect_near(e.to_vector<double>(), {1});
+}
+
+TEST(MathOps, ArgmaxOfAnIntermediateValueAlongEachDim) {
+  Tensor x = tensor(std::vector<double>{1, 7, 3, 9, 2, 9}, {2, 3}) * 2.0;
+  EXPECT_EQ(argmax(x, 1).to_vector<int64_t>(), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(argmax(x, 0).to_vector<int64_t>(), (std::vector<int64_t>{1, 0, 1}));
+  EXPECT_EQ(argmin(x).to_vector<int64_t>(), (std::vector<int64_t>{0}));
+}
+
+// Deliberately not torch's answer: torch accumulates f32 squares in f32 and overflows to inf
+// here; lazyrt accumulates in double and returns the norm, 5e30, which fits in f32.
+TEST(MathOps, NormOfLargeF32ValuesDoesNotOverflow) {
+  Tensor x = tensor(std::vector<float>{3e30f, 4e30f}, {2});
+  EXPECT_NEAR(norm(x).item(), 5e30, 5e30 * 1e-6);
+}
+
+}  // namespace
+}  // namespace lazyrt
