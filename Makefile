@@ -9,7 +9,7 @@ JOBS   ?= 2
 
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo test clean
+.PHONY: setup build demo test bench clean
 
 setup:
 	@bash $(ROOT)/scripts/setup.sh
@@ -27,6 +27,19 @@ demo: setup build
 
 test: setup build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+# Every benchmark binary in build/bench (*_bench) runs in turn; their markdown reports, one
+# after another, become bench/results.md. Kept out of `make test`: timings are not tests.
+bench: setup build
+	@out=$(ROOT)/bench/results.md; tmp=$(BUILD)/bench/report.md; found=0; : > "$$out"; \
+	for b in $(BUILD)/bench/*_bench; do \
+	  [ -x "$$b" ] || continue; found=1; \
+	  echo "running $$b"; \
+	  "$$b" > "$$tmp" || { echo "$$b failed" >&2; exit 1; }; \
+	  cat "$$tmp"; cat "$$tmp" >> "$$out"; echo >> "$$out"; \
+	done; \
+	[ $$found = 1 ] || { echo "no benchmark binaries in $(BUILD)/bench" >&2; exit 1; }; \
+	echo "wrote $$out"
 
 clean:
 	rm -rf $(BUILD)

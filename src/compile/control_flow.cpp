@@ -2,6 +2,11 @@
 // in two sets of buffers in the step's workspace; the body reads one set and writes the
 // other, then the sets swap. Nothing is allocated per iteration, and the memory used does
 // not depend on the trip count.
+//
+// Since the sets only alternate, each iteration runs over one of two fixed arrangements of
+// buffers (parity 0: read set A, write set B; parity 1: the reverse). Both are bound into the
+// sub-executables once per run of the loop, so an iteration is the cond's kernels, a flag
+// test, the body's kernels and any copies the body needs, with no pointer resolution.
 #include "compile/control_flow.h"
 
 #include <cstring>
@@ -22,10 +27,18 @@ struct WhileState {
   std::vector<size_t> bytes;             // per carry
   std::vector<size_t> set_a, set_b;      // per carry, workspace offsets
   size_t cond_offset = 0;
-  // Scratch bound per run; sized here so running allocates nothing.
-  std::vector<const void*> params;       // carries, then captures
-  std::vector<void*> cur, next;
   std::vector<bool> identity;            // body returns carry k unchanged as output k
+  // Per parity, bound on every run of the loop into storage sized here, so running allocates
+  // nothing.
+  struct Arrangement {
+    std::vector<const void*> params;     // carries read (the current set), then captures
+    std::vector<void*> next;             // per carry, where the body writes it
+    runtime::Executable::Binding cond, body;
+    const bool* pred = nullptr;          // the cond's result
+    std::vector<std::pair<void*, const void*>> copies;  // outputs the body does not compute
+    std::vector<size_t> copy_bytes;
+  };
+  Arrangement parity[2];
 };
 
 // Where output k of `exe` ended up after a run that wrote Computed outputs to `outs`.
@@ -41,36 +54,52 @@ const void* output_ptr(const runtime::Executable& exe, size_t k, const void* con
   return nullptr;
 }
 
+// Binds parity p: the body reads set A and writes set B when p is 0, the reverse when 1. A
+// carry the body returns unchanged stays in set A whatever the parity.
+void arrange(WhileState& st, int p, char* ws, const void* const* in, void* cond_out) {
+  WhileState::Arrangement& a = st.parity[p];
+  for (size_t k = 0; k < st.carries; ++k) {
+    const bool read_a = p == 0 || st.identity[k];
+    a.params[k] = ws + (read_a ? st.set_a[k] : st.set_b[k]);
+    a.next[k] = ws + (read_a ? st.set_b[k] : st.set_a[k]);
+  }
+  for (size_t j = st.carries; j < st.operands; ++j) a.params[j] = in[j];
+  void* cond_outs[1] = {cond_out};
+  st.cond->bind(a.cond, a.params.data(), cond_outs);
+  st.body->bind(a.body, a.params.data(), a.next.data());
+  a.pred = static_cast<const bool*>(output_ptr(*st.cond, 0, a.params.data(), cond_outs));
+  // Outputs the body did not compute into `next` are copied there after it runs, reading the
+  // current set, which the body leaves intact.
+  a.copies.clear();
+  a.copy_bytes.clear();
+  for (size_t k = 0; k < st.carries; ++k) {
+    if (st.identity[k] || !st.bytes[k] || st.body->outputs()[k].kind == OutputSource::Kind::Computed)
+      continue;
+    a.copies.emplace_back(a.next[k], output_ptr(*st.body, k, a.params.data(), a.next.data()));
+    a.copy_bytes.push_back(st.bytes[k]);
+  }
+}
+
 void run_while(WhileState& st, const void* const* in, void* const* out) {
   char* ws = static_cast<char*>(out[st.carries]);
-  for (size_t k = 0; k < st.carries; ++k) {
-    st.cur[k] = ws + st.set_a[k];
-    st.next[k] = ws + st.set_b[k];
-    if (st.bytes[k]) std::memcpy(st.cur[k], in[k], st.bytes[k]);
-    st.params[k] = st.cur[k];
-  }
-  for (size_t j = st.carries; j < st.operands; ++j) st.params[j] = in[j];
-  void* cond_out[1] = {ws + st.cond_offset};
-  const void* const* params = st.params.data();
-  while (true) {
-    st.cond->run_unlocked(params, cond_out);
-    if (!*static_cast<const bool*>(output_ptr(*st.cond, 0, params, cond_out))) break;
-    st.body->run_unlocked(params, st.next.data());
-    // Outputs the body did not compute into `next` are copied there, reading the current set
-    // before any swap.
-    for (size_t k = 0; k < st.carries; ++k) {
-      if (st.identity[k] || st.body->outputs()[k].kind == OutputSource::Kind::Computed) continue;
-      const void* src = output_ptr(*st.body, k, params, st.next.data());
-      if (st.bytes[k]) std::memcpy(st.next[k], src, st.bytes[k]);
-    }
-    for (size_t k = 0; k < st.carries; ++k) {
-      if (st.identity[k]) continue;
-      std::swap(st.cur[k], st.next[k]);
-      st.params[k] = st.cur[k];
-    }
-  }
+  void* cond_out = ws + st.cond_offset;
+  arrange(st, 0, ws, in, cond_out);
+  arrange(st, 1, ws, in, cond_out);
   for (size_t k = 0; k < st.carries; ++k)
-    if (st.bytes[k]) std::memcpy(out[k], st.cur[k], st.bytes[k]);
+    if (st.bytes[k]) std::memcpy(ws + st.set_a[k], in[k], st.bytes[k]);
+  int p = 0;
+  while (true) {
+    WhileState::Arrangement& a = st.parity[p];
+    st.cond->run_bound(a.cond);
+    if (!*a.pred) break;
+    st.body->run_bound(a.body);
+    for (size_t c = 0; c < a.copies.size(); ++c)
+      std::memcpy(a.copies[c].first, a.copies[c].second, a.copy_bytes[c]);
+    p ^= 1;
+  }
+  const WhileState::Arrangement& last = st.parity[p];
+  for (size_t k = 0; k < st.carries; ++k)
+    if (st.bytes[k]) std::memcpy(out[k], last.params[k], st.bytes[k]);
 }
 
 }  // namespace
@@ -92,12 +121,17 @@ kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::Tens
   }
   st->cond_offset = ws;
   ws += 64;
-  st->params.assign(st->operands, nullptr);
-  st->cur.assign(st->carries, nullptr);
-  st->next.assign(st->carries, nullptr);
   for (size_t k = 0; k < st->carries; ++k) {
     const OutputSource& s = st->body->outputs()[k];
     st->identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
+  }
+  for (WhileState::Arrangement& a : st->parity) {
+    a.params.assign(st->operands, nullptr);
+    a.next.assign(st->carries, nullptr);
+    a.cond = st->cond->make_binding();
+    a.body = st->body->make_binding();
+    a.copies.reserve(st->carries);
+    a.copy_bytes.reserve(st->carries);
   }
   return {[st](const void* const* in, void* const* out) { run_while(*st, in, out); }, ws};
 }

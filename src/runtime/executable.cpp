@@ -40,9 +40,24 @@ void Executable::run(const void* const* params, void* const* outputs) {
 }
 
 void Executable::run_unlocked(const void* const* params, void* const* outputs) {
+  patch(args_, params, outputs);
+  run_steps(args_.data());
+}
+
+void Executable::bind(Binding& b, const void* const* params, void* const* outputs) const {
+  LAZYRT_ASSERT(b.args_.size() == args_.size(), "binding made for another executable");
+  patch(b.args_, params, outputs);
+}
+
+void Executable::run_bound(const Binding& b) { run_steps(b.args_.data()); }
+
+void Executable::patch(std::vector<void*>& args, const void* const* params,
+                       void* const* outputs) const {
   for (const Patch& p : patches_)
-    args_[p.arg] = p.kind == SlotKind::Param ? const_cast<void*>(params[p.index]) : outputs[p.index];
-  void** args = args_.data();
+    args[p.arg] = p.kind == SlotKind::Param ? const_cast<void*>(params[p.index]) : outputs[p.index];
+}
+
+void Executable::run_steps(void* const* args) {
   for (size_t i = 0; i < parts_.steps.size(); ++i)
     parts_.steps[i].fn(args + bases_[i].first, args + bases_[i].second);
 }

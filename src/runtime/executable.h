@@ -4,6 +4,9 @@
 //
 // run() binds the parameter and output pointers, then calls the kernels in order. It allocates
 // nothing. One Executable may be shared by several threads; runs are serialized by its mutex.
+// An owner that runs an executable many times over a few fixed sets of buffers (a loop body
+// over its two carry sets) binds each set once into a Binding and runs that, so the pointers
+// are not resolved again on every run.
 #pragma once
 
 #include <memory>
@@ -76,6 +79,20 @@ class Executable {
   /// (a loop body), which the owner's own run already serializes.
   void run_unlocked(const void* const* params, void* const* outputs);
 
+  /// Every kernel argument of one run, the parameter and output pointers included.
+  class Binding {
+   private:
+    friend class Executable;
+    std::vector<void*> args_;
+  };
+  /// A binding sized for this executable. It allocates, so make bindings ahead of running.
+  Binding make_binding() const { Binding b; b.args_ = args_; return b; }
+  /// Fills `b` (made by make_binding() of this executable) with these pointers, as run()
+  /// takes them. Allocates nothing.
+  void bind(Binding& b, const void* const* params, void* const* outputs) const;
+  /// As run_unlocked(), with the pointers bound into `b`: no lock, no allocation.
+  void run_bound(const Binding& b);
+
   const std::vector<OutputSource>& outputs() const { return parts_.outputs; }
   const std::vector<ir::TensorType>& output_types() const { return parts_.output_types; }
   const std::vector<ir::TensorType>& param_types() const { return parts_.param_types; }
@@ -95,6 +112,10 @@ class Executable {
     SlotKind kind;
     int32_t index;
   };
+  // Writes the parameter and output pointers into their places in `args`.
+  void patch(std::vector<void*>& args, const void* const* params, void* const* outputs) const;
+  void run_steps(void* const* args);
+
   Parts parts_;
   std::unique_ptr<Buffer> arena_;
   std::vector<void*> args_;                             // all kernel arguments, step by step

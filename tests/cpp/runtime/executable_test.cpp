@@ -63,6 +63,66 @@ TEST(Executable, RunPerformsZeroHeapAllocations) {
   EXPECT_EQ(count.count(), 0);
 }
 
+namespace {
+// while c < limit: (c, x, y) <- (c + 1, y + y, x). Carries c i64[], x and y f32[2]; limit is a
+// captured i64[]. x is computed by the body, y is a parameter passed through to another
+// position, so both ways a carry reaches the next iteration are exercised.
+Graph swapping_loop() {
+  const ir::TensorType i64{DType::i64, {}};
+  auto cond = std::make_shared<Graph>();
+  {
+    ValueRef c = cond->add_parameter(i64);
+    cond->add_parameter(f32({2}));
+    cond->add_parameter(f32({2}));
+    ValueRef limit = cond->add_parameter(i64);
+    cond->outputs = {cond->add(OpKind::Lt, {c, limit})};
+  }
+  auto body = std::make_shared<Graph>();
+  {
+    ValueRef c = body->add_parameter(i64);
+    ValueRef x = body->add_parameter(f32({2}));
+    ValueRef y = body->add_parameter(f32({2}));
+    body->add_parameter(i64);
+    body->outputs = {body->add(OpKind::Add, {c, body->add_full(1, {}, DType::i64)}),
+                     body->add(OpKind::Add, {y, y}), x};
+  }
+  Graph g;
+  ValueRef c = g.add_parameter(i64), x = g.add_parameter(f32({2})), y = g.add_parameter(f32({2}));
+  ValueRef limit = g.add_parameter(i64);
+  ValueRef w = g.add(OpKind::While, {c, x, y, limit}, {int64_t{3}});
+  g.nodes[w.node].regions = {cond, body};
+  g.outputs = {w, {w.node, 1}, {w.node, 2}};
+  return g;
+}
+}  // namespace
+
+TEST(Executable, WhileLoopEndsOnEitherCarrySetAndAllocatesNothing) {
+  auto exe = compile::compile(swapping_loop());
+  auto x = floats({1, 2}), y = floats({10, 20});
+  auto c = allocate(8), limit = allocate(8), c_out = allocate(8), x_out = allocate(8), y_out = allocate(8);
+  const void* params[] = {c->data(), x->data(), y->data(), limit->data()};
+  void* outs[] = {c_out->data(), x_out->data(), y_out->data()};
+  auto run = [&](int64_t trips) {
+    *static_cast<int64_t*>(c->data()) = 0;
+    *static_cast<int64_t*>(limit->data()) = trips;
+    exe->run(params, outs);
+    EXPECT_EQ(*static_cast<int64_t*>(c_out->data()), trips);
+  };
+  // (x, y) -> (2y, x) -> (2x, 2y) -> (4y, 2x) -> (4x, 4y)
+  run(3);
+  EXPECT_EQ(read(*x_out, 2), (std::vector<float>{40, 80}));
+  EXPECT_EQ(read(*y_out, 2), (std::vector<float>{2, 4}));
+  run(4);
+  EXPECT_EQ(read(*x_out, 2), (std::vector<float>{4, 8}));
+  EXPECT_EQ(read(*y_out, 2), (std::vector<float>{40, 80}));
+  run(0);
+  EXPECT_EQ(read(*x_out, 2), (std::vector<float>{1, 2}));
+  EXPECT_EQ(read(*y_out, 2), (std::vector<float>{10, 20}));
+  lazyrt::testing::CountAllocations count;
+  for (int64_t trips : {1, 2, 5, 1000}) run(trips);
+  EXPECT_EQ(count.count(), 0);
+}
+
 TEST(Executable, DonatedOutputWrittenInPlaceWhenNothingReadsTheParameterAfter) {
   Graph g;
   ValueRef w = g.add_parameter(f32({4}));

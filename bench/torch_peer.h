@@ -1,0 +1,30 @@
+// libtorch versions of the scalar loop of while_loop_bench, in their own translation unit so
+// that lazyrt code never sees torch headers. Built only when CMake finds Torch.
+//
+// Every variant computes, on 0-dim tensors, c = 0 (i64), x = 0 (f32);
+// while c < n: c = c + 1; x = x + 1.  It returns the final values and the seconds the loop
+// took (tensor creation included, nothing else).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace lazyrt::bench {
+
+struct TorchLoopResult {
+  double seconds = 0;
+  int64_t counter = 0;
+  double x = 0;
+};
+
+/// "1.13.0".
+std::string torch_version();
+/// Eager ops under InferenceMode; the condition is read back with item() every iteration.
+TorchLoopResult torch_eager_while(int64_t n);
+/// Eager ops under InferenceMode with a host counter: only x = x + 1 is a tensor op.
+TorchLoopResult torch_eager_for(int64_t n);
+/// A TorchScript function with the while loop, compiled on the first call (which is slower
+/// while the profiling executor specializes it).
+TorchLoopResult torch_script_while(int64_t n);
+
+}  // namespace lazyrt::bench
