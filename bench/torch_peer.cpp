@@ -4,6 +4,7 @@
 #include <memory>
 
 #include <torch/jit.h>
+#include <torch/torch.h>
 #include <torch/script.h>
 #include <torch/version.h>
 
@@ -65,5 +66,51 @@ TorchLoopResult torch_script_while(int64_t n) {
   const auto& out = r.toTupleRef().elements();
   return {s, out[0].toTensor().item<int64_t>(), out[1].toTensor().item<double>()};
 }
+
+}  // namespace lazyrt::bench
+
+namespace lazyrt::bench {
+namespace {
+
+struct SeedStep {
+  torch::nn::Linear model{5, 3};
+  std::unique_ptr<torch::optim::AdamW> opt;
+  torch::Tensor x;
+  SeedStep(const std::vector<float>& w, const std::vector<float>& b, const std::vector<float>& xs) {
+    torch::NoGradGuard no_grad;
+    model->weight.copy_(torch::tensor(w).reshape({3, 5}));
+    model->bias.copy_(torch::tensor(b));
+    opt = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    x = torch::tensor(xs).reshape({10, 5});
+  }
+  torch::Tensor step() {
+    torch::Tensor loss = model->forward(x).sum();
+    loss.backward();
+    opt->step();
+    opt->zero_grad();
+    return loss;
+  }
+};
+
+}  // namespace
+
+std::vector<double> torch_seed_losses(const std::vector<float>& w, const std::vector<float>& b,
+                                      const std::vector<float>& x, int steps) {
+  SeedStep s(w, b, x);
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) out.push_back(s.step().item<double>());
+  return out;
+}
+
+double torch_seed_step_seconds(const std::vector<float>& w, const std::vector<float>& b,
+                               const std::vector<float>& x, int warmup, int iters) {
+  SeedStep s(w, b, x);
+  for (int i = 0; i < warmup; ++i) s.step();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) s.step();
+  return seconds_since(t0) / iters;
+}
+
+int torch_threads() { return torch::get_num_threads(); }
 
 }  // namespace lazyrt::bench

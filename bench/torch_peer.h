@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace lazyrt::bench {
 
@@ -26,5 +27,19 @@ TorchLoopResult torch_eager_for(int64_t n);
 /// A TorchScript function with the while loop, compiled on the first call (which is slower
 /// while the profiling executor specializes it).
 TorchLoopResult torch_script_while(int64_t n);
+
+}  // namespace lazyrt::bench
+
+namespace lazyrt::bench {
+
+/// The seed training step in libtorch eager mode: Linear(5, 3) with the given weight [3, 5]
+/// and bias [3], loss = model(x).sum() on x [10, 5], backward, AdamW (PyTorch's defaults),
+/// zero_grad. Returns the losses of `steps` steps.
+std::vector<double> torch_seed_losses(const std::vector<float>& weight, const std::vector<float>& bias,
+                                      const std::vector<float>& x, int steps);
+/// Seconds per step of the same step, over `iters` steps after `warmup` untimed ones.
+double torch_seed_step_seconds(const std::vector<float>& weight, const std::vector<float>& bias,
+                               const std::vector<float>& x, int warmup, int iters);
+int torch_threads();
 
 }  // namespace lazyrt::bench

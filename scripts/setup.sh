@@ -8,7 +8,7 @@ PACKAGES=(
   libopenblas-dev libgtest-dev libgmock-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   python3-torch python3-sklearn python3-matplotlib
-  clang
+  clang libtorch-dev
 )
 
 missing=()
