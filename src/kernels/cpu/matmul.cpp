@@ -44,9 +44,32 @@ struct MatmulLayout {
   size_t batches() const { return x_off.size(); }
 };
 
+// Products this small cost less than a BLAS call's fixed overhead (argument checks, thread
+// and buffer management: about a microsecond), so they run as a plain loop.
+inline constexpr int64_t kSmallGemm = 4096;  // n * k * m
+
+template <class T>
+void small_gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m) {
+  for (int64_t i = 0; i < n; ++i) {
+    T* row = c + i * m;
+    for (int64_t j = 0; j < m; ++j) row[j] = T(0);
+    for (int64_t p = 0; p < k; ++p) {
+      const T av = a[i * k + p];
+      const T* brow = b + p * m;
+      for (int64_t j = 0; j < m; ++j) row[j] += av * brow[j];
+    }
+  }
+}
+
 template <class T>
 void gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m) {
   if (n == 0 || m == 0) return;
+  if constexpr (std::is_floating_point_v<T>) {
+    if (n * k * m <= kSmallGemm) {
+      small_gemm(a, b, c, n, k, m);
+      return;
+    }
+  }
   const auto lda = static_cast<blasint>(std::max<int64_t>(k, 1));
   const auto ldb = static_cast<blasint>(std::max<int64_t>(m, 1));
   const auto ldc = ldb;
