@@ -396,7 +396,11 @@ bool PersistentCache::write_entry(const CacheEntry& entry, std::string* error) c
     why = str_cat("cannot create ", temp, ": ", errno_text(errno));
     return false;
   }
-  const bool written = write_all(fd, file) && ::fsync(fd) == 0;
+  // No fsync before the rename: after a power loss the renamed file may be incomplete, and
+  // the full check on load turns that into one DeserializeFailure and a rewrite. Durability
+  // would cost a sync per compiled graph (milliseconds, several times the compile itself) in
+  // every process that meets a new graph, to save one recompile after a crash.
+  const bool written = write_all(fd, file);
   const int write_errno = errno;
   if (::close(fd) != 0 || !written) {
     why = str_cat("cannot write ", temp, ": ", errno_text(written ? errno : write_errno));

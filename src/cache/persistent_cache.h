@@ -5,8 +5,9 @@
 // Safety, because the directory may be shared by many processes and hosts and any file in it
 // may be stale, truncated, corrupt or planted:
 // - Entries are written to a unique temporary name in the same directory (pid and a random
-//   suffix), fsync'ed, and renamed into place, so a reader sees a whole entry or none.
-//   Concurrent writers of one key both write complete entries; the last rename wins.
+//   suffix) and renamed into place, so a reader sees a whole entry or none. Concurrent
+//   writers of one key both write complete entries; the last rename wins. There is no fsync:
+//   a file a crash left incomplete fails the checks below like any other bad file.
 // - An entry is used only after every check passes: the header's magic, entry format, IR
 //   format, library version and CPU fingerprint equal this build's; the body size matches
 //   the file; the body checksum matches; the body parses into a graph that passes ir::verify;
