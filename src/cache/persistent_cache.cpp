@@ -133,8 +133,12 @@ bool write_all(int fd, std::string_view bytes) {
 bool make_directories(const std::string& dir) {
   for (size_t at = 1; at <= dir.size(); ++at) {
     if (at != dir.size() && dir[at] != '/') continue;
-    std::string prefix = dir.substr(0, at);
-    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) return false;
+    const std::string prefix = dir.substr(0, at);
+    struct stat st;
+    // An existing parent may still refuse mkdir (EACCES, EROFS) rather than say EEXIST.
+    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST &&
+        !(::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+      return false;
   }
   struct stat st;
   return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
