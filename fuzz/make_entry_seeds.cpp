@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   // Every op and attribute kind, written as the cache would write it.
   const ir::Graph every = testing::every_op_graph();
   const GraphHash key = ir::hash_graph(every);
-  std::ofstream(dir + "/" + key.to_string() + std::string(cache::kEntrySuffix), std::ios::binary)
+  std::ofstream(dir + "/" + cache::entry_file_name(key), std::ios::binary)
       << cache::encode_entry({key, std::vector<int32_t>(every.outputs.size(), -1), every});
   std::printf("seed entries written to %s\n", dir.c_str());
   return 0;

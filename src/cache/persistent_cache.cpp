@@ -85,10 +85,31 @@ std::string header_for(const GraphHash& key, std::string_view body) {
   return w.take();
 }
 
-bool is_entry_name(std::string_view name) {
-  if (name.size() != 32 + kEntrySuffix.size() || name.substr(32) != kEntrySuffix) return false;
-  return std::all_of(name.begin(), name.begin() + 32,
+constexpr size_t kKeyDigits = 32, kTagDigits = 8;
+
+bool is_hex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// An entry of any build: eviction weighs them all.
+bool is_entry_name(std::string_view name) {
+  return name.size() == kKeyDigits + 1 + kTagDigits + kEntrySuffix.size() &&
+         is_hex(name.substr(0, kKeyDigits)) && name[kKeyDigits] == '-' &&
+         is_hex(name.substr(kKeyDigits + 1, kTagDigits)) &&
+         name.substr(kKeyDigits + 1 + kTagDigits) == kEntrySuffix;
+}
+
+// What distinguishes this build's entries from another's: the header fields it checks.
+std::string build_tag() {
+  ir::Hasher h;
+  h.add(fmt::kVersion);
+  h.add(ir::kIrFormatVersion);
+  h.add_string(library_version());
+  h.add(cpu_fingerprint());
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", static_cast<unsigned>(h.finish().lo & 0xFFFFFFFFu));
+  return buf;
 }
 
 bool is_temporary_name(std::string_view name) {
@@ -327,8 +348,13 @@ PersistentCache::PersistentCache(std::string dir, bool readonly, uint64_t max_by
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
 }
 
+std::string entry_file_name(const GraphHash& key) {
+  static const std::string tag = build_tag();
+  return str_cat(key.to_string(), "-", tag, kEntrySuffix);
+}
+
 std::string PersistentCache::path_of(const GraphHash& key) const {
-  return str_cat(dir_, "/", key.to_string(), kEntrySuffix);
+  return str_cat(dir_, "/", entry_file_name(key));
 }
 
 PersistentCache::Lookup PersistentCache::load(const GraphHash& key, const ir::Graph& traced,

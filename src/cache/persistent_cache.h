@@ -19,8 +19,12 @@
 //   just as they could replace the library; share a cache directory only with people you
 //   trust. The checks do ensure that even such an entry cannot make lazyrt read or write out
 //   of bounds, since its graph is verified and its interface must match the traced one.
-// - The size cap evicts the least recently used entries by file mtime; a hit touches the
-//   entry's mtime. Files vanishing under us (another process evicting) are expected.
+// - File names carry, besides the key, a tag of what the header must match (formats, library
+//   version, CPU fingerprint), so hosts with other CPUs or library versions sharing the
+//   directory keep their own entries instead of overwriting each other's on every miss.
+// - The size cap evicts the least recently used entries (of any tag) by file mtime; a hit
+//   touches the entry's mtime. Files vanishing under us (another process evicting) are
+//   expected.
 // - Read-only mode reads and never changes anything: no writes, touches, or evictions.
 //
 // PersistentCache objects are immutable and thread-safe; everything is plain file I/O.
@@ -125,8 +129,10 @@ class PersistentCache {
   uint64_t max_bytes_;
 };
 
-/// Entry file names: 32 hex digits of the key and this suffix.
+/// Entry file names: 32 hex digits of the key, '-', 8 hex digits of this build's tag (a hash
+/// of the header fields an entry must match), and this suffix.
 inline constexpr std::string_view kEntrySuffix = ".lzc";
+std::string entry_file_name(const GraphHash& key);
 
 /// The process-wide cache sync uses, or null when none is configured. Configured by
 /// set_persistent_dir() or, at first use, by LAZYRT_CACHE_DIR, LAZYRT_CACHE_READONLY and

@@ -31,7 +31,6 @@
 #include <vector>
 
 #include "cache/persistent_cache.h"
-#include "ir/serialize.h"
 #include "trace/lazy_tensor.h"
 
 namespace lazyrt::cache {
@@ -322,7 +321,7 @@ class PersistentCacheTest : public ::testing::Test {
   }
   static int64_t count(const char* name) { return metrics::counter(name); }
   std::string entry_path(const GraphHash& key) const {
-    return dir_.path() + "/" + key.to_string() + ".lzc";
+    return dir_.path() + "/" + entry_file_name(key);
   }
 
   TempDir dir_;
@@ -357,7 +356,8 @@ TEST_F(PersistentCacheTest, MissCompilesAndWritesThenAHitSkipsCompilation) {
   EXPECT_EQ(count("PersistentCacheMiss"), 1);
   EXPECT_EQ(count("UncachedCompile"), 1);
   EXPECT_EQ(count("PersistentCacheHit"), 0);
-  EXPECT_EQ(files_in(dir_.path()), std::vector<std::string>{key.to_string() + ".lzc"});
+  EXPECT_EQ(files_in(dir_.path()), std::vector<std::string>{entry_file_name(key)});
+  EXPECT_EQ(entry_file_name(key).substr(0, 33), key.to_string() + "-");
 
   forget();
   Probe second;
@@ -569,6 +569,25 @@ TEST_F(PersistentCacheTest, EverySingleByteFlipOrTruncationIsRefused) {
   }
 }
 
+TEST_F(PersistentCacheTest, BuildsWithOtherCpusOrVersionsKeepTheirOwnEntries) {
+  Probe p;
+  ASSERT_EQ(p.run(), p.expected);
+  const std::string ours = entry_path(p.key);
+  // What a host with another CPU would write for the same graph: its own name, its own header.
+  std::string theirs_bytes = read_file(ours);
+  theirs_bytes[entry_format::kCpuFingerprintAt + 7] ^= 0x40;
+  const std::string theirs = dir_.path() + "/" + p.key.to_string() + "-0badf00d.lzc";
+  write_file(theirs, theirs_bytes);
+
+  forget();
+  Probe again;
+  EXPECT_EQ(again.run(), again.expected);
+  EXPECT_EQ(count("PersistentCacheHit"), 1);
+  EXPECT_EQ(count("PersistentCacheDeserializeFailure"), 0);
+  EXPECT_EQ(read_file(theirs), theirs_bytes);
+  EXPECT_NE(ours, theirs);
+}
+
 TEST_F(PersistentCacheTest, AnUnwritableDirectoryOnlyCostsTheWrite) {
   const std::string not_a_dir = dir_.path() + "/file";
   write_file(not_a_dir, "a file where the cache directory should be");
@@ -646,6 +665,23 @@ TEST_F(PersistentCacheTest, ReadOnlyModeLeavesABadEntryAlone) {
   EXPECT_EQ(files_in(dir_.path()).size(), 1u);
 }
 
+// A file the process may not read. Root reads anything, so there the test has nothing to see.
+TEST_F(PersistentCacheTest, AFileWithoutReadPermissionIsABadEntry) {
+  if (geteuid() == 0) return;
+  Probe p;
+  ASSERT_EQ(p.run(), p.expected);
+  const std::string path = entry_path(p.key);
+  fs::permissions(path, fs::perms::none);
+  forget();
+  Probe q;
+  EXPECT_EQ(q.run(), q.expected);
+  EXPECT_EQ(count("PersistentCacheDeserializeFailure"), 1);
+  forget();
+  Probe r;
+  EXPECT_EQ(r.run(), r.expected);
+  EXPECT_EQ(count("PersistentCacheHit"), 1) << "replaced by a readable entry";
+}
+
 // A directory the process may not write to. Root ignores permissions, so there the test
 // checks only that nothing breaks; read-only mode (above) is what guarantees no writes.
 TEST_F(PersistentCacheTest, ADirectoryWithoutWritePermissionStillServesHits) {
@@ -695,6 +731,12 @@ TEST_F(PersistentCacheTest, EvictsTheLeastRecentlyUsedAndOnlyItsOwnFiles) {
   ASSERT_EQ(again.run(), again.expected);
   ASSERT_EQ(count("PersistentCacheHit"), 1);
 
+  const uint64_t three_entries = entry_bytes_in(dir_.path());
+  // An entry another build (another CPU or library version) wrote, used even longer ago: it
+  // counts towards the cap and is evicted first.
+  const std::string other_build = dir_.path() + "/" + probes[0].key.to_string() + "-00000000.lzc";
+  write_file(other_build, read_file(entry_path(probes[0].key)));
+  set_mtime(other_build, 4000);
   const std::string stale_temp = dir_.path() + "/." + probes[0].key.to_string() + ".1.dead.tmp";
   const std::string fresh_temp = dir_.path() + "/." + probes[0].key.to_string() + ".2.live.tmp";
   const std::string foreign = dir_.path() + "/README";
@@ -703,9 +745,10 @@ TEST_F(PersistentCacheTest, EvictsTheLeastRecentlyUsedAndOnlyItsOwnFiles) {
   write_file(fresh_temp, "being written right now");
   write_file(foreign, "not a cache file");
 
-  set_persistent_max_bytes(entry_bytes_in(dir_.path()));  // room for three entries
+  set_persistent_max_bytes(three_entries);
   Probe fourth(4);
   ASSERT_EQ(fourth.run(), fourth.expected);
+  EXPECT_FALSE(fs::exists(other_build)) << "least recently used of all";
   EXPECT_TRUE(fs::exists(entry_path(probes[0].key))) << "recently hit";
   EXPECT_FALSE(fs::exists(entry_path(probes[1].key))) << "least recently used";
   EXPECT_TRUE(fs::exists(entry_path(probes[2].key)));
@@ -765,11 +808,9 @@ TEST(PersistentCacheProcesses, EnvironmentConfiguresTheCacheAndItIsOffByDefault)
 // Checks what several racing processes leave behind: only whole, valid entries.
 void expect_only_valid_entries(const std::string& dir) {
   for (const std::string& name : files_in(dir)) {
-    ASSERT_EQ(name.size(), 36u) << "unexpected file " << name;
-    ASSERT_EQ(name.substr(32), ".lzc") << "unexpected file " << name;
     CacheEntry entry;
-    ASSERT_NO_THROW(entry = decode_entry(read_file(dir + "/" + name))) << name;
-    EXPECT_EQ(entry.key.to_string(), name.substr(0, 32));
+    ASSERT_NO_THROW(entry = decode_entry(read_file(dir + "/" + name))) << "unexpected file " << name;
+    EXPECT_EQ(name, entry_file_name(entry.key));
   }
 }
 
