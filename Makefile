@@ -2,14 +2,18 @@
 
 ROOT   := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 BUILD  := $(ROOT)/build
+FUZZ_BUILD := $(ROOT)/build-fuzz
 # Debian's interpreter sees the Debian packages (numpy, torch, pytest); a python3 earlier
 # on PATH (pyenv, venv) may not.
 PYTHON := /usr/bin/python3
 JOBS   ?= 2
+# `make fuzz` stops after this many inputs or this many seconds, whichever comes first.
+FUZZ_RUNS    ?= 1000000
+FUZZ_SECONDS ?= 1200
 
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo test bench clean
+.PHONY: setup build demo test bench fuzz clean
 
 setup:
 	@bash $(ROOT)/scripts/setup.sh
@@ -40,6 +44,21 @@ bench: setup build
 	done; \
 	[ $$found = 1 ] || { echo "no benchmark binaries in $(BUILD)/bench" >&2; exit 1; }; \
 	echo "wrote $$out"
+# Fuzzes the persistent cache's entry parser with libFuzzer, ASan and UBSan, in its own
+# build tree (clang, everything instrumented), from seed entries the cache itself writes.
+# New interesting inputs accumulate in build-fuzz/corpus; a crash is saved under
+# build-fuzz/artifacts/ and can be replayed with `build-fuzz/fuzz/entry_parser_fuzz FILE`.
+fuzz:
+	cmake -S $(ROOT) -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DLAZYRT_BUILD_FUZZ=ON \
+	  -DLAZYRT_BUILD_TESTS=OFF -DLAZYRT_BUILD_EXAMPLES=OFF -DLAZYRT_BUILD_BENCH=OFF
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target entry_parser_fuzz make_entry_seeds
+	rm -rf $(FUZZ_BUILD)/seeds
+	$(FUZZ_BUILD)/fuzz/make_entry_seeds $(FUZZ_BUILD)/seeds
+	mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/artifacts
+	$(FUZZ_BUILD)/fuzz/entry_parser_fuzz -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) \
+	  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	  -artifact_prefix=$(FUZZ_BUILD)/artifacts/ $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD)

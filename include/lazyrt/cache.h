@@ -1,7 +1,18 @@
 // Configuration of the compile caches. Thread-safe.
+//
+// Two caches sit in front of compilation. The in-memory LRU maps a graph's cache key to its
+// executable within one process. The persistent cache (off unless configured) keeps one file
+// per cache key in a directory, so that another process, later or at the same time, skips
+// compiling a graph this one compiled. It is safe to share between processes and hosts:
+// entries are written atomically and checked fully before use; a file that fails any check
+// is counted (PersistentCacheDeserializeFailure), ignored, and replaced unless read-only.
+// Each lookup on disk counts exactly one of PersistentCacheHit, PersistentCacheMiss and
+// PersistentCacheDeserializeFailure; a hit is not an UncachedCompile.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 namespace lazyrt::cache {
 
@@ -13,5 +24,21 @@ size_t memory_capacity();
 size_t memory_size();
 /// Drops every in-memory entry.
 void clear_memory();
+
+/// Uses `dir` (created if missing, unless read-only) as the persistent compile cache; an
+/// empty dir turns the persistent cache off. Read-only: entries are used but nothing in the
+/// directory is ever written, touched or deleted. Overrides the environment:
+///   LAZYRT_CACHE_DIR        the directory (off when unset or empty)
+///   LAZYRT_CACHE_READONLY   1/true/yes/on for read-only
+///   LAZYRT_CACHE_MAX_BYTES  the size cap, in bytes, or with a K, M, G or T suffix
+/// which are read once, at the first sync or the first call of these functions.
+void set_persistent_dir(const std::string& dir, bool readonly = false);
+/// The directory in use; empty when the persistent cache is off.
+std::string persistent_dir();
+bool persistent_readonly();
+/// Caps the bytes all entries take together; 0 (the default) means no cap. After a write
+/// pushes the entries over the cap, the least recently used (written or hit) are deleted.
+void set_persistent_max_bytes(uint64_t bytes);
+uint64_t persistent_max_bytes();
 
 }  // namespace lazyrt::cache

@@ -1,7 +1,10 @@
 // Counters and timings in the style of PyTorch/XLA's metrics. Thread-safe.
 //
-// Counters: UncachedCompile, CachedCompile, ExecuteGraph (more arrive with later features).
-// Timings:  TraceTime (graph extraction and hashing at a sync), CompileTime, ExecuteTime.
+// Counters: UncachedCompile (a graph was compiled), CachedCompile (found in memory),
+//           PersistentCacheHit / PersistentCacheMiss / PersistentCacheDeserializeFailure (one
+//           of them per lookup on disk; a hit is not an UncachedCompile), ExecuteGraph.
+// Timings:  TraceTime (graph extraction and hashing at a sync), CompileTime (everything after
+//           an in-memory miss: loading from disk, or compiling and storing), ExecuteTime.
 #pragma once
 
 #include <cstdint>

@@ -32,6 +32,7 @@ bool is_integral(DType dtype);             // i32, i64 (not b8)
 DType promote_types(DType a, DType b);
 
 std::string shape_str(const Shape& shape);  // "[2, 3]"
+/// Product of the dims; throws lazyrt::Error when it does not fit in 64 bits.
 int64_t shape_numel(const Shape& shape);
 
 /// A number used as an operand (x + 1, x * 0.5). It remembers whether it was written as a

@@ -38,6 +38,15 @@ void check_shape_valid(std::string_view op, const Shape& s) {
     LAZYRT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(s));
 }
 
+// An integer constant must hold a value its dtype can represent: converting anything else
+// (out of range, NaN) is undefined behaviour, not a wrapped value.
+void check_value_fits(std::string_view op, double value, DType dtype) {
+  bool fits = true;
+  if (dtype == DType::i64) fits = value >= -0x1p63 && value < 0x1p63;
+  if (dtype == DType::i32) fits = value >= -0x1p31 && value < 0x1p31;
+  LAZYRT_CHECK(fits, op, ": value ", value, " does not fit ", dtype_name(dtype));
+}
+
 std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in, const Attrs& a,
                                      bool non_empty) {
   const auto& dims = a.ints(0);
@@ -94,6 +103,7 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       LAZYRT_ASSERT(false, name, " has no result rule: its type is given by its builder");
     case ResultRule::Full: {
       check_shape_valid(name, a.ints(1));
+      check_value_fits(name, a.f(0), a.dtype(2));
       return {{a.dtype(2), a.ints(1)}};
     }
     case ResultRule::Unary:

@@ -63,6 +63,8 @@ void verify(const Graph& g) {
     const OpInfo& info = op_info(n.op);
     if (info.operands >= 0 && static_cast<int>(n.operands.size()) != info.operands)
       fail(i, n, str_cat("has ", n.operands.size(), " operands, the op takes ", info.operands));
+    if (n.op != OpKind::While && !n.regions.empty())
+      fail(i, n, str_cat("has ", n.regions.size(), " regions, only a while owns regions"));
     if (n.attrs.values.size() != info.attrs.size())
       fail(i, n, str_cat("has ", n.attrs.values.size(), " attributes, the op takes ",
                          info.attrs.size()));

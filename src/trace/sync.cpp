@@ -1,6 +1,9 @@
 // Sync: flatten the pending DAG of some tensors into an ir::Graph, hash it, find or compile
 // its executable, run it, and bind the results to the tensors.
 //
+// Finding the executable: the in-memory cache, then the persistent cache on disk (if one is
+// configured), then compilation, whose result goes into both.
+//
 // Donation: a parameter buffer that nothing outside this sync can still reach (no live tensor
 // holds it, and no pending value that survives the sync reads it) is offered to the output of
 // the tensor it came from, so an in-place update (w.add_(g)) writes into w's own buffer.
@@ -8,6 +11,8 @@
 #include <unordered_map>
 
 #include "cache/memory_cache.h"
+#include "cache/persistent_cache.h"
+#include "cache/persistent_cache.h"
 #include "compile/compile.h"
 #include "ir/hash.h"
 #include "lazyrt/metrics.h"
@@ -102,16 +107,50 @@ GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donation
   return h.finish();
 }
 
+namespace {
+
+// From disk: the stored optimized graph, lowered. Counts the lookup's outcome; null unless
+// it was a hit.
+std::shared_ptr<runtime::Executable> load_from_disk(const cache::PersistentCache& disk, const ir::Graph& graph,
+                                                    const std::vector<int32_t>& donations, const GraphHash& key) {
+  cache::PersistentCache::Lookup found = disk.load(key, graph, donations);
+  std::shared_ptr<runtime::Executable> exe;
+  if (found.status == cache::PersistentCache::Status::Hit) {
+    try {
+      exe = compile::lower(found.entry.graph, donations);
+    } catch (const std::exception& e) {  // a verified graph no kernel takes: refuse the entry
+      found.status = cache::PersistentCache::Status::Bad;
+      found.error = std::string("lowering its graph failed: ") + e.what();
+    }
+  }
+  switch (found.status) {
+    case cache::PersistentCache::Status::Hit: metrics::increment("PersistentCacheHit"); break;
+    case cache::PersistentCache::Status::Miss: metrics::increment("PersistentCacheMiss"); break;
+    case cache::PersistentCache::Status::Bad:
+      metrics::increment("PersistentCacheDeserializeFailure");
+      disk.warn_bad_entry(key, found.error);
+      break;
+  }
+  return exe;
+}
+
+}  // namespace
+
 std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
                                                     const std::vector<int32_t>& donations) {
-  std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key);
-  if (exe) {
+  if (std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key)) {
     metrics::increment("CachedCompile");
     return exe;
   }
   detail::ScopedTimer timer("CompileTime");
-  exe = compile::compile(graph, donations);
-  metrics::increment("UncachedCompile");
+  const std::shared_ptr<const cache::PersistentCache> disk = cache::persistent_cache();
+  std::shared_ptr<runtime::Executable> exe = disk ? load_from_disk(*disk, graph, donations, key) : nullptr;
+  if (!exe) {
+    exe = compile::compile(graph, donations);
+    metrics::increment("UncachedCompile");
+    // A bad entry is replaced here too: store writes over whatever is at the path.
+    if (disk) disk->store({key, donations, exe->graph()});
+  }
   cache::memory_cache().put(key, exe);
   return exe;
 }

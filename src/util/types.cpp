@@ -65,7 +65,10 @@ std::string shape_str(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error(detail::str_cat("shape ", shape_str(shape),
+                                  " has more elements than a 64-bit count can hold"));
   return n;
 }
 

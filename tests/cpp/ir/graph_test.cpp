@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ir/graph.h"
 #include "support/graphs.h"
 
@@ -62,6 +64,17 @@ TEST(Graph, AddRejectsBadOperandsWithTheOpAndShapes) {
     EXPECT_THAT(e.what(), HasSubstr("[4, 5]"));
   }
   EXPECT_EQ(g.nodes.size(), 2u) << "a rejected node must not be appended";
+}
+
+TEST(Graph, IntegerConstantsMustFitTheirDType) {
+  Graph g;
+  EXPECT_NO_THROW(g.add_full(-9.2e18, {2}, DType::i64));
+  EXPECT_NO_THROW(g.add_full(2147483647, {2}, DType::i32));
+  EXPECT_NO_THROW(g.add_full(1e300, {2}, DType::f64));
+  EXPECT_THAT([&] { g.add_full(1e30, {2}, DType::i64); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("full: value 1e+30 does not fit i64")));
+  EXPECT_THROW(g.add_full(2147483648.0, {2}, DType::i32), Error);
+  EXPECT_THROW(g.add_full(std::nan(""), {2}, DType::i64), Error);
 }
 
 TEST(Verify, AcceptsAWellFormedGraph) { EXPECT_NO_THROW(verify(small_graph())); }

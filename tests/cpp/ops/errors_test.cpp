@@ -38,6 +38,13 @@ Tensor f32_2x3() { return tensor(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}); 
 
 // ---- messages -----------------------------------------------------------------------------------
 
+TEST(OpErrors, IntegerConstantsOutOfRangeAreRefusedNotWrapped) {
+  EXPECT_THAT(error_of([] { full({2}, 1e30, DType::i64); }), HasSubstr("does not fit i64"));
+  Tensor small = tensor(std::vector<int32_t>{1, 2}, {2});
+  EXPECT_THAT(error_of([&] { small + int64_t{3000000000}; }), HasSubstr("does not fit i32"));
+  EXPECT_FALSE(small.is_pending());
+}
+
 TEST(OpErrors, MatmulInnerDimensionMismatchNamesBothShapes) {
   Tensor a = f32_2x3();
   Tensor b = zeros({4, 5});

@@ -1,10 +1,107 @@
 // Small hand-built graphs shared by the IR and compile tests.
 #pragma once
 
+#include <memory>
+
 #include "ir/graph.h"
 
 namespace lazyrt::testing {
 
 inline ir::TensorType f32(Shape s) { return {DType::f32, std::move(s)}; }
+
+/// A loop counting an i64 scalar up to `limit`: while (x < limit) x = x + 1.
+inline ir::ValueRef add_count_up_loop(ir::Graph& g, ir::ValueRef init, int64_t limit) {
+  using ir::OpKind;
+  const ir::TensorType i64_scalar{DType::i64, {}};
+  auto cond = std::make_shared<ir::Graph>();
+  cond->outputs = {cond->add(OpKind::Lt, {cond->add_parameter(i64_scalar),
+                                          cond->add_full(static_cast<double>(limit), {}, DType::i64)})};
+  auto body = std::make_shared<ir::Graph>();
+  body->outputs = {body->add(OpKind::Add, {body->add_parameter(i64_scalar),
+                                           body->add_full(1, {}, DType::i64)})};
+  ir::ValueRef w = g.add(OpKind::While, {init}, {int64_t{1}});
+  g.nodes[w.node].regions = {cond, body};
+  return w;
+}
+
+/// One graph that uses every op of ops.def and every attribute kind; all values are outputs.
+inline ir::Graph every_op_graph() {
+  using ir::OpKind;
+  ir::Graph g;
+  const ir::ValueRef a = g.add_parameter(f32({2, 3}));
+  const ir::ValueRef b = g.add_parameter(f32({2, 3}));
+  const ir::ValueRef mask = g.add_parameter({DType::b8, {2, 3}});
+  const ir::ValueRef m = g.add_parameter(f32({3, 4}));
+  std::vector<ir::ValueRef> outs;
+  outs.push_back(g.add_full(1.5, {2, 3}, DType::f32));
+  for (OpKind op : {OpKind::Neg, OpKind::Abs, OpKind::Exp, OpKind::Log, OpKind::Sqrt, OpKind::Rsqrt,
+                    OpKind::Relu, OpKind::Sigmoid, OpKind::Tanh, OpKind::IsNan})
+    outs.push_back(g.add(op, {a}));
+  outs.push_back(g.add(OpKind::LogicalNot, {mask}));
+  outs.push_back(g.add(OpKind::Cast, {a}, {DType::i64}));
+  for (OpKind op : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Pow, OpKind::Maximum,
+                    OpKind::Minimum, OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt,
+                    OpKind::Ge})
+    outs.push_back(g.add(op, {a, b}));
+  outs.push_back(g.add(OpKind::LogicalAnd, {mask, mask}));
+  outs.push_back(g.add(OpKind::LogicalOr, {mask, mask}));
+  outs.push_back(g.add(OpKind::Where, {mask, a, b}));
+  outs.push_back(g.add(OpKind::Sum, {a}, {std::vector<int64_t>{1}, false}));
+  outs.push_back(g.add(OpKind::Mean, {a}, {std::vector<int64_t>{0, 1}, true}));
+  outs.push_back(g.add(OpKind::Amax, {a}, {std::vector<int64_t>{0}, false}));
+  outs.push_back(g.add(OpKind::Amin, {a}, {std::vector<int64_t>{}, false}));
+  outs.push_back(g.add(OpKind::Matmul, {a, m}));
+  outs.push_back(g.add(OpKind::Permute, {a}, {std::vector<int64_t>{1, 0}}));
+  outs.push_back(g.add(OpKind::Reshape, {a}, {std::vector<int64_t>{3, 2}}));
+  outs.push_back(g.add(OpKind::Expand, {a}, {std::vector<int64_t>{4, 2, 3}}));
+  outs.push_back(add_count_up_loop(g, g.add_full(0, {}, DType::i64), 10));
+  // Math, reductions and normalizations.
+  for (OpKind op : {OpKind::Sin, OpKind::Cos, OpKind::Log1p, OpKind::Expm1, OpKind::Erf, OpKind::Silu,
+                    OpKind::Floor, OpKind::Ceil, OpKind::Round, OpKind::Sign})
+    outs.push_back(g.add(op, {a}));
+  outs.push_back(g.add(OpKind::Gelu, {a}, {true}));
+  outs.push_back(g.add(OpKind::Softplus, {a}, {1.0, 20.0}));
+  outs.push_back(g.add(OpKind::Clamp, {a, b, b}, {true, false}));
+  using Ints = std::vector<int64_t>;
+  outs.push_back(g.add(OpKind::Prod, {a}, {Ints{1}, false}));
+  outs.push_back(g.add(OpKind::Var, {a}, {Ints{1}, false, 1.0}));
+  outs.push_back(g.add(OpKind::Std, {a}, {Ints{0, 1}, true, 0.0}));
+  outs.push_back(g.add(OpKind::Norm, {a}, {Ints{1}, false, 2.0}));
+  outs.push_back(g.add(OpKind::ArgMax, {a}, {int64_t{1}, false}));
+  outs.push_back(g.add(OpKind::ArgMin, {a}, {int64_t{0}, true}));
+  outs.push_back(g.add(OpKind::Softmax, {a}, {int64_t{1}}));
+  outs.push_back(g.add(OpKind::LogSoftmax, {a}, {int64_t{0}}));
+  // Data movement and indexing.
+  const ir::ValueRef idx1 = g.add_parameter({DType::i64, {2}});
+  const ir::ValueRef idx2 = g.add_parameter({DType::i64, {2, 3}});
+  outs.push_back(g.add(OpKind::Slice, {a}, {Ints{0, 0}, Ints{2, 3}, Ints{1, 2}}));
+  outs.push_back(g.add(OpKind::Pad, {a}, {Ints{0, 1}, Ints{1, 0}, Ints{0, 1}, 0.5}));
+  outs.push_back(g.add(OpKind::Flip, {a}, {Ints{1}}));
+  outs.push_back(g.add(OpKind::Concat, {a, b}, {int64_t{0}}));
+  outs.push_back(g.add(OpKind::IndexSelect, {a, idx1}, {int64_t{1}}));
+  outs.push_back(g.add(OpKind::Gather, {a, idx2}, {int64_t{1}}));
+  outs.push_back(g.add(OpKind::Scatter, {a, idx2, b}, {int64_t{1}}));
+  outs.push_back(g.add(OpKind::ScatterAdd, {a, idx2, b}, {int64_t{1}}));
+  outs.push_back(g.add(OpKind::IndexAdd, {a, idx1, g.add_parameter(f32({2, 2}))}, {int64_t{1}}));
+  // Convolution and pooling, with their backward ops.
+  const ir::ValueRef x = g.add_parameter(f32({1, 2, 4, 4}));
+  const ir::ValueRef w = g.add_parameter(f32({3, 2, 3, 3}));
+  const Ints one{1, 1}, two{2, 2}, zero{0, 0};
+  const ir::ValueRef y = g.add(OpKind::Conv2d, {x, w}, {one, one, one, int64_t{1}});
+  outs.push_back(y);
+  outs.push_back(g.add(OpKind::Conv2dBackwardInput, {y, w}, {Ints{1, 2, 4, 4}, one, one, one, int64_t{1}}));
+  outs.push_back(g.add(OpKind::Conv2dBackwardWeight, {y, x}, {Ints{3, 2, 3, 3}, one, one, one, int64_t{1}}));
+  const ir::ValueRef p = g.add(OpKind::MaxPool2d, {x}, {two, two, zero, one, false});
+  outs.push_back(p);
+  outs.push_back(g.add(OpKind::MaxPool2dBackward, {p, x}, {two, two, zero, one, false}));
+  const ir::ValueRef q = g.add(OpKind::AvgPool2d, {x}, {two, two, zero, false, true, int64_t{0}});
+  outs.push_back(q);
+  outs.push_back(g.add(OpKind::AvgPool2dBackward, {q}, {Ints{1, 2, 4, 4}, two, two, zero, false, true, int64_t{0}}));
+  // Random numbers from a seed and an offset.
+  const ir::ValueRef seed = g.add_parameter({DType::i64, {}});
+  outs.push_back(g.add(OpKind::Random, {seed, g.add_parameter({DType::i64, {}})}, {int64_t{1}, Ints{2, 2}, DType::f32}));
+  g.outputs = outs;
+  return g;
+}
 
 }  // namespace lazyrt::testing
