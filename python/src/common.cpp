@@ -57,6 +57,8 @@ void bind_dtypes(py::module_& m) {
     dtype_objects()[i] = obj;
     m.attr(dtype_py_name(d)) = obj;
   }
+  m.def("promote_types", &promote_types, py::arg("type1"), py::arg("type2"),
+        "PyTorch's promotion of two tensor dtypes (bool < int < float, the wider within a kind).");
   // PyTorch's aliases.
   m.attr("float") = dtype_object(DType::f32);
   m.attr("double") = dtype_object(DType::f64);

@@ -1,8 +1,5 @@
 // lazyrt.Tensor: properties, operators (with Python numbers on either side), in-place updates,
 // autograd, and reading values (item, bool/int/float, repr), which syncs with the GIL released.
-#include <cmath>
-#include <cstring>
-
 #include "bindings.h"
 #include "trace/lazy_tensor.h"
 
@@ -64,6 +61,75 @@ using Operand = std::variant<Tensor, Scalar>;
 Tensor operand(const Operand& o, const Tensor& like) {
   if (const Tensor* t = std::get_if<Tensor>(&o)) return *t;
   return scalar_like(std::get<Scalar>(o), like);
+}
+
+// ---- fast paths for the arithmetic operators ------------------------------------------------
+// Tracing is the hot path of every model: `a + b` between two tensors goes straight from the
+// type's number slot to the op, skipping pybind11's generic dispatch (its argument vectors and
+// overload loop), which costs about as much as recording the op. Anything else (numbers,
+// other types) goes to the bound __add__ / __radd__ methods, as CPython's own slot would.
+PyTypeObject* tensor_type = nullptr;
+PyObject* error_type = nullptr;
+
+const Tensor* tensor_of(PyObject* o) {
+  if (!PyObject_TypeCheck(o, tensor_type)) return nullptr;
+  auto* inst = reinterpret_cast<py::detail::instance*>(o);
+  if (!inst->simple_layout || !inst->simple_holder_constructed) return nullptr;
+  return static_cast<const Tensor*>(inst->simple_value_holder[0]);
+}
+
+enum class Arith { Add, Sub, Mul, Div };
+// The methods the fallback calls: the bound operator of a tensor on the left, else the
+// reflected one of a tensor on the right (what CPython's own slot would have done).
+constexpr const char* kMethods[4][2] = {
+    {"__add__", "__radd__"}, {"__sub__", "__rsub__"}, {"__mul__", "__rmul__"}, {"__truediv__", "__rtruediv__"}};
+
+PyObject* call_method(PyObject* self, const char* name, PyObject* arg) {
+  PyObject* method = PyObject_GetAttrString(self, name);
+  if (!method) return nullptr;
+  PyObject* r = PyObject_CallOneArg(method, arg);
+  Py_DECREF(method);
+  return r;
+}
+
+PyObject* fallback(Arith op, PyObject* a, PyObject* b) {
+  const auto& names = kMethods[static_cast<int>(op)];
+  if (PyObject_TypeCheck(a, tensor_type)) {
+    PyObject* r = call_method(a, names[0], b);
+    if (r != Py_NotImplemented) return r;
+    Py_DECREF(r);
+  }
+  if (PyObject_TypeCheck(b, tensor_type)) return call_method(b, names[1], a);
+  Py_RETURN_NOTIMPLEMENTED;
+}
+
+template <Arith op>
+PyObject* fast_arith(PyObject* a, PyObject* b) {
+  const Tensor* x = tensor_of(a);
+  const Tensor* y = x ? tensor_of(b) : nullptr;
+  if (!y) return fallback(op, a, b);
+  try {
+    Tensor r = op == Arith::Add ? *x + *y : op == Arith::Sub ? *x - *y : op == Arith::Mul ? *x * *y : *x / *y;
+    return py::cast(std::move(r)).release().ptr();
+  } catch (const Error& e) {
+    PyErr_SetString(error_type, e.what());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+void install_fast_arith(py::class_<Tensor>& cls, py::handle error) {
+  tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  error_type = error.ptr();
+  PyNumberMethods* nb = tensor_type->tp_as_number;
+  nb->nb_add = &fast_arith<Arith::Add>;
+  nb->nb_subtract = &fast_arith<Arith::Sub>;
+  nb->nb_multiply = &fast_arith<Arith::Mul>;
+  nb->nb_true_divide = &fast_arith<Arith::Div>;
+  PyType_Modified(tensor_type);
 }
 
 }  // namespace
@@ -188,6 +254,7 @@ void bind_tensor(py::module_& m, py::class_<Tensor>& cls) {
   LAZYRT_COMPARISON("__gt__", >)
   LAZYRT_COMPARISON("__ge__", >=)
 #undef LAZYRT_COMPARISON
+  install_fast_arith(cls, m.attr("Error"));
 
   // ---- in place: the handle (and the Python object) keeps its identity ----
   auto add_ = [](py::object self, const Operand& other, Scalar alpha) {

@@ -175,6 +175,29 @@ def test_operators_between_tensors():
         assert_same(f(a, b), f(ta, tb))
 
 
+def test_arithmetic_between_tensors_and_subclasses_and_its_errors():
+    """+ - * / between two tensors take a fast path; everything else the bound methods."""
+    p = lr.nn.Parameter(lr.tensor([1.0, 2.0]))
+    x = lr.tensor([3.0, 4.0])
+    for r in [p + x, x + p, p - x, p * p, x / p]:
+        assert type(r) is lr.Tensor
+    assert (p + x).tolist() == [4.0, 6.0] and (x / p).tolist() == [3.0, 2.0]
+    assert (p * x).requires_grad
+    with pytest.raises(lr.Error, match="cannot be broadcast"):
+        x + lr.ones(3)
+    with pytest.raises(lr.Error, match="sub"):
+        lr.tensor([True]) - lr.tensor([False])
+    assert (1 - x).tolist() == [-2.0, -3.0] and (x - 1).tolist() == [2.0, 3.0]
+    np.testing.assert_allclose((2 / x).numpy(), [2 / 3, 0.5], rtol=1e-6)
+    assert x.__add__(x).tolist() == [6.0, 8.0]
+
+    class Other:
+        def __radd__(self, other):
+            return "radd"
+
+    assert x + Other() == "radd"
+
+
 def test_comparing_with_other_objects_is_not_an_error():
     x = lr.tensor([1.0])
     assert (x == None) is False  # noqa: E711
