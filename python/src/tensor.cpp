@@ -64,10 +64,11 @@ Tensor operand(const Operand& o, const Tensor& like) {
 }
 
 // ---- fast paths for the arithmetic operators ------------------------------------------------
-// Tracing is the hot path of every model: `a + b` between two tensors goes straight from the
-// type's number slot to the op, skipping pybind11's generic dispatch (its argument vectors and
-// overload loop), which costs about as much as recording the op. Anything else (numbers,
-// other types) goes to the bound __add__ / __radd__ methods, as CPython's own slot would.
+// Tracing is the hot path of every model: `a + b` between two tensors, or a tensor and a plain
+// Python number, goes straight from the type's number slot to the op, skipping pybind11's
+// generic dispatch (its argument vectors and overload loop), which costs about as much as
+// recording the op. Anything else (NumPy scalars, other types) goes to the bound __add__ /
+// __radd__ methods, as CPython's own slot would.
 PyTypeObject* tensor_type = nullptr;
 PyObject* error_type = nullptr;
 
@@ -103,13 +104,37 @@ PyObject* fallback(Arith op, PyObject* a, PyObject* b) {
   Py_RETURN_NOTIMPLEMENTED;
 }
 
+// A plain Python number (bool, int, float) as a Scalar of its kind.
+std::optional<Scalar> number_of(PyObject* o) {
+  if (PyFloat_CheckExact(o)) return Scalar(PyFloat_AS_DOUBLE(o));
+  if (PyBool_Check(o)) return Scalar(o == Py_True);
+  if (PyLong_CheckExact(o)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (!overflow) return Scalar(static_cast<int64_t>(v));
+  }
+  return std::nullopt;
+}
+
+template <Arith op, class A, class B>
+Tensor apply_arith(const A& a, const B& b) {
+  if constexpr (op == Arith::Add) return a + b;
+  if constexpr (op == Arith::Sub) return a - b;
+  if constexpr (op == Arith::Mul) return a * b;
+  return a / b;
+}
+
 template <Arith op>
 PyObject* fast_arith(PyObject* a, PyObject* b) {
-  const Tensor* x = tensor_of(a);
-  const Tensor* y = x ? tensor_of(b) : nullptr;
-  if (!y) return fallback(op, a, b);
   try {
-    Tensor r = op == Arith::Add ? *x + *y : op == Arith::Sub ? *x - *y : op == Arith::Mul ? *x * *y : *x / *y;
+    Tensor r;
+    if (const Tensor* x = tensor_of(a)) {
+      if (const Tensor* y = tensor_of(b)) r = apply_arith<op>(*x, *y);
+      else if (std::optional<Scalar> s = number_of(b)) r = apply_arith<op>(*x, *s);
+    } else if (const Tensor* y = tensor_of(b)) {
+      if (std::optional<Scalar> s = number_of(a)) r = apply_arith<op>(*s, *y);
+    }
+    if (!r.defined()) return fallback(op, a, b);
     return py::cast(std::move(r)).release().ptr();
   } catch (const Error& e) {
     PyErr_SetString(error_type, e.what());
