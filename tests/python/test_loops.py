@@ -150,7 +150,7 @@ def test_the_gil_is_released_while_a_loop_runs():
                 seen["max_gap"] = max(seen["max_gap"], now - last)
             last = now
 
-    worker = threading.Thread(target=spin)
+    worker = threading.Thread(target=spin, daemon=True)
     worker.start()
     try:
         time.sleep(0.05)

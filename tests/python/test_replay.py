@@ -252,7 +252,7 @@ def test_steps_called_from_several_threads_do_not_deadlock():
         except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(k == 0,)) for k in range(3)]
+    threads = [threading.Thread(target=work, args=(k == 0,), daemon=True) for k in range(3)]
     for t in threads:
         t.start()
     for t in threads:
