@@ -263,7 +263,7 @@ void bind_interop(py::module_& m, py::class_<Tensor>& cls) {
           "A read-only NumPy array over the tensor's data, without a copy (syncs the tensor).")
       .def("__array__", [](const Tensor& t, py::object dtype) -> py::object {
         py::array a = numpy_view(t);
-        if (dtype.is_none()) return std::move(a);
+        if (dtype.is_none()) return a;
         return a.attr("astype")(dtype);
       }, py::arg("dtype") = py::none())
       .def("__dlpack__", [](const Tensor& t, py::object stream) { return to_dlpack(t, false); },
