@@ -51,7 +51,7 @@ bench: setup build
 fuzz:
 	cmake -S $(ROOT) -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DLAZYRT_BUILD_FUZZ=ON \
-	  -DLAZYRT_BUILD_TESTS=OFF -DLAZYRT_BUILD_EXAMPLES=OFF -DLAZYRT_BUILD_BENCH=OFF
+	  -DLAZYRT_BUILD_TESTS=OFF -DLAZYRT_BUILD_EXAMPLES=OFF -DLAZYRT_BUILD_BENCH=OFF -DLAZYRT_BUILD_PYTHON=OFF
 	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target entry_parser_fuzz make_entry_seeds
 	rm -rf $(FUZZ_BUILD)/seeds
 	$(FUZZ_BUILD)/fuzz/make_entry_seeds $(FUZZ_BUILD)/seeds

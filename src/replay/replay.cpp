@@ -63,10 +63,12 @@ std::vector<int32_t> update_offers(const std::vector<ImplPtr>& roots, const trac
   return offers;
 }
 
-// A buffer for output k of `exe` that may be `reuse` when nothing but its tensor holds it.
+// A buffer for output k of `exe` that may be `reuse` when nothing but its tensor holds it (and
+// lazyrt owns it: adopted memory is never written).
 std::shared_ptr<Buffer> output_buffer(const Executable& exe, size_t k, std::shared_ptr<Buffer> reuse,
                                       long owners) {
-  if (reuse && reuse.use_count() <= owners + 1 && reuse->bytes() == exe.output_types()[k].bytes())
+  if (reuse && !reuse->is_adopted() && reuse.use_count() <= owners + 1 &&
+      reuse->bytes() == exe.output_types()[k].bytes())
     return reuse;
   return runtime::allocate(exe.output_types()[k].bytes());
 }

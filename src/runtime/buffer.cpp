@@ -4,10 +4,19 @@
 #include <cstdlib>
 #include <new>
 
+#include "util/check.h"
+
 namespace lazyrt::runtime {
 namespace {
 std::atomic<int64_t> live_bytes{0};
 std::atomic<int64_t> peak_bytes{0};
+
+void count_allocation(size_t bytes) {
+  const int64_t now = live_bytes += static_cast<int64_t>(bytes);
+  int64_t peak = peak_bytes.load();
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
 }  // namespace
 
 Buffer::Buffer(size_t bytes) : bytes_(bytes) {
@@ -15,14 +24,19 @@ Buffer::Buffer(size_t bytes) : bytes_(bytes) {
   if (rounded == 0) rounded = 64;
   data_ = std::aligned_alloc(64, rounded);
   if (!data_) throw std::bad_alloc();
-  const int64_t now = live_bytes += static_cast<int64_t>(bytes_);
-  int64_t peak = peak_bytes.load();
-  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
-  }
+  count_allocation(bytes_);
+}
+
+Buffer::Buffer(void* data, size_t bytes, std::function<void()> release)
+    : data_(data), bytes_(bytes), release_(std::move(release)) {
+  LAZYRT_ASSERT(release_, "an adopted buffer needs a release callback");
+  LAZYRT_ASSERT(data_ != nullptr || bytes_ == 0, "adopting a null pointer of ", bytes_, " bytes");
+  count_allocation(bytes_);
 }
 
 Buffer::~Buffer() {
-  std::free(data_);
+  if (release_) release_();
+  else std::free(data_);
   live_bytes -= static_cast<int64_t>(bytes_);
 }
 

@@ -1,20 +1,30 @@
-// Device data: a 64-byte aligned block of host memory.
+// Device data: a block of host memory, 64-byte aligned when lazyrt allocates it.
 //
 // Invariant: once a buffer holds a tensor's value it is never written again, except by an
 // executable to which the runtime donated it after proving that nothing else can observe it
 // (the buffer's only owner is the graph being executed). Aliasing buffers between tensors is
 // therefore always safe.
+//
+// A buffer may also adopt memory that lazyrt did not allocate (a NumPy array, a DLPack tensor
+// from PyTorch) to share it without a copy. Adopted memory is aligned to its element type only,
+// and it is never donated: lazyrt never writes into memory it does not own, so the owner may
+// even have mapped it read-only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 namespace lazyrt::runtime {
 
 class Buffer {
  public:
+  /// Allocates `bytes` (64-byte aligned).
   explicit Buffer(size_t bytes);
+  /// Adopts `bytes` at `data`, owned elsewhere; `release` runs once, when the buffer dies, and
+  /// must let go of that memory (it may run on any thread).
+  Buffer(void* data, size_t bytes, std::function<void()> release);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -22,13 +32,17 @@ class Buffer {
   void* data() { return data_; }
   const void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
+  /// Memory adopted from elsewhere: read, never written (never donated).
+  bool is_adopted() const { return static_cast<bool>(release_); }
 
  private:
   void* data_;
   size_t bytes_;
+  std::function<void()> release_;  // adopted memory only
 };
 
-/// Bytes held by all buffers now, and the most held at once since reset_peak_memory().
+/// Bytes held by all buffers now (adopted memory included: it holds tensor data), and the
+/// most held at once since reset_peak_memory().
 struct MemoryStats {
   int64_t live_bytes;
   int64_t peak_bytes;
@@ -37,5 +51,9 @@ MemoryStats memory_stats();
 void reset_peak_memory();
 
 inline std::shared_ptr<Buffer> allocate(size_t bytes) { return std::make_shared<Buffer>(bytes); }
+/// A buffer over memory owned elsewhere; see Buffer's adopting constructor.
+inline std::shared_ptr<Buffer> adopt(void* data, size_t bytes, std::function<void()> release) {
+  return std::make_shared<Buffer>(data, bytes, std::move(release));
+}
 
 }  // namespace lazyrt::runtime

@@ -71,7 +71,8 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
   ex.donations.assign(tensors.size(), -1);
   for (size_t i = 0; i < ex.params.size(); ++i) {
     // The leaves hold the buffer, and so does ex.params; anything more is an outside owner.
-    if (!donatable[i] || ex.params[i].use_count() != leaves[i] + 1) continue;
+    // Adopted memory (NumPy, DLPack) belongs to someone else and is never written.
+    if (!donatable[i] || ex.params[i]->is_adopted() || ex.params[i].use_count() != leaves[i] + 1) continue;
     for (size_t k = 0; k < tensors.size(); ++k)
       if (tensors[k]->id == source[i] && tensors[k]->type == flat.graph().nodes[ex.param_nodes[i]].results[0] &&
           ex.donations[k] < 0) {

@@ -54,3 +54,16 @@ run_step("building the consumer" ${CMAKE_COMMAND} --build ${consumer_build})
 # LD_LIBRARY_PATH makes the installed library, not the build tree's, the one that loads.
 run_step("running the consumer"
   ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${consumer_build}/consumer)
+
+# The Python package: installed under the prefix, importable from there, and loading the
+# installed library (found through the extension's RPATH, not LD_LIBRARY_PATH).
+if(DEFINED PYTHON)
+  set(pydir ${prefix}/${PYTHON_INSTALL_DIR})
+  file(GLOB extension ${pydir}/lazyrt/_C*.so)
+  if(NOT extension OR NOT EXISTS ${pydir}/lazyrt/__init__.py OR NOT EXISTS ${pydir}/lazyrt/nn/__init__.py)
+    message(FATAL_ERROR "install test: the Python package was not installed into ${pydir}")
+  endif()
+  run_step("importing the installed Python package"
+    ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH PYTHONPATH=${pydir} PYTHONDONTWRITEBYTECODE=1
+      ${PYTHON} ${PYTHON_CHECK} ${prefix} ${libdir})
+endif()

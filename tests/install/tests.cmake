@@ -1,7 +1,15 @@
 # Installs the built library into a prefix inside the build tree, then builds and runs a
-# separate project against it through find_package(lazyrt).
+# separate project against it through find_package(lazyrt). With the Python package, it also
+# imports the installed package from the prefix.
+set(LAZYRT_INSTALL_TEST_PYTHON_ARGS)
+if(TARGET lazyrt_python)
+  set(LAZYRT_INSTALL_TEST_PYTHON_ARGS
+    -DPYTHON=${LAZYRT_PYTHON_EXECUTABLE} -DPYTHON_INSTALL_DIR=${LAZYRT_PYTHON_INSTALL_DIR}
+    -DPYTHON_CHECK=${CMAKE_CURRENT_LIST_DIR}/check_python_package.py)
+endif()
 add_test(NAME Install.FindPackageFromSeparateProject
   COMMAND ${CMAKE_COMMAND}
+    ${LAZYRT_INSTALL_TEST_PYTHON_ARGS}
     -DLAZYRT_BUILD_DIR=${PROJECT_BINARY_DIR}
     -DLAZYRT_INSTALL_LIBDIR=${CMAKE_INSTALL_LIBDIR}
     -DCONSUMER_SOURCE_DIR=${CMAKE_CURRENT_LIST_DIR}/consumer

@@ -4,6 +4,7 @@
 #include <lazyrt/lazyrt.h>
 
 #include "support/alloc_counter.h"
+#include "trace/lazy_tensor.h"
 
 namespace lazyrt {
 using ::testing::HasSubstr;
@@ -232,6 +233,20 @@ TEST(CompileStep, ATraceThatThrowsLeavesEverythingAsItWas) {
   EXPECT_FALSE(s.model->weight.is_pending());
   EXPECT_EQ(s.weights(), before);
   EXPECT_EQ(s.opt->step_count().item(), 0);
+}
+
+TEST(CompileStep, NeverWritesIntoAdoptedMemory) {
+  std::vector<float> host{1, 2, 3};
+  Tensor w(trace::make_data({DType::f32, {3}}, runtime::adopt(host.data(), 12, [] {})));
+  CompiledStep step = compile_step([&](const std::vector<Tensor>& a) {
+    w.add_(a[0]);
+    return std::vector<Tensor>{sum(w)};
+  }, {ones({3})});
+  Tensor one = tensor({1, 1, 1}, {3});
+  EXPECT_EQ(step({one})[0].item(), 9);
+  EXPECT_EQ(step({one})[0].item(), 12);
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{3, 4, 5}));
+  EXPECT_EQ(host, (std::vector<float>{1, 2, 3}));
 }
 
 }  // namespace lazyrt

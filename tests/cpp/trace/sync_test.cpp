@@ -131,6 +131,23 @@ TEST(Donation, NeverWhenAPendingTensorOutsideTheSyncReadsTheOldValue) {
   EXPECT_EQ(later.to_vector<float>(), (std::vector<float>{101, 102, 103}));
 }
 
+// Memory adopted from elsewhere (NumPy, DLPack) is read but never written: an in-place update
+// of its tensor goes to a new buffer even when nothing else holds the old one.
+TEST(Donation, NeverIntoAdoptedMemory) {
+  std::vector<float> host{1, 2, 3};
+  bool released = false;
+  {
+    auto buf = runtime::adopt(host.data(), host.size() * sizeof(float), [&] { released = true; });
+    Tensor w(trace::make_data({DType::f32, {3}}, std::move(buf)));
+    w.add_(ones({3}));
+    mark_step();
+    EXPECT_NE(data_ptr(w), host.data());
+    EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{2, 3, 4}));
+    EXPECT_EQ(host, (std::vector<float>{1, 2, 3})) << "the adopted memory is untouched";
+    EXPECT_TRUE(released) << "the old value is let go once the tensor moved on";
+  }
+}
+
 // The same step on new data every time: one compile, then cache hits.
 TEST(CompileCache, TrainingLikeLoopCompilesOnce) {
   cache::clear_memory();

@@ -1,0 +1,27 @@
+"""lazyrt: a lazy-tensor runtime with PyTorch's look and feel.
+
+Ops do not run when called: each records a node in a graph. Reading a value (``item()``,
+``numpy()``, ``print``) or ``mark_step()`` compiles the pending graph once per graph hash and
+runs it. Structured loops (``while_loop``, ``fori_loop``) trace their body once, and
+``compile_step`` / the replay calls run a traced training step again without tracing.
+
+    import lazyrt as lr
+    x = lr.tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+    loss = (x * x).sum()
+    loss.backward()
+    print(loss.item(), x.grad)
+
+Errors from lazyrt raise ``lazyrt.Error``, a ``RuntimeError``.
+"""
+
+from lazyrt import _C
+# Every public name of the extension is public here: Tensor, Error, the dtypes (float32, ...,
+# with PyTorch's aliases float, long, ...), and every op bound in python/src/ops.cpp, so an op
+# added there needs nothing here.
+from lazyrt._C import *  # noqa: F401,F403
+from lazyrt._tensor import tensor, as_tensor, arange, from_torch, to_torch  # noqa: F401
+from lazyrt._autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401
+from lazyrt._replay import GraphInputMatcher  # noqa: F401
+from lazyrt import nn, optim, metrics, cache, debug  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,13 @@
+"""lazyrt.cache: settings of the caches of compiled graphs (in memory, and on disk)."""
+
+from lazyrt._C._cache import (  # noqa: F401
+    clear_memory,
+    memory_capacity,
+    memory_size,
+    persistent_dir,
+    persistent_max_bytes,
+    persistent_readonly,
+    set_memory_capacity,
+    set_persistent_dir,
+    set_persistent_max_bytes,
+)

@@ -1,0 +1,5 @@
+"""lazyrt.debug: the pending graph as text, its size, and memory use."""
+
+from lazyrt._C._debug import (  # noqa: F401
+    graph_text, graph_node_count, live_memory_bytes, peak_memory_bytes, reset_peak_memory,
+)

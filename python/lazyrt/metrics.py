@@ -1,0 +1,9 @@
+"""lazyrt.metrics: counters and timings in the style of PyTorch/XLA's metrics.
+
+Counters: UncachedCompile, CachedCompile, ExecuteGraph, ReplayGraph (more arrive with later
+features). Timings: TraceTime, CompileTime, ExecuteTime.
+"""
+
+from lazyrt._C._metrics import (  # noqa: F401
+    counter, timing_count, timing_total_ns, report, reset, increment, record_timing,
+)

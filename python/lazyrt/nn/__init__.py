@@ -1,0 +1,8 @@
+"""lazyrt.nn: modules, layers and losses with torch.nn's interface."""
+
+from lazyrt.nn import functional  # noqa: F401
+from lazyrt.nn.module import Module, Parameter  # noqa: F401
+from lazyrt.nn.layers import (  # noqa: F401
+    BCEWithLogitsLoss, CrossEntropyLoss, Dropout, Flatten, Identity, Linear, LogSoftmax, ModuleList,
+    MSELoss, ReLU, Sequential, Sigmoid, Tanh,
+)

@@ -1,0 +1,73 @@
+// lazyrt.while_loop and lazyrt.fori_loop over Python callables.
+//
+// while_loop(cond_fn, body_fn, init) follows torch's while_loop: the carries are passed as
+// separate arguments, cond_fn(*carry) returns a one-element tensor, body_fn(*carry) a tuple
+// (or a lone tensor when there is one carry); the result is a tuple.
+// fori_loop(lower, upper, body_fn, init) follows JAX's: body_fn(i, carry) gets the carry in
+// init's structure (a tensor, or a tuple) and returns the new carry in that structure.
+//
+// The C++ loop calls the callables while it traces, once each. Python exceptions raised in them
+// pass through unchanged; lazyrt errors become lazyrt.Error.
+#include "bindings.h"
+
+namespace lazyrt::python {
+
+namespace {
+
+std::vector<Tensor> carries_of(py::handle r, const char* op, const char* fn) {
+  if (py::isinstance<Tensor>(r)) return {r.cast<Tensor>()};
+  if (!py::isinstance<py::tuple>(r) && !py::isinstance<py::list>(r))
+    throw Error(std::string(op) + ": " + fn + " must return a tuple of lazyrt tensors, got " +
+                std::string(py::str(py::type::handle_of(r).attr("__name__"))));
+  return tensors_from(r, op);
+}
+
+Tensor tensor_result(py::handle r, const char* op, const char* fn) {
+  if (!py::isinstance<Tensor>(r))
+    throw Error(std::string(op) + ": " + fn + " must return a one-element lazyrt tensor, got " +
+                std::string(py::str(py::type::handle_of(r).attr("__name__"))));
+  return r.cast<Tensor>();
+}
+
+py::tuple while_loop_py(py::function cond_fn, py::function body_fn, py::handle init) {
+  Carry carry = tensors_from(init, "while_loop");
+  Carry out = while_loop(
+      [&](const Carry& c) {
+        py::gil_scoped_acquire gil;
+        return tensor_result(cond_fn(*to_tuple(c)), "while_loop", "cond_fn");
+      },
+      [&](const Carry& c) {
+        py::gil_scoped_acquire gil;
+        return carries_of(body_fn(*to_tuple(c)), "while_loop", "body_fn");
+      },
+      std::move(carry));
+  return to_tuple(out);
+}
+
+py::object fori_loop_py(int64_t lower, int64_t upper, py::function body_fn, py::handle init) {
+  const bool single = py::isinstance<Tensor>(init);
+  Carry carry = tensors_from(init, "fori_loop");
+  Carry out = fori_loop(
+      lower, upper,
+      [&](const Tensor& i, const Carry& c) {
+        py::gil_scoped_acquire gil;
+        py::object r = body_fn(i, single ? py::cast(c[0]) : py::object(to_tuple(c)));
+        return carries_of(r, "fori_loop", "body_fn");
+      },
+      std::move(carry));
+  if (single) return py::cast(out[0]);
+  return to_tuple(out);
+}
+
+}  // namespace
+
+void bind_loops(py::module_& m) {
+  m.def("while_loop", &while_loop_py, py::arg("cond_fn"), py::arg("body_fn"), py::arg("init"),
+        "Runs body_fn(*carry) while cond_fn(*carry) is true, as one loop node: the body is traced "
+        "and compiled once, whatever the trip count. Returns the final carries as a tuple.");
+  m.def("fori_loop", &fori_loop_py, py::arg("lower"), py::arg("upper"), py::arg("body_fn"), py::arg("init"),
+        "carry = body_fn(i, carry) for i in range(lower, upper), as one loop node; i is an int64 "
+        "scalar tensor. init is a tensor or a tuple of tensors; the result has its structure.");
+}
+
+}  // namespace lazyrt::python

@@ -1,0 +1,45 @@
+// lazyrt._C._metrics, _cache and _debug: counters and timings, the compile cache's settings,
+// and looking at pending graphs and memory. All thread-safe in C++; nothing here syncs.
+#include "bindings.h"
+
+namespace lazyrt::python {
+
+void bind_metrics_cache(py::module_& m) {
+  py::module_ mt = m.def_submodule("_metrics", "Counters and timings (metrics.h).");
+  mt.def("counter", [](const std::string& name) { return metrics::counter(name); }, py::arg("name"),
+         "The value of a counter; 0 when it was never touched.");
+  mt.def("timing_count", [](const std::string& name) { return metrics::timing_count(name); }, py::arg("name"));
+  mt.def("timing_total_ns", [](const std::string& name) { return metrics::timing_total_ns(name); },
+         py::arg("name"));
+  mt.def("report", &metrics::report, "Every counter and timing, one per line.");
+  mt.def("reset", &metrics::reset, "Sets every counter and timing back to zero.");
+  mt.def("increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
+         py::arg("by") = 1);
+  mt.def("record_timing", [](const std::string& name, int64_t ns) { metrics::record_timing(name, ns); },
+         py::arg("name"), py::arg("nanoseconds"));
+
+  py::module_ c = m.def_submodule("_cache", "The compile cache's settings (cache.h).");
+  c.def("set_memory_capacity", &cache::set_memory_capacity, py::arg("entries"),
+        "Capacity of the in-memory cache of compiled graphs; 0 disables it.");
+  c.def("memory_capacity", &cache::memory_capacity);
+  c.def("memory_size", &cache::memory_size, "Compiled graphs held in memory now.");
+  c.def("clear_memory", &cache::clear_memory, "Drops every in-memory entry.");
+  c.def("set_persistent_dir", &cache::set_persistent_dir, py::arg("dir"), py::arg("readonly") = false,
+        "Uses dir as the persistent compile cache (an empty dir turns it off); read-only writes nothing.");
+  c.def("persistent_dir", &cache::persistent_dir);
+  c.def("persistent_readonly", &cache::persistent_readonly);
+  c.def("set_persistent_max_bytes", &cache::set_persistent_max_bytes, py::arg("bytes"),
+        "Size cap of the persistent cache directory; least recently used entries are evicted.");
+  c.def("persistent_max_bytes", &cache::persistent_max_bytes);
+
+  py::module_ d = m.def_submodule("_debug", "Pending graphs and memory (debug.h).");
+  d.def("graph_text", [](py::handle ts) { return debug::graph_text(tensors_from(ts, "graph_text")); },
+        py::arg("tensors"), "The graph a sync of these tensors would compile, as text.");
+  d.def("graph_node_count", [](py::handle ts) { return debug::graph_node_count(tensors_from(ts, "graph_node_count")); },
+        py::arg("tensors"));
+  d.def("live_memory_bytes", &debug::live_memory_bytes);
+  d.def("peak_memory_bytes", &debug::peak_memory_bytes);
+  d.def("reset_peak_memory", &debug::reset_peak_memory);
+}
+
+}  // namespace lazyrt::python

@@ -1,0 +1,125 @@
+// Cached-graph replay from Python: the low-level calls of PyTorch/XLA's dynamo bridge
+// (graph_hash, warm_up_cache, graph_inputs, run_cached_graph, tensor_id) and compile_step.
+//
+// Every call that compiles or runs a graph releases the GIL. A compiled step's call may retrace
+// (a guard failed): the step function is Python, so the tracing callback takes the GIL back.
+// The step's own lock is only ever taken without the GIL, so the two cannot deadlock.
+#include "bindings.h"
+
+namespace lazyrt::python {
+
+namespace {
+
+std::string hash_repr(const GraphHash& h) { return "GraphHash('" + h.to_string() + "')"; }
+
+// The Python step function, called by the C++ step when it traces.
+struct StepFunction {
+  py::object fn;
+  bool single = false;  // fn returned a lone tensor rather than a tuple
+};
+
+class PyCompiledStep {
+ public:
+  PyCompiledStep(std::shared_ptr<StepFunction> fn, CompiledStep step)
+      : fn_(std::move(fn)), step_(std::move(step)) {}
+
+  py::object call(const py::args& args) {
+    std::vector<Tensor> in = tensors_from(args, "compiled step");
+    std::vector<Tensor> out;
+    {
+      py::gil_scoped_release release;
+      out = step_(in);
+    }
+    if (fn_->single) return py::cast(out[0]);
+    return to_tuple(out);
+  }
+  int traces() const { return step_.traces(); }
+
+ private:
+  std::shared_ptr<StepFunction> fn_;
+  CompiledStep step_;
+};
+
+PyCompiledStep compile_step_py(py::function fn, py::handle example_args, bool retrace) {
+  auto state = std::make_shared<StepFunction>();
+  state->fn = fn;
+  std::vector<Tensor> example = tensors_from(example_args, "compile_step");
+  // Holds the state weakly: the Python step object owns it, and the C++ step owns this.
+  std::weak_ptr<StepFunction> weak = state;
+  auto traced = [weak](const std::vector<Tensor>& args) {
+    py::gil_scoped_acquire gil;
+    std::shared_ptr<StepFunction> st = weak.lock();
+    if (!st) throw Error("compile_step: the step function is gone");
+    py::object r = st->fn(*to_tuple(args));
+    st->single = py::isinstance<Tensor>(r);
+    if (st->single) return std::vector<Tensor>{r.cast<Tensor>()};
+    if (!py::isinstance<py::tuple>(r) && !py::isinstance<py::list>(r))
+      throw Error("compile_step: the step function must return a lazyrt tensor or a tuple of them, got " +
+                  std::string(py::str(py::type::handle_of(r).attr("__name__"))));
+    return tensors_from(r, "compile_step");
+  };
+  CompiledStep step = compile_step(traced, example, CompileStepOptions{retrace});
+  return PyCompiledStep(std::move(state), std::move(step));
+}
+
+}  // namespace
+
+void bind_replay(py::module_& m) {
+  py::class_<GraphHash>(m, "GraphHash", "The 128-bit structural hash of a traced graph.")
+      .def(py::init([](uint64_t hi, uint64_t lo) { return GraphHash{hi, lo}; }), py::arg("hi"), py::arg("lo"))
+      .def_readonly("hi", &GraphHash::hi)
+      .def_readonly("lo", &GraphHash::lo)
+      .def("__eq__", [](const GraphHash& a, const GraphHash& b) { return a == b; }, py::is_operator())
+      .def("__ne__", [](const GraphHash& a, const GraphHash& b) { return a != b; }, py::is_operator())
+      .def("__hash__", [](const GraphHash& h) { return py::hash(py::make_tuple(h.hi, h.lo)); })
+      .def("__bool__", [](const GraphHash& h) { return h.hi != 0 || h.lo != 0; })
+      .def("__str__", &GraphHash::to_string)
+      .def("__repr__", &hash_repr)
+      .def("hex", &GraphHash::to_string, "32 lowercase hex digits.");
+
+  m.def("tensor_id", &tensor_id, py::arg("tensor"),
+        "A process-unique id of the tensor, kept by in-place ops.");
+  m.def("graph_hash", [](py::handle tensors) {
+    std::vector<Tensor> ts = tensors_from(tensors, "graph_hash");
+    py::gil_scoped_release release;
+    return graph_hash(ts);
+  }, py::arg("tensors"), "The hash the pending graph of these tensors compiles under; runs nothing.");
+  m.def("warm_up_cache", [](py::handle tensors) {
+    std::vector<Tensor> ts = tensors_from(tensors, "warm_up_cache");
+    py::gil_scoped_release release;
+    warm_up_cache(ts);
+  }, py::arg("tensors"), "Compiles and caches the graph of these tensors; runs nothing.");
+  m.def("graph_inputs", [](py::handle tensors) {
+    std::vector<Tensor> ts = tensors_from(tensors, "graph_inputs");
+    GraphInputs in;
+    {
+      py::gil_scoped_release release;
+      in = graph_inputs(ts);
+    }
+    return py::make_tuple(py::cast(in.tensor_ids), to_list(in.values));
+  }, py::arg("tensors"),
+        "(tensor_ids, values): the graph's inputs in order. A tensor the traced code updated in "
+        "place is returned as itself, holding its value from before the trace.");
+  m.def("run_cached_graph", [](const GraphHash& h, py::handle inputs) {
+    std::vector<Tensor> in = tensors_from(inputs, "run_cached_graph");
+    std::vector<Tensor> out;
+    {
+      py::gil_scoped_release release;
+      out = run_cached_graph(h, in);
+    }
+    return to_list(out);
+  }, py::arg("graph_hash"), py::arg("inputs"),
+        "Runs the warmed-up graph once on the inputs (in graph_inputs order), writing back every "
+        "input the traced code updated in place. Returns every output of the graph.");
+
+  py::class_<PyCompiledStep>(m, "CompiledStep", "A step function traced once and replayed.")
+      .def("__call__", &PyCompiledStep::call)
+      .def_property_readonly("traces", &PyCompiledStep::traces,
+                             "How many times the step was traced (1 unless guards forced retraces).");
+  m.def("compile_step", &compile_step_py, py::arg("fn"), py::arg("example_args"), py::arg("retrace") = true,
+        "Traces fn(*example_args) once, without running it and leaving every tensor as it was. "
+        "Each call of the result runs one step on new arguments without tracing; a call whose "
+        "arguments do not match the trace retraces (retrace=True) or raises lazyrt.Error.");
+}
+
+}  // namespace lazyrt::python

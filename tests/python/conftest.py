@@ -1,0 +1,82 @@
+"""Shared helpers of the Python tests: the same random data as lazyrt and PyTorch tensors, and
+comparisons of results (values, shapes and dtypes).
+
+The tests import lazyrt from PYTHONPATH (ctest points it at build/python); run by hand from
+the repository root, they fall back to build/python.
+"""
+
+import os
+import sys
+import zlib
+
+try:
+    import lazyrt  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build", "python"))
+
+import numpy as np
+import pytest
+import torch
+
+import lazyrt as lr
+
+TORCH_DTYPE = {
+    lr.float32: torch.float32, lr.float64: torch.float64, lr.float16: torch.float16,
+    lr.bfloat16: torch.bfloat16, lr.int32: torch.int32, lr.int64: torch.int64, lr.bool: torch.bool,
+}
+NUMPY_DTYPE = {
+    lr.float32: np.float32, lr.float64: np.float64, lr.float16: np.float16,
+    lr.int32: np.int32, lr.int64: np.int64, lr.bool: np.bool_,
+}
+TOLERANCE = {  # rtol, atol
+    lr.float32: (2e-6, 1e-6), lr.float64: (1e-12, 1e-12), lr.float16: (1e-3, 1e-3),
+    lr.bfloat16: (1e-2, 1e-2), lr.int32: (0, 0), lr.int64: (0, 0), lr.bool: (0, 0),
+}
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def random_array(rng, shape, dtype, low=-3.0, high=3.0):
+    """Random values of a lazyrt dtype, as a NumPy array (bfloat16 as float32 values that
+    bfloat16 holds exactly)."""
+    if dtype is lr.bool:
+        return rng.random(shape) < 0.5
+    if dtype in (lr.int32, lr.int64):
+        return rng.integers(int(low), int(high) + 1, size=shape).astype(NUMPY_DTYPE[dtype])
+    a = rng.uniform(low, high, size=shape)
+    if dtype is lr.bfloat16:
+        return torch.from_numpy(a).to(torch.bfloat16).float().numpy()
+    return a.astype(NUMPY_DTYPE[dtype])
+
+
+def pair(rng, shape, dtype, low=-3.0, high=3.0, requires_grad=False):
+    """The same random values as a lazyrt tensor and a PyTorch tensor."""
+    a = random_array(rng, shape, dtype, low, high)
+    t = torch.from_numpy(np.array(a)).to(TORCH_DTYPE[dtype])
+    x = lr.tensor(a, dtype=dtype)
+    if requires_grad:
+        t.requires_grad_()
+        x.requires_grad_()
+    return x, t
+
+
+def as_numpy(x):
+    if x.dtype is lr.bfloat16:
+        return x.to(lr.float32).numpy()
+    return x.numpy()
+
+
+def assert_same(x, t, rtol=None, atol=None, what=""):
+    """lazyrt tensor x equals torch tensor t: dtype, shape and values (NaNs equal)."""
+    assert isinstance(x, lr.Tensor), f"{what}: not a lazyrt tensor: {type(x)}"
+    assert TORCH_DTYPE[x.dtype] == t.dtype, f"{what}: dtype {x.dtype} vs torch {t.dtype}"
+    assert tuple(x.shape) == tuple(t.shape), f"{what}: shape {x.shape} vs torch {tuple(t.shape)}"
+    d_rtol, d_atol = TOLERANCE[x.dtype]
+    expect = t.detach().float().numpy() if t.dtype == torch.bfloat16 else t.detach().numpy()
+    np.testing.assert_allclose(as_numpy(x), expect, rtol=d_rtol if rtol is None else rtol,
+                               atol=d_atol if atol is None else atol, equal_nan=True, err_msg=what)
+
+
+@pytest.fixture
+def rng(request):
+    # A seed per test, the same on every run.
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

@@ -1,0 +1,87 @@
+"""lazyrt.metrics, lazyrt.cache and lazyrt.debug from Python, and the package itself."""
+
+import subprocess
+import sys
+
+import lazyrt as lr
+
+
+def test_counters_and_report():
+    lr.cache.clear_memory()
+    lr.metrics.reset()
+    assert lr.metrics.counter("ExecuteGraph") == 0 and lr.metrics.counter("NeverTouched") == 0
+    for _ in range(3):
+        (lr.tensor([1.0, 2.0]) * 2 + 1).tolist()
+    assert lr.metrics.counter("UncachedCompile") == 1
+    assert lr.metrics.counter("CachedCompile") == 2
+    assert lr.metrics.counter("ExecuteGraph") == 3
+    assert lr.metrics.timing_count("ExecuteTime") == 3 and lr.metrics.timing_total_ns("ExecuteTime") > 0
+    report = lr.metrics.report()
+    for name in ["UncachedCompile", "CachedCompile", "ExecuteGraph", "CompileTime", "ExecuteTime", "TraceTime"]:
+        assert name in report
+    lr.metrics.increment("Custom", 2)
+    lr.metrics.record_timing("CustomTime", 5)
+    assert lr.metrics.counter("Custom") == 2 and lr.metrics.timing_total_ns("CustomTime") == 5
+    lr.metrics.reset()
+    assert lr.metrics.counter("ExecuteGraph") == 0
+
+
+def test_memory_cache_capacity():
+    old = lr.cache.memory_capacity()
+    try:
+        lr.cache.set_memory_capacity(0)
+        lr.metrics.reset()
+        for _ in range(2):
+            (lr.tensor([1.0]) + 1).tolist()
+        assert lr.metrics.counter("UncachedCompile") == 2, "capacity 0 disables the cache"
+        lr.cache.set_memory_capacity(4)
+        lr.cache.clear_memory()
+        (lr.tensor([1.0]) + 1).tolist()
+        assert lr.cache.memory_size() == 1 and lr.cache.memory_capacity() == 4
+    finally:
+        lr.cache.set_memory_capacity(old)
+
+
+def test_debug_graph_text_and_memory():
+    x = lr.tensor([1.0, 2.0])
+    y = lr.exp(x) + 1
+    text = lr.debug.graph_text([y])
+    assert "exp" in text and "add" in text
+    assert lr.debug.graph_node_count([y]) >= 3
+    assert y.is_pending(), "looking runs nothing"
+    lr.debug.reset_peak_memory()
+    assert lr.debug.peak_memory_bytes() >= lr.debug.live_memory_bytes() > 0
+
+
+def test_the_package_imports_cleanly_in_a_fresh_interpreter():
+    code = ("import lazyrt as lr; import lazyrt.nn, lazyrt.optim, lazyrt.metrics, lazyrt.cache, lazyrt.debug; "
+            "import lazyrt.nn.functional as F; print(lr.__version__, (lr.ones(2) + 1).tolist())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": __import__("os").pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0.1.0", "[2.0,", "2.0]"]
+
+
+def test_public_names():
+    for name in ["tensor", "from_numpy", "from_torch", "to_torch", "mark_step", "sync", "while_loop", "fori_loop",
+                 "graph_hash", "warm_up_cache", "graph_inputs", "run_cached_graph", "GraphInputMatcher",
+                 "compile_step", "tensor_id", "Error", "no_grad", "Tensor", "float32", "bfloat16"]:
+        assert hasattr(lr, name), name
+    for name in ["Module", "Parameter", "Linear", "Sequential", "ReLU", "Tanh", "Sigmoid", "Dropout", "MSELoss",
+                 "CrossEntropyLoss", "BCEWithLogitsLoss"]:
+        assert hasattr(lr.nn, name), name
+    for name in ["SGD", "Adam", "AdamW"]:
+        assert hasattr(lr.optim, name), name
+    assert not hasattr(lr.cache, "set_persistent_dir") or callable(lr.cache.set_persistent_dir)
+
+
+def test_sync_and_mark_step():
+    a = lr.tensor([1.0]) + 1
+    b = lr.tensor([2.0]) + 1
+    lr.sync([a])
+    assert not a.is_pending() and b.is_pending()
+    lr.sync(b)
+    assert not b.is_pending()
+    c = a * 3
+    lr.mark_step()
+    assert not c.is_pending() and c.tolist() == [6.0]
