@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,6 +106,56 @@ class Dropout : public Module {
   explicit Dropout(double p = 0.5);
   Tensor forward(const Tensor& x) override;
   double p;
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(std::string approximate = "none") : Module("GELU"), approximate(std::move(approximate)) {}
+  Tensor forward(const Tensor& x) override;
+  std::string approximate;  // "none" (erf) or "tanh"
+};
+
+/// Normalizes over the trailing normalized_shape dims; weight ones and bias zeros at first.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  Tensor forward(const Tensor& x) override;
+  Shape normalized_shape;
+  double eps;
+  Tensor weight, bias;  // undefined without elementwise_affine
+};
+
+/// A table of num_embeddings vectors of embedding_dim, initialised from N(0, 1) (the
+/// padding_idx row zero); forward takes integer indices.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx = std::nullopt);
+  Tensor forward(const Tensor& indices) override;
+  std::optional<int64_t> padding_idx;
+  Tensor weight;
+};
+
+/// 2-D convolution, initialised as PyTorch does: weight and bias uniform in
+/// [-1/sqrt(fan_in), 1/sqrt(fan_in)] with fan_in = in_channels / groups * kH * kW.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, std::vector<int64_t> kernel_size,
+         std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
+         std::vector<int64_t> dilation = {1}, int64_t groups = 1, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups;
+  Tensor weight, bias;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(std::vector<int64_t> kernel_size, std::vector<int64_t> stride = {},
+                     std::vector<int64_t> padding = {0}, std::vector<int64_t> dilation = {1},
+                     bool ceil_mode = false);
+  Tensor forward(const Tensor& x) override;
+  std::vector<int64_t> kernel_size, stride, padding, dilation;
+  bool ceil_mode;
 };
 
 // ---- losses (reduction: "mean", "sum" or "none") -------------------------------------------

@@ -153,6 +153,62 @@ Dropout::Dropout(double p_) : Module("Dropout"), p(p_) {
 }
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
 
+Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate); }
+
+LayerNorm::LayerNorm(Shape shape, double eps_, bool affine)
+    : Module("LayerNorm"), normalized_shape(std::move(shape)), eps(eps_) {
+  if (affine) {
+    weight = register_parameter("weight", ones(normalized_shape));
+    bias = register_parameter("bias", zeros(normalized_shape));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return layer_norm(x, normalized_shape, weight.defined() ? std::optional<Tensor>(weight) : std::nullopt,
+                    bias.defined() ? std::optional<Tensor>(bias) : std::nullopt, eps);
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> pad) : Module("Embedding"), padding_idx(pad) {
+  LAZYRT_CHECK(num > 0 && dim > 0, "Embedding: sizes must be positive, got ", num, " and ", dim);
+  if (padding_idx) {
+    LAZYRT_CHECK(*padding_idx >= -num && *padding_idx < num, "Embedding: padding_idx ", *padding_idx,
+                 " out of range for ", num, " embeddings");
+    if (*padding_idx < 0) *padding_idx += num;
+  }
+  Tensor w = randn({num, dim});
+  if (padding_idx) {
+    Tensor row = cast(reshape(arange(num), {num, 1}) == *padding_idx, DType::b8);
+    w = masked_fill(w, row, 0);
+  }
+  weight = register_parameter("weight", w);
+}
+
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight, indices, padding_idx); }
+
+Conv2d::Conv2d(int64_t in, int64_t out, std::vector<int64_t> kernel, std::vector<int64_t> stride_,
+               std::vector<int64_t> padding_, std::vector<int64_t> dilation_, int64_t groups_, bool with_bias)
+    : Module("Conv2d"), stride(std::move(stride_)), padding(std::move(padding_)), dilation(std::move(dilation_)),
+      groups(groups_) {
+  LAZYRT_CHECK(in > 0 && out > 0 && groups > 0 && in % groups == 0 && out % groups == 0,
+               "Conv2d: channels ", in, " -> ", out, " must be positive and divisible by groups ", groups);
+  LAZYRT_CHECK(kernel.size() == 1 || kernel.size() == 2, "Conv2d: kernel_size takes one or two values");
+  const int64_t kh = kernel[0], kw = kernel.size() == 2 ? kernel[1] : kernel[0];
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in / groups * kh * kw));
+  weight = register_parameter("weight", uniform({out, in / groups, kh, kw}, bound));
+  if (with_bias) bias = register_parameter("bias", uniform({out}, bound));
+}
+
+Tensor Conv2d::forward(const Tensor& x) { return conv2d(x, weight, bias, stride, padding, dilation, groups); }
+
+MaxPool2d::MaxPool2d(std::vector<int64_t> k, std::vector<int64_t> s, std::vector<int64_t> p,
+                     std::vector<int64_t> d, bool ceil)
+    : Module("MaxPool2d"), kernel_size(std::move(k)), stride(std::move(s)), padding(std::move(p)),
+      dilation(std::move(d)), ceil_mode(ceil) {}
+
+Tensor MaxPool2d::forward(const Tensor& x) {
+  return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
+}
+
 // ---- losses -----------------------------------------------------------------------------------
 
 namespace {

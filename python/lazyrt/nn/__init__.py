@@ -3,6 +3,6 @@
 from lazyrt.nn import functional  # noqa: F401
 from lazyrt.nn.module import Module, Parameter  # noqa: F401
 from lazyrt.nn.layers import (  # noqa: F401
-    BCEWithLogitsLoss, CrossEntropyLoss, Dropout, Flatten, Identity, Linear, LogSoftmax, ModuleList,
-    MSELoss, ReLU, Sequential, Sigmoid, Tanh,
+    AvgPool2d, BCEWithLogitsLoss, Conv2d, CrossEntropyLoss, Dropout, Embedding, Flatten, GELU, Identity,
+    LayerNorm, Linear, LogSoftmax, MaxPool2d, ModuleList, MSELoss, ReLU, Sequential, Sigmoid, Tanh,
 )

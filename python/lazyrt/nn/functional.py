@@ -4,7 +4,10 @@ The losses are the C++ ones of nn.h (reduction: 'mean', 'sum' or 'none').
 """
 
 from lazyrt import _C
-from lazyrt._C import relu, sigmoid, tanh, log_softmax  # noqa: F401
+from lazyrt._C import (  # noqa: F401
+    avg_pool2d, conv2d, embedding, gelu, layer_norm, leaky_relu, log_softmax, max_pool2d, one_hot, pad, relu,
+    sigmoid, silu, softmax, softplus, tanh,
+)
 
 
 def linear(input, weight, bias=None):

@@ -182,3 +182,99 @@ class BCEWithLogitsLoss(Module):
 
     def forward(self, input, target):
         return F.binary_cross_entropy_with_logits(input, target, reduction=self.reduction)
+
+
+# ---- layers built on the convolution, pooling and normalization ops ---------------------------
+# Initialization draws as the C++ layers do (nn.h), in the same order: the same seed gives the
+# same weights in both.
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class GELU(Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, input):
+        return _C.gelu(input, approximate=self.approximate)
+
+
+class LayerNorm(Module):
+    """Normalizes over the trailing normalized_shape dims; weight ones, bias zeros at first."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        if elementwise_affine:
+            self.weight = Parameter(_C.ones(self.normalized_shape))
+            self.bias = Parameter(_C.zeros(self.normalized_shape))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, input):
+        return _C.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class Embedding(Module):
+    """num_embeddings vectors of embedding_dim from N(0, 1); the padding_idx row starts at zero."""
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+        super().__init__()
+        if padding_idx is not None and padding_idx < 0:
+            padding_idx += num_embeddings
+        self.padding_idx = padding_idx
+        w = _C.randn(num_embeddings, embedding_dim)
+        if padding_idx is not None:
+            rows = _C.reshape(_C._arange(num_embeddings, _C.int64), (num_embeddings, 1)) == padding_idx
+            w = _C.masked_fill(w, rows, 0)
+        self.weight = Parameter(w)
+
+    def forward(self, input):
+        return _C.embedding(input, self.weight, self.padding_idx)
+
+
+class Conv2d(Module):
+    """2-D convolution; weight and bias uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True):
+        super().__init__()
+        if in_channels % groups or out_channels % groups:
+            raise _C.Error(f"Conv2d: channels {in_channels} -> {out_channels} must be divisible by groups {groups}")
+        kh, kw = _pair(kernel_size)
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        bound = 1.0 / math.sqrt(in_channels // groups * kh * kw)
+        self.weight = Parameter(_uniform((out_channels, in_channels // groups, kh, kw), bound))
+        if bias:
+            self.bias = Parameter(_uniform((out_channels,), bound))
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, input):
+        return _C.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.ceil_mode = dilation, ceil_mode
+
+    def forward(self, input):
+        return _C.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad, self.divisor_override = ceil_mode, count_include_pad, divisor_override
+
+    def forward(self, input):
+        return _C.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                             self.count_include_pad, self.divisor_override)

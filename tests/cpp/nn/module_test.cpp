@@ -141,3 +141,35 @@ TEST(Optimizer, RefusesNonLeafParameters) {
 }
 
 }  // namespace lazyrt
+
+namespace lazyrt {
+
+TEST(Layers, ConvPoolNormEmbeddingAndGeluModules) {
+  manual_seed(3);
+  nn::Conv2d conv(4, 6, {3, 2}, {1}, {1}, {1}, 2);
+  EXPECT_EQ(conv.weight.shape(), (Shape{6, 2, 3, 2}));
+  const double bound = 1.0 / std::sqrt(2.0 * 3 * 2);
+  for (float w : conv.weight.to_vector<float>()) EXPECT_LT(std::abs(w), bound);
+  Tensor x = rand({2, 4, 5, 5});
+  EXPECT_EQ(conv.forward(x).to_vector<float>(),
+            conv2d(x, conv.weight, conv.bias, {1}, {1}, {1}, 2).to_vector<float>());
+  nn::MaxPool2d pool({2});
+  EXPECT_EQ(pool.forward(x).shape(), (Shape{2, 4, 2, 2}));
+  EXPECT_EQ(pool.forward(x).to_vector<float>(), max_pool2d(x, {2}).to_vector<float>());
+  nn::LayerNorm ln({5});
+  EXPECT_EQ(ln.weight.to_vector<float>(), std::vector<float>(5, 1.0f));
+  EXPECT_EQ(ln.bias.to_vector<float>(), std::vector<float>(5, 0.0f));
+  std::vector<float> y = ln.forward(tensor({1, 2, 3, 4, 5}, {1, 5})).to_vector<float>();
+  EXPECT_NEAR(y[0], -2 / std::sqrt(2.0 + 1e-5), 1e-5);
+  EXPECT_NEAR(y[2], 0, 1e-6);
+  nn::Embedding emb(4, 3, 1);
+  std::vector<float> row = emb.forward(tensor(std::vector<int64_t>{1}, {1})).to_vector<float>();
+  EXPECT_EQ(row, std::vector<float>(3, 0.0f)) << "the padding row starts at zero";
+  EXPECT_EQ(emb.forward(tensor(std::vector<int64_t>{2, 0}, {2})).shape(), (Shape{2, 3}));
+  nn::GELU gelu_tanh("tanh");
+  EXPECT_EQ(gelu_tanh.forward(x).to_vector<float>(), gelu(x, "tanh").to_vector<float>());
+  EXPECT_EQ(conv.named_parameters().size(), 2u);
+  EXPECT_THROW(nn::Conv2d(3, 4, {3}, {1}, {0}, {1}, 2), Error);
+}
+
+}  // namespace lazyrt
