@@ -23,6 +23,7 @@ struct TensorType {
   bool operator!=(const TensorType& o) const { return !(*this == o); }
 };
 std::string type_str(const TensorType& t);  // "f32[2, 3]"
+std::string types_str(const std::vector<TensorType>& ts);  // "f32[2, 3], i64[4]"
 
 using AttrValue = std::variant<int64_t, double, bool, DType, std::vector<int64_t>>;
 

@@ -12,12 +12,6 @@ namespace {
 
 using detail::str_cat;
 
-std::string types_str(const std::vector<TensorType>& ts) {
-  std::string s;
-  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + type_str(ts[i]);
-  return s;
-}
-
 void check_same_dtype(std::string_view op, const std::vector<TensorType>& ts) {
   for (const auto& t : ts)
     LAZYRT_CHECK(t.dtype == ts[0].dtype, op, ": operands must have one dtype, got ",
@@ -74,6 +68,12 @@ std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in, 
 // The rules of the data-movement, indexing and NN ops (infer_nn.cpp).
 std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<TensorType>& ops,
                                        const Attrs& a);
+
+std::string types_str(const std::vector<TensorType>& ts) {
+  std::string s;
+  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + type_str(ts[i]);
+  return s;
+}
 
 std::string type_str(const TensorType& t) {
   return str_cat(dtype_name(t.dtype), shape_str(t.shape));

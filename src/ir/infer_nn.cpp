@@ -15,12 +15,6 @@ namespace {
 
 using detail::str_cat;
 
-std::string types_str(const std::vector<TensorType>& ts) {
-  std::string s;
-  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + type_str(ts[i]);
-  return s;
-}
-
 int64_t rank_of(const TensorType& t) { return static_cast<int64_t>(t.shape.size()); }
 
 void check_rank_attr(std::string_view op, std::string_view attr, const std::vector<int64_t>& v,
