@@ -23,8 +23,10 @@ namespace {
 
 // The kernel of `node` may write its result over operand k's buffer.
 bool can_alias(const Graph& g, const Node& node, size_t k) {
-  if (!ir::has_flag(node.op, ir::kInPlace) || node.results.size() != 1) return false;
   const ir::TensorType& in = g.type(node.operands[k]);
+  // A fused kernel stores a block's results after reading its operands (fused.cpp).
+  if (node.op == OpKind::Fusion) return in.shape == node.results[0].shape;
+  if (!ir::has_flag(node.op, ir::kInPlace) || node.results.size() != 1) return false;
   if (ir::has_flag(node.op, ir::kElementwise)) return in == node.results[0];
   // Other in-place kernels (scatter, index_add) still read their other operands while they
   // write: none of those may be the operand written over.
@@ -170,7 +172,8 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       auto lr = last_read.find(v);
       req.last = std::max(s, lr == last_read.end() ? s : lr->second);
       if (it != claimed.end()) req.last = copy_step_of_output[it->second];
-      if (r == 0 && !n.operands.empty() && can_alias(g, n, 0)) {
+      if (r == 0 && !n.operands.empty() && can_alias(g, n, 0) &&
+          g.type(n.operands[0]).bytes() == n.results[0].bytes()) {
         auto src = req_of.find(n.operands[0]);
         if (src != req_of.end() && reqs[src->second].last == s) req.inplace_of = src->second;
       }

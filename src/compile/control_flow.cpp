@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "compile/compile.h"
+#include "kernels/cpu/ops.h"
 #include "util/check.h"
 
 namespace lazyrt::compile {
@@ -105,6 +106,7 @@ void run_while(WhileState& st, const void* const* in, void* const* out) {
 }  // namespace
 
 kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
+  if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results);
   LAZYRT_ASSERT(n.op == ir::OpKind::While, "no lowering for ", ir::op_name(n.op));
   auto st = std::make_shared<WhileState>();
   st->cond = compile(*n.regions[0]);

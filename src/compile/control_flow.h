@@ -1,5 +1,5 @@
-// Lowering of ops that own regions (while) into a step: the regions are compiled into
-// sub-executables that the step's kernel runs.
+// Lowering of ops that own regions into a step: a while's regions are compiled into
+// sub-executables that the step's kernel runs; a fusion's region becomes one fused kernel.
 #pragma once
 
 #include <vector>

@@ -249,7 +249,8 @@ Graph optimize(const Graph& g) {
   Graph x = constant_folding(g);
   x = algebraic_simplification(x);
   x = common_subexpression_elimination(x);
-  return dead_code_elimination(x);
+  x = dead_code_elimination(x);
+  return dead_code_elimination(fuse_elementwise(x));
 }
 
 }  // namespace lazyrt::compile

@@ -19,7 +19,10 @@ ir::Graph constant_folding(const ir::Graph& g);
 /// operand's own type -> x. Only where the result keeps x's exact type.
 ir::Graph algebraic_simplification(const ir::Graph& g);
 
-/// fold, simplify, CSE, DCE.
+/// Groups of elementwise nodes of one result shape -> one fusion node each (fusion.cpp).
+ir::Graph fuse_elementwise(const ir::Graph& g);
+
+/// fold, simplify, CSE, DCE, fuse, DCE.
 ir::Graph optimize(const ir::Graph& g);
 
 /// Rebuilds a graph node by node with remapped operands; the passes are written on it.

@@ -257,6 +257,18 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
                    carries, " carries but ", ops.size(), " operands");
       return std::vector<TensorType>(ops.begin(), ops.begin() + carries);
     }
+    case ResultRule::Fusion: {
+      const Shape& shape = a.ints(0);
+      for (const TensorType& t : ops)
+        LAZYRT_CHECK(broadcast_shapes(t.shape, shape, name) == shape, name, ": operand ",
+                     type_str(t), " does not broadcast to ", shape_str(shape));
+      std::vector<TensorType> out;
+      for (int64_t d : a.ints(1)) {
+        LAZYRT_CHECK(d >= 0 && d <= static_cast<int64_t>(DType::b8), name, ": bad dtype ", d);
+        out.push_back({static_cast<DType>(d), shape});
+      }
+      return out;
+    }
   }
   LAZYRT_ASSERT(false, "unhandled result rule for ", name);
 }

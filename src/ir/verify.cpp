@@ -54,6 +54,29 @@ void verify_while(size_t i, const Node& n, const std::vector<TensorType>& operan
                          ", the carry is ", type_str(operands[k])));
 }
 
+// The region computes the results elementwise over `shape`: parameters (the operands, which
+// broadcast to it), constants, and elementwise nodes of that shape.
+void verify_fusion(size_t i, const Node& n, const std::vector<TensorType>& operands) {
+  if (n.regions.size() != 1) fail(i, n, "a fusion needs one region");
+  const Graph& r = *n.regions[0];
+  verify(r);
+  verify_region_params(i, n, r, "fusion", operands);
+  const Shape& shape = n.attrs.ints(0);
+  for (const Node& rn : r.nodes) {
+    if (rn.op == OpKind::Parameter || rn.op == OpKind::Full) continue;
+    if (!has_flag(rn.op, kElementwise) || rn.results.size() != 1 || rn.results[0].shape != shape)
+      fail(i, n, str_cat("region node ", op_name(rn.op), " : ", types_str(rn.results),
+                         " is not elementwise over ", shape_str(shape)));
+  }
+  if (r.outputs.size() != n.results.size())
+    fail(i, n, str_cat("region returns ", r.outputs.size(), " values for ", n.results.size(), " results"));
+  for (size_t k = 0; k < r.outputs.size(); ++k) {
+    const Node& src = r.node(r.outputs[k]);
+    if (src.op == OpKind::Parameter || src.op == OpKind::Full || r.type(r.outputs[k]) != n.results[k])
+      fail(i, n, str_cat("region output ", k, " is not a computed ", type_str(n.results[k])));
+  }
+}
+
 }  // namespace
 
 void verify(const Graph& g) {
@@ -63,8 +86,8 @@ void verify(const Graph& g) {
     const OpInfo& info = op_info(n.op);
     if (info.operands >= 0 && static_cast<int>(n.operands.size()) != info.operands)
       fail(i, n, str_cat("has ", n.operands.size(), " operands, the op takes ", info.operands));
-    if (n.op != OpKind::While && !n.regions.empty())
-      fail(i, n, str_cat("has ", n.regions.size(), " regions, only a while owns regions"));
+    if (n.op != OpKind::While && n.op != OpKind::Fusion && !n.regions.empty())
+      fail(i, n, str_cat("has ", n.regions.size(), " regions, only while and fusion own regions"));
     if (n.attrs.values.size() != info.attrs.size())
       fail(i, n, str_cat("has ", n.attrs.values.size(), " attributes, the op takes ",
                          info.attrs.size()));
@@ -95,6 +118,7 @@ void verify(const Graph& g) {
       fail(i, n, e.what());
     }
     if (n.op == OpKind::While) verify_while(i, n, in);
+    if (n.op == OpKind::Fusion) verify_fusion(i, n, in);
     if (expect != n.results) {
       std::string got, want;
       for (const auto& t : n.results) got += type_str(t) + " ";

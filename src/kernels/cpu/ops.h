@@ -9,6 +9,15 @@ namespace lazyrt::kernels {
 #include "ir/ops.def"
 #undef OP
 
+/// Limits of one fusion node, which the fusion pass keeps to: elementwise ops in its region,
+/// and operands (constants are not operands).
+inline constexpr int kMaxFusedOps = 24;
+inline constexpr int kMaxFusedInputs = 8;
+
+/// The kernel of a fusion node with this region (see fused.cpp).
+Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
+                  const std::vector<ir::TensorType>& outputs);
+
 /// Writes `value` converted to `dtype` into n elements at dst.
 void fill(void* dst, DType dtype, double value, int64_t n);
 

@@ -370,6 +370,8 @@ TEST(OpFixtures, EveryOpOfTheTableHasAParityCase) {
   const std::set<std::string> elsewhere = {
       "parameter",              // every graph's inputs
       "while",                  // tests/cpp/trace/loops_test.cpp (known values)
+      "fusion",                 // made by compile, never traced: it runs every case with an
+                                // elementwise chain, and tests/cpp/compile/fusion_test.cpp
       "random",                 // tests/cpp/kernels/random_test.cpp (known answers, moments)
       "conv2d_backward_input",  // gradients: tests/cpp/autograd (finite differences, torch)
       "conv2d_backward_weight", "max_pool2d_backward", "avg_pool2d_backward",

@@ -24,6 +24,20 @@ inline ir::ValueRef add_count_up_loop(ir::Graph& g, ir::ValueRef init, int64_t l
   return w;
 }
 
+/// A fusion node over [2, 3]: p = x * 2 and s = p + b with b f32[3] broadcast; results p, s.
+inline ir::ValueRef add_scale_shift_fusion(ir::Graph& g, ir::ValueRef x, ir::ValueRef b) {
+  using ir::OpKind;
+  auto region = std::make_shared<ir::Graph>();
+  const ir::ValueRef rx = region->add_parameter(f32({2, 3}));
+  const ir::ValueRef rb = region->add_parameter(f32({3}));
+  const ir::ValueRef p = region->add(OpKind::Mul, {rx, region->add_full(2, {}, DType::f32)});
+  region->outputs = {p, region->add(OpKind::Add, {p, rb})};
+  const auto f32_code = static_cast<int64_t>(DType::f32);
+  ir::ValueRef f = g.add(OpKind::Fusion, {x, b}, {Shape{2, 3}, std::vector<int64_t>{f32_code, f32_code}});
+  g.nodes[f.node].regions = {region};
+  return f;
+}
+
 /// One graph that uses every op of ops.def and every attribute kind; all values are outputs.
 inline ir::Graph every_op_graph() {
   using ir::OpKind;
@@ -100,6 +114,10 @@ inline ir::Graph every_op_graph() {
   // Random numbers from a seed and an offset.
   const ir::ValueRef seed = g.add_parameter({DType::i64, {}});
   outs.push_back(g.add(OpKind::Random, {seed, g.add_parameter({DType::i64, {}})}, {int64_t{1}, Ints{2, 2}, DType::f32}));
+  // A fusion of two elementwise ops.
+  const ir::ValueRef f = add_scale_shift_fusion(g, a, g.add_parameter(f32({3})));
+  outs.push_back(f);
+  outs.push_back({f.node, 1});
   g.outputs = outs;
   return g;
 }

@@ -1,0 +1,231 @@
+// Elementwise fusion: groups of elementwise nodes with one result shape become one fusion node
+// whose region holds them, so that they run as one kernel (fused.cpp) instead of one kernel
+// and one intermediate buffer per op. An optimizer update (~20 ops per parameter) becomes one
+// step.
+//
+// Grouping is greedy in graph order. A node joins the groups of its operands that have its
+// result shape, merging them, when the merged group
+//   - stays within the kernel's limits (kMaxFusedOps ops, kMaxFusedInputs operands),
+//   - and forms no cycle among the groups: no operand from outside the group may depend on a
+//     member, even through another group (which runs as one unit).
+// Otherwise it joins the first of those groups alone if that passes, or starts its own. Groups of one node stay as they are.
+//
+// Constants (full) are copied into the regions that read them. Members whose values are read
+// outside the group, or are outputs, become the fusion's results. The new graph is ordered
+// with fusion nodes and the other nodes as units, each as early as its operands allow after
+// the units the old order put before it.
+#include <algorithm>
+#include <queue>
+
+#include "compile/passes.h"
+#include "kernels/cpu/ops.h"
+#include "util/check.h"
+
+namespace lazyrt::compile {
+
+using ir::Graph;
+using ir::Node;
+using ir::OpKind;
+using ir::ValueRef;
+
+namespace {
+
+bool fusible(const Node& n) {
+  return ir::has_flag(n.op, ir::kElementwise) && n.regions.empty() && n.results.size() == 1;
+}
+
+class Grouping {
+ public:
+  explicit Grouping(const Graph& g)
+      : g_(g), group_of_(g.nodes.size(), -1), member_(g.nodes.size(), 0), seen_(g.nodes.size(), 0) {
+    for (size_t i = 0; i < g_.nodes.size(); ++i)
+      if (fusible(g_.nodes[i])) place(static_cast<int32_t>(i));
+  }
+  int32_t group_of(size_t node) const { return group_of_[node]; }
+  const std::vector<std::vector<int32_t>>& groups() const { return groups_; }
+
+ private:
+  void place(int32_t i) {
+    const Node& n = g_.nodes[i];
+    std::vector<int32_t> joined;
+    for (ValueRef v : n.operands) {
+      const int32_t gr = group_of_[v.node];
+      if (gr >= 0 && g_.nodes[v.node].results[0].shape == n.results[0].shape &&
+          std::find(joined.begin(), joined.end(), gr) == joined.end())
+        joined.push_back(gr);
+    }
+    // All of them, else the first alone, else none.
+    while (!joined.empty()) {
+      std::vector<int32_t> merged{i};
+      for (int32_t gr : joined) merged.insert(merged.end(), groups_[gr].begin(), groups_[gr].end());
+      if (acceptable(merged)) {
+        std::sort(merged.begin(), merged.end());
+        const int32_t into = joined[0];
+        for (int32_t gr : joined) groups_[gr].clear();
+        for (int32_t m : merged) group_of_[m] = into;
+        groups_[into] = std::move(merged);
+        return;
+      }
+      if (joined.size() > 1) joined.erase(joined.begin() + 1, joined.end());
+      else joined.clear();
+    }
+    group_of_[i] = static_cast<int32_t>(groups_.size());
+    groups_.push_back({i});
+  }
+
+  bool acceptable(const std::vector<int32_t>& members) {
+    if (members.size() > static_cast<size_t>(kernels::kMaxFusedOps)) return false;
+    ++epoch_;
+    for (int32_t m : members) member_[m] = epoch_;
+    std::vector<ValueRef> outside;
+    for (int32_t m : members)
+      for (ValueRef v : g_.nodes[m].operands)
+        if (member_[v.node] != epoch_ && g_.nodes[v.node].op != OpKind::Full &&
+            std::find(outside.begin(), outside.end(), v) == outside.end())
+          outside.push_back(v);
+    if (outside.size() > static_cast<size_t>(kernels::kMaxFusedInputs)) return false;
+    // A cycle would run from a member through an outside operand back into the group, with
+    // every other group counted as one unit (it runs as one kernel): search back from the
+    // outside operands, through whole groups. A search that grows too long refuses the merge.
+    std::vector<int32_t> stack;
+    for (ValueRef v : outside) stack.push_back(v.node);
+    size_t budget = kSearchBudget;
+    while (!stack.empty()) {
+      const int32_t x = stack.back();
+      stack.pop_back();
+      if (member_[x] == epoch_) return false;
+      if (seen_[x] == epoch_) continue;
+      if (budget-- == 0) return false;
+      const int32_t gr = group_of_[x];
+      const std::vector<int32_t> single{x};
+      for (int32_t y : gr >= 0 ? groups_[gr] : single) {
+        seen_[y] = epoch_;
+        for (ValueRef v : g_.nodes[y].operands)
+          if (seen_[v.node] != epoch_) stack.push_back(v.node);
+      }
+    }
+    return true;
+  }
+
+  static constexpr size_t kSearchBudget = 4096;
+
+  const Graph& g_;
+  std::vector<int32_t> group_of_;
+  std::vector<std::vector<int32_t>> groups_;
+  std::vector<uint32_t> member_, seen_;  // epoch marks: in the group checked, visited
+  uint32_t epoch_ = 0;
+};
+
+// Appends the fusion node of group `members` to rw's graph and maps their values to its
+// results. read_outside[i]: node i's value is read outside its group or is an output.
+void emit_fusion(GraphRewriter& rw, const std::vector<int32_t>& members,
+                 const std::vector<bool>& read_outside) {
+  const Graph& g = rw.source();
+  Graph region;
+  std::vector<ValueRef> operands;  // outer values, one per region parameter
+  std::vector<std::pair<ValueRef, ValueRef>> local;  // outer value -> region value
+  auto find = [&](ValueRef outer) -> const ValueRef* {
+    for (const auto& [o, l] : local)
+      if (o == outer) return &l;
+    return nullptr;
+  };
+  for (int32_t m : members) {
+    const Node& n = g.nodes[m];
+    std::vector<ValueRef> ops;
+    for (ValueRef v : n.operands) {
+      if (const ValueRef* l = find(v)) {
+        ops.push_back(*l);
+        continue;
+      }
+      const Node& def = g.nodes[v.node];
+      ValueRef l;
+      if (def.op == OpKind::Full) {
+        l = region.add(OpKind::Full, {}, def.attrs);
+      } else {
+        l = region.add_parameter(g.type(v));
+        operands.push_back(v);
+      }
+      local.emplace_back(v, l);
+      ops.push_back(l);
+    }
+    local.emplace_back(ValueRef{m, 0}, region.add(n.op, std::move(ops), n.attrs));
+  }
+  Node fusion;
+  fusion.op = OpKind::Fusion;
+  std::vector<int64_t> dtypes;
+  std::vector<int32_t> results;
+  for (int32_t m : members)
+    if (read_outside[m]) {
+      region.outputs.push_back(*find({m, 0}));
+      results.push_back(m);
+      dtypes.push_back(static_cast<int64_t>(g.nodes[m].results[0].dtype));
+      fusion.results.push_back(g.nodes[m].results[0]);
+    }
+  for (ValueRef v : operands) fusion.operands.push_back(rw.map(v));
+  fusion.attrs = {g.nodes[members[0]].results[0].shape, std::move(dtypes)};
+  fusion.regions.push_back(std::make_shared<const Graph>(std::move(region)));
+  rw.graph().nodes.push_back(std::move(fusion));
+  const auto idx = static_cast<int32_t>(rw.graph().nodes.size() - 1);
+  for (size_t k = 0; k < results.size(); ++k) rw.set(results[k], 0, {idx, static_cast<int32_t>(k)});
+}
+
+}  // namespace
+
+Graph fuse_elementwise(const Graph& g) {
+  const Grouping grouping(g);
+  const size_t num_nodes = g.nodes.size();
+  // Units: a group of two or more nodes, or a single node.
+  std::vector<int32_t> unit_of(num_nodes, -1);
+  std::vector<std::vector<int32_t>> units;
+  for (size_t i = 0; i < num_nodes; ++i) {
+    const int32_t gr = grouping.group_of(i);
+    if (gr >= 0 && grouping.groups()[gr].size() > 1) {
+      const auto& members = grouping.groups()[gr];
+      if (members.front() == static_cast<int32_t>(i)) {
+        for (int32_t m : members) unit_of[m] = static_cast<int32_t>(units.size());
+        units.push_back(members);
+      }
+    } else {
+      unit_of[i] = static_cast<int32_t>(units.size());
+      units.push_back({static_cast<int32_t>(i)});
+    }
+  }
+  if (units.size() == num_nodes) return g;
+
+  std::vector<bool> read_outside(num_nodes, false);
+  for (ValueRef v : g.outputs) read_outside[v.node] = true;
+  std::vector<std::vector<int32_t>> users(units.size());
+  std::vector<int32_t> pending(units.size(), 0);
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<int32_t> deps;
+    for (int32_t m : units[u])
+      for (ValueRef v : g.nodes[m].operands) {
+        const int32_t d = unit_of[v.node];
+        if (d == static_cast<int32_t>(u)) continue;
+        read_outside[v.node] = true;
+        if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
+      }
+    for (int32_t d : deps) users[d].push_back(static_cast<int32_t>(u));
+    pending[u] = static_cast<int32_t>(deps.size());
+  }
+  // Ready units, the one the old order reached first (by its last member) first.
+  using Entry = std::pair<int32_t, int32_t>;  // (last member, unit)
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> ready;
+  for (size_t u = 0; u < units.size(); ++u)
+    if (pending[u] == 0) ready.push({units[u].back(), static_cast<int32_t>(u)});
+  GraphRewriter rw(g);
+  size_t emitted = 0;
+  while (!ready.empty()) {
+    const int32_t u = ready.top().second;
+    ready.pop();
+    ++emitted;
+    if (units[u].size() == 1) rw.copy(units[u][0]);
+    else emit_fusion(rw, units[u], read_outside);
+    for (int32_t user : users[u])
+      if (--pending[user] == 0) ready.push({units[user].back(), user});
+  }
+  LAZYRT_ASSERT(emitted == units.size(), "fusion left a cycle among its groups");
+  return rw.finish();
+}
+
+}  // namespace lazyrt::compile

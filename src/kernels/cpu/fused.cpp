@@ -1,0 +1,241 @@
+// The kernel of a fusion node: its region, a group of elementwise ops, run as one pass over
+// the elements instead of one kernel per op.
+//
+// The region is turned, once, into a list of instructions, each a function pointer made for
+// one op and dtype from the table of elementwise_fns.h. Running walks the output in blocks of
+// kBlock elements (the runs of a BroadcastLayout over the operands, cut into blocks): for each
+// block, operands are made available as arrays of compute values (contiguous operands of a
+// compute-typed dtype are read in place, others are gathered or splatted), every instruction
+// runs over the block, and the results are stored. Intermediate values live in small arrays
+// on the stack, so they stay in cache and nothing is allocated.
+//
+// Values are exactly those of the one-op kernels: every op computes in the compute type of
+// its dtype and rounds its result to that dtype (a 16-bit result is rounded to 16 bits before
+// the next op reads it), as if each intermediate had been stored.
+//
+// Results are stored after all instructions of a block have run, and a block only reads the
+// operand elements at its own positions, so a result may be written over an operand of the
+// same shape (in place, or into a donated buffer).
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "kernels/cpu/elementwise_fns.h"
+#include "kernels/cpu/ops.h"
+
+namespace lazyrt::kernels {
+namespace {
+
+constexpr int64_t kBlock = 128;
+constexpr size_t kSlotBytes = kBlock * 8;  // a block of the widest compute type
+constexpr int kMaxValues = 160;            // region nodes: operands, constants and ops
+
+struct Instr;
+using MicroFn = void (*)(const Instr& ins, void* const* r, int64_t n);
+
+// One op over a block: r[dst][i] = f(r[src[0]][i], ...), i < n.
+struct Instr {
+  MicroFn fn = nullptr;
+  int16_t dst = 0;
+  int16_t src[3] = {0, 0, 0};
+  alignas(8) unsigned char state[16] = {};  // the functor, with its attributes
+};
+
+template <class F>
+const F& functor(const Instr& ins) {
+  return *reinterpret_cast<const F*>(ins.state);
+}
+
+template <class E, class T>
+void run_op(const Instr& ins, void* const* r, int64_t n) {
+  using F = decltype(E::f);
+  using C = compute_t<T>;
+  using R = std::conditional_t<E::to_bool, bool, T>;
+  using CR = compute_t<R>;
+  const F& f = functor<F>(ins);
+  CR* o = static_cast<CR*>(r[ins.dst]);
+  const C* a = static_cast<const C*>(r[ins.src[0]]);
+  if constexpr (E::arity == 1) {
+    for (int64_t i = 0; i < n; ++i) o[i] = round_to<R>(convert<CR>(f.template operator()<C>(a[i])));
+  } else if constexpr (E::arity == 2) {
+    const C* b = static_cast<const C*>(r[ins.src[1]]);
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = round_to<R>(convert<CR>(f.template operator()<C>(a[i], b[i])));
+  } else {
+    const C* b = static_cast<const C*>(r[ins.src[1]]);
+    const C* c = static_cast<const C*>(r[ins.src[2]]);
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = round_to<R>(convert<CR>(f.template operator()<C>(a[i], b[i], c[i])));
+  }
+}
+
+// A compute value holds a From exactly; cast it as the one-op kernel casts the stored value.
+template <class From, class To>
+void run_cast(const Instr& ins, void* const* r, int64_t n) {
+  const auto* a = static_cast<const compute_t<From>*>(r[ins.src[0]]);
+  auto* o = static_cast<compute_t<To>*>(r[ins.dst]);
+  for (int64_t i = 0; i < n; ++i)
+    o[i] = convert<compute_t<To>>(convert<To>(convert<From>(a[i])));
+}
+
+template <class T>
+void run_where(const Instr& ins, void* const* r, int64_t n) {
+  using C = compute_t<T>;
+  const bool* c = static_cast<const bool*>(r[ins.src[0]]);
+  const C* a = static_cast<const C*>(r[ins.src[1]]);
+  const C* b = static_cast<const C*>(r[ins.src[2]]);
+  C* o = static_cast<C*>(r[ins.dst]);
+  for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? a[i] : b[i];
+}
+
+// n compute values of an operand stored as T, from element `at` with element stride `stride`.
+using LoadFn = void (*)(const void* base, int64_t at, int64_t stride, int64_t n, void* dst);
+template <class T>
+void load(const void* base, int64_t at, int64_t stride, int64_t n, void* dst) {
+  const T* p = static_cast<const T*>(base) + at;
+  auto* o = static_cast<compute_t<T>*>(dst);
+  if (stride == 0) {
+    std::fill(o, o + n, convert<compute_t<T>>(p[0]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = convert<compute_t<T>>(p[i * stride]);
+  }
+}
+
+using StoreFn = void (*)(const void* src, void* base, int64_t at, int64_t n);
+template <class T>
+void store(const void* src, void* base, int64_t at, int64_t n) {
+  const auto* s = static_cast<const compute_t<T>*>(src);
+  T* o = static_cast<T*>(base) + at;
+  for (int64_t i = 0; i < n; ++i) o[i] = convert<T>(s[i]);
+}
+
+struct Operand {
+  int16_t value;
+  bool in_place;  // compute type == storage type: a contiguous run is read where it lies
+  int64_t elem_bytes;
+  LoadFn load;
+};
+
+struct Result {
+  int16_t value;
+  StoreFn store;
+};
+
+struct Program {
+  std::unique_ptr<BroadcastLayout> layout;
+  std::vector<Operand> operands;
+  std::vector<Result> results;
+  std::vector<Instr> code;
+  std::vector<int16_t> temps;                        // values computed into stack slots
+  std::vector<std::pair<int16_t, const void*>> constants;
+  std::unique_ptr<double[]> constant_blocks;         // kBlock compute values per constant
+  int num_values = 0;
+
+  void run(const void* const* in, void* const* out) const;
+};
+
+void Program::run(const void* const* in, void* const* out) const {
+  layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t* st, int64_t oo) {
+    alignas(64) unsigned char slots[kMaxFusedOps + kMaxFusedInputs][kSlotBytes];
+    void* r[kMaxValues];
+    for (size_t t = 0; t < temps.size(); ++t) r[temps[t]] = slots[t];
+    for (const auto& [v, block] : constants) r[v] = const_cast<void*>(block);
+    for (int64_t b = 0; b < n; b += kBlock) {
+      const int64_t m = std::min(kBlock, n - b);
+      for (size_t k = 0; k < operands.size(); ++k) {
+        const Operand& o = operands[k];
+        if (o.in_place && st[k] == 1) {
+          r[o.value] = const_cast<char*>(static_cast<const char*>(in[k])) + (off[k] + b) * o.elem_bytes;
+        } else {
+          r[o.value] = slots[temps.size() + k];
+          o.load(in[k], off[k] + b * st[k], st[k], m, r[o.value]);
+        }
+      }
+      for (const Instr& ins : code) ins.fn(ins, r, m);
+      for (size_t j = 0; j < results.size(); ++j) results[j].store(r[results[j].value], out[j], oo + b, m);
+    }
+  });
+}
+
+// The instruction of region node `n`, whose operands are the values `src`.
+Instr make_instr(const ir::Graph& region, const ir::Node& n, int16_t dst) {
+  Instr ins;
+  ins.dst = dst;
+  for (size_t k = 0; k < n.operands.size(); ++k) ins.src[k] = static_cast<int16_t>(n.operands[k].node);
+  const DType in = region.type(n.operands[0]).dtype;
+  if (n.op == ir::OpKind::Cast) {
+    visit_dtype(in, [&](auto from) {
+      visit_dtype(n.results[0].dtype, [&](auto to) {
+        ins.fn = &run_cast<decltype(from), decltype(to)>;
+      });
+    });
+    return ins;
+  }
+  if (n.op == ir::OpKind::Where) {
+    visit_dtype(region.type(n.operands[1]).dtype, [&](auto tag) { ins.fn = &run_where<decltype(tag)>; });
+    return ins;
+  }
+  visit_elementwise(n.op, n.attrs, [&](const auto& e) {
+    using E = std::decay_t<decltype(e)>;
+    static_assert(sizeof(e.f) <= sizeof(ins.state) && std::is_trivially_copyable_v<decltype(e.f)>);
+    std::memcpy(ins.state, &e.f, sizeof(e.f));
+    visit_dtype(in, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (in_domain<E::domain, T>()) ins.fn = &run_op<E, T>;
+    });
+  });
+  LAZYRT_ASSERT(ins.fn, "fused ", ir::op_name(n.op), " made for ", dtype_name(in));
+  return ins;
+}
+
+}  // namespace
+
+Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
+                  const std::vector<ir::TensorType>& outputs) {
+  LAZYRT_ASSERT(!outputs.empty() && inputs.size() <= static_cast<size_t>(kMaxFusedInputs) &&
+                    region.nodes.size() <= static_cast<size_t>(kMaxValues),
+                "fusion region too large: ", inputs.size(), " operands, ", region.nodes.size(), " nodes");
+  auto p = std::make_shared<Program>();
+  std::vector<Shape> shapes;
+  for (const auto& t : inputs) shapes.push_back(t.shape);
+  p->layout = std::make_unique<BroadcastLayout>(outputs[0].shape, shapes);
+  p->operands.resize(inputs.size());
+  std::vector<std::pair<int16_t, const ir::Node*>> constants;
+  for (size_t i = 0; i < region.nodes.size(); ++i) {
+    const ir::Node& n = region.nodes[i];
+    const auto v = static_cast<int16_t>(i);
+    const DType dtype = n.results[0].dtype;
+    if (n.op == ir::OpKind::Parameter) {
+      visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        p->operands[n.attrs.i(0)] = {v, std::is_same_v<T, compute_t<T>>,
+                                     static_cast<int64_t>(sizeof(T)), &load<T>};
+      });
+    } else if (n.op == ir::OpKind::Full) {
+      constants.emplace_back(v, &n);
+    } else {
+      p->temps.push_back(v);
+      p->code.push_back(make_instr(region, n, v));
+    }
+  }
+  LAZYRT_ASSERT(p->temps.size() <= static_cast<size_t>(kMaxFusedOps), "fusion of ", p->temps.size(),
+                " ops exceeds ", kMaxFusedOps);
+  p->constant_blocks = std::make_unique<double[]>(constants.size() * kBlock);
+  for (size_t c = 0; c < constants.size(); ++c) {
+    const ir::Node& n = *constants[c].second;
+    double* block = p->constant_blocks.get() + c * kBlock;
+    visit_dtype(n.results[0].dtype, [&](auto tag) {
+      using T = decltype(tag);
+      std::fill_n(reinterpret_cast<compute_t<T>*>(block), kBlock,
+                  convert<compute_t<T>>(convert<T>(n.attrs.f(0))));
+    });
+    p->constants.emplace_back(constants[c].first, block);
+  }
+  for (ir::ValueRef v : region.outputs)
+    visit_dtype(region.type(v).dtype, [&](auto tag) {
+      p->results.push_back({static_cast<int16_t>(v.node), &store<decltype(tag)>});
+    });
+  return {[p](const void* const* in, void* const* out) { p->run(in, out); }};
+}
+
+}  // namespace lazyrt::kernels

@@ -1,0 +1,230 @@
+// Elementwise fusion: the pass on hand-built graphs (golden text), its refusal to form cycles,
+// and fused kernels against values worked out independently (by hand, or by a plain double
+// evaluation of random graphs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "compile/compile.h"
+#include "compile/passes.h"
+#include "kernels/cpu/ops.h"
+#include "support/graphs.h"
+#include "util/half.h"
+
+namespace lazyrt::compile {
+using ir::Graph;
+using ir::OpKind;
+using ir::ValueRef;
+using lazyrt::testing::f32;
+
+namespace {
+
+int count_ops(const Graph& g, OpKind op) {
+  int n = 0;
+  for (const auto& node : g.nodes) n += node.op == op;
+  return n;
+}
+
+// Runs `g` compiled (optimized, fused) on f32 parameters; returns output k's values.
+std::vector<std::vector<float>> run_f32(const Graph& g, std::vector<std::vector<float>> params) {
+  auto exe = compile(g);
+  std::vector<const void*> in;
+  for (auto& p : params) in.push_back(p.data());
+  std::vector<std::vector<float>> outs;
+  for (const auto& t : exe->output_types()) outs.emplace_back(static_cast<size_t>(t.numel()));
+  std::vector<void*> out;
+  for (auto& o : outs) out.push_back(o.data());
+  exe->run(in.data(), out.data());
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const auto& src = exe->outputs()[k];
+    if (src.kind == runtime::OutputSource::Kind::Alias) outs[k] = outs[src.index];
+    else if (src.kind == runtime::OutputSource::Kind::Param) outs[k] = params[src.index];
+    else EXPECT_EQ(src.kind, runtime::OutputSource::Kind::Computed) << "output " << k;
+  }
+  return outs;
+}
+
+}  // namespace
+
+TEST(FuseElementwise, AChainOfOneShapeBecomesOneNodeWithItsConstantsInside) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef b = g.add_parameter(f32({3}));
+  ValueRef y = g.add(OpKind::Mul, {x, g.add_full(2, {}, DType::f32)});
+  ValueRef z = g.add(OpKind::Add, {y, b});
+  ValueRef s = g.add(OpKind::Sum, {z}, {std::vector<int64_t>{0}, false});
+  g.outputs = {g.add(OpKind::Exp, {z}), s};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(fuse_elementwise(g))),
+            "%0 = parameter {index=0} : f32[2, 3]\n"
+            "%1 = parameter {index=1} : f32[3]\n"
+            "%2 = fusion(%0, %1) {shape=[2, 3], dtypes=[0, 0]} : f32[2, 3], f32[2, 3] {\n"
+            "  region 0:\n"
+            "    %0 = parameter {index=0} : f32[2, 3]\n"
+            "    %1 = full {value=2, shape=[], dtype=f32} : f32[]\n"
+            "    %2 = mul(%0, %1) : f32[2, 3]\n"
+            "    %3 = parameter {index=1} : f32[3]\n"
+            "    %4 = add(%2, %3) : f32[2, 3]\n"
+            "    %5 = exp(%4) : f32[2, 3]\n"
+            "    return %4, %5\n"
+            "}\n"
+            "%3 = sum(%2) {dims=[0], keepdim=false} : f32[3]\n"
+            "return %2.1, %3\n");
+}
+
+TEST(FuseElementwise, LoneOpsAndOtherShapesStayAsTheyAre) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({4}));
+  ValueRef s = g.add(OpKind::Sum, {g.add(OpKind::Exp, {x})}, {std::vector<int64_t>{0}, false});
+  g.outputs = {g.add(OpKind::Neg, {s})};  // [] from [4]: not the exp's shape
+  EXPECT_EQ(ir::to_text(fuse_elementwise(g)), ir::to_text(g));
+}
+
+// exp(x) - max(exp(x)): the subtraction reads the exp directly and through the reduction, so
+// putting it in the exp's group would make the group wait for itself.
+TEST(FuseElementwise, NeverGroupsAcrossAPathThroughAnotherOp) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef e = g.add(OpKind::Exp, {x});
+  ValueRef m = g.add(OpKind::Amax, {e}, {std::vector<int64_t>{1}, true});
+  ValueRef d = g.add(OpKind::Sub, {e, m});
+  g.outputs = {g.add(OpKind::Tanh, {d})};
+  const Graph f = fuse_elementwise(g);
+  ASSERT_NO_THROW(ir::verify(f));
+  EXPECT_EQ(count_ops(f, OpKind::Fusion), 1);  // sub and tanh
+  EXPECT_EQ(count_ops(f, OpKind::Exp), 1);
+  const auto out = run_f32(g, {{0, 1, 2, -1, 0, 1}})[0];
+  const double ex[6] = {1, std::exp(1.0), std::exp(2.0), std::exp(-1.0), 1, std::exp(1.0)};
+  for (int i = 0; i < 6; ++i) {
+    const double row_max = i < 3 ? ex[2] : ex[5];
+    EXPECT_NEAR(out[i], std::tanh(ex[i] - row_max), 1e-6) << i;
+  }
+}
+
+TEST(FuseElementwise, GroupsStayWithinTheKernelLimits) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({3}));
+  ValueRef v = x;
+  for (int i = 0; i < 3 * kernels::kMaxFusedOps; ++i) v = g.add(OpKind::Tanh, {v});
+  g.outputs = {v};
+  const Graph f = fuse_elementwise(g);
+  ASSERT_NO_THROW(ir::verify(f));
+  EXPECT_EQ(count_ops(f, OpKind::Fusion), 3);
+  const auto out = run_f32(g, {{-1, 0.5, 2}})[0];
+  const float in[3] = {-1, 0.5, 2};
+  for (int k = 0; k < 3; ++k) {
+    float r = in[k];
+    for (int i = 0; i < 3 * kernels::kMaxFusedOps; ++i) r = std::tanh(r);
+    EXPECT_FLOAT_EQ(out[k], r);
+  }
+}
+
+// The fused kernel over a broadcast operand, a result read outside, and more elements than
+// one block: y = x * 2 + b, out = [y, exp(y)], checked element by element.
+TEST(FusedKernel, BroadcastsOperandsAcrossBlocks) {
+  Graph g;
+  const int64_t rows = 300, cols = 3;  // 900 elements: several blocks
+  ValueRef x = g.add_parameter(f32({rows, cols}));
+  ValueRef b = g.add_parameter(f32({cols}));
+  ValueRef y = g.add(OpKind::Add, {g.add(OpKind::Mul, {x, g.add_full(2, {}, DType::f32)}), b});
+  g.outputs = {y, g.add(OpKind::Exp, {y})};
+  std::vector<float> xs(rows * cols);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.1f * static_cast<float>(i));
+  const std::vector<float> bs = {0.5f, -1.0f, 0.25f};
+  ASSERT_EQ(count_ops(optimize(g), OpKind::Fusion), 1);
+  const auto out = run_f32(g, {xs, bs});
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    const float want = xs[i] * 2.0f + bs[i % cols];
+    EXPECT_EQ(out[0][i], want) << i;
+    EXPECT_NEAR(out[1][i], std::exp(static_cast<double>(want)), 1e-6 * std::exp(want)) << i;
+  }
+}
+
+// bf16: each op rounds to bf16 before the next reads it, as if stored. 1 + 2^-8 is halfway
+// between bf16 neighbours 1 and 1 + 2^-7 and rounds to even (1), so (1 + 2^-8) + 2^-8 is 1;
+// without the rounding in between it would be 1 + 2^-7.
+TEST(FusedKernel, SixteenBitResultsRoundAfterEveryOp) {
+  Graph g;
+  const ir::TensorType t{DType::bf16, {2}};
+  ValueRef x = g.add_parameter(t);
+  ValueRef c = g.add_full(std::ldexp(1.0, -8), {}, DType::bf16);
+  g.outputs = {g.add(OpKind::Add, {g.add(OpKind::Add, {x, c}), c})};
+  ASSERT_EQ(count_ops(optimize(g), OpKind::Fusion), 1);
+  auto exe = compile(g);
+  const bf16 in[2] = {bf16(1.0f), bf16(2.0f)};
+  bf16 out[2];
+  const void* params[1] = {in};
+  void* outs[1] = {out};
+  exe->run(params, outs);
+  EXPECT_EQ(static_cast<float>(out[0]), 1.0f);
+  EXPECT_EQ(static_cast<float>(out[1]), 2.0f);
+}
+
+// Random graphs of elementwise ops over [4, 3], [3] and [], with reductions between shapes
+// (which create the paths that fusion must not close into cycles), compiled with fusion and
+// compared with the same graph evaluated in double by the test itself.
+TEST(FusedKernel, RandomGraphsMatchAPlainEvaluation) {
+  std::mt19937 rng(7);
+  const std::vector<Shape> shapes = {{4, 3}, {3}, {}};
+  int fusions = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    Graph g;
+    std::vector<ValueRef> vals;
+    std::vector<std::vector<double>> ref;  // values, broadcast-free: stored at their own shape
+    std::vector<std::vector<float>> params;
+    auto numel = [](const Shape& s) { return static_cast<size_t>(shape_numel(s)); };
+    // Element of value v (of shape s) seen at position i of [4, 3].
+    auto at = [&](size_t v, size_t i) {
+      const Shape& s = g.type(vals[v]).shape;
+      return s.size() == 2 ? ref[v][i] : s.size() == 1 ? ref[v][i % 3] : ref[v][0];
+    };
+    for (const Shape& s : shapes) {
+      std::vector<float> p(numel(s));
+      for (float& e : p) e = std::uniform_real_distribution<float>(-1, 1)(rng);
+      params.push_back(p);
+      vals.push_back(g.add_parameter(f32(s)));
+      ref.emplace_back(p.begin(), p.end());
+    }
+    for (int step = 0; step < 30; ++step) {
+      const size_t a = rng() % vals.size(), b = rng() % vals.size();
+      const Shape sa = g.type(vals[a]).shape, sb = g.type(vals[b]).shape;
+      const int kind = static_cast<int>(rng() % 6);
+      std::vector<double> r;
+      if (kind == 5 && sa.size() == 2) {  // a reduction to [3]
+        vals.push_back(g.add(OpKind::Sum, {vals[a]}, {std::vector<int64_t>{0}, false}));
+        r.assign(3, 0.0);
+        for (size_t i = 0; i < 12; ++i) r[i % 3] += ref[a][i];
+      } else if (kind >= 3) {  // unary
+        const OpKind op = kind == 3 ? OpKind::Tanh : OpKind::Neg;
+        vals.push_back(g.add(op, {vals[a]}));
+        for (double v : ref[a]) r.push_back(op == OpKind::Tanh ? std::tanh(v) : -v);
+      } else {  // binary, broadcast
+        const OpKind op = kind == 0 ? OpKind::Add : kind == 1 ? OpKind::Mul : OpKind::Sub;
+        vals.push_back(g.add(op, {vals[a], vals[b]}));
+        const size_t n = std::max(sa.size(), sb.size()) == 2 ? 12 : std::max(sa.size(), sb.size()) == 1 ? 3 : 1;
+        for (size_t i = 0; i < n; ++i) {
+          const double x = at(a, i), y = at(b, i);
+          r.push_back(op == OpKind::Add ? x + y : op == OpKind::Mul ? x * y : x - y);
+        }
+      }
+      ref.push_back(r);
+    }
+    // Every third value is an output, and the last.
+    std::vector<size_t> outs;
+    for (size_t v = 3; v < vals.size(); v += 3) outs.push_back(v);
+    outs.push_back(vals.size() - 1);
+    for (size_t v : outs) g.outputs.push_back(vals[v]);
+    const Graph opt = optimize(g);
+    ASSERT_NO_THROW(ir::verify(opt)) << "trial " << trial;
+    fusions += count_ops(opt, OpKind::Fusion);
+    const auto got = run_f32(g, params);
+    for (size_t k = 0; k < outs.size(); ++k)
+      for (size_t i = 0; i < ref[outs[k]].size(); ++i)
+        EXPECT_NEAR(got[k][i], ref[outs[k]][i], 1e-4 * (1 + std::abs(ref[outs[k]][i])))
+            << "trial " << trial << " output " << k << " element " << i;
+  }
+  EXPECT_GT(fusions, 60);  // the graphs did fuse
+}
+
+}  // namespace lazyrt::compile
