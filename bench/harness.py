@@ -7,6 +7,7 @@ their batches in turn (a, b, a, b, ...) so that both see the same machine load. 
 the median and the spread [min, max] of the samples.
 """
 
+import ctypes
 import gc
 import os
 import statistics
@@ -127,15 +128,30 @@ def _status_kib(field):
 
 def reset_peak_rss():
     """Sets the process's peak resident size back to its current size (Linux: clear_refs 5).
-    Returns the current resident bytes."""
+    Returns that size, the base of later peak_rss() readings."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    return _status_kib("VmRSS") * 1024
+    return peak_rss()
 
 
 def peak_rss():
     """The most resident bytes since the last reset_peak_rss() (or the process start)."""
     return _status_kib("VmHWM") * 1024
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use():
+    """Bytes the C heap (glibc malloc: C++ objects, graphs, buffers) has handed out and not
+    taken back now. Unlike the resident size it does not hide memory reused from earlier frees.
+    Python's own small objects live in its arenas, outside it."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
 
 
 def load_average():

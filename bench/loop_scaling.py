@@ -10,12 +10,14 @@ N is a tensor input (an i64 scalar), so the looped forms do not change with N. F
 
 Measures per (form, N):
 - first run: a cold run, from nothing compiled to the result (lazyrt: its compile cache is cleared
-  first; TorchScript: the source is compiled anew, then its first call, the profiling run);
+  before; TorchScript: the source is compiled anew, then its first call, the profiling run);
 - compile: the part of the first run that is not execution (lazyrt: first run minus its ExecuteTime;
   TorchScript: the CompilationUnit's time);
 - run: a warm run (lazyrt: compile-cache hit, tracing included as every host-side run pays it;
   TorchScript: a call after the profiling run);
-- memory: the process's peak resident size during the first run, above its start.
+- memory: C heap in use once the program is built, above the start of the first run (lazyrt:
+  the traced graph, before it runs; TorchScript: after the first call, its compiled and profiled
+  function alive), and lazyrt's own device-buffer peak.
 Results are checked (c = x = N) on every run.
 """
 
@@ -26,11 +28,14 @@ import time
 import torch
 
 import lazyrt as lr
-from harness import BenchmarkError, Samples, peak_rss, reset_peak_rss, table
+from harness import BenchmarkError, Samples, heap_in_use, table
 
 SIZES = (10, 100, 1000, 10_000, 100_000, 1_000_000)
-# A form is left out at the next N once one of its runs is projected to take longer than this.
-RUN_BUDGET_S, QUICK_RUN_BUDGET_S = 2.0, 0.05
+QUICK_SIZES = SIZES[:2]
+# Projected seconds of one run up to which a cell gets 3 cold and 3 to 5 warm runs; beyond, up
+# to the second figure, one of each (no spread); beyond that the form stops.
+RUN_BUDGET_S, SINGLE_RUN_BUDGET_S = 2.0, 12.0
+QUICK_RUN_BUDGET_S = 0.05
 # The unrolled graph is a chain N deep; past this it is not tried at all.
 HOST_LOOP_MAX_N = 100_000
 
@@ -51,7 +56,9 @@ def check(form, n, c, x):
 
 
 def finish(name, n, c, x, count_nodes):
-    """Syncs and checks the carries; returns (graph nodes or None, seconds spent counting them)."""
+    """Syncs and checks the carries; returns (graph nodes or None, seconds spent counting them,
+    heap in use with the graph built)."""
+    built = heap_in_use()
     nodes, counting = None, 0.0
     if count_nodes:
         t0 = time.perf_counter()
@@ -59,15 +66,13 @@ def finish(name, n, c, x, count_nodes):
         counting = time.perf_counter() - t0
     lr.sync([c, x])
     check(name, n, c.item(), x.item())
-    return nodes, counting
+    return nodes, counting, built
 
 
 class LazyrtWhile:
     name = "lazyrt while_loop"
 
     def run(self, n, cold):
-        if cold:
-            lr.cache.clear_memory()
         limit = lr.tensor(n, dtype=lr.int64)
         c0, x0 = lr.tensor(0, dtype=lr.int64), lr.tensor(0.0)
         c, x = lr.while_loop(lambda c, x: c < limit, lambda c, x: (c + 1, x + 1), (c0, x0))
@@ -78,8 +83,6 @@ class LazyrtHostLoop:
     name = "lazyrt host loop (unrolled)"
 
     def run(self, n, cold):
-        if cold:
-            lr.cache.clear_memory()
         c, x = lr.tensor(0, dtype=lr.int64), lr.tensor(0.0)
         for _ in range(n):
             c = c + 1
@@ -100,8 +103,9 @@ class TorchScriptLoop:
             self.compile_s = time.perf_counter() - t0
         with torch.no_grad():
             c, x = self.fn(torch.tensor(n))
+        built = heap_in_use()
         check(self.name, n, c.item(), x.item())
-        return None, 0.0
+        return None, 0.0, built
 
 
 def project(history, n):
@@ -118,15 +122,19 @@ def project(history, n):
 
 
 def measure(form, n, cold_reps, warm_reps):
-    """{first, compile, run: Samples of seconds; memory: Samples of bytes; nodes}."""
-    first, compile_, memory, nodes = [], [], [], None
+    """{first, compile, run: Samples of seconds; memory, device: Samples of bytes; nodes}."""
+    first, compile_, memory, device, nodes = [], [], [], [], None
     for _ in range(cold_reps):
+        lr.cache.clear_memory()  # before the heap base: the executables it frees are not this run's
         lr.metrics.reset()
-        base = reset_peak_rss()
+        lr.debug.reset_peak_memory()
+        device_base = lr.debug.live_memory_bytes()
+        base = heap_in_use()
         t0 = time.perf_counter()
-        nodes, counting = form.run(n, cold=True)
+        nodes, counting, built = form.run(n, cold=True)
         elapsed = time.perf_counter() - t0 - counting
-        memory.append(peak_rss() - base)
+        memory.append(built - base)
+        device.append(lr.debug.peak_memory_bytes() - device_base)
         first.append(elapsed)
         if isinstance(form, TorchScriptLoop):
             compile_.append(form.compile_s)
@@ -138,26 +146,29 @@ def measure(form, n, cold_reps, warm_reps):
         form.run(n, cold=False)
         warm.append(time.perf_counter() - t0)
     return {"first": Samples(first), "compile": Samples(compile_), "run": Samples(warm),
-            "memory": Samples(memory), "nodes": nodes}
+            "memory": Samples(memory), "device": Samples(device), "nodes": nodes}
 
 
 def run(opts):
     budget = QUICK_RUN_BUDGET_S if opts.quick else RUN_BUDGET_S
+    single_budget = QUICK_RUN_BUDGET_S if opts.quick else SINGLE_RUN_BUDGET_S
     forms = [LazyrtWhile(), LazyrtHostLoop(), TorchScriptLoop()]
     results = {f.name: {} for f in forms}
     skipped = {}
     for form in forms:
         history = []  # (N, seconds of its slowest run)
-        for n in SIZES:
+        for n in QUICK_SIZES if opts.quick else SIZES:
             if isinstance(form, LazyrtHostLoop) and n > HOST_LOOP_MAX_N:
                 skipped[form.name] = (n, None)
                 break
             projected = project(history, n)
-            if projected > budget:
+            if projected > single_budget:
                 skipped[form.name] = (n, projected)
                 break
-            cheap = not history or history[-1][1] < 0.05
-            r = measure(form, n, cold_reps=3, warm_reps=5 if cheap else 3)
+            if projected > budget:
+                r = measure(form, n, cold_reps=1, warm_reps=1)
+            else:
+                r = measure(form, n, cold_reps=3, warm_reps=5 if not history or history[-1][1] < 0.05 else 3)
             results[form.name][n] = r
             history.append((n, max(r["first"].median, r["run"].median)))
 
@@ -169,14 +180,15 @@ def run(opts):
                 continue
             rows.append([f"{n:,}", form.name, "-" if r["nodes"] is None else f"{r['nodes']:,}",
                          r["compile"].cell(1e3), r["first"].cell(1e3), r["run"].cell(1e3),
-                         f"{r['run'].median / n * 1e9:.0f}", r["memory"].cell(2 ** -20)])
+                         f"{r['run'].median / n * 1e9:.0f}", r["memory"].cell(2 ** -10),
+                         "-" if isinstance(form, TorchScriptLoop) else r["device"].cell(2 ** -10)])
     notes = []
     for name, (n, projected) in skipped.items():
         if projected is None:
             notes.append(f"- {name}: not run from N = {n:,} on (a chain of {n:,} nodes is beyond this study).")
         else:
             notes.append(f"- {name}: not run from N = {n:,} on: one run was projected at {projected:.1f} s "
-                         f"(budget {budget} s a run).")
+                         f"(budget {single_budget} s a run).")
     plot = plot_scaling(results, opts.plots) if opts.plots else None
 
     md = ["## while_loop, unrolled host loop and TorchScript loop from Python: N = 10 .. 1,000,000\n",
@@ -185,10 +197,12 @@ def run(opts):
           "`torch.jit.CompilationUnit` of the source, then the first call, which profiles); compile = the first "
           "run less lazyrt's ExecuteTime, or TorchScript's source compilation; run = a warm run (lazyrt: cache "
           "hit, tracing included; TorchScript: after the profiling call). 3 cold runs, then 3 to 5 warm runs "
-          "(the cold runs are the warm runs' warm-up). Memory: the process's peak resident size during a cold "
-          "run above its start, MiB. ms cells: median [min, max]. Every run's c and x are checked equal to N.\n",
+          f"(the cold runs are the warm runs' warm-up); where one run was projected beyond {budget} s, one cold "
+          "and one warm run (a single figure, no spread). heap KiB: C heap in use once the program is built, above "
+          "the start of the cold run (lazyrt: the traced graph before it runs; TorchScript: after the first "
+          "call, its compiled, profiled function alive); lazyrt device peak: the buffers lazyrt itself accounts (tensor data, arenas, constants) above what was live before. ms cells: median [min, max]. Every run's c and x are checked equal to N.\n",
           table(["N", "form", "graph nodes", "compile ms", "first run ms", "run ms", "run ns / iteration",
-                 "peak memory MiB"], rows, "rllrrrrr"), ""]
+                 "heap KiB", "lazyrt device peak KiB"], rows, "rllrrrrrr"), ""]
     md += notes
     if plot:
         md.append(f"\n![while_loop scaling]({plot})\n")
@@ -210,9 +224,9 @@ def plot_scaling(results, plots_dir):
     import matplotlib.pyplot as plt
 
     os.makedirs(plots_dir, exist_ok=True)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    panels = [("compile", 1e3, "compile (ms)"), ("run", 1e3, "warm run (ms)"),
-              ("memory", 2 ** -20, "peak memory of a cold run (MiB)")]
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    panels = [("compile", 1e3, "compile (ms)"), ("first", 1e3, "first (cold) run (ms)"),
+              ("run", 1e3, "warm run (ms)"), ("memory", 2 ** -10, "C heap held by the built program (KiB)")]
     for ax, (key, scale, label) in zip(axes, panels):
         for name, by_n in results.items():
             ns = sorted(by_n)
@@ -224,7 +238,7 @@ def plot_scaling(results, plots_dir):
             ax.plot(ns, med, marker="o", label=name)
             ax.fill_between(ns, lo, hi, alpha=0.2)
         ax.set_xscale("log")
-        ax.set_yscale("symlog" if key == "memory" else "log")
+        ax.set_yscale("symlog" if key == "memory" else "log")  # a heap delta can be 0 or below
         ax.set_xlabel("N (iterations)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)

@@ -42,64 +42,56 @@ def data():
     return x, y
 
 
-def lazyrt_model():
-    lr.manual_seed(1)
+def mlp(nn):
+    """The model from nn = lazyrt.nn or torch.nn (the same interface)."""
     layers = []
     for i in range(len(SIZES) - 1):
-        layers.append(lr.nn.Linear(SIZES[i], SIZES[i + 1]))
+        layers.append(nn.Linear(SIZES[i], SIZES[i + 1]))
         if i < len(SIZES) - 2:
-            layers.append(lr.nn.ReLU())
-    model = lr.nn.Sequential(*layers)
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def lazyrt_model():
+    lr.manual_seed(1)
+    model = mlp(lr.nn)
     lr.mark_step()
     return model
 
 
-def torch_model(state):
-    layers = []
-    for i in range(len(SIZES) - 1):
-        layers.append(torch.nn.Linear(SIZES[i], SIZES[i + 1]))
-        if i < len(SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
-    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
-    return model
+class TrainingStep:
+    """model, AdamW(lr 1e-3), cross-entropy: written once for both libraries, whose APIs agree."""
+
+    def __init__(self, model, optim, nn):
+        self.model = model
+        self.opt = optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def step(self, x, y):
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss
+
+    def state(self):
+        return {k: np.array(v.detach().numpy()) for k, v in self.model.state_dict().items()}
 
 
-class LazyrtMlp:
+class LazyrtMlp(TrainingStep):
     def __init__(self, state=None):
-        self.model = lazyrt_model()
+        model = lazyrt_model()
         if state is not None:
-            self.model.load_state_dict({k: lr.tensor(v) for k, v in state.items()})
-        self.opt = lr.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.loss_fn = lr.nn.CrossEntropyLoss()
+            model.load_state_dict({k: lr.tensor(v) for k, v in state.items()})
+        super().__init__(model, lr.optim, lr.nn)
         lr.mark_step()
 
-    def step(self, x, y):
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad()
-        return loss
 
-    def state(self):
-        return {k: v.numpy().copy() for k, v in self.model.state_dict().items()}
-
-
-class TorchMlp:
+class TorchMlp(TrainingStep):
     def __init__(self, state):
-        self.model = torch_model(state)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(self, x, y):
-        loss = self.loss_fn(self.model(x), y)
-        loss.backward()
-        self.opt.step()
-        self.opt.zero_grad()
-        return loss
-
-    def state(self):
-        return {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()}
+        model = mlp(torch.nn)
+        model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+        super().__init__(model, torch.optim, torch.nn)
 
 
 def initial_state():
