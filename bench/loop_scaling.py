@@ -13,8 +13,8 @@ Measures per (form, N):
   before; TorchScript: the source is compiled anew, then its first call, the profiling run);
 - compile: the part of the first run that is not execution (lazyrt: first run minus its ExecuteTime;
   TorchScript: the CompilationUnit's time);
-- run: a warm run (lazyrt: compile-cache hit, tracing included as every host-side run pays it;
-  TorchScript: a call after the profiling run);
+- run: a warm run, after one more untimed run (lazyrt: compile-cache hit, tracing included as every
+  host-side run pays it; TorchScript: a call after the profiling and the optimizing calls);
 - memory: C heap in use once the program is built, above the start of the first run (lazyrt:
   the traced graph, before it runs; TorchScript: after the first call, its compiled and profiled
   function alive), and lazyrt's own device-buffer peak.
@@ -55,18 +55,22 @@ def check(form, n, c, x):
         raise BenchmarkError(f"loop scaling, {form} at N = {n}: got c = {c}, x = {x}, expected both {n}")
 
 
-def finish(name, n, c, x, count_nodes):
-    """Syncs and checks the carries; returns (graph nodes or None, seconds spent counting them,
-    heap in use with the graph built)."""
+def instrument(tensors):
+    """(graph nodes or None, heap in use now, seconds this took) -- only for cold runs, whose
+    times leave these seconds out: mallinfo2 walks the heap's free lists and can take
+    milliseconds on a fragmented heap."""
+    t0 = time.perf_counter()
     built = heap_in_use()
-    nodes, counting = None, 0.0
-    if count_nodes:
-        t0 = time.perf_counter()
-        nodes = lr.debug.graph_node_count([c, x])
-        counting = time.perf_counter() - t0
+    nodes = lr.debug.graph_node_count(tensors) if tensors else None
+    return nodes, built, time.perf_counter() - t0
+
+
+def finish(name, n, c, x, cold):
+    """Syncs and checks the carries; returns instrument()'s figures for a cold run, else Nones."""
+    figures = instrument([c, x]) if cold else (None, None, 0.0)
     lr.sync([c, x])
     check(name, n, c.item(), x.item())
-    return nodes, counting, built
+    return figures
 
 
 class LazyrtForm:
@@ -112,9 +116,9 @@ class TorchScriptLoop:
             self.compile_s = time.perf_counter() - t0
         with torch.no_grad():
             c, x = self.fn(torch.tensor(n))
-        built = heap_in_use()
+        figures = instrument(None) if cold else (None, None, 0.0)
         check(self.name, n, c.item(), x.item())
-        return None, 0.0, built
+        return figures
 
 
 def project(history, n):
@@ -140,8 +144,8 @@ def measure(form, n, cold_reps, warm_reps):
         device_base = lr.debug.live_memory_bytes()
         base = heap_in_use()
         t0 = time.perf_counter()
-        nodes, counting, built = form.run(n, cold=True)
-        elapsed = time.perf_counter() - t0 - counting
+        nodes, built, instrumenting = form.run(n, cold=True)
+        elapsed = time.perf_counter() - t0 - instrumenting
         memory.append(built - base)
         device.append(lr.debug.peak_memory_bytes() - device_base)
         first.append(elapsed)
@@ -149,6 +153,7 @@ def measure(form, n, cold_reps, warm_reps):
             compile_.append(form.compile_s)
         else:
             compile_.append(elapsed - lr.metrics.timing_total_ns("ExecuteTime") * 1e-9)
+    form.run(n, cold=False)  # not counted: TorchScript optimizes the graph on its second call
     warm = []
     for _ in range(warm_reps):
         t0 = time.perf_counter()
@@ -205,11 +210,13 @@ def run(opts):
           "first run = cold (lazyrt: compile cache cleared, then trace, compile, execute; TorchScript: "
           "`torch.jit.CompilationUnit` of the source, then the first call, which profiles); compile = the first "
           "run less lazyrt's ExecuteTime, or TorchScript's source compilation; run = a warm run (lazyrt: cache "
-          "hit, tracing included; TorchScript: after the profiling call). 3 cold runs, then 3 to 5 warm runs "
-          f"(the cold runs are the warm runs' warm-up); where one run was projected beyond {budget} s, one cold "
-          "and one warm run (a single figure, no spread). heap KiB: C heap in use once the program is built, above "
-          "the start of the cold run (lazyrt: the traced graph before it runs; TorchScript: after the first "
-          "call, its compiled, profiled function alive); lazyrt device peak: the buffers lazyrt itself accounts (tensor data, arenas, constants) above what was live before. ms cells: median [min, max]. Every run's c and x are checked equal to N.\n",
+          "hit, tracing included; TorchScript: after the profiling call and the optimizing one). 3 cold runs, "
+          "then 1 warm-up run (not counted), then 3 to 5 warm runs; where one run was projected beyond "
+          f"{budget} s, one cold run, the warm-up and one warm run (a single figure, no spread). heap KiB: C heap "
+          "in use once the program is built, above the start of the cold run (lazyrt: the traced graph before it "
+          "runs; TorchScript: after the first call, its compiled, profiled function alive); lazyrt device peak: "
+          "the buffers lazyrt itself accounts (tensor data, arenas, constants) above what was live before. ms "
+          "cells: median [min, max]. Every run's c and x are checked equal to N.\n",
           table(["N", "form", "graph nodes", "compile ms", "first run ms", "run ms", "run ns / iteration",
                  "heap KiB", "lazyrt device peak KiB"], rows, "rllrrrrrr"), ""]
     md += notes

@@ -284,7 +284,8 @@ def run(opts):
          "-"],
     ]))
     md.append(f"\nStart: before the model, optimizer and compiled step exist (input data excluded); end: after "
-              f"{mem_steps + 1} steps. Parameters, gradients and the two AdamW moments are {16 * n_params() / 2**20:.1f} "
+              f"{mem_steps + 1} steps. Parameters, gradients and the two AdamW moments are "
+              f"{16 * n_params() / 2**20:.1f} "
               "MiB of that.\n")
 
     summary = [("MLP step 784-1024-1024-10", "lazyrt replayed", ms[base].cell(), "ms", "PyTorch eager",
