@@ -32,18 +32,16 @@ demo: setup build
 test: setup build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
-# Every benchmark binary in build/bench (*_bench) runs in turn; their markdown reports, one
-# after another, become bench/results.md. Kept out of `make test`: timings are not tests.
-bench: setup build
-	@out=$(ROOT)/bench/results.md; tmp=$(BUILD)/bench/report.md; found=0; : > "$$out"; \
-	for b in $(BUILD)/bench/*_bench; do \
-	  [ -x "$$b" ] || continue; found=1; \
-	  echo "running $$b"; \
-	  "$$b" > "$$tmp" || { echo "$$b failed" >&2; exit 1; }; \
-	  cat "$$tmp"; cat "$$tmp" >> "$$out"; echo >> "$$out"; \
-	done; \
-	[ $$found = 1 ] || { echo "no benchmark binaries in $(BUILD)/bench" >&2; exit 1; }; \
-	echo "wrote $$out"
+# bench/suite.py runs every benchmark binary of build/bench (*_bench) and the Python workloads
+# side by side with PyTorch, and writes bench/results.md and bench/plots/*.png. It builds only
+# what the benchmarks run. Kept out of `make test`: timings are not tests. BENCH_THREADS: the
+# thread count of every peer.
+BENCH_THREADS ?= 1
+bench: setup $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j$(JOBS) --target lazyrt_benchmarks
+	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 $(PYTHON) $(ROOT)/bench/suite.py --build $(BUILD) \
+	  --threads $(BENCH_THREADS) --out $(ROOT)/bench/results.md --plots $(ROOT)/bench/plots
+
 # Fuzzes the persistent cache's entry parser with libFuzzer, ASan and UBSan, in its own
 # build tree (clang, everything instrumented), from seed entries the cache itself writes.
 # New interesting inputs accumulate in build-fuzz/corpus; a crash is saved under

@@ -157,8 +157,8 @@ double median(std::vector<double> v) {
 }
 
 void row(const char* what, const std::vector<double>& v) {
-  std::printf("  %-34s %10.0f %10.0f %10.0f\n", what, median(v),
-              *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+  std::printf("| %s | %.0f [%.0f, %.0f] |\n", what, median(v), *std::min_element(v.begin(), v.end()),
+              *std::max_element(v.begin(), v.end()));
 }
 
 }  // namespace
@@ -206,23 +206,27 @@ int main(int argc, char** argv) {
     second.push_back(cold.second_us);
     second.push_back(warm.second_us);
   }
-  std::printf("MLP training step %lld-%lld-%lld, batch %lld: first-step latency over %d rounds "
-              "of fresh processes (OPENBLAS_NUM_THREADS=%s)\n",
-              static_cast<long long>(kIn), static_cast<long long>(kHidden),
-              static_cast<long long>(kOut), static_cast<long long>(kBatch), runs,
-              std::getenv("OPENBLAS_NUM_THREADS"));
-  std::printf("  %-34s %10s %10s %10s\n", "(microseconds)", "median", "min", "max");
+  std::printf("## Persistent cache: first-step latency, cold process against warm process\n\n");
+  std::printf("Workload: an MLP training step %lld-%lld-%lld, batch %lld, softmax cross-entropy with hand-written "
+              "gradients and SGD through `add_` (lr %.1f), fixed pseudo-random data, traced and run by "
+              "`mark_step()`. Each of %d rounds starts three fresh processes: one without a persistent cache, a "
+              "cold one on an empty cache directory, and a warm one on the directory the cold one filled. first "
+              "step = from the first traced op to the loss (trace, compile or load, execute); the second step "
+              "hits the in-memory cache. Every round checks the cache counters (cold: one miss and one compile; "
+              "warm: one hit, no compile) and that the three processes' losses are equal. OPENBLAS_NUM_THREADS=%s. "
+              "Microseconds, median [min, max] over the rounds.\n\n",
+              static_cast<long long>(kIn), static_cast<long long>(kHidden), static_cast<long long>(kOut),
+              static_cast<long long>(kBatch), kLearningRate, runs, std::getenv("OPENBLAS_NUM_THREADS"));
+  std::printf("| measure | us |\n|---|---:|\n");
   row("no persistent cache: first step", off_first);
-  row("  of which compile", off_compile);
+  row("&nbsp;&nbsp;of which compile", off_compile);
   row("cold process: first step", cold_first);
-  row("  of which compile (miss, write)", cold_compile);
-  row("warm process: first step", warm_first);
-  row("  of which load from disk (hit)", warm_compile);
+  row("&nbsp;&nbsp;of which compile (miss, write)", cold_compile);
+  row("**warm process: first step**", warm_first);
+  row("&nbsp;&nbsp;of which load from disk (hit)", warm_compile);
   row("any process: first execution", execute);
-  row("any process: second step (memory)", second);
-  std::printf("  cold / warm first-step ratio (medians): %.2fx\n",
-              median(cold_first) / median(warm_first));
-  std::printf("  no cache / warm first-step ratio (medians): %.2fx\n",
-              median(off_first) / median(warm_first));
+  row("any process: second step (in-memory cache)", second);
+  std::printf("\ncold / warm first-step ratio (medians): **%.2fx**; no cache / warm: %.2fx.\n",
+              median(cold_first) / median(warm_first), median(off_first) / median(warm_first));
   return 0;
 }

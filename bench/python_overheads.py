@@ -8,19 +8,17 @@
 
 Both sides start from the same values and their results are checked equal before anything is
 timed. Each figure is the median over many repetitions of a batch of calls, after a warm-up
-that is not timed; lazyrt and PyTorch batches alternate, so both see the same machine load.
-Prints a markdown report.
+that is not timed; lazyrt and PyTorch batches alternate, so both see the same machine load
+(harness.time_side_by_side). Prints a markdown report. bench/suite.py (make bench) runs the
+full comparison; this script is the quick check of the two requirements.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python_overheads.py [--quick]
 """
 
 import argparse
-import gc
 import os
 import platform
-import statistics
 import sys
-import time
 
 try:
     import lazyrt as lr
@@ -31,30 +29,14 @@ except ImportError:
 import numpy as np
 import torch
 
-
-def per_call_us(fn, calls):
-    """Microseconds per call of fn, over one batch of calls."""
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter_ns() - start) / calls / 1000.0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import time_side_by_side  # noqa: E402
 
 
 def compare(lazy_fn, torch_fn, calls, reps, warmup):
     """Median microseconds per call of each, batches alternating."""
-    for _ in range(warmup):
-        per_call_us(lazy_fn, calls)
-        per_call_us(torch_fn, calls)
-    lazy, eager = [], []
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(reps):
-            lazy.append(per_call_us(lazy_fn, calls))
-            eager.append(per_call_us(torch_fn, calls))
-    finally:
-        gc.enable()
-    return statistics.median(lazy), statistics.median(eager)
+    t = time_side_by_side({"lazyrt": lazy_fn, "torch": torch_fn}, calls, reps, warmup)
+    return t["lazyrt"].median * 1e6, t["torch"].median * 1e6
 
 
 # ---- 1. tracing one op -------------------------------------------------------------------------

@@ -8,12 +8,18 @@
 //   replayed - lazyrt compile_step(...).run(args): bind, execute, write back;
 //   libtorch - PyTorch 1.13 eager in C++ (when CMake found Torch).
 // The losses of the first steps are checked equal across paths before anything is timed.
+//
+//   replay_bench [--json]
+// prints a markdown report, or with --json the initial values, the losses and every timed
+// repetition, for bench/suite.py to set beside its Python peers.
 #include <lazyrt/lazyrt.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -64,6 +70,18 @@ std::vector<double> time_us(Fn&& step) {
   return reps;
 }
 
+std::string json_list(const std::vector<double>& v) {
+  std::string s = "[";
+  char buf[32];
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%s%.9g", i ? ", " : "", v[i]);
+    s += buf;
+  }
+  return s + "]";
+}
+
+std::vector<double> widen(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
 std::string cell(const std::vector<double>& v) {
   char buf[96];
   std::snprintf(buf, sizeof buf, "%.2f [%.2f, %.2f]", median(v), *std::min_element(v.begin(), v.end()),
@@ -73,7 +91,12 @@ std::string cell(const std::vector<double>& v) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool json = argc == 2 && std::string(argv[1]) == "--json";
+  if (argc > 1 && !json) {
+    std::fprintf(stderr, "usage: %s [--json]\n", argv[0]);
+    return 2;
+  }
   manual_seed(0);
   Seed ref;
   const std::vector<float> w = ref.model->weight.to_vector<float>(), b = ref.model->bias.to_vector<float>();
@@ -104,23 +127,10 @@ int main() {
   std::vector<double> torch_losses = torch_seed_losses(w, b, xs, 3);
   for (int i = 0; i < 3; ++i) ok = ok && std::abs(torch_losses[i] - traced_losses[i]) <= 1e-5 * std::abs(torch_losses[i]) + 1e-5;
 #endif
-  std::printf("## Cached-graph replay: the seed step\n\n");
-  std::printf("Linear(5, 3), x f32[10, 5], sum, backward, AdamW, zero_grad. Per-step time in us: median "
-              "[min, max] of %d repetitions of %d steps, after %d warm-up steps (not counted). "
-              "lazyrt kernel threads: %s; ",
-              kReps, kIters, kWarmup, std::getenv("LAZYRT_NUM_THREADS") ? std::getenv("LAZYRT_NUM_THREADS") : "default");
-#ifdef LAZYRT_BENCH_HAVE_TORCH
-  std::printf("libtorch %s threads: %d.\n\n", torch_version().c_str(), torch_threads());
-#else
-  std::printf("libtorch not built in (the PyTorch column is skipped).\n\n");
-#endif
-  std::printf("Losses of 3 steps: traced %.6f %.6f %.6f, replayed %.6f %.6f %.6f", traced_losses[0],
-              traced_losses[1], traced_losses[2], replayed_losses[0], replayed_losses[1], replayed_losses[2]);
-#ifdef LAZYRT_BENCH_HAVE_TORCH
-  std::printf(", libtorch %.6f %.6f %.6f", torch_losses[0], torch_losses[1], torch_losses[2]);
-#endif
-  std::printf(" -> %s\n\n", ok ? "equal" : "DIFFERENT");
-  if (!ok) return 1;
+  if (!ok) {
+    std::fprintf(stderr, "replay_bench: the paths' losses differ\n");
+    return 1;
+  }
 
   auto s1 = fresh();
   std::vector<double> traced = time_us([&] {
@@ -131,13 +141,46 @@ int main() {
   CompiledStep step = compile_step([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{s2->step(a[0])}; }, {x});
   std::vector<Tensor> args{x};
   std::vector<double> replayed = time_us([&] { step.run(args); });
+  std::vector<double> eager;
+#ifdef LAZYRT_BENCH_HAVE_TORCH
+  for (int r = 0; r < kReps; ++r) eager.push_back(1e6 * torch_seed_step_seconds(w, b, xs, kWarmup, kIters));
+#endif
+  const char* threads = std::getenv("LAZYRT_NUM_THREADS");
+  if (json) {
+    std::printf("{\"reps\": %d, \"iters\": %d, \"warmup\": %d, \"lazyrt_threads\": \"%s\", ", kReps, kIters,
+                kWarmup, threads ? threads : "default");
+#ifdef LAZYRT_BENCH_HAVE_TORCH
+    std::printf("\"torch_version\": \"%s\", \"torch_threads\": %d, \"torch_losses\": %s, ", torch_version().c_str(),
+                torch_threads(), json_list(torch_losses).c_str());
+#endif
+    std::printf("\"weight\": %s, \"bias\": %s, \"x\": %s, \"traced_losses\": %s, \"replayed_losses\": %s, ",
+                json_list(widen(w)).c_str(), json_list(widen(b)).c_str(), json_list(widen(xs)).c_str(),
+                json_list(traced_losses).c_str(), json_list(replayed_losses).c_str());
+    std::printf("\"us\": {\"replayed\": %s, \"traced\": %s, \"libtorch\": %s}}\n", json_list(replayed).c_str(),
+                json_list(traced).c_str(), json_list(eager).c_str());
+    return 0;
+  }
+  std::printf("## Cached-graph replay: the seed step\n\n");
+  std::printf("Linear(5, 3), x f32[10, 5], sum, backward, AdamW, zero_grad. Per-step time in us: median "
+              "[min, max] of %d repetitions of %d steps, after %d warm-up steps (not counted). "
+              "lazyrt kernel threads: %s; ",
+              kReps, kIters, kWarmup, threads ? threads : "default");
+#ifdef LAZYRT_BENCH_HAVE_TORCH
+  std::printf("libtorch %s threads: %d.\n\n", torch_version().c_str(), torch_threads());
+#else
+  std::printf("libtorch not built in (the PyTorch column is skipped).\n\n");
+#endif
+  std::printf("Losses of 3 steps: traced %.6f %.6f %.6f, replayed %.6f %.6f %.6f", traced_losses[0],
+              traced_losses[1], traced_losses[2], replayed_losses[0], replayed_losses[1], replayed_losses[2]);
+#ifdef LAZYRT_BENCH_HAVE_TORCH
+  std::printf(", libtorch %.6f %.6f %.6f", torch_losses[0], torch_losses[1], torch_losses[2]);
+#endif
+  std::printf(" -> equal\n\n");
   std::printf("| path | us per step | vs replayed |\n|---|---:|---:|\n");
   std::printf("| lazyrt replayed (compile_step) | %s | 1x |\n", cell(replayed).c_str());
   std::printf("| lazyrt traced (trace + hash + cached executable) | %s | %.1fx |\n", cell(traced).c_str(),
               median(traced) / median(replayed));
 #ifdef LAZYRT_BENCH_HAVE_TORCH
-  std::vector<double> eager;
-  for (int r = 0; r < kReps; ++r) eager.push_back(1e6 * torch_seed_step_seconds(w, b, xs, kWarmup, kIters));
   std::printf("| libtorch eager (C++) | %s | %.1fx |\n", cell(eager).c_str(), median(eager) / median(replayed));
 #endif
   std::printf("\nTargets: replayed >= 50x faster than PyTorch eager, >= 5x faster than traced.\n");

@@ -1,0 +1,178 @@
+"""What every Python benchmark of bench/ shares: timing, statistics, equality checks, memory
+measurement and markdown cells. Nothing here knows a workload.
+
+Method, once for all: a measurement is a list of samples, each the mean time per call over one
+batch of calls; warm-up batches run first and are not kept; peers compared side by side run
+their batches in turn (a, b, a, b, ...) so that both see the same machine load. A cell shows
+the median and the spread [min, max] of the samples.
+"""
+
+import ctypes
+import gc
+import os
+import statistics
+import time
+
+
+class BenchmarkError(AssertionError):
+    """A peer computed something else than lazyrt, or a measurement is impossible: the
+    benchmark is wrong, and no number of it may be reported."""
+
+
+class Samples:
+    """Repeated measurements of one quantity (seconds, bytes, ...)."""
+
+    def __init__(self, values):
+        self.in_order = [float(v) for v in values]
+        self.values = sorted(self.in_order)
+        if not self.values:
+            raise BenchmarkError("no samples")
+
+    @property
+    def median(self):
+        return statistics.median(self.values)
+
+    @property
+    def min(self):
+        return self.values[0]
+
+    @property
+    def max(self):
+        return self.values[-1]
+
+    def scaled(self, factor):
+        return Samples(v * factor for v in self.values)
+
+    def cell(self, factor=1.0):
+        """'median [min, max]' of the values times factor; one number when they do not vary."""
+        med, lo, hi = self.median * factor, self.min * factor, self.max * factor
+        if lo == hi:
+            return num(med)
+        return f"{num(med)} [{num(lo)}, {num(hi)}]"
+
+
+def num(v):
+    """Three significant digits or more, without exponents: 0.0512, 1.23, 45.6, 1234."""
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def ratio(v):
+    return f"{v:.2f}x" if v < 10 else f"{v:.1f}x"
+
+
+def _batch_seconds(fn, calls):
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def time_side_by_side(fns, calls, reps, warmup=1):
+    """{name: Samples of seconds per call} for each callable of the dict fns, batches of
+    `calls` calls (a number, or {name: number}) alternating between them; `warmup` batches of
+    each first, not kept. The garbage collector is off while timing (Python peers would
+    otherwise pay for lazyrt's garbage, and the other way round)."""
+    if not isinstance(calls, dict):
+        calls = {name: calls for name in fns}
+    for _ in range(warmup):
+        for name, fn in fns.items():
+            _batch_seconds(fn, calls[name])
+    seconds = {name: [] for name in fns}
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            for name, fn in fns.items():
+                seconds[name].append(_batch_seconds(fn, calls[name]))
+    finally:
+        gc.enable()
+    return {name: Samples(v) for name, v in seconds.items()}
+
+
+def calls_for(fn, target_seconds=0.02, most=100000):
+    """How many calls of fn make a batch of about target_seconds (fn is called to find out)."""
+    once = max(_batch_seconds(fn, 3), 1e-9)
+    return max(1, min(most, int(target_seconds / once)))
+
+
+def check_close(what, got, expected, rtol, atol):
+    """Raises BenchmarkError unless every element of got is within atol + rtol * |expected|."""
+    import numpy as np
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    if got.shape != expected.shape:
+        raise BenchmarkError(f"{what}: shapes {got.shape} and {expected.shape} differ")
+    err = np.abs(got - expected)
+    bad = err > atol + rtol * np.abs(expected)
+    if bad.any():
+        i = np.unravel_index(int(np.argmax(err - rtol * np.abs(expected))), got.shape)
+        raise BenchmarkError(f"{what}: {int(bad.sum())} of {got.size} values differ beyond rtol {rtol}, "
+                             f"atol {atol}; worst at {tuple(int(k) for k in i)}: {got[i]!r} against {expected[i]!r}")
+
+
+# ---- memory of the process ------------------------------------------------------------------
+
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise BenchmarkError(f"/proc/self/status has no {field}")
+
+
+def reset_peak_rss():
+    """Sets the process's peak resident size back to its current size (Linux: clear_refs 5).
+    Returns that size, the base of later peak_rss() readings."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return peak_rss()
+
+
+def peak_rss():
+    """The most resident bytes since the last reset_peak_rss() (or the process start)."""
+    return _status_kib("VmHWM") * 1024
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_in_use():
+    """Bytes the C heap (glibc malloc: C++ objects, graphs, buffers) has handed out and not
+    taken back now. Unlike the resident size it does not hide memory reused from earlier frees.
+    Python's own small objects live in its arenas, outside it."""
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def load_average():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def thread_settings():
+    """The thread counts every peer was told to use, as 'NAME=value' pairs."""
+    names = ("LAZYRT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+    return ", ".join(f"{n}={os.environ.get(n, 'unset')}" for n in names)
+
+
+def table(header, rows, align=None):
+    """A markdown table; align is a string of 'l'/'r' per column (default: first left, rest
+    right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,309 @@
+"""An MLP training step against PyTorch eager, and against the machine's GEMM limit.
+
+Workload: Sequential(Linear(784, 1024), ReLU, Linear(1024, 1024), ReLU, Linear(1024, 10)) with
+lazyrt's initial weights after manual_seed(1), copied to PyTorch; x f32[256, 784] uniform in
+[-1, 1) and labels i64[256] uniform in [0, 10) from numpy's default_rng(1); loss =
+cross_entropy(model(x), labels) (mean); backward; AdamW(lr 1e-3, PyTorch's defaults).step();
+zero_grad().
+
+The GEMM limit: the step's eight matrix products (three forward, three weight gradients, two
+input gradients: the first layer's input needs none), computed alone through OpenBLAS's
+cblas_sgemm (the library lazyrt calls) on the same shapes, timed in turn with the steps. Their
+time is the least a step can take in GEMMs; that time over a step's time is the share of the
+limit the step reaches.
+
+Peak memory: each peer runs in a child process of its own; the process's peak resident size
+grows from just before the model is built to the end of the measured steps (Linux VmHWM, reset
+through /proc/self/clear_refs). For lazyrt the device memory it accounts itself is given too.
+"""
+
+import ctypes
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import lazyrt as lr
+from harness import (BenchmarkError, calls_for, check_close, peak_rss, ratio, reset_peak_rss, table,
+                     time_side_by_side)
+
+BATCH, SIZES = 256, (784, 1024, 1024, 10)
+LIMIT = "the step's 8 GEMMs alone (cblas_sgemm)"
+STEPS_CHECKED = 3
+
+
+def data():
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (BATCH, SIZES[0])).astype(np.float32)
+    y = rng.integers(0, SIZES[-1], BATCH).astype(np.int64)
+    return x, y
+
+
+def mlp(nn):
+    """The model from nn = lazyrt.nn or torch.nn (the same interface)."""
+    layers = []
+    for i in range(len(SIZES) - 1):
+        layers.append(nn.Linear(SIZES[i], SIZES[i + 1]))
+        if i < len(SIZES) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def lazyrt_model():
+    lr.manual_seed(1)
+    model = mlp(lr.nn)
+    lr.mark_step()
+    return model
+
+
+class TrainingStep:
+    """model, AdamW(lr 1e-3), cross-entropy: written once for both libraries, whose APIs agree."""
+
+    def __init__(self, model, optim, nn):
+        self.model = model
+        self.opt = optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def step(self, x, y):
+        loss = self.loss_fn(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss
+
+    def state(self):
+        return {k: np.array(v.detach().numpy()) for k, v in self.model.state_dict().items()}
+
+
+class LazyrtMlp(TrainingStep):
+    def __init__(self, state=None):
+        model = lazyrt_model()
+        if state is not None:
+            model.load_state_dict({k: lr.tensor(v) for k, v in state.items()})
+        super().__init__(model, lr.optim, lr.nn)
+        lr.mark_step()
+
+
+class TorchMlp(TrainingStep):
+    def __init__(self, state):
+        model = mlp(torch.nn)
+        model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+        super().__init__(model, torch.optim, torch.nn)
+
+
+def initial_state():
+    return {k: v.numpy().copy() for k, v in lazyrt_model().state_dict().items()}
+
+
+# ---- the GEMM limit ---------------------------------------------------------------------------
+
+def gemm_shapes():
+    """(M, K, N) of every product of one step (row-major C[M, N] = A[M, K] B[K, N])."""
+    fwd = [(BATCH, SIZES[i], SIZES[i + 1]) for i in range(len(SIZES) - 1)]
+    weight_grads = [(SIZES[i + 1], BATCH, SIZES[i]) for i in range(len(SIZES) - 1)]
+    input_grads = [(BATCH, SIZES[i + 1], SIZES[i]) for i in range(1, len(SIZES) - 1)]
+    return fwd + weight_grads + input_grads
+
+
+def openblas_sgemm():
+    """cblas_sgemm of the OpenBLAS that lazyrt links, or None."""
+    for name in ("libopenblas.so.0", ctypes.util.find_library("openblas")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)
+            return name, lib.cblas_sgemm
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def gemm_products():
+    """(library, GEMM FLOPs of a step, a function computing the step's products once through
+    cblas_sgemm), or None without OpenBLAS. Each product is checked against numpy first."""
+    found = openblas_sgemm()
+    if found is None:
+        return None
+    name, sgemm = found
+    c_int, c_float, ptr = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    sgemm.argtypes = [c_int, c_int, c_int, c_int, c_int, c_int, c_float, ptr, c_int, ptr, c_int, c_float, ptr, c_int]
+    sgemm.restype = None
+    row_major, no_trans = 101, 111
+    rng = np.random.default_rng(0)
+    calls, keep, flops = [], [], 0
+    for m, k, n in gemm_shapes():
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        c = np.empty((m, n), dtype=np.float32)
+        keep += [a, b, c]
+        args = (row_major, no_trans, no_trans, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n, 0.0, c.ctypes.data, n)
+        sgemm(*args)
+        check_close(f"sgemm {m}x{k}x{n}", c, a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(k))
+        calls.append(args)
+        flops += 2 * m * k * n
+
+    def products():
+        for args in calls:
+            sgemm(*args)
+    products.buffers = keep  # alive as long as the function
+    return name, flops, products
+
+
+# ---- peak memory, in a child process per peer --------------------------------------------------
+
+def child_peak_memory(peer, steps):
+    """Runs in a child: prints JSON with the peak resident bytes above the start."""
+    x, y = data()
+    state = initial_state() if peer == "PyTorch eager" else None
+    lr.mark_step()
+    before = reset_peak_rss()
+    lr.debug.reset_peak_memory()
+    device_before = lr.debug.live_memory_bytes()
+    if peer == "PyTorch eager":
+        m = TorchMlp(state)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        for _ in range(steps):
+            m.step(tx, ty)
+        loss = float(m.step(tx, ty).item())
+    else:
+        m = LazyrtMlp()
+        lx, ly = lr.tensor(x), lr.tensor(y)
+        step = lr.compile_step(m.step, (lx, ly))
+        for _ in range(steps):
+            step(lx, ly)
+        loss = float(step(lx, ly).item())
+    out = {"peak_rss": peak_rss() - before, "loss": loss,
+           "device_peak": lr.debug.peak_memory_bytes() - device_before}
+    print(json.dumps(out))
+
+
+def peak_memory(opts, peer, steps):
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "suite.py"), "--build", opts.build, "--threads", str(opts.threads),
+           "--child", "mlp-memory", peer, str(steps)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# ---- the benchmark ---------------------------------------------------------------------------
+
+def run(opts):
+    x_np, y_np = data()
+    state = initial_state()
+    lx, ly = lr.tensor(x_np), lr.tensor(y_np)
+    tx, ty = torch.from_numpy(x_np), torch.from_numpy(y_np)
+
+    ref = LazyrtMlp(state)
+    ref_losses = []
+    for _ in range(STEPS_CHECKED):
+        loss = ref.step(lx, ly)
+        lr.mark_step()
+        ref_losses.append(loss.item())
+    ref_state = ref.state()
+
+    replay = LazyrtMlp(state)
+    replayed = lr.compile_step(replay.step, (lx, ly))
+    traced = LazyrtMlp(state)
+
+    def traced_step():
+        loss = traced.step(lx, ly)
+        lr.mark_step()
+        return loss
+    eager = TorchMlp(state)
+    peers = {
+        "lazyrt replayed (compile_step)": (lambda: replayed(lx, ly), replay.state),
+        "lazyrt traced (mark_step every step)": (traced_step, traced.state),
+        "PyTorch eager": (lambda: eager.step(tx, ty), eager.state),
+    }
+    # GEMMs sum in another order in each library: losses agree to ~1e-6 relative. AdamW divides
+    # each gradient element by its own magnitude, so where a gradient element is near zero a
+    # last-bit difference can move that weight by up to lr a step: every weight must be within
+    # lr per step, and all but 1% within 1e-4.
+    for name, (fn, get_state) in peers.items():
+        losses = [float(fn().item()) for _ in range(STEPS_CHECKED)]
+        check_close(f"MLP step, {name}: losses", losses, ref_losses, rtol=1e-4, atol=1e-5)
+        got = get_state()
+        for k in ref_state:
+            what = f"MLP step, {name}: {k} after {STEPS_CHECKED} steps"
+            check_close(what, got[k], ref_state[k], rtol=0, atol=1.01e-3 * STEPS_CHECKED)
+            off = np.mean(np.abs(got[k] - ref_state[k]) > 1e-4)
+            if off > 0.01:
+                raise BenchmarkError(f"{what}: {off:.1%} of the values differ by more than 1e-4")
+
+    reps = 3 if opts.quick else 11
+    fns = {name: fn for name, (fn, _) in peers.items()}
+    gemm = gemm_products()
+    if gemm is not None:
+        # Timed in turn with the steps, so that the limit sees the same machine load.
+        fns[LIMIT] = gemm[2]
+    calls = 1 if opts.quick else {name: calls_for(fn, 0.1, most=20) for name, fn in fns.items()}
+    ms = {name: s.scaled(1e3) for name, s in time_side_by_side(fns, calls, reps, warmup=2).items()}
+    if replayed.traces != 1:
+        raise BenchmarkError("MLP step: compile_step retraced")
+    limit = None if gemm is None else (gemm[0], gemm[1], ms.pop(LIMIT))
+
+    mem_steps = 2 if opts.quick else 5
+    mem = {peer: peak_memory(opts, peer, mem_steps) for peer in ("lazyrt replayed", "PyTorch eager")}
+    check_close("MLP step, memory children's losses", [mem["lazyrt replayed"]["loss"]],
+                [mem["PyTorch eager"]["loss"]], rtol=1e-4, atol=1e-5)
+
+    base = "lazyrt replayed (compile_step)"
+    mib = 1 / 2**20
+    rows = []
+    for name, s in ms.items():
+        row = [name, s.cell(), ratio(s.median / ms[base].median)]
+        if limit is not None:
+            _, flops, gemm_ms = limit
+            row.append(f"{flops / (s.median * 1e-3) / 1e9:.1f}")
+            row.append(f"{gemm_ms.median / s.median:.0%}")
+        rows.append(row)
+    header = ["path", "ms per step, median [min, max]", "vs lazyrt replayed"]
+    if limit is not None:
+        header += ["GEMM GFLOP/s", "share of the GEMM limit"]
+
+    md = ["## MLP training step: 784-1024-1024-10, batch 256, cross-entropy, AdamW\n",
+          "Initial weights: lazyrt's `nn.Linear` layers after `manual_seed(1)`, copied to PyTorch; x f32[256, 784] "
+          "uniform [-1, 1), labels i64[256] in [0, 10) (numpy `default_rng(1)`); AdamW(lr 1e-3, PyTorch's "
+          f"defaults). Every path's {STEPS_CHECKED} first losses (rtol 1e-4) and weights (each within lr a step, "
+          "99% within 1e-4: AdamW turns last-bit differences of near-zero gradients into steps of up to lr) are "
+          "checked against lazyrt's traced steps before timing. "
+          f"After 2 warm-up batches (not counted), {reps} batches per path, alternating.\n",
+          table(header, rows), ""]
+    if limit is not None:
+        lib, flops, gemm_ms = limit
+        md.append(f"GEMM limit: the step's 8 products ({', '.join(f'{m}x{k}x{n}' for m, k, n in gemm_shapes())}, "
+                  f"M x K x N) hold {flops / 1e9:.3f} GFLOP; computed alone through `cblas_sgemm` of {lib}, in turn "
+                  f"with the steps' batches, they take {gemm_ms.cell()} ms in all, i.e. "
+                  f"{flops / (gemm_ms.median * 1e-3) / 1e9:.1f} GFLOP/s: the least a step "
+                  f"can take. The share is that time over the step's time (medians).\n")
+    else:
+        md.append("GEMM limit: OpenBLAS's cblas_sgemm could not be loaded; the limit is not measured.\n")
+    md.append(table(["peak memory of a step (child process)", "lazyrt replayed", "PyTorch eager"], [
+        ["process peak resident size above the start, MiB", f"{mem['lazyrt replayed']['peak_rss'] * mib:.1f}",
+         f"{mem['PyTorch eager']['peak_rss'] * mib:.1f}"],
+        ["lazyrt device memory peak (its own accounting), MiB", f"{mem['lazyrt replayed']['device_peak'] * mib:.1f}",
+         "-"],
+    ]))
+    md.append(f"\nStart: before the model, optimizer and compiled step exist (input data excluded); end: after "
+              f"{mem_steps + 1} steps. Parameters, gradients and the two AdamW moments are "
+              f"{16 * n_params() / 2**20:.1f} "
+              "MiB of that.\n")
+
+    summary = [("MLP step 784-1024-1024-10", "lazyrt replayed", ms[base].cell(), "ms", "PyTorch eager",
+                ms["PyTorch eager"].cell(), ratio(ms["PyTorch eager"].median / ms[base].median))]
+    if limit is not None:
+        summary.append(("MLP step: GEMM limit", "lazyrt replayed", ms[base].cell(), "ms",
+                        "OpenBLAS sgemm on the step's shapes", limit[2].cell(),
+                        ratio(limit[2].median / ms[base].median)))
+    summary.append(("MLP step: peak memory", "lazyrt replayed", f"{mem['lazyrt replayed']['peak_rss'] * mib:.1f}",
+                    "MiB", "PyTorch eager", f"{mem['PyTorch eager']['peak_rss'] * mib:.1f}",
+                    ratio(mem["PyTorch eager"]["peak_rss"] / max(mem["lazyrt replayed"]["peak_rss"], 1))))
+    return {"markdown": "\n".join(md), "summary": summary}
+
+
+def n_params():
+    return sum(SIZES[i] * SIZES[i + 1] + SIZES[i + 1] for i in range(len(SIZES) - 1))

@@ -1,0 +1,160 @@
+"""The benchmark suite: lazyrt side by side with PyTorch and with the machine's limits.
+
+Runs the C++ benchmarks of the build tree (build/bench/*_bench) and the Python workloads of this
+folder (seed_step, mlp_step, adamw_update, loop_scaling), checks every peer's results against
+lazyrt's before timing anything, and writes one markdown report with a summary table, and PNG
+plots of the scaling studies. `make bench` runs it:
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/suite.py --build build \\
+        --out bench/results.md --plots bench/plots [--threads 1] [--quick] [--only NAME ...]
+
+Every peer gets the same thread count (--threads, default 1: the CPUs of a shared machine
+stay comparable between runs): LAZYRT_NUM_THREADS, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS
+are set before any library loads, and torch.set_num_threads. Exit status 1 when any peer
+disagrees with lazyrt (harness.BenchmarkError) or a benchmark fails.
+"""
+
+import argparse
+import datetime
+import glob
+import importlib
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKLOADS = ("seed_step", "mlp_step", "adamw_update", "loop_scaling")
+# Run by the workloads themselves (seed_step reads replay_bench --json), not reported alone.
+CPP_USED_BY_WORKLOADS = ("replay_bench",)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"), help="the CMake build tree (default: build/)")
+    p.add_argument("--out", help="write the markdown report here (default: stdout)")
+    p.add_argument("--plots", help="folder for the PNG plots (default: none drawn)")
+    p.add_argument("--threads", type=int, default=1, help="threads for every peer (default 1)")
+    p.add_argument("--quick", action="store_true", help="few repetitions, no C++ benchmarks: a smoke run")
+    p.add_argument("--only", nargs="+", choices=WORKLOADS + ("cpp",), help="run only these parts")
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # a workload's child process
+    return p.parse_args(argv)
+
+
+def pin_threads(n):
+    for name in ("LAZYRT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        os.environ[name] = str(n)
+    os.environ.pop("LAZYRT_CACHE_DIR", None)  # no persistent cache unless a benchmark sets one
+
+
+def import_lazyrt(build):
+    """lazyrt from PYTHONPATH, else from the build tree's Python package."""
+    try:
+        importlib.import_module("lazyrt")
+    except ImportError:
+        sys.path.insert(0, os.path.join(build, "python"))
+        importlib.import_module("lazyrt")
+
+
+def machine_line():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} hardware threads"
+
+
+def run_cpp(build):
+    """[(name, markdown)] of every C++ benchmark binary not run by a workload."""
+    out = []
+    for exe in sorted(glob.glob(os.path.join(build, "bench", "*_bench"))):
+        name = os.path.basename(exe)
+        if name in CPP_USED_BY_WORKLOADS or not os.access(exe, os.X_OK):
+            continue
+        print(f"running {exe}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        r = subprocess.run([exe], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stdout + r.stderr)
+            raise SystemExit(f"{exe} failed with status {r.returncode}")
+        out.append((name, r.stdout, time.perf_counter() - t0))
+    return out
+
+
+def main(argv):
+    args = parse_args(argv)
+    pin_threads(args.threads)
+    import_lazyrt(args.build)
+    sys.path.insert(0, HERE)
+    import numpy as np
+    import torch
+    import lazyrt as lr
+    from harness import BenchmarkError, load_average, table, thread_settings
+    torch.set_num_threads(args.threads)
+
+    if args.child:
+        if args.child[0] == "mlp-memory":
+            import mlp_step
+            mlp_step.child_peak_memory(args.child[1], int(args.child[2]))
+            return 0
+        raise SystemExit(f"unknown child {args.child[0]}")
+
+    parts = args.only or (WORKLOADS + (() if args.quick else ("cpp",)))
+    if args.plots:
+        args.plots = os.path.abspath(args.plots)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    load_start = load_average()
+    sections, summary, durations = [], [], []
+    for name in WORKLOADS:
+        if name not in parts:
+            continue
+        print(f"running {name}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            result = __import__(name).run(args)
+        except BenchmarkError as e:
+            print(f"{name}: {e}", file=sys.stderr)
+            return 1
+        durations.append(f"{name} {time.perf_counter() - t0:.0f} s")
+        sections.append(result["markdown"])
+        summary += result["summary"]
+    cpp = run_cpp(args.build) if "cpp" in parts else []
+    durations += [f"{name} {seconds:.0f} s" for name, _, seconds in cpp]
+
+    header = [
+        "# Benchmarks: lazyrt against PyTorch and the machine's limits\n",
+        f"Written by `make bench` (bench/suite.py) on {started:%Y-%m-%d %H:%M} UTC. Machine: {machine_line()}; "
+        f"load average {load_start} at the start, {load_average()} at the end (other processes share the CPUs: "
+        "read the spreads). "
+        f"Python {platform.python_version()}, PyTorch {torch.__version__}, NumPy {np.__version__}, "
+        f"lazyrt {lr.__version__}.\n",
+        f"Threads, equal for every peer: {thread_settings()}, torch.set_num_threads({torch.get_num_threads()}). "
+        "Every peer starts from lazyrt's initial values and its results are checked against lazyrt's (stated "
+        "per section) before it is timed; a mismatch fails the run. Warm-up runs are never counted. Cells: "
+        "median [min, max] of repeated runs.\n",
+        f"Time per part: {', '.join(durations)}.\n",
+        "## Summary\n",
+        "ratio = peer / lazyrt (for a limit: the limit's time over lazyrt's, the share of the limit reached).\n",
+        table(["workload", "lazyrt path", "lazyrt", "unit", "peer or limit", "peer", "ratio"], summary,
+              "lllllrr"),
+        "",
+    ]
+    report = "\n".join(header + sections + [md for _, md, _ in cpp]).rstrip() + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(report)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
