@@ -213,7 +213,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
 
 std::shared_ptr<runtime::Executable> compile(const Graph& graph, const std::vector<int32_t>& donations) {
   ir::verify(graph);
-  Graph optimized = optimize(graph);
+  Graph optimized = order_reads_before_updates(optimize(graph), donations);
   ir::verify(optimized);
   return lower(optimized, donations);
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <queue>
 
 #include "ir/hash.h"
 #include "kernels/cpu/kernel.h"
@@ -142,6 +143,23 @@ double eval_scalar(OpKind op, const ir::Attrs& attrs, const std::vector<ir::Tens
   return result;
 }
 
+// The sum (or mean) of `count` equal elements, when that is exactly what the kernel computes:
+// it accumulates floats in double, so for a value of at most 24 significant bits (f32, bf16,
+// f16) every partial sum j * e is exact while count < 2^29, and the sum is e * count (the mean
+// is e). f64 and integer sums are left to the kernel.
+std::optional<double> fold_sum_or_mean(OpKind op, const ir::TensorType& in, double value,
+                                       const ir::TensorType& out) {
+  if (in.dtype != DType::f32 && in.dtype != DType::bf16 && in.dtype != DType::f16) return std::nullopt;
+  const int64_t count = in.numel() / out.numel();
+  if (count >= (int64_t{1} << 29) || (op == OpKind::Mean && count == 0)) return std::nullopt;
+  double element = 0;  // the value as stored in the input
+  kernels::visit_dtype(in.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    element = static_cast<double>(kernels::convert<float>(kernels::convert<T>(value)));
+  });
+  return op == OpKind::Sum ? element * static_cast<double>(count) : element;
+}
+
 }  // namespace
 
 Graph constant_folding(const Graph& g) {
@@ -168,6 +186,9 @@ Graph constant_folding(const Graph& g) {
     } else if (n.op == OpKind::Reshape || n.op == OpKind::Expand || n.op == OpKind::Permute ||
                ((n.op == OpKind::Amax || n.op == OpKind::Amin) && out.numel() > 0)) {
       value = full_value(ng, rw.map(n.operands[0]));
+    } else if ((n.op == OpKind::Sum || n.op == OpKind::Mean) && out.numel() > 0) {
+      value = fold_sum_or_mean(n.op, ng.type(rw.map(n.operands[0])), full_value(ng, rw.map(n.operands[0])),
+                               out);
     }
     if (value) {
       rw.set(static_cast<int32_t>(i), 0, rw.graph().add_full(*value, out.shape, out.dtype));
@@ -243,6 +264,57 @@ Graph algebraic_simplification(const Graph& g) {
     else rw.copy(static_cast<int32_t>(i));
   }
   return rw.finish();
+}
+
+Graph order_reads_before_updates(const Graph& g, const std::vector<int32_t>& donations) {
+  const size_t n = g.nodes.size();
+  std::vector<int32_t> param_node(static_cast<size_t>(g.num_params), -1);
+  for (size_t i = 0; i < n; ++i)
+    if (g.nodes[i].op == OpKind::Parameter) param_node[g.nodes[i].attrs.i(0)] = static_cast<int32_t>(i);
+  // after[i]: nodes that must come before node i besides its operands.
+  std::vector<std::vector<int32_t>> after(n);
+  bool any = false;
+  for (size_t k = 0; k < donations.size() && k < g.outputs.size(); ++k) {
+    const int32_t p = donations[k];
+    const int32_t producer = g.outputs[k].node;
+    if (p < 0 || param_node[p] < 0 || g.nodes[producer].op == OpKind::Parameter) continue;
+    for (size_t r = 0; r < n; ++r) {
+      if (static_cast<int32_t>(r) == producer) continue;
+      for (ValueRef v : g.nodes[r].operands)
+        if (v.node == param_node[p]) {
+          after[producer].push_back(static_cast<int32_t>(r));
+          any = true;
+          break;
+        }
+    }
+  }
+  if (!any) return g;
+  // Kahn's algorithm, the earliest node of the old order first; a cycle (a reader that
+  // depends on the update) keeps the old order.
+  std::vector<std::vector<int32_t>> users(n);
+  std::vector<int32_t> waiting(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<int32_t> deps = after[i];
+    for (ValueRef v : g.nodes[i].operands) deps.push_back(v.node);
+    std::sort(deps.begin(), deps.end());
+    deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+    for (int32_t d : deps) users[d].push_back(static_cast<int32_t>(i));
+    waiting[i] = static_cast<int32_t>(deps.size());
+  }
+  std::priority_queue<int32_t, std::vector<int32_t>, std::greater<int32_t>> ready;
+  for (size_t i = 0; i < n; ++i)
+    if (waiting[i] == 0) ready.push(static_cast<int32_t>(i));
+  GraphRewriter rw(g);
+  size_t emitted = 0;
+  while (!ready.empty()) {
+    const int32_t i = ready.top();
+    ready.pop();
+    rw.copy(i);
+    ++emitted;
+    for (int32_t u : users[i])
+      if (--waiting[u] == 0) ready.push(u);
+  }
+  return emitted == n ? rw.finish() : g;
 }
 
 Graph optimize(const Graph& g) {

@@ -22,6 +22,12 @@ ir::Graph algebraic_simplification(const ir::Graph& g);
 /// Groups of elementwise nodes of one result shape -> one fusion node each (fusion.cpp).
 ir::Graph fuse_elementwise(const ir::Graph& g);
 
+/// Reorders nodes so that, where the dependencies allow, every read of a parameter whose
+/// buffer is offered for an output (donations[k] = p, as compile takes them) comes before the
+/// node computing that output, which can then write into the buffer instead of beside it.
+/// Otherwise keeps the order. Same nodes, same outputs.
+ir::Graph order_reads_before_updates(const ir::Graph& g, const std::vector<int32_t>& donations);
+
 /// fold, simplify, CSE, DCE, fuse, DCE.
 ir::Graph optimize(const ir::Graph& g);
 

@@ -15,6 +15,7 @@
 #include "lazyrt/metrics.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
+#include "util/metrics_cells.h"
 #include "util/timer.h"
 
 namespace lazyrt {
@@ -63,15 +64,17 @@ std::vector<int32_t> update_offers(const std::vector<ImplPtr>& roots, const trac
   return offers;
 }
 
-// A buffer for output k of `exe` that may be `reuse` when nothing but its tensor holds it (and
-// lazyrt owns it: adopted memory is never written).
-std::shared_ptr<Buffer> output_buffer(const Executable& exe, size_t k, std::shared_ptr<Buffer> reuse,
+// A buffer for output k of `exe`: `reuse` when its only holders are the `owners` the caller
+// knows of (and lazyrt owns it: adopted memory is never written), else a new one.
+std::shared_ptr<Buffer> output_buffer(const Executable& exe, size_t k, const std::shared_ptr<Buffer>& reuse,
                                       long owners) {
-  if (reuse && !reuse->is_adopted() && reuse.use_count() <= owners + 1 &&
+  if (reuse && !reuse->is_adopted() && reuse.use_count() <= owners &&
       reuse->bytes() == exe.output_types()[k].bytes())
     return reuse;
   return runtime::allocate(exe.output_types()[k].bytes());
 }
+
+const std::shared_ptr<Buffer> kNoBuffer;
 
 // After a run: the buffer holding output k, for outputs the executable did not compute.
 std::shared_ptr<Buffer> resolve_output(const Executable& exe, size_t k,
@@ -189,14 +192,16 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
     if (exe.outputs()[k].kind != OutputSource::Kind::Computed) continue;
     const int32_t p = w.updates[k];
     // An updated input's buffer is written in place when only the input and `params` hold it.
-    outs[k] = output_buffer(exe, k, p >= 0 && exe.donation_accepted(k) ? params[p] : nullptr, 1);
+    outs[k] = output_buffer(exe, k, p >= 0 && exe.donation_accepted(k) ? params[p] : kNoBuffer, 2);
     out_ptrs[k] = outs[k]->data();
   }
   {
-    detail::ScopedTimer timer("ExecuteTime");
+    static auto& execute_time = metrics::detail::timing_cell("ExecuteTime");
+    detail::ScopedTimer timer(execute_time);
     w.exe->run(param_ptrs.data(), out_ptrs.data());
   }
-  metrics::increment("ReplayGraph");
+  static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
+  replay_graph.add(1);
   std::vector<Tensor> results;
   for (size_t k = 0; k < n; ++k) {
     std::shared_ptr<Buffer> b = resolve_output(exe, k, params, outs);
@@ -293,7 +298,8 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
       trace::SyncForbidden no_sync(
           "compile_step: the step reads a value or syncs (item, to_vector, mark_step, sync) while "
           "it is traced; a compiled step must stay lazy: return the value instead");
-      detail::ScopedTimer timer("TraceTime");
+      static auto& trace_time = metrics::detail::timing_cell("TraceTime");
+      detail::ScopedTimer timer(trace_time);
       results = st.fn(args);
     }
     // Outputs: the results, then every tensor the step updated, then gradients it left.
@@ -413,33 +419,39 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     if (exe.outputs()[k].kind != OutputSource::Kind::Computed) continue;
     ImplPtr hold;
     TensorImpl* t = sink_tensor(v, v.sinks[k], args, hold);
-    std::shared_ptr<Buffer> current = t && !t->is_pending() ? t->data() : nullptr;
     if (t) t->release_leaf();
-    // Owners besides the tensor: v.params when the buffer is also bound as a parameter.
-    long extra = 0;
-    for (const auto& p : v.params) extra += p == current;
-    v.outs[k] = output_buffer(exe, k, std::move(current), 1 + extra);
+    const std::shared_ptr<Buffer>& current = t && !t->is_pending() ? t->data() : kNoBuffer;
+    // Holders besides the tensor: v.params when the buffer is also bound as a parameter.
+    long owners = 1;
+    for (const auto& p : v.params) owners += p == current;
+    v.outs[k] = output_buffer(exe, k, current, owners);
     v.out_ptrs[k] = v.outs[k]->data();
   }
   {
-    detail::ScopedTimer timer("ExecuteTime");
+    static auto& execute_time = metrics::detail::timing_cell("ExecuteTime");
+    detail::ScopedTimer timer(execute_time);
     exe.run(v.param_ptrs.data(), v.out_ptrs.data());
   }
-  metrics::increment("ReplayGraph");
+  static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
+  replay_graph.add(1);
   for (size_t k = 0; k < v.sinks.size(); ++k) {
-    std::shared_ptr<Buffer> b = resolve_output(exe, k, v.params, v.outs);
-    v.outs[k] = b;
+    if (exe.outputs()[k].kind != OutputSource::Kind::Computed) v.outs[k] = resolve_output(exe, k, v.params, v.outs);
+    const std::shared_ptr<Buffer>& b = v.outs[k];
+    // Replays mostly write back into the buffer the tensor already holds: no copy then.
+    auto write_back = [&b](TensorImpl& t) {
+      if (t.is_pending() || t.data() != b) t.set_data(b);
+    };
     const Sink& s = v.sinks[k];
     switch (s.kind) {
-      case Sink::Kind::Result: v.result_tensors[s.index].impl()->set_data(std::move(b)); break;
-      case Sink::Kind::UpdateArg: args[s.index].impl()->set_data(std::move(b)); break;
+      case Sink::Kind::Result: write_back(*v.result_tensors[s.index].impl()); break;
+      case Sink::Kind::UpdateArg: write_back(*args[s.index].impl()); break;
       case Sink::Kind::UpdateState:
-        if (ImplPtr t = s.tensor.lock()) t->set_data(std::move(b));
+        if (ImplPtr t = s.tensor.lock()) write_back(*t);
         break;
       case Sink::Kind::Grad:
         if (ImplPtr leaf = s.tensor.lock()) {
-          if (leaf->grad && !leaf->grad->grad_fn) leaf->grad->set_data(std::move(b));
-          else leaf->set_grad_impl(trace::make_data(exe.output_types()[k], std::move(b)));
+          if (leaf->grad && !leaf->grad->grad_fn) write_back(*leaf->grad);
+          else leaf->set_grad_impl(trace::make_data(exe.output_types()[k], b));
         }
         break;
     }

@@ -19,6 +19,7 @@
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
+#include "util/metrics_cells.h"
 #include "util/timer.h"
 
 namespace lazyrt::trace {
@@ -140,15 +141,18 @@ std::shared_ptr<runtime::Executable> load_from_disk(const cache::PersistentCache
 std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
                                                     const std::vector<int32_t>& donations) {
   if (std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key)) {
-    metrics::increment("CachedCompile");
+    static auto& cached_compile = metrics::detail::counter_cell("CachedCompile");
+    cached_compile.add(1);
     return exe;
   }
-  detail::ScopedTimer timer("CompileTime");
+  static auto& compile_time = metrics::detail::timing_cell("CompileTime");
+  detail::ScopedTimer timer(compile_time);
   const std::shared_ptr<const cache::PersistentCache> disk = cache::persistent_cache();
   std::shared_ptr<runtime::Executable> exe = disk ? load_from_disk(*disk, graph, donations, key) : nullptr;
   if (!exe) {
     exe = compile::compile(graph, donations);
-    metrics::increment("UncachedCompile");
+    static auto& uncached_compile = metrics::detail::counter_cell("UncachedCompile");
+    uncached_compile.add(1);
     // A bad entry is replaced here too: store writes over whatever is at the path.
     if (disk) disk->store({key, donations, exe->graph()});
   }
@@ -177,7 +181,8 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   Extracted ex;
   GraphHash key;
   {
-    detail::ScopedTimer timer("TraceTime");
+    static auto& trace_time = metrics::detail::timing_cell("TraceTime");
+    detail::ScopedTimer timer(trace_time);
     ex = extract_graph(tensors);
     key = cache_key(ex.graph, ex.donations);
   }
@@ -198,10 +203,12 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
     out_ptrs[k] = out_bufs[k]->data();
   }
   {
-    detail::ScopedTimer timer("ExecuteTime");
+    static auto& execute_time = metrics::detail::timing_cell("ExecuteTime");
+    detail::ScopedTimer timer(execute_time);
     exe->run(param_ptrs.data(), out_ptrs.data());
   }
-  metrics::increment("ExecuteGraph");
+  static auto& execute_graph = metrics::detail::counter_cell("ExecuteGraph");
+  execute_graph.add(1);
   for (size_t k = 0; k < n; ++k) {
     const runtime::OutputSource& src = exe->outputs()[k];
     switch (src.kind) {

@@ -1,22 +1,23 @@
 #include "lazyrt/metrics.h"
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
+
+#include "util/metrics_cells.h"
 
 namespace lazyrt::metrics {
 namespace {
 
-struct Timing {
-  int64_t count = 0;
-  int64_t total_ns = 0;
-  int64_t max_ns = 0;
-};
+using detail::CounterCell;
+using detail::TimingCell;
 
+// The lock guards the maps (creating cells, walking them), not the values in the cells.
 struct Registry {
   std::mutex mu;
-  std::map<std::string, int64_t, std::less<>> counters;
-  std::map<std::string, Timing, std::less<>> timings;
+  std::map<std::string, std::unique_ptr<CounterCell>, std::less<>> counters;
+  std::map<std::string, std::unique_ptr<TimingCell>, std::less<>> timings;
 };
 
 Registry& registry() {
@@ -24,68 +25,92 @@ Registry& registry() {
   return *r;
 }
 
+template <class Cell>
+Cell* find(std::map<std::string, std::unique_ptr<Cell>, std::less<>>& m, std::string_view name) {
+  auto it = m.find(name);
+  return it == m.end() ? nullptr : it->second.get();
+}
+
+template <class Cell>
+Cell& find_or_add(std::map<std::string, std::unique_ptr<Cell>, std::less<>>& m, std::string_view name) {
+  auto it = m.find(name);
+  if (it == m.end()) it = m.emplace(std::string(name), std::make_unique<Cell>()).first;
+  return *it->second;
+}
+
 }  // namespace
+
+namespace detail {
+
+CounterCell& counter_cell(std::string_view name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return find_or_add(r.counters, name);
+}
+
+TimingCell& timing_cell(std::string_view name) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return find_or_add(r.timings, name);
+}
+
+}  // namespace detail
 
 int64_t counter(std::string_view name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.counters.find(name);
-  return it == r.counters.end() ? 0 : it->second;
+  const CounterCell* c = find(r.counters, name);
+  return c ? c->value.load() : 0;
 }
 
 int64_t timing_count(std::string_view name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.timings.find(name);
-  return it == r.timings.end() ? 0 : it->second.count;
+  const TimingCell* t = find(r.timings, name);
+  return t ? t->count.load() : 0;
 }
 
 int64_t timing_total_ns(std::string_view name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.timings.find(name);
-  return it == r.timings.end() ? 0 : it->second.total_ns;
+  const TimingCell* t = find(r.timings, name);
+  return t ? t->total_ns.load() : 0;
 }
 
-void increment(std::string_view name, int64_t by) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.counters.find(name);
-  if (it == r.counters.end()) it = r.counters.emplace(std::string(name), 0).first;
-  it->second += by;
-}
+void increment(std::string_view name, int64_t by) { detail::counter_cell(name).add(by); }
 
-void record_timing(std::string_view name, int64_t ns) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.timings.find(name);
-  if (it == r.timings.end()) it = r.timings.emplace(std::string(name), Timing{}).first;
-  it->second.count += 1;
-  it->second.total_ns += ns;
-  if (ns > it->second.max_ns) it->second.max_ns = ns;
-}
+void record_timing(std::string_view name, int64_t ns) { detail::timing_cell(name).record(ns); }
 
+// Cells at zero (never touched, or reset) are left out.
 std::string report() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   std::ostringstream os;
   os << "Counters:\n";
-  for (const auto& [name, v] : r.counters) os << "  " << name << ": " << v << '\n';
+  for (const auto& [name, c] : r.counters)
+    if (const int64_t v = c->value.load()) os << "  " << name << ": " << v << '\n';
   os << "Timings (count, total ms, mean us, max us):\n";
   for (const auto& [name, t] : r.timings) {
-    double total_ms = static_cast<double>(t.total_ns) / 1e6;
-    double mean_us = t.count ? static_cast<double>(t.total_ns) / 1e3 / static_cast<double>(t.count) : 0;
-    os << "  " << name << ": " << t.count << ", " << total_ms << " ms, " << mean_us << " us, "
-       << static_cast<double>(t.max_ns) / 1e3 << " us\n";
+    const int64_t count = t->count.load(), total = t->total_ns.load();
+    if (!count) continue;
+    double total_ms = static_cast<double>(total) / 1e6;
+    double mean_us = static_cast<double>(total) / 1e3 / static_cast<double>(count);
+    os << "  " << name << ": " << count << ", " << total_ms << " ms, " << mean_us << " us, "
+       << static_cast<double>(t->max_ns.load()) / 1e3 << " us\n";
   }
   return os.str();
 }
 
+// Cells are zeroed, not removed: hot paths hold references to them.
 void reset() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  r.counters.clear();
-  r.timings.clear();
+  for (auto& [name, c] : r.counters) c->value = 0;
+  for (auto& [name, t] : r.timings) {
+    t->count = 0;
+    t->total_ns = 0;
+    t->max_ns = 0;
+  }
 }
 
 }  // namespace lazyrt::metrics

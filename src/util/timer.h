@@ -1,28 +1,27 @@
-// Records the time from construction to destruction under a metrics timing name.
+// Records the time from construction to destruction into a metrics timing.
 #pragma once
 
 #include <chrono>
-#include <string_view>
 
-#include "lazyrt/metrics.h"
+#include "util/metrics_cells.h"
 
 namespace lazyrt::detail {
 
 class ScopedTimer {
  public:
-  explicit ScopedTimer(std::string_view name)
-      : name_(name), start_(std::chrono::steady_clock::now()) {}
+  /// `cell`: from metrics::detail::timing_cell(name), resolved once by the caller.
+  explicit ScopedTimer(metrics::detail::TimingCell& cell)
+      : cell_(cell), start_(std::chrono::steady_clock::now()) {}
   ~ScopedTimer() {
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::steady_clock::now() - start_)
-                  .count();
-    metrics::record_timing(name_, ns);
+    cell_.record(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - start_)
+                     .count());
   }
   ScopedTimer(const ScopedTimer&) = delete;
   ScopedTimer& operator=(const ScopedTimer&) = delete;
 
  private:
-  std::string_view name_;
+  metrics::detail::TimingCell& cell_;
   std::chrono::steady_clock::time_point start_;
 };
 

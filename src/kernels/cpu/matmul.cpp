@@ -48,15 +48,34 @@ struct MatmulLayout {
 // and buffer management: about a microsecond), so they run as a plain loop.
 inline constexpr int64_t kSmallGemm = 4096;  // n * k * m
 
+// Output elements W at a time along a row, each a dot product accumulated in order over k:
+// the same sums, in the same order, as a row-by-row update, with the accumulators in
+// registers and each element of a read once per W outputs.
+template <int W, class T>
+void small_gemm_cols(const T* __restrict arow, const T* __restrict b, T* __restrict out, int64_t k,
+                     int64_t m) {
+  T acc[W] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    const T av = arow[p];
+    const T* brow = b + p * m;
+    for (int j = 0; j < W; ++j) acc[j] += av * brow[j];
+  }
+  for (int j = 0; j < W; ++j) out[j] = acc[j];
+}
+
 template <class T>
-void small_gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m) {
+void small_gemm(const T* __restrict a, const T* __restrict b, T* __restrict c, int64_t n, int64_t k,
+                int64_t m) {
   for (int64_t i = 0; i < n; ++i) {
-    T* row = c + i * m;
-    for (int64_t j = 0; j < m; ++j) row[j] = T(0);
-    for (int64_t p = 0; p < k; ++p) {
-      const T av = a[i * k + p];
-      const T* brow = b + p * m;
-      for (int64_t j = 0; j < m; ++j) row[j] += av * brow[j];
+    const T* arow = a + i * k;
+    T* crow = c + i * m;
+    int64_t j = 0;
+    for (; j + 4 <= m; j += 4) small_gemm_cols<4>(arow, b + j, crow + j, k, m);
+    switch (m - j) {
+      case 3: small_gemm_cols<3>(arow, b + j, crow + j, k, m); break;
+      case 2: small_gemm_cols<2>(arow, b + j, crow + j, k, m); break;
+      case 1: small_gemm_cols<1>(arow, b + j, crow + j, k, m); break;
+      default: break;
     }
   }
 }

@@ -1,0 +1,32 @@
+// The cells behind the metrics: one per counter or timing name, created on first use and
+// never freed, so a hot path resolves its cell once and then records with a few atomic adds,
+// without the registry's lock or a name lookup.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string_view>
+
+namespace lazyrt::metrics::detail {
+
+struct CounterCell {
+  std::atomic<int64_t> value{0};
+  void add(int64_t by) { value.fetch_add(by, std::memory_order_relaxed); }
+};
+
+struct TimingCell {
+  std::atomic<int64_t> count{0}, total_ns{0}, max_ns{0};
+  void record(int64_t ns) {
+    count.fetch_add(1, std::memory_order_relaxed);
+    total_ns.fetch_add(ns, std::memory_order_relaxed);
+    int64_t m = max_ns.load(std::memory_order_relaxed);
+    while (ns > m && !max_ns.compare_exchange_weak(m, ns, std::memory_order_relaxed)) {
+    }
+  }
+};
+
+/// The cell of `name`, created (at zero) on first use; the reference stays valid forever.
+CounterCell& counter_cell(std::string_view name);
+TimingCell& timing_cell(std::string_view name);
+
+}  // namespace lazyrt::metrics::detail
