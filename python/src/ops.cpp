@@ -194,16 +194,24 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   // ---- shape ----
   b.fn("reshape", [](const Tensor& a, py::handle shape) { return reshape(a, shape_from_sequence(shape, "reshape")); },
        arg("input"), arg("shape"))
-      .method("reshape", [](const Tensor& a, py::args shape) { return reshape(a, shape_from_args(shape, "reshape")); })
-      .method("view", [](const Tensor& a, py::args shape) { return reshape(a, shape_from_args(shape, "view")); })
+      .method("reshape", [](const Tensor& a, py::args shape, py::kwargs kw) {
+        return reshape(a, shape_from_args(shape, kw, "shape", "reshape"));
+      })
+      .method("view", [](const Tensor& a, py::args shape, py::kwargs kw) {
+        return reshape(a, shape_from_args(shape, kw, "size", "view"));
+      })
       .op("transpose", &transpose, arg("dim0"), arg("dim1"))
       .op("swapaxes", &transpose, arg("axis0"), arg("axis1"))
       .fn("permute", [](const Tensor& a, py::handle dims) { return permute(a, shape_from_sequence(dims, "permute")); },
           arg("input"), arg("dims"))
-      .method("permute", [](const Tensor& a, py::args dims) { return permute(a, shape_from_args(dims, "permute")); })
+      .method("permute", [](const Tensor& a, py::args dims, py::kwargs kw) {
+        return permute(a, shape_from_args(dims, kw, "dims", "permute"));
+      })
       .fn("expand", [](const Tensor& a, py::handle size) { return expand(a, shape_from_sequence(size, "expand")); },
           arg("input"), arg("size"))
-      .method("expand", [](const Tensor& a, py::args size) { return expand(a, shape_from_args(size, "expand")); })
+      .method("expand", [](const Tensor& a, py::args size, py::kwargs kw) {
+        return expand(a, shape_from_args(size, kw, "size", "expand"));
+      })
       .op("broadcast_to", [](const Tensor& a, py::handle size) { return expand(a, shape_from_sequence(size, "broadcast_to")); },
           arg("size"))
       .op("unsqueeze", &unsqueeze, arg("dim"))
@@ -351,7 +359,9 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
           arg("dims"))
       .fn("repeat", [](const Tensor& a, py::handle r) { return repeat(a, shape_from_sequence(r, "repeat")); },
           arg("input"), arg("repeats"))
-      .method("repeat", [](const Tensor& a, py::args r) { return repeat(a, shape_from_args(r, "repeat")); })
+      .method("repeat", [](const Tensor& a, py::args r, py::kwargs kw) {
+        return repeat(a, shape_from_args(r, kw, "repeats", "repeat"));
+      })
       .fn("pad", [](const Tensor& a, py::handle p, Scalar value) { return pad(a, shape_from_sequence(p, "pad"), value); },
           arg("input"), arg("pad"), arg("value") = 0)
       .op("index_select", &index_select, arg("dim"), arg("index"))
