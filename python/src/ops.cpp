@@ -2,6 +2,7 @@
 // and keywords, as lazyrt.<op>(input, ...) and, where PyTorch has one, as a Tensor method.
 // Adding an op is one line here (a lambda only where Python's arguments differ from C++'s).
 #include <algorithm>
+#include <cmath>
 
 #include "bindings.h"
 
@@ -118,6 +119,19 @@ Tensor leaf(Tensor t, bool requires_grad) {
   return t;
 }
 
+// max() and min() of every element: amax / amin in value. In gradient PyTorch's convention of
+// this form, which differs from amax's: a nan result sends the gradient to the nan elements,
+// split evenly (amax's rule would give nan everywhere). Built only when a gradient is recorded.
+Tensor extreme_of_all(const Tensor& a, bool largest) {
+  if (!a.requires_grad() || !is_floating(a.dtype())) return largest ? amax(a) : amin(a);
+  const Tensor nan = isnan(a);
+  const Tensor rest = masked_fill(a, nan, largest ? -INFINITY : INFINITY);
+  const Tensor extreme = largest ? amax(rest) : amin(rest);
+  const Tensor count = clamp(sum(cast(nan, a.dtype())), std::optional<Scalar>(1));
+  const Tensor nans = sum(masked_fill(a, logical_not(nan), 0)) / count;
+  return where(any(nan), nans, extreme);
+}
+
 DType fill_dtype(Scalar s) {
   switch (s.kind()) {
     case Scalar::Kind::Bool: return DType::b8;
@@ -182,9 +196,9 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .op("amax", &minmax_op<amax>, arg("dim") = py::tuple(), arg("keepdim") = false)
       .op("amin", &minmax_op<amin>, arg("dim") = py::tuple(), arg("keepdim") = false)
       // max/min: of every element, or elementwise of two tensors.
-      .op("max", [](const Tensor& a) { return amax(a); })
+      .op("max", [](const Tensor& a) { return extreme_of_all(a, true); })
       .op("max", &maximum, arg("other"))
-      .op("min", [](const Tensor& a) { return amin(a); })
+      .op("min", [](const Tensor& a) { return extreme_of_all(a, false); })
       .op("min", &minimum, arg("other"));
 
   // ---- linear algebra, activations, losses' building blocks ----
