@@ -54,13 +54,6 @@ Tensor pow_op(const Tensor& a, const Operand& exponent) {
   return pow_scalar(a, std::get<Scalar>(exponent));
 }
 
-Tensor where_op(const Tensor& cond, const Operand& x, const Operand& y) {
-  const Tensor* tx = std::get_if<Tensor>(&x);
-  const Tensor* ty = std::get_if<Tensor>(&y);
-  if (!tx && !ty) throw Error("where: at least one of input and other must be a tensor");
-  const Tensor& like = tx ? *tx : *ty;
-  return where(cond, t_or(x, like), t_or(y, like));
-}
 
 // sum/mean with PyTorch's optional dtype: the input is cast first.
 template <Tensor (*Reduce)(const Tensor&, std::vector<int64_t>, bool)>
@@ -139,6 +132,19 @@ DType fill_dtype(Scalar s) {
     case Scalar::Kind::Float: return DType::f32;
   }
   return DType::f32;
+}
+
+// Two numbers take the dtype torch gives them (float32, int64 or bool, promoted together).
+Tensor where_op(const Tensor& cond, const Operand& x, const Operand& y) {
+  const Tensor* tx = std::get_if<Tensor>(&x);
+  const Tensor* ty = std::get_if<Tensor>(&y);
+  if (!tx && !ty) {
+    const Scalar sx = std::get<Scalar>(x), sy = std::get<Scalar>(y);
+    const DType dtype = promote_types(fill_dtype(sx), fill_dtype(sy));
+    return where(cond, full({}, sx, dtype), full({}, sy, dtype));
+  }
+  const Tensor& like = tx ? *tx : *ty;
+  return where(cond, t_or(x, like), t_or(y, like));
 }
 
 }  // namespace
