@@ -294,7 +294,8 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   // ---- math ----
   b.op("sin", &sin).op("cos", &cos).op("log1p", &log1p).op("expm1", &expm1).op("erf", &erf)
       .op("reciprocal", &reciprocal).op("sign", &sign).op("floor", &floor).op("ceil", &ceil)
-      .op("round", [](const Tensor& a) { return round(a); }).op("isinf", &isinf).op("isfinite", &isfinite)
+      .op("round", [](const Tensor& a, int64_t decimals) { return round(a, decimals); },
+          kw_only(), arg("decimals") = 0).op("isinf", &isinf).op("isfinite", &isfinite)
       .op("silu", &silu)
       .op("gelu", [](const Tensor& a, const std::string& approximate) { return gelu(a, approximate); },
           kw_only(), arg("approximate") = "none")
