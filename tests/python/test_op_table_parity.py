@@ -219,6 +219,8 @@ unary("reciprocal", 0.5, 3.0, dtypes=FLOATS + INTS)
 unary("reciprocal", -3.0, -0.5)
 for name in ["sign", "floor", "ceil", "round"]:
     unary(name, dtypes=NUMERIC, grid=0.5)
+for decimals in [1, 2, -1]:  # the values of the grid sit on halves of the rounding place
+    unary("round", -300.0, 300.0, dtypes=NUMERIC, grid=0.5 * 10.0 ** -decimals, kw=dict(decimals=decimals))
 unary("sign", dtypes=(lr.bool,))
 for name in ["isnan", "isinf", "isfinite"]:
     unary(name, dtypes=ALL, grad=False, special=True)
@@ -253,6 +255,9 @@ case("min", X((3, 4)), X((3, 4), layout="strided"), dtypes=NUMERIC)
 case("where", Mask((3, 4)), X((4,)), X((3, 1)), dtypes=ALL, lfn=lr.where)
 case("where", Mask((2, 1)), X((2, 3), layout="lazy_t"), X(()), lfn=lr.where)
 case("where", Mask((3, 4)), X((3, 4)), lfn=lambda c, x: lr.where(c, x, 0.5), tfn=lambda c, t: torch.where(c, t, 0.5))
+for pair in [(1.5, -2.0), (1, 0), (True, False), (1, 0.5), (True, 2)]:  # two numbers: torch's dtype
+    case("where", Mask((2, 3)), lfn=lambda c, p=pair: lr.where(c, *p), tfn=lambda c, p=pair: torch.where(c, *p),
+         dtypes=(None,), grad=False)
 case("clamp", X((3, 4)), kw=dict(min=-1.0, max=1.5), dtypes=FLOATS)
 case("clamp", X((3, 4)), kw=dict(min=-1, max=2), dtypes=INTS)
 case("clamp", X((3, 4), layout="lazy_t"), kw=dict(min=0.5))
