@@ -290,6 +290,10 @@ Tensor sign(const Tensor& a);    // -1, 0 or 1 in a's dtype (0 for nan); b8 stay
 Tensor floor(const Tensor& a);   // integers unchanged
 Tensor ceil(const Tensor& a);
 Tensor round(const Tensor& a);   // half to even: round(2.5) == 2
+/// Rounded (half to even) to `decimals` decimal places, as torch.round(a, decimals=):
+/// round(a * 10^decimals) / 10^decimals in a's dtype (negative decimals: tens, hundreds, ...).
+/// Floating tensors only, unless decimals is 0.
+Tensor round(const Tensor& a, int64_t decimals);
 /// Bounds a to [min, max]; either bound may be absent, not both. A nan in a stays nan. With
 /// min > max every element is max. Scalar bounds take part in type promotion as numbers (an
 /// i64 tensor clamped to 0.5 becomes f32). As in torch, a nan in a tensor bound gives nan

@@ -82,7 +82,7 @@ def as_tensor(data, dtype=None):
     return tensor(data, dtype=dtype)
 
 
-def arange(start, end=None, step=1, *, dtype=None, requires_grad=False):
+def arange(start=0, end=None, step=1, *, dtype=None, requires_grad=False):
     """Values from start (0 when only one bound is given) to end, exclusive, by step."""
     if end is None:
         start, end = 0, start

@@ -38,6 +38,8 @@ struct Dims {
 
 /// A shape given as separate ints (t.reshape(2, 3)) or one sequence (t.reshape((2, 3))).
 Shape shape_from_args(const py::args& args, const char* op);
+/// The same, or given as the one keyword `key` (t.reshape(shape=(2, 3)), as PyTorch takes it).
+Shape shape_from_args(const py::args& args, const py::kwargs& kwargs, const char* key, const char* op);
 /// A sequence of ints.
 Shape shape_from_sequence(py::handle seq, const char* op);
 

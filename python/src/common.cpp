@@ -97,6 +97,14 @@ Shape shape_from_args(const py::args& args, const char* op) {
   return shape_from_sequence(args, op);
 }
 
+Shape shape_from_args(const py::args& args, const py::kwargs& kwargs, const char* key, const char* op) {
+  if (kwargs.empty()) return shape_from_args(args, op);
+  if (args.size() != 0 || kwargs.size() != 1 || !kwargs.contains(key))
+    throw py::type_error(std::string(op) + "(): takes the sizes as separate ints, one sequence, or " + key +
+                         "=sequence");
+  return shape_from_sequence(kwargs[key], op);
+}
+
 std::vector<Tensor> tensors_from(py::handle seq, const char* what) {
   std::vector<Tensor> out;
   if (py::isinstance<Tensor>(seq)) {

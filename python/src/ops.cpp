@@ -2,6 +2,7 @@
 // and keywords, as lazyrt.<op>(input, ...) and, where PyTorch has one, as a Tensor method.
 // Adding an op is one line here (a lambda only where Python's arguments differ from C++'s).
 #include <algorithm>
+#include <cmath>
 
 #include "bindings.h"
 
@@ -53,13 +54,6 @@ Tensor pow_op(const Tensor& a, const Operand& exponent) {
   return pow_scalar(a, std::get<Scalar>(exponent));
 }
 
-Tensor where_op(const Tensor& cond, const Operand& x, const Operand& y) {
-  const Tensor* tx = std::get_if<Tensor>(&x);
-  const Tensor* ty = std::get_if<Tensor>(&y);
-  if (!tx && !ty) throw Error("where: at least one of input and other must be a tensor");
-  const Tensor& like = tx ? *tx : *ty;
-  return where(cond, t_or(x, like), t_or(y, like));
-}
 
 // sum/mean with PyTorch's optional dtype: the input is cast first.
 template <Tensor (*Reduce)(const Tensor&, std::vector<int64_t>, bool)>
@@ -118,6 +112,19 @@ Tensor leaf(Tensor t, bool requires_grad) {
   return t;
 }
 
+// max() and min() of every element: amax / amin in value. In gradient PyTorch's convention of
+// this form, which differs from amax's: a nan result sends the gradient to the nan elements,
+// split evenly (amax's rule would give nan everywhere). Built only when a gradient is recorded.
+Tensor extreme_of_all(const Tensor& a, bool largest) {
+  if (!a.requires_grad() || !is_floating(a.dtype())) return largest ? amax(a) : amin(a);
+  const Tensor nan = isnan(a);
+  const Tensor rest = masked_fill(a, nan, largest ? -INFINITY : INFINITY);
+  const Tensor extreme = largest ? amax(rest) : amin(rest);
+  const Tensor count = clamp(sum(cast(nan, a.dtype())), std::optional<Scalar>(1));
+  const Tensor nans = sum(masked_fill(a, logical_not(nan), 0)) / count;
+  return where(any(nan), nans, extreme);
+}
+
 DType fill_dtype(Scalar s) {
   switch (s.kind()) {
     case Scalar::Kind::Bool: return DType::b8;
@@ -125,6 +132,19 @@ DType fill_dtype(Scalar s) {
     case Scalar::Kind::Float: return DType::f32;
   }
   return DType::f32;
+}
+
+// Two numbers take the dtype torch gives them (float32, int64 or bool, promoted together).
+Tensor where_op(const Tensor& cond, const Operand& x, const Operand& y) {
+  const Tensor* tx = std::get_if<Tensor>(&x);
+  const Tensor* ty = std::get_if<Tensor>(&y);
+  if (!tx && !ty) {
+    const Scalar sx = std::get<Scalar>(x), sy = std::get<Scalar>(y);
+    const DType dtype = promote_types(fill_dtype(sx), fill_dtype(sy));
+    return where(cond, full({}, sx, dtype), full({}, sy, dtype));
+  }
+  const Tensor& like = tx ? *tx : *ty;
+  return where(cond, t_or(x, like), t_or(y, like));
 }
 
 }  // namespace
@@ -182,9 +202,9 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .op("amax", &minmax_op<amax>, arg("dim") = py::tuple(), arg("keepdim") = false)
       .op("amin", &minmax_op<amin>, arg("dim") = py::tuple(), arg("keepdim") = false)
       // max/min: of every element, or elementwise of two tensors.
-      .op("max", [](const Tensor& a) { return amax(a); })
+      .op("max", [](const Tensor& a) { return extreme_of_all(a, true); })
       .op("max", &maximum, arg("other"))
-      .op("min", [](const Tensor& a) { return amin(a); })
+      .op("min", [](const Tensor& a) { return extreme_of_all(a, false); })
       .op("min", &minimum, arg("other"));
 
   // ---- linear algebra, activations, losses' building blocks ----
@@ -194,16 +214,24 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   // ---- shape ----
   b.fn("reshape", [](const Tensor& a, py::handle shape) { return reshape(a, shape_from_sequence(shape, "reshape")); },
        arg("input"), arg("shape"))
-      .method("reshape", [](const Tensor& a, py::args shape) { return reshape(a, shape_from_args(shape, "reshape")); })
-      .method("view", [](const Tensor& a, py::args shape) { return reshape(a, shape_from_args(shape, "view")); })
+      .method("reshape", [](const Tensor& a, py::args shape, py::kwargs kw) {
+        return reshape(a, shape_from_args(shape, kw, "shape", "reshape"));
+      })
+      .method("view", [](const Tensor& a, py::args shape, py::kwargs kw) {
+        return reshape(a, shape_from_args(shape, kw, "size", "view"));
+      })
       .op("transpose", &transpose, arg("dim0"), arg("dim1"))
       .op("swapaxes", &transpose, arg("axis0"), arg("axis1"))
       .fn("permute", [](const Tensor& a, py::handle dims) { return permute(a, shape_from_sequence(dims, "permute")); },
           arg("input"), arg("dims"))
-      .method("permute", [](const Tensor& a, py::args dims) { return permute(a, shape_from_args(dims, "permute")); })
+      .method("permute", [](const Tensor& a, py::args dims, py::kwargs kw) {
+        return permute(a, shape_from_args(dims, kw, "dims", "permute"));
+      })
       .fn("expand", [](const Tensor& a, py::handle size) { return expand(a, shape_from_sequence(size, "expand")); },
           arg("input"), arg("size"))
-      .method("expand", [](const Tensor& a, py::args size) { return expand(a, shape_from_args(size, "expand")); })
+      .method("expand", [](const Tensor& a, py::args size, py::kwargs kw) {
+        return expand(a, shape_from_args(size, kw, "size", "expand"));
+      })
       .op("broadcast_to", [](const Tensor& a, py::handle size) { return expand(a, shape_from_sequence(size, "broadcast_to")); },
           arg("size"))
       .op("unsqueeze", &unsqueeze, arg("dim"))
@@ -266,7 +294,8 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   // ---- math ----
   b.op("sin", &sin).op("cos", &cos).op("log1p", &log1p).op("expm1", &expm1).op("erf", &erf)
       .op("reciprocal", &reciprocal).op("sign", &sign).op("floor", &floor).op("ceil", &ceil)
-      .op("round", [](const Tensor& a) { return round(a); }).op("isinf", &isinf).op("isfinite", &isfinite)
+      .op("round", [](const Tensor& a, int64_t decimals) { return round(a, decimals); },
+          kw_only(), arg("decimals") = 0).op("isinf", &isinf).op("isfinite", &isfinite)
       .op("silu", &silu)
       .op("gelu", [](const Tensor& a, const std::string& approximate) { return gelu(a, approximate); },
           kw_only(), arg("approximate") = "none")
@@ -351,7 +380,9 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
           arg("dims"))
       .fn("repeat", [](const Tensor& a, py::handle r) { return repeat(a, shape_from_sequence(r, "repeat")); },
           arg("input"), arg("repeats"))
-      .method("repeat", [](const Tensor& a, py::args r) { return repeat(a, shape_from_args(r, "repeat")); })
+      .method("repeat", [](const Tensor& a, py::args r, py::kwargs kw) {
+        return repeat(a, shape_from_args(r, kw, "repeats", "repeat"));
+      })
       .fn("pad", [](const Tensor& a, py::handle p, Scalar value) { return pad(a, shape_from_sequence(p, "pad"), value); },
           arg("input"), arg("pad"), arg("value") = 0)
       .op("index_select", &index_select, arg("dim"), arg("index"))

@@ -54,7 +54,9 @@ Grads grad_Exp(const C& c) { return {c.grad * c.output}; }
 Grads grad_Log(const C& c) { return {c.grad / c.inputs[0]}; }
 Grads grad_Sqrt(const C& c) { return {c.grad / (c.output * 2)}; }
 Grads grad_Rsqrt(const C& c) { return {c.grad * c.output * c.output * c.output * -0.5}; }
-Grads grad_Relu(const C& c) { return {where(c.output > 0, c.grad, zeros_of(c.grad))}; }
+// Zero where the result is <= 0 and the gradient elsewhere, nan included (PyTorch's
+// threshold_backward).
+Grads grad_Relu(const C& c) { return {where(c.output <= 0, zeros_of(c.grad), c.grad)}; }
 Grads grad_Sigmoid(const C& c) { return {c.grad * c.output * (1 - c.output)}; }
 Grads grad_Tanh(const C& c) { return {c.grad * (1 - c.output * c.output)}; }
 Grads grad_Cast(const C& c) {

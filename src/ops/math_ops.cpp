@@ -115,6 +115,14 @@ Tensor sign(const Tensor& a) { return unary(OpKind::Sign, a); }
 Tensor floor(const Tensor& a) { return unary(OpKind::Floor, a); }
 Tensor ceil(const Tensor& a) { return unary(OpKind::Ceil, a); }
 Tensor round(const Tensor& a) { return unary(OpKind::Round, a); }
+Tensor round(const Tensor& a, int64_t decimals) {
+  if (decimals == 0) return round(a);  // integers unchanged, as torch.round(a) keeps them
+  check_floating(a, "round");
+  // torch scales by 10^|decimals| in a's dtype, dividing after rounding for positive decimals
+  // and multiplying for negative ones, so the result is the nearest such number it computes.
+  const Scalar scale(std::pow(10.0, static_cast<double>(decimals < 0 ? -decimals : decimals)));
+  return decimals > 0 ? round(a * scale) / scale : round(a / scale) * scale;
+}
 
 Tensor clamp(const Tensor& a, std::optional<Scalar> min, std::optional<Scalar> max) {
   impl_of(a, "clamp");

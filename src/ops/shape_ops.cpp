@@ -148,8 +148,19 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                  kept[0], " has shape ", shape_str(first.shape()), ", tensor ", i, " has shape ",
                  shape_str(s));
   }
+  // A skipped tensor that requires grad still takes part, as an empty slice along dim: torch
+  // gives it a gradient (of zero elements), so its .grad is set after backward.
+  Shape empty = first.shape();
+  empty[dim] = 0;
   std::vector<Tensor> operands;
-  for (size_t i : kept) operands.push_back(cast_to(tensors[i], dtype));
+  for (size_t i = 0, k = 0; i < tensors.size(); ++i) {
+    if (k < kept.size() && kept[k] == i) {
+      operands.push_back(cast_to(tensors[i], dtype));
+      ++k;
+    } else if (tensors[i].requires_grad()) {
+      operands.push_back(cast_to(reshape(tensors[i], empty), dtype));
+    }
+  }
   return apply(OpKind::Concat, operands, {dim});
 }
 

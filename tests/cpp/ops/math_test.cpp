@@ -59,6 +59,14 @@ TEST(MathOps, ArgmaxOfAnIntermediateValueAlongEachDim) {
   EXPECT_EQ(argmin(x).to_vector<int64_t>(), (std::vector<int64_t>{0}));
 }
 
+TEST(MathOps, RoundToDecimalsRoundsHalvesToEvenAtThatPlace) {
+  Tensor x = tensor(std::vector<double>{1.25, -2.35, 1234.5678, 250}, {4});
+  expect_near(round(x, 1).to_vector<double>(), {1.2, -2.4, 1234.6, 250});
+  expect_near(round(x, -2).to_vector<double>(), {0, -0.0, 1200, 200});
+  expect_near(round(x, 0).to_vector<double>(), {1, -2, 1235, 250});
+  EXPECT_THROW(round(arange(3), 1), Error);  // torch rounds no integers
+}
+
 // Deliberately not torch's answer: torch accumulates f32 squares in f32 and overflows to inf
 // here; lazyrt accumulates in double and returns the norm, 5e30, which fits in f32.
 TEST(MathOps, NormOfLargeF32ValuesDoesNotOverflow) {
