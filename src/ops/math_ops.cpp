@@ -6,7 +6,8 @@
 // prod, var and std (two passes in double; std's zero gradient at 0), norm, argmax/argmin,
 // softmax/log_softmax (max-subtracted). The rest are compositions of IR ops that compute what
 // torch computes: reciprocal, lerp, addcmul/addcdiv, leaky_relu, isinf/isfinite, nan_to_num,
-// logsumexp, all/any and layer_norm. Every check runs before the first op is recorded.
+// logsumexp, all/any and layer_norm; with 16-bit tensors they compute in f32 and round once
+// (opmath_type). Every check runs before the first op is recorded.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -295,13 +296,14 @@ Tensor std(const Tensor& a, std::vector<int64_t> dims, double correction, bool k
 // so it is taken from a detached x.
 Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   impl_of(a, "logsumexp");
-  Tensor x = is_floating(a.dtype()) ? a : cast_to(a, DType::f32);
+  const DType dtype = is_floating(a.dtype()) ? a.dtype() : DType::f32;
+  Tensor x = cast_to(a, opmath_type(dtype));  // 16-bit tensors in f32, rounded once
   auto d = reduce_dims(x, std::move(dims), "logsumexp");
-  if (x.numel() == 0) return log(sum(exp(x), d, keepdim));
+  if (x.numel() == 0) return cast_to(log(sum(exp(x), d, keepdim)), dtype);
   Tensor m = amax(x.detach(), d, true);
   m = where(abs(m) == kInf, zeros_like(m), m);
   Tensor r = log(sum(exp(x - m), d, keepdim));
-  return r + reshape(m, r.shape());
+  return cast_to(r + reshape(m, r.shape()), dtype);
 }
 
 Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
