@@ -199,9 +199,7 @@ TensorType conv_result(std::string_view op, const TensorType& x, const TensorTyp
                type_str(w));
   LAZYRT_CHECK(x.dtype == w.dtype, op, ": input and weight must have one dtype, got ",
                type_str(x), " and ", type_str(w));
-  LAZYRT_CHECK(x.dtype == DType::f32 || x.dtype == DType::f64 || x.dtype == DType::i32 ||
-                   x.dtype == DType::i64,
-               op, ": expects f32, f64, i32 or i64 tensors, got ", type_str(x));
+  LAZYRT_CHECK(x.dtype != DType::b8, op, ": expects floating or integer tensors, got ", type_str(x));
   check_pair(op, "stride", c.stride, 1);
   check_pair(op, "padding", c.padding, 0);
   check_pair(op, "dilation", c.dilation, 1);

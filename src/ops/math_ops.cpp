@@ -6,7 +6,8 @@
 // prod, var and std (two passes in double; std's zero gradient at 0), norm, argmax/argmin,
 // softmax/log_softmax (max-subtracted). The rest are compositions of IR ops that compute what
 // torch computes: reciprocal, lerp, addcmul/addcdiv, leaky_relu, isinf/isfinite, nan_to_num,
-// logsumexp, all/any and layer_norm. Every check runs before the first op is recorded.
+// logsumexp, all/any and layer_norm; with 16-bit tensors they compute in f32 and round once
+// (opmath_type). Every check runs before the first op is recorded.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -183,25 +184,29 @@ void check_lerp(const Tensor& start, const Tensor& end, const Tensor* weight) {
 }  // namespace
 
 // torch computes from the nearer end: start + w (end - start) for |w| < 0.5, else
-// end - (end - start) (1 - w), all in the tensors' dtype.
-Tensor lerp(const Tensor& start, const Tensor& end, Scalar weight) {
-  check_lerp(start, end, nullptr);
-  const DType t = start.dtype();
+// end - (end - start) (1 - w), all in the tensors' dtype (f32 for 16-bit tensors).
+Tensor lerp(const Tensor& start_in, const Tensor& end_in, Scalar weight) {
+  check_lerp(start_in, end_in, nullptr);
+  const DType t = opmath_type(start_in.dtype());
+  const Tensor start = cast_to(start_in, t), end = cast_to(end_in, t);
   double w = weight.to_double();
   if (t != DType::f64) w = static_cast<float>(w);  // torch tests the weight in its dtype
   Tensor wt = constant_tensor(w, t);
   Tensor diff = end - start;
-  return std::abs(w) < 0.5 ? start + wt * diff : end - diff * (1 - wt);
+  return cast_to(std::abs(w) < 0.5 ? start + wt * diff : end - diff * (1 - wt), start_in.dtype());
 }
 
-Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight) {
-  check_lerp(start, end, &weight);
+Tensor lerp(const Tensor& start_in, const Tensor& end_in, const Tensor& weight_in) {
+  check_lerp(start_in, end_in, &weight_in);
+  const DType t = opmath_type(start_in.dtype());
+  const Tensor start = cast_to(start_in, t), end = cast_to(end_in, t), weight = cast_to(weight_in, t);
   Tensor diff = end - start;
-  return where(abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight));
+  return cast_to(where(abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight)), start_in.dtype());
 }
 
 namespace {
-// self + (value * t1) OP t2 in the promoted dtype of the three tensors, as torch's kernels.
+// self + (value * t1) OP t2 in the promoted dtype of the three tensors (f32 for 16-bit ones,
+// rounded once), as torch's kernels.
 Tensor add_scaled(OpKind op, const Tensor& a, const Tensor& t1, const Tensor& t2, Scalar value,
                   const char* name) {
   impl_of(a, name);
@@ -211,11 +216,11 @@ Tensor add_scaled(OpKind op, const Tensor& a, const Tensor& t1, const Tensor& t2
   p.add(a);
   p.add(t1);
   p.add(t2);
-  const DType t = p.result();
+  const DType result = p.result(), t = opmath_type(result);
   Shape s = ir::broadcast_shapes(ir::broadcast_shapes(a.shape(), t1.shape(), name), t2.shape(), name);
   Tensor x1 = cast_to(t1, t);
   if (value.to_double() != 1) x1 = apply(OpKind::Mul, {constant_tensor(value.to_double(), t), x1});
-  return apply(OpKind::Add, {cast_to(a, t), apply(op, {x1, cast_to(t2, t)})});
+  return cast_to(apply(OpKind::Add, {cast_to(a, t), apply(op, {x1, cast_to(t2, t)})}), result);
 }
 }  // namespace
 
@@ -272,7 +277,9 @@ Tensor softplus(const Tensor& a, Scalar beta, Scalar threshold) {
 
 Tensor leaky_relu(const Tensor& a, Scalar negative_slope) {
   check_floating(a, "leaky_relu");
-  return where(a > 0, a, a * negative_slope);
+  // 16-bit tensors multiply in f32, by the slope as given, and round once (torch's kernel).
+  const Tensor x = cast_to(a, opmath_type(a.dtype()));
+  return cast_to(where(x > 0, x, x * negative_slope), a.dtype());
 }
 
 // ---- reductions -----------------------------------------------------------------------------
@@ -297,13 +304,14 @@ Tensor std(const Tensor& a, std::vector<int64_t> dims, double correction, bool k
 // so it is taken from a detached x.
 Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   impl_of(a, "logsumexp");
-  Tensor x = is_floating(a.dtype()) ? a : cast_to(a, DType::f32);
+  const DType dtype = is_floating(a.dtype()) ? a.dtype() : DType::f32;
+  Tensor x = cast_to(a, opmath_type(dtype));  // 16-bit tensors in f32, rounded once
   auto d = reduce_dims(x, std::move(dims), "logsumexp");
-  if (x.numel() == 0) return log(sum(exp(x), d, keepdim));
+  if (x.numel() == 0) return cast_to(log(sum(exp(x), d, keepdim)), dtype);
   Tensor m = amax(x.detach(), d, true);
   m = where(abs(m) == kInf, zeros_like(m), m);
   Tensor r = log(sum(exp(x - m), d, keepdim));
-  return r + reshape(m, r.shape());
+  return cast_to(r + reshape(m, r.shape()), dtype);
 }
 
 Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
@@ -367,12 +375,16 @@ Tensor layer_norm(const Tensor& a, const Shape& normalized_shape, const std::opt
   }
   std::vector<int64_t> dims;
   for (int64_t i = a.dim() - k; i < a.dim(); ++i) dims.push_back(i);
-  Tensor mu = mean(a, dims, true);
-  Tensor scale = rsqrt(apply(OpKind::Var, {a}, {dims, true, 0.0}) + eps);
-  Tensor y = a * scale - mu * scale;
-  if (has_weight) y = y * *weight;
-  if (has_bias) y = y + *bias;
-  return y;
+  // Under autocast in f32 (its result too); 16-bit tensors otherwise in f32, rounded once.
+  const Tensor x = autocast_f32(a);
+  const DType t = opmath_type(x.dtype());
+  const Tensor xt = cast_to(x, t);
+  Tensor mu = mean(xt, dims, true);
+  Tensor scale = rsqrt(apply(OpKind::Var, {xt}, {dims, true, 0.0}) + eps);
+  Tensor y = xt * scale - mu * scale;
+  if (has_weight) y = y * cast_to(*weight, t);
+  if (has_bias) y = y + cast_to(*bias, t);
+  return cast_to(y, x.dtype());
 }
 
 }  // namespace lazyrt

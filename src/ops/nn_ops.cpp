@@ -17,6 +17,7 @@ using detail::apply;
 using detail::cast_to;
 using detail::constant_tensor;
 using detail::impl_of;
+using detail::opmath_type;
 using ir::OpKind;
 
 namespace {
@@ -76,13 +77,15 @@ Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, Scalar
     fits = in[i] == 1 || in[i] == out[2 - in.size() + i];
   LAZYRT_CHECK(fits, "addmm: input ", type_of(input), " cannot be broadcast to the product's shape ",
                shape_str(out), " of ", type_of(mat1), " and ", type_of(mat2));
-  const DType dtype = input.dtype();
-  // The scalars in the operands' dtype: an integer addmm truncates them, as torch does.
-  Tensor product = matmul(mat1, mat2);
-  if (alpha.to_double() != 1) product = product * constant_tensor(alpha.to_double(), dtype);
-  if (beta.to_double() == 0) return product;
-  Tensor bias = beta.to_double() == 1 ? input : input * constant_tensor(beta.to_double(), dtype);
-  return bias + product;
+  // The scalars in the operands' dtype: an integer addmm truncates them, as torch does. 16-bit
+  // operands compute in f32 and round once.
+  const DType dtype = input.dtype(), t = opmath_type(dtype);
+  Tensor product = matmul(cast_to(mat1, t), cast_to(mat2, t));
+  if (alpha.to_double() != 1) product = product * constant_tensor(alpha.to_double(), t);
+  if (beta.to_double() == 0) return cast_to(product, dtype);
+  const Tensor input_t = cast_to(input, t);
+  Tensor bias = beta.to_double() == 1 ? input_t : input_t * constant_tensor(beta.to_double(), t);
+  return cast_to(bias + product, dtype);
 }
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
@@ -105,9 +108,12 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
     LAZYRT_CHECK(bias.dtype() == weight.dtype(), "conv2d: input ", type_of(input), " and bias ",
                  type_of(bias), " must have one dtype");
   }
-  Tensor out = apply(OpKind::Conv2d, {x, weight}, std::move(attrs));
-  if (bias.defined()) out = out + reshape(bias, {out_type.shape[1], 1, 1});
-  return unbatched_like(out, input);
+  if (!bias.defined()) return unbatched_like(apply(OpKind::Conv2d, {x, weight}, std::move(attrs)), input);
+  // With a bias, 16-bit tensors compute in f32 and round once (the kernel does so without).
+  const DType t = opmath_type(x.dtype());
+  Tensor out = apply(OpKind::Conv2d, {cast_to(x, t), cast_to(weight, t)}, std::move(attrs));
+  out = out + reshape(cast_to(bias, t), {out_type.shape[1], 1, 1});
+  return unbatched_like(cast_to(out, x.dtype()), input);
 }
 
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,

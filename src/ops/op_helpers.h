@@ -58,6 +58,11 @@ int64_t wrap_dim(int64_t d, const Shape& shape, const char* op);
 /// The reduction dims of a call, wrapped, sorted and checked for duplicates; empty means all.
 std::vector<int64_t> reduce_dims(const Tensor& a, std::vector<int64_t> dims, const char* op);
 
+/// The dtype a composite op computes in: f32 for bf16 and f16, the dtype itself otherwise. A
+/// composite of 16-bit tensors computes in f32 and rounds its result once, as torch's kernels
+/// do; rounding each step to 16 bits would lose several bits.
+DType opmath_type(DType d);
+
 /// Autocast (amp.h): t in the autocast dtype for ops that run in lower precision (matmul,
 /// conv), or in f32 for ops that need the range (reductions, softmax, losses); t itself when
 /// autocast is off or t is not floating.

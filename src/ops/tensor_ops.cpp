@@ -50,6 +50,8 @@ Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
 
 Tensor cast_to(const Tensor& t, DType to) { return t.dtype() == to ? t : apply(OpKind::Cast, {t}, {to}); }
 
+DType opmath_type(DType d) { return d == DType::bf16 || d == DType::f16 ? DType::f32 : d; }
+
 Tensor constant_tensor(double value, DType dtype, Shape shape) {
   return wrap(trace::constant(value, dtype, std::move(shape)));
 }

@@ -10,6 +10,8 @@
 // A 1x1 convolution with stride 1 and no padding needs no column matrix: it is the input.
 //
 // f32 and f64 go through BLAS (cblas_sgemm / cblas_dgemm); i32 and i64 through a plain loop.
+// bf16 and f16 compute in f32, as torch does: the operands are widened into the workspace, the
+// f32 kernel runs there, and the result is rounded once.
 #include <cblas.h>
 
 #include <algorithm>
@@ -268,10 +270,16 @@ void conv_backward_weight(const ConvGeom& g, const T* gout, const T* x, T* dw, T
 
 enum class Pass { Forward, BackwardInput, BackwardWeight };
 
+template <Pass kPass, class T>
+void run_pass(const ConvGeom& g, const T* a, const T* b, T* result, T* work) {
+  if constexpr (kPass == Pass::Forward) conv_forward(g, a, b, result, work);
+  else if constexpr (kPass == Pass::BackwardInput) conv_backward_input(g, a, b, result, work);
+  else conv_backward_weight(g, a, b, result, work);
+}
+
 template <Pass kPass>
 Kernel conv_kernel(const KernelSpec& s) {
   const DType dtype = s.outputs[0].dtype;
-  const size_t esize = dtype_size(dtype);
   // The shapes of the forward conv's input, weight and output.
   Shape x, w, out;
   if constexpr (kPass == Pass::Forward) {
@@ -281,25 +289,37 @@ Kernel conv_kernel(const KernelSpec& s) {
   } else {
     x = s.inputs[1].shape, w = s.outputs[0].shape, out = s.inputs[0].shape;
   }
-  const ConvGeom g = make_geom(x, w, out, s.attrs, kPass == Pass::Forward ? 0 : 1, esize);
-  const size_t ws = workspace_bytes(g, esize);
   return visit_dtype(dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double> ||
-                  std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) {
-      return {[g, ws](const void* const* in, void* const* o) {
-                const T* a = static_cast<const T*>(in[0]);
-                const T* b = static_cast<const T*>(in[1]);
-                T* result = static_cast<T*>(o[0]);
-                T* work = ws ? static_cast<T*>(o[1]) : nullptr;
-                if constexpr (kPass == Pass::Forward) conv_forward(g, a, b, result, work);
-                else if constexpr (kPass == Pass::BackwardInput) conv_backward_input(g, a, b, result, work);
-                else conv_backward_weight(g, a, b, result, work);
-              },
-              ws};
-    } else {
+    using C = compute_t<T>;
+    if constexpr (std::is_same_v<T, bool>) {
       LAZYRT_ASSERT(false, "conv2d kernel made for ", dtype_name(dtype));
       return {};
+    } else {
+      const ConvGeom g = make_geom(x, w, out, s.attrs, kPass == Pass::Forward ? 0 : 1, sizeof(C));
+      const size_t ws = workspace_bytes(g, sizeof(C));
+      if constexpr (std::is_same_v<T, C>) {
+        return {[g, ws](const void* const* in, void* const* o) {
+                  run_pass<kPass>(g, static_cast<const T*>(in[0]), static_cast<const T*>(in[1]),
+                                  static_cast<T*>(o[0]), ws ? static_cast<T*>(o[1]) : nullptr);
+                },
+                ws};
+      } else {
+        const int64_t an = s.inputs[0].numel(), bn = s.inputs[1].numel(), rn = s.outputs[0].numel();
+        return {[g, ws, an, bn, rn](const void* const* in, void* const* o) {
+                  C* a = static_cast<C*>(o[1]);
+                  C* b = a + an;
+                  C* result = b + bn;
+                  const T* a16 = static_cast<const T*>(in[0]);
+                  const T* b16 = static_cast<const T*>(in[1]);
+                  for (int64_t i = 0; i < an; ++i) a[i] = static_cast<C>(a16[i]);
+                  for (int64_t i = 0; i < bn; ++i) b[i] = static_cast<C>(b16[i]);
+                  run_pass<kPass>(g, a, b, result, ws ? result + rn : nullptr);
+                  T* r16 = static_cast<T*>(o[0]);
+                  for (int64_t i = 0; i < rn; ++i) r16[i] = T(result[i]);
+                },
+                static_cast<size_t>(an + bn + rn) * sizeof(C) + ws};
+      }
     }
   });
 }

@@ -3,8 +3,9 @@
 // subtracted first so exp never overflows, as in PyTorch's kernels:
 //   softmax:     e = exp(x - max),  out = e * (1 / sum e)
 //   log_softmax: out = (x - max) - log(sum exp(x - max))
-// Sums are in double. Every pass reads element j before writing element j and nothing else,
-// so the output may be the input's buffer (the op is kInPlace).
+// Sums are in double, the rest in f32 for the 16-bit types, whose results are rounded once.
+// Every pass reads element j before writing element j and nothing else, so the output may be
+// the input's buffer (the op is kInPlace).
 #include <cmath>
 #include <memory>
 #include <type_traits>
@@ -57,14 +58,20 @@ Kernel softmax(const KernelSpec& s) {
               for (int64_t j = 0; j < n; ++j) sum += std::exp(convert<C>(xl[j * st]) - max);
               const C log_sum = static_cast<C>(std::log(sum));
               for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>((convert<C>(xl[j * st]) - max) - log_sum);
-            } else {
+            } else if constexpr (std::is_same_v<T, C>) {
               for (int64_t j = 0; j < n; ++j) {
                 const C e = std::exp(convert<C>(xl[j * st]) - max);
                 sum += e;
-                yl[j * st] = convert<T>(e);
+                yl[j * st] = e;
               }
               const C scale = static_cast<C>(1.0 / sum);
-              for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>(convert<C>(yl[j * st]) * scale);
+              for (int64_t j = 0; j < n; ++j) yl[j * st] *= scale;
+            } else {
+              // 16-bit: e is not stored (it would be rounded) but computed again, so the
+              // result is rounded once.
+              for (int64_t j = 0; j < n; ++j) sum += std::exp(convert<C>(xl[j * st]) - max);
+              const C scale = static_cast<C>(1.0 / sum);
+              for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>(std::exp(convert<C>(xl[j * st]) - max) * scale);
             }
           }
         }
