@@ -77,13 +77,14 @@ std::shared_ptr<Buffer> output_buffer(const Executable& exe, size_t k, const std
 const std::shared_ptr<Buffer> kNoBuffer;
 
 // After a run: the buffer holding output k, for outputs the executable did not compute.
-std::shared_ptr<Buffer> resolve_output(const Executable& exe, size_t k,
-                                       const std::vector<std::shared_ptr<Buffer>>& params,
+// param_at(i): the buffer bound as parameter i.
+template <class ParamAt>
+std::shared_ptr<Buffer> resolve_output(const Executable& exe, size_t k, const ParamAt& param_at,
                                        std::vector<std::shared_ptr<Buffer>>& outs) {
   const OutputSource& s = exe.outputs()[k];
   switch (s.kind) {
     case OutputSource::Kind::Computed: return outs[k];
-    case OutputSource::Kind::Param: return params[s.index];
+    case OutputSource::Kind::Param: return param_at(s.index);
     case OutputSource::Kind::Const: return exe.constant_output(s.index);
     case OutputSource::Kind::Alias: return outs[s.index];
   }
@@ -204,7 +205,8 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   replay_graph.add(1);
   std::vector<Tensor> results;
   for (size_t k = 0; k < n; ++k) {
-    std::shared_ptr<Buffer> b = resolve_output(exe, k, params, outs);
+    std::shared_ptr<Buffer> b =
+        resolve_output(exe, k, [&](int32_t i) -> const std::shared_ptr<Buffer>& { return params[i]; }, outs);
     outs[k] = b;
     const int32_t p = w.updates[k];
     if (p >= 0) {
@@ -245,7 +247,9 @@ struct Variant {
   size_t results = 0;
   // Run-time scratch, sized at trace time.
   std::vector<Tensor> result_tensors;  // the step's own output handles
-  std::vector<std::shared_ptr<Buffer>> params, outs;
+  std::vector<const std::shared_ptr<Buffer>*> params;  // per binding, the buffer it holds
+  std::vector<std::shared_ptr<Buffer>> outs;
+  std::vector<ImplPtr> holds, sink_holds;               // the state tensors in use
   std::vector<const void*> param_ptrs;
   std::vector<void*> out_ptrs;
 };
@@ -365,6 +369,8 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   journal.undo();
   const size_t np = v->bindings.size(), no = v->sinks.size();
   v->params.resize(np);
+  v->holds.resize(np);
+  v->sink_holds.resize(no);
   v->param_ptrs.resize(np);
   v->outs.resize(no);
   v->out_ptrs.resize(no);
@@ -390,6 +396,9 @@ TensorImpl* sink_tensor(const Variant& v, const Sink& s, const std::vector<Tenso
   return nullptr;
 }
 
+// The tensors the run reads and writes are held (v.holds, v.sink_holds) from binding to
+// write-back, so their buffers stay alive and parameters are bound by pointer, without a
+// reference count per buffer.
 void replay(Variant& v, const std::vector<Tensor>& args) {
   Executable& exe = *v.exe;
   // Bind: every parameter must be device data; a pending one (a state loaded with
@@ -397,34 +406,28 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   for (size_t p = 0; p < v.bindings.size(); ++p) {
     const Binding& b = v.bindings[p];
     TensorImpl* t = nullptr;
-    ImplPtr hold;
     if (b.kind == Binding::Kind::Arg) {
       t = args[b.arg].impl().get();
     } else if (b.kind == Binding::Kind::State) {
-      hold = b.state.lock();
-      t = hold.get();
+      v.holds[p] = b.state.lock();
+      t = v.holds[p].get();
     }
     if (t) {
       if (t->is_pending()) trace::sync_tensors({t->shared_from_this()});
       t->release_leaf();
-      v.params[p] = t->data();
+      v.params[p] = &t->data();
     } else {
-      v.params[p] = b.constant;
+      v.params[p] = &b.constant;
     }
-    v.param_ptrs[p] = v.params[p]->data();
+    v.param_ptrs[p] = (*v.params[p])->data();
   }
   for (size_t k = 0; k < v.sinks.size(); ++k) {
-    v.outs[k] = nullptr;
     v.out_ptrs[k] = nullptr;
     if (exe.outputs()[k].kind != OutputSource::Kind::Computed) continue;
-    ImplPtr hold;
-    TensorImpl* t = sink_tensor(v, v.sinks[k], args, hold);
+    TensorImpl* t = sink_tensor(v, v.sinks[k], args, v.sink_holds[k]);
     if (t) t->release_leaf();
     const std::shared_ptr<Buffer>& current = t && !t->is_pending() ? t->data() : kNoBuffer;
-    // Holders besides the tensor: v.params when the buffer is also bound as a parameter.
-    long owners = 1;
-    for (const auto& p : v.params) owners += p == current;
-    v.outs[k] = output_buffer(exe, k, current, owners);
+    v.outs[k] = output_buffer(exe, k, current, 1);
     v.out_ptrs[k] = v.outs[k]->data();
   }
   {
@@ -434,30 +437,36 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   }
   static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
   replay_graph.add(1);
+  // Outputs the executable did not compute, before any write-back changes a parameter's buffer.
+  auto param_at = [&v](int32_t p) -> const std::shared_ptr<Buffer>& { return *v.params[p]; };
+  for (size_t k = 0; k < v.sinks.size(); ++k)
+    if (exe.outputs()[k].kind != OutputSource::Kind::Computed) v.outs[k] = resolve_output(exe, k, param_at, v.outs);
   for (size_t k = 0; k < v.sinks.size(); ++k) {
-    if (exe.outputs()[k].kind != OutputSource::Kind::Computed) v.outs[k] = resolve_output(exe, k, v.params, v.outs);
     const std::shared_ptr<Buffer>& b = v.outs[k];
     // Replays mostly write back into the buffer the tensor already holds: no copy then.
     auto write_back = [&b](TensorImpl& t) {
       if (t.is_pending() || t.data() != b) t.set_data(b);
     };
     const Sink& s = v.sinks[k];
+    ImplPtr& held = v.sink_holds[k];
+    if (!held && (s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad)) held = s.tensor.lock();
     switch (s.kind) {
       case Sink::Kind::Result: write_back(*v.result_tensors[s.index].impl()); break;
       case Sink::Kind::UpdateArg: write_back(*args[s.index].impl()); break;
       case Sink::Kind::UpdateState:
-        if (ImplPtr t = s.tensor.lock()) write_back(*t);
+        if (held) write_back(*held);
         break;
       case Sink::Kind::Grad:
-        if (ImplPtr leaf = s.tensor.lock()) {
-          if (leaf->grad && !leaf->grad->grad_fn) write_back(*leaf->grad);
-          else leaf->set_grad_impl(trace::make_data(exe.output_types()[k], b));
+        if (held) {
+          if (held->grad && !held->grad->grad_fn) write_back(*held->grad);
+          else held->set_grad_impl(trace::make_data(exe.output_types()[k], b));
         }
         break;
     }
   }
-  for (auto& p : v.params) p = nullptr;
   for (auto& o : v.outs) o = nullptr;
+  for (auto& h : v.sink_holds) h = nullptr;
+  for (auto& h : v.holds) h = nullptr;
 }
 
 }  // namespace

@@ -87,7 +87,18 @@ struct BroadcastLayout {
       });
       return;
     }
-    parallel_for(rows, std::max<int64_t>(1, kParallelGrain / run), [&](int64_t b, int64_t e) {
+    const int64_t grain = std::max<int64_t>(1, kParallelGrain / run);
+    if (rank == 2) {  // rows of a matrix: no odometer
+      parallel_for(rows, grain, [&](int64_t b, int64_t e) {
+        std::array<int64_t, 8> offs{};
+        for (int64_t row = b; row < e; ++row) {
+          for (size_t k = 0; k < nin; ++k) offs[k] = row * strides[k][0];
+          inner(offs.data(), run, inner_strides.data(), row * run);
+        }
+      });
+      return;
+    }
+    parallel_for(rows, grain, [&](int64_t b, int64_t e) {
       // The odometer over the outer dims, started at row b.
       std::array<int64_t, kMaxRank> idx{};
       std::array<int64_t, 8> offs{};
@@ -159,6 +170,11 @@ struct StridedLayout {
       return;
     }
     const int64_t run = shape[rank - 1], run_stride = strides[rank - 1];
+    if (rank <= 2) {  // one run, or the rows of a matrix: no odometer
+      const int64_t rows = rank == 2 ? shape[0] : 1, row_stride = rank == 2 ? strides[0] : 0;
+      for (int64_t r = 0; r < rows; ++r) fn(r * row_stride, run, run_stride);
+      return;
+    }
     std::array<int64_t, kMaxRank> idx{};
     int64_t off = 0;
     while (true) {
