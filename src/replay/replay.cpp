@@ -64,14 +64,11 @@ std::vector<int32_t> update_offers(const std::vector<ImplPtr>& roots, const trac
   return offers;
 }
 
-// A buffer for output k of `exe`: `reuse` when its only holders are the `owners` the caller
+// A buffer of `bytes` for an output: `reuse` when its only holders are the `owners` the caller
 // knows of (and lazyrt owns it: adopted memory is never written), else a new one.
-std::shared_ptr<Buffer> output_buffer(const Executable& exe, size_t k, const std::shared_ptr<Buffer>& reuse,
-                                      long owners) {
-  if (reuse && !reuse->is_adopted() && reuse.use_count() <= owners &&
-      reuse->bytes() == exe.output_types()[k].bytes())
-    return reuse;
-  return runtime::allocate(exe.output_types()[k].bytes());
+std::shared_ptr<Buffer> output_buffer(size_t bytes, const std::shared_ptr<Buffer>& reuse, long owners) {
+  if (reuse && !reuse->is_adopted() && reuse.use_count() <= owners && reuse->bytes() == bytes) return reuse;
+  return runtime::allocate(bytes);
 }
 
 const std::shared_ptr<Buffer> kNoBuffer;
@@ -193,7 +190,8 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
     if (exe.outputs()[k].kind != OutputSource::Kind::Computed) continue;
     const int32_t p = w.updates[k];
     // An updated input's buffer is written in place when only the input and `params` hold it.
-    outs[k] = output_buffer(exe, k, p >= 0 && exe.donation_accepted(k) ? params[p] : kNoBuffer, 2);
+    outs[k] = output_buffer(exe.output_types()[k].bytes(),
+                            p >= 0 && exe.donation_accepted(k) ? params[p] : kNoBuffer, 2);
     out_ptrs[k] = outs[k]->data();
   }
   {
@@ -252,6 +250,7 @@ struct Variant {
   std::vector<ImplPtr> holds, sink_holds;               // the state tensors in use
   std::vector<const void*> param_ptrs;
   std::vector<void*> out_ptrs;
+  std::vector<size_t> out_bytes;  // per output
 };
 
 }  // namespace
@@ -374,6 +373,7 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   v->param_ptrs.resize(np);
   v->outs.resize(no);
   v->out_ptrs.resize(no);
+  for (const auto& t : v->exe->output_types()) v->out_bytes.push_back(t.bytes());
   for (size_t k = 0; k < v->results; ++k) {
     auto buf = runtime::allocate(v->exe->output_types()[k].bytes());
     v->result_tensors.push_back(Tensor(trace::make_data(v->exe->output_types()[k], buf)));
@@ -427,7 +427,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     TensorImpl* t = sink_tensor(v, v.sinks[k], args, v.sink_holds[k]);
     if (t) t->release_leaf();
     const std::shared_ptr<Buffer>& current = t && !t->is_pending() ? t->data() : kNoBuffer;
-    v.outs[k] = output_buffer(exe, k, current, 1);
+    v.outs[k] = output_buffer(v.out_bytes[k], current, 1);
     v.out_ptrs[k] = v.outs[k]->data();
   }
   {
