@@ -405,6 +405,7 @@ constexpr GradRule grad_LogicalAnd = nullptr;
 constexpr GradRule grad_LogicalOr = nullptr;
 constexpr GradRule grad_While = nullptr;
 constexpr GradRule grad_Fusion = nullptr;  // made by the compiler after autodiff
+constexpr GradRule grad_Gemm = nullptr;    // likewise
 constexpr GradRule grad_Random = nullptr;
 constexpr GradRule grad_ArgMax = nullptr;  // integer results
 constexpr GradRule grad_ArgMin = nullptr;

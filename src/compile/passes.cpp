@@ -266,6 +266,48 @@ Graph algebraic_simplification(const Graph& g) {
   return rw.finish();
 }
 
+Graph transposes_into_gemm(const Graph& g) {
+  std::vector<int32_t> uses(g.nodes.size(), 0);
+  for (const Node& n : g.nodes)
+    for (ValueRef v : n.operands) ++uses[v.node];
+  for (ValueRef v : g.outputs) ++uses[v.node];
+  auto is_transpose = [](const Node& n) {
+    return n.op == OpKind::Permute && n.attrs.ints(0) == std::vector<int64_t>{1, 0};
+  };
+  struct Product {
+    ValueRef x, y;
+    bool tx, ty;
+  };
+  // A matmul of matrices as x @ y with transposed operands looked through.
+  auto product_of = [&](const Node& n) -> std::optional<Product> {
+    if (n.op != OpKind::Matmul || g.type(n.operands[0]).shape.size() != 2 ||
+        g.type(n.operands[1]).shape.size() != 2)
+      return std::nullopt;
+    Product p{n.operands[0], n.operands[1], false, false};
+    if (is_transpose(g.node(p.x))) p = {g.node(p.x).operands[0], p.y, true, false};
+    if (is_transpose(g.node(p.y))) p = {p.x, g.node(p.y).operands[0], p.tx, true};
+    return p;
+  };
+  GraphRewriter rw(g);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    std::optional<Product> p;
+    if (is_transpose(n) && uses[n.operands[0].node] == 1) {
+      // (x y)^T = y^T x^T
+      if (auto q = product_of(g.node(n.operands[0]))) p = Product{q->y, q->x, !q->ty, !q->tx};
+    } else if (auto q = product_of(n); q && (q->tx || q->ty)) {
+      p = q;
+    }
+    if (!p) {
+      rw.copy(static_cast<int32_t>(i));
+      continue;
+    }
+    rw.set(static_cast<int32_t>(i), 0,
+           rw.graph().add(OpKind::Gemm, {rw.map(p->x), rw.map(p->y)}, {p->tx, p->ty}));
+  }
+  return rw.finish();
+}
+
 Graph order_reads_before_updates(const Graph& g, const std::vector<int32_t>& donations) {
   const size_t n = g.nodes.size();
   std::vector<int32_t> param_node(static_cast<size_t>(g.num_params), -1);
@@ -321,7 +363,7 @@ Graph optimize(const Graph& g) {
   Graph x = constant_folding(g);
   x = algebraic_simplification(x);
   x = common_subexpression_elimination(x);
-  x = dead_code_elimination(x);
+  x = dead_code_elimination(transposes_into_gemm(dead_code_elimination(x)));
   return dead_code_elimination(fuse_elementwise(x));
 }
 

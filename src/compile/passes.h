@@ -19,6 +19,11 @@ ir::Graph constant_folding(const ir::Graph& g);
 /// operand's own type -> x. Only where the result keeps x's exact type.
 ir::Graph algebraic_simplification(const ir::Graph& g);
 
+/// matmul(x, y) of matrices with a transposed operand (permute [1, 0]), or the transpose of a
+/// matrix product used nowhere else, -> one gemm reading the untransposed values. The
+/// transposes and products left unused are for DCE.
+ir::Graph transposes_into_gemm(const ir::Graph& g);
+
 /// Groups of elementwise nodes of one result shape -> one fusion node each (fusion.cpp).
 ir::Graph fuse_elementwise(const ir::Graph& g);
 
@@ -28,7 +33,7 @@ ir::Graph fuse_elementwise(const ir::Graph& g);
 /// Otherwise keeps the order. Same nodes, same outputs.
 ir::Graph order_reads_before_updates(const ir::Graph& g, const std::vector<int32_t>& donations);
 
-/// fold, simplify, CSE, DCE, fuse, DCE.
+/// fold, simplify, CSE, DCE, transposes into gemm, DCE, fuse, DCE.
 ir::Graph optimize(const ir::Graph& g);
 
 /// Rebuilds a graph node by node with remapped operands; the passes are written on it.

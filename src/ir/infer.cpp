@@ -190,6 +190,18 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       out.push_back(m);
       return {{x.dtype, out}};
     }
+    case ResultRule::Gemm: {
+      const auto& x = ops[0];
+      const auto& y = ops[1];
+      LAZYRT_CHECK(x.shape.size() == 2 && y.shape.size() == 2 && x.dtype == y.dtype, name,
+                   ": expects two matrices of one dtype, got ", types_str(ops));
+      check_not_bool(name, x);
+      const bool tx = a.b(0), ty = a.b(1);
+      const int64_t n = x.shape[tx ? 1 : 0], k = x.shape[tx ? 0 : 1];
+      const int64_t k2 = y.shape[ty ? 1 : 0], m = y.shape[ty ? 0 : 1];
+      LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", types_str(ops), " (", k, " vs ", k2, ")");
+      return {{x.dtype, {n, m}}};
+    }
     case ResultRule::Permute: {
       const auto& perm = a.ints(0);
       const size_t rank = ops[0].shape.size();

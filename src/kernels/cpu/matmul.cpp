@@ -50,65 +50,74 @@ inline constexpr int64_t kSmallGemm = 4096;  // n * k * m
 
 // Output elements W at a time along a row, each a dot product accumulated in order over k:
 // the same sums, in the same order, as a row-by-row update, with the accumulators in
-// registers and each element of a read once per W outputs.
+// registers and each element of a read once per W outputs. a(p) = arow[p * sa_p],
+// b(p, j) = b[p * sb_p + j * sb_j].
 template <int W, class T>
-void small_gemm_cols(const T* __restrict arow, const T* __restrict b, T* __restrict out, int64_t k,
-                     int64_t m) {
+void small_gemm_cols(const T* __restrict arow, int64_t sa_p, const T* __restrict b, int64_t sb_p,
+                     int64_t sb_j, T* __restrict out, int64_t k) {
   T acc[W] = {};
   for (int64_t p = 0; p < k; ++p) {
-    const T av = arow[p];
-    const T* brow = b + p * m;
-    for (int j = 0; j < W; ++j) acc[j] += av * brow[j];
+    const T av = arow[p * sa_p];
+    const T* bp = b + p * sb_p;
+    for (int j = 0; j < W; ++j) acc[j] += av * bp[j * sb_j];
   }
   for (int j = 0; j < W; ++j) out[j] = acc[j];
 }
 
+// c[n, m] = a x b with a(i, p) = a[i * sa_i + p * sa_p] and b as above.
 template <class T>
-void small_gemm(const T* __restrict a, const T* __restrict b, T* __restrict c, int64_t n, int64_t k,
-                int64_t m) {
+void small_gemm(const T* a, int64_t sa_i, int64_t sa_p, const T* b, int64_t sb_p, int64_t sb_j, T* c,
+                int64_t n, int64_t k, int64_t m) {
   for (int64_t i = 0; i < n; ++i) {
-    const T* arow = a + i * k;
+    const T* arow = a + i * sa_i;
     T* crow = c + i * m;
     int64_t j = 0;
-    for (; j + 4 <= m; j += 4) small_gemm_cols<4>(arow, b + j, crow + j, k, m);
+    for (; j + 4 <= m; j += 4) small_gemm_cols<4>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k);
     switch (m - j) {
-      case 3: small_gemm_cols<3>(arow, b + j, crow + j, k, m); break;
-      case 2: small_gemm_cols<2>(arow, b + j, crow + j, k, m); break;
-      case 1: small_gemm_cols<1>(arow, b + j, crow + j, k, m); break;
+      case 3: small_gemm_cols<3>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k); break;
+      case 2: small_gemm_cols<2>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k); break;
+      case 1: small_gemm_cols<1>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k); break;
       default: break;
     }
   }
 }
 
+// c[n, m] = x[n, k] y[k, m], x stored as [k, n] when tx, y as [m, k] when ty.
 template <class T>
-void gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m) {
+void gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m, bool tx = false, bool ty = false) {
   if (n == 0 || m == 0) return;
-  if constexpr (std::is_floating_point_v<T>) {
-    if (n * k * m <= kSmallGemm) {
-      small_gemm(a, b, c, n, k, m);
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    if (n * k * m > kSmallGemm) {
+      const auto lda = static_cast<blasint>(std::max<int64_t>(tx ? n : k, 1));
+      const auto ldb = static_cast<blasint>(std::max<int64_t>(ty ? k : m, 1));
+      const auto ldc = static_cast<blasint>(std::max<int64_t>(m, 1));
+      const CBLAS_TRANSPOSE ta = tx ? CblasTrans : CblasNoTrans, tb = ty ? CblasTrans : CblasNoTrans;
+      if constexpr (std::is_same_v<T, float>)
+        cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+      else
+        cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
       return;
     }
   }
-  const auto lda = static_cast<blasint>(std::max<int64_t>(k, 1));
-  const auto ldb = static_cast<blasint>(std::max<int64_t>(m, 1));
-  const auto ldc = ldb;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, m, k, 1.0f, a, lda, b, ldb, 0.0f,
-                c, ldc);
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, m, k, 1.0, a, lda, b, ldb, 0.0, c,
-                ldc);
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      T* row = c + i * m;
-      std::fill(row, row + m, T(0));
-      for (int64_t p = 0; p < k; ++p) {
-        const T av = a[i * k + p];
-        const T* brow = b + p * m;
-        for (int64_t j = 0; j < m; ++j) row[j] = static_cast<T>(row[j] + av * brow[j]);
-      }
-    }
-  }
+  small_gemm(a, tx ? 1 : k, tx ? n : 1, b, ty ? 1 : m, ty ? k : 1, c, n, k, m);
+}
+
+// A 16-bit product: operands widened to f32 in the workspace, one GEMM, results rounded once.
+template <class T, class Product>
+Kernel via_f32(int64_t xn, int64_t yn, int64_t on, Product product) {
+  return {[xn, yn, on, product](const void* const* in, void* const* out) {
+            const T* x = static_cast<const T*>(in[0]);
+            const T* y = static_cast<const T*>(in[1]);
+            float* xf = static_cast<float*>(out[1]);
+            float* yf = xf + xn;
+            float* of = yf + yn;
+            for (int64_t i = 0; i < xn; ++i) xf[i] = static_cast<float>(x[i]);
+            for (int64_t i = 0; i < yn; ++i) yf[i] = static_cast<float>(y[i]);
+            product(xf, yf, of);
+            T* o = static_cast<T*>(out[0]);
+            for (int64_t i = 0; i < on; ++i) o[i] = T(of[i]);
+          },
+          static_cast<size_t>(xn + yn + on) * sizeof(float)};
 }
 
 template <class T>
@@ -134,24 +143,35 @@ Kernel make_Matmul(const KernelSpec& s) {
       LAZYRT_ASSERT(false, "matmul kernel made for b8");
       return {};
     } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-      Kernel k{[layout, xn, yn, on](const void* const* in, void* const* out) {
-                 const T* x = static_cast<const T*>(in[0]);
-                 const T* y = static_cast<const T*>(in[1]);
-                 float* xf = static_cast<float*>(out[1]);
-                 float* yf = xf + xn;
-                 float* of = yf + yn;
-                 for (int64_t i = 0; i < xn; ++i) xf[i] = static_cast<float>(x[i]);
-                 for (int64_t i = 0; i < yn; ++i) yf[i] = static_cast<float>(y[i]);
-                 run_batches<float>(*layout, xf, yf, of);
-                 T* o = static_cast<T*>(out[0]);
-                 for (int64_t i = 0; i < on; ++i) o[i] = T(of[i]);
-               },
-               static_cast<size_t>(xn + yn + on) * sizeof(float)};
-      return k;
+      return via_f32<T>(xn, yn, on, [layout](const float* x, const float* y, float* o) {
+        run_batches<float>(*layout, x, y, o);
+      });
     } else {
       return {[layout](const void* const* in, void* const* out) {
         run_batches<T>(*layout, static_cast<const T*>(in[0]), static_cast<const T*>(in[1]),
                        static_cast<T*>(out[0]));
+      }};
+    }
+  });
+}
+
+Kernel make_Gemm(const KernelSpec& s) {
+  const bool tx = s.attrs.b(0), ty = s.attrs.b(1);
+  const Shape& xs = s.inputs[0].shape;
+  const int64_t n = s.outputs[0].shape[0], m = s.outputs[0].shape[1], k = xs[tx ? 0 : 1];
+  return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      LAZYRT_ASSERT(false, "gemm kernel made for b8");
+      return {};
+    } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
+      return via_f32<T>(n * k, k * m, n * m, [=](const float* x, const float* y, float* o) {
+        gemm<float>(x, y, o, n, k, m, tx, ty);
+      });
+    } else {
+      return {[=](const void* const* in, void* const* out) {
+        gemm<T>(static_cast<const T*>(in[0]), static_cast<const T*>(in[1]), static_cast<T*>(out[0]), n, k,
+                m, tx, ty);
       }};
     }
   });

@@ -475,6 +475,9 @@ TEST(OpFixtures, EveryOpOfTheTableHasAParityCase) {
       "while",                  // tests/cpp/trace/loops_test.cpp (known values)
       "fusion",                 // made by compile, never traced: it runs every case with an
                                 // elementwise chain, and tests/cpp/compile/fusion_test.cpp
+      "gemm",                   // made by compile from matmuls of transposes: it runs every
+                                // such case (linear layers, their gradients), and
+                                // tests/cpp/compile/gemm_test.cpp (known values)
       "random",                 // tests/cpp/kernels/random_test.cpp (known answers, moments)
       "conv2d_backward_input",  // gradients: tests/cpp/autograd (finite differences, torch)
       "conv2d_backward_weight", "max_pool2d_backward", "avg_pool2d_backward",

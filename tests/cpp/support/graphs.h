@@ -114,6 +114,9 @@ inline ir::Graph every_op_graph() {
   // Random numbers from a seed and an offset.
   const ir::ValueRef seed = g.add_parameter({DType::i64, {}});
   outs.push_back(g.add(OpKind::Random, {seed, g.add_parameter({DType::i64, {}})}, {int64_t{1}, Ints{2, 2}, DType::f32}));
+  // A product with both operands read transposed: [3, 2]^T x [2, 3]^T.
+  outs.push_back(g.add(OpKind::Gemm, {g.add_parameter(f32({3, 2})), g.add_parameter(f32({2, 3}))},
+                       {true, true}));
   // A fusion of two elementwise ops.
   const ir::ValueRef f = add_scale_shift_fusion(g, a, g.add_parameter(f32({3})));
   outs.push_back(f);

@@ -1,0 +1,89 @@
+// Transposes folded into gemm: the pass on hand-built graphs (golden text), and the gemm
+// kernel for every pair of transpose flags, small (a loop) and large (BLAS), against products
+// the test computes itself in double.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compile/compile.h"
+#include "compile/passes.h"
+#include "support/graphs.h"
+
+namespace lazyrt::compile {
+using ir::Graph;
+using ir::OpKind;
+using ir::ValueRef;
+using lazyrt::testing::f32;
+
+namespace {
+
+ValueRef transpose(Graph& g, ValueRef v) { return g.add(OpKind::Permute, {v}, {std::vector<int64_t>{1, 0}}); }
+
+}  // namespace
+
+TEST(TransposesIntoGemm, AMatmulOfTransposesReadsTheOriginals) {
+  Graph g;
+  ValueRef a = g.add_parameter(f32({3, 2}));
+  ValueRef b = g.add_parameter(f32({4, 3}));
+  g.outputs = {g.add(OpKind::Matmul, {transpose(g, a), transpose(g, b)})};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(transposes_into_gemm(g))),
+            "%0 = parameter {index=0} : f32[3, 2]\n"
+            "%1 = parameter {index=1} : f32[4, 3]\n"
+            "%2 = gemm(%0, %1) {transpose_x=true, transpose_y=true} : f32[2, 4]\n"
+            "return %2\n");
+}
+
+// (x y)^T = y^T x^T: the transpose of a product becomes the product of the swapped operands.
+TEST(TransposesIntoGemm, ATransposedProductSwapsItsOperands) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({10, 5}));
+  ValueRef ones = g.add_full(1, {10, 3}, DType::f32);
+  g.outputs = {transpose(g, g.add(OpKind::Matmul, {transpose(g, x), ones}))};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(transposes_into_gemm(g))),
+            "%0 = parameter {index=0} : f32[10, 5]\n"
+            "%1 = full {value=1, shape=[10, 3], dtype=f32} : f32[10, 3]\n"
+            "%2 = gemm(%1, %0) {transpose_x=true, transpose_y=false} : f32[3, 5]\n"
+            "return %2\n");
+}
+
+TEST(TransposesIntoGemm, LeavesProductsUsedElsewhereAndBatchedOnesAlone) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef y = g.add_parameter(f32({3, 2}));
+  ValueRef p = g.add(OpKind::Matmul, {x, y});
+  ValueRef bx = g.add_parameter(f32({4, 2, 3}));
+  ValueRef batched = g.add(OpKind::Matmul, {bx, y});
+  g.outputs = {p, transpose(g, p), batched};
+  EXPECT_EQ(ir::to_text(transposes_into_gemm(g)), ir::to_text(g));
+}
+
+class GemmKernel : public ::testing::TestWithParam<std::tuple<bool, bool, int64_t>> {};
+
+TEST_P(GemmKernel, MatchesAPlainProduct) {
+  const auto [tx, ty, size] = GetParam();
+  const int64_t n = size, k = size + 3, m = size + 1;
+  Graph g;
+  ValueRef x = g.add_parameter(tx ? f32({k, n}) : f32({n, k}));
+  ValueRef y = g.add_parameter(ty ? f32({m, k}) : f32({k, m}));
+  g.outputs = {g.add(OpKind::Gemm, {x, y}, {tx, ty})};
+  std::vector<float> xs(static_cast<size_t>(n * k)), ys(static_cast<size_t>(k * m));
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7f * static_cast<float>(i));
+  for (size_t i = 0; i < ys.size(); ++i) ys[i] = std::cos(0.3f * static_cast<float>(i));
+  std::vector<float> out(static_cast<size_t>(n * m));
+  const void* in[2] = {xs.data(), ys.data()};
+  void* outs[1] = {out.data()};
+  compile(g)->run(in, outs);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < m; ++j) {
+      double want = 0;
+      for (int64_t p = 0; p < k; ++p)
+        want += static_cast<double>(xs[tx ? p * n + i : i * k + p]) * ys[ty ? j * k + p : p * m + j];
+      EXPECT_NEAR(out[i * m + j], want, 1e-4 * (1 + std::abs(want))) << i << ", " << j;
+    }
+}
+
+// Size 3: 3 x 6 x 4 products (a loop); size 40: 40 x 43 x 41 (BLAS).
+INSTANTIATE_TEST_SUITE_P(Flags, GemmKernel,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(3, 40)));
+
+}  // namespace lazyrt::compile
