@@ -33,7 +33,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const int kReps = 7, kWarmup = 300, kIters = 3000;
+// Replayed steps are ~50x shorter: a replay batch runs more steps so that every batch takes a
+// comparable time. Repetitions interleave the paths (replayed, libtorch, traced), so a change
+// in the machine's speed during the run (other tenants, clocks) reaches every path alike.
+const int kReps = 7, kWarmup = 300, kIters = 3000, kReplayIters = 60000;
 
 struct Seed {
   std::shared_ptr<nn::Linear> model = std::make_shared<nn::Linear>(5, 3);
@@ -58,16 +61,12 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Per-step time in us of one batch of `iters` steps.
 template <class Fn>
-std::vector<double> time_us(Fn&& step) {
-  for (int i = 0; i < kWarmup; ++i) step();
-  std::vector<double> reps;
-  for (int r = 0; r < kReps; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < kIters; ++i) step();
-    reps.push_back(1e6 * std::chrono::duration<double>(Clock::now() - t0).count() / kIters);
-  }
-  return reps;
+double batch_us(Fn&& step, int iters) {
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) step();
+  return 1e6 * std::chrono::duration<double>(Clock::now() - t0).count() / iters;
 }
 
 std::string json_list(const std::vector<double>& v) {
@@ -133,22 +132,30 @@ int main(int argc, char** argv) {
   }
 
   auto s1 = fresh();
-  std::vector<double> traced = time_us([&] {
+  auto traced_step = [&] {
     s1->step(x);
     mark_step();
-  });
+  };
   auto s2 = fresh();
   CompiledStep step = compile_step([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{s2->step(a[0])}; }, {x});
   std::vector<Tensor> args{x};
-  std::vector<double> replayed = time_us([&] { step.run(args); });
-  std::vector<double> eager;
+  auto replayed_step = [&] { step.run(args); };
+  for (int i = 0; i < kWarmup; ++i) {
+    traced_step();
+    replayed_step();
+  }
+  std::vector<double> traced, replayed, eager;
+  for (int r = 0; r < kReps; ++r) {
+    replayed.push_back(batch_us(replayed_step, kReplayIters));
 #ifdef LAZYRT_BENCH_HAVE_TORCH
-  for (int r = 0; r < kReps; ++r) eager.push_back(1e6 * torch_seed_step_seconds(w, b, xs, kWarmup, kIters));
+    eager.push_back(1e6 * torch_seed_step_seconds(w, b, xs, kWarmup, kIters));
 #endif
+    traced.push_back(batch_us(traced_step, kIters));
+  }
   const char* threads = std::getenv("LAZYRT_NUM_THREADS");
   if (json) {
-    std::printf("{\"reps\": %d, \"iters\": %d, \"warmup\": %d, \"lazyrt_threads\": \"%s\", ", kReps, kIters,
-                kWarmup, threads ? threads : "default");
+    std::printf("{\"reps\": %d, \"iters\": %d, \"replay_iters\": %d, \"warmup\": %d, \"lazyrt_threads\": \"%s\", ",
+                kReps, kIters, kReplayIters, kWarmup, threads ? threads : "default");
 #ifdef LAZYRT_BENCH_HAVE_TORCH
     std::printf("\"torch_version\": \"%s\", \"torch_threads\": %d, \"torch_losses\": %s, ", torch_version().c_str(),
                 torch_threads(), json_list(torch_losses).c_str());
@@ -162,9 +169,9 @@ int main(int argc, char** argv) {
   }
   std::printf("## Cached-graph replay: the seed step\n\n");
   std::printf("Linear(5, 3), x f32[10, 5], sum, backward, AdamW, zero_grad. Per-step time in us: median "
-              "[min, max] of %d repetitions of %d steps, after %d warm-up steps (not counted). "
-              "lazyrt kernel threads: %s; ",
-              kReps, kIters, kWarmup, threads ? threads : "default");
+              "[min, max] of %d repetitions of %d steps (%d replayed steps), the paths interleaved, after %d "
+              "warm-up steps (not counted). lazyrt kernel threads: %s; ",
+              kReps, kIters, kReplayIters, kWarmup, threads ? threads : "default");
 #ifdef LAZYRT_BENCH_HAVE_TORCH
   std::printf("libtorch %s threads: %d.\n\n", torch_version().c_str(), torch_threads());
 #else

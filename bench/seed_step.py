@@ -168,9 +168,9 @@ def run(opts):
             us["PyTorch eager (C++, libtorch)"] = Samples(cpp["us"]["libtorch"])
         else:
             cpp_note = "replay_bench was built without libtorch: no libtorch C++ row.\n\n"
-        cpp_note += (f"C++ rows: `replay_bench --json`, {cpp['reps']} repetitions of {cpp['iters']} steps after "
-                     f"{cpp['warmup']} warm-up steps; its losses and initial weights are checked equal to the "
-                     f"Python rows'.\n\n")
+        cpp_note += (f"C++ rows: `replay_bench --json`, {cpp['reps']} repetitions of {cpp['iters']} steps "
+                     f"({cpp['replay_iters']} replayed steps), the paths interleaved, after {cpp['warmup']} "
+                     f"warm-up steps; its losses and initial weights are checked equal to the Python rows'.\n\n")
     elif not opts.quick:
         cpp_note = f"No replay_bench in {opts.build}/bench: the C++ rows are missing.\n\n"
 
