@@ -96,12 +96,15 @@ class Grouping {
       if (member_[x] == epoch_) return false;
       if (seen_[x] == epoch_) continue;
       if (budget-- == 0) return false;
-      const int32_t gr = group_of_[x];
-      const std::vector<int32_t> single{x};
-      for (int32_t y : gr >= 0 ? groups_[gr] : single) {
+      auto visit = [&](int32_t y) {
         seen_[y] = epoch_;
         for (ValueRef v : g_.nodes[y].operands)
           if (seen_[v.node] != epoch_) stack.push_back(v.node);
+      };
+      if (const int32_t gr = group_of_[x]; gr >= 0) {
+        for (int32_t y : groups_[gr]) visit(y);
+      } else {
+        visit(x);
       }
     }
     return true;
