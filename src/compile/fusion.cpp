@@ -6,9 +6,12 @@
 // Grouping is greedy in graph order. A node joins the groups of its operands that have its
 // result shape, merging them, when the merged group
 //   - stays within the kernel's limits (kMaxFusedOps ops, kMaxFusedInputs operands),
-//   - and forms no cycle among the groups: no operand from outside the group may depend on a
-//     member, even through another group (which runs as one unit).
-// Otherwise it joins the first of those groups alone if that passes, or starts its own. Groups of one node stay as they are.
+//   - and no operand from outside the group depends on a member. Only nodes from the group's
+//     first member on can, so that search is short.
+// Otherwise it joins the first of those groups alone if that passes, or starts its own.
+// Groups of one node stay as they are. Two groups can still wait on each other through a
+// third node (each depends on the other as a unit); such groups are found afterwards as
+// cycles of the graph of groups and undone.
 //
 // Constants (full) are copied into the regions that read them. Members whose values are read
 // outside the group, or are outputs, become the fusion's results. The new graph is ordered
@@ -84,11 +87,14 @@ class Grouping {
             std::find(outside.begin(), outside.end(), v) == outside.end())
           outside.push_back(v);
     if (outside.size() > static_cast<size_t>(kernels::kMaxFusedInputs)) return false;
-    // A cycle would run from a member through an outside operand back into the group, with
-    // every other group counted as one unit (it runs as one kernel): search back from the
-    // outside operands, through whole groups. A search that grows too long refuses the merge.
+    // A cycle would run from a member through an outside operand back into the group. Only
+    // nodes from the group's first member on can be on it, so the search back from the outside
+    // operands stops there; a search that grows too long refuses the merge. Cycles that pass
+    // through other groups are left to fuse_elementwise, which undoes the groups on them.
+    const int32_t first = *std::min_element(members.begin(), members.end());
     std::vector<int32_t> stack;
-    for (ValueRef v : outside) stack.push_back(v.node);
+    for (ValueRef v : outside)
+      if (v.node >= first) stack.push_back(v.node);
     size_t budget = kSearchBudget;
     while (!stack.empty()) {
       const int32_t x = stack.back();
@@ -96,16 +102,9 @@ class Grouping {
       if (member_[x] == epoch_) return false;
       if (seen_[x] == epoch_) continue;
       if (budget-- == 0) return false;
-      auto visit = [&](int32_t y) {
-        seen_[y] = epoch_;
-        for (ValueRef v : g_.nodes[y].operands)
-          if (seen_[v.node] != epoch_) stack.push_back(v.node);
-      };
-      if (const int32_t gr = group_of_[x]; gr >= 0) {
-        for (int32_t y : groups_[gr]) visit(y);
-      } else {
-        visit(x);
-      }
+      seen_[x] = epoch_;
+      for (ValueRef v : g_.nodes[x].operands)
+        if (v.node >= first && seen_[v.node] != epoch_) stack.push_back(v.node);
     }
     return true;
   }
@@ -172,62 +171,132 @@ void emit_fusion(GraphRewriter& rw, const std::vector<int32_t>& members,
   for (size_t k = 0; k < results.size(); ++k) rw.set(results[k], 0, {idx, static_cast<int32_t>(k)});
 }
 
+// The units of the new graph: each group, and each node in no group; per unit, the units it
+// reads.
+struct Units {
+  std::vector<int32_t> unit_of;                // per node
+  std::vector<std::vector<int32_t>> members;   // per unit, sorted
+  std::vector<std::vector<int32_t>> deps;      // per unit
+};
+
+Units make_units(const Graph& g, const std::vector<std::vector<int32_t>>& groups) {
+  Units u;
+  u.unit_of.assign(g.nodes.size(), -1);
+  for (const auto& members : groups) {
+    for (int32_t m : members) u.unit_of[m] = static_cast<int32_t>(u.members.size());
+    u.members.push_back(members);
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (u.unit_of[i] < 0) {
+      u.unit_of[i] = static_cast<int32_t>(u.members.size());
+      u.members.push_back({static_cast<int32_t>(i)});
+    }
+  u.deps.resize(u.members.size());
+  for (size_t k = 0; k < u.members.size(); ++k)
+    for (int32_t m : u.members[k])
+      for (ValueRef v : g.nodes[m].operands) {
+        const int32_t d = u.unit_of[v.node];
+        if (d != static_cast<int32_t>(k) && std::find(u.deps[k].begin(), u.deps[k].end(), d) == u.deps[k].end())
+          u.deps[k].push_back(d);
+      }
+  return u;
+}
+
+// Units on a cycle: the members of strongly connected components of more than one unit
+// (Tarjan's algorithm, without recursion).
+std::vector<bool> on_cycles(const std::vector<std::vector<int32_t>>& deps) {
+  const size_t n = deps.size();
+  std::vector<int32_t> index(n, -1), low(n, 0), stack;
+  std::vector<bool> on_stack(n, false), cyclic(n, false);
+  std::vector<std::pair<int32_t, size_t>> calls;  // (unit, next dependency to look at)
+  int32_t counter = 0;
+  auto enter = [&](int32_t v) {
+    index[v] = low[v] = counter++;
+    stack.push_back(v);
+    on_stack[v] = true;
+    calls.push_back({v, 0});
+  };
+  for (size_t s = 0; s < n; ++s) {
+    if (index[s] >= 0) continue;
+    enter(static_cast<int32_t>(s));
+    while (!calls.empty()) {
+      const int32_t v = calls.back().first;
+      if (calls.back().second < deps[v].size()) {
+        const int32_t w = deps[v][calls.back().second++];
+        if (index[w] < 0) enter(w);
+        else if (on_stack[w]) low[v] = std::min(low[v], index[w]);
+        continue;
+      }
+      if (low[v] == index[v]) {
+        size_t size = 0;
+        for (size_t k = stack.size(); k-- > 0 && stack[k] != v;) ++size;
+        const bool cycle = size > 0;
+        int32_t w;
+        do {
+          w = stack.back();
+          stack.pop_back();
+          on_stack[w] = false;
+          cyclic[w] = cycle;
+        } while (w != v);
+      }
+      calls.pop_back();
+      if (!calls.empty()) low[calls.back().first] = std::min(low[calls.back().first], low[v]);
+    }
+  }
+  return cyclic;
+}
+
 }  // namespace
 
 Graph fuse_elementwise(const Graph& g) {
   const Grouping grouping(g);
-  const size_t num_nodes = g.nodes.size();
-  // Units: a group of two or more nodes, or a single node.
-  std::vector<int32_t> unit_of(num_nodes, -1);
-  std::vector<std::vector<int32_t>> units;
-  for (size_t i = 0; i < num_nodes; ++i) {
-    const int32_t gr = grouping.group_of(i);
-    if (gr >= 0 && grouping.groups()[gr].size() > 1) {
-      const auto& members = grouping.groups()[gr];
-      if (members.front() == static_cast<int32_t>(i)) {
-        for (int32_t m : members) unit_of[m] = static_cast<int32_t>(units.size());
-        units.push_back(members);
-      }
-    } else {
-      unit_of[i] = static_cast<int32_t>(units.size());
-      units.push_back({static_cast<int32_t>(i)});
-    }
+  std::vector<std::vector<int32_t>> groups;
+  for (const auto& members : grouping.groups())
+    if (members.size() > 1) groups.push_back(members);
+  if (groups.empty()) return g;
+  Units units = make_units(g, groups);
+  // Groups that wait on each other through other groups: undone, their nodes left single.
+  // Undoing only these leaves no cycle: one among the rest would have been one before.
+  const std::vector<bool> cyclic = on_cycles(units.deps);
+  if (std::find(cyclic.begin(), cyclic.begin() + static_cast<std::ptrdiff_t>(groups.size()), true) !=
+      cyclic.begin() + static_cast<std::ptrdiff_t>(groups.size())) {
+    std::vector<std::vector<int32_t>> kept;
+    for (size_t k = 0; k < groups.size(); ++k)
+      if (!cyclic[k]) kept.push_back(std::move(groups[k]));
+    groups = std::move(kept);
+    if (groups.empty()) return g;
+    units = make_units(g, groups);
   }
-  if (units.size() == num_nodes) return g;
 
-  std::vector<bool> read_outside(num_nodes, false);
+  std::vector<bool> read_outside(g.nodes.size(), false);
   for (ValueRef v : g.outputs) read_outside[v.node] = true;
-  std::vector<std::vector<int32_t>> users(units.size());
-  std::vector<int32_t> pending(units.size(), 0);
-  for (size_t u = 0; u < units.size(); ++u) {
-    std::vector<int32_t> deps;
-    for (int32_t m : units[u])
-      for (ValueRef v : g.nodes[m].operands) {
-        const int32_t d = unit_of[v.node];
-        if (d == static_cast<int32_t>(u)) continue;
-        read_outside[v.node] = true;
-        if (std::find(deps.begin(), deps.end(), d) == deps.end()) deps.push_back(d);
-      }
-    for (int32_t d : deps) users[d].push_back(static_cast<int32_t>(u));
-    pending[u] = static_cast<int32_t>(deps.size());
+  for (size_t k = 0; k < units.members.size(); ++k)
+    for (int32_t m : units.members[k])
+      for (ValueRef v : g.nodes[m].operands)
+        if (units.unit_of[v.node] != static_cast<int32_t>(k)) read_outside[v.node] = true;
+  std::vector<std::vector<int32_t>> users(units.members.size());
+  std::vector<int32_t> pending(units.members.size(), 0);
+  for (size_t k = 0; k < units.members.size(); ++k) {
+    for (int32_t d : units.deps[k]) users[d].push_back(static_cast<int32_t>(k));
+    pending[k] = static_cast<int32_t>(units.deps[k].size());
   }
   // Ready units, the one the old order reached first (by its last member) first.
   using Entry = std::pair<int32_t, int32_t>;  // (last member, unit)
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> ready;
-  for (size_t u = 0; u < units.size(); ++u)
-    if (pending[u] == 0) ready.push({units[u].back(), static_cast<int32_t>(u)});
+  for (size_t k = 0; k < units.members.size(); ++k)
+    if (pending[k] == 0) ready.push({units.members[k].back(), static_cast<int32_t>(k)});
   GraphRewriter rw(g);
   size_t emitted = 0;
   while (!ready.empty()) {
-    const int32_t u = ready.top().second;
+    const int32_t k = ready.top().second;
     ready.pop();
     ++emitted;
-    if (units[u].size() == 1) rw.copy(units[u][0]);
-    else emit_fusion(rw, units[u], read_outside);
-    for (int32_t user : users[u])
-      if (--pending[user] == 0) ready.push({units[user].back(), user});
+    if (units.members[k].size() == 1) rw.copy(units.members[k][0]);
+    else emit_fusion(rw, units.members[k], read_outside);
+    for (int32_t user : users[k])
+      if (--pending[user] == 0) ready.push({units.members[user].back(), user});
   }
-  LAZYRT_ASSERT(emitted == units.size(), "fusion left a cycle among its groups");
+  LAZYRT_ASSERT(emitted == units.members.size(), "fusion left a cycle among its groups");
   return rw.finish();
 }
 

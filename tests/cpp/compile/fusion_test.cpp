@@ -102,6 +102,36 @@ TEST(FuseElementwise, NeverGroupsAcrossAPathThroughAnotherOp) {
   }
 }
 
+// Group A = {exp(x), exp(x) * expand(-y)} and group B = {-y, sum(exp(x)) + -y}: no node
+// depends on itself, but A waits on B (through the expand of -y) and B on A (through the sum
+// of exp(x)). Such groups are undone, and the graph computes what it did.
+TEST(FuseElementwise, GroupsThatWaitOnEachOtherAreUndone) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef y = g.add_parameter(f32({2}));
+  ValueRef a1 = g.add(OpKind::Exp, {x});
+  ValueRef b2 = g.add(OpKind::Neg, {y});
+  ValueRef n1 = g.add(OpKind::Sum, {a1}, {std::vector<int64_t>{1}, false});
+  ValueRef b1 = g.add(OpKind::Add, {n1, b2});
+  ValueRef r2 = g.add(OpKind::Reshape, {b2}, {std::vector<int64_t>{2, 1}});
+  ValueRef n2 = g.add(OpKind::Expand, {r2}, {std::vector<int64_t>{2, 3}});
+  ValueRef a2 = g.add(OpKind::Mul, {a1, n2});
+  g.outputs = {a2, b1};
+  const Graph f = fuse_elementwise(g);
+  ASSERT_NO_THROW(ir::verify(f));
+  EXPECT_EQ(count_ops(f, OpKind::Fusion), 0);
+  const std::vector<float> xs = {0, 1, -1, 0.5f, 2, -2}, ys = {3, -4};
+  const auto out = run_f32(g, {xs, ys});
+  for (int i = 0; i < 2; ++i) {
+    double row = 0;
+    for (int j = 0; j < 3; ++j) {
+      row += std::exp(static_cast<double>(xs[i * 3 + j]));
+      EXPECT_NEAR(out[0][i * 3 + j], std::exp(static_cast<double>(xs[i * 3 + j])) * -ys[i], 1e-5);
+    }
+    EXPECT_NEAR(out[1][i], row - ys[i], 1e-5);
+  }
+}
+
 TEST(FuseElementwise, GroupsStayWithinTheKernelLimits) {
   Graph g;
   ValueRef x = g.add_parameter(f32({3}));
