@@ -112,10 +112,12 @@ void valid_range(int64_t out, int64_t in, int64_t s, int64_t p, int64_t offset, 
   *hi = std::clamp<int64_t>(ceil_div(in + p - offset, s), *lo, out);
 }
 
-// col[(c * kh + i) * kw + j][oh * OW + ow] = img[c][oh*sh - ph + i*dh][ow*sw - pw + j*dw], or 0
-// outside the image; img is one group of one image, rows of col are `ld` apart.
-template <class T>
-void im2col(const T* img, const ConvGeom& g, T* col, int64_t ld) {
+// The kernel taps of one group: fn(tap, in_row0, oh_lo, oh_hi, ow_lo, ow_hi, shift) for each
+// channel c and tap (i, j), tap = (c * kh + i) * kw + j. Output rows [oh_lo, oh_hi) and
+// columns [ow_lo, ow_hi) read the image inside its bounds: output (oh, ow) reads image row
+// in_row0 + oh * sh (a row index into the group's [Cg * H] rows), column ow * sw + shift.
+template <class Fn>
+void for_each_tap(const ConvGeom& g, Fn&& fn) {
   for (int64_t c = 0; c < g.Cg; ++c) {
     for (int64_t i = 0; i < g.kh; ++i) {
       int64_t oh_lo, oh_hi;
@@ -123,49 +125,50 @@ void im2col(const T* img, const ConvGeom& g, T* col, int64_t ld) {
       for (int64_t j = 0; j < g.kw; ++j) {
         int64_t ow_lo, ow_hi;
         valid_range(g.OW, g.W, g.sw, g.pw, j * g.dw, &ow_lo, &ow_hi);
-        T* dst = col + ((c * g.kh + i) * g.kw + j) * ld;
-        std::fill(dst, dst + oh_lo * g.OW, T(0));
-        const int64_t shift = j * g.dw - g.pw;  // input column of output column 0
-        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-          const T* src = img + (c * g.H + oh * g.sh - g.ph + i * g.dh) * g.W;
-          T* row = dst + oh * g.OW;
-          std::fill(row, row + ow_lo, T(0));
-          if (g.sw == 1) {
-            std::memcpy(row + ow_lo, src + ow_lo + shift, static_cast<size_t>(ow_hi - ow_lo) * sizeof(T));
-          } else {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) row[ow] = src[ow * g.sw + shift];
-          }
-          std::fill(row + ow_hi, row + g.OW, T(0));
-        }
-        std::fill(dst + oh_hi * g.OW, dst + g.OH * g.OW, T(0));
+        fn((c * g.kh + i) * g.kw + j, c * g.H - g.ph + i * g.dh, oh_lo, oh_hi, ow_lo, ow_hi, j * g.dw - g.pw);
       }
     }
   }
 }
 
+// col[(c * kh + i) * kw + j][oh * OW + ow] = img[c][oh*sh - ph + i*dh][ow*sw - pw + j*dw], or 0
+// outside the image; img is one group of one image, rows of col are `ld` apart.
+template <class T>
+void im2col(const T* img, const ConvGeom& g, T* col, int64_t ld) {
+  for_each_tap(g, [&](int64_t tap, int64_t row0, int64_t oh_lo, int64_t oh_hi, int64_t ow_lo, int64_t ow_hi,
+                      int64_t shift) {
+    T* dst = col + tap * ld;
+    std::fill(dst, dst + oh_lo * g.OW, T(0));
+    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+      const T* src = img + (row0 + oh * g.sh) * g.W;
+      T* row = dst + oh * g.OW;
+      std::fill(row, row + ow_lo, T(0));
+      if (g.sw == 1) {
+        std::memcpy(row + ow_lo, src + ow_lo + shift, static_cast<size_t>(ow_hi - ow_lo) * sizeof(T));
+      } else {
+        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) row[ow] = src[ow * g.sw + shift];
+      }
+      std::fill(row + ow_hi, row + g.OW, T(0));
+    }
+    std::fill(dst + oh_hi * g.OW, dst + g.OH * g.OW, T(0));
+  });
+}
+
 // The adjoint of im2col: img[c][ih][iw] += every col entry that im2col read from there.
 template <class T>
 void col2im(const T* col, const ConvGeom& g, T* img, int64_t ld) {
-  for (int64_t c = 0; c < g.Cg; ++c) {
-    for (int64_t i = 0; i < g.kh; ++i) {
-      int64_t oh_lo, oh_hi;
-      valid_range(g.OH, g.H, g.sh, g.ph, i * g.dh, &oh_lo, &oh_hi);
-      for (int64_t j = 0; j < g.kw; ++j) {
-        int64_t ow_lo, ow_hi;
-        valid_range(g.OW, g.W, g.sw, g.pw, j * g.dw, &ow_lo, &ow_hi);
-        const T* src = col + ((c * g.kh + i) * g.kw + j) * ld;
-        const int64_t shift = j * g.dw - g.pw;
-        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-          T* dst = img + (c * g.H + oh * g.sh - g.ph + i * g.dh) * g.W;
-          const T* row = src + oh * g.OW;
-          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) {
-            T& v = dst[ow * g.sw + shift];
-            v = static_cast<T>(v + row[ow]);
-          }
-        }
+  for_each_tap(g, [&](int64_t tap, int64_t row0, int64_t oh_lo, int64_t oh_hi, int64_t ow_lo, int64_t ow_hi,
+                      int64_t shift) {
+    const T* src = col + tap * ld;
+    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+      T* dst = img + (row0 + oh * g.sh) * g.W;
+      const T* row = src + oh * g.OW;
+      for (int64_t ow = ow_lo; ow < ow_hi; ++ow) {
+        T& v = dst[ow * g.sw + shift];
+        v = static_cast<T>(v + row[ow]);
       }
     }
-  }
+  });
 }
 
 // Rows [Og, P] of group `grp` of `nb` images starting at image n0 of t ([N, O, P]), packed
