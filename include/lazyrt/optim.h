@@ -1,10 +1,14 @@
 // Optimizers with PyTorch's update formulas, built from lazy tensor ops so that the update
 // traces into the same graph as forward and backward.
 //
-// All optimizer state, the step count included, lives in tensors created with the optimizer
-// (device data, not graph constants) and updated in place: every step has the same graph, and
-// a replayed step updates the state like a traced one. step(found_inf) skips the whole update
-// where found_inf is non-zero, without reading it on the host (for mixed precision).
+// All optimizer state, the step count and the learning rate included, lives in tensors created
+// with the optimizer (device data, not graph constants) and updated in place: every step has
+// the same graph, a replayed step updates the state like a traced one, and a learning-rate
+// schedule never recompiles. step(found_inf) skips the whole update where found_inf is
+// non-zero, without reading it on the host (for mixed precision).
+//
+// Hyperparameters change through set_options()/set_lr(): the learning rate is written into its
+// tensor; any other change is part of the traced graph, so it makes compiled steps retrace.
 #pragma once
 
 #include <vector>
@@ -31,6 +35,9 @@ class Optimizer {
   std::vector<Tensor> state() const;
   /// The step count, an f64 scalar tensor.
   const Tensor& step_count() const { return step_; }
+  /// The learning rate; the f64 scalar tensor every step reads it from.
+  double lr() const { return lr_value_; }
+  const Tensor& lr_tensor() const { return lr_; }
 
  protected:
   /// New values of parameter i and of its state slots, from its gradient; the step count t
@@ -47,6 +54,12 @@ class Optimizer {
  private:
   std::vector<Tensor> params_;
   Tensor step_;
+  Tensor lr_;
+  double lr_value_ = 0;
+
+ protected:
+  /// Writes the learning rate into its tensor (graphs read it; nothing recompiles).
+  void store_lr(double lr);
 };
 
 struct SGDOptions {
@@ -60,7 +73,13 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);
-  SGDOptions options;
+  const SGDOptions& options() const { return options_; }
+  /// Validates and applies new options; a change other than lr makes compiled steps retrace.
+  void set_options(const SGDOptions& options);
+  void set_lr(double lr);
+
+ private:
+  SGDOptions options_;
 
  protected:
   Update update(size_t i, const Tensor& grad, const Tensor& t) override;
@@ -77,11 +96,17 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options);
-  AdamOptions options;
+  const AdamOptions& options() const { return options_; }
+  /// Validates and applies new options; a change other than lr makes compiled steps retrace.
+  void set_options(const AdamOptions& options);
+  void set_lr(double lr);
 
  protected:
   Update update(size_t i, const Tensor& grad, const Tensor& t) override;
   Update adam_update(size_t i, const Tensor& param, const Tensor& grad, const Tensor& t);
+
+ private:
+  AdamOptions options_;
 };
 
 class AdamW : public Adam {

@@ -41,13 +41,18 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
 
 /// A step function traced once and replayed. Calling it binds the arguments, runs the
 /// compiled graph, writes back every tensor the step updates in place (and gradients it
-/// leaves), and returns the step's outputs.
+/// leaves, or clears), and returns the step's outputs.
 ///
-/// Guards run before every call: the number, shapes and dtypes of the arguments, and that
-/// every captured tensor still exists. A failed guard retraces (by default) or throws; a
-/// replay never runs stale, and a call that throws changes nothing. Tensors the step creates
-/// from host data, and scalars in its ops, are constants of the trace: pass values that change
-/// between calls as arguments.
+/// Tracing starts with mark_step(): whatever is pending (fresh modules, load_state_dict, edits)
+/// is computed first, so the step's graph reads all earlier state as inputs. Guards run before
+/// every call: the arguments' number, shapes, dtypes, requires_grad and aliasing; that every
+/// captured tensor still exists, with the same requires_grad; that every gradient the step
+/// read before changing it is the same tensor (or still none); the grad and autocast modes;
+/// and that no module or optimizer setting changed (invalidate_compiled_steps). A failed guard
+/// retraces (by default) or throws; a replay never runs stale. The gradient of an argument
+/// that requires grad flows on from the argument after each call, as backward would take it.
+/// Tensors the step creates from host data, and scalars in its ops, are constants of the
+/// trace: pass values that change between calls as arguments.
 class CompiledStep {
  public:
   struct State;
@@ -68,6 +73,12 @@ class CompiledStep {
 struct CompileStepOptions {
   bool retrace_on_guard_failure = true;  // false: a failed guard throws lazyrt::Error
 };
+
+/// Makes every compiled step retrace on its next call. A traced step bakes in what it read
+/// besides tensor values; modules call this when their train/eval mode changes or (from
+/// Python) an attribute is replaced or deleted, and optimizers when a hyperparameter other
+/// than the learning rate changes. Call it after changing any other such value a step reads.
+void invalidate_compiled_steps();
 
 /// Traces fn(example_args) once, without running it, and leaves every tensor as it was.
 CompiledStep compile_step(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,

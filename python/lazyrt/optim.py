@@ -5,14 +5,58 @@ state, the step count included, lives in tensors updated in place, so every step
 graph and compile_step replays it. step(found_inf) skips the whole update where found_inf is
 non-zero, without reading it on the host (PyTorch/XLA's syncfree optimizers).
 
-Hyperparameters can be changed between steps through param_groups[0] (as LR schedulers do);
-a changed value is a new constant of the graph, so the next step compiles once more.
+Hyperparameters can be changed between steps through param_groups[0] (as LR schedulers do).
+The learning rate lives in a tensor that every step reads, so changing it never recompiles and
+replayed steps use the new rate; any other hyperparameter is a constant of the graph, so a
+change makes compiled steps retrace.
 """
+
+import weakref
 
 from lazyrt import _C
 from lazyrt._autograd import enable_grad
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW"]
+
+
+class _ParamGroup(dict):
+    """A parameter group: assigning a hyperparameter applies it to the optimizer at once, so a
+    replayed step (which never calls step()) sees it."""
+
+    def __init__(self, optimizer, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Weak: an optimizer that is dropped must die at once (its state with it), so that
+        # compiled steps that captured that state see it gone and retrace.
+        self._owner = weakref.ref(optimizer)
+
+    @property
+    def _optimizer(self):
+        opt = self._owner()
+        if opt is None:
+            raise _C.Error("this parameter group's optimizer no longer exists")
+        return opt
+
+    def __setitem__(self, key, value):
+        if key not in self._optimizer._hyper:
+            return super().__setitem__(key, value)
+        self._apply(lambda: super(_ParamGroup, self).__setitem__(key, value))
+
+    def update(self, *args, **kwargs):
+        self._apply(lambda: super(_ParamGroup, self).update(*args, **kwargs))
+
+    def _apply(self, change):
+        # A value the optimizer refuses leaves the group as it was.
+        before = dict(self)
+        change()
+        try:
+            self._optimizer._push_hyperparameters()
+        except Exception:
+            dict.clear(self)
+            dict.update(self, before)
+            raise
+
+    def __reduce__(self):
+        return (dict, (dict(self),))
 
 
 class Optimizer:
@@ -31,14 +75,15 @@ class Optimizer:
         if not params:
             raise ValueError(f"{type(self).__name__} got an empty parameter list")
         self._impl = impl_cls(params, **hyper)
-        self.param_groups = [dict(params=params, **hyper)]
+        self.param_groups = [_ParamGroup(self, params=params, **hyper)]
         self.defaults = dict(hyper)
 
     def _push_hyperparameters(self):
         group = self.param_groups[0]
         for name in self._hyper:
-            if getattr(self._impl, name) != group[name]:
-                setattr(self._impl, name, group[name])
+            value = tuple(group[name]) if name == "betas" else group[name]
+            if getattr(self._impl, name) != value:
+                setattr(self._impl, name, value)
 
     def step(self, closure=None, found_inf=None):
         """One update of every parameter that has a gradient (lazy). With found_inf (a
@@ -83,10 +128,6 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0):
         super().__init__(params, self._impl_cls, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-
-    def _push_hyperparameters(self):
-        self.param_groups[0]["betas"] = tuple(self.param_groups[0]["betas"])
-        super()._push_hyperparameters()
 
 
 class AdamW(Adam):

@@ -99,6 +99,17 @@ void bind_nn(py::module_& m) {
       .def_readonly("p", &nn::Dropout::p);
 }
 
+namespace {
+
+// A copy of `options` with one field changed.
+template <class Options, class Field, class Value>
+Options with(Options options, Field Options::*field, Value v) {
+  options.*field = v;
+  return options;
+}
+
+}  // namespace
+
 void bind_optim(py::module_& m) {
   py::module_ o = m.def_submodule("_optim", "The C++ optimizers of optim.h.");
   py::class_<optim::Optimizer>(o, "Optimizer")
@@ -117,16 +128,15 @@ void bind_optim(py::module_& m) {
                        double weight_decay, bool nesterov) {
         return new optim::SGD(std::move(params), {lr, momentum, dampening, weight_decay, nesterov});
       }), arg("params"), arg("lr"), arg("momentum"), arg("dampening"), arg("weight_decay"), arg("nesterov"))
-      .def_property("lr", [](const optim::SGD& s) { return s.options.lr; },
-                    [](optim::SGD& s, double v) { s.options.lr = v; })
-      .def_property("momentum", [](const optim::SGD& s) { return s.options.momentum; },
-                    [](optim::SGD& s, double v) { s.options.momentum = v; })
-      .def_property("dampening", [](const optim::SGD& s) { return s.options.dampening; },
-                    [](optim::SGD& s, double v) { s.options.dampening = v; })
-      .def_property("weight_decay", [](const optim::SGD& s) { return s.options.weight_decay; },
-                    [](optim::SGD& s, double v) { s.options.weight_decay = v; })
-      .def_property("nesterov", [](const optim::SGD& s) { return s.options.nesterov; },
-                    [](optim::SGD& s, bool v) { s.options.nesterov = v; });
+      .def_property("lr", [](const optim::SGD& s) { return s.options().lr; }, &optim::SGD::set_lr)
+      .def_property("momentum", [](const optim::SGD& s) { return s.options().momentum; },
+                    [](optim::SGD& s, double v) { s.set_options(with(s.options(), &optim::SGDOptions::momentum, v)); })
+      .def_property("dampening", [](const optim::SGD& s) { return s.options().dampening; },
+                    [](optim::SGD& s, double v) { s.set_options(with(s.options(), &optim::SGDOptions::dampening, v)); })
+      .def_property("weight_decay", [](const optim::SGD& s) { return s.options().weight_decay; },
+                    [](optim::SGD& s, double v) { s.set_options(with(s.options(), &optim::SGDOptions::weight_decay, v)); })
+      .def_property("nesterov", [](const optim::SGD& s) { return s.options().nesterov; },
+                    [](optim::SGD& s, bool v) { s.set_options(with(s.options(), &optim::SGDOptions::nesterov, v)); });
 
   auto adam_options = [](double lr, std::pair<double, double> betas, double eps, double weight_decay) {
     return optim::AdamOptions{lr, betas.first, betas.second, eps, weight_decay};
@@ -136,17 +146,18 @@ void bind_optim(py::module_& m) {
                                    double eps, double weight_decay) {
         return new optim::Adam(std::move(params), adam_options(lr, betas, eps, weight_decay));
       }), arg("params"), arg("lr"), arg("betas"), arg("eps"), arg("weight_decay"))
-      .def_property("lr", [](const optim::Adam& a) { return a.options.lr; },
-                    [](optim::Adam& a, double v) { a.options.lr = v; })
-      .def_property("betas", [](const optim::Adam& a) { return std::make_pair(a.options.beta1, a.options.beta2); },
+      .def_property("lr", [](const optim::Adam& a) { return a.options().lr; }, &optim::Adam::set_lr)
+      .def_property("betas", [](const optim::Adam& a) { return std::make_pair(a.options().beta1, a.options().beta2); },
                     [](optim::Adam& a, std::pair<double, double> b) {
-                      a.options.beta1 = b.first;
-                      a.options.beta2 = b.second;
+                      optim::AdamOptions o = a.options();
+                      o.beta1 = b.first;
+                      o.beta2 = b.second;
+                      a.set_options(o);
                     })
-      .def_property("eps", [](const optim::Adam& a) { return a.options.eps; },
-                    [](optim::Adam& a, double v) { a.options.eps = v; })
-      .def_property("weight_decay", [](const optim::Adam& a) { return a.options.weight_decay; },
-                    [](optim::Adam& a, double v) { a.options.weight_decay = v; });
+      .def_property("eps", [](const optim::Adam& a) { return a.options().eps; },
+                    [](optim::Adam& a, double v) { a.set_options(with(a.options(), &optim::AdamOptions::eps, v)); })
+      .def_property("weight_decay", [](const optim::Adam& a) { return a.options().weight_decay; },
+                    [](optim::Adam& a, double v) { a.set_options(with(a.options(), &optim::AdamOptions::weight_decay, v)); });
   py::class_<optim::AdamW, optim::Adam>(o, "AdamW")
       .def(py::init([adam_options](std::vector<Tensor> params, double lr, std::pair<double, double> betas,
                                    double eps, double weight_decay) {

@@ -77,6 +77,9 @@ void bind_replay(py::module_& m) {
       .def("__repr__", &hash_repr)
       .def("hex", &GraphHash::to_string, "32 lowercase hex digits.");
 
+  m.def("invalidate_compiled_steps", &invalidate_compiled_steps,
+        "Makes every compiled step retrace on its next call (after changing a value a step reads "
+        "that is not a tensor's value; modules and optimizers call it themselves).");
   m.def("tensor_id", &tensor_id, py::arg("tensor"),
         "A process-unique id of the tensor, kept by in-place ops.");
   m.def("graph_hash", [](py::handle tensors) {

@@ -10,12 +10,17 @@ namespace {
 
 thread_local bool enabled = true;
 
-Tensor snapshot(const Tensor& t) { return t.detach(); }
+Tensor snapshot(const Tensor& t) {
+  Tensor s = t.detach();
+  s.impl()->saved_for_backward = true;
+  return s;
+}
 
 void accumulate(trace::TensorImpl& leaf, const Tensor& g) {
   Tensor grad = g.dtype() == leaf.type.dtype ? g : cast(g, leaf.type.dtype);
   LAZYRT_ASSERT(grad.shape() == leaf.type.shape, "gradient of shape ", shape_str(grad.shape()),
                 " for a leaf of shape ", shape_str(leaf.type.shape));
+  trace::note_grad_read(leaf);
   if (!leaf.grad) {
     leaf.set_grad_impl(grad.detach().impl());
   } else {
@@ -144,6 +149,7 @@ NoGradGuard::NoGradGuard() : previous_(autograd::grad_enabled()) { autograd::set
 NoGradGuard::~NoGradGuard() { autograd::set_grad_enabled(previous_); }
 
 Tensor Tensor::grad() const {
+  trace::note_grad_read(*impl());
   const auto& g = impl()->grad;
   return g ? Tensor(g) : Tensor();
 }

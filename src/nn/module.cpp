@@ -3,6 +3,7 @@
 #include <map>
 
 #include "lazyrt/nn.h"
+#include "lazyrt/replay.h"
 #include "lazyrt/random.h"
 #include "ops/op_helpers.h"
 #include "util/check.h"
@@ -92,6 +93,8 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
 }
 
 void Module::train(bool on) {
+  // What forward computes depends on the mode (dropout): compiled steps retrace.
+  if (training_ != on) invalidate_compiled_steps();
   training_ = on;
   for (auto& [n, m] : children_) m->train(on);
 }

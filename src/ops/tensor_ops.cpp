@@ -31,9 +31,12 @@ trace::TensorImpl& impl_of(const Tensor& t, const char* what) {
 
 LazyValue value_of(const Tensor& t) {
   auto& s = impl_of(t);
-  LAZYRT_CHECK(!s.requires_grad || trace::current_scope() == 0 || s.scope == trace::current_scope(),
+  // Under no_grad nothing is differentiated: a captured weight is just a value.
+  LAZYRT_CHECK(!s.requires_grad || trace::current_scope() == 0 || s.scope == trace::current_scope() ||
+                   !autograd::grad_enabled(),
                "while_loop: a tensor that requires grad (", ir::type_str(s.type),
-               ") is used inside the loop, and loops are not differentiable yet; detach it first");
+               ") is used inside the loop, and loops are not differentiable yet; detach it first, "
+               "or run the loop under no_grad");
   return s.value();
 }
 Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }

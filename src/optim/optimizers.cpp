@@ -2,6 +2,7 @@
 
 #include "lazyrt/optim.h"
 #include "lazyrt/random.h"
+#include "lazyrt/replay.h"
 #include "util/check.h"
 
 namespace lazyrt::optim {
@@ -16,7 +17,7 @@ Tensor zeros_data(const Shape& shape, DType dtype) {
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params)
-    : params_(std::move(params)), step_(scalar_tensor(0, DType::f64)) {
+    : params_(std::move(params)), step_(scalar_tensor(0, DType::f64)), lr_(scalar_tensor(0, DType::f64)) {
   for (size_t i = 0; i < params_.size(); ++i) {
     LAZYRT_CHECK(params_[i].defined(), "optimizer: parameter ", i, " is undefined");
     LAZYRT_CHECK(params_[i].requires_grad() && params_[i].is_leaf(), "optimizer: parameter ", i,
@@ -24,6 +25,14 @@ Optimizer::Optimizer(std::vector<Tensor> params)
                  ") must be a leaf tensor that requires grad");
   }
   slots_.resize(params_.size());
+}
+
+void Optimizer::store_lr(double lr) {
+  if (lr == lr_value_) return;
+  // In place: the tensor keeps its identity, so compiled steps keep reading it.
+  NoGradGuard no_grad;
+  lr_.copy_(scalar_tensor(lr, DType::f64));
+  lr_value_ = lr;
 }
 
 void Optimizer::add_slots(int per_param) {
@@ -71,14 +80,48 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 // ---- SGD --------------------------------------------------------------------------------------
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)), options(o) {
+namespace {
+
+void check_sgd(const SGDOptions& o) {
   LAZYRT_CHECK(o.lr >= 0, "SGD: invalid learning rate ", o.lr);
   LAZYRT_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
                "SGD: nesterov momentum needs momentum > 0 and dampening 0");
+}
+
+void check_adam(const AdamOptions& o) {
+  LAZYRT_CHECK(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
+               "Adam: invalid options (lr ", o.lr, ", betas ", o.beta1, ", ", o.beta2, ", eps ", o.eps, ")");
+}
+
+}  // namespace
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)), options_(o) {
+  check_sgd(o);
   if (o.momentum != 0) add_slots(1);
+  store_lr(o.lr);
+}
+
+void SGD::set_options(const SGDOptions& o) {
+  check_sgd(o);
+  LAZYRT_CHECK((o.momentum != 0) == (options_.momentum != 0),
+               "SGD: momentum cannot be switched on or off after construction (its buffers are "
+               "made with the optimizer)");
+  const SGDOptions& c = options_;
+  if (o.momentum != c.momentum || o.dampening != c.dampening || o.weight_decay != c.weight_decay ||
+      o.nesterov != c.nesterov)
+    invalidate_compiled_steps();
+  options_ = o;
+  store_lr(o.lr);
+}
+
+void SGD::set_lr(double lr) {
+  SGDOptions o = options_;
+  o.lr = lr;
+  set_options(o);
 }
 
 Optimizer::Update SGD::update(size_t i, const Tensor& grad, const Tensor& t) {
+  const SGDOptions& options = options_;
   const Tensor& p = params()[i];
   Tensor d = options.weight_decay != 0 ? grad + p * options.weight_decay : grad;
   Update u;
@@ -89,33 +132,49 @@ Optimizer::Update SGD::update(size_t i, const Tensor& grad, const Tensor& t) {
     u.slots.push_back(next);
     d = options.nesterov ? d + next * options.momentum : next;
   }
-  u.param = p - d * options.lr;
+  u.param = p - d * cast(lr_tensor(), d.dtype());
   return u;
 }
 
 // ---- Adam / AdamW -----------------------------------------------------------------------------
 
-Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Optimizer(std::move(params)), options(o) {
-  LAZYRT_CHECK(o.lr >= 0 && o.eps >= 0 && o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1,
-               "Adam: invalid options (lr ", o.lr, ", betas ", o.beta1, ", ", o.beta2, ", eps ", o.eps, ")");
+Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Optimizer(std::move(params)), options_(o) {
+  check_adam(o);
   add_slots(2);  // exp_avg, exp_avg_sq
+  store_lr(o.lr);
+}
+
+void Adam::set_options(const AdamOptions& o) {
+  check_adam(o);
+  const AdamOptions& c = options_;
+  if (o.beta1 != c.beta1 || o.beta2 != c.beta2 || o.eps != c.eps || o.weight_decay != c.weight_decay)
+    invalidate_compiled_steps();
+  options_ = o;
+  store_lr(o.lr);
+}
+
+void Adam::set_lr(double lr) {
+  AdamOptions o = options_;
+  o.lr = lr;
+  set_options(o);
 }
 
 Optimizer::Update Adam::adam_update(size_t i, const Tensor& param, const Tensor& grad, const Tensor& t) {
-  const AdamOptions& o = options;
+  const AdamOptions& o = options_;
   Tensor m = slots_[i][0] * o.beta1 + grad * (1 - o.beta1);
   Tensor v = slots_[i][1] * o.beta2 + grad * grad * (1 - o.beta2);
   // Bias corrections from the step count tensor, in f64 as PyTorch computes them.
   Tensor bc1 = 1 - pow(full({}, o.beta1, DType::f64), t);
   Tensor bc2_sqrt = sqrt(1 - pow(full({}, o.beta2, DType::f64), t));
-  Tensor step_size = cast(o.lr / bc1, param.dtype());
+  Tensor step_size = cast(lr_tensor() / bc1, param.dtype());
   Tensor denom = sqrt(v) / cast(bc2_sqrt, param.dtype()) + o.eps;
   return {param - step_size * (m / denom), {m, v}};
 }
 
 Optimizer::Update Adam::update(size_t i, const Tensor& grad, const Tensor& t) {
   const Tensor& p = params()[i];
-  Tensor g = options.weight_decay != 0 ? grad + p * options.weight_decay : grad;
+  const double wd = options().weight_decay;
+  Tensor g = wd != 0 ? grad + p * wd : grad;
   return adam_update(i, p, g, t);
 }
 
@@ -123,7 +182,8 @@ AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params)
 
 Optimizer::Update AdamW::update(size_t i, const Tensor& grad, const Tensor& t) {
   const Tensor& p = params()[i];
-  Tensor decayed = options.weight_decay != 0 ? p * (1 - options.lr * options.weight_decay) : p;
+  const double wd = options().weight_decay;
+  Tensor decayed = wd != 0 ? p * cast(1 - lr_tensor() * wd, p.dtype()) : p;
   return adam_update(i, decayed, grad, t);
 }
 

@@ -8,10 +8,14 @@
 // covers updates that never read the old value (zero_, copy_) and lets the trace be undone.
 #include "lazyrt/replay.h"
 
-#include <map>
+#include <atomic>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
+#include "autograd/autograd.h"
+#include "lazyrt/amp.h"
 #include "lazyrt/metrics.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -51,6 +55,34 @@ trace::Extracted extract_with_updates(std::vector<ImplPtr>& roots) {
       }
     }
     if (!added) return ex;
+  }
+}
+
+// A replayed graph must start from device data for every tensor it updates. A live tensor that
+// was updated in place since it last held data, and whose earlier pending value the graph
+// computes, started the traced step as pending IR (a fresh module's weights, state loaded
+// with load_state_dict, an edit not yet synced): unless it is an output, every replay would
+// compute that earlier value again (its initialisation, say) instead of reading the tensor,
+// and its update would never be written back. That is refused, naming the tensor.
+void check_starts_from_data(const std::vector<ImplPtr>& roots, const char* op) {
+  std::unordered_set<const trace::LazyNode*> nodes;
+  std::vector<const trace::LazyNode*> stack;
+  for (const ImplPtr& r : roots) stack.push_back(r->pending().node.get());
+  while (!stack.empty()) {
+    const trace::LazyNode* n = stack.back();
+    stack.pop_back();
+    if (!nodes.insert(n).second) continue;
+    for (const trace::LazyValue& v : n->operands) stack.push_back(v.node.get());
+  }
+  for (const ImplPtr& t : trace::live_pending_tensors()) {
+    if (t->saved_for_backward || std::find(roots.begin(), roots.end(), t) != roots.end()) continue;
+    std::shared_ptr<trace::LazyNode> origin = t->origin();
+    if (!origin || origin == t->pending().node || !nodes.count(origin.get())) continue;
+    throw Error(detail::str_cat(op, ": the graph reads an earlier value of a tensor (id ", t->id, ", ",
+                                ir::type_str(t->type), ") that was updated in place while still pending: its "
+                                "value before the step was never computed, so every replay would compute it "
+                                "again (its initialisation or load, say) and never write the update back. "
+                                "Call mark_step() before tracing the step, so that its state is device data"));
   }
 }
 
@@ -95,9 +127,14 @@ struct WarmGraph {
   std::vector<int32_t> updates;  // per output, the parameter it updates in place, or -1
 };
 
+struct GraphHashKey {
+  size_t operator()(const GraphHash& h) const { return static_cast<size_t>(h.lo ^ (h.hi * 0x9e3779b97f4a7c15ULL)); }
+};
+
+// Keyed by the whole 128-bit hash: two graphs whose hashes share 64 bits stay apart.
 struct WarmTable {
   std::mutex mu;
-  std::unordered_map<uint64_t, std::pair<GraphHash, WarmGraph>> entries;
+  std::unordered_map<GraphHash, WarmGraph, GraphHashKey> entries;
 };
 WarmTable& warm_table() {
   static WarmTable* t = new WarmTable();
@@ -115,6 +152,7 @@ GraphHash graph_hash(const std::vector<Tensor>& outputs) {
   std::vector<ImplPtr> roots = pending_impls(outputs, "graph_hash");
   if (roots.empty()) return {};
   trace::Extracted ex = extract_with_updates(roots);
+  check_starts_from_data(roots, "graph_hash");
   return trace::cache_key(ex.graph, update_offers(roots, ex));
 }
 
@@ -122,12 +160,13 @@ void warm_up_cache(const std::vector<Tensor>& outputs) {
   std::vector<ImplPtr> roots = pending_impls(outputs, "warm_up_cache");
   LAZYRT_CHECK(!roots.empty(), "warm_up_cache: none of the tensors is pending; trace a step first");
   trace::Extracted ex = extract_with_updates(roots);
+  check_starts_from_data(roots, "warm_up_cache");
   std::vector<int32_t> offers = update_offers(roots, ex);
   GraphHash key = trace::cache_key(ex.graph, offers);
   WarmGraph w{trace::executable_for(key, ex.graph, offers), offers};
   WarmTable& t = warm_table();
   std::lock_guard<std::mutex> lock(t.mu);
-  t.entries[key.lo ^ key.hi] = {key, std::move(w)};
+  t.entries[key] = std::move(w);
 }
 
 GraphInputs graph_inputs(const std::vector<Tensor>& outputs) {
@@ -135,6 +174,7 @@ GraphInputs graph_inputs(const std::vector<Tensor>& outputs) {
   GraphInputs in;
   if (roots.empty()) return in;
   trace::Extracted ex = extract_with_updates(roots);
+  check_starts_from_data(roots, "graph_inputs");
   for (size_t p = 0; p < ex.params.size(); ++p) {
     ImplPtr t = ex.param_tensors[p].lock();
     if (!t) {
@@ -155,10 +195,10 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   {
     WarmTable& t = warm_table();
     std::lock_guard<std::mutex> lock(t.mu);
-    auto it = t.entries.find(hash.lo ^ hash.hi);
-    LAZYRT_CHECK(it != t.entries.end() && it->second.first == hash, "run_cached_graph: no graph with hash ",
-                 hash.to_string(), " was warmed up; call warm_up_cache(outputs) after tracing the step");
-    w = it->second.second;
+    auto it = t.entries.find(hash);
+    LAZYRT_CHECK(it != t.entries.end(), "run_cached_graph: no graph with hash ", hash.to_string(),
+                 " was warmed up; call warm_up_cache(outputs) after tracing the step");
+    w = it->second;
   }
   const Executable& exe = *w.exe;
   const auto& types = exe.param_types();
@@ -221,26 +261,50 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
 
 namespace {
 
+std::atomic<uint64_t> step_epoch{0};
+
 // Where parameter p of a traced step comes from on each call.
 struct Binding {
   enum class Kind { Arg, State, Constant } kind;
   int32_t arg = -1;
   std::weak_ptr<TensorImpl> state;
   std::shared_ptr<Buffer> constant;
+  // State: what autograd saw of the tensor when the step was traced.
+  bool requires_grad = false;
+  bool leaf = true;
 };
 
 // Where output k of a traced step goes on each call.
 struct Sink {
-  enum class Kind { Result, UpdateArg, UpdateState, Grad } kind;
+  enum class Kind { Result, UpdateArg, UpdateState, Grad, ArgGrad } kind;
   int32_t index = -1;                // the result or argument
   std::weak_ptr<TensorImpl> tensor;  // the updated tensor, or the leaf whose gradient it is
 };
 
+// The gradient a traced step read before changing it: which tensor (or none) it was.
+struct GradGuard {
+  std::weak_ptr<TensorImpl> leaf;
+  std::weak_ptr<TensorImpl> grad;
+  bool had_grad = false;
+};
+
 struct Variant {
+  // Guards: what the trace assumed besides the captured tensors' values.
   std::vector<ir::TensorType> arg_types;
+  std::vector<char> arg_requires_grad;
+  std::vector<int32_t> arg_class;                 // per argument, the first one sharing its tensor or buffer
+  std::vector<char> pin;                          // per argument: traced as itself, not a proxy,
+  std::vector<std::weak_ptr<TensorImpl>> pinned;  // so the call must pass that very tensor
+  std::vector<GradGuard> grad_guards;
+  uint64_t epoch = 0;
+  bool grad_mode = true;
+  bool autocast = false;
+  DType autocast_dtype = DType::bf16;
+
   std::shared_ptr<Executable> exe;
   std::vector<Binding> bindings;
   std::vector<Sink> sinks;
+  std::vector<std::weak_ptr<TensorImpl>> clear_grads;  // leaves whose gradient the step sets to none
   std::vector<int32_t> offers;
   size_t results = 0;
   // Run-time scratch, sized at trace time.
@@ -254,6 +318,8 @@ struct Variant {
 };
 
 }  // namespace
+
+void invalidate_compiled_steps() { step_epoch.fetch_add(1, std::memory_order_relaxed); }
 
 struct CompiledStep::State {
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn;
@@ -272,30 +338,88 @@ std::string types_str(const std::vector<Tensor>& args) {
   return s;
 }
 
+// Per argument, the first argument that is the same tensor or holds the same buffer.
+void arg_classes(const std::vector<Tensor>& args, std::vector<int32_t>& out) {
+  out.resize(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const TensorImpl* a = args[i].impl().get();
+    out[i] = static_cast<int32_t>(i);
+    for (size_t j = 0; j < i; ++j) {
+      const TensorImpl* b = args[j].impl().get();
+      if (a == b || (a->data() && a->data() == b->data())) {
+        out[i] = out[j];
+        break;
+      }
+    }
+  }
+}
+
+// The guards that need no captured tensor: arguments, modes, the epoch.
 bool matches(const Variant& v, const std::vector<Tensor>& args) {
   if (args.size() != v.arg_types.size()) return false;
-  for (size_t i = 0; i < args.size(); ++i)
-    if (!args[i].defined() || args[i].dtype() != v.arg_types[i].dtype || args[i].shape() != v.arg_types[i].shape)
+  if (v.epoch != step_epoch.load(std::memory_order_relaxed) || v.grad_mode != autograd::grad_enabled() ||
+      v.autocast != amp::autocast_enabled() || (v.autocast && v.autocast_dtype != amp::autocast_dtype()))
+    return false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!args[i].defined() || args[i].dtype() != v.arg_types[i].dtype || args[i].shape() != v.arg_types[i].shape ||
+        args[i].requires_grad() != static_cast<bool>(v.arg_requires_grad[i]))
       return false;
-  for (const Binding& b : v.bindings)
-    if (b.kind == Binding::Kind::State && b.state.expired()) return false;
-  for (const Sink& s : v.sinks)
-    if ((s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad) && s.tensor.expired()) return false;
+    if (v.pin[i] && v.pinned[i].lock() != args[i].impl()) return false;
+  }
+  if (args.size() > 1) {
+    thread_local std::vector<int32_t> classes;
+    arg_classes(args, classes);
+    if (classes != v.arg_class) return false;
+  }
   return true;
 }
 
-std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<Tensor>& args) {
-  for (size_t i = 0; i < args.size(); ++i) LAZYRT_CHECK(args[i].defined(), "compile_step: argument ", i, " is undefined");
-  // Arguments enter the trace as device data: a pending argument is computed first.
-  std::vector<Tensor> pending;
-  for (const Tensor& a : args)
-    if (a.is_pending()) pending.push_back(a);
-  if (!pending.empty()) sync(pending);
+// A copy of an argument for the trace: a tensor of its own with its own buffer, so that the
+// graph tells reads of the argument from reads of captured state, whatever the argument is.
+Tensor proxy_of(const Tensor& a) {
+  const std::shared_ptr<Buffer>& src = a.impl()->data();
+  std::shared_ptr<Buffer> b = runtime::allocate(src->bytes());
+  if (src->bytes()) std::memcpy(b->data(), src->data(), src->bytes());
+  auto t = trace::make_data({a.dtype(), a.shape()}, std::move(b));
+  t->requires_grad = a.requires_grad();
+  return Tensor(std::move(t));
+}
 
+// Whether tensor t (or its buffer) is captured by the traced graph or changed by the step
+// other than through its argument proxy.
+bool captured_elsewhere(const TensorImpl& t, const trace::Extracted& ex, const trace::RebindJournal& journal) {
+  for (size_t p = 0; p < ex.params.size(); ++p)
+    if (ex.param_tensors[p].lock().get() == &t || (t.data() && ex.params[p] == t.data())) return true;
+  for (const auto& e : journal.entries())
+    if (e.tensor.get() == &t) return true;
+  return false;
+}
+
+// Traces the step once. Arguments not in `pin` are traced through proxies; returns null and
+// adds to `pin` the arguments found to be captured state as well (trace again then).
+std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<Tensor>& args,
+                                    std::vector<char>& pin) {
   auto v = std::make_unique<Variant>();
-  for (const Tensor& a : args) v->arg_types.push_back({a.dtype(), a.shape()});
+  const size_t n = args.size();
+  for (const Tensor& a : args) {
+    v->arg_types.push_back({a.dtype(), a.shape()});
+    v->arg_requires_grad.push_back(a.requires_grad());
+  }
+  arg_classes(args, v->arg_class);
+  v->grad_mode = autograd::grad_enabled();
+  v->autocast = amp::autocast_enabled();
+  v->autocast_dtype = amp::autocast_dtype();
+
   trace::RebindJournal journal;
+  bool repin = false;
   try {
+    std::vector<Tensor> call_args(n);
+    for (size_t i = 0; i < n; ++i) call_args[i] = pin[i] ? args[i] : proxy_of(args[i]);
+    auto arg_of = [&](const TensorImpl* t) {
+      for (size_t i = 0; i < n; ++i)
+        if (call_args[i].impl().get() == t) return static_cast<int32_t>(i);
+      return int32_t{-1};
+    };
     std::vector<Tensor> results;
     {
       trace::SyncForbidden no_sync(
@@ -303,7 +427,7 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
           "it is traced; a compiled step must stay lazy: return the value instead");
       static auto& trace_time = metrics::detail::timing_cell("TraceTime");
       detail::ScopedTimer timer(trace_time);
-      results = st.fn(args);
+      results = st.fn(call_args);
     }
     // Outputs: the results, then every tensor the step updated, then gradients it left.
     std::vector<ImplPtr> roots;
@@ -319,18 +443,44 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
                    " is not computed by the step (return tensors the step computes)");
       sinks.push_back({root_index(results[k].impl()), {Sink::Kind::Result, static_cast<int32_t>(k), {}}});
     }
+    for (size_t i = 0; i < n; ++i) {
+      if (pin[i]) continue;  // a pinned argument is journaled like any tensor from before
+      const ImplPtr& proxy = call_args[i].impl();
+      if (proxy->is_pending())
+        sinks.push_back({root_index(proxy), {Sink::Kind::UpdateArg, static_cast<int32_t>(i), {}}});
+      // The argument's gradient: backward continues from the argument itself on every call.
+      if (proxy->grad && proxy->grad->is_pending())
+        sinks.push_back({root_index(proxy->grad), {Sink::Kind::ArgGrad, static_cast<int32_t>(i), {}}});
+    }
     for (const auto& e : journal.entries()) {
-      if (e.value_changed && e.tensor->is_pending()) {
-        int32_t arg = -1;
-        for (size_t i = 0; i < args.size(); ++i)
-          if (args[i].impl() == e.tensor) arg = static_cast<int32_t>(i);
+      const std::string what = ir::type_str(e.tensor->type);
+      if (e.value_changed) {
+        LAZYRT_CHECK(e.tensor->is_pending(), "compile_step: the step gives a tensor (", what,
+                     ") a value it does not compute (manual_seed, or a value read back); do that outside the step");
+        const int32_t arg = arg_of(e.tensor.get());
         Sink s = arg >= 0 ? Sink{Sink::Kind::UpdateArg, arg, {}} : Sink{Sink::Kind::UpdateState, -1, e.tensor};
         sinks.push_back({root_index(e.tensor), s});
       }
-      if (e.grad_changed && e.tensor->grad && e.tensor->grad->is_pending())
-        sinks.push_back({root_index(e.tensor->grad), {Sink::Kind::Grad, -1, e.tensor}});
+      if (e.grad_read) v->grad_guards.push_back({e.tensor, e.grad, e.grad != nullptr});
+      if (e.grad_changed) {
+        const ImplPtr& g = e.tensor->grad;
+        if (!g) {
+          v->clear_grads.push_back(e.tensor);
+        } else {
+          LAZYRT_CHECK(g->is_pending(), "compile_step: the step sets the gradient of a tensor (", what,
+                       ") to a tensor it does not compute; assign gradients outside the step");
+          sinks.push_back({root_index(g), {Sink::Kind::Grad, -1, e.tensor}});
+        }
+      }
     }
     trace::Extracted ex = trace::extract_graph(roots);
+    // An argument that the step also reaches as captured state must be traced as itself.
+    for (size_t i = 0; i < n; ++i)
+      if (!pin[i] && captured_elsewhere(*args[i].impl(), ex, journal)) pin[i] = repin = true;
+    if (repin) {
+      journal.undo();
+      return nullptr;
+    }
     // One graph output per sink, in sink order.
     std::vector<ir::ValueRef> root_outputs = ex.graph.outputs;
     ex.graph.outputs.clear();
@@ -342,9 +492,9 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
     for (size_t p = 0; p < ex.params.size(); ++p) {
       ImplPtr src = ex.param_tensors[p].lock();
       Binding b{Binding::Kind::Constant, -1, {}, ex.params[p]};
-      for (size_t i = 0; src && i < args.size(); ++i)
-        if (args[i].impl() == src) b = {Binding::Kind::Arg, static_cast<int32_t>(i), {}, nullptr};
-      if (src && b.kind == Binding::Kind::Constant) b = {Binding::Kind::State, -1, src, nullptr};
+      const int32_t arg = src ? arg_of(src.get()) : -1;
+      if (arg >= 0) b = {Binding::Kind::Arg, arg, {}, nullptr};
+      else if (src) b = {Binding::Kind::State, -1, src, nullptr};
       v->bindings.push_back(std::move(b));
     }
     // An update may be written into the buffer of the parameter holding its old value.
@@ -361,11 +511,41 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
     }
     GraphHash key = trace::cache_key(ex.graph, v->offers);
     v->exe = trace::executable_for(key, ex.graph, v->offers);
+    v->pin = pin;
+    for (size_t i = 0; i < n; ++i)
+      if (pin[i]) v->pinned.push_back(args[i].impl());
+      else v->pinned.emplace_back();
   } catch (...) {
     journal.undo();
     throw;
   }
   journal.undo();
+  // What autograd sees of captured state, as it was before the step.
+  for (Binding& b : v->bindings)
+    if (b.kind == Binding::Kind::State)
+      if (ImplPtr t = b.state.lock()) {
+        b.requires_grad = t->requires_grad;
+        b.leaf = t->grad_fn == nullptr;
+      }
+  return v;
+}
+
+std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<Tensor>& args) {
+  for (size_t i = 0; i < args.size(); ++i) LAZYRT_CHECK(args[i].defined(), "compile_step: argument ", i, " is undefined");
+  // A step starts from device data: whatever is pending now (fresh modules, load_state_dict,
+  // in-place edits, the arguments) is computed first, so that the step's graph reads every
+  // tensor from before it as an input and a replay never recomputes it.
+  mark_step();
+  // Arguments that are the same tensor (or buffer) as another one are traced as themselves.
+  std::vector<int32_t> classes;
+  arg_classes(args, classes);
+  std::vector<char> pin(args.size(), 0);
+  for (size_t i = 0; i < args.size(); ++i)
+    if (classes[i] != static_cast<int32_t>(i)) pin[i] = pin[classes[i]] = 1;
+  std::unique_ptr<Variant> v = trace_once(st, args, pin);
+  if (!v) v = trace_once(st, args, pin);
+  LAZYRT_ASSERT(v, "compile_step: tracing did not settle which arguments are captured state");
+  v->epoch = step_epoch.load(std::memory_order_relaxed);
   const size_t np = v->bindings.size(), no = v->sinks.size();
   v->params.resize(np);
   v->holds.resize(np);
@@ -389,11 +569,45 @@ TensorImpl* sink_tensor(const Variant& v, const Sink& s, const std::vector<Tenso
     case Sink::Kind::UpdateArg: return args[s.index].impl().get();
     case Sink::Kind::UpdateState: hold = s.tensor.lock(); return hold.get();
     case Sink::Kind::Grad: {
+      // The step leaves a new gradient tensor; the old one's buffer (and the tensor itself)
+      // is reused only where nothing but the leaf holds it, so nobody can tell.
       hold = s.tensor.lock();
-      return hold && hold->grad ? hold->grad.get() : nullptr;
+      return hold && hold->grad && hold->grad.use_count() == 1 && !hold->grad->grad_fn ? hold->grad.get() : nullptr;
     }
+    case Sink::Kind::ArgGrad: return nullptr;
   }
   return nullptr;
+}
+
+// Locks the captured tensors (v.holds) and checks the guards that need them: every captured
+// tensor exists and is as autograd saw it, no argument is captured state unless it was when
+// traced, and every gradient the step read is still the same tensor (or still none).
+// On a failure the holds are released.
+bool lock_state(Variant& v, const std::vector<Tensor>& args) {
+  bool ok = true;
+  for (size_t p = 0; ok && p < v.bindings.size(); ++p) {
+    const Binding& b = v.bindings[p];
+    if (b.kind != Binding::Kind::State) continue;
+    v.holds[p] = b.state.lock();
+    const TensorImpl* t = v.holds[p].get();
+    if (!t || t->requires_grad != b.requires_grad || (t->grad_fn == nullptr) != b.leaf) ok = false;
+    for (size_t i = 0; ok && i < args.size(); ++i)
+      if (args[i].impl().get() == t && !v.pin[i]) ok = false;
+  }
+  for (size_t g = 0; ok && g < v.grad_guards.size(); ++g) {
+    const GradGuard& gg = v.grad_guards[g];
+    ImplPtr leaf = gg.leaf.lock();
+    if (!leaf || static_cast<bool>(leaf->grad) != gg.had_grad ||
+        (gg.had_grad && leaf->grad != gg.grad.lock()))
+      ok = false;
+  }
+  for (size_t k = 0; ok && k < v.sinks.size(); ++k) {
+    const Sink& s = v.sinks[k];
+    if ((s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad) && s.tensor.expired()) ok = false;
+  }
+  if (!ok)
+    for (auto& h : v.holds) h = nullptr;
+  return ok;
 }
 
 // The tensors the run reads and writes are held (v.holds, v.sink_holds) from binding to
@@ -401,19 +615,19 @@ TensorImpl* sink_tensor(const Variant& v, const Sink& s, const std::vector<Tenso
 // reference count per buffer.
 void replay(Variant& v, const std::vector<Tensor>& args) {
   Executable& exe = *v.exe;
-  // Bind: every parameter must be device data; a pending one (a state loaded with
-  // load_state_dict, say) is computed first, off the hot path.
+  // Bind: every parameter must be device data; pending ones (state loaded with
+  // load_state_dict, an edited parameter, a lazy argument) are computed first, in one graph.
+  std::vector<ImplPtr> pending;
   for (size_t p = 0; p < v.bindings.size(); ++p) {
     const Binding& b = v.bindings[p];
-    TensorImpl* t = nullptr;
-    if (b.kind == Binding::Kind::Arg) {
-      t = args[b.arg].impl().get();
-    } else if (b.kind == Binding::Kind::State) {
-      v.holds[p] = b.state.lock();
-      t = v.holds[p].get();
-    }
+    TensorImpl* t = b.kind == Binding::Kind::Arg ? args[b.arg].impl().get() : v.holds[p].get();
+    if (t && t->is_pending()) pending.push_back(t->shared_from_this());
+  }
+  if (!pending.empty()) trace::sync_tensors(pending);
+  for (size_t p = 0; p < v.bindings.size(); ++p) {
+    const Binding& b = v.bindings[p];
+    TensorImpl* t = b.kind == Binding::Kind::Arg ? args[b.arg].impl().get() : v.holds[p].get();
     if (t) {
-      if (t->is_pending()) trace::sync_tensors({t->shared_from_this()});
       t->release_leaf();
       v.params[p] = &t->data();
     } else {
@@ -441,6 +655,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   auto param_at = [&v](int32_t p) -> const std::shared_ptr<Buffer>& { return *v.params[p]; };
   for (size_t k = 0; k < v.sinks.size(); ++k)
     if (exe.outputs()[k].kind != OutputSource::Kind::Computed) v.outs[k] = resolve_output(exe, k, param_at, v.outs);
+  std::vector<std::pair<int32_t, Tensor>> arg_grads;
   for (size_t k = 0; k < v.sinks.size(); ++k) {
     const std::shared_ptr<Buffer>& b = v.outs[k];
     // Replays mostly write back into the buffer the tensor already holds: no copy then.
@@ -458,15 +673,23 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
         break;
       case Sink::Kind::Grad:
         if (held) {
-          if (held->grad && !held->grad->grad_fn) write_back(*held->grad);
+          if (held->grad && held->grad.use_count() == 1 && !held->grad->grad_fn) write_back(*held->grad);
           else held->set_grad_impl(trace::make_data(exe.output_types()[k], b));
         }
         break;
+      case Sink::Kind::ArgGrad:
+        arg_grads.emplace_back(s.index, Tensor(trace::make_data(exe.output_types()[k], b)));
+        break;
     }
   }
+  for (const auto& leaf : v.clear_grads)
+    if (ImplPtr t = leaf.lock()) t->set_grad_impl(nullptr);
   for (auto& o : v.outs) o = nullptr;
   for (auto& h : v.sink_holds) h = nullptr;
   for (auto& h : v.holds) h = nullptr;
+  // The gradient of an argument flows on from the argument, as backward would have taken it:
+  // into its .grad if it is a leaf, through its own graph if it is not.
+  for (auto& [i, g] : arg_grads) autograd::backward(args[i], g);
 }
 
 }  // namespace
@@ -478,24 +701,31 @@ const std::vector<Tensor>& CompiledStep::run(const std::vector<Tensor>& args) {
   std::lock_guard<std::mutex> lock(st.mu);
   Variant* v = nullptr;
   for (auto& cand : st.variants)
-    if (matches(*cand, args)) {
+    if (matches(*cand, args) && lock_state(*cand, args)) {
       v = cand.get();
       break;
     }
   if (!v) {
-    const Variant& first = *st.variants.front();
-    std::vector<Tensor> traced;
-    LAZYRT_CHECK(st.options.retrace_on_guard_failure, "compile_step: the call does not match the trace: ",
-                 args.size(), " arguments (", types_str(args), "), traced with ", first.arg_types.size(),
-                 " arguments, or a captured tensor no longer exists; retracing is off");
+    LAZYRT_CHECK(st.options.retrace_on_guard_failure, "compile_step: the call does not match the trace (",
+                 args.size(), " arguments: ", types_str(args),
+                 "; or a captured tensor, a gradient the step reads, the grad or autocast mode, a "
+                 "module or an optimizer setting changed since); retracing is off");
     for (size_t i = 0; i < args.size(); ++i) LAZYRT_CHECK(args[i].defined(), "compile_step: argument ", i, " is undefined");
-    // Captured state that no longer exists makes a variant useless; drop those.
+    // Variants that can never match again go: captured state gone, or traced before a change
+    // of modules or optimizer settings.
+    const uint64_t epoch = step_epoch.load(std::memory_order_relaxed);
     std::erase_if(st.variants, [&](const auto& cand) {
+      if (cand->epoch != epoch) return true;
       for (const Binding& b : cand->bindings)
         if (b.kind == Binding::Kind::State && b.state.expired()) return true;
       return false;
     });
-    st.variants.push_back(trace_step(st, args));
+    std::unique_ptr<Variant> traced = trace_step(st, args);
+    LAZYRT_CHECK(matches(*traced, args) && lock_state(*traced, args),
+                 "compile_step: the step changes what it depends on while it is traced (it switches "
+                 "train/eval, replaces a module attribute or an optimizer setting, or changes a "
+                 "gradient it reads before reading it); such a step cannot be replayed");
+    st.variants.push_back(std::move(traced));
     v = st.variants.back().get();
   }
   replay(*v, args);

@@ -76,6 +76,7 @@ void TensorImpl::set_ir(LazyValue v) {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     r.set.insert(this);
+    origin_ = v.node;
   }
   ir = std::move(v);
   data_.reset();
@@ -101,6 +102,7 @@ void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue 
       auto& r = pending_registry();
       std::lock_guard<std::mutex> lock(r.mu);
       r.set.insert(this);
+      origin_ = value.node;
     }
     ir = std::move(value);
     data_.reset();
@@ -111,6 +113,10 @@ void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue 
     set_data(std::move(data));
     active_journal = saved;
   }
+}
+
+void note_grad_read(TensorImpl& t) {
+  if (active_journal) active_journal->grad_reading(t);
 }
 
 void TensorImpl::set_grad_impl(std::shared_ptr<TensorImpl> g) {
@@ -148,6 +154,14 @@ void RebindJournal::grad_changing(TensorImpl& t) {
   Entry& e = entry(t);
   if (e.grad_changed) return;
   e.grad_changed = true;
+  if (!e.grad_read) e.grad = t.grad;
+}
+
+void RebindJournal::grad_reading(TensorImpl& t) {
+  if (t.id >= first_new_id_) return;
+  Entry& e = entry(t);
+  if (e.grad_changed || e.grad_read) return;
+  e.grad_read = true;
   e.grad = t.grad;
 }
 

@@ -63,6 +63,8 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   bool requires_grad = false;
   std::shared_ptr<autograd::GradNode> grad_fn;
   std::shared_ptr<TensorImpl> grad;
+  // A value autograd saved for backward (not a tensor the user holds).
+  bool saved_for_backward = false;
 
   bool is_pending() const { return static_cast<bool>(ir); }
   /// The tensor's value in the IR: its pending value, or a parameter leaf for its data.
@@ -73,6 +75,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   void set_data(std::shared_ptr<runtime::Buffer> buffer);
   const std::shared_ptr<runtime::Buffer>& data() const { return data_; }
   const LazyValue& pending() const { return ir; }
+  /// The node of the first pending value the tensor held since it last held data (held
+  /// weakly): a graph reading it computes this tensor's value from an earlier pending one.
+  std::shared_ptr<LazyNode> origin() const { return origin_.lock(); }
   /// Puts back a value saved by a RebindJournal (data, or pending IR).
   void restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value);
   /// Drops the cached parameter leaf, so the data buffer's owners are the tensor and whatever
@@ -87,7 +92,12 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   std::shared_ptr<runtime::Buffer> data_;
   LazyValue ir;
   LazyValue leaf_;  // cached parameter leaf for data_
+  std::weak_ptr<LazyNode> origin_;
 };
+
+/// Called wherever a tensor's gradient is read (Tensor::grad, autograd's accumulation), so a
+/// RebindJournal can note which gradients a traced step depends on.
+void note_grad_read(TensorImpl& t);
 
 /// Trace scopes: while a loop body is traced, ops record into the loop's scope. The scope
 /// stack is per thread.
@@ -119,6 +129,9 @@ class RebindJournal {
     bool requires_grad = false;
     bool grad_changed = false;
     std::shared_ptr<TensorImpl> grad;  // the gradient before
+    // The traced code read the gradient before changing it: what it computes depends on
+    // which gradient tensor (or none) the tensor had.
+    bool grad_read = false;
   };
   RebindJournal();
   ~RebindJournal();
@@ -132,6 +145,7 @@ class RebindJournal {
   // Hooks called by TensorImpl.
   void value_changing(TensorImpl& t);
   void grad_changing(TensorImpl& t);
+  void grad_reading(TensorImpl& t);
 
  private:
   Entry& entry(TensorImpl& t);

@@ -4,6 +4,7 @@
 
 #include <map>
 
+#include "autograd/autograd.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -73,8 +74,9 @@ Carry while_loop_impl(const char* op, const std::function<Tensor(const Carry&)>&
   std::vector<ir::TensorType> types;
   for (size_t k = 0; k < init.size(); ++k) {
     LAZYRT_CHECK(init[k].defined(), op, ": init value ", k, " is undefined");
-    LAZYRT_CHECK(!init[k].requires_grad(), op, ": init value ", k,
-                 " requires grad, and loops are not differentiable yet; detach it first");
+    LAZYRT_CHECK(!init[k].requires_grad() || !autograd::grad_enabled(), op, ": init value ", k,
+                 " requires grad, and loops are not differentiable yet; detach it first, or run the "
+                 "loop under no_grad");
     types.push_back({init[k].dtype(), init[k].shape()});
   }
   std::shared_ptr<const ir::Graph> cond_graph, body_graph;

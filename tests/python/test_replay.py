@@ -261,3 +261,17 @@ def test_steps_called_from_several_threads_do_not_deadlock():
     assert not errors, errors
     assert s.opt.step_count.item() == 60
     assert step.traces == 2, "the shape change retraced once, while other threads waited"
+
+
+def test_invalidate_compiled_steps_retraces_a_step_that_read_a_python_value():
+    # A Python number the step reads is a constant of its trace; after changing it, the user
+    # says so and the next call retraces instead of replaying the old constant.
+    scale = {"v": 2.0}
+    x = lr.tensor([1.0, 2.0])
+    step = lr.compile_step(lambda x: x * scale["v"], (x,))
+    assert step(x).tolist() == [2.0, 4.0]
+    scale["v"] = 3.0
+    assert step(x).tolist() == [2.0, 4.0], "the trace's constant, as documented"
+    lr.invalidate_compiled_steps()
+    assert step(x).tolist() == [3.0, 6.0]
+    assert step.traces == 2

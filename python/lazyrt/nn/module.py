@@ -3,7 +3,9 @@
 A module registers what is assigned to its attributes: a Parameter (or any leaf tensor that
 requires grad) as a parameter, a Module as a submodule; register_buffer adds buffers.
 Parameters keep their identity for the module's life (optimizers, compile_step and
-load_state_dict rely on that); their values change in place.
+load_state_dict rely on that); their values change in place. Replacing or deleting an
+attribute of a module, and switching it between train() and eval(), changes what a traced
+step computes: it makes every compiled step retrace on its next call.
 """
 
 from collections import OrderedDict, namedtuple
@@ -67,6 +69,7 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError("cannot assign attributes before Module.__init__() is called")
         params, buffers, modules = self._parameters, self._buffers, self._modules
+        self._replacing(name, value)
         # A leaf that requires grad is a parameter too (results of ops that require grad are not).
         is_param = isinstance(value, Parameter) or (
             isinstance(value, Tensor) and value.requires_grad and value.is_leaf)
@@ -94,6 +97,15 @@ class Module:
         else:
             object.__setattr__(self, name, value)
 
+    def _replacing(self, name, value):
+        """A compiled step may have read the attribute being replaced: it retraces."""
+        d = self.__dict__
+        for store in (d, self._parameters, self._buffers, self._modules):
+            if name in store:
+                if store[name] is not value:
+                    _C.invalidate_compiled_steps()
+                return
+
     def _remove(self, name):
         self.__dict__.pop(name, None)
         for d in (self._parameters, self._buffers, self._modules):
@@ -109,6 +121,7 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __delattr__(self, name):
+        _C.invalidate_compiled_steps()
         for store in (self._parameters, self._buffers, self._modules):
             if name in store:
                 del store[name]
@@ -124,12 +137,14 @@ class Module:
             raise TypeError(f"register_parameter: '{name}' must be a lazyrt tensor or None")
         if param is not None and not isinstance(param, Parameter) and not param.requires_grad:
             param = Parameter(param)
+        self._replacing(name, param)
         self._remove(name)
         self._parameters[name] = param
 
     def register_buffer(self, name, tensor, persistent=True):
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(f"register_buffer: '{name}' must be a lazyrt tensor or None")
+        self._replacing(name, tensor)
         self._remove(name)
         self._buffers[name] = tensor
         if not persistent:
@@ -138,6 +153,7 @@ class Module:
     def add_module(self, name, module):
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"add_module: '{name}' must be a lazyrt.nn.Module or None")
+        self._replacing(name, module)
         self._remove(name)
         self._modules[name] = module
 
@@ -244,6 +260,8 @@ class Module:
     # ---- modes and gradients ---------------------------------------------------------------
 
     def train(self, mode=True):
+        if self.training != bool(mode):
+            _C.invalidate_compiled_steps()  # dropout and the like compute otherwise
         object.__setattr__(self, "training", bool(mode))
         for m in self.children():
             m.train(mode)

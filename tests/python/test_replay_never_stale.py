@@ -1,0 +1,358 @@
+"""Replay is never stale: every replay path against the plain traced program, for state that is
+still pending when the step is traced and for what users do between calls.
+
+The truth is the same program run with plain traced steps (call the step, mark_step), from the
+same seed, in the same process; gradients through a non-leaf argument are checked against
+PyTorch's autograd.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import lazyrt as lr
+import lazyrt.nn as nn
+import lazyrt.nn.functional as F
+
+
+def data(seed, *shape):
+    return lr.tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+
+
+class World:
+    """A model, an optimizer and a step, built from one seed and never synced."""
+
+    def __init__(self, opt="adamw", dropout=0.0, zero_grad="end", lr_=0.1):
+        lr.manual_seed(0)
+        layers = [nn.Linear(5, 8), nn.Tanh()]
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+        layers.append(nn.Linear(8, 3))
+        self.model = nn.Sequential(*layers)
+        params = self.model.parameters()
+        self.opt = {"adamw": lambda: lr.optim.AdamW(params, lr=lr_),
+                    "adam": lambda: lr.optim.Adam(params, lr=lr_, weight_decay=0.01),
+                    "sgd": lambda: lr.optim.SGD(params, lr=lr_, momentum=0.9)}[opt]()
+        self.zero_grad = zero_grad
+
+    def step(self, x):
+        if self.zero_grad == "start":
+            self.opt.zero_grad()
+        loss = (self.model(x) ** 2).mean()
+        loss.backward()
+        self.opt.step()
+        if self.zero_grad == "end":
+            self.opt.zero_grad()
+        return loss
+
+    def state(self):
+        """Every parameter, gradient and optimizer state tensor, as NumPy."""
+        out = {k: v.numpy().copy() for k, v in self.model.state_dict().items()}
+        for i, p in enumerate(self.model.parameters()):
+            out[f"grad{i}"] = None if p.grad is None else p.grad.numpy().copy()
+        for i, t in enumerate(self.opt.state_tensors()):
+            out[f"opt{i}"] = t.numpy().copy()
+        return out
+
+
+def assert_same_state(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if a[k] is None or b[k] is None:
+            assert a[k] is None and b[k] is None, f"{k}: one gradient is None, the other is not"
+        else:
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def run_both(program, **world):
+    """program(world, call) with call = the replayed step, then with call = the plain step;
+    returns (replayed losses, plain losses, replayed state, plain state)."""
+    results = []
+    for replayed in (True, False):
+        w = World(**world)
+        compiled = {}
+
+        def call(x):
+            if not replayed:
+                loss = w.step(x)
+                lr.mark_step()
+                return loss.item()
+            if "step" not in compiled:
+                compiled["step"] = lr.compile_step(w.step, (x,))
+            return compiled["step"](x).item()
+
+        losses = program(w, call)
+        results.append((losses, w.state(), compiled.get("step")))
+    (l1, s1, step), (l2, s2, _) = results
+    np.testing.assert_allclose(l1, l2, rtol=1e-6, atol=1e-7)
+    assert_same_state(s1, s2)
+    assert len(set(np.round(l2, 5))) > 1, "the program must make the losses change"
+    return step
+
+
+def test_fresh_model_never_synced_replays_exactly():
+    # The issue's program: model and optimizer still pending when the step is traced.
+    step = run_both(lambda w, call: [call(data(1, 10, 5)) for _ in range(4)])
+    assert step.traces == 1
+
+
+@pytest.mark.parametrize("opt", ["adamw", "adam", "sgd"])
+def test_load_state_dict_without_sync_before_the_trace_and_between_calls(opt):
+    def program(w, call):
+        w.model.load_state_dict({k: data(i + 10, *v.shape) for i, (k, v) in enumerate(w.model.state_dict().items())})
+        losses = [call(data(1, 10, 5)) for _ in range(2)]
+        w.model.load_state_dict({k: data(i + 20, *v.shape) for i, (k, v) in enumerate(w.model.state_dict().items())})
+        return losses + [call(data(2, 10, 5)) for _ in range(2)]
+    run_both(program, opt=opt)
+
+
+def test_in_place_edits_of_a_parameter_before_the_trace_and_between_calls():
+    def program(w, call):
+        with lr.no_grad():
+            w.model[0].weight.mul_(0.5)
+        losses = [call(data(1, 10, 5))]
+        with lr.no_grad():
+            w.model[0].weight.add_(data(3, 8, 5))
+            w.model[2].bias.copy_(data(4, 3))
+        return losses + [call(data(1, 10, 5)) for _ in range(2)]
+    run_both(program)
+
+
+@pytest.mark.parametrize("opt", ["adamw", "sgd"])
+def test_a_learning_rate_change_between_calls_is_used_without_recompiling(opt):
+    def program(w, call):
+        losses = [call(data(1, 10, 5)) for _ in range(2)]
+        lr.mark_step()
+        before = lr.metrics.counter("UncachedCompile")
+        for rate in (0.5, 0.0, 0.02):
+            w.opt.param_groups[0]["lr"] = rate
+            losses.append(call(data(1, 10, 5)))
+            if rate == 0.0:
+                losses.append(call(data(1, 10, 5)))
+                assert losses[-1] == pytest.approx(losses[-2], rel=1e-6), "rate 0: the weights stay"
+        program.compiles = lr.metrics.counter("UncachedCompile") - before
+        return losses
+    step = run_both(program, opt=opt)
+    assert step.traces == 1, "a new rate is a tensor value, not a new trace"
+
+
+def test_other_hyperparameters_retrace():
+    def program(w, call):
+        losses = [call(data(1, 10, 5)) for _ in range(2)]
+        w.opt.param_groups[0]["weight_decay"] = 0.5
+        return losses + [call(data(1, 10, 5)) for _ in range(2)]
+    step = run_both(program)
+    assert step.traces == 2
+
+
+def test_eval_after_training_turns_dropout_off_and_train_turns_it_on():
+    def program(w, call):
+        losses = [call(data(1, 10, 5)) for _ in range(2)]
+        w.model.eval()
+        losses += [call(data(1, 10, 5)) for _ in range(2)]
+        w.model.train()
+        return losses + [call(data(1, 10, 5))]
+    step = run_both(program, dropout=0.5)
+    assert step.traces == 3
+
+
+def test_replacing_a_parameter_between_calls_is_read_by_the_next_call():
+    def program(w, call):
+        losses = [call(data(1, 10, 5))]
+        w.model[2].bias = nn.Parameter(data(5, 3))  # the optimizer keeps updating the old one
+        return losses + [call(data(1, 10, 5)) for _ in range(2)]
+    run_both(program)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_gradients_accumulated_over_calls_with_zero_grad_outside(set_to_none):
+    def program(w, call):
+        losses = []
+        for i in range(6):
+            losses.append(call(data(i, 10, 5)))
+            if i % 3 == 2:
+                w.opt.zero_grad(set_to_none=set_to_none)
+        return losses
+    run_both(program, zero_grad="never")
+
+
+def test_zero_grad_at_the_start_of_the_step():
+    run_both(lambda w, call: [call(data(i, 10, 5)) for i in range(3)], zero_grad="start")
+
+
+def test_a_step_that_clears_gradients_clears_them_on_every_call():
+    # The step ends with zero_grad(set_to_none); a gradient set between calls must go.
+    def program(w, call):
+        losses = [call(data(1, 10, 5))]
+        for p in w.model.parameters():
+            p.grad = data(9, *p.shape)
+        return losses + [call(data(1, 10, 5))]
+    run_both(program, zero_grad="end")
+
+
+def test_deleting_the_optimizer_retraces_with_the_new_one():
+    def program(w, call):
+        losses = [call(data(1, 10, 5)) for _ in range(2)]
+        w.opt = lr.optim.SGD(w.model.parameters(), lr=0.05)
+        return losses + [call(data(1, 10, 5)) for _ in range(2)]
+    step = run_both(program)
+    assert step.traces == 2
+
+
+def test_a_non_leaf_argument_gets_pytorchs_gradient():
+    # Traced on a leaf that requires grad, called on x * 2: the gradient flows back through
+    # the multiplication into x.grad, as in PyTorch.
+    lr.manual_seed(0)
+    lin = nn.Linear(4, 2)
+    w0, b0 = lin.weight.numpy().copy(), lin.bias.numpy().copy()
+    x_np = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+
+    def step(x):
+        loss = lin(x).tanh().sum()
+        loss.backward()
+        return loss
+
+    x = lr.tensor(x_np, requires_grad=True)
+    s = lr.compile_step(step, (x,))
+    s(x)
+    x.grad = None
+    s(x * 2)
+    s(x * 3)
+
+    tx = torch.tensor(x_np, requires_grad=True)
+    tl = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        tl.weight.copy_(torch.from_numpy(w0))
+        tl.bias.copy_(torch.from_numpy(b0))
+    tl(tx * 2).tanh().sum().backward()
+    tl(tx * 3).tanh().sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+    # Gradients of the weights accumulated over all three calls.
+    tl(tx).tanh().sum().backward()
+    np.testing.assert_allclose(lin.weight.grad.numpy(), tl.weight.grad.numpy(), rtol=1e-5, atol=1e-6)
+    # The second call retraced once: the weights' gradients existed by then, so backward
+    # accumulates into them. A non-leaf argument itself needs no new trace.
+    assert s.traces == 2
+
+
+def test_a_second_leaf_argument_gets_its_own_gradient():
+    lr.manual_seed(0)
+    lin = nn.Linear(4, 2)
+
+    def step(x):
+        lin(x).sum().backward()
+        return lin.weight.sum()
+
+    x1 = data(1, 3, 4).requires_grad_()
+    x2 = data(2, 3, 4).requires_grad_()
+    s = lr.compile_step(step, (x1,))
+    s(x2)
+    assert x1.grad is None, "the traced argument is not the one called with"
+    np.testing.assert_allclose(x2.grad.numpy(), np.tile(lin.weight.numpy().sum(0), (3, 1)), rtol=1e-6)
+
+
+def test_an_argument_that_is_also_captured_state_is_not_confused_with_it():
+    lr.manual_seed(0)
+    lin = nn.Linear(3, 3)
+
+    def step(x):
+        with lr.no_grad():
+            x.mul_(2)  # when x is the weight itself, the forward sees the doubled weight
+        return lin(lr.ones(1, 3)).sum()
+
+    def plain(arg_is_weight):
+        lr.manual_seed(0)
+        l2 = nn.Linear(3, 3)
+        return l2, (l2.weight if arg_is_weight else data(7, 3, 3))
+
+    for first, then in [(False, True), (True, False)]:
+        lr.manual_seed(0)
+        lin = nn.Linear(3, 3)
+        other = data(7, 3, 3)
+        s = lr.compile_step(step, (lin.weight if first else other,))
+        got = [s(lin.weight if a else other).item() for a in (first, then, then)]
+        lr.manual_seed(0)
+        lin = nn.Linear(3, 3)
+        other = data(7, 3, 3)
+        want = [step(lin.weight if a else other).item() for a in (first, then, then)]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_grad_mode_at_the_call_is_a_guard():
+    lr.manual_seed(0)
+    lin = nn.Linear(3, 1)
+
+    def step(x):
+        y = lin(x).sum()
+        if y.requires_grad:
+            y.backward()
+        return y
+
+    s = lr.compile_step(step, (data(1, 2, 3),))
+    s(data(1, 2, 3))
+    g = lin.weight.grad.numpy().copy()
+    with lr.no_grad():
+        s(data(1, 2, 3))
+    np.testing.assert_array_equal(lin.weight.grad.numpy(), g)
+    assert s.traces == 2
+
+
+def test_low_level_calls_refuse_a_step_traced_on_pending_state_and_change_nothing():
+    w = World()
+    x = data(1, 10, 5)
+    loss = w.step(x)
+    for call in (lr.graph_hash, lr.warm_up_cache, lr.graph_inputs):
+        with pytest.raises(lr.Error, match="mark_step"):
+            call([loss])
+    assert loss.is_pending()
+    # Nothing changed: the pending step still computes the plain program's first loss.
+    first = loss.item()
+    w2 = World()
+    assert first == pytest.approx(w2.step(x).item(), rel=1e-6)
+
+
+def test_low_level_calls_after_mark_step_match_plain_steps_across_lr_changes():
+    losses = []
+    for replayed in (True, False):
+        w = World()
+        lr.mark_step()
+        x = data(1, 10, 5)
+        if replayed:
+            loss = w.step(x)
+            h = lr.graph_hash([loss])
+            lr.warm_up_cache([loss])
+            _, values = lr.graph_inputs([loss])
+            out = []
+            for rate in (0.1, 0.1, 0.3):
+                w.opt.param_groups[0]["lr"] = rate
+                out.append(lr.run_cached_graph(h, values)[0].item())
+        else:
+            out = []
+            for rate in (0.1, 0.1, 0.3):
+                w.opt.param_groups[0]["lr"] = rate
+                out.append(w.step(x).item())
+                lr.mark_step()
+        losses.append((out, w.state()))
+    np.testing.assert_allclose(losses[0][0], losses[1][0], rtol=1e-6)
+    assert_same_state(losses[0][1], losses[1][1])
+
+
+def test_loops_accept_tensors_that_require_grad_under_no_grad():
+    # As PyTorch/XLA's test_while_loop runs a Linear inside the loop: nothing is differentiated.
+    lr.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    t = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        t.weight.copy_(torch.tensor(lin.weight.numpy()))
+        t.bias.copy_(torch.tensor(lin.bias.numpy()))
+    x0 = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    with lr.no_grad():
+        (i, x) = lr.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, lin(x).tanh()),
+                               (lr.tensor(0), lr.tensor(x0)))
+    want = torch.from_numpy(x0)
+    with torch.no_grad():
+        for _ in range(3):
+            want = t(want).tanh()
+    np.testing.assert_allclose(x.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(lr.Error, match="no_grad"):
+        lr.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, lin(x)), (lr.tensor(0), lr.tensor(x0)))
