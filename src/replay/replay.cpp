@@ -47,13 +47,15 @@ trace::Extracted extract_with_updates(std::vector<ImplPtr>& roots) {
   while (true) {
     trace::Extracted ex = trace::extract_graph(roots);
     bool added = false;
-    for (const auto& weak : ex.param_tensors) {
+    auto add = [&](const std::weak_ptr<TensorImpl>& weak) {
       ImplPtr t = weak.lock();
       if (t && t->is_pending() && t->scope == 0 && std::find(roots.begin(), roots.end(), t) == roots.end()) {
         roots.push_back(std::move(t));
         added = true;
       }
-    }
+    };
+    for (const auto& weak : ex.param_tensors) add(weak);
+    for (const auto& [p, weak] : ex.param_aliases) add(weak);
     if (!added) return ex;
   }
 }
@@ -272,6 +274,9 @@ struct Binding {
   // State: what autograd saw of the tensor when the step was traced.
   bool requires_grad = false;
   bool leaf = true;
+  // Other live tensors that held the same buffer when traced: the graph reads them as one
+  // value, so they must still share a buffer (else the call retraces).
+  std::vector<std::weak_ptr<TensorImpl>> aliases;
 };
 
 // Where output k of a traced step goes on each call.
@@ -279,6 +284,7 @@ struct Sink {
   enum class Kind { Result, UpdateArg, UpdateState, Grad, ArgGrad } kind;
   int32_t index = -1;                // the result or argument
   std::weak_ptr<TensorImpl> tensor;  // the updated tensor, or the leaf whose gradient it is
+  int32_t binding = -1;              // the State binding of that same tensor, if any
 };
 
 // The gradient a traced step read before changing it: which tensor (or none) it was.
@@ -286,7 +292,20 @@ struct GradGuard {
   std::weak_ptr<TensorImpl> leaf;
   std::weak_ptr<TensorImpl> grad;
   bool had_grad = false;
+  int32_t binding = -1;  // the State binding of the leaf, if any
 };
+
+// A leaf whose gradient the step sets to none.
+struct ClearGrad {
+  std::weak_ptr<TensorImpl> leaf;
+  int32_t binding = -1;
+};
+
+// Whether two pointers own the same object, without locking the weak one (an expired weak
+// pointer owns nothing a live shared pointer could).
+bool same_owner(const std::weak_ptr<TensorImpl>& w, const ImplPtr& p) {
+  return !w.owner_before(p) && !p.owner_before(w);
+}
 
 struct Variant {
   // Guards: what the trace assumed besides the captured tensors' values.
@@ -304,7 +323,8 @@ struct Variant {
   std::shared_ptr<Executable> exe;
   std::vector<Binding> bindings;
   std::vector<Sink> sinks;
-  std::vector<std::weak_ptr<TensorImpl>> clear_grads;  // leaves whose gradient the step sets to none
+  std::vector<ClearGrad> clear_grads;
+  bool any_pending = false;  // set by lock_state: a captured tensor must be computed first
   std::vector<int32_t> offers;
   size_t results = 0;
   // Run-time scratch, sized at trace time.
@@ -461,11 +481,11 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
         Sink s = arg >= 0 ? Sink{Sink::Kind::UpdateArg, arg, {}} : Sink{Sink::Kind::UpdateState, -1, e.tensor};
         sinks.push_back({root_index(e.tensor), s});
       }
-      if (e.grad_read) v->grad_guards.push_back({e.tensor, e.grad, e.grad != nullptr});
+      if (e.grad_read) v->grad_guards.push_back({e.tensor, e.grad, e.grad != nullptr, -1});
       if (e.grad_changed) {
         const ImplPtr& g = e.tensor->grad;
         if (!g) {
-          v->clear_grads.push_back(e.tensor);
+          v->clear_grads.push_back({e.tensor, -1});
         } else {
           LAZYRT_CHECK(g->is_pending(), "compile_step: the step sets the gradient of a tensor (", what,
                        ") to a tensor it does not compute; assign gradients outside the step");
@@ -497,6 +517,24 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
       else if (src) b = {Binding::Kind::State, -1, src, nullptr};
       v->bindings.push_back(std::move(b));
     }
+    for (const auto& [p, weak] : ex.param_aliases) {
+      Binding& b = v->bindings[p];
+      ImplPtr t = weak.lock();
+      if (!t) continue;
+      if (b.kind == Binding::Kind::Constant) b = {Binding::Kind::State, -1, t, nullptr};  // the live one
+      else if (b.kind == Binding::Kind::State) b.aliases.push_back(t);
+    }
+    // Tensors that are bound anyway are reached through their binding on each call.
+    auto binding_of = [&](const std::weak_ptr<TensorImpl>& t) {
+      for (size_t p = 0; p < v->bindings.size(); ++p)
+        if (v->bindings[p].kind == Binding::Kind::State && same_owner(v->bindings[p].state, t.lock()))
+          return static_cast<int32_t>(p);
+      return int32_t{-1};
+    };
+    for (Sink& s : v->sinks)
+      if (s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad) s.binding = binding_of(s.tensor);
+    for (GradGuard& g : v->grad_guards) g.binding = binding_of(g.leaf);
+    for (ClearGrad& c : v->clear_grads) c.binding = binding_of(c.leaf);
     // An update may be written into the buffer of the parameter holding its old value.
     v->offers.assign(v->sinks.size(), -1);
     for (size_t k = 0; k < v->sinks.size(); ++k) {
@@ -562,17 +600,24 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   return v;
 }
 
+// A captured tensor during a call: through its binding's hold, or locked into `hold`.
+TensorImpl* resolve(const Variant& v, int32_t binding, const std::weak_ptr<TensorImpl>& weak, ImplPtr& hold) {
+  if (binding >= 0) return v.holds[binding].get();
+  if (!hold) hold = weak.lock();
+  return hold.get();
+}
+
 // Sinks' current tensors (for buffer reuse) and where the new values go.
 TensorImpl* sink_tensor(const Variant& v, const Sink& s, const std::vector<Tensor>& args, ImplPtr& hold) {
   switch (s.kind) {
     case Sink::Kind::Result: return v.result_tensors[s.index].impl().get();
     case Sink::Kind::UpdateArg: return args[s.index].impl().get();
-    case Sink::Kind::UpdateState: hold = s.tensor.lock(); return hold.get();
+    case Sink::Kind::UpdateState: return resolve(v, s.binding, s.tensor, hold);
     case Sink::Kind::Grad: {
       // The step leaves a new gradient tensor; the old one's buffer (and the tensor itself)
       // is reused only where nothing but the leaf holds it, so nobody can tell.
-      hold = s.tensor.lock();
-      return hold && hold->grad && hold->grad.use_count() == 1 && !hold->grad->grad_fn ? hold->grad.get() : nullptr;
+      TensorImpl* leaf = resolve(v, s.binding, s.tensor, hold);
+      return leaf && leaf->grad && leaf->grad.use_count() == 1 && !leaf->grad->grad_fn ? leaf->grad.get() : nullptr;
     }
     case Sink::Kind::ArgGrad: return nullptr;
   }
@@ -585,25 +630,31 @@ TensorImpl* sink_tensor(const Variant& v, const Sink& s, const std::vector<Tenso
 // On a failure the holds are released.
 bool lock_state(Variant& v, const std::vector<Tensor>& args) {
   bool ok = true;
+  v.any_pending = false;
   for (size_t p = 0; ok && p < v.bindings.size(); ++p) {
     const Binding& b = v.bindings[p];
     if (b.kind != Binding::Kind::State) continue;
     v.holds[p] = b.state.lock();
     const TensorImpl* t = v.holds[p].get();
     if (!t || t->requires_grad != b.requires_grad || (t->grad_fn == nullptr) != b.leaf) ok = false;
+    else v.any_pending |= t->is_pending();
+    for (size_t a = 0; ok && a < b.aliases.size(); ++a)
+      if (ImplPtr other = b.aliases[a].lock())
+        if (other->is_pending() || t->is_pending() || other->data() != t->data()) ok = false;
     for (size_t i = 0; ok && i < args.size(); ++i)
       if (args[i].impl().get() == t && !v.pin[i]) ok = false;
   }
   for (size_t g = 0; ok && g < v.grad_guards.size(); ++g) {
     const GradGuard& gg = v.grad_guards[g];
-    ImplPtr leaf = gg.leaf.lock();
-    if (!leaf || static_cast<bool>(leaf->grad) != gg.had_grad ||
-        (gg.had_grad && leaf->grad != gg.grad.lock()))
+    ImplPtr hold;
+    const TensorImpl* leaf = resolve(v, gg.binding, gg.leaf, hold);
+    if (!leaf || static_cast<bool>(leaf->grad) != gg.had_grad || (gg.had_grad && !same_owner(gg.grad, leaf->grad)))
       ok = false;
   }
   for (size_t k = 0; ok && k < v.sinks.size(); ++k) {
     const Sink& s = v.sinks[k];
-    if ((s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad) && s.tensor.expired()) ok = false;
+    if ((s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad) && s.binding < 0 && s.tensor.expired())
+      ok = false;
   }
   if (!ok)
     for (auto& h : v.holds) h = nullptr;
@@ -617,13 +668,17 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   Executable& exe = *v.exe;
   // Bind: every parameter must be device data; pending ones (state loaded with
   // load_state_dict, an edited parameter, a lazy argument) are computed first, in one graph.
-  std::vector<ImplPtr> pending;
-  for (size_t p = 0; p < v.bindings.size(); ++p) {
-    const Binding& b = v.bindings[p];
-    TensorImpl* t = b.kind == Binding::Kind::Arg ? args[b.arg].impl().get() : v.holds[p].get();
-    if (t && t->is_pending()) pending.push_back(t->shared_from_this());
+  bool any_pending = v.any_pending;
+  for (const Tensor& a : args) any_pending |= a.impl()->is_pending();
+  if (any_pending) {
+    std::vector<ImplPtr> pending;
+    for (size_t p = 0; p < v.bindings.size(); ++p) {
+      const Binding& b = v.bindings[p];
+      TensorImpl* t = b.kind == Binding::Kind::Arg ? args[b.arg].impl().get() : v.holds[p].get();
+      if (t && t->is_pending()) pending.push_back(t->shared_from_this());
+    }
+    trace::sync_tensors(pending);
   }
-  if (!pending.empty()) trace::sync_tensors(pending);
   for (size_t p = 0; p < v.bindings.size(); ++p) {
     const Binding& b = v.bindings[p];
     TensorImpl* t = b.kind == Binding::Kind::Arg ? args[b.arg].impl().get() : v.holds[p].get();
@@ -663,8 +718,9 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
       if (t.is_pending() || t.data() != b) t.set_data(b);
     };
     const Sink& s = v.sinks[k];
-    ImplPtr& held = v.sink_holds[k];
-    if (!held && (s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad)) held = s.tensor.lock();
+    TensorImpl* held = s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad
+                           ? resolve(v, s.binding, s.tensor, v.sink_holds[k])
+                           : nullptr;
     switch (s.kind) {
       case Sink::Kind::Result: write_back(*v.result_tensors[s.index].impl()); break;
       case Sink::Kind::UpdateArg: write_back(*args[s.index].impl()); break;
@@ -682,8 +738,11 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
         break;
     }
   }
-  for (const auto& leaf : v.clear_grads)
-    if (ImplPtr t = leaf.lock()) t->set_grad_impl(nullptr);
+  for (const ClearGrad& c : v.clear_grads) {
+    ImplPtr hold;
+    if (TensorImpl* t = resolve(v, c.binding, c.leaf, hold))
+      if (t->grad) t->set_grad_impl(nullptr);
+  }
   for (auto& o : v.outs) o = nullptr;
   for (auto& h : v.sink_holds) h = nullptr;
   for (auto& h : v.holds) h = nullptr;

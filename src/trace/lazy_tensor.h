@@ -176,6 +176,9 @@ struct Extracted {
   std::vector<int32_t> param_nodes;                      // per parameter, its graph node
   std::vector<int64_t> param_sources;                    // per parameter, the tensor it came from
   std::vector<std::weak_ptr<TensorImpl>> param_tensors;  // per parameter, that tensor
+  // Other tensors holding a parameter's buffer (a detached copy of a state tensor, say), as
+  // (parameter, tensor). A parameter's tensor above is the oldest of them.
+  std::vector<std::pair<int32_t, std::weak_ptr<TensorImpl>>> param_aliases;
 };
 Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& pending);
 /// The cache key of a graph compiled with these donation offers.

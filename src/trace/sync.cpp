@@ -44,6 +44,17 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
           ex.params.push_back(v.node->data);
           source.push_back(v.node->source_tensor);
           ex.param_tensors.push_back(v.node->source);
+        } else if (v.node->source_tensor != source[it->second]) {
+          // Another tensor on the same buffer: the oldest stands for the parameter (state
+          // outlives the temporaries made from it), the others are noted.
+          const int32_t p = it->second;
+          std::weak_ptr<TensorImpl> other = v.node->source;
+          int64_t other_id = v.node->source_tensor;
+          if (other_id < source[p]) {
+            std::swap(other, ex.param_tensors[p]);
+            std::swap(other_id, source[p]);
+          }
+          ex.param_aliases.emplace_back(p, std::move(other));
         }
         return ir::ValueRef{ex.param_nodes[it->second], 0};
       });
