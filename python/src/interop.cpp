@@ -128,10 +128,7 @@ Tensor from_numpy(py::handle h) {
 
 py::array numpy_view(const Tensor& t) {
   const char* name = numpy_name(t.dtype());
-  if (t.is_pending()) {
-    py::gil_scoped_release release;
-    sync({t});
-  }
+  sync_released(t);
   std::shared_ptr<Buffer> buf = t.impl()->data();
   const void* data = buf->data();
   py::capsule base(new std::shared_ptr<Buffer>(std::move(buf)),
@@ -177,10 +174,7 @@ py::capsule to_dlpack(const Tensor& t, bool bool_as_uint8) {
       dt = {1, 8, 1};
       break;
   }
-  if (t.is_pending()) {
-    py::gil_scoped_release release;
-    sync({t});
-  }
+  sync_released(t);
   auto* e = new Exported();
   e->buffer = t.impl()->data();
   e->shape = t.shape();

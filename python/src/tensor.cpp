@@ -5,14 +5,14 @@
 
 namespace lazyrt::python {
 
-namespace {
-
 // Syncs t, without the GIL: other Python threads run while the graph compiles and executes.
 void sync_released(const Tensor& t) {
   if (!t.is_pending()) return;
   py::gil_scoped_release release;
-  sync({t});
+  trace::sync_for_read({t.impl()});
 }
+
+namespace {
 
 // The one element of a synced one-element tensor, as the Python number of its kind.
 py::object element(const Tensor& t, const char* what) {

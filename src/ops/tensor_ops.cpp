@@ -233,7 +233,7 @@ std::vector<T> Tensor::to_vector() const {
   auto& s = impl_of(*this, "to_vector");
   LAZYRT_CHECK(s.type.dtype == want, "to_vector<", dtype_name(want), ">: the tensor has dtype ",
                dtype_name(s.type.dtype), "; cast it first");
-  trace::sync_tensors({impl()});
+  trace::sync_for_read({impl()});
   const int64_t n = s.type.numel();
   std::vector<T> out(static_cast<size_t>(n));
   if constexpr (std::is_same_v<T, bool>) {
@@ -254,7 +254,7 @@ double Tensor::item() const {
   LAZYRT_CHECK(numel() == 1, "item: the tensor has ", numel(), " elements (shape ",
                shape_str(shape()), "), expected exactly one");
   auto& s = impl_of(*this, "item");
-  trace::sync_tensors({impl()});
+  trace::sync_for_read({impl()});
   double v = 0;
   kernels::visit_dtype(s.type.dtype, [&](auto tag) {
     using T = decltype(tag);

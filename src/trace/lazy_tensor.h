@@ -204,4 +204,11 @@ ir::Graph pending_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
 /// Syncs these tensors as one graph (extract, hash, look up or compile, execute, bind).
 void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
 
+/// The sync behind reading a value (item, to_vector, numpy): these tensors, plus every live
+/// pending tensor whose graph shares a computed node with theirs (a training step's parameter
+/// and optimizer updates share the forward pass with its loss). A loop that reads the loss
+/// every step without mark_step() so starts each step from device data: one graph, flat
+/// memory, instead of a pending history that grows with every step.
+void sync_for_read(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
+
 }  // namespace lazyrt::trace

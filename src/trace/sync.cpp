@@ -9,9 +9,9 @@
 // the tensor it came from, so an in-place update (w.add_(g)) writes into w's own buffer.
 #include <algorithm>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "cache/memory_cache.h"
-#include "cache/persistent_cache.h"
 #include "cache/persistent_cache.h"
 #include "compile/compile.h"
 #include "ir/hash.h"
@@ -230,6 +230,50 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
     }
   }
   for (size_t k = 0; k < n; ++k) tensors[k]->set_data(std::move(out_bufs[k]));
+}
+
+}  // namespace lazyrt::trace
+
+namespace lazyrt::trace {
+
+void sync_for_read(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
+  std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
+  if (tensors.empty()) return;
+  // The computed (non-leaf) nodes the requested graph holds.
+  std::unordered_set<const LazyNode*> in_graph;
+  auto walk = [](const LazyNode* root, std::unordered_set<const LazyNode*>& seen, auto&& on_node) {
+    std::vector<const LazyNode*> stack{root};
+    while (!stack.empty()) {
+      const LazyNode* n = stack.back();
+      stack.pop_back();
+      if (n->op == ir::OpKind::Parameter || !seen.insert(n).second) continue;
+      if (on_node(n)) return true;
+      for (const LazyValue& v : n->operands) stack.push_back(v.node.get());
+    }
+    return false;
+  };
+  for (const auto& t : tensors) walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
+  // Every other live pending tensor (autograd's saved values aside) that reaches one of them
+  // joins, and so does its graph, until nothing more joins.
+  std::vector<std::shared_ptr<TensorImpl>> others;
+  for (auto& t : live_pending_tensors())
+    if (!t->saved_for_backward && std::find(tensors.begin(), tensors.end(), t) == tensors.end())
+      others.push_back(std::move(t));
+  for (bool joined = true; joined;) {
+    joined = false;
+    for (auto& t : others) {
+      if (!t) continue;
+      std::unordered_set<const LazyNode*> seen;
+      const bool overlaps =
+          walk(t->pending().node.get(), seen, [&](const LazyNode* n) { return in_graph.count(n) > 0; });
+      if (!overlaps) continue;
+      walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
+      tensors.push_back(std::move(t));
+      t = nullptr;
+      joined = true;
+    }
+  }
+  sync_tensors(tensors);
 }
 
 }  // namespace lazyrt::trace
