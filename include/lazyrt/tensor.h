@@ -21,6 +21,9 @@ namespace lazyrt {
 namespace trace {
 struct TensorImpl;
 }
+namespace indexing {
+class TensorIndex;
+}
 
 class Tensor {
  public:
@@ -50,6 +53,25 @@ class Tensor {
   Tensor& mul_(const Tensor& other);
   Tensor& copy_(const Tensor& src);
   Tensor& zero_();
+
+  /// Python's indexing, as PyTorch does it (libtorch's Tensor::index): t.index({0, Slice(1, 3),
+  /// None, Ellipsis, idx}) is t[0, 1:3, None, ..., idx]. Ints select (negative ones count from
+  /// the end), slices take positive steps, None adds a dim, Ellipsis stands for the dims not
+  /// named, bools add a dim of size 1 (true) or 0 (false). Index tensors (i64 with dims, or a
+  /// 0-dim i64/i32 that acts as an int) are advanced indices: they broadcast together, and
+  /// their result dims replace theirs where they are adjacent, else go first (NumPy's rule).
+  /// A b8 mask picks the elements where it is true: the result's shape depends on the mask's
+  /// values, so they are read (a sync, counted as DynamicShapeSync). An index tensor's values
+  /// are checked when the graph runs. The result holds its own value (lazyrt has no views).
+  Tensor index(std::vector<indexing::TensorIndex> indices) const;
+  /// Python's t[indices] = value, as PyTorch does it: value broadcasts to t.index(indices)'s
+  /// shape (leading dims of size 1 dropped first). Without index tensors it is cast to this
+  /// tensor's dtype; with them it must have this dtype, as in PyTorch (a one-element value with
+  /// a lone mask excepted). The tensor is rebound to a new value, like every in-place op; where
+  /// integer indices repeat, the last write wins. t[mask] = value keeps the graph static (no
+  /// read of the mask) unless the value has one element per true of the mask.
+  Tensor& index_put_(std::vector<indexing::TensorIndex> indices, const Tensor& value);
+  Tensor& index_put_(std::vector<indexing::TensorIndex> indices, Scalar value);
 
   // Autograd.
   Tensor& requires_grad_(bool requires_grad = true);
@@ -81,6 +103,63 @@ class Tensor {
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+// ---- indexing: the vocabulary of Tensor::index / index_put_ (libtorch's names) ---------------
+namespace indexing {
+
+struct EllipsisIndexType {
+  explicit constexpr EllipsisIndexType() = default;
+};
+/// `...` in Python.
+inline constexpr EllipsisIndexType Ellipsis{};
+/// `None` in Python: a new dim of size 1 (also an absent bound of a Slice).
+inline constexpr std::nullopt_t None = std::nullopt;
+
+/// start:stop:step in Python; absent bounds take the whole dim, negative ones count from the
+/// end, and out-of-range ones are clamped. step must be positive, as in PyTorch.
+struct Slice {
+  Slice(std::optional<int64_t> start = std::nullopt, std::optional<int64_t> stop = std::nullopt,
+        std::optional<int64_t> step = std::nullopt)
+      : start(start), stop(stop), step(step) {}
+  std::optional<int64_t> start, stop, step;
+};
+
+/// One entry of an index: an int, a Slice, None, Ellipsis (or "..."), a bool, or a Tensor.
+class TensorIndex {
+ public:
+  enum class Kind : uint8_t { None, Ellipsis, Integer, Boolean, Slice, Tensor };
+
+  TensorIndex(std::nullopt_t) : kind_(Kind::None) {}  // NOLINT(runtime/explicit)
+  TensorIndex(EllipsisIndexType) : kind_(Kind::Ellipsis) {}  // NOLINT(runtime/explicit)
+  /// "..." (anything else throws lazyrt::Error).
+  TensorIndex(const char* ellipsis);  // NOLINT(runtime/explicit)
+  template <class T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>, int> = 0>
+  TensorIndex(T i) : kind_(Kind::Integer), integer_(static_cast<int64_t>(i)) {}  // NOLINT
+  template <class T, std::enable_if_t<std::is_same_v<T, bool>, int> = 0>
+  TensorIndex(T b) : kind_(Kind::Boolean), integer_(b ? 1 : 0) {}  // NOLINT
+  TensorIndex(Slice s) : kind_(Kind::Slice), slice_(s) {}  // NOLINT(runtime/explicit)
+  TensorIndex(Tensor t) : kind_(Kind::Tensor), tensor_(std::move(t)) {}  // NOLINT
+
+  Kind kind() const { return kind_; }
+  bool is_none() const { return kind_ == Kind::None; }
+  bool is_ellipsis() const { return kind_ == Kind::Ellipsis; }
+  bool is_integer() const { return kind_ == Kind::Integer; }
+  bool is_boolean() const { return kind_ == Kind::Boolean; }
+  bool is_slice() const { return kind_ == Kind::Slice; }
+  bool is_tensor() const { return kind_ == Kind::Tensor; }
+  int64_t integer() const { return integer_; }
+  bool boolean() const { return integer_ != 0; }
+  const Slice& slice() const { return slice_; }
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  Kind kind_;
+  int64_t integer_ = 0;
+  Slice slice_;
+  Tensor tensor_;
+};
+
+}  // namespace indexing
 
 /// RAII: ops inside record no gradient (optimizer updates, evaluation). Per thread.
 class NoGradGuard {
@@ -237,6 +316,20 @@ Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tens
 /// A copy of a with alpha * source added to the slices of dim that index names.
 Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source,
                  Scalar alpha = 1);
+/// Advanced indexing assignment (torch.index_put): a copy of a with a[indices...] = values, the
+/// indices being i64 tensors (or b8 masks, whose values are read, see Tensor::index) that
+/// broadcast together; an undefined Tensor stands for a whole dim (":"). values broadcasts to
+/// the indexed shape and has a's dtype. With accumulate the values are added instead, repeated
+/// indices adding up; without, the last write wins.
+Tensor index_put(const Tensor& a, const std::vector<Tensor>& indices, const Tensor& values,
+                 bool accumulate = false);
+/// A copy of a with the slices of dim that index (i64, 1-D or 0-dim) names replaced by the
+/// slices of source (a's dtype; source's dim has index.numel() entries), as torch.index_copy.
+Tensor index_copy(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source);
+/// A copy of a with the slices of dim that index names set to value (a number, or a 0-dim
+/// tensor), as torch.index_fill. Negative indices count from the end.
+Tensor index_fill(const Tensor& a, int64_t dim, const Tensor& index, Scalar value);
+Tensor index_fill(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& value);
 /// value where mask (b8, broadcast with a) is true; value converted to a's dtype.
 Tensor masked_fill(const Tensor& a, const Tensor& mask, Scalar value);
 Tensor masked_fill(const Tensor& a, const Tensor& mask, const Tensor& value);  // 0-dim value

@@ -150,7 +150,15 @@ def _format(self, spec):
     return object.__format__(self, spec)
 
 
+def _iter(self):
+    """The sub-tensors along dim 0, as PyTorch iterates (t[0], t[1], ...)."""
+    if self.dim() == 0:
+        raise TypeError("iteration over a 0-d tensor")
+    return (self[i] for i in range(self.shape[0]))
+
+
 Tensor.tolist = _tolist
+Tensor.__iter__ = _iter
 Tensor.__format__ = _format
 # Tensors compare elementwise (== gives a tensor), so they hash by identity, as in PyTorch.
 Tensor.__hash__ = object.__hash__

@@ -95,6 +95,10 @@ void bind_dtypes(py::module_& m);
 void bind_tensor(py::module_& m, py::class_<Tensor>& cls);
 void bind_interop(py::module_& m, py::class_<Tensor>& cls);
 void bind_ops(py::module_& m, py::class_<Tensor>& cls);
+/// Tensor.__getitem__ / __setitem__ (indexing.cpp).
+void bind_indexing(py::class_<Tensor>& cls);
+/// A Python index key (t[key]) as Tensor::index takes it.
+std::vector<indexing::TensorIndex> index_of_key(py::handle key);
 void bind_loops(py::module_& m);
 void bind_replay(py::module_& m);
 void bind_nn(py::module_& m);

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_C, m) {
   bind_tensor(m, tensor);
   bind_interop(m, tensor);
   bind_ops(m, tensor);
+  bind_indexing(tensor);
   bind_loops(m);
   bind_replay(m);
   bind_nn(m);

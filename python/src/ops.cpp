@@ -147,6 +147,28 @@ Tensor where_op(const Tensor& cond, const Operand& x, const Operand& y) {
   return where(cond, t_or(x, like), t_or(y, like));
 }
 
+// torch.index_put's indices: a tuple (or list) of index tensors, None standing for a whole dim.
+std::vector<Tensor> index_tensors(py::handle indices) {
+  if (py::isinstance<Tensor>(indices) || !(py::isinstance<py::tuple>(indices) || py::isinstance<py::list>(indices)))
+    throw py::type_error("index_put: indices must be a tuple of tensors (None for a whole dim)");
+  std::vector<Tensor> out;
+  for (py::handle h : indices) out.push_back(h.is_none() ? Tensor() : h.cast<Tensor>());
+  return out;
+}
+
+Tensor index_fill_op(const Tensor& a, int64_t dim, const Tensor& index, const Operand& value) {
+  if (const Tensor* v = std::get_if<Tensor>(&value)) return index_fill(a, dim, index, *v);
+  return index_fill(a, dim, index, std::get<Scalar>(value));
+}
+
+// self takes f(self) as its new value (in-place ops rebind; a leaf that requires grad refuses).
+template <class F>
+py::object in_place(py::object self, F&& f) {
+  Tensor& t = self.cast<Tensor&>();
+  t.copy_(f(t));
+  return self;
+}
+
 }  // namespace
 
 Tensor pow_scalar(const Tensor& a, Scalar e) {
@@ -399,6 +421,36 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
         if (const Tensor* t = std::get_if<Tensor>(&value)) return masked_fill(a, mask, *t);
         return masked_fill(a, mask, std::get<Scalar>(value));
       }, arg("mask"), arg("value"))
+      .op("index_put", [](const Tensor& a, py::handle indices, const Tensor& values, bool accumulate) {
+        return index_put(a, index_tensors(indices), values, accumulate);
+      }, arg("indices"), arg("values"), arg("accumulate") = false)
+      .op("index_copy", &index_copy, arg("dim"), arg("index"), arg("source"))
+      .op("index_fill", &index_fill_op, arg("dim"), arg("index"), arg("value"))
+      // In place: the handle (and the Python object) keeps its identity and gets the new value.
+      .method("index_put_", [](py::object self, py::handle indices, const Tensor& values, bool accumulate) {
+        return in_place(self, [&](const Tensor& t) { return index_put(t, index_tensors(indices), values, accumulate); });
+      }, arg("indices"), arg("values"), arg("accumulate") = false)
+      .method("index_copy_", [](py::object self, int64_t dim, const Tensor& index, const Tensor& source) {
+        return in_place(self, [&](const Tensor& t) { return index_copy(t, dim, index, source); });
+      }, arg("dim"), arg("index"), arg("source"))
+      .method("index_fill_", [](py::object self, int64_t dim, const Tensor& index, const Operand& value) {
+        return in_place(self, [&](const Tensor& t) { return index_fill_op(t, dim, index, value); });
+      }, arg("dim"), arg("index"), arg("value"))
+      .method("masked_fill_", [](py::object self, const Tensor& mask, const Operand& value) {
+        return in_place(self, [&](const Tensor& t) {
+          if (const Tensor* v = std::get_if<Tensor>(&value)) return masked_fill(t, mask, *v);
+          return masked_fill(t, mask, std::get<Scalar>(value));
+        });
+      }, arg("mask"), arg("value"))
+      .method("scatter_", [](py::object self, int64_t dim, const Tensor& index, const Operand& src) {
+        return in_place(self, [&](const Tensor& t) {
+          if (const Tensor* s = std::get_if<Tensor>(&src)) return scatter(t, dim, index, *s);
+          return scatter(t, dim, index, std::get<Scalar>(src));
+        });
+      }, arg("dim"), arg("index"), arg("src"))
+      .method("scatter_add_", [](py::object self, int64_t dim, const Tensor& index, const Tensor& src) {
+        return in_place(self, [&](const Tensor& t) { return scatter_add(t, dim, index, src); });
+      }, arg("dim"), arg("index"), arg("src"))
       .op("tril", &tril, arg("diagonal") = 0)
       .op("triu", &triu, arg("diagonal") = 0)
       .fn("embedding", [](const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {

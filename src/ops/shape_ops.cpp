@@ -2,17 +2,22 @@
 // concat, index_select, gather, scatter, scatter_add, index_add) are recorded with
 // normalized attributes (dims wrapped, bounds clamped); the rest are exact compositions:
 // view / flatten (reshape), narrow / split / chunk (slice), stack (reshape + concat), repeat
-// (reshape + expand + reshape), masked_fill / tril / triu (where).
+// (reshape + expand + reshape), masked_fill / tril / triu (where). Python's indexing
+// (Tensor::index, index_put_, index_put, index_copy, index_fill) composes them too: see the
+// section at the end.
 //
 // As everywhere in src/ops, every argument is checked before the first node is recorded.
 #include <algorithm>
 #include <numeric>
+#include <string>
+#include <string_view>
 
 #include "ir/graph.h"
 #include "lazyrt/tensor.h"
 #include "ops/op_helpers.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
+#include "util/metrics_cells.h"
 
 namespace lazyrt {
 
@@ -379,5 +384,510 @@ Tensor triangle(const Tensor& a, int64_t diagonal, bool lower, const char* op) {
 
 Tensor tril(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, true, "tril"); }
 Tensor triu(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, false, "triu"); }
+
+// ---- Python's indexing: Tensor::index, index_put_, index_put, index_copy, index_fill ----------
+//
+// An index is read once into a Plan: the basic entries (ints, slices, None, bools, 0-dim
+// integer tensors) as a list of steps that turn the tensor into the "sliced" tensor, and the
+// advanced entries (index tensors, masks) as positions over the sliced tensor's dims. Getting
+// applies the steps, then gathers the advanced entries with one index_select over their dims
+// merged into one. Setting is functional: the flat positions the index picks in the tensor
+// (an i64 tensor the shape of the result, built the same way from host-computed aranges) take
+// the value through one scatter over the flattened tensor, so the graph stays pure and the
+// gradients follow from slice, index_select, scatter and where. A lone mask whose value does
+// not depend on the number of trues becomes a where, so t[t < 0] = 0 reads nothing.
+
+namespace indexing {
+TensorIndex::TensorIndex(const char* ellipsis) : kind_(Kind::Ellipsis) {
+  LAZYRT_CHECK(ellipsis != nullptr && std::string_view(ellipsis) == "...",
+               "TensorIndex: the only string index is \"...\" (Ellipsis), got \"",
+               ellipsis ? ellipsis : "", "\"");
+}
+}  // namespace indexing
+
+namespace {
+
+using indexing::TensorIndex;
+
+// An advanced entry over the sliced tensor: it covers `span` dims from `dim`. `index` holds
+// positions within those dims taken as one (row-major), any shape; `exact` when they are known
+// to be in range (a mask's trues, a bool). A mask is read into `index` by resolve().
+struct Adv {
+  int64_t dim = 0, span = 1;
+  Tensor index;
+  Tensor mask;           // b8, shape = the covered dims; undefined once resolved
+  bool exact = false;
+  bool scalar = false;   // made from a 0-dim b8 tensor (an index, not a mask, in PyTorch)
+};
+
+struct Step {
+  enum Kind { Select, SelectTensor, Slice, Unsqueeze } kind;
+  int64_t dim = 0, start = 0, end = 0, step = 1;
+  Tensor index;  // SelectTensor: a 0-dim integer tensor
+};
+
+struct Plan {
+  std::vector<Step> steps;
+  Shape shape;                          // the sliced tensor's
+  std::vector<int64_t> origin;          // per dim of it: the tensor's dim, or -1 (inserted)
+  std::vector<int64_t> first, stride;   // per dim: its first element and step in that dim
+  int64_t offset = 0;                   // flat position added by the selected ints
+  struct Dynamic {
+    Tensor index;  // a 0-dim index tensor, wrapped
+    int64_t size, multiplier;
+  };
+  std::vector<Dynamic> dynamic;
+  std::vector<Adv> adv;
+};
+
+std::vector<int64_t> contiguous(const Shape& s) {
+  std::vector<int64_t> st(s.size(), 1);
+  for (size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
+  return st;
+}
+
+Tensor as_i64(const Tensor& t) { return cast_to(t, DType::i64); }
+
+// Negative indices counted from the end (those below -size stay, for the range check to name).
+Tensor wrap_index(const Tensor& index, int64_t size) {
+  Tensor i = as_i64(index);
+  return where(logical_and(i < Scalar(0), i >= Scalar(-size)), i + Scalar(size), i);
+}
+
+// index itself, checked against [0, size) when the graph runs (an index_select of an arange
+// fails as index_select fails for an index out of range).
+Tensor checked_index(const Tensor& index, int64_t size) {
+  Tensor flat = reshape(index, {-1});
+  return reshape(apply(OpKind::IndexSelect, {arange(size), flat}, {int64_t{0}}), index.shape());
+}
+
+void erase_dim(Plan& p, int64_t dim) {
+  p.shape.erase(p.shape.begin() + dim);
+  p.origin.erase(p.origin.begin() + dim);
+  p.first.erase(p.first.begin() + dim);
+  p.stride.erase(p.stride.begin() + dim);
+}
+void insert_dim(Plan& p, int64_t dim) {
+  p.steps.push_back({Step::Unsqueeze, dim, 0, 0, 1, Tensor()});
+  p.shape.insert(p.shape.begin() + dim, 1);
+  p.origin.insert(p.origin.begin() + dim, -1);
+  p.first.insert(p.first.begin() + dim, 0);
+  p.stride.insert(p.stride.begin() + dim, 1);
+}
+
+// zero_dim_advanced: a 0-dim integer tensor is an advanced index (torch.index_put), not an int
+// (Python's t[i]).
+Plan make_plan(const Shape& shape, const std::vector<TensorIndex>& indices, const char* op,
+               bool zero_dim_advanced = false) {
+  const auto rank = static_cast<int64_t>(shape.size());
+  int64_t consumed = 0, ellipses = 0;
+  for (const TensorIndex& ix : indices) {
+    switch (ix.kind()) {
+      case TensorIndex::Kind::Integer:
+      case TensorIndex::Kind::Slice: ++consumed; break;
+      case TensorIndex::Kind::Ellipsis: ++ellipses; break;
+      case TensorIndex::Kind::Tensor: {
+        const Tensor& t = ix.tensor();
+        impl_of(t, op);
+        consumed += t.dtype() == DType::b8 ? t.dim() : 1;
+        break;
+      }
+      default: break;
+    }
+  }
+  LAZYRT_CHECK(ellipses <= 1, op, ": an index can only have a single ellipsis ('...')");
+  LAZYRT_CHECK(consumed <= rank, op, ": too many indices for tensor of dimension ", rank, " (shape ",
+               shape_str(shape), ", ", consumed, " dims indexed)");
+  const std::vector<int64_t> strides = contiguous(shape);
+  Plan p;
+  p.shape = shape;
+  for (int64_t d = 0; d < rank; ++d) p.origin.push_back(d);
+  p.first.assign(shape.size(), 0);
+  p.stride.assign(shape.size(), 1);
+  int64_t dim = 0;
+  for (const TensorIndex& ix : indices) {
+    switch (ix.kind()) {
+      case TensorIndex::Kind::None: insert_dim(p, dim++); break;
+      case TensorIndex::Kind::Ellipsis: dim += rank - consumed; break;
+      case TensorIndex::Kind::Integer: {
+        const int64_t size = p.shape[dim];
+        int64_t i = ix.integer();
+        LAZYRT_CHECK(i >= -size && i < size, op, ": index ", i, " is out of bounds for dimension ", dim,
+                     " with size ", size);
+        if (i < 0) i += size;
+        p.offset += (p.first[dim] + i * p.stride[dim]) * strides[p.origin[dim]];
+        p.steps.push_back({Step::Select, dim, i, i + 1, 1, Tensor()});
+        erase_dim(p, dim);
+        break;
+      }
+      case TensorIndex::Kind::Slice: {
+        const indexing::Slice& s = ix.slice();
+        const int64_t step = s.step.value_or(1);
+        LAZYRT_CHECK(step != 0, op, ": slice step cannot be zero");
+        LAZYRT_CHECK(step > 0, op, ": slice step must be positive (PyTorch has no negative steps; use flip), got ",
+                     step);
+        const int64_t size = p.shape[dim];
+        int64_t b = s.start.value_or(0), e = s.stop.value_or(size);
+        if (b < 0) b += size;
+        if (e < 0) e += size;
+        b = std::clamp<int64_t>(b, 0, size);
+        e = std::clamp<int64_t>(e, b, size);
+        p.steps.push_back({Step::Slice, dim, b, e, step, Tensor()});
+        p.first[dim] += b * p.stride[dim];
+        p.stride[dim] *= step;
+        p.shape[dim] = (e - b + step - 1) / step;
+        ++dim;
+        break;
+      }
+      case TensorIndex::Kind::Boolean: {
+        insert_dim(p, dim);
+        Adv a;
+        a.dim = dim++;
+        a.index = zeros({ix.boolean() ? 1 : 0}, DType::i64);
+        a.exact = true;
+        p.adv.push_back(std::move(a));
+        break;
+      }
+      case TensorIndex::Kind::Tensor: {
+        const Tensor& t = ix.tensor();
+        const DType dt = t.dtype();
+        if (dt == DType::b8 && t.dim() == 0) {  // a dim of size 1 (true) or 0 (false)
+          insert_dim(p, dim);
+          Adv a;
+          a.dim = dim++;
+          a.mask = reshape(t, {1});
+          a.scalar = true;
+          p.adv.push_back(std::move(a));
+        } else if (dt == DType::b8) {
+          for (int64_t j = 0; j < t.dim(); ++j)
+            LAZYRT_CHECK(dim + j < static_cast<int64_t>(p.shape.size()) && t.shape()[j] == p.shape[dim + j], op,
+                         ": the shape of the mask ", shape_str(t.shape()), " at index ", j,
+                         " does not match the shape of the indexed tensor ", shape_str(p.shape), " at index ",
+                         dim + j);
+          Adv a;
+          a.dim = dim;
+          a.span = t.dim();
+          a.mask = t;
+          dim += t.dim();
+          p.adv.push_back(std::move(a));
+        } else if (t.dim() == 0 && is_integral(dt) && !zero_dim_advanced) {  // acts as an int
+          const int64_t size = p.shape[dim];
+          Tensor w = wrap_index(t, size);
+          p.steps.push_back({Step::SelectTensor, dim, 0, 0, 1, w});
+          p.offset += p.first[dim] * strides[p.origin[dim]];
+          p.dynamic.push_back({w, size, p.stride[dim] * strides[p.origin[dim]]});
+          erase_dim(p, dim);
+        } else {
+          LAZYRT_CHECK(dt == DType::i64 || (dt == DType::i32 && t.dim() == 0), op,
+                       ": tensors used as indices must be i64 (long) or b8 (bool) tensors, got ", dtype_name(dt),
+                       shape_str(t.shape()));
+          Adv a;
+          a.dim = dim++;
+          a.index = as_i64(t);
+          p.adv.push_back(std::move(a));
+        }
+        break;
+      }
+    }
+  }
+  return p;
+}
+
+// Reads the masks: the positions of their trues. A pending mask is computed first (a sync),
+// counted as DynamicShapeSync.
+void resolve(Plan& p) {
+  for (Adv& a : p.adv) {
+    if (!a.mask.defined()) continue;
+    std::vector<int64_t> trues;
+    if (a.mask.numel() > 0) {
+      if (a.mask.is_pending()) {
+        static auto& dynamic = metrics::detail::counter_cell("DynamicShapeSync");
+        dynamic.add(1);
+      }
+      const std::vector<bool> values = a.mask.to_vector<bool>();
+      for (size_t i = 0; i < values.size(); ++i)
+        if (values[i]) trues.push_back(static_cast<int64_t>(i));
+    }
+    const auto n = static_cast<int64_t>(trues.size());
+    a.index = tensor(trues, {n});
+    a.exact = true;
+    a.mask = Tensor();
+  }
+}
+
+Tensor apply_steps(const Plan& p, Tensor x) {
+  for (const Step& s : p.steps) {
+    switch (s.kind) {
+      case Step::Select: x = squeeze(slice_dim(x, s.dim, s.start, s.end, 1), s.dim); break;
+      case Step::SelectTensor:
+        x = squeeze(apply(OpKind::IndexSelect, {x, reshape(s.index, {1})}, {s.dim}), s.dim);
+        break;
+      case Step::Slice: x = slice_dim(x, s.dim, s.start, s.end, s.step); break;
+      case Step::Unsqueeze: x = unsqueeze(x, s.dim); break;
+    }
+  }
+  return x;
+}
+
+// The flat positions in a tensor of `shape` of the sliced tensor's elements (i64, p.shape).
+Tensor positions(const Plan& p, const Shape& shape) {
+  const std::vector<int64_t> strides = contiguous(shape);
+  Tensor acc = full({}, p.offset, DType::i64);
+  for (const Plan::Dynamic& d : p.dynamic) acc = acc + checked_index(d.index, d.size) * Scalar(d.multiplier);
+  const auto rank = static_cast<int64_t>(p.shape.size());
+  for (int64_t d = 0; d < rank; ++d) {
+    if (p.origin[d] < 0 || p.shape[d] == 1) {
+      if (p.origin[d] >= 0) acc = acc + Scalar(p.first[d] * strides[p.origin[d]]);
+      continue;
+    }
+    std::vector<int64_t> v(static_cast<size_t>(p.shape[d]));
+    for (int64_t i = 0; i < p.shape[d]; ++i) v[i] = (p.first[d] + i * p.stride[d]) * strides[p.origin[d]];
+    Shape s(p.shape.size(), 1);
+    s[d] = p.shape[d];
+    acc = acc + tensor(v, s);
+  }
+  return expand(acc, p.shape);
+}
+
+// s[adv...]: the advanced entries broadcast together; their result dims replace theirs when
+// they are adjacent, else they come first.
+Tensor gather_advanced(const Tensor& s, const std::vector<Adv>& adv, const char* op) {
+  Shape b = adv[0].index.shape();
+  for (size_t j = 1; j < adv.size(); ++j) {
+    try {
+      b = ir::broadcast_shapes(b, adv[j].index.shape(), op);
+    } catch (const Error&) {
+      std::string shapes;
+      for (size_t k = 0; k < adv.size(); ++k) shapes += (k ? ", " : "") + shape_str(adv[k].index.shape());
+      throw Error(std::string(op) + ": shape mismatch: indexing tensors could not be broadcast together with shapes " +
+                  shapes);
+    }
+  }
+  bool adjacent = true;
+  int64_t span = 0;
+  for (size_t j = 0; j < adv.size(); ++j) {
+    span += adv[j].span;
+    if (j + 1 < adv.size() && adv[j].dim + adv[j].span != adv[j + 1].dim) adjacent = false;
+  }
+  Tensor x = s;
+  int64_t p = adv[0].dim;
+  if (!adjacent) {
+    std::vector<int64_t> perm, rest;
+    std::vector<bool> covered(static_cast<size_t>(s.dim()), false);
+    for (const Adv& a : adv)
+      for (int64_t d = a.dim; d < a.dim + a.span; ++d) {
+        perm.push_back(d);
+        covered[d] = true;
+      }
+    for (int64_t d = 0; d < s.dim(); ++d)
+      if (!covered[d]) perm.push_back(d);
+    x = permute(s, perm);
+    p = 0;
+  }
+  const Shape xs = x.shape();  // a copy: x is rebound below
+  Shape merged(xs.begin(), xs.begin() + p);
+  merged.push_back(std::accumulate(xs.begin() + p, xs.begin() + p + span, int64_t{1}, std::multiplies<>()));
+  merged.insert(merged.end(), xs.begin() + p + span, xs.end());
+  x = reshape(x, merged);
+  Tensor linear;
+  int64_t d = p;
+  for (const Adv& a : adv) {
+    const int64_t size = std::accumulate(xs.begin() + d, xs.begin() + d + a.span, int64_t{1}, std::multiplies<>());
+    d += a.span;
+    Tensor i = a.exact ? a.index : wrap_index(a.index, size);
+    if (adv.size() > 1 && !a.exact) i = checked_index(i, size);
+    linear = linear.defined() ? linear * Scalar(size) + i : i;
+  }
+  Tensor r = apply(OpKind::IndexSelect, {x, reshape(linear, {-1})}, {p});
+  Shape out(merged.begin(), merged.begin() + p);
+  out.insert(out.end(), b.begin(), b.end());
+  out.insert(out.end(), merged.begin() + p + 1, merged.end());
+  return reshape(r, out);
+}
+
+Tensor get(const Tensor& self, const std::vector<TensorIndex>& indices, const char* op) {
+  impl_of(self, op);
+  Plan p = make_plan(self.shape(), indices, op);
+  resolve(p);
+  Tensor s = apply_steps(p, self);
+  return p.adv.empty() ? s : gather_advanced(s, p.adv, op);
+}
+
+// The tensor with the elements at `pos` (flat positions, any shape) replaced by (or, with
+// accumulate, added to) value broadcast to pos's shape.
+Tensor put_at(const Tensor& self, const Tensor& pos, const Tensor& value, bool accumulate) {
+  Tensor flat = reshape(self, {self.numel()});
+  Tensor idx = reshape(pos, {-1});
+  Tensor src = reshape(expand(value, pos.shape()), {-1});
+  Tensor r = apply(accumulate ? OpKind::ScatterAdd : OpKind::Scatter, {flat, idx, src}, {int64_t{0}});
+  return reshape(r, self.shape());
+}
+
+void check_value_shape(const Tensor& value, const Shape& target, const char* op) {
+  bool fits = value.dim() <= static_cast<int64_t>(target.size());
+  for (int64_t j = 1; fits && j <= value.dim(); ++j) {
+    const int64_t v = value.shape()[value.dim() - j], t = target[target.size() - j];
+    fits = v == 1 || v == t;
+  }
+  LAZYRT_CHECK(fits, op, ": shape mismatch: value tensor of shape ", shape_str(value.shape()),
+               " cannot be broadcast to indexing result of shape ", shape_str(target));
+}
+
+struct PutOptions {
+  bool number = false;           // the value was a number (already in self's dtype)
+  bool accumulate = false;
+  bool strip = true;             // leading dims of size 1 of the value are dropped (Python's setitem)
+  bool zero_dim_advanced = false;
+};
+
+// The new value of self after self[indices] = value.
+Tensor put(const Tensor& self, const std::vector<TensorIndex>& indices, Tensor value, const char* op,
+           PutOptions o) {
+  impl_of(self, op);
+  impl_of(value, op);
+  // PyTorch's shortcuts for one entry: false writes nothing.
+  if (indices.size() == 1 && indices[0].is_boolean() && !indices[0].boolean()) return self;
+  Plan p = make_plan(self.shape(), indices, op, o.zero_dim_advanced);
+  if (o.strip) {
+    Shape vs = value.shape();
+    size_t lead = 0;
+    while (lead < vs.size() && vs[lead] == 1) ++lead;
+    if (lead) value = reshape(value, Shape(vs.begin() + lead, vs.end()));
+  }
+  const bool lone_mask = p.adv.size() == 1 && p.adv[0].mask.defined() && !p.adv[0].scalar;
+  // With index tensors PyTorch wants the value in the tensor's dtype (a lone mask with one value
+  // is a masked_fill, which converts); a lone bool is a basic index.
+  const bool advanced = !p.adv.empty() && !(indices.size() == 1 && indices[0].is_boolean());
+  if (!o.number && advanced && !(lone_mask && value.numel() == 1))
+    LAZYRT_CHECK(value.dtype() == self.dtype(), op, ": index_put requires the source and destination dtypes to match, got ",
+                 dtype_name(self.dtype()), " for the destination and ", dtype_name(value.dtype()), " for the source");
+  value = cast_to(value, self.dtype());
+
+  if (lone_mask && !o.accumulate) {
+    const Adv& a = p.adv[0];
+    Shape one(p.shape.begin(), p.shape.begin() + a.dim);  // the result's shape with one true
+    one.push_back(1);
+    one.insert(one.end(), p.shape.begin() + a.dim + a.span, p.shape.end());
+    bool fits = value.dim() <= static_cast<int64_t>(one.size());
+    for (int64_t j = 1; fits && j <= value.dim(); ++j) {
+      const int64_t v = value.shape()[value.dim() - j], t = one[one.size() - j];
+      fits = v == 1 || v == t;
+    }
+    if (fits) {  // the same value wherever the mask is true: a where, nothing read
+      Shape placed(p.shape.begin(), p.shape.begin() + a.dim);
+      placed.insert(placed.end(), static_cast<size_t>(a.span), 1);
+      placed.insert(placed.end(), p.shape.begin() + a.dim + a.span, p.shape.end());
+      Shape mask_shape(static_cast<size_t>(a.dim), 1);
+      mask_shape.insert(mask_shape.end(), a.mask.shape().begin(), a.mask.shape().end());
+      mask_shape.insert(mask_shape.end(), p.shape.size() - static_cast<size_t>(a.dim + a.span), 1);
+      Tensor s = apply_steps(p, self);
+      Tensor updated = where(reshape(a.mask, mask_shape), reshape(expand(value, one), placed), s);
+      if (p.steps.empty()) return updated;
+      return put_at(self, positions(p, self.shape()), updated, false);
+    }
+  }
+  resolve(p);
+  Tensor pos = positions(p, self.shape());
+  if (!p.adv.empty()) pos = gather_advanced(pos, p.adv, op);
+  check_value_shape(value, pos.shape(), op);
+  if (p.steps.empty() && p.adv.empty() && !o.accumulate)  // everything: the tensor still takes part
+    return where(full({}, true, DType::b8), expand(value, self.shape()), self);  // (its gradient is zero)
+  return put_at(self, pos, value, o.accumulate);
+}
+
+}  // namespace
+
+Tensor Tensor::index(std::vector<indexing::TensorIndex> indices) const { return get(*this, indices, "index"); }
+
+Tensor& Tensor::index_put_(std::vector<indexing::TensorIndex> indices, const Tensor& value) {
+  return copy_(put(*this, indices, value, "index_put_", {}));
+}
+
+Tensor& Tensor::index_put_(std::vector<indexing::TensorIndex> indices, Scalar value) {
+  impl_of(*this, "index_put_");
+  PutOptions o;
+  o.number = true;
+  return copy_(put(*this, indices, full({}, value, dtype()), "index_put_", o));
+}
+
+Tensor index_put(const Tensor& a, const std::vector<Tensor>& indices, const Tensor& values, bool accumulate) {
+  impl_of(a, "index_put");
+  std::vector<TensorIndex> ix;
+  for (const Tensor& t : indices) {
+    if (t.defined()) ix.emplace_back(t);
+    else ix.emplace_back(indexing::Slice());
+  }
+  PutOptions o;
+  o.accumulate = accumulate;
+  o.strip = false;
+  o.zero_dim_advanced = true;
+  return put(a, ix, values, "index_put", o);
+}
+
+namespace {
+void check_index_vector(const Tensor& index, const char* op) {
+  LAZYRT_CHECK(impl_of(index, op).type.dtype == DType::i64, op, ": expects an i64 (long) index, got ",
+               dtype_name(index.dtype()), shape_str(index.shape()));
+  LAZYRT_CHECK(index.dim() <= 1, op, ": the index must be a vector or a 0-dim tensor, got ", shape_str(index.shape()));
+}
+}  // namespace
+
+Tensor index_copy(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& source) {
+  impl_of(a, "index_copy");
+  impl_of(source, "index_copy");
+  check_index_vector(index, "index_copy");
+  LAZYRT_CHECK(a.dtype() == source.dtype(), "index_copy: self and source must have the same dtype, got ",
+               dtype_name(a.dtype()), " and ", dtype_name(source.dtype()));
+  if (a.dim() == 0) {
+    LAZYRT_CHECK(source.numel() == 1 && index.numel() == 1, "index_copy: a 0-dim tensor takes one index and one value, got index ",
+                 shape_str(index.shape()), " and source ", shape_str(source.shape()));
+    wrap_dim(dim, a.shape(), "index_copy");
+    return reshape(index_copy(reshape(a, {1}), 0, reshape(index, {1}), reshape(source, {1})), {});
+  }
+  dim = wrap_dim(dim, a.shape(), "index_copy");
+  const int64_t n = index.numel();
+  Shape expected = a.shape();
+  expected[dim] = n;
+  Tensor src = source.dim() == 0 && a.dim() == 1 ? reshape(source, {1}) : source;
+  LAZYRT_CHECK(src.shape() == expected, "index_copy: source of shape ", shape_str(source.shape()),
+               " does not fit a tensor of shape ", shape_str(a.shape()), " with ", n, " indices along dim ", dim,
+               " (expected ", shape_str(expected), ")");
+  Shape is(a.shape().size(), 1);
+  is[dim] = n;
+  Tensor idx = expand(reshape(index, is), expected);
+  return apply(OpKind::Scatter, {a, idx, src}, {dim});
+}
+
+namespace {
+Tensor index_fill_with(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& value) {
+  if (a.dim() == 0) {
+    wrap_dim(dim, a.shape(), "index_fill");
+    return reshape(index_fill_with(reshape(a, {1}), 0, reshape(index, {-1}), value), {});
+  }
+  dim = wrap_dim(dim, a.shape(), "index_fill");
+  const int64_t size = a.shape()[dim];
+  Tensor flat = reshape(wrap_index(index, size), {-1});
+  // The dim's entries that index names, as a mask along dim.
+  Tensor hit = apply(OpKind::Scatter, {zeros({size}, DType::b8), flat, ones({flat.numel()}, DType::b8)}, {int64_t{0}});
+  Shape ms(a.shape().size(), 1);
+  ms[dim] = size;
+  return where(reshape(hit, ms), cast_to(value, a.dtype()), a);
+}
+}  // namespace
+
+Tensor index_fill(const Tensor& a, int64_t dim, const Tensor& index, Scalar value) {
+  impl_of(a, "index_fill");
+  check_index_vector(index, "index_fill");
+  return index_fill_with(a, dim, index, full({}, value, a.dtype()));
+}
+
+Tensor index_fill(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& value) {
+  impl_of(a, "index_fill");
+  check_index_vector(index, "index_fill");
+  LAZYRT_CHECK(impl_of(value, "index_fill").type.shape.empty(),
+               "index_fill: only supports a 0-dim value tensor, got ", dtype_name(value.dtype()),
+               shape_str(value.shape()));
+  return index_fill_with(a, dim, index, value);
+}
 
 }  // namespace lazyrt

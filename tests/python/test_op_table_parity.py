@@ -410,6 +410,20 @@ case("index_add", X((5, 3)), Index((4,), 5), X((4, 3)), lfn=lambda x, i, s: lr.i
      tfn=lambda t, i, s: torch.index_add(t, 0, i, s, alpha=2), dtypes=NUMERIC)
 case("index_add", X((3, 5), layout="lazy_t"), Index((3,), 5), X((3, 3)), lfn=lambda x, i, s: x.index_add(1, i, s),
      tfn=lambda t, i, s: t.index_add(1, i, s))
+# Python's indexing (t[key], t[key] = v) has its own table against torch: test_indexing.py
+case("index_put", X((4, 3)), Index((2,), 4, distinct=0), X((2, 3)), lfn=lambda x, i, v: lr.index_put(x, (i,), v),
+     tfn=lambda t, i, v: torch.index_put(t, (i,), v), dtypes=ALL)
+case("index_put", X((3, 4), layout="lazy_t"), Index((5,), 3), Index((5,), 4), X((5,)),
+     lfn=lambda x, i, j, v: x.index_put((i, j), v, accumulate=True),
+     tfn=lambda t, i, j, v: t.index_put((i, j), v, accumulate=True), dtypes=NUMERIC)
+case("index_copy", X((5, 3)), Index((2,), 5, distinct=0), X((2, 3)), lfn=lambda x, i, s: lr.index_copy(x, 0, i, s),
+     tfn=lambda t, i, s: torch.index_copy(t, 0, i, s), dtypes=ALL)
+case("index_copy", X((3, 5), layout="strided"), Index((3,), 5, distinct=0), X((3, 3)),
+     lfn=lambda x, i, s: x.index_copy(1, i, s), tfn=lambda t, i, s: t.index_copy(1, i, s))
+case("index_fill", X((4, 3)), Index((3,), 4), lfn=lambda x, i: lr.index_fill(x, 0, i, -1.5),
+     tfn=lambda t, i: torch.index_fill(t, 0, i, -1.5), dtypes=ALL)
+case("index_fill", X((3, 4), layout="lazy_t"), Index((2,), 4), X(()), lfn=lambda x, i, v: x.index_fill(1, i, v),
+     tfn=lambda t, i, v: t.index_fill(1, i, v))
 case("masked_fill", X((3, 4)), Mask((4,)), kw=dict(value=2.5), dtypes=FLOATS)
 case("masked_fill", X((3, 4), layout="strided"), Mask((3, 1)), kw=dict(value=2), dtypes=ALL)
 case("masked_fill", X((2, 3)), Mask((2, 3)), X(()), lfn=lr.masked_fill, tfn=torch.masked_fill)
