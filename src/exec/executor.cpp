@@ -1,14 +1,54 @@
 #include "exec/executor.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+
 #include "cache/memory_cache.h"
 #include "cache/persistent_cache.h"
 #include "compile/compile.h"
 #include "ir/hash.h"
+#include "lazyrt/debug.h"
 #include "lazyrt/metrics.h"
 #include "util/metrics_cells.h"
 #include "util/timer.h"
 
 namespace lazyrt::exec {
+namespace {
+
+struct DumpSetting {
+  std::mutex mu;
+  std::string dir;
+  bool warned = false;
+  DumpSetting() {
+    if (const char* d = std::getenv("LAZYRT_DUMP_GRAPH")) dir = d;
+  }
+};
+DumpSetting& dump_setting() {
+  static DumpSetting* s = new DumpSetting();
+  return *s;
+}
+
+// LAZYRT_DUMP_GRAPH: the graph an executable was made from, as text and DOT.
+void dump(const GraphHash& key, const runtime::Executable& exe) {
+  DumpSetting& s = dump_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.dir.empty()) return;
+  const std::string base = s.dir + "/" + key.to_string();
+  std::ofstream txt(base + ".txt"), dot(base + ".dot");
+  txt << ir::to_text(exe.graph()) << "\n" << exe.to_text();
+  dot << ir::to_dot(exe.graph());
+  txt.close();
+  dot.close();
+  if ((!txt || !dot) && !s.warned) {
+    s.warned = true;
+    std::fprintf(stderr, "lazyrt: LAZYRT_DUMP_GRAPH: cannot write %s.txt/.dot; graphs are not dumped\n",
+                 base.c_str());
+  }
+}
+
+}  // namespace
 
 GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations) {
   ir::Hasher h;
@@ -67,6 +107,7 @@ std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const 
     if (disk) disk->store({key, donations, exe->graph()});
   }
   cache::memory_cache().put(key, exe);
+  dump(key, *exe);
   return exe;
 }
 
@@ -81,3 +122,20 @@ void execute(runtime::Executable& exe, const void* const* params, void* const* o
 }
 
 }  // namespace lazyrt::exec
+
+namespace lazyrt::debug {
+
+void set_dump_graph_dir(const std::string& dir) {
+  auto& s = exec::dump_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.dir = dir;
+  s.warned = false;
+}
+
+std::string dump_graph_dir() {
+  auto& s = exec::dump_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.dir;
+}
+
+}  // namespace lazyrt::debug
