@@ -40,27 +40,27 @@ struct Attrs {
 // everything else reads attributes by name through NodeAttrs.
 template <AttrName N>
 int64_t NodeAttrs::i() const {
-  static_assert(detail::declared(N.view(), AttrKind::Int), "no op declares this int attribute");
+  static_assert(attr_specs::declared(N.view(), AttrKind::Int), "no op declares this int attribute");
   return std::get<int64_t>(attrs_.values.at(index(N.view(), AttrKind::Int)));
 }
 template <AttrName N>
 double NodeAttrs::f() const {
-  static_assert(detail::declared(N.view(), AttrKind::Float), "no op declares this float attribute");
+  static_assert(attr_specs::declared(N.view(), AttrKind::Float), "no op declares this float attribute");
   return std::get<double>(attrs_.values.at(index(N.view(), AttrKind::Float)));
 }
 template <AttrName N>
 bool NodeAttrs::b() const {
-  static_assert(detail::declared(N.view(), AttrKind::Bool), "no op declares this bool attribute");
+  static_assert(attr_specs::declared(N.view(), AttrKind::Bool), "no op declares this bool attribute");
   return std::get<bool>(attrs_.values.at(index(N.view(), AttrKind::Bool)));
 }
 template <AttrName N>
 auto NodeAttrs::dtype() const {
-  static_assert(detail::declared(N.view(), AttrKind::DType), "no op declares this dtype attribute");
+  static_assert(attr_specs::declared(N.view(), AttrKind::DType), "no op declares this dtype attribute");
   return std::get<DType>(attrs_.values.at(index(N.view(), AttrKind::DType)));
 }
 template <AttrName N>
 const std::vector<int64_t>& NodeAttrs::ints() const {
-  static_assert(detail::declared(N.view(), AttrKind::Ints), "no op declares this ints attribute");
+  static_assert(attr_specs::declared(N.view(), AttrKind::Ints), "no op declares this ints attribute");
   return std::get<std::vector<int64_t>>(attrs_.values.at(index(N.view(), AttrKind::Ints)));
 }
 

@@ -103,7 +103,7 @@ struct AttrName {
   constexpr std::string_view view() const { return {chars, N - 1}; }
 };
 
-namespace detail {
+namespace attr_specs {
 
 inline constexpr std::string_view kAttrSpecs[] = {
 #define OP(Enum, name, operands, rule, flags, attrs) attrs,
@@ -137,7 +137,7 @@ consteval bool declared(std::string_view name, AttrKind kind) {
   return false;
 }
 
-}  // namespace detail
+}  // namespace attr_specs
 
 struct Attrs;
 

@@ -109,9 +109,9 @@ TEST(OpTable, NodeAttrsRejectsAttributesTheOpLacks) {
 }
 
 // Names are checked against ops.def at compile time.
-static_assert(detail::declared("count_include_pad", AttrKind::Bool));
-static_assert(detail::declared("dims", AttrKind::Ints));
-static_assert(!detail::declared("count_include_pad", AttrKind::Int));
-static_assert(!detail::declared("no_such_attribute", AttrKind::Int));
+static_assert(attr_specs::declared("count_include_pad", AttrKind::Bool));
+static_assert(attr_specs::declared("dims", AttrKind::Ints));
+static_assert(!attr_specs::declared("count_include_pad", AttrKind::Int));
+static_assert(!attr_specs::declared("no_such_attribute", AttrKind::Int));
 
 }  // namespace lazyrt::ir
