@@ -18,4 +18,11 @@ int64_t live_memory_bytes();
 int64_t peak_memory_bytes();
 void reset_peak_memory();
 
+/// Where each graph that gets an executable (compiled, or loaded from the disk cache) is
+/// written: <dir>/<key>.txt (the optimized graph, then the executable's steps) and
+/// <dir>/<key>.dot. Empty: off. Starts as $LAZYRT_DUMP_GRAPH. A file that cannot be written is
+/// reported once on stderr; the sync goes on.
+void set_dump_graph_dir(const std::string& dir);
+std::string dump_graph_dir();
+
 }  // namespace lazyrt::debug

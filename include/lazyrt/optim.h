@@ -35,8 +35,10 @@ class Optimizer {
   std::vector<Tensor> state() const;
   /// The step count, an f64 scalar tensor.
   const Tensor& step_count() const { return step_; }
-  /// The learning rate; the f64 scalar tensor every step reads it from.
+  /// The learning rate; the f64 scalar tensor every step reads it from. set_lr writes the
+  /// tensor: compiled steps use the new rate without retracing.
   double lr() const { return lr_value_; }
+  void set_lr(double lr);
   const Tensor& lr_tensor() const { return lr_; }
 
  protected:
@@ -56,10 +58,6 @@ class Optimizer {
   Tensor step_;
   Tensor lr_;
   double lr_value_ = 0;
-
- protected:
-  /// Writes the learning rate into its tensor (graphs read it; nothing recompiles).
-  void store_lr(double lr);
 };
 
 struct SGDOptions {
@@ -73,10 +71,9 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);
-  const SGDOptions& options() const { return options_; }
+  SGDOptions options() const;
   /// Validates and applies new options; a change other than lr makes compiled steps retrace.
   void set_options(const SGDOptions& options);
-  void set_lr(double lr);
 
  private:
   SGDOptions options_;
@@ -96,10 +93,9 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options);
-  const AdamOptions& options() const { return options_; }
+  AdamOptions options() const;
   /// Validates and applies new options; a change other than lr makes compiled steps retrace.
   void set_options(const AdamOptions& options);
-  void set_lr(double lr);
 
  protected:
   Update update(size_t i, const Tensor& grad, const Tensor& t) override;

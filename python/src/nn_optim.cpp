@@ -128,7 +128,7 @@ void bind_optim(py::module_& m) {
                        double weight_decay, bool nesterov) {
         return new optim::SGD(std::move(params), {lr, momentum, dampening, weight_decay, nesterov});
       }), arg("params"), arg("lr"), arg("momentum"), arg("dampening"), arg("weight_decay"), arg("nesterov"))
-      .def_property("lr", [](const optim::SGD& s) { return s.options().lr; }, &optim::SGD::set_lr)
+      .def_property("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr)
       .def_property("momentum", [](const optim::SGD& s) { return s.options().momentum; },
                     [](optim::SGD& s, double v) { s.set_options(with(s.options(), &optim::SGDOptions::momentum, v)); })
       .def_property("dampening", [](const optim::SGD& s) { return s.options().dampening; },
@@ -146,7 +146,7 @@ void bind_optim(py::module_& m) {
                                    double eps, double weight_decay) {
         return new optim::Adam(std::move(params), adam_options(lr, betas, eps, weight_decay));
       }), arg("params"), arg("lr"), arg("betas"), arg("eps"), arg("weight_decay"))
-      .def_property("lr", [](const optim::Adam& a) { return a.options().lr; }, &optim::Adam::set_lr)
+      .def_property("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr)
       .def_property("betas", [](const optim::Adam& a) { return std::make_pair(a.options().beta1, a.options().beta2); },
                     [](optim::Adam& a, std::pair<double, double> b) {
                       optim::AdamOptions o = a.options();

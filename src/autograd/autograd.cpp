@@ -121,7 +121,7 @@ void backward(const Tensor& root, const Tensor& gradient) {
     std::vector<bool> needs(n->next.size());
     for (size_t k = 0; k < n->next.size(); ++k) needs[k] = n->next[k].node || n->next[k].leaf;
     std::vector<Tensor> in_grads;
-    if (g.defined()) in_grads = grad_rule(n->op)({n->inputs, n->output, n->attrs, g, needs});
+    if (g.defined()) in_grads = grad_rule(n->op)({n->op, n->inputs, n->output, n->attrs, g, needs});
     for (size_t k = 0; k < n->next.size(); ++k) {
       const Edge& e = n->next[k];
       const bool has = k < in_grads.size() && in_grads[k].defined();

@@ -32,14 +32,18 @@ struct GradNode {
   bool released = false;       // saved values freed by a backward pass
 };
 
-/// What a gradient rule sees: the saved inputs and output, the attributes, the gradient of
-/// the output, and which inputs want a gradient.
+/// What a gradient rule sees: the op, the saved inputs and output, the attributes, the
+/// gradient of the output, and which inputs want a gradient.
 struct GradContext {
+  ir::OpKind op;
   const std::vector<Tensor>& inputs;
   const Tensor& output;
   const ir::Attrs& attrs;
   const Tensor& grad;
   std::vector<bool> needs;
+
+  /// The attributes by name: `c.at().ints<"dims">()`.
+  ir::NodeAttrs at() const { return {op, attrs}; }
 };
 
 /// A rule returns one gradient per input (undefined where none is needed or defined).

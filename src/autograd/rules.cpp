@@ -28,9 +28,10 @@ Tensor sign_of(const Tensor& x) {
 }
 // Reduced dims of a reduction put back as size-1 dims, so the output broadcasts to the input.
 Tensor unreduce(const Tensor& t, const C& c) {
-  if (c.attrs.b(1)) return t;
+  const ir::NodeAttrs a = c.at();  // every reduction has dims and keepdim
+  if (a.b<"keepdim">()) return t;
   Shape s = c.inputs[0].shape();
-  for (int64_t d : c.attrs.ints(0)) s[d] = 1;
+  for (int64_t d : a.ints<"dims">()) s[d] = 1;
   return reshape(t, s);
 }
 
@@ -127,7 +128,7 @@ Grads grad_Mean(const C& c) {
 Grads extreme_grads(const C& c) {
   const Tensor& x = c.inputs[0];
   Tensor hit = cast(x == unreduce(c.output, c), x.dtype());
-  Tensor count = sum(hit, c.attrs.ints(0), true);
+  Tensor count = sum(hit, c.at().ints<"dims">(), true);
   return {hit * unreduce(c.grad, c) / count};
 }
 Grads grad_Amax(const C& c) { return extreme_grads(c); }
@@ -143,7 +144,7 @@ Grads grad_Matmul(const C& c) {
 }
 
 Grads grad_Permute(const C& c) {
-  const auto& perm = c.attrs.ints(0);
+  const auto& perm = c.at().ints<"dims">();
   std::vector<int64_t> inverse(perm.size());
   for (size_t d = 0; d < perm.size(); ++d) inverse[perm[d]] = static_cast<int64_t>(d);
   return {permute(c.grad, inverse)};
@@ -175,8 +176,9 @@ Tensor pad_to(const Tensor& g, const Shape& shape) {
 Grads grad_Slice(const C& c) {
   const Shape& in = c.inputs[0].shape();
   const Shape& out = c.output.shape();
-  const auto& starts = c.attrs.ints(0);
-  const auto& steps = c.attrs.ints(2);
+  const ir::NodeAttrs a = c.at();
+  const auto& starts = a.ints<"starts">();
+  const auto& steps = a.ints<"steps">();
   std::vector<int64_t> high(in.size()), interior(in.size());
   for (size_t d = 0; d < in.size(); ++d) {
     interior[d] = steps[d] - 1;
@@ -187,9 +189,10 @@ Grads grad_Slice(const C& c) {
 // Output j holds input i when j = low + i * (interior + 1): undo the edges (padding what was
 // cropped with zeros), then keep every (interior + 1)-th element.
 Grads grad_Pad(const C& c) {
-  const auto& interior = c.attrs.ints(2);
+  const ir::NodeAttrs a = c.at();
+  const auto& interior = a.ints<"interior">();
   const size_t rank = interior.size();
-  Tensor g = apply(OpKind::Pad, {c.grad}, {negated(c.attrs.ints(0)), negated(c.attrs.ints(1)),
+  Tensor g = apply(OpKind::Pad, {c.grad}, {negated(a.ints<"low">()), negated(a.ints<"high">()),
                                            std::vector<int64_t>(rank, 0), 0.0});
   if (std::any_of(interior.begin(), interior.end(), [](int64_t i) { return i > 0; })) {
     std::vector<int64_t> steps(rank);
@@ -200,7 +203,7 @@ Grads grad_Pad(const C& c) {
 }
 Grads grad_Flip(const C& c) { return {apply(OpKind::Flip, {c.grad}, c.attrs)}; }
 Grads grad_Concat(const C& c) {
-  const int64_t dim = c.attrs.i(0);
+  const int64_t dim = c.at().i<"dim">();
   Grads g(c.inputs.size());
   int64_t offset = 0;
   for (size_t k = 0; k < c.inputs.size(); ++k) {
@@ -249,23 +252,28 @@ Grads grad_IndexAdd(const C& c) {
 Grads grad_Conv2d(const C& c) {
   const Tensor& x = c.inputs[0];
   const Tensor& w = c.inputs[1];
-  const auto& a = c.attrs;  // stride, padding, dilation, groups
+  const ir::NodeAttrs a = c.at();
+  // The backward ops take input_size / weight_size, then conv2d's attributes.
   Grads g(2);
   if (c.needs[0])
     g[0] = apply(OpKind::Conv2dBackwardInput, {c.grad, w},
-                 {x.shape(), a.ints(0), a.ints(1), a.ints(2), a.i(3)});
+                 {x.shape(), a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">(),
+                  a.i<"groups">()});
   if (c.needs[1])
     g[1] = apply(OpKind::Conv2dBackwardWeight, {c.grad, x},
-                 {w.shape(), a.ints(0), a.ints(1), a.ints(2), a.i(3)});
+                 {w.shape(), a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">(),
+                  a.i<"groups">()});
   return g;
 }
 Grads grad_MaxPool2d(const C& c) {
   return {apply(OpKind::MaxPool2dBackward, {c.grad, c.inputs[0]}, c.attrs)};
 }
 Grads grad_AvgPool2d(const C& c) {
-  const auto& a = c.attrs;  // kernel, stride, padding, ceil_mode, count_include_pad, divisor
+  const ir::NodeAttrs a = c.at();
+  // avg_pool2d_backward takes input_size, then avg_pool2d's attributes.
   return {apply(OpKind::AvgPool2dBackward, {c.grad},
-                {c.inputs[0].shape(), a.ints(0), a.ints(1), a.ints(2), a.b(3), a.b(4), a.i(5)})};
+                {c.inputs[0].shape(), a.ints<"kernel">(), a.ints<"stride">(), a.ints<"padding">(),
+                 a.b<"ceil_mode">(), a.b<"count_include_pad">(), a.i<"divisor">()})};
 }
 
 // Backward kernels: backward() runs under NoGradGuard (no double backward), so they are
@@ -286,7 +294,7 @@ Grads grad_Erf(const C& c) {
 }
 Grads grad_Gelu(const C& c) {
   const Tensor& x = c.inputs[0];
-  if (c.attrs.b(0)) {  // tanh form
+  if (c.at().b<"tanh">()) {  // tanh form
     const double beta = M_SQRT2 * M_2_SQRTPI * 0.5, kappa = 0.044715;
     Tensor x_sq = x * x;
     Tensor t = tanh((x + x_sq * x * kappa) * beta);
@@ -306,7 +314,7 @@ Grads grad_Silu(const C& c) {
 // Above the threshold softplus is x, so the gradient passes unchanged.
 Grads grad_Softplus(const C& c) {
   const Tensor& x = c.inputs[0];
-  const double beta = c.attrs.f(0), threshold = c.attrs.f(1);
+  const double beta = c.at().f<"beta">(), threshold = c.at().f<"threshold">();
   Tensor bx = x * beta;
   return {where(bx > threshold, c.grad, c.grad * sigmoid(bx))};
 }
@@ -322,7 +330,7 @@ Grads grad_Clamp(const C& c) {
   const Tensor& x = c.inputs[0];
   const Tensor& lo = c.inputs[1];
   const Tensor& hi = c.inputs[2];
-  const bool has_min = c.attrs.b(0), has_max = c.attrs.b(1);
+  const bool has_min = c.at().b<"has_min">(), has_max = c.at().b<"has_max">();
   Tensor zero = zeros_of(c.grad);
   Grads g(3);
   if (c.needs[0]) {
@@ -344,7 +352,7 @@ Grads grad_Clamp(const C& c) {
 // is prod / x; with one zero only that element gets the product of the rest; with more, none.
 Grads grad_Prod(const C& c) {
   const Tensor& x = c.inputs[0];
-  const auto& dims = c.attrs.ints(0);
+  const auto& dims = c.at().ints<"dims">();
   Tensor is_zero = x == 0;
   Tensor zeros_in_slice = sum(is_zero, dims, true);
   Tensor nonzero_product = unreduce_dims(prod_over(where(is_zero, ones_like(x), x), dims), dims, x);
@@ -357,8 +365,9 @@ Tensor var_backward(const Tensor& grad, const C& c) {
   const Tensor& x = c.inputs[0];
   const double count = static_cast<double>(x.numel()) /
                        static_cast<double>(std::max<int64_t>(c.output.numel(), 1));
-  const double scale = 2.0 / (count - c.attrs.f(2));
-  return unreduce(grad, c) * scale * (x - mean(x, c.attrs.ints(0), true));
+  const ir::NodeAttrs a = c.at();  // var and std
+  const double scale = 2.0 / (count - a.f<"correction">());
+  return unreduce(grad, c) * scale * (x - mean(x, a.ints<"dims">(), true));
 }
 Grads grad_Var(const C& c) { return {var_backward(c.grad, c)}; }
 // torch's std_backward: through var with grad / (2 std), taken as 0 where std is 0 (constant
@@ -371,22 +380,22 @@ Grads grad_Std(const C& c) {
 // the gradient split evenly among the elements whose |x| is the norm (or nan).
 Grads grad_Norm(const C& c) {
   const Tensor& x = c.inputs[0];
-  const double p = c.attrs.f(2);
+  const double p = c.at().f<"p">();
   Tensor g = unreduce(c.grad, c);
   Tensor norm = unreduce(c.output, c);
   if (p == 1) return {sign_of(x) * g};
   if (p == 2) return {x * where(norm == 0, zeros_of(norm), g / norm)};
   Tensor ax = abs(x);
   Tensor hit = cast(logical_or(ax == norm, isnan(ax)), x.dtype());
-  return {sign_of(x) * (g / sum(hit, c.attrs.ints(0), true)) * hit};
+  return {sign_of(x) * (g / sum(hit, c.at().ints<"dims">(), true)) * hit};
 }
 Grads grad_Softmax(const C& c) {
   const Tensor& y = c.output;
-  const int64_t dim = c.attrs.i(0);
+  const int64_t dim = c.at().i<"dim">();
   return {y * (c.grad - sum(c.grad * y, {dim}, true))};
 }
 Grads grad_LogSoftmax(const C& c) {
-  const int64_t dim = c.attrs.i(0);
+  const int64_t dim = c.at().i<"dim">();
   return {c.grad - exp(c.output) * sum(c.grad, {dim}, true)};
 }
 

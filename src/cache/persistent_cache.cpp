@@ -225,7 +225,7 @@ std::vector<ir::TensorType> param_types(const ir::Graph& g, std::vector<bool>* p
   present->assign(types.size(), false);
   for (const ir::Node& n : g.nodes)
     if (n.op == ir::OpKind::Parameter) {
-      const auto i = static_cast<size_t>(n.attrs.i(0));
+      const auto i = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"index">());
       types[i] = n.results[0];
       (*present)[i] = true;
     }

@@ -37,6 +37,10 @@ bool can_alias(const Graph& g, const Node& node, size_t k) {
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
+// The index of a parameter node; the value of a full node.
+int64_t param_index(const Node& n) { return ir::NodeAttrs(n.op, n.attrs).i<"index">(); }
+double full_value(const Node& n) { return ir::NodeAttrs(n.op, n.attrs).f<"value">(); }
+
 }  // namespace
 
 std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& donations_in) {
@@ -47,7 +51,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   runtime::Executable::Parts parts;
   parts.param_types.resize(static_cast<size_t>(g.num_params));
   for (const Node& n : g.nodes)
-    if (n.op == OpKind::Parameter) parts.param_types[n.attrs.i(0)] = n.results[0];
+    if (n.op == OpKind::Parameter) parts.param_types[param_index(n)] = n.results[0];
   for (ValueRef v : g.outputs) parts.output_types.push_back(g.type(v));
 
   // Constants: filled once, here.
@@ -64,7 +68,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       if (g.nodes[i].op == OpKind::Full) {
         const Node& n = g.nodes[i];
         kernels::fill(static_cast<char*>(parts.constants->data()) + const_offset[i],
-                      n.results[0].dtype, n.attrs.f(0), n.results[0].numel());
+                      n.results[0].dtype, full_value(n), n.results[0].numel());
       }
   }
 
@@ -83,7 +87,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       auto [it, fresh] = last_read.emplace(v, step_of[i]);
       if (!fresh) it->second = std::max(it->second, step_of[i]);
       if (g.nodes[v.node].op == OpKind::Parameter)
-        param_readers[g.nodes[v.node].attrs.i(0)].push_back(static_cast<int32_t>(i));
+        param_readers[param_index(g.nodes[v.node])].push_back(static_cast<int32_t>(i));
     }
   }
 
@@ -95,16 +99,16 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   std::vector<bool> param_returned(static_cast<size_t>(g.num_params), false);
   for (size_t k = 0; k < num_outputs; ++k) {
     const Node& n = g.node(g.outputs[k]);
-    if (n.op == OpKind::Parameter) param_returned[n.attrs.i(0)] = true;
+    if (n.op == OpKind::Parameter) param_returned[param_index(n)] = true;
   }
   for (size_t k = 0; k < num_outputs; ++k) {
     ValueRef v = g.outputs[k];
     const Node& n = g.node(v);
     if (n.op == OpKind::Parameter) {
-      parts.outputs[k] = {OutputSource::Kind::Param, static_cast<int32_t>(n.attrs.i(0))};
+      parts.outputs[k] = {OutputSource::Kind::Param, static_cast<int32_t>(param_index(n))};
     } else if (n.op == OpKind::Full) {
       auto buf = runtime::allocate(n.results[0].bytes());
-      kernels::fill(buf->data(), n.results[0].dtype, n.attrs.f(0), n.results[0].numel());
+      kernels::fill(buf->data(), n.results[0].dtype, full_value(n), n.results[0].numel());
       parts.outputs[k] = {OutputSource::Kind::Const, static_cast<int32_t>(parts.constant_outputs.size())};
       parts.constant_outputs.push_back(std::move(buf));
     } else if (auto it = claimed.find(v); it != claimed.end()) {
@@ -125,7 +129,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
           const Node& rn = g.nodes[reader];
           for (size_t o = 0; o < rn.operands.size(); ++o)
             if (g.node(rn.operands[o]).op == OpKind::Parameter &&
-                g.node(rn.operands[o]).attrs.i(0) == p && !can_alias(g, rn, o))
+                param_index(g.node(rn.operands[o])) == p && !can_alias(g, rn, o))
               direct = false;
         }
         if (!direct) copy_out_of.push_back(static_cast<int32_t>(k));
@@ -147,7 +151,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     const Node& n = g.nodes[i];
     const auto node = static_cast<int32_t>(i);
     if (n.op == OpKind::Parameter) {
-      slot_of[{node, 0}] = {SlotKind::Param, static_cast<int32_t>(n.attrs.i(0)), 0};
+      slot_of[{node, 0}] = {SlotKind::Param, static_cast<int32_t>(param_index(n)), 0};
       continue;
     }
     if (n.op == OpKind::Full) {

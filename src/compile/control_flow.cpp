@@ -111,7 +111,7 @@ kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::Tens
   auto st = std::make_shared<WhileState>();
   st->cond = compile(*n.regions[0]);
   st->body = compile(*n.regions[1]);
-  st->carries = static_cast<size_t>(n.attrs.i(0));
+  st->carries = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"carries">());
   st->operands = operands.size();
   size_t ws = 0;
   for (size_t k = 0; k < st->carries; ++k) {

@@ -107,7 +107,10 @@ Graph common_subexpression_elimination(const Graph& g) {
 namespace {
 
 bool is_full(const Graph& g, ValueRef v) { return g.node(v).op == OpKind::Full; }
-double full_value(const Graph& g, ValueRef v) { return g.node(v).attrs.f(0); }
+double full_value(const Graph& g, ValueRef v) {
+  const Node& n = g.node(v);
+  return ir::NodeAttrs(n.op, n.attrs).f<"value">();
+}
 bool is_full_of(const Graph& g, ValueRef v, double x) {
   return is_full(g, v) && full_value(g, v) == x;
 }
@@ -239,11 +242,12 @@ Graph algebraic_simplification(const Graph& g) {
         }
         break;
       case OpKind::Permute: {
-        const auto& perm = n.attrs.ints(0);
+        const auto& perm = ir::NodeAttrs(n.op, n.attrs).ints<"dims">();
         ValueRef src = ops[0];
         std::vector<int64_t> composed = perm;
         if (ng.node(src).op == OpKind::Permute) {
-          const auto& inner = ng.node(src).attrs.ints(0);
+          const Node& inner_node = ng.node(src);
+          const auto& inner = ir::NodeAttrs(inner_node.op, inner_node.attrs).ints<"dims">();
           for (size_t d = 0; d < perm.size(); ++d) composed[d] = inner[perm[d]];
           src = ng.node(src).operands[0];
         }
@@ -272,7 +276,8 @@ Graph transposes_into_gemm(const Graph& g) {
     for (ValueRef v : n.operands) ++uses[v.node];
   for (ValueRef v : g.outputs) ++uses[v.node];
   auto is_transpose = [](const Node& n) {
-    return n.op == OpKind::Permute && n.attrs.ints(0) == std::vector<int64_t>{1, 0};
+    return n.op == OpKind::Permute &&
+           ir::NodeAttrs(n.op, n.attrs).ints<"dims">() == std::vector<int64_t>{1, 0};
   };
   struct Product {
     ValueRef x, y;
@@ -312,7 +317,8 @@ Graph order_reads_before_updates(const Graph& g, const std::vector<int32_t>& don
   const size_t n = g.nodes.size();
   std::vector<int32_t> param_node(static_cast<size_t>(g.num_params), -1);
   for (size_t i = 0; i < n; ++i)
-    if (g.nodes[i].op == OpKind::Parameter) param_node[g.nodes[i].attrs.i(0)] = static_cast<int32_t>(i);
+    if (const Node& p = g.nodes[i]; p.op == OpKind::Parameter)
+      param_node[ir::NodeAttrs(p.op, p.attrs).i<"index">()] = static_cast<int32_t>(i);
   // after[i]: nodes that must come before node i besides its operands.
   std::vector<std::vector<int32_t>> after(n);
   bool any = false;

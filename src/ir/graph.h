@@ -33,15 +33,36 @@ struct Attrs {
 
   Attrs() = default;
   Attrs(std::initializer_list<AttrValue> v) : values(v) {}
-  int64_t i(size_t k) const { return std::get<int64_t>(values.at(k)); }
-  double f(size_t k) const { return std::get<double>(values.at(k)); }
-  bool b(size_t k) const { return std::get<bool>(values.at(k)); }
-  DType dtype(size_t k) const { return std::get<DType>(values.at(k)); }
-  const std::vector<int64_t>& ints(size_t k) const {
-    return std::get<std::vector<int64_t>>(values.at(k));
-  }
   bool operator==(const Attrs& o) const { return values == o.values; }
 };
+
+// Positional reads are for code that walks every attribute (hashing, printing, serializing);
+// everything else reads attributes by name through NodeAttrs.
+template <AttrName N>
+int64_t NodeAttrs::i() const {
+  static_assert(attr_specs::declared(N.view(), AttrKind::Int), "no op declares this int attribute");
+  return std::get<int64_t>(attrs_.values.at(index(N.view(), AttrKind::Int)));
+}
+template <AttrName N>
+double NodeAttrs::f() const {
+  static_assert(attr_specs::declared(N.view(), AttrKind::Float), "no op declares this float attribute");
+  return std::get<double>(attrs_.values.at(index(N.view(), AttrKind::Float)));
+}
+template <AttrName N>
+bool NodeAttrs::b() const {
+  static_assert(attr_specs::declared(N.view(), AttrKind::Bool), "no op declares this bool attribute");
+  return std::get<bool>(attrs_.values.at(index(N.view(), AttrKind::Bool)));
+}
+template <AttrName N>
+auto NodeAttrs::dtype() const {
+  static_assert(attr_specs::declared(N.view(), AttrKind::DType), "no op declares this dtype attribute");
+  return std::get<DType>(attrs_.values.at(index(N.view(), AttrKind::DType)));
+}
+template <AttrName N>
+const std::vector<int64_t>& NodeAttrs::ints() const {
+  static_assert(attr_specs::declared(N.view(), AttrKind::Ints), "no op declares this ints attribute");
+  return std::get<std::vector<int64_t>>(attrs_.values.at(index(N.view(), AttrKind::Ints)));
+}
 
 /// A result of a node: node index and result index.
 struct ValueRef {

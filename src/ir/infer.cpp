@@ -3,6 +3,7 @@
 // anything is built.
 #include <algorithm>
 #include <limits>
+#include <span>
 
 #include "ir/graph.h"
 #include "util/check.h"
@@ -10,7 +11,7 @@
 namespace lazyrt::ir {
 namespace {
 
-using detail::str_cat;
+using lazyrt::detail::str_cat;
 
 void check_same_dtype(std::string_view op, const std::vector<TensorType>& ts) {
   for (const auto& t : ts)
@@ -41,10 +42,11 @@ void check_value_fits(std::string_view op, double value, DType dtype) {
   LAZYRT_CHECK(fits, op, ": value ", value, " does not fit ", dtype_name(dtype));
 }
 
-std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in, const Attrs& a,
+// The reduce family (sum, mean, amax, amin, prod, var, std, norm) and the arg reductions
+// (dims = their one `dim`): every op of both has `keepdim`.
+std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in,
+                                     std::span<const int64_t> dims, bool keepdim,
                                      bool non_empty) {
-  const auto& dims = a.ints(0);
-  bool keepdim = a.b(1);
   const int64_t rank = static_cast<int64_t>(in.shape.size());
   for (size_t k = 0; k < dims.size(); ++k) {
     LAZYRT_CHECK(dims[k] >= 0 && dims[k] < std::max<int64_t>(rank, 1), op, ": dim ", dims[k],
@@ -67,7 +69,7 @@ std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in, 
 
 // The rules of the data-movement, indexing and NN ops (infer_nn.cpp).
 std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<TensorType>& ops,
-                                       const Attrs& a);
+                                       const NodeAttrs& at);
 
 std::string types_str(const std::vector<TensorType>& ts) {
   std::string s;
@@ -95,6 +97,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) {
 std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& ops,
                                     const Attrs& a) {
   const OpInfo& info = op_info(op);
+  const NodeAttrs at(op, a);
   const std::string_view name = info.name;
   LAZYRT_CHECK(info.operands < 0 || static_cast<int>(ops.size()) == info.operands, name,
                ": expects ", info.operands, " operands, got ", ops.size());
@@ -102,9 +105,9 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
     case ResultRule::Given:
       LAZYRT_ASSERT(false, name, " has no result rule: its type is given by its builder");
     case ResultRule::Full: {
-      check_shape_valid(name, a.ints(1));
-      check_value_fits(name, a.f(0), a.dtype(2));
-      return {{a.dtype(2), a.ints(1)}};
+      check_shape_valid(name, at.ints<"shape">());
+      check_value_fits(name, at.f<"value">(), at.dtype<"dtype">());
+      return {{at.dtype<"dtype">(), at.ints<"shape">()}};
     }
     case ResultRule::Unary:
       return {ops[0]};
@@ -117,7 +120,7 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
     case ResultRule::UnaryToBool:
       return {{DType::b8, ops[0].shape}};
     case ResultRule::Cast:
-      return {{a.dtype(0), ops[0].shape}};
+      return {{at.dtype<"dtype">(), ops[0].shape}};
     case ResultRule::Binary:
     case ResultRule::BinaryNumeric:
     case ResultRule::BinaryFloat:
@@ -145,30 +148,31 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       return {{ops[0].dtype, s}};
     }
     case ResultRule::Reduce:
-      return reduce_types(name, ops[0], a, false);
+      return reduce_types(name, ops[0], at.ints<"dims">(), at.b<"keepdim">(), false);
     case ResultRule::ReduceFloat:
       check_float(name, ops[0]);
-      return reduce_types(name, ops[0], a, false);
+      return reduce_types(name, ops[0], at.ints<"dims">(), at.b<"keepdim">(), false);
     case ResultRule::ReduceNonEmpty:
-      return reduce_types(name, ops[0], a, true);
+      return reduce_types(name, ops[0], at.ints<"dims">(), at.b<"keepdim">(), true);
     case ResultRule::ReduceNorm: {
       check_float(name, ops[0]);
-      const double p = a.f(2);
+      const double p = at.f<"p">();
       LAZYRT_CHECK(p == 1 || p == 2 || p == std::numeric_limits<double>::infinity(), name,
                    ": p must be 1, 2 or inf, got ", p);
-      return reduce_types(name, ops[0], a, false);
+      return reduce_types(name, ops[0], at.ints<"dims">(), at.b<"keepdim">(), false);
     }
     case ResultRule::ArgReduce: {
       check_not_bool(name, ops[0]);
-      const int64_t dim = a.i(0);
-      auto out = reduce_types(name, ops[0], {std::vector<int64_t>{dim}, a.b(1)}, true);
+      const int64_t dim = at.i<"dim">();
+      auto out = reduce_types(name, ops[0], {&dim, 1}, at.b<"keepdim">(), true);
       out[0].dtype = DType::i64;
       return out;
     }
     case ResultRule::Softmax: {
       check_float(name, ops[0]);
       const auto rank = static_cast<int64_t>(ops[0].shape.size());
-      LAZYRT_CHECK(a.i(0) >= 0 && a.i(0) < std::max<int64_t>(rank, 1), name, ": dim ", a.i(0),
+      const int64_t dim = at.i<"dim">();
+      LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
                    " out of range for ", type_str(ops[0]));
       return {ops[0]};
     }
@@ -196,14 +200,14 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       LAZYRT_CHECK(x.shape.size() == 2 && y.shape.size() == 2 && x.dtype == y.dtype, name,
                    ": expects two matrices of one dtype, got ", types_str(ops));
       check_not_bool(name, x);
-      const bool tx = a.b(0), ty = a.b(1);
+      const bool tx = at.b<"transpose_x">(), ty = at.b<"transpose_y">();
       const int64_t n = x.shape[tx ? 1 : 0], k = x.shape[tx ? 0 : 1];
       const int64_t k2 = y.shape[ty ? 1 : 0], m = y.shape[ty ? 0 : 1];
       LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", types_str(ops), " (", k, " vs ", k2, ")");
       return {{x.dtype, {n, m}}};
     }
     case ResultRule::Permute: {
-      const auto& perm = a.ints(0);
+      const auto& perm = at.ints<"dims">();
       const size_t rank = ops[0].shape.size();
       LAZYRT_CHECK(perm.size() == rank, name, ": ", perm.size(), " dims given for a tensor of rank ",
                    rank);
@@ -218,14 +222,14 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       return {{ops[0].dtype, out}};
     }
     case ResultRule::Reshape: {
-      const auto& s = a.ints(0);
+      const auto& s = at.ints<"shape">();
       check_shape_valid(name, s);
       LAZYRT_CHECK(shape_numel(s) == ops[0].numel(), name, ": cannot reshape ",
                    type_str(ops[0]), " to ", shape_str(s), " (element counts differ)");
       return {{ops[0].dtype, s}};
     }
     case ResultRule::Expand: {
-      const auto& s = a.ints(0);
+      const auto& s = at.ints<"shape">();
       const auto& in = ops[0].shape;
       LAZYRT_CHECK(s.size() >= in.size(), name, ": cannot expand ", shape_str(in), " to ",
                    shape_str(s), " (fewer dims)");
@@ -241,11 +245,15 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
       for (const auto& t : ops)
         LAZYRT_CHECK(t.dtype == DType::i64 && t.shape.empty(), name,
                      ": seed and offset must be i64 scalars, got ", types_str(ops));
-      LAZYRT_CHECK(a.i(0) == 0 || a.i(0) == 1, name, ": unknown distribution ", a.i(0));
-      LAZYRT_CHECK(is_floating(a.dtype(2)), name, ": random values must be floating, got ",
-                   dtype_name(a.dtype(2)));
-      check_shape_valid(name, a.ints(1));
-      return {{a.dtype(2), a.ints(1)}};
+      const int64_t distribution = at.i<"distribution">();
+      const DType dtype = at.dtype<"dtype">();
+      const Shape& shape = at.ints<"shape">();
+      LAZYRT_CHECK(distribution == 0 || distribution == 1, name, ": unknown distribution ",
+                   distribution);
+      LAZYRT_CHECK(is_floating(dtype), name, ": random values must be floating, got ",
+                   dtype_name(dtype));
+      check_shape_valid(name, shape);
+      return {{dtype, shape}};
     }
     case ResultRule::Slice:
     case ResultRule::Pad:
@@ -262,20 +270,20 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
     case ResultRule::MaxPool2dBackward:
     case ResultRule::AvgPool2d:
     case ResultRule::AvgPool2dBackward:
-      return infer_nn_types(info, ops, a);
+      return infer_nn_types(info, ops, at);
     case ResultRule::While: {
-      const int64_t carries = a.i(0);
+      const int64_t carries = at.i<"carries">();
       LAZYRT_CHECK(carries >= 0 && carries <= static_cast<int64_t>(ops.size()), name, ": ",
                    carries, " carries but ", ops.size(), " operands");
       return std::vector<TensorType>(ops.begin(), ops.begin() + carries);
     }
     case ResultRule::Fusion: {
-      const Shape& shape = a.ints(0);
+      const Shape& shape = at.ints<"shape">();
       for (const TensorType& t : ops)
         LAZYRT_CHECK(broadcast_shapes(t.shape, shape, name) == shape, name, ": operand ",
                      type_str(t), " does not broadcast to ", shape_str(shape));
       std::vector<TensorType> out;
-      for (int64_t d : a.ints(1)) {
+      for (int64_t d : at.ints<"dtypes">()) {
         LAZYRT_CHECK(d >= 0 && d <= static_cast<int64_t>(DType::b8), name, ": bad dtype ", d);
         out.push_back({static_cast<DType>(d), shape});
       }

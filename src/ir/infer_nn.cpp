@@ -13,7 +13,7 @@
 namespace lazyrt::ir {
 namespace {
 
-using detail::str_cat;
+using lazyrt::detail::str_cat;
 
 int64_t rank_of(const TensorType& t) { return static_cast<int64_t>(t.shape.size()); }
 
@@ -46,10 +46,10 @@ void check_pair(std::string_view op, std::string_view what, const std::vector<in
 
 // ---- data movement ---------------------------------------------------------------------------
 
-std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, const Attrs& a) {
-  const auto& starts = a.ints(0);
-  const auto& ends = a.ints(1);
-  const auto& steps = a.ints(2);
+std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
+  const auto& starts = a.ints<"starts">();
+  const auto& ends = a.ints<"ends">();
+  const auto& steps = a.ints<"steps">();
   check_rank_attr(op, "starts", starts, x);
   check_rank_attr(op, "ends", ends, x);
   check_rank_attr(op, "steps", steps, x);
@@ -64,10 +64,10 @@ std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, co
   return {{x.dtype, out}};
 }
 
-std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, const Attrs& a) {
-  const auto& low = a.ints(0);
-  const auto& high = a.ints(1);
-  const auto& interior = a.ints(2);
+std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
+  const auto& low = a.ints<"low">();
+  const auto& high = a.ints<"high">();
+  const auto& interior = a.ints<"interior">();
   check_rank_attr(op, "low", low, x);
   check_rank_attr(op, "high", high, x);
   check_rank_attr(op, "interior", interior, x);
@@ -83,8 +83,8 @@ std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, cons
   return {{x.dtype, out}};
 }
 
-std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, const Attrs& a) {
-  const auto& dims = a.ints(0);
+std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
+  const auto& dims = a.ints<"dims">();
   for (size_t k = 0; k < dims.size(); ++k) {
     check_dim(op, dims[k], x);
     LAZYRT_CHECK(k == 0 || dims[k] > dims[k - 1], op, ": dims must be sorted and unique, got ",
@@ -94,9 +94,9 @@ std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, con
 }
 
 std::vector<TensorType> concat_types(std::string_view op, const std::vector<TensorType>& ops,
-                                     const Attrs& a) {
+                                     const NodeAttrs& a) {
   LAZYRT_CHECK(!ops.empty(), op, ": expects at least one operand");
-  const int64_t dim = a.i(0);
+  const int64_t dim = a.i<"dim">();
   const TensorType& first = ops[0];
   check_dim(op, dim, first);
   Shape out = first.shape;
@@ -116,10 +116,10 @@ std::vector<TensorType> concat_types(std::string_view op, const std::vector<Tens
 // ---- indexing --------------------------------------------------------------------------------
 
 std::vector<TensorType> index_select_types(std::string_view op, const std::vector<TensorType>& ops,
-                                           const Attrs& a) {
+                                           const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
-  const int64_t dim = a.i(0);
+  const int64_t dim = a.i<"dim">();
   check_dim(op, dim, x);
   check_index_dtype(op, index, true);
   LAZYRT_CHECK(index.shape.size() <= 1, op, ": the index must be a vector, got ", type_str(index));
@@ -129,10 +129,10 @@ std::vector<TensorType> index_select_types(std::string_view op, const std::vecto
 }
 
 std::vector<TensorType> gather_types(std::string_view op, const std::vector<TensorType>& ops,
-                                     const Attrs& a) {
+                                     const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
-  const int64_t dim = a.i(0);
+  const int64_t dim = a.i<"dim">();
   check_dim(op, dim, x);
   check_index_dtype(op, index, false);
   LAZYRT_CHECK(index.shape.size() == x.shape.size(), op,
@@ -145,11 +145,11 @@ std::vector<TensorType> gather_types(std::string_view op, const std::vector<Tens
 }
 
 std::vector<TensorType> scatter_types(std::string_view op, const std::vector<TensorType>& ops,
-                                      const Attrs& a) {
+                                      const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
   const TensorType& src = ops[2];
-  const int64_t dim = a.i(0);
+  const int64_t dim = a.i<"dim">();
   check_dim(op, dim, x);
   check_index_dtype(op, index, false);
   LAZYRT_CHECK(src.dtype == x.dtype, op, ": self and src must have one dtype, got ",
@@ -166,11 +166,11 @@ std::vector<TensorType> scatter_types(std::string_view op, const std::vector<Ten
 }
 
 std::vector<TensorType> index_add_types(std::string_view op, const std::vector<TensorType>& ops,
-                                        const Attrs& a) {
+                                        const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
   const TensorType& src = ops[2];
-  const int64_t dim = a.i(0);
+  const int64_t dim = a.i<"dim">();
   check_dim(op, dim, x);
   check_index_dtype(op, index, true);
   LAZYRT_CHECK(index.shape.size() <= 1, op, ": the index must be a vector, got ", type_str(index));
@@ -186,8 +186,11 @@ std::vector<TensorType> index_add_types(std::string_view op, const std::vector<T
 
 // ---- convolution -----------------------------------------------------------------------------
 
+// Borrowed from the node's attributes: shape inference runs for every traced op.
 struct ConvAttrs {
-  std::vector<int64_t> stride, padding, dilation;
+  const std::vector<int64_t>& stride;
+  const std::vector<int64_t>& padding;
+  const std::vector<int64_t>& dilation;
   int64_t groups;
 };
 
@@ -224,14 +227,20 @@ TensorType conv_result(std::string_view op, const TensorType& x, const TensorTyp
   return {x.dtype, out};
 }
 
-ConvAttrs conv_attrs(const Attrs& a, size_t first) {
-  return {a.ints(first), a.ints(first + 1), a.ints(first + 2), a.i(first + 3)};
+// conv2d and its two backward ops: stride, padding, dilation and groups in each (after the
+// backward ops' input_size / weight_size).
+ConvAttrs conv_attrs(const NodeAttrs& a) {
+  return {a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">(), a.i<"groups">()};
 }
 
 // ---- pooling ---------------------------------------------------------------------------------
 
+// Borrowed from the node's attributes (or kUnitDilation).
 struct PoolAttrs {
-  std::vector<int64_t> kernel, stride, padding, dilation;
+  const std::vector<int64_t>& kernel;
+  const std::vector<int64_t>& stride;
+  const std::vector<int64_t>& padding;
+  const std::vector<int64_t>& dilation;
   bool ceil_mode;
 };
 
@@ -264,12 +273,16 @@ Shape pool_result(std::string_view op, const TensorType& x, const PoolAttrs& p) 
   return out;
 }
 
-PoolAttrs max_pool_attrs(const Attrs& a) {
-  return {a.ints(0), a.ints(1), a.ints(2), a.ints(3), a.b(4)};
+// max_pool2d and max_pool2d_backward.
+PoolAttrs max_pool_attrs(const NodeAttrs& a) {
+  return {a.ints<"kernel">(), a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">(),
+          a.b<"ceil_mode">()};
 }
-// Avg pooling has no dilation.
-PoolAttrs avg_pool_attrs(const Attrs& a, size_t first) {
-  return {a.ints(first), a.ints(first + 1), a.ints(first + 2), {1, 1}, a.b(first + 3)};
+// avg_pool2d and avg_pool2d_backward (after its input_size). Avg pooling has no dilation.
+const std::vector<int64_t> kUnitDilation{1, 1};
+PoolAttrs avg_pool_attrs(const NodeAttrs& a) {
+  return {a.ints<"kernel">(), a.ints<"stride">(), a.ints<"padding">(), kUnitDilation,
+          a.b<"ceil_mode">()};
 }
 
 void check_float(std::string_view op, const TensorType& t) {
@@ -285,7 +298,7 @@ void check_grad(std::string_view op, const TensorType& grad, const Shape& want, 
 }  // namespace
 
 std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<TensorType>& ops,
-                                       const Attrs& a) {
+                                       const NodeAttrs& a) {
   const std::string_view op = info.name;
   switch (info.rule) {
     case ResultRule::Slice: return slice_types(op, ops[0], a);
@@ -296,18 +309,18 @@ std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<Ten
     case ResultRule::Gather: return gather_types(op, ops, a);
     case ResultRule::Scatter: return scatter_types(op, ops, a);
     case ResultRule::IndexAdd: return index_add_types(op, ops, a);
-    case ResultRule::Conv2d: return {conv_result(op, ops[0], ops[1], conv_attrs(a, 0))};
+    case ResultRule::Conv2d: return {conv_result(op, ops[0], ops[1], conv_attrs(a))};
     case ResultRule::Conv2dBackwardInput: {
-      const TensorType input{ops[0].dtype, a.ints(0)};
+      const TensorType input{ops[0].dtype, a.ints<"input_size">()};
       LAZYRT_CHECK(input.shape.size() == 4, op, ": input_size must have 4 entries");
-      TensorType out = conv_result(op, input, ops[1], conv_attrs(a, 1));
+      TensorType out = conv_result(op, input, ops[1], conv_attrs(a));
       check_grad(op, ops[0], out.shape, out.dtype);
       return {input};
     }
     case ResultRule::Conv2dBackwardWeight: {
-      const TensorType weight{ops[0].dtype, a.ints(0)};
+      const TensorType weight{ops[0].dtype, a.ints<"weight_size">()};
       LAZYRT_CHECK(weight.shape.size() == 4, op, ": weight_size must have 4 entries");
-      TensorType out = conv_result(op, ops[1], weight, conv_attrs(a, 1));
+      TensorType out = conv_result(op, ops[1], weight, conv_attrs(a));
       check_grad(op, ops[0], out.shape, out.dtype);
       return {weight};
     }
@@ -321,11 +334,12 @@ std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<Ten
     case ResultRule::AvgPool2d:
       LAZYRT_CHECK(is_floating(ops[0].dtype) || ops[0].dtype == DType::i64, op,
                    ": expects a floating or i64 tensor, got ", type_str(ops[0]));
-      LAZYRT_CHECK(a.i(5) >= 0, op, ": divisor_override must be positive, got ", a.i(5));
-      return {{ops[0].dtype, pool_result(op, ops[0], avg_pool_attrs(a, 0))}};
+      LAZYRT_CHECK(a.i<"divisor">() >= 0, op, ": divisor_override must be positive, got ",
+                   a.i<"divisor">());
+      return {{ops[0].dtype, pool_result(op, ops[0], avg_pool_attrs(a))}};
     case ResultRule::AvgPool2dBackward: {
-      const TensorType input{ops[0].dtype, a.ints(0)};
-      check_grad(op, ops[0], pool_result(op, input, avg_pool_attrs(a, 1)), input.dtype);
+      const TensorType input{ops[0].dtype, a.ints<"input_size">()};
+      check_grad(op, ops[0], pool_result(op, input, avg_pool_attrs(a)), input.dtype);
       return {input};
     }
     default: break;

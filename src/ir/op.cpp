@@ -50,6 +50,17 @@ const OpInfo& op_info(OpKind op) {
   return table()[i];
 }
 
+size_t NodeAttrs::index(std::string_view name, AttrKind kind) const {
+  const std::vector<AttrSpec>& specs = op_info(op_).attrs;
+  for (size_t k = 0; k < specs.size(); ++k)
+    if (specs[k].name == name) {
+      LAZYRT_ASSERT(specs[k].kind == kind, op_name(op_), ": attribute ", std::string(name), " read as another kind");
+      return k;
+    }
+  LAZYRT_ASSERT(false, op_name(op_), " has no attribute ", std::string(name));
+  return 0;
+}
+
 bool op_from_name(std::string_view name, OpKind* op) {
   for (int i = 0; i < kNumOps; ++i) {
     if (table()[i].name == name) {

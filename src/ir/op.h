@@ -1,6 +1,7 @@
 // Op kinds and the per-op facts generated from ops.def.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -89,6 +90,80 @@ struct OpInfo {
 };
 
 const OpInfo& op_info(OpKind op);
+
+// ---- attributes by name -------------------------------------------------------------------
+
+/// An attribute name as a template argument: ir::NodeAttrs reads `at.ints<"dims">()`.
+template <size_t N>
+struct AttrName {
+  char chars[N];
+  consteval AttrName(const char (&s)[N]) {
+    for (size_t i = 0; i < N; ++i) chars[i] = s[i];
+  }
+  constexpr std::string_view view() const { return {chars, N - 1}; }
+};
+
+namespace attr_specs {
+
+inline constexpr std::string_view kAttrSpecs[] = {
+#define OP(Enum, name, operands, rule, flags, attrs) attrs,
+#include "ir/ops.def"
+#undef OP
+};
+
+consteval std::string_view kind_word(AttrKind k) {
+  switch (k) {
+    case AttrKind::Int: return "int";
+    case AttrKind::Float: return "float";
+    case AttrKind::Bool: return "bool";
+    case AttrKind::DType: return "dtype";
+    case AttrKind::Ints: return "ints";
+  }
+  return "";
+}
+
+/// Whether some row of ops.def declares attribute `name` of kind `kind`: a misspelt name, or
+/// one read as the wrong kind, does not compile.
+consteval bool declared(std::string_view name, AttrKind kind) {
+  for (std::string_view spec : kAttrSpecs) {
+    while (!spec.empty()) {
+      const size_t end = spec.find(' ');
+      const std::string_view item = spec.substr(0, end);
+      spec = end == std::string_view::npos ? std::string_view() : spec.substr(end + 1);
+      const size_t colon = item.find(':');
+      if (item.substr(0, colon) == name && item.substr(colon + 1) == kind_word(kind)) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace attr_specs
+
+struct Attrs;
+
+/// The attributes of a node of op `op`, read by the names and kinds its ops.def row declares:
+/// `NodeAttrs at(n.op, n.attrs); at.ints<"dims">(), at.b<"keepdim">()`. A name that no op
+/// declares with that kind is a compile error; reading one that this op lacks is a bug
+/// (asserted).
+class NodeAttrs {
+ public:
+  NodeAttrs(OpKind op, const Attrs& attrs) : op_(op), attrs_(attrs) {}
+  template <AttrName N>
+  int64_t i() const;
+  template <AttrName N>
+  double f() const;
+  template <AttrName N>
+  bool b() const;
+  template <AttrName N>
+  auto dtype() const;
+  template <AttrName N>
+  const std::vector<int64_t>& ints() const;
+
+ private:
+  size_t index(std::string_view name, AttrKind kind) const;
+  OpKind op_;
+  const Attrs& attrs_;
+};
 inline std::string_view op_name(OpKind op) { return op_info(op).name; }
 inline bool has_flag(OpKind op, OpFlags f) { return (op_info(op).flags & f) != 0; }
 /// The op whose name is `name`, or false.

@@ -8,9 +8,9 @@
 namespace lazyrt::ir {
 namespace {
 
-using detail::ByteReader;
-using detail::ByteWriter;
-using detail::str_cat;
+using lazyrt::detail::ByteReader;
+using lazyrt::detail::ByteWriter;
+using lazyrt::detail::str_cat;
 
 // Smallest encodings, used to bound counts by the bytes left.
 constexpr size_t kMinNodeBytes = 1 + 1 + 4 + 4 + 4 + 4;  // name of one char, four counts

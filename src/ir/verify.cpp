@@ -6,7 +6,7 @@
 namespace lazyrt::ir {
 namespace {
 
-using detail::str_cat;
+using lazyrt::detail::str_cat;
 
 bool attr_has_kind(const AttrValue& v, AttrKind k) {
   switch (k) {
@@ -28,10 +28,13 @@ void verify_region_params(size_t i, const Node& n, const Graph& r, const char* w
   if (r.num_params != static_cast<int64_t>(operands.size()))
     fail(i, n, str_cat(which, " region has ", r.num_params, " parameters for ", operands.size(),
                        " operands"));
-  for (const Node& rn : r.nodes)
-    if (rn.op == OpKind::Parameter && rn.results[0] != operands[rn.attrs.i(0)])
-      fail(i, n, str_cat(which, " parameter ", rn.attrs.i(0), " is ", type_str(rn.results[0]),
-                         ", its operand ", type_str(operands[rn.attrs.i(0)])));
+  for (const Node& rn : r.nodes) {
+    if (rn.op != OpKind::Parameter) continue;
+    const int64_t index = NodeAttrs(rn.op, rn.attrs).i<"index">();
+    if (rn.results[0] != operands[index])
+      fail(i, n, str_cat(which, " parameter ", index, " is ", type_str(rn.results[0]),
+                         ", its operand ", type_str(operands[index])));
+  }
 }
 
 void verify_while(size_t i, const Node& n, const std::vector<TensorType>& operands) {
@@ -45,7 +48,7 @@ void verify_while(size_t i, const Node& n, const std::vector<TensorType>& operan
   if (cond.outputs.size() != 1 || cond.type(cond.outputs[0]).dtype != DType::b8 ||
       cond.type(cond.outputs[0]).numel() != 1)
     fail(i, n, "cond must return one b8 element");
-  const auto carries = static_cast<size_t>(n.attrs.i(0));
+  const auto carries = static_cast<size_t>(NodeAttrs(n.op, n.attrs).i<"carries">());
   if (body.outputs.size() != carries)
     fail(i, n, str_cat("body returns ", body.outputs.size(), " values for ", carries, " carries"));
   for (size_t k = 0; k < carries; ++k)
@@ -61,7 +64,7 @@ void verify_fusion(size_t i, const Node& n, const std::vector<TensorType>& opera
   const Graph& r = *n.regions[0];
   verify(r);
   verify_region_params(i, n, r, "fusion", operands);
-  const Shape& shape = n.attrs.ints(0);
+  const Shape& shape = NodeAttrs(n.op, n.attrs).ints<"shape">();
   for (const Node& rn : r.nodes) {
     if (rn.op == OpKind::Parameter || rn.op == OpKind::Full) continue;
     if (!has_flag(rn.op, kElementwise) || rn.results.size() != 1 || rn.results[0].shape != shape)
@@ -104,7 +107,7 @@ void verify(const Graph& g) {
       in.push_back(def.results[v.index]);
     }
     if (n.op == OpKind::Parameter) {
-      int64_t idx = n.attrs.i(0);
+      int64_t idx = NodeAttrs(n.op, n.attrs).i<"index">();
       if (idx < 0 || idx >= g.num_params) fail(i, n, str_cat("index ", idx, " out of range"));
       if (param_seen[idx]) fail(i, n, str_cat("parameter ", idx, " appears twice"));
       param_seen[idx] = true;

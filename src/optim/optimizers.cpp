@@ -27,7 +27,8 @@ Optimizer::Optimizer(std::vector<Tensor> params)
   slots_.resize(params_.size());
 }
 
-void Optimizer::store_lr(double lr) {
+void Optimizer::set_lr(double lr) {
+  LAZYRT_CHECK(lr >= 0, "optimizer: invalid learning rate ", lr);
   if (lr == lr_value_) return;
   // In place: the tensor keeps its identity, so compiled steps keep reading it.
   NoGradGuard no_grad;
@@ -98,7 +99,13 @@ void check_adam(const AdamOptions& o) {
 SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params)), options_(o) {
   check_sgd(o);
   if (o.momentum != 0) add_slots(1);
-  store_lr(o.lr);
+  set_lr(o.lr);
+}
+
+SGDOptions SGD::options() const {
+  SGDOptions o = options_;
+  o.lr = lr();
+  return o;
 }
 
 void SGD::set_options(const SGDOptions& o) {
@@ -111,13 +118,7 @@ void SGD::set_options(const SGDOptions& o) {
       o.nesterov != c.nesterov)
     invalidate_compiled_steps();
   options_ = o;
-  store_lr(o.lr);
-}
-
-void SGD::set_lr(double lr) {
-  SGDOptions o = options_;
-  o.lr = lr;
-  set_options(o);
+  set_lr(o.lr);
 }
 
 Optimizer::Update SGD::update(size_t i, const Tensor& grad, const Tensor& t) {
@@ -141,7 +142,13 @@ Optimizer::Update SGD::update(size_t i, const Tensor& grad, const Tensor& t) {
 Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Optimizer(std::move(params)), options_(o) {
   check_adam(o);
   add_slots(2);  // exp_avg, exp_avg_sq
-  store_lr(o.lr);
+  set_lr(o.lr);
+}
+
+AdamOptions Adam::options() const {
+  AdamOptions o = options_;
+  o.lr = lr();
+  return o;
 }
 
 void Adam::set_options(const AdamOptions& o) {
@@ -150,13 +157,7 @@ void Adam::set_options(const AdamOptions& o) {
   if (o.beta1 != c.beta1 || o.beta2 != c.beta2 || o.eps != c.eps || o.weight_decay != c.weight_decay)
     invalidate_compiled_steps();
   options_ = o;
-  store_lr(o.lr);
-}
-
-void Adam::set_lr(double lr) {
-  AdamOptions o = options_;
-  o.lr = lr;
-  set_options(o);
+  set_lr(o.lr);
 }
 
 Optimizer::Update Adam::adam_update(size_t i, const Tensor& param, const Tensor& grad, const Tensor& t) {

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "autograd/autograd.h"
+#include "exec/executor.h"
 #include "lazyrt/amp.h"
 #include "lazyrt/metrics.h"
 #include "trace/lazy_tensor.h"
@@ -33,12 +34,12 @@ using ImplPtr = std::shared_ptr<TensorImpl>;
 namespace {
 
 std::vector<ImplPtr> pending_impls(const std::vector<Tensor>& ts, const char* op) {
-  std::vector<ImplPtr> out;
+  std::vector<ImplPtr> impls;
   for (const Tensor& t : ts) {
     LAZYRT_CHECK(t.defined(), op, ": an output tensor is undefined");
-    if (t.is_pending() && std::find(out.begin(), out.end(), t.impl()) == out.end()) out.push_back(t.impl());
+    impls.push_back(t.impl());
   }
-  return out;
+  return trace::pending_only(impls);
 }
 
 // The outputs plus, repeatedly, every pending tensor whose old value the graph reads: the
@@ -98,29 +99,7 @@ std::vector<int32_t> update_offers(const std::vector<ImplPtr>& roots, const trac
   return offers;
 }
 
-// A buffer of `bytes` for an output: `reuse` when its only holders are the `owners` the caller
-// knows of (and lazyrt owns it: adopted memory is never written), else a new one.
-std::shared_ptr<Buffer> output_buffer(size_t bytes, const std::shared_ptr<Buffer>& reuse, long owners) {
-  if (reuse && !reuse->is_adopted() && reuse.use_count() <= owners && reuse->bytes() == bytes) return reuse;
-  return runtime::allocate(bytes);
-}
-
 const std::shared_ptr<Buffer> kNoBuffer;
-
-// After a run: the buffer holding output k, for outputs the executable did not compute.
-// param_at(i): the buffer bound as parameter i.
-template <class ParamAt>
-std::shared_ptr<Buffer> resolve_output(const Executable& exe, size_t k, const ParamAt& param_at,
-                                       std::vector<std::shared_ptr<Buffer>>& outs) {
-  const OutputSource& s = exe.outputs()[k];
-  switch (s.kind) {
-    case OutputSource::Kind::Computed: return outs[k];
-    case OutputSource::Kind::Param: return param_at(s.index);
-    case OutputSource::Kind::Const: return exe.constant_output(s.index);
-    case OutputSource::Kind::Alias: return outs[s.index];
-  }
-  return nullptr;
-}
 
 // ---- low level ----------------------------------------------------------------------------
 
@@ -155,7 +134,7 @@ GraphHash graph_hash(const std::vector<Tensor>& outputs) {
   if (roots.empty()) return {};
   trace::Extracted ex = extract_with_updates(roots);
   check_starts_from_data(roots, "graph_hash");
-  return trace::cache_key(ex.graph, update_offers(roots, ex));
+  return exec::cache_key(ex.graph, update_offers(roots, ex));
 }
 
 void warm_up_cache(const std::vector<Tensor>& outputs) {
@@ -164,8 +143,8 @@ void warm_up_cache(const std::vector<Tensor>& outputs) {
   trace::Extracted ex = extract_with_updates(roots);
   check_starts_from_data(roots, "warm_up_cache");
   std::vector<int32_t> offers = update_offers(roots, ex);
-  GraphHash key = trace::cache_key(ex.graph, offers);
-  WarmGraph w{trace::executable_for(key, ex.graph, offers), offers};
+  GraphHash key = exec::cache_key(ex.graph, offers);
+  WarmGraph w{exec::executable_for(key, ex.graph, offers), offers};
   WarmTable& t = warm_table();
   std::lock_guard<std::mutex> lock(t.mu);
   t.entries[key] = std::move(w);
@@ -219,41 +198,29 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   if (!pending.empty()) sync(pending);
 
   std::vector<std::shared_ptr<Buffer>> params;
-  std::vector<const void*> param_ptrs;
-  for (const Tensor& t : inputs) {
-    t.impl()->release_leaf();
-    params.push_back(t.impl()->data());
-    param_ptrs.push_back(params.back()->data());
+  exec::Frame frame;
+  frame.size_for(exe);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    inputs[i].impl()->release_leaf();
+    params.push_back(inputs[i].impl()->data());
+    frame.params[i] = params.back()->data();
   }
-  const size_t n = exe.outputs().size();
-  std::vector<std::shared_ptr<Buffer>> outs(n);
-  std::vector<void*> out_ptrs(n, nullptr);
-  for (size_t k = 0; k < n; ++k) {
-    if (exe.outputs()[k].kind != OutputSource::Kind::Computed) continue;
+  // An updated input's buffer is written in place when only the input and `params` hold it.
+  auto offer = [&](size_t k) -> const std::shared_ptr<Buffer>& {
     const int32_t p = w.updates[k];
-    // An updated input's buffer is written in place when only the input and `params` hold it.
-    outs[k] = output_buffer(exe.output_types()[k].bytes(),
-                            p >= 0 && exe.donation_accepted(k) ? params[p] : kNoBuffer, 2);
-    out_ptrs[k] = outs[k]->data();
-  }
-  {
-    static auto& execute_time = metrics::detail::timing_cell("ExecuteTime");
-    detail::ScopedTimer timer(execute_time);
-    w.exe->run(param_ptrs.data(), out_ptrs.data());
-  }
+    return p >= 0 && exe.donation_accepted(k) ? exec::writable(params[p], exe.output_types()[k].bytes(), 2) : kNoBuffer;
+  };
+  auto param = [&](int32_t i) -> const std::shared_ptr<Buffer>& { return params[i]; };
   static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
-  replay_graph.add(1);
+  exec::run(*w.exe, frame, offer, param, replay_graph);
   std::vector<Tensor> results;
-  for (size_t k = 0; k < n; ++k) {
-    std::shared_ptr<Buffer> b =
-        resolve_output(exe, k, [&](int32_t i) -> const std::shared_ptr<Buffer>& { return params[i]; }, outs);
-    outs[k] = b;
+  for (size_t k = 0; k < frame.outs.size(); ++k) {
     const int32_t p = w.updates[k];
     if (p >= 0) {
-      inputs[p].impl()->set_data(std::move(b));
+      inputs[p].impl()->set_data(std::move(frame.outs[k]));
       results.push_back(inputs[p]);
     } else {
-      results.push_back(Tensor(trace::make_data(exe.output_types()[k], std::move(b))));
+      results.push_back(Tensor(trace::make_data(exe.output_types()[k], std::move(frame.outs[k]))));
     }
   }
   return results;
@@ -330,10 +297,8 @@ struct Variant {
   // Run-time scratch, sized at trace time.
   std::vector<Tensor> result_tensors;  // the step's own output handles
   std::vector<const std::shared_ptr<Buffer>*> params;  // per binding, the buffer it holds
-  std::vector<std::shared_ptr<Buffer>> outs;
   std::vector<ImplPtr> holds, sink_holds;               // the state tensors in use
-  std::vector<const void*> param_ptrs;
-  std::vector<void*> out_ptrs;
+  exec::Frame frame;
   std::vector<size_t> out_bytes;  // per output
 };
 
@@ -547,8 +512,8 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
           v->offers[k] = static_cast<int32_t>(p);
       }
     }
-    GraphHash key = trace::cache_key(ex.graph, v->offers);
-    v->exe = trace::executable_for(key, ex.graph, v->offers);
+    GraphHash key = exec::cache_key(ex.graph, v->offers);
+    v->exe = exec::executable_for(key, ex.graph, v->offers);
     v->pin = pin;
     for (size_t i = 0; i < n; ++i)
       if (pin[i]) v->pinned.push_back(args[i].impl());
@@ -588,9 +553,7 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   v->params.resize(np);
   v->holds.resize(np);
   v->sink_holds.resize(no);
-  v->param_ptrs.resize(np);
-  v->outs.resize(no);
-  v->out_ptrs.resize(no);
+  v->frame.size_for(*v->exe);
   for (const auto& t : v->exe->output_types()) v->out_bytes.push_back(t.bytes());
   for (size_t k = 0; k < v->results; ++k) {
     auto buf = runtime::allocate(v->exe->output_types()[k].bytes());
@@ -688,31 +651,24 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     } else {
       v.params[p] = &b.constant;
     }
-    v.param_ptrs[p] = (*v.params[p])->data();
+    v.frame.params[p] = (*v.params[p])->data();
   }
-  for (size_t k = 0; k < v.sinks.size(); ++k) {
-    v.out_ptrs[k] = nullptr;
-    if (exe.outputs()[k].kind != OutputSource::Kind::Computed) continue;
+  // Each output may be written into the buffer its destination already holds, when nobody
+  // else holds that buffer: a replay then writes parameters and state in place.
+  auto offer = [&](size_t k) -> const std::shared_ptr<Buffer>& {
     TensorImpl* t = sink_tensor(v, v.sinks[k], args, v.sink_holds[k]);
-    if (t) t->release_leaf();
-    const std::shared_ptr<Buffer>& current = t && !t->is_pending() ? t->data() : kNoBuffer;
-    v.outs[k] = output_buffer(v.out_bytes[k], current, 1);
-    v.out_ptrs[k] = v.outs[k]->data();
-  }
-  {
-    static auto& execute_time = metrics::detail::timing_cell("ExecuteTime");
-    detail::ScopedTimer timer(execute_time);
-    exe.run(v.param_ptrs.data(), v.out_ptrs.data());
-  }
-  static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
-  replay_graph.add(1);
-  // Outputs the executable did not compute, before any write-back changes a parameter's buffer.
+    if (!t) return kNoBuffer;
+    t->release_leaf();
+    return t->is_pending() ? kNoBuffer : exec::writable(t->data(), v.out_bytes[k], 1);
+  };
+  // Outputs the executable did not compute are resolved before any write-back changes a
+  // parameter's buffer.
   auto param_at = [&v](int32_t p) -> const std::shared_ptr<Buffer>& { return *v.params[p]; };
-  for (size_t k = 0; k < v.sinks.size(); ++k)
-    if (exe.outputs()[k].kind != OutputSource::Kind::Computed) v.outs[k] = resolve_output(exe, k, param_at, v.outs);
+  static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
+  exec::run(exe, v.frame, offer, param_at, replay_graph);
   std::vector<std::pair<int32_t, Tensor>> arg_grads;
   for (size_t k = 0; k < v.sinks.size(); ++k) {
-    const std::shared_ptr<Buffer>& b = v.outs[k];
+    const std::shared_ptr<Buffer>& b = v.frame.outs[k];
     // Replays mostly write back into the buffer the tensor already holds: no copy then.
     auto write_back = [&b](TensorImpl& t) {
       if (t.is_pending() || t.data() != b) t.set_data(b);
@@ -743,7 +699,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     if (TensorImpl* t = resolve(v, c.binding, c.leaf, hold))
       if (t->grad) t->set_grad_impl(nullptr);
   }
-  for (auto& o : v.outs) o = nullptr;
+  for (auto& o : v.frame.outs) o = nullptr;
   for (auto& h : v.sink_holds) h = nullptr;
   for (auto& h : v.holds) h = nullptr;
   // The gradient of an argument flows on from the argument, as backward would have taken it:

@@ -1,5 +1,9 @@
 #include "trace/extract.h"
 
+#include <unordered_map>
+
+#include "trace/lazy_tensor.h"
+
 #include "util/check.h"
 
 namespace lazyrt::trace {
@@ -55,4 +59,81 @@ ir::ValueRef Flattener::add_root(const LazyValue& root) {
   return value_of(root);
 }
 
+// Flattening for a sync: parameter leaves become graph parameters, one per buffer.
+//
+// Donation: a parameter buffer that nothing outside this sync can still reach (no live tensor
+// holds it, and no pending value that survives the sync reads it) is offered to the output of
+// the tensor it came from, so an in-place update (w.add_(g)) writes into w's own buffer.
+Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
+  Extracted ex;
+  std::unordered_map<const runtime::Buffer*, int32_t> param_of_buffer;
+  std::vector<int64_t>& source = ex.param_sources;
+  Flattener flat(
+      [](const LazyNode& n) {
+        LAZYRT_CHECK(n.scope == 0,
+                     "a value traced inside a while_loop body is used outside of it; return it "
+                     "from the body as part of the carry instead");
+        return n.op != ir::OpKind::Parameter;
+      },
+      [&](const LazyValue& v, ir::Graph& g) {
+        LAZYRT_ASSERT(v.node->data, "a loop placeholder reached a sync");
+        // All leaves of one buffer are one parameter.
+        auto [it, fresh] = param_of_buffer.emplace(v.node->data.get(), static_cast<int32_t>(ex.params.size()));
+        if (fresh) {
+          ex.param_nodes.push_back(g.add_parameter(v.type()).node);
+          ex.params.push_back(v.node->data);
+          source.push_back(v.node->source_tensor);
+          ex.param_tensors.push_back(v.node->source);
+        } else if (v.node->source_tensor != source[it->second]) {
+          // Another tensor on the same buffer: the oldest stands for the parameter (state
+          // outlives the temporaries made from it), the others are noted.
+          const int32_t p = it->second;
+          std::weak_ptr<TensorImpl> other = v.node->source;
+          int64_t other_id = v.node->source_tensor;
+          if (other_id < source[p]) {
+            std::swap(other, ex.param_tensors[p]);
+            std::swap(other_id, source[p]);
+          }
+          ex.param_aliases.emplace_back(p, std::move(other));
+        }
+        return ir::ValueRef{ex.param_nodes[it->second], 0};
+      });
+  std::vector<ir::ValueRef> outputs;
+  for (const auto& t : tensors) outputs.push_back(flat.add_root(t->pending()));
+
+  // A node survives the sync when something outside it holds a reference; so does everything
+  // it reads. Post order puts users after operands, so walk backwards.
+  const auto& visited = flat.visited();
+  std::vector<bool> survives(visited.size(), false);
+  for (size_t p = visited.size(); p-- > 0;) {
+    const auto& sp = *visited[p].ref;
+    if (sp.use_count() > visited[p].internal_refs) survives[p] = true;
+    if (survives[p] && sp->op != ir::OpKind::Parameter)
+      for (const LazyValue& v : sp->operands) survives[flat.position(v.node.get())] = true;
+  }
+  std::vector<bool> donatable(ex.params.size(), true);
+  std::vector<int64_t> leaves(ex.params.size(), 0);
+  for (size_t p = 0; p < visited.size(); ++p) {
+    const LazyNode& n = **visited[p].ref;
+    if (n.op != ir::OpKind::Parameter) continue;
+    const int32_t param = param_of_buffer.at(n.data.get());
+    leaves[param]++;
+    if (survives[p]) donatable[param] = false;
+  }
+  ex.donations.assign(tensors.size(), -1);
+  for (size_t i = 0; i < ex.params.size(); ++i) {
+    // The leaves hold the buffer, and so does ex.params; anything more is an outside owner.
+    // Adopted memory (NumPy, DLPack) belongs to someone else and is never written.
+    if (!donatable[i] || ex.params[i]->is_adopted() || ex.params[i].use_count() != leaves[i] + 1) continue;
+    for (size_t k = 0; k < tensors.size(); ++k)
+      if (tensors[k]->id == source[i] && tensors[k]->type == flat.graph().nodes[ex.param_nodes[i]].results[0] &&
+          ex.donations[k] < 0) {
+        ex.donations[k] = static_cast<int32_t>(i);
+        break;
+      }
+  }
+  ex.graph = std::move(flat.graph());
+  ex.graph.outputs = std::move(outputs);
+  return ex;
+}
 }  // namespace lazyrt::trace

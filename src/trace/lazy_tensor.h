@@ -181,11 +181,8 @@ struct Extracted {
   std::vector<std::pair<int32_t, std::weak_ptr<TensorImpl>>> param_aliases;
 };
 Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& pending);
-/// The cache key of a graph compiled with these donation offers.
-GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations);
-/// The executable for `key`: from the in-memory cache, or compiled and cached (counted).
-std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
-                                                    const std::vector<int32_t>& donations);
+/// The pending tensors among `requested`, each once, in order.
+std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::shared_ptr<TensorImpl>>& requested);
 /// While alive (per thread), any sync throws lazyrt::Error with `reason`.
 class SyncForbidden {
  public:

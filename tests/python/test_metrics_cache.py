@@ -85,3 +85,22 @@ def test_sync_and_mark_step():
     c = a * 3
     lr.mark_step()
     assert not c.is_pending() and c.tolist() == [6.0]
+
+
+def test_dump_graph_writes_each_compiled_graph_as_text_and_dot(tmp_path):
+    lr.debug.set_dump_graph_dir(str(tmp_path))
+    try:
+        assert lr.debug.dump_graph_dir() == str(tmp_path)
+        x = lr.tensor([1.0, 2.0, 3.0])
+        ((x * 3.5).exp() - 17.25).sum().item()
+    finally:
+        lr.debug.set_dump_graph_dir("")
+    txt = list(tmp_path.glob("*.txt"))
+    dot = list(tmp_path.glob("*.dot"))
+    assert len(txt) == 1 and len(dot) == 1 and txt[0].stem == dot[0].stem and len(txt[0].stem) == 32
+    text = txt[0].read_text()
+    assert "exp" in text and "17.25" in text, text
+    assert dot[0].read_text().lstrip().startswith("digraph")
+    # Off again: nothing more is written.
+    ((x * 4.5).exp()).sum().item()
+    assert len(list(tmp_path.glob("*.txt"))) == 1

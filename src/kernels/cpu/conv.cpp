@@ -39,21 +39,21 @@ struct ConvGeom {
   int64_t packed_elems() const { return chunk > 1 ? Og * chunk * P : 0; }
 };
 
-// x: [N, C, H, W], w: [O, C / groups, kh, kw], out: [N, O, OH, OW]; the attributes from
-// `first`: stride, padding, dilation, groups.
-ConvGeom make_geom(const Shape& x, const Shape& w, const Shape& out, const ir::Attrs& a,
-                   size_t first, size_t esize) {
+// x: [N, C, H, W], w: [O, C / groups, kh, kw], out: [N, O, OH, OW]; the attributes of
+// conv2d or of either backward op (each has stride, padding, dilation and groups).
+ConvGeom make_geom(const Shape& x, const Shape& w, const Shape& out, const ir::NodeAttrs& a,
+                   size_t esize) {
   ConvGeom g{};
   g.N = x[0], g.C = x[1], g.H = x[2], g.W = x[3];
   g.O = w[0], g.kh = w[2], g.kw = w[3];
   g.OH = out[2], g.OW = out[3];
-  const auto& stride = a.ints(first);
-  const auto& padding = a.ints(first + 1);
-  const auto& dilation = a.ints(first + 2);
+  const auto& stride = a.ints<"stride">();
+  const auto& padding = a.ints<"padding">();
+  const auto& dilation = a.ints<"dilation">();
   g.sh = stride[0], g.sw = stride[1];
   g.ph = padding[0], g.pw = padding[1];
   g.dh = dilation[0], g.dw = dilation[1];
-  g.groups = a.i(first + 3);
+  g.groups = a.i<"groups">();
   g.Cg = g.C / g.groups;
   g.Og = g.O / g.groups;
   g.K = g.Cg * g.kh * g.kw;
@@ -299,7 +299,7 @@ Kernel conv_kernel(const KernelSpec& s) {
       LAZYRT_ASSERT(false, "conv2d kernel made for ", dtype_name(dtype));
       return {};
     } else {
-      const ConvGeom g = make_geom(x, w, out, s.attrs, kPass == Pass::Forward ? 0 : 1, sizeof(C));
+      const ConvGeom g = make_geom(x, w, out, ir::NodeAttrs(s.op, s.attrs), sizeof(C));
       const size_t ws = workspace_bytes(g, sizeof(C));
       if constexpr (std::is_same_v<T, C>) {
         return {[g, ws](const void* const* in, void* const* o) {

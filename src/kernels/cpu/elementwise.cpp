@@ -224,7 +224,7 @@ void fill(void* dst, DType dtype, double value, int64_t n) {
 }
 
 Kernel make_Full(const KernelSpec& s) {
-  const double value = s.attrs.f(0);
+  const double value = ir::NodeAttrs(s.op, s.attrs).f<"value">();
   const DType dtype = s.outputs[0].dtype;
   const int64_t n = s.outputs[0].numel();
   return {[value, dtype, n](const void* const*, void* const* out) { fill(out[0], dtype, value, n); }};

@@ -177,9 +177,10 @@ struct ElementwiseFn {
 /// Calls v(ElementwiseFn<...>{functor}) for an elementwise op of ops.def other than cast and
 /// where (whose operands differ in dtype: their kernels are written out). Asserts on others.
 template <class V>
-decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& a, V&& v) {
+decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& attrs, V&& v) {
   using ir::OpKind;
   using D = Domain;
+  const ir::NodeAttrs a(op, attrs);
   switch (op) {
     case OpKind::Neg: return v(ElementwiseFn<NegF, 1, D::NotBool, false>{});
     case OpKind::Abs: return v(ElementwiseFn<AbsF, 1, D::NotBool, false>{});
@@ -197,10 +198,10 @@ decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& a, V&& v) {
     case OpKind::Log1p: return v(ElementwiseFn<Log1pF, 1, D::Float, false>{});
     case OpKind::Expm1: return v(ElementwiseFn<Expm1F, 1, D::Float, false>{});
     case OpKind::Erf: return v(ElementwiseFn<ErfF, 1, D::Float, false>{});
-    case OpKind::Gelu: return v(ElementwiseFn<GeluF, 1, D::Float, false>{{a.b(0)}});
+    case OpKind::Gelu: return v(ElementwiseFn<GeluF, 1, D::Float, false>{{a.b<"tanh">()}});
     case OpKind::Silu: return v(ElementwiseFn<SiluF, 1, D::Float, false>{});
     case OpKind::Softplus:
-      return v(ElementwiseFn<SoftplusF, 1, D::Float, false>{{a.f(0), a.f(1)}});
+      return v(ElementwiseFn<SoftplusF, 1, D::Float, false>{{a.f<"beta">(), a.f<"threshold">()}});
     case OpKind::Floor: return v(ElementwiseFn<FloorF, 1, D::NotBool, false>{});
     case OpKind::Ceil: return v(ElementwiseFn<CeilF, 1, D::NotBool, false>{});
     case OpKind::Round: return v(ElementwiseFn<RoundF, 1, D::NotBool, false>{});
@@ -220,7 +221,8 @@ decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& a, V&& v) {
     case OpKind::Ge: return v(ElementwiseFn<GeF, 2, D::Any, true>{});
     case OpKind::LogicalAnd: return v(ElementwiseFn<AndF, 2, D::Any, true>{});
     case OpKind::LogicalOr: return v(ElementwiseFn<OrF, 2, D::Any, true>{});
-    case OpKind::Clamp: return v(ElementwiseFn<ClampF, 3, D::NotBool, false>{{a.b(0), a.b(1)}});
+    case OpKind::Clamp:
+      return v(ElementwiseFn<ClampF, 3, D::NotBool, false>{{a.b<"has_min">(), a.b<"has_max">()}});
     default: break;
   }
   LAZYRT_ASSERT(false, ir::op_name(op), " has no elementwise function");

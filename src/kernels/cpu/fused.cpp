@@ -206,10 +206,11 @@ Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& in
     const auto v = static_cast<int16_t>(i);
     const DType dtype = n.results[0].dtype;
     if (n.op == ir::OpKind::Parameter) {
+      const int64_t index = ir::NodeAttrs(n.op, n.attrs).i<"index">();
       visit_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
-        p->operands[n.attrs.i(0)] = {v, std::is_same_v<T, compute_t<T>>,
-                                     static_cast<int64_t>(sizeof(T)), &load<T>};
+        p->operands[index] = {v, std::is_same_v<T, compute_t<T>>, static_cast<int64_t>(sizeof(T)),
+                              &load<T>};
       });
     } else if (n.op == ir::OpKind::Full) {
       constants.emplace_back(v, &n);
@@ -224,10 +225,11 @@ Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& in
   for (size_t c = 0; c < constants.size(); ++c) {
     const ir::Node& n = *constants[c].second;
     double* block = p->constant_blocks.get() + c * kBlock;
+    const double value = ir::NodeAttrs(n.op, n.attrs).f<"value">();
     visit_dtype(n.results[0].dtype, [&](auto tag) {
       using T = decltype(tag);
       std::fill_n(reinterpret_cast<compute_t<T>*>(block), kBlock,
-                  convert<compute_t<T>>(convert<T>(n.attrs.f(0))));
+                  convert<compute_t<T>>(convert<T>(value)));
     });
     p->constants.emplace_back(constants[c].first, block);
   }

@@ -92,7 +92,7 @@ T add_values(T a, T b) {
 }  // namespace
 
 Kernel make_IndexSelect(const KernelSpec& s) {
-  const int64_t dim = s.attrs.i(0);
+  const int64_t dim = ir::NodeAttrs(s.op, s.attrs).i<"dim">();
   const DimSplit x(s.inputs[0].shape, dim);
   const int64_t n = s.inputs[1].numel();
   const size_t row = static_cast<size_t>(x.inner) * dtype_size(s.inputs[0].dtype);
@@ -113,7 +113,7 @@ Kernel make_IndexSelect(const KernelSpec& s) {
 }
 
 Kernel make_IndexAdd(const KernelSpec& s) {
-  const int64_t dim = s.attrs.i(0);
+  const int64_t dim = ir::NodeAttrs(s.op, s.attrs).i<"dim">();
   const DimSplit x(s.inputs[0].shape, dim);
   const int64_t n = s.inputs[1].numel();
   const size_t bytes = s.inputs[0].bytes();
@@ -140,7 +140,7 @@ Kernel make_IndexAdd(const KernelSpec& s) {
 }
 
 Kernel make_Gather(const KernelSpec& s) {
-  const int64_t dim = s.attrs.i(0);
+  const int64_t dim = ir::NodeAttrs(s.op, s.attrs).i<"dim">();
   const Shape& xs = s.inputs[0].shape;
   const int64_t size = xs[dim];
   const int64_t dim_stride = contiguous_strides(xs)[dim];
@@ -165,7 +165,7 @@ namespace {
 
 template <bool kAdd>
 Kernel scatter(const KernelSpec& s, const char* name) {
-  const int64_t dim = s.attrs.i(0);
+  const int64_t dim = ir::NodeAttrs(s.op, s.attrs).i<"dim">();
   const Shape& xs = s.inputs[0].shape;
   const int64_t size = xs[dim];
   const int64_t dim_stride = contiguous_strides(xs)[dim];

@@ -156,7 +156,8 @@ Kernel make_Matmul(const KernelSpec& s) {
 }
 
 Kernel make_Gemm(const KernelSpec& s) {
-  const bool tx = s.attrs.b(0), ty = s.attrs.b(1);
+  const ir::NodeAttrs a(s.op, s.attrs);
+  const bool tx = a.b<"transpose_x">(), ty = a.b<"transpose_y">();
   const Shape& xs = s.inputs[0].shape;
   const int64_t n = s.outputs[0].shape[0], m = s.outputs[0].shape[1], k = xs[tx ? 0 : 1];
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {

@@ -166,9 +166,9 @@ Kernel pool_kernel(const KernelSpec& s, DType dtype, Fn&& make) {
 }  // namespace
 
 Kernel make_MaxPool2d(const KernelSpec& s) {
-  const auto& a = s.attrs;
-  const PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints(0), a.ints(1),
-                               a.ints(2), a.ints(3));
+  const ir::NodeAttrs a(s.op, s.attrs);
+  const PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints<"kernel">(),
+                               a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">());
   return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {
@@ -178,9 +178,9 @@ Kernel make_MaxPool2d(const KernelSpec& s) {
 }
 
 Kernel make_MaxPool2dBackward(const KernelSpec& s) {
-  const auto& a = s.attrs;
-  const PoolGeom g = make_geom(s.inputs[1].shape, s.inputs[0].shape, a.ints(0), a.ints(1),
-                               a.ints(2), a.ints(3));
+  const ir::NodeAttrs a(s.op, s.attrs);
+  const PoolGeom g = make_geom(s.inputs[1].shape, s.inputs[0].shape, a.ints<"kernel">(),
+                               a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">());
   return pool_kernel(s, s.inputs[1].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {
@@ -191,11 +191,11 @@ Kernel make_MaxPool2dBackward(const KernelSpec& s) {
 }
 
 Kernel make_AvgPool2d(const KernelSpec& s) {
-  const auto& a = s.attrs;
-  PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints(0), a.ints(1), a.ints(2),
-                         {1, 1});
-  g.count_include_pad = a.b(4);
-  g.divisor = a.i(5);
+  const ir::NodeAttrs a(s.op, s.attrs);
+  PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints<"kernel">(),
+                         a.ints<"stride">(), a.ints<"padding">(), {1, 1});
+  g.count_include_pad = a.b<"count_include_pad">();
+  g.divisor = a.i<"divisor">();
   return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {
@@ -205,11 +205,11 @@ Kernel make_AvgPool2d(const KernelSpec& s) {
 }
 
 Kernel make_AvgPool2dBackward(const KernelSpec& s) {
-  const auto& a = s.attrs;
-  PoolGeom g = make_geom(s.outputs[0].shape, s.inputs[0].shape, a.ints(1), a.ints(2), a.ints(3),
-                         {1, 1});
-  g.count_include_pad = a.b(5);
-  g.divisor = a.i(6);
+  const ir::NodeAttrs a(s.op, s.attrs);
+  PoolGeom g = make_geom(s.outputs[0].shape, s.inputs[0].shape, a.ints<"kernel">(),
+                         a.ints<"stride">(), a.ints<"padding">(), {1, 1});
+  g.count_include_pad = a.b<"count_include_pad">();
+  g.divisor = a.i<"divisor">();
   return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {

@@ -47,7 +47,7 @@ void draw(T* out, int64_t n, uint64_t seed, uint64_t offset, int64_t distributio
 }  // namespace
 
 Kernel make_Random(const KernelSpec& s) {
-  const int64_t distribution = s.attrs.i(0);
+  const int64_t distribution = ir::NodeAttrs(s.op, s.attrs).i<"distribution">();
   const int64_t n = s.outputs[0].numel();
   return visit_dtype(s.outputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);

@@ -12,7 +12,9 @@ enum class Kind { Sum, Mean, Max, Min };
 
 template <Kind K>
 Kernel reduce(const KernelSpec& s) {
-  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, s.attrs.ints(0));
+  // sum, mean, amax, amin: each has `dims`.
+  const ir::NodeAttrs a(s.op, s.attrs);
+  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, a.ints<"dims">());
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     using C = compute_t<T>;

@@ -38,7 +38,8 @@ void for_each_reduced(const ReduceLayout& layout, const T* base, Fn&& fn) {
 }  // namespace
 
 Kernel make_Prod(const KernelSpec& s) {
-  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, s.attrs.ints(0));
+  const ir::NodeAttrs a(s.op, s.attrs);
+  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, a.ints<"dims">());
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     using C = compute_t<T>;
@@ -67,8 +68,9 @@ namespace {
 
 template <bool kSqrt>
 Kernel variance(const KernelSpec& s) {
-  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, s.attrs.ints(0));
-  const double correction = s.attrs.f(2);
+  const ir::NodeAttrs a(s.op, s.attrs);
+  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, a.ints<"dims">());
+  const double correction = a.f<"correction">();
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     if constexpr (!std::is_floating_point_v<compute_t<T>>) {
@@ -103,8 +105,9 @@ Kernel make_Std(const KernelSpec& s) { return variance<true>(s); }
 
 // p = 1: sum |x|; p = 2: sqrt(sum x^2); p = inf: max |x| (nan if any is nan, 0 when empty).
 Kernel make_Norm(const KernelSpec& s) {
-  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, s.attrs.ints(0));
-  const double p = s.attrs.f(2);
+  const ir::NodeAttrs a(s.op, s.attrs);
+  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, a.ints<"dims">());
+  const double p = a.f<"p">();
   LAZYRT_ASSERT(p == 1 || p == 2 || std::isinf(p), "norm kernel made for p = ", p);
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
@@ -136,8 +139,8 @@ namespace {
 // wins over every number, as in torch.
 template <bool kMax>
 Kernel arg_extreme(const KernelSpec& s) {
-  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape,
-                                                     std::vector<int64_t>{s.attrs.i(0)});
+  const int64_t dim = ir::NodeAttrs(s.op, s.attrs).i<"dim">();
+  auto layout = std::make_shared<const ReduceLayout>(s.inputs[0].shape, std::vector<int64_t>{dim});
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     using C = compute_t<T>;

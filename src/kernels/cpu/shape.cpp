@@ -40,7 +40,7 @@ Kernel gather(const Shape& shape, const std::vector<int64_t>& strides, DType dty
 }  // namespace
 
 Kernel make_Permute(const KernelSpec& s) {
-  const auto& perm = s.attrs.ints(0);
+  const auto& perm = ir::NodeAttrs(s.op, s.attrs).ints<"dims">();
   std::vector<int64_t> in_strides = contiguous_strides(s.inputs[0].shape);
   std::vector<int64_t> strides(perm.size());
   for (size_t d = 0; d < perm.size(); ++d) strides[d] = in_strides[perm[d]];

@@ -96,8 +96,9 @@ Kernel copy_kernel(std::shared_ptr<const CopyLayout> layout, DType dtype) {
 }  // namespace
 
 Kernel make_Slice(const KernelSpec& s) {
-  const auto& starts = s.attrs.ints(0);
-  const auto& steps = s.attrs.ints(2);
+  const ir::NodeAttrs a(s.op, s.attrs);
+  const auto& starts = a.ints<"starts">();
+  const auto& steps = a.ints<"steps">();
   const Shape& out = s.outputs[0].shape;
   std::vector<int64_t> in_st = contiguous_strides(s.inputs[0].shape);
   std::vector<int64_t> src(out.size());
@@ -116,7 +117,7 @@ Kernel make_Flip(const KernelSpec& s) {
   std::vector<int64_t> st = contiguous_strides(shape);
   std::vector<int64_t> src = st;
   int64_t base = 0;
-  for (int64_t d : s.attrs.ints(0)) {
+  for (int64_t d : ir::NodeAttrs(s.op, s.attrs).ints<"dims">()) {
     src[d] = -st[d];
     if (shape[d] > 0) base += (shape[d] - 1) * st[d];
   }
@@ -128,9 +129,10 @@ Kernel make_Flip(const KernelSpec& s) {
 // Output element j of a dim comes from input element i when j = low + i * (interior + 1);
 // every other output element is `value`. Negative low/high crop.
 Kernel make_Pad(const KernelSpec& s) {
-  const auto& low = s.attrs.ints(0);
-  const auto& interior = s.attrs.ints(2);
-  const double value = s.attrs.f(3);
+  const ir::NodeAttrs a(s.op, s.attrs);
+  const auto& low = a.ints<"low">();
+  const auto& interior = a.ints<"interior">();
+  const double value = a.f<"value">();
   const Shape& in = s.inputs[0].shape;
   const Shape& out = s.outputs[0].shape;
   const DType dtype = s.outputs[0].dtype;
@@ -164,7 +166,7 @@ Kernel make_Pad(const KernelSpec& s) {
 }
 
 Kernel make_Concat(const KernelSpec& s) {
-  const int64_t dim = s.attrs.i(0);
+  const int64_t dim = ir::NodeAttrs(s.op, s.attrs).i<"dim">();
   const Shape& out = s.outputs[0].shape;
   const size_t esize = dtype_size(s.outputs[0].dtype);
   int64_t outer = 1;

@@ -29,7 +29,7 @@ struct Lines {
 
 template <bool kLog>
 Kernel softmax(const KernelSpec& s) {
-  const Lines lines(s.inputs[0].shape, s.attrs.i(0));
+  const Lines lines(s.inputs[0].shape, ir::NodeAttrs(s.op, s.attrs).i<"dim">());
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     using C = compute_t<T>;

@@ -33,7 +33,7 @@ std::string outcome(std::string_view bytes) {
 
 // Writes a graph byte by byte in the documented format, for inputs the writer refuses.
 struct RawGraph {
-  detail::ByteWriter w;
+  lazyrt::detail::ByteWriter w;
   RawGraph() { w.u32(kGraphFormatVersion); }
   std::string bytes() const { return w.str(); }
 };

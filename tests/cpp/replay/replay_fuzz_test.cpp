@@ -131,10 +131,6 @@ struct World {
     return out;
   }
 
-  void set_lr(double v) {
-    if (auto* s = dynamic_cast<optim::SGD*>(opt.get())) s->set_lr(v);
-    else static_cast<optim::Adam*>(opt.get())->set_lr(v);
-  }
   void set_decay(double v) {
     if (auto* s = dynamic_cast<optim::SGD*>(opt.get())) {
       optim::SGDOptions o = s->options();
@@ -187,7 +183,7 @@ Record run(const Program& p, bool replayed) {
         case Act::Call: call(0); break;
         case Act::MarkStep: mark_step(); break;
         case Act::Read: snapshot(); break;
-        case Act::SetLr: w.set_lr(a.value); break;
+        case Act::SetLr: w.opt->set_lr(a.value); break;
         case Act::Train: w.model->train(); break;
         case Act::Eval: w.model->eval(); break;
         case Act::Edit: {

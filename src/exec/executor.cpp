@@ -1,0 +1,141 @@
+#include "exec/executor.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+
+#include "cache/memory_cache.h"
+#include "cache/persistent_cache.h"
+#include "compile/compile.h"
+#include "ir/hash.h"
+#include "lazyrt/debug.h"
+#include "lazyrt/metrics.h"
+#include "util/metrics_cells.h"
+#include "util/timer.h"
+
+namespace lazyrt::exec {
+namespace {
+
+struct DumpSetting {
+  std::mutex mu;
+  std::string dir;
+  bool warned = false;
+  DumpSetting() {
+    if (const char* d = std::getenv("LAZYRT_DUMP_GRAPH")) dir = d;
+  }
+};
+DumpSetting& dump_setting() {
+  static DumpSetting* s = new DumpSetting();
+  return *s;
+}
+
+// LAZYRT_DUMP_GRAPH: the graph an executable was made from, as text and DOT.
+void dump(const GraphHash& key, const runtime::Executable& exe) {
+  DumpSetting& s = dump_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.dir.empty()) return;
+  const std::string base = s.dir + "/" + key.to_string();
+  std::ofstream txt(base + ".txt"), dot(base + ".dot");
+  txt << ir::to_text(exe.graph()) << "\n" << exe.to_text();
+  dot << ir::to_dot(exe.graph());
+  txt.close();
+  dot.close();
+  if ((!txt || !dot) && !s.warned) {
+    s.warned = true;
+    std::fprintf(stderr, "lazyrt: LAZYRT_DUMP_GRAPH: cannot write %s.txt/.dot; graphs are not dumped\n",
+                 base.c_str());
+  }
+}
+
+}  // namespace
+
+GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations) {
+  ir::Hasher h;
+  GraphHash gh = ir::hash_graph(graph);
+  h.add(gh.hi);
+  h.add(gh.lo);
+  for (int32_t d : donations) h.add(static_cast<uint64_t>(static_cast<int64_t>(d)));
+  return h.finish();
+}
+
+namespace {
+
+// From disk: the stored optimized graph, lowered. Counts the lookup's outcome; null unless
+// it was a hit.
+std::shared_ptr<runtime::Executable> load_from_disk(const cache::PersistentCache& disk, const ir::Graph& graph,
+                                                    const std::vector<int32_t>& donations, const GraphHash& key) {
+  cache::PersistentCache::Lookup found = disk.load(key, graph, donations);
+  std::shared_ptr<runtime::Executable> exe;
+  if (found.status == cache::PersistentCache::Status::Hit) {
+    try {
+      exe = compile::lower(found.entry.graph, donations);
+    } catch (const std::exception& e) {  // a verified graph no kernel takes: refuse the entry
+      found.status = cache::PersistentCache::Status::Bad;
+      found.error = std::string("lowering its graph failed: ") + e.what();
+    }
+  }
+  switch (found.status) {
+    case cache::PersistentCache::Status::Hit: metrics::increment("PersistentCacheHit"); break;
+    case cache::PersistentCache::Status::Miss: metrics::increment("PersistentCacheMiss"); break;
+    case cache::PersistentCache::Status::Bad:
+      metrics::increment("PersistentCacheDeserializeFailure");
+      disk.warn_bad_entry(key, found.error);
+      break;
+  }
+  return exe;
+}
+
+}  // namespace
+
+std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
+                                                    const std::vector<int32_t>& donations) {
+  if (std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key)) {
+    static auto& cached_compile = metrics::detail::counter_cell("CachedCompile");
+    cached_compile.add(1);
+    return exe;
+  }
+  static auto& compile_time = metrics::detail::timing_cell("CompileTime");
+  detail::ScopedTimer timer(compile_time);
+  const std::shared_ptr<const cache::PersistentCache> disk = cache::persistent_cache();
+  std::shared_ptr<runtime::Executable> exe = disk ? load_from_disk(*disk, graph, donations, key) : nullptr;
+  if (!exe) {
+    exe = compile::compile(graph, donations);
+    static auto& uncached_compile = metrics::detail::counter_cell("UncachedCompile");
+    uncached_compile.add(1);
+    // A bad entry is replaced here too: store writes over whatever is at the path.
+    if (disk) disk->store({key, donations, exe->graph()});
+  }
+  cache::memory_cache().put(key, exe);
+  dump(key, *exe);
+  return exe;
+}
+
+void execute(runtime::Executable& exe, const void* const* params, void* const* outs,
+             metrics::detail::CounterCell& counter) {
+  {
+    static auto& execute_time = metrics::detail::timing_cell("ExecuteTime");
+    detail::ScopedTimer timer(execute_time);
+    exe.run(params, outs);
+  }
+  counter.add(1);
+}
+
+}  // namespace lazyrt::exec
+
+namespace lazyrt::debug {
+
+void set_dump_graph_dir(const std::string& dir) {
+  auto& s = exec::dump_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.dir = dir;
+  s.warned = false;
+}
+
+std::string dump_graph_dir() {
+  auto& s = exec::dump_setting();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.dir;
+}
+
+}  // namespace lazyrt::debug
