@@ -10,10 +10,14 @@ JOBS   ?= 2
 # `make fuzz` stops after this many inputs or this many seconds, whichever comes first.
 FUZZ_RUNS    ?= 1000000
 FUZZ_SECONDS ?= 1200
+# `make fuzz-replay`: random programs of this many actions, from this seed on.
+FUZZ_REPLAY_PROGRAMS ?= 10000
+FUZZ_REPLAY_ACTIONS  ?= 12
+FUZZ_REPLAY_SEED     ?= 0
 
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo test bench fuzz clean
+.PHONY: setup build demo test bench fuzz fuzz-replay clean
 
 setup:
 	@bash $(ROOT)/scripts/setup.sh
@@ -57,6 +61,18 @@ fuzz:
 	$(FUZZ_BUILD)/fuzz/entry_parser_fuzz -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) \
 	  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_BUILD)/artifacts/ $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds
+
+# Randomized differential test of cached-graph replay (tests/python/replay_fuzz.py): seeded
+# programs of user actions run with compile_step / run_cached_graph and with plain traced
+# steps, compared, and each kind of failure shrunk to its shortest program. Rerun one with
+# `PYTHONPATH=build/python python3 tests/python/replay_fuzz.py --seed S --only I,J,...`.
+# The C++ side (tests/cpp/replay/replay_fuzz_test.cpp: autocast, GradScaler and non-finite
+# steps among the actions) runs as many programs.
+fuzz-replay: setup build
+	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 $(PYTHON) $(ROOT)/tests/python/replay_fuzz.py \
+	  --programs $(FUZZ_REPLAY_PROGRAMS) --actions $(FUZZ_REPLAY_ACTIONS) --seed $(FUZZ_REPLAY_SEED)
+	LAZYRT_REPLAY_FUZZ_PROGRAMS=$(FUZZ_REPLAY_PROGRAMS) LAZYRT_REPLAY_FUZZ_SEED=$$(( $(FUZZ_REPLAY_SEED) + 1 )) \
+	  $(BUILD)/tests/lazyrt_replay_tests --gtest_filter='ReplayFuzz.*'
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD)

@@ -69,12 +69,12 @@ def run(opts):
     ref = np.concatenate([p.numpy() for p in ref_params])
 
     rp, ropt = lazyrt_peer()
+    tp, topt = lazyrt_peer()  # before compiling: a new optimizer makes compiled steps retrace
 
     def replay_fn():
         ropt.step()
         return ropt.step_count
     replayed = lr.compile_step(replay_fn, ())
-    tp, topt = lazyrt_peer()
 
     def traced():
         topt.step()

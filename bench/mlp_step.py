@@ -206,8 +206,8 @@ def run(opts):
     ref_state = ref.state()
 
     replay = LazyrtMlp(state)
+    traced = LazyrtMlp(state)  # before compiling: a new optimizer makes compiled steps retrace
     replayed = lr.compile_step(replay.step, (lx, ly))
-    traced = LazyrtMlp(state)
 
     def traced_step():
         loss = traced.step(lx, ly)

@@ -103,10 +103,12 @@ def run(opts):
         ref_losses.append(loss.item())
     ref_weight = ref.model.weight.numpy()
 
+    # Every lazyrt model and optimizer exists before the step is compiled: a new optimizer
+    # makes compiled steps retrace once (it may take over their parameters).
     replay = LazyrtSeed(w, b)
+    traced = LazyrtSeed(w, b)
     replayed = lr.compile_step(replay.step, (lx,))
     peers = {"lazyrt replayed (Python, compile_step)": (lambda: replayed(lx), replay.model.weight.numpy)}
-    traced = LazyrtSeed(w, b)
 
     def traced_step():
         loss = traced.step(lx)

@@ -21,6 +21,12 @@ int64_t tensor_id(const Tensor& t);
 
 /// Compiles and caches the graph of `outputs` (and of the in-place updates of what it reads),
 /// under graph_hash(outputs). Nothing is executed; the tensors stay pending.
+///
+/// graph_hash, warm_up_cache and graph_inputs take what was recorded since the last
+/// mark_step() as the traced step: call mark_step() right before tracing it. They throw
+/// lazyrt::Error for a step they could not replay exactly: one that recomputes state that was
+/// still pending when it began, updates a tensor the outputs' graph does not reach, or
+/// changes the gradient of a tensor the graph reads (use compile_step for those).
 void warm_up_cache(const std::vector<Tensor>& outputs);
 
 struct GraphInputs {
@@ -74,10 +80,11 @@ struct CompileStepOptions {
   bool retrace_on_guard_failure = true;  // false: a failed guard throws lazyrt::Error
 };
 
-/// Makes every compiled step retrace on its next call. A traced step bakes in what it read
-/// besides tensor values; modules call this when their train/eval mode changes or (from
-/// Python) an attribute is replaced or deleted, and optimizers when a hyperparameter other
-/// than the learning rate changes. Call it after changing any other such value a step reads.
+/// Makes every compiled step retrace on its next call (and run_cached_graph refuse graphs
+/// warmed up before). A traced step bakes in what it read besides tensor values; modules call
+/// this when their train/eval mode changes or (from Python) an attribute is replaced or
+/// deleted, and optimizers when created and when a hyperparameter other than the learning rate
+/// changes. Call it after changing any other such value a step reads.
 void invalidate_compiled_steps();
 
 /// Traces fn(example_args) once, without running it, and leaves every tensor as it was.

@@ -374,7 +374,10 @@ Tensor arange(int64_t n, DType dtype) {
 Tensor Tensor::detach() const {
   auto& s = impl_of(*this, "detach");
   if (s.is_pending()) return wrap(s.pending());
-  return Tensor(trace::make_data(s.type, s.data()));
+  auto t = trace::make_data(s.type, s.data());
+  auto origin = s.detached_from.lock();
+  t->detached_from = origin && origin->data() == s.data() ? origin : s.shared_from_this();
+  return Tensor(std::move(t));
 }
 
 // ---- elementwise ----------------------------------------------------------------------------
@@ -619,7 +622,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
 // ---- sync -----------------------------------------------------------------------------------
 
-void mark_step() { trace::sync_tensors(trace::live_pending_tensors()); }
+void mark_step() {
+  trace::sync_tensors(trace::live_pending_tensors());
+  trace::count_mark_step();
+}
 
 namespace {
 std::vector<std::shared_ptr<trace::TensorImpl>> impls_of(const std::vector<Tensor>& ts, const char* op) {

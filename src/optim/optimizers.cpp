@@ -18,6 +18,8 @@ Tensor zeros_data(const Shape& shape, DType dtype) {
 
 Optimizer::Optimizer(std::vector<Tensor> params)
     : params_(std::move(params)), step_(scalar_tensor(0, DType::f64)), lr_(scalar_tensor(0, DType::f64)) {
+  // A new optimizer may take over parameters a traced step updates with another one.
+  invalidate_compiled_steps();
   for (size_t i = 0; i < params_.size(); ++i) {
     LAZYRT_CHECK(params_[i].defined(), "optimizer: parameter ", i, " is undefined");
     LAZYRT_CHECK(params_[i].requires_grad() && params_[i].is_leaf(), "optimizer: parameter ", i,

@@ -33,6 +33,9 @@ using ImplPtr = std::shared_ptr<TensorImpl>;
 
 namespace {
 
+// Bumped by invalidate_compiled_steps(): module and optimizer changes a trace cannot see.
+std::atomic<uint64_t> step_epoch{0};
+
 std::vector<ImplPtr> pending_impls(const std::vector<Tensor>& ts, const char* op) {
   std::vector<ImplPtr> impls;
   for (const Tensor& t : ts) {
@@ -61,13 +64,18 @@ trace::Extracted extract_with_updates(std::vector<ImplPtr>& roots) {
   }
 }
 
-// A replayed graph must start from device data for every tensor it updates. A live tensor that
-// was updated in place since it last held data, and whose earlier pending value the graph
-// computes, started the traced step as pending IR (a fresh module's weights, state loaded
-// with load_state_dict, an edit not yet synced): unless it is an output, every replay would
-// compute that earlier value again (its initialisation, say) instead of reading the tensor,
-// and its update would never be written back. That is refused, naming the tensor.
-void check_starts_from_data(const std::vector<ImplPtr>& roots, const char* op) {
+// The low-level calls take what was recorded since the last mark_step() as the step, and the
+// graph of the outputs with the in-place updates it reaches as what a replay performs. They
+// refuse, naming the tensor, every step they could not replay exactly:
+// - a live tensor updated in place since it last held data whose earlier pending value the
+//   graph computes: it started the step as pending IR (a fresh module's weights, state loaded
+//   with load_state_dict): every replay would compute that earlier value again instead of
+//   reading the tensor, and never write the update back;
+// - a live tensor updated in place that the graph does not reach (a counter the outputs do
+//   not depend on, a value set by zero_ or copy_): a replay would not update it;
+// - a tensor the graph reads whose gradient the step replaced, cleared or created: the
+//   low-level calls do not replay gradients (compile_step does).
+void check_replayable(const std::vector<ImplPtr>& roots, const trace::Extracted& ex, const char* op) {
   std::unordered_set<const trace::LazyNode*> nodes;
   std::vector<const trace::LazyNode*> stack;
   for (const ImplPtr& r : roots) stack.push_back(r->pending().node.get());
@@ -79,13 +87,37 @@ void check_starts_from_data(const std::vector<ImplPtr>& roots, const char* op) {
   }
   for (const ImplPtr& t : trace::live_pending_tensors()) {
     if (t->saved_for_backward || std::find(roots.begin(), roots.end(), t) != roots.end()) continue;
+    const std::string what = detail::str_cat("a tensor (id ", t->id, ", ", ir::type_str(t->type), ")");
     std::shared_ptr<trace::LazyNode> origin = t->origin();
-    if (!origin || origin == t->pending().node || !nodes.count(origin.get())) continue;
-    throw Error(detail::str_cat(op, ": the graph reads an earlier value of a tensor (id ", t->id, ", ",
-                                ir::type_str(t->type), ") that was updated in place while still pending: its "
-                                "value before the step was never computed, so every replay would compute it "
-                                "again (its initialisation or load, say) and never write the update back. "
-                                "Call mark_step() before tracing the step, so that its state is device data"));
+    if (origin && origin != t->pending().node && nodes.count(origin.get()))
+      throw Error(detail::str_cat(op, ": the graph reads an earlier value of ", what,
+                                  " that was updated in place while still pending: its value before the step "
+                                  "was never computed, so every replay would compute it again (its "
+                                  "initialisation or load, say) and never write the update back. Call "
+                                  "mark_step() before tracing the step, so that its state is device data"));
+    if (t->pending_from_data())
+      throw Error(detail::str_cat(op, ": ", what, " was updated in place since the last mark_step(), but the "
+                                  "graph of these outputs does not reach it, so a replay would not update it. "
+                                  "Pass it among the outputs, call mark_step() right before tracing the step, "
+                                  "or use compile_step"));
+  }
+  auto check_grad = [&](const std::weak_ptr<TensorImpl>& weak) {
+    ImplPtr t = weak.lock();
+    if (t && t->grad_changed_since_mark_step())
+      throw Error(detail::str_cat(op, ": the step replaced, cleared or created the gradient of a tensor the "
+                                  "graph reads (id ", t->id, ", ", ir::type_str(t->type), "), and the "
+                                  "low-level calls do not replay gradients; use compile_step, or leave "
+                                  "gradients as they were before the step (zero_grad at its end)"));
+  };
+  for (const auto& w : ex.param_tensors) check_grad(w);
+  for (const auto& [p, w] : ex.param_aliases) {
+    check_grad(w);
+    // run_cached_graph writes updates back into its inputs: one per buffer.
+    ImplPtr t = w.lock();
+    if (t && std::find(roots.begin(), roots.end(), t) != roots.end())
+      throw Error(detail::str_cat(op, ": the step updates a tensor (id ", t->id, ", ", ir::type_str(t->type),
+                                  ") that shares its buffer with another tensor the graph reads (a detached "
+                                  "copy, say), and a replay writes back one tensor per buffer; use compile_step"));
   }
 }
 
@@ -103,9 +135,19 @@ const std::shared_ptr<Buffer> kNoBuffer;
 
 // ---- low level ----------------------------------------------------------------------------
 
+// A tensor the graph reads and the gradient it had when the graph was warmed up: a step's
+// backward accumulates into that gradient, so a replay is exact only while it is the same.
+struct GradAtWarmUp {
+  std::weak_ptr<TensorImpl> tensor;
+  std::weak_ptr<TensorImpl> grad;
+  bool had_grad = false;
+};
+
 struct WarmGraph {
   std::shared_ptr<Executable> exe;
   std::vector<int32_t> updates;  // per output, the parameter it updates in place, or -1
+  uint64_t epoch = 0;            // step_epoch when warmed up
+  std::vector<GradAtWarmUp> grads;
 };
 
 struct GraphHashKey {
@@ -133,7 +175,7 @@ GraphHash graph_hash(const std::vector<Tensor>& outputs) {
   std::vector<ImplPtr> roots = pending_impls(outputs, "graph_hash");
   if (roots.empty()) return {};
   trace::Extracted ex = extract_with_updates(roots);
-  check_starts_from_data(roots, "graph_hash");
+  check_replayable(roots, ex, "graph_hash");
   return exec::cache_key(ex.graph, update_offers(roots, ex));
 }
 
@@ -141,10 +183,15 @@ void warm_up_cache(const std::vector<Tensor>& outputs) {
   std::vector<ImplPtr> roots = pending_impls(outputs, "warm_up_cache");
   LAZYRT_CHECK(!roots.empty(), "warm_up_cache: none of the tensors is pending; trace a step first");
   trace::Extracted ex = extract_with_updates(roots);
-  check_starts_from_data(roots, "warm_up_cache");
+  check_replayable(roots, ex, "warm_up_cache");
   std::vector<int32_t> offers = update_offers(roots, ex);
   GraphHash key = exec::cache_key(ex.graph, offers);
-  WarmGraph w{exec::executable_for(key, ex.graph, offers), offers};
+  WarmGraph w{exec::executable_for(key, ex.graph, offers), offers, step_epoch.load(std::memory_order_relaxed), {}};
+  auto note_grad = [&](const std::weak_ptr<TensorImpl>& weak) {
+    if (ImplPtr t = weak.lock(); t && t->requires_grad) w.grads.push_back({t, t->grad, t->grad != nullptr});
+  };
+  for (const auto& t : ex.param_tensors) note_grad(t);
+  for (const auto& [p, t] : ex.param_aliases) note_grad(t);
   WarmTable& t = warm_table();
   std::lock_guard<std::mutex> lock(t.mu);
   t.entries[key] = std::move(w);
@@ -155,7 +202,7 @@ GraphInputs graph_inputs(const std::vector<Tensor>& outputs) {
   GraphInputs in;
   if (roots.empty()) return in;
   trace::Extracted ex = extract_with_updates(roots);
-  check_starts_from_data(roots, "graph_inputs");
+  check_replayable(roots, ex, "graph_inputs");
   for (size_t p = 0; p < ex.params.size(); ++p) {
     ImplPtr t = ex.param_tensors[p].lock();
     if (!t) {
@@ -180,6 +227,19 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
     LAZYRT_CHECK(it != t.entries.end(), "run_cached_graph: no graph with hash ", hash.to_string(),
                  " was warmed up; call warm_up_cache(outputs) after tracing the step");
     w = it->second;
+  }
+  LAZYRT_CHECK(w.epoch == step_epoch.load(std::memory_order_relaxed), "run_cached_graph: a module or "
+               "optimizer changed since graph ", hash.to_string(), " was warmed up (train()/eval(), a "
+               "replaced or deleted attribute, a new optimizer, an optimizer setting other than the "
+               "learning rate): the graph would compute the old step. Trace the step again and warm it up");
+  for (const GradAtWarmUp& g : w.grads) {
+    ImplPtr t = g.tensor.lock();
+    const bool same = !t || (static_cast<bool>(t->grad) == g.had_grad &&
+                             (!g.had_grad || (!g.grad.owner_before(t->grad) && !t->grad.owner_before(g.grad))));
+    LAZYRT_CHECK(same, "run_cached_graph: the gradient of a tensor the graph reads (id ", t->id, ", ",
+                 ir::type_str(t->type), ") was set, cleared or replaced since the graph was warmed up: "
+                 "the step's backward would accumulate into another gradient. Trace the step again "
+                 "and warm it up, or use compile_step");
   }
   const Executable& exe = *w.exe;
   const auto& types = exe.param_types();
@@ -229,8 +289,6 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
 // ---- compile_step ---------------------------------------------------------------------------
 
 namespace {
-
-std::atomic<uint64_t> step_epoch{0};
 
 // Where parameter p of a traced step comes from on each call.
 struct Binding {

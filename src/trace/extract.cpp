@@ -68,6 +68,19 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
   Extracted ex;
   std::unordered_map<const runtime::Buffer*, int32_t> param_of_buffer;
   std::vector<int64_t>& source = ex.param_sources;
+  // Another tensor on a parameter's buffer (a detached copy of a state tensor, or the tensor
+  // it was detached from): the oldest stands for the parameter (state outlives the
+  // temporaries made from it), the others are noted.
+  auto note_source = [&](int32_t p, std::weak_ptr<TensorImpl> other, int64_t other_id) {
+    if (other_id == source[p]) return;
+    for (const auto& [q, t] : ex.param_aliases)
+      if (q == p && !t.owner_before(other) && !other.owner_before(t)) return;
+    if (other_id < source[p]) {
+      std::swap(other, ex.param_tensors[p]);
+      std::swap(other_id, source[p]);
+    }
+    ex.param_aliases.emplace_back(p, std::move(other));
+  };
   Flattener flat(
       [](const LazyNode& n) {
         LAZYRT_CHECK(n.scope == 0,
@@ -84,18 +97,10 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
           ex.params.push_back(v.node->data);
           source.push_back(v.node->source_tensor);
           ex.param_tensors.push_back(v.node->source);
-        } else if (v.node->source_tensor != source[it->second]) {
-          // Another tensor on the same buffer: the oldest stands for the parameter (state
-          // outlives the temporaries made from it), the others are noted.
-          const int32_t p = it->second;
-          std::weak_ptr<TensorImpl> other = v.node->source;
-          int64_t other_id = v.node->source_tensor;
-          if (other_id < source[p]) {
-            std::swap(other, ex.param_tensors[p]);
-            std::swap(other_id, source[p]);
-          }
-          ex.param_aliases.emplace_back(p, std::move(other));
+        } else {
+          note_source(it->second, v.node->source, v.node->source_tensor);
         }
+        if (v.node->also_tensor >= 0) note_source(it->second, v.node->also, v.node->also_tensor);
         return ir::ValueRef{ex.param_nodes[it->second], 0};
       });
   std::vector<ir::ValueRef> outputs;

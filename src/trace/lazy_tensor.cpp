@@ -60,6 +60,10 @@ LazyValue TensorImpl::value() {
     n->data = data_;
     n->source_tensor = id;
     n->source = weak_from_this();
+    if (auto origin = detached_from.lock(); origin && origin->data_ == data_) {
+      n->also = origin;
+      n->also_tensor = origin->id;
+    }
     leaf_ = {std::move(n), 0};
   }
   return leaf_;
@@ -77,6 +81,7 @@ void TensorImpl::set_ir(LazyValue v) {
     std::lock_guard<std::mutex> lock(r.mu);
     r.set.insert(this);
     origin_ = v.node;
+    from_data_ = data_ != nullptr;
   }
   ir = std::move(v);
   data_.reset();
@@ -119,8 +124,23 @@ void note_grad_read(TensorImpl& t) {
   if (active_journal) active_journal->grad_reading(t);
 }
 
+std::atomic<uint64_t> mark_steps{1};
+uint64_t mark_step_count() { return mark_steps.load(std::memory_order_relaxed); }
+void count_mark_step() { mark_steps.fetch_add(1, std::memory_order_relaxed); }
+
+bool TensorImpl::grad_changed_since_mark_step() const {
+  if (grad_mark_ != mark_step_count()) return false;
+  if (had_grad_at_mark_ != static_cast<bool>(grad)) return true;
+  return had_grad_at_mark_ && (grad_at_mark_.owner_before(grad) || grad.owner_before(grad_at_mark_));
+}
+
 void TensorImpl::set_grad_impl(std::shared_ptr<TensorImpl> g) {
   if (active_journal) active_journal->grad_changing(*this);
+  if (grad_mark_ != mark_step_count()) {
+    grad_mark_ = mark_step_count();
+    grad_at_mark_ = grad;
+    had_grad_at_mark_ = grad != nullptr;
+  }
   grad = std::move(g);
 }
 

@@ -45,6 +45,9 @@ struct LazyNode {
   std::shared_ptr<runtime::Buffer> data;
   int64_t source_tensor = -1;
   std::weak_ptr<TensorImpl> source;
+  // The tensor `source` was detached from, sharing its buffer (see TensorImpl::detached_from).
+  std::weak_ptr<TensorImpl> also;
+  int64_t also_tensor = -1;
   int32_t placeholder = -1;
 };
 
@@ -65,6 +68,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   std::shared_ptr<TensorImpl> grad;
   // A value autograd saved for backward (not a tensor the user holds).
   bool saved_for_backward = false;
+  // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
+  // graph reading the buffer reads that tensor's value too, and replays must know it.
+  std::weak_ptr<TensorImpl> detached_from;
 
   bool is_pending() const { return static_cast<bool>(ir); }
   /// The tensor's value in the IR: its pending value, or a parameter leaf for its data.
@@ -78,6 +84,12 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   /// The node of the first pending value the tensor held since it last held data (held
   /// weakly): a graph reading it computes this tensor's value from an earlier pending one.
   std::shared_ptr<LazyNode> origin() const { return origin_.lock(); }
+  /// Whether the tensor held data before its pending value (an in-place update of state),
+  /// rather than being made pending.
+  bool pending_from_data() const { return from_data_; }
+  /// Whether its gradient is another tensor (or none instead of one, or one instead of none)
+  /// than at the last mark_step().
+  bool grad_changed_since_mark_step() const;
   /// Puts back a value saved by a RebindJournal (data, or pending IR).
   void restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value);
   /// Drops the cached parameter leaf, so the data buffer's owners are the tensor and whatever
@@ -93,7 +105,17 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   LazyValue ir;
   LazyValue leaf_;  // cached parameter leaf for data_
   std::weak_ptr<LazyNode> origin_;
+  bool from_data_ = false;
+  // The gradient at the last mark_step(), noted at the first change after it.
+  uint64_t grad_mark_ = 0;
+  std::weak_ptr<TensorImpl> grad_at_mark_;
+  bool had_grad_at_mark_ = false;
 };
+
+/// Counts mark_step() calls: the low-level replay calls take what was recorded since the last
+/// one as the traced step.
+uint64_t mark_step_count();
+void count_mark_step();
 
 /// Called wherever a tensor's gradient is read (Tensor::grad, autograd's accumulation), so a
 /// RebindJournal can note which gradients a traced step depends on.

@@ -1,6 +1,7 @@
 // Sync: flatten the pending DAG of some tensors into an ir::Graph (extract.cpp), and have the
 // executor (src/exec) key, find or compile and run it; the results are bound to the tensors.
 #include <algorithm>
+#include <cstring>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -65,7 +66,19 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   auto param = [&](int32_t i) -> const exec::BufferPtr& { return ex.params[i]; };
   static auto& execute_graph = metrics::detail::counter_cell("ExecuteGraph");
   exec::run(*exe, frame, offer, param, execute_graph);
-  for (size_t k = 0; k < tensors.size(); ++k) tensors[k]->set_data(std::move(frame.outs[k]));
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    // A tensor gets a buffer of its own, not one of the executable's constants or another
+    // output's: tensors that merely have equal values (gradients zeroed together, say) stay
+    // distinct inputs of later graphs, and replays can tell them apart.
+    const runtime::OutputSource::Kind kind = exe->outputs()[k].kind;
+    if (kind == runtime::OutputSource::Kind::Const || kind == runtime::OutputSource::Kind::Alias) {
+      const exec::BufferPtr& src = frame.outs[k];
+      exec::BufferPtr own = runtime::allocate(src->bytes());
+      if (src->bytes()) std::memcpy(own->data(), src->data(), src->bytes());
+      frame.outs[k] = std::move(own);
+    }
+    tensors[k]->set_data(std::move(frame.outs[k]));
+  }
 }
 
 }  // namespace lazyrt::trace

@@ -384,3 +384,125 @@ def test_reading_the_loss_every_step_without_mark_step_keeps_one_graph():
     losses, compiles = train(mark_steps=False)
     assert compiles <= 2
     np.testing.assert_allclose(losses, train(mark_steps=True)[0], rtol=1e-6)
+
+
+# ---- regressions found by the randomized test (tests/python/replay_fuzz.py) ----------------
+
+
+def test_a_gradient_zeroed_between_calls_is_read_through_its_detached_copy():
+    # The optimizer reads p.grad().detach(): a temporary on the gradient's buffer. The replay
+    # must read the gradient tensor itself on each call, not the buffer the trace saw.
+    results = []
+    for replayed in (True, False):
+        lr.manual_seed(0)
+        m = nn.Linear(5, 3)
+        extra = nn.Parameter(lr.zeros(3))  # updated by the optimizer, never differentiated
+        extra.grad = lr.ones(3)
+        opt = lr.optim.Adam(list(m.parameters()) + [extra], lr=0.1)
+        x = data(0, 10, 5)
+
+        def step(x):
+            loss = (m(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        s = lr.compile_step(step, (x,)) if replayed else step
+        extra.grad.zero_()
+        s(x)
+        lr.mark_step()
+        results.append(extra.numpy().copy())
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[1], np.zeros(3, np.float32))
+
+
+def low_level_trace(w, x):
+    lr.mark_step()
+    loss = w.step(x)
+    h = lr.graph_hash([loss])
+    lr.warm_up_cache([loss])
+    return h, lr.graph_inputs([loss])[1]
+
+
+def test_low_level_calls_refuse_a_step_that_changes_gradients():
+    w = World(zero_grad="start")  # gradients are None before the step and set after it
+    lr.mark_step()
+    with pytest.raises(lr.Error, match="gradient"):
+        low_level_trace(w, data(1, 10, 5))
+
+
+def test_low_level_calls_refuse_an_update_the_outputs_do_not_reach():
+    # Plain SGD's update does not read its step count, which the step still advances.
+    w = World(opt="sgd")
+    w.opt = lr.optim.SGD(w.model.parameters(), lr=0.1)
+    with pytest.raises(lr.Error, match="does not reach"):
+        low_level_trace(w, data(1, 10, 5))
+
+
+@pytest.mark.parametrize("change", ["eval", "replace", "new_optimizer", "weight_decay", "set_grad", "zero_grad"])
+def test_run_cached_graph_refuses_after_changes_it_cannot_see(change):
+    w = World(dropout=0.5, zero_grad="never")
+    lr.mark_step()
+    x = data(1, 10, 5)
+    w.step(x)  # gradients exist before the traced step: it accumulates into them
+    h, values = low_level_trace(w, x)
+    lr.run_cached_graph(h, values)
+    if change == "eval":
+        w.model.eval()
+    elif change == "replace":
+        w.model[3].bias = nn.Parameter(data(5, 3))
+    elif change == "new_optimizer":
+        w.opt = lr.optim.SGD(w.model.parameters(), lr=0.1)
+    elif change == "weight_decay":
+        w.opt.param_groups[0]["weight_decay"] = 0.5
+    elif change == "set_grad":
+        w.model[0].weight.grad = data(6, 8, 5)
+    else:
+        w.opt.zero_grad(set_to_none=True)
+    before = w.state()
+    with pytest.raises(lr.Error, match="run_cached_graph"):
+        lr.run_cached_graph(h, values)
+    assert_same_state(w.state(), before)
+
+
+def test_gradients_zeroed_together_stay_distinct_tensors_for_the_low_level_calls():
+    # zero_grad(set_to_none=False) then a read: every zeroed gradient used to get the one
+    # buffer of the executable's zero constant, so graph_inputs rewound only one of them.
+    lr.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))  # biases and more of one shape
+    opt = lr.optim.Adam(model.parameters(), lr=0.1)
+    x = data(3, 6, 4)
+
+    def step(x):
+        loss = (model(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(x)
+    opt.zero_grad(set_to_none=False)
+    grads = [p.grad.numpy().copy() for p in model.parameters()]
+    lr.mark_step()
+    loss = step(x)
+    h = lr.graph_hash([loss])
+    lr.warm_up_cache([loss])
+    _, values = lr.graph_inputs([loss])
+    for g, p in zip(grads, model.parameters()):
+        np.testing.assert_array_equal(p.grad.numpy(), g)  # rewound: the traced step undone
+    first = lr.run_cached_graph(h, values)[0].item()
+    assert first == pytest.approx(loss_after_plain_steps(), rel=1e-6)
+
+
+def loss_after_plain_steps():
+    lr.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    opt = lr.optim.Adam(model.parameters(), lr=0.1)
+    x = data(3, 6, 4)
+    for i in range(2):
+        loss = (model(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        if i == 0:
+            opt.zero_grad(set_to_none=False)
+    lr.mark_step()
+    return loss.item()

@@ -282,4 +282,43 @@ TEST(NeverStale, WhileLoopAcceptsTensorsThatRequireGradUnderNoGrad) {
                   4.0);
 }
 
+// Found by replay_fuzz_test.cpp: GradScaler reads its scale through scale_.detach(), a
+// temporary on the same buffer. Replays must read the scale tensor itself on every call (the
+// scale grows after `growth_interval` finite steps), not the buffer it had when traced.
+TEST(NeverStale, GradScalerScaleGrowsAcrossReplays) {
+  std::vector<double> scales[2];
+  for (int replayed = 0; replayed < 2; ++replayed) {
+    manual_seed(7);
+    nn::Linear lin(6, 2);
+    optim::SGD opt(lin.parameters(), {0.05, 0.9});
+    amp::GradScaler scaler({1024.0, 2.0, 0.5, 2});
+    auto fn = [&](const std::vector<Tensor>& a) {
+      Tensor loss;
+      {
+        amp::AutocastGuard autocast(DType::bf16);
+        loss = pow(lin.forward(a[0]), 2.0).mean();
+      }
+      scaler.scale(loss).backward();
+      scaler.step(opt);
+      scaler.update();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    Tensor x = ones({4, 6});
+    std::optional<CompiledStep> step;
+    for (int i = 0; i < 5; ++i) {
+      if (replayed) {
+        if (!step) step = compile_step(fn, {x});
+        (*step)({x});
+      } else {
+        fn({x});
+        mark_step();
+      }
+      scales[replayed].push_back(scaler.scale_tensor().item());
+    }
+  }
+  EXPECT_EQ(scales[0], (std::vector<double>{1024, 2048, 2048, 4096, 4096}));
+  EXPECT_EQ(scales[1], scales[0]);
+}
+
 }  // namespace lazyrt
