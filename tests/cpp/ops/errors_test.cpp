@@ -13,26 +13,15 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "support/error_of.h"
+
 namespace lazyrt {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-// The message of the lazyrt::Error that `call` throws; a test failure if it throws anything
-// else or nothing.
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw an exception that is not lazyrt::Error: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
+using testing_support::error_of;
 
 Tensor f32_2x3() { return tensor(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}); }
 

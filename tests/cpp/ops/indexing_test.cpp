@@ -10,6 +10,8 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "support/error_of.h"
+
 namespace lazyrt {
 namespace {
 
@@ -19,15 +21,7 @@ using indexing::Slice;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "did not throw lazyrt::Error";
-  return {};
-}
+using testing_support::error_of;
 
 // [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] as f32
 Tensor t3x4() {
