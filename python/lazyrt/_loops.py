@@ -1,0 +1,133 @@
+"""while_loop and fori_loop over pytrees: nested tuples, lists and dicts of tensors, with Python
+numbers as carries too.
+
+The compiled loop (lazyrt._C.while_loop / fori_loop) carries a flat list of tensors. These
+wrappers flatten the caller's structure into it and rebuild the structure for the body, the
+condition and the result. A Python number becomes a 0-d tensor (int -> int64, float ->
+float32, bool -> bool), as torch's while_loop makes its carries tensors; a number the body
+returns takes the dtype of the carry it stands for. A body result whose structure, shape or
+dtype differs from the carry's is a lazyrt.Error naming the leaf: ``carry[1]['h']: f32[4] vs
+f32[4, 1]``.
+"""
+
+from lazyrt import _C
+from lazyrt._C import Tensor
+
+__all__ = ["while_loop", "fori_loop"]
+
+_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "i32",
+          "int64": "i64", "bool": "b8"}
+
+
+def _type_str(t):
+    name = str(t.dtype).split(".")[-1]
+    return f"{_SHORT.get(name, name)}[{', '.join(str(d) for d in t.shape)}]"
+
+
+def _leaf_tensor(value, path, op):
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, (bool, int, float)):
+        return _C.scalar_tensor(value, dtype=_C.bool if isinstance(value, bool)
+                                else _C.int64 if isinstance(value, int) else _C.float32)
+    raise _C.Error(f"{op}: {path} is a {type(value).__name__}; carries are tensors, Python numbers, "
+                   "or tuples, lists and dicts of them")
+
+
+def _flatten(tree, path, op, out):
+    """Appends the leaves of `tree` to `out` (as tensors); returns its structure."""
+    if isinstance(tree, (tuple, list)):
+        return (type(tree), [_flatten(v, f"{path}[{i}]", op, out) for i, v in enumerate(tree)])
+    if isinstance(tree, dict):
+        return (dict, [(k, _flatten(tree[k], f"{path}[{k!r}]", op, out)) for k in tree])
+    out.append(_leaf_tensor(tree, path, op))
+    return None
+
+
+def _unflatten(spec, leaves, pos=None):
+    pos = pos if pos is not None else [0]
+    if spec is None:
+        leaf = leaves[pos[0]]
+        pos[0] += 1
+        return leaf
+    kind, children = spec
+    if kind is dict:
+        return {k: _unflatten(s, leaves, pos) for k, s in children}
+    return kind(_unflatten(s, leaves, pos) for s in children)
+
+
+def _flatten_like(spec, tree, init, path, op, out):
+    """The leaves of a body result, checked against the carry's structure, shapes and dtypes."""
+    if spec is None:
+        want = init[len(out)]
+        if isinstance(tree, (bool, int, float)) and not isinstance(tree, Tensor):
+            out.append(_C.scalar_tensor(tree, dtype=want.dtype))
+            if want.dim() != 0:
+                raise _C.Error(f"{op}: {path}: a number vs {_type_str(want)}")
+            return
+        got = _leaf_tensor(tree, path, op)
+        if got.dtype != want.dtype or tuple(got.shape) != tuple(want.shape):
+            raise _C.Error(f"{op}: {path}: {_type_str(got)} vs {_type_str(want)} (the carry's)")
+        out.append(got)
+        return
+    kind, children = spec
+    if kind is dict:
+        if not isinstance(tree, dict) or set(tree) != {k for k, _ in children}:
+            raise _C.Error(f"{op}: {path}: a {type(tree).__name__} with keys "
+                           f"{sorted(tree) if isinstance(tree, dict) else '-'} vs a dict with keys "
+                           f"{sorted(k for k, _ in children)} (the carry's)")
+        for k, s in children:
+            _flatten_like(s, tree[k], init, f"{path}[{k!r}]", op, out)
+        return
+    if not isinstance(tree, (tuple, list)) or len(tree) != len(children):
+        n = len(tree) if isinstance(tree, (tuple, list)) else None
+        raise _C.Error(f"{op}: {path}: {'a ' + type(tree).__name__ if n is None else f'{n} values'} vs "
+                       f"{len(children)} values (the carry's)")
+    for i, s in enumerate(children):
+        _flatten_like(s, tree[i], init, f"{path}[{i}]", op, out)
+
+
+def while_loop(cond_fn, body_fn, carried_inputs):
+    """Runs ``body_fn(*carry)`` while ``cond_fn(*carry)`` is true, as one loop node: the body is
+    traced and compiled once, whatever the trip count (torch's and PyTorch/XLA's signature).
+
+    carried_inputs: a tuple (or list) whose items are passed as separate arguments, each a
+    tensor, a Python number, or a nested tuple, list or dict of them; a lone tensor or number
+    is one carry. body_fn returns the new carry in the same structure (a lone value when there
+    is one carry). Returns the final carry as a tuple of that structure.
+    """
+    args = tuple(carried_inputs) if isinstance(carried_inputs, (tuple, list)) else (carried_inputs,)
+    init = []
+    spec = _flatten(args, "carry", "while_loop", init)
+
+    def cond(*flat):
+        return cond_fn(*_unflatten(spec, flat))
+
+    def body(*flat):
+        r = body_fn(*_unflatten(spec, flat))
+        if len(args) == 1 and not (isinstance(r, (tuple, list)) and len(r) == 1):
+            r = (r,)
+        out = []
+        _flatten_like(spec, tuple(r) if isinstance(r, list) else r, init, "carry", "while_loop: body_fn result",
+                      out)
+        return tuple(out)
+
+    return _unflatten(spec, _C.while_loop(cond, body, tuple(init)))
+
+
+def fori_loop(lower, upper, body_fn, init_val):
+    """``carry = body_fn(i, carry)`` for i in range(lower, upper), as one loop node (JAX's
+    signature); i is an int64 0-d tensor. init_val is a tensor, a Python number, or a nested
+    tuple, list or dict of them; body_fn gets and returns the carry in that structure, and so
+    does the result (numbers come back as 0-d tensors)."""
+    init = []
+    spec = _flatten(init_val, "carry", "fori_loop", init)
+
+    def body(i, flat):
+        flat = (flat,) if isinstance(flat, Tensor) else flat
+        r = body_fn(i, _unflatten(spec, flat))
+        out = []
+        _flatten_like(spec, r, init, "carry", "fori_loop: body_fn result", out)
+        return tuple(out)
+
+    return _unflatten(spec, _C.fori_loop(lower, upper, body, tuple(init)))
