@@ -2,7 +2,8 @@
 # them side by side), against the package in the build tree. Included from
 # tests/CMakeLists.txt; needs the Python package (LAZYRT_BUILD_PYTHON).
 if(TARGET lazyrt_python)
-  file(GLOB LAZYRT_PY_TEST_FILES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/test_*.py)
+  file(GLOB LAZYRT_PY_TEST_FILES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/test_*.py
+       ${CMAKE_CURRENT_LIST_DIR}/upstream/test_*.py)
   foreach(f ${LAZYRT_PY_TEST_FILES})
     get_filename_component(name ${f} NAME_WE)
     add_test(NAME Python.${name}

@@ -1,0 +1,151 @@
+"""Cases of PyTorch/XLA's test/test_while_loop.py (pytorch/xla), written for lazyrt.
+
+Each case runs the computation the upstream test runs, through lazyrt.while_loop, and checks it
+against the same computation in PyTorch eager (a plain Python loop), as upstream checks
+while_loop against its `_fake_while_loop`. Weights come from lazyrt's modules and are copied
+into torch's, so both sides compute from the same values.
+
+Differences from upstream, where lazyrt's model needs them:
+- Upstream builds a torch.nn.Linear inside the body from carried weights; here the body applies
+  the same affine map with functional ops (modules made inside a body draw random numbers for
+  their initialisation, which loop bodies do not support yet).
+- The MNIST body's BatchNorm2d layers are fresh and in eval mode upstream: y / sqrt(1 + eps)
+  with their default statistics; lazyrt has no BatchNorm yet, so the body computes exactly that.
+- `next_iteri % 3` is computed with floor division in float64 (lazyrt has no remainder op yet).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import lazyrt as lr
+
+
+def torch_linear_like(lin):
+    t = torch.nn.Linear(lin.weight.shape[1], lin.weight.shape[0])
+    with torch.no_grad():
+        t.weight.copy_(torch.tensor(lin.weight.numpy()))
+        t.bias.copy_(torch.tensor(lin.bias.numpy()))
+    return t
+
+
+def fake_while_loop(cond_fn, body_fn, operands):
+    while cond_fn(*operands):
+        operands = body_fn(*operands)
+    return operands
+
+
+def test_while_loop_addition():
+    out = lr.while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, lr.add(x, 1)),
+                        (lr.tensor(10), lr.tensor(3, dtype=lr.int32)))
+    want = fake_while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, torch.add(x, 1)),
+                           (torch.tensor(10), torch.tensor(3, dtype=torch.int32)))
+    assert out[1].item() == want[1].item() == 13 and out[1].dtype is lr.int32
+    assert out[0].item() == want[0].item() == 0
+
+
+def test_while_loop_addition_nested():
+    out = lr.while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, lr.add(lr.add(x, 1), 1)),
+                        (lr.tensor(10), lr.tensor(2, dtype=lr.int32)))
+    want = fake_while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, torch.add(torch.add(x, 1), 1)),
+                           (torch.tensor(10), torch.tensor(2, dtype=torch.int32)))
+    assert out[1].item() == want[1].item() == 22
+
+
+def test_while_loop_simple_linear_inside_loop():
+    lr.manual_seed(0)
+    linear = lr.nn.Linear(2, 2)
+    x0 = np.random.default_rng(0).standard_normal((2, 2)).astype(np.float32)
+    with lr.no_grad():  # upstream: torch.set_grad_enabled(False); the weights require grad
+        _, res = lr.while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, linear(x)),
+                               (lr.tensor(10, dtype=lr.int32), lr.tensor(x0)))
+    t = torch_linear_like(linear)
+    with torch.no_grad():
+        _, want = fake_while_loop(lambda i, x: i > 0, lambda i, x: (i - 1, t(x)),
+                                  (torch.tensor(10, dtype=torch.int32), torch.tensor(x0)))
+    np.testing.assert_allclose(res.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+WEIGHTS = [[[5.1, 6.2], [7.3, 8.4]], [[1.0, 2.0], [3.0, 4.0]], [[1.0, 2.0], [3.0, 4.0]]]
+BIAS = [[[16.0, 17.0], [0.0, 0.0]], [[1.0, 2.0], [0.0, 0.0]], [[1.0, 2.0], [0.0, 0.0]]]
+
+
+def layered_linear(weights, bias, iters, pick, lib):
+    """Upstream's 'linear outside loop, change weight and bias': x carries (weight, bias, value);
+    each iteration applies the carried layer and loads the next one with index pick(next_i)."""
+    T = torch if lib is torch else lr
+    tensor = torch.tensor if lib is torch else lr.tensor
+    w, b = tensor(weights), tensor(bias)
+    inputs = T.stack((w[0], b[0], tensor([[1.0, 2.0], [3.0, 4.0]])))
+
+    def body(i, weights, bias, x):
+        y = T.matmul(x[2], T.transpose(x[0], 0, 1)) + x[1][0]
+        k = pick(i - 1)
+        return i - 1, weights, bias, T.stack((weights[k], bias[k], y))
+
+    init = (tensor(iters, dtype=T.int32), w, b, inputs)
+    cond = lambda i, *rest: i >= 0  # noqa: E731
+    if lib is torch:
+        return fake_while_loop(cond, body, init)[3]
+    return lr.while_loop(cond, body, init)[3]
+
+
+def test_while_loop_simple_linear_outside_loop_change_weight_bias():
+    got = layered_linear(WEIGHTS, BIAS, 2, lambda n: -n - 1, lr)
+    want = layered_linear(WEIGHTS, BIAS, 2, lambda n: -n - 1, torch)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_while_loop_102_layers_with_a_computed_layer_index():
+    # Upstream's 100-layer case: 102 iterations, layer index (i - 1) % 3, all layers equal.
+    # The values overflow to inf in float32, in both libraries alike.
+    weights = [[[1.0, 2.0], [3.0, 4.0]]] * 3
+    bias = [[[1.0, 2.0], [0.0, 0.0]]] * 3
+
+    def mod3_lazy(n):
+        return -((n - (n.to(lr.float64) / 3).floor().to(n.dtype) * 3)) - 1
+
+    got = layered_linear(weights, bias, 101, mod3_lazy, lr)
+    want = layered_linear(weights, bias, 101, lambda n: -(n % 3) - 1, torch)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert np.isinf(want.numpy()[2]).any(), "the case reaches float32's overflow, as upstream's does"
+
+
+def test_while_loop_mnist_body():
+    lr.manual_seed(0)
+    conv1 = lr.nn.Conv2d(1, 10, kernel_size=5, stride=1, padding=2)
+    conv2 = lr.nn.Conv2d(10, 20, kernel_size=5)
+    fc1, fc2 = lr.nn.Linear(500, 50), lr.nn.Linear(50, 10)
+    bn_scale = 1.0 / np.sqrt(1.0 + 1e-5)  # a fresh BatchNorm2d in eval mode
+
+    def features(lib, c1, c2, f1, f2, x):
+        F = torch.nn.functional if lib is torch else None
+        pool = F.max_pool2d if lib is torch else (lambda t, k: lr.max_pool2d(t, k))
+        relu = torch.relu if lib is torch else lr.relu
+        y = relu(pool(c1(x), 2)) * bn_scale
+        y = relu(pool(c2(y), 2)) * bn_scale
+        y = relu(f1(y.flatten(1)))
+        y = f2(y)
+        return torch.log_softmax(y, dim=1) if lib is torch else lr.log_softmax(y, dim=1)
+
+    rng = np.random.default_rng(1)
+    x_np = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
+    y_np = rng.standard_normal((16, 10)).astype(np.float32)
+    with lr.no_grad():
+        _, _, res = lr.while_loop(
+            lambda i, x, y: i > 0,
+            lambda i, x, y: (i - 1, x * 1.0, features(lr, conv1, conv2, fc1, fc2, x)),
+            (lr.tensor(10), lr.tensor(x_np), lr.tensor(y_np)))
+
+    def torch_conv_like(c, **kw):
+        t = torch.nn.Conv2d(c.weight.shape[1], c.weight.shape[0], c.weight.shape[2], **kw)
+        with torch.no_grad():
+            t.weight.copy_(torch.tensor(c.weight.numpy()))
+            t.bias.copy_(torch.tensor(c.bias.numpy()))
+        return t
+
+    with torch.no_grad():
+        want = features(torch, torch_conv_like(conv1, padding=2), torch_conv_like(conv2),
+                        torch_linear_like(fc1), torch_linear_like(fc2), torch.tensor(x_np))
+    # The body does not depend on the iteration: the result is one application, as upstream.
+    np.testing.assert_allclose(res.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
