@@ -38,31 +38,21 @@ struct Attrs {
 
 // Positional reads are for code that walks every attribute (hashing, printing, serializing);
 // everything else reads attributes by name through NodeAttrs.
-template <AttrName N>
-int64_t NodeAttrs::i() const {
-  static_assert(attr_specs::declared(N.view(), AttrKind::Int), "no op declares this int attribute");
-  return std::get<int64_t>(attrs_.values.at(index(N.view(), AttrKind::Int)));
+template <AttrName N, AttrKind K, class T>
+const T& NodeAttrs::read() const {
+  static_assert(attr_specs::declared(N.view(), K), "no op declares an attribute of this name and kind");
+  return std::get<T>(attrs_.values.at(index(N.view(), K)));
 }
 template <AttrName N>
-double NodeAttrs::f() const {
-  static_assert(attr_specs::declared(N.view(), AttrKind::Float), "no op declares this float attribute");
-  return std::get<double>(attrs_.values.at(index(N.view(), AttrKind::Float)));
-}
+int64_t NodeAttrs::i() const { return read<N, AttrKind::Int, int64_t>(); }
 template <AttrName N>
-bool NodeAttrs::b() const {
-  static_assert(attr_specs::declared(N.view(), AttrKind::Bool), "no op declares this bool attribute");
-  return std::get<bool>(attrs_.values.at(index(N.view(), AttrKind::Bool)));
-}
+double NodeAttrs::f() const { return read<N, AttrKind::Float, double>(); }
 template <AttrName N>
-auto NodeAttrs::dtype() const {
-  static_assert(attr_specs::declared(N.view(), AttrKind::DType), "no op declares this dtype attribute");
-  return std::get<DType>(attrs_.values.at(index(N.view(), AttrKind::DType)));
-}
+bool NodeAttrs::b() const { return read<N, AttrKind::Bool, bool>(); }
 template <AttrName N>
-const std::vector<int64_t>& NodeAttrs::ints() const {
-  static_assert(attr_specs::declared(N.view(), AttrKind::Ints), "no op declares this ints attribute");
-  return std::get<std::vector<int64_t>>(attrs_.values.at(index(N.view(), AttrKind::Ints)));
-}
+auto NodeAttrs::dtype() const { return read<N, AttrKind::DType, DType>(); }
+template <AttrName N>
+const std::vector<int64_t>& NodeAttrs::ints() const { return read<N, AttrKind::Ints, std::vector<int64_t>>(); }
 
 /// A result of a node: node index and result index.
 struct ValueRef {

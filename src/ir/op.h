@@ -161,6 +161,8 @@ class NodeAttrs {
 
  private:
   size_t index(std::string_view name, AttrKind kind) const;
+  template <AttrName N, AttrKind K, class T>
+  const T& read() const;
   OpKind op_;
   const Attrs& attrs_;
 };
