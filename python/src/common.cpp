@@ -83,7 +83,7 @@ Shape shape_from_sequence(py::handle seq, const char* op) {
     throw py::type_error(std::string(op) + ": expected a sequence of ints for the shape, got " +
                          std::string(py::str(py::type::handle_of(seq).attr("__name__"))));
   Shape shape;
-  for (py::handle d : py::reinterpret_borrow<py::sequence>(seq)) {
+  for (py::object d : py::reinterpret_borrow<py::sequence>(seq)) {
     if (py::isinstance<py::bool_>(d) || !py::hasattr(d, "__index__") || py::isinstance<Tensor>(d))
       throw py::type_error(std::string(op) + ": shape entries must be ints, got " +
                            std::string(py::str(py::type::handle_of(d).attr("__name__"))));
@@ -117,7 +117,7 @@ std::vector<Tensor> tensors_from(py::handle seq, const char* what) {
   auto s = py::reinterpret_borrow<py::sequence>(seq);
   out.reserve(s.size());
   size_t i = 0;
-  for (py::handle h : s) {
+  for (py::object h : s) {
     if (!py::isinstance<Tensor>(h))
       throw py::type_error(std::string(what) + ": element " + std::to_string(i) +
                            " is not a lazyrt tensor but " +

@@ -95,8 +95,15 @@ TensorIndex entry(py::handle h) {
 std::vector<TensorIndex> index_of_key(py::handle key) {
   std::vector<TensorIndex> out;
   if (treat_as_tuple(key)) {
-    py::sequence seq = py::reinterpret_borrow<py::sequence>(key);
-    for (py::handle item : seq) out.push_back(entry(item));
+    // Items are held while they are read: a sequence may make them afresh (a NumPy array's
+    // items are new scalars), and a handle to a temporary would dangle.
+    const Py_ssize_t n = PySequence_Size(key.ptr());
+    if (n < 0) throw py::error_already_set();
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      py::object item = py::reinterpret_steal<py::object>(PySequence_GetItem(key.ptr(), i));
+      if (!item) throw py::error_already_set();
+      out.push_back(entry(item));
+    }
   } else {
     out.push_back(entry(key));
   }
