@@ -28,4 +28,16 @@ Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
 Carry fori_loop(int64_t lower, int64_t upper,
                 std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init);
 
+/// fn(carry, x) -> (new carry, y), over the rows of xs: one row of every stacked input (dim 0)
+/// per call, the carries threaded through. Returns the final carries and the ys, each y
+/// stacked on a new dim 0 (PyTorch/XLA's and JAX's scan). The new carries keep init's shapes
+/// and dtypes; every call must return ys of the same types (they are traced once). `reverse`
+/// visits the rows from last to first (ys stay in row order). With no xs, `length` gives the
+/// number of calls (x is then empty); with xs, it may be left at -1 or must match them.
+/// Compiled once as one scan node: the length is part of the graph, and each row of xs is
+/// read, and each row of ys written, in place.
+using ScanFn = std::function<std::pair<Carry, Carry>(const Carry& carry, const Carry& x)>;
+std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool reverse = false,
+                             int64_t length = -1);
+
 }  // namespace lazyrt

@@ -2,7 +2,7 @@
 
 Ops do not run when called: each records a node in a graph. Reading a value (``item()``,
 ``numpy()``, ``print``) or ``mark_step()`` compiles the pending graph once per graph hash and
-runs it. Structured loops (``while_loop``, ``fori_loop``) trace their body once, and
+runs it. Structured loops (``while_loop``, ``fori_loop``, ``scan``) trace their body once, and
 ``compile_step`` / the replay calls run a traced training step again without tracing.
 
     import lazyrt as lr
@@ -22,7 +22,7 @@ from lazyrt._C import *  # noqa: F401,F403
 from lazyrt._tensor import tensor, as_tensor, arange, from_torch, to_torch  # noqa: F401
 from lazyrt._autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401
 from lazyrt._replay import GraphInputMatcher  # noqa: F401
-from lazyrt._loops import while_loop, fori_loop  # noqa: F401  (pytree carries over _C's loops)
+from lazyrt._loops import while_loop, fori_loop, scan, scan_layers  # noqa: F401  (pytrees over _C's loops)
 from lazyrt import nn, optim, metrics, cache, debug  # noqa: F401
 
 __version__ = "0.1.0"

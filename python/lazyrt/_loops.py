@@ -1,7 +1,7 @@
-"""while_loop and fori_loop over pytrees: nested tuples, lists and dicts of tensors, with Python
-numbers as carries too.
+"""while_loop, fori_loop and scan over pytrees: nested tuples, lists and dicts of tensors (None
+is an empty tree), with Python numbers as carries too.
 
-The compiled loop (lazyrt._C.while_loop / fori_loop) carries a flat list of tensors. These
+The compiled loops (lazyrt._C.while_loop / fori_loop / scan) carry flat lists of tensors. These
 wrappers flatten the caller's structure into it and rebuild the structure for the body, the
 condition and the result. A Python number becomes a 0-d tensor (int -> int64, float ->
 float32, bool -> bool), as torch's while_loop makes its carries tensors; a number the body
@@ -13,7 +13,7 @@ f32[4, 1]``.
 from lazyrt import _C
 from lazyrt._C import Tensor
 
-__all__ = ["while_loop", "fori_loop"]
+__all__ = ["while_loop", "fori_loop", "scan", "scan_layers"]
 
 _SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "i32",
           "int64": "i64", "bool": "b8"}
@@ -36,6 +36,8 @@ def _leaf_tensor(value, path, op):
 
 def _flatten(tree, path, op, out):
     """Appends the leaves of `tree` to `out` (as tensors); returns its structure."""
+    if tree is None:
+        return (type(None), [])
     if isinstance(tree, (tuple, list)):
         return (type(tree), [_flatten(v, f"{path}[{i}]", op, out) for i, v in enumerate(tree)])
     if isinstance(tree, dict):
@@ -51,6 +53,8 @@ def _unflatten(spec, leaves, pos=None):
         pos[0] += 1
         return leaf
     kind, children = spec
+    if kind is type(None):
+        return None
     if kind is dict:
         return {k: _unflatten(s, leaves, pos) for k, s in children}
     return kind(_unflatten(s, leaves, pos) for s in children)
@@ -71,6 +75,10 @@ def _flatten_like(spec, tree, init, path, op, out):
         out.append(got)
         return
     kind, children = spec
+    if kind is type(None):
+        if tree is not None:
+            raise _C.Error(f"{op}: {path}: a {type(tree).__name__} vs None (the carry's)")
+        return
     if kind is dict:
         if not isinstance(tree, dict) or set(tree) != {k for k, _ in children}:
             raise _C.Error(f"{op}: {path}: a {type(tree).__name__} with keys "
@@ -131,3 +139,69 @@ def fori_loop(lower, upper, body_fn, init_val):
         return tuple(out)
 
     return _unflatten(spec, _C.fori_loop(lower, upper, body, tuple(init)))
+
+
+def scan(fn, init, xs, reverse=False, length=None):
+    """``(carry, ys) = scan(fn, init, xs)``: ``carry, y = fn(carry, x)`` for each row x of xs,
+    as one scan node traced and compiled once (PyTorch/XLA's and JAX's scan).
+
+    init: the first carry, a tensor, Python number or nested tuple, list or dict of them. xs: a
+    tensor or pytree of tensors, each with its rows along dim 0 (all the same number of rows);
+    fn gets one row of each, in xs's structure. fn returns the new carry (init's structure,
+    shapes and dtypes) and y, a pytree of tensors (or None); the ys come back stacked on a new
+    dim 0, in y's structure. reverse=True visits the rows from last to first (ys stay in row
+    order). xs may be None when `length` gives the number of calls (fn then gets None).
+    """
+    init_flat, xs_flat = [], []
+    carry_spec = _flatten(init, "carry", "scan", init_flat)
+    xs_spec = _flatten(xs, "xs", "scan", xs_flat)
+    if xs is None and length is None:
+        raise _C.Error("scan: xs is None, so length must be given")
+    y_spec = [None]
+
+    def body(carry, x):
+        r = fn(_unflatten(carry_spec, carry), _unflatten(xs_spec, x))
+        if not isinstance(r, (tuple, list)) or len(r) != 2:
+            raise _C.Error(f"scan: fn must return a pair (carry, y), got a {type(r).__name__}")
+        out, ys = [], []
+        _flatten_like(carry_spec, r[0], init_flat, "carry", "scan: fn result", out)
+        y_spec[0] = _flatten(r[1], "y", "scan: fn result", ys)
+        return tuple(out), tuple(ys)
+
+    carry, ys = _C.scan(body, tuple(init_flat), tuple(xs_flat), reverse, -1 if length is None else length)
+    return _unflatten(carry_spec, carry), _unflatten(y_spec[0], ys)
+
+
+def scan_layers(layers, input):
+    """Runs ``input`` through ``layers`` in order, as one scan over their stacked parameters
+    and buffers (PyTorch/XLA's scan_layers): the layer is traced and compiled once, whatever
+    the depth. The layers must be modules of one class with the same parameter and buffer
+    names, shapes and dtypes. Each layer takes the input and returns a value of its structure,
+    shapes and dtypes: a tensor, or a tuple whose items it takes as separate arguments.
+    """
+    from lazyrt.nn.utils import functional_call
+    layers = list(layers)
+    if not layers:
+        return input
+    first = layers[0]
+    names = [n for n, _ in first.named_parameters()] + [n for n, _ in first.named_buffers()]
+
+    def state(layer):
+        return dict(layer.named_parameters()) | dict(layer.named_buffers())
+
+    states = [state(layer) for layer in layers]
+    for i, (layer, st) in enumerate(zip(layers, states)):
+        if type(layer) is not type(first) or sorted(st) != sorted(names):
+            raise _C.Error(f"scan_layers: layer {i} is a {type(layer).__name__} with state "
+                           f"{list(st)}, layer 0 a {type(first).__name__} with {names}")
+        for n in names:
+            if st[n].dtype != states[0][n].dtype or tuple(st[n].shape) != tuple(states[0][n].shape):
+                raise _C.Error(f"scan_layers: layer {i}'s {n} is {_type_str(st[n])}, layer 0's "
+                               f"{_type_str(states[0][n])}")
+    stacked = {n: _C.stack([st[n] for st in states], 0) for n in names}
+
+    def step(h, row):
+        return functional_call(first, row, h if isinstance(h, tuple) else (h,)), None
+
+    h, _ = scan(step, input, stacked)
+    return h

@@ -1,10 +1,13 @@
-// lazyrt.while_loop and lazyrt.fori_loop over Python callables.
+// lazyrt._C.while_loop, fori_loop and scan over Python callables (lazyrt/_loops.py wraps them
+// for pytrees).
 //
 // while_loop(cond_fn, body_fn, init) follows torch's while_loop: the carries are passed as
 // separate arguments, cond_fn(*carry) returns a one-element tensor, body_fn(*carry) a tuple
 // (or a lone tensor when there is one carry); the result is a tuple.
 // fori_loop(lower, upper, body_fn, init) follows JAX's: body_fn(i, carry) gets the carry in
 // init's structure (a tensor, or a tuple) and returns the new carry in that structure.
+// scan(fn, init, xs, reverse, length) is flat: fn(carry, x) gets two tuples of tensors and
+// returns a pair (new carry, ys) of tuples; the result is the pair (final carry, stacked ys).
 //
 // The C++ loop calls the callables while it traces, once each. Python exceptions raised in them
 // pass through unchanged; lazyrt errors become lazyrt.Error.
@@ -59,6 +62,21 @@ py::object fori_loop_py(int64_t lower, int64_t upper, py::function body_fn, py::
   return to_tuple(out);
 }
 
+py::tuple scan_py(py::function fn, py::handle init, py::handle xs, bool reverse, int64_t length) {
+  auto [carry, ys] = scan(
+      [&](const Carry& c, const Carry& x) {
+        py::gil_scoped_acquire gil;
+        py::object r = fn(to_tuple(c), to_tuple(x));
+        if (!py::isinstance<py::tuple>(r) || py::len(r) != 2)
+          throw Error("scan: fn must return a pair (carry, ys), got " +
+                      std::string(py::str(py::type::handle_of(r).attr("__name__"))));
+        auto pair = r.cast<py::tuple>();
+        return std::make_pair(carries_of(pair[0], "scan", "fn"), carries_of(pair[1], "scan", "fn"));
+      },
+      tensors_from(init, "scan"), tensors_from(xs, "scan"), reverse, length);
+  return py::make_tuple(to_tuple(carry), to_tuple(ys));
+}
+
 }  // namespace
 
 void bind_loops(py::module_& m) {
@@ -68,6 +86,10 @@ void bind_loops(py::module_& m) {
   m.def("fori_loop", &fori_loop_py, py::arg("lower"), py::arg("upper"), py::arg("body_fn"), py::arg("init"),
         "carry = body_fn(i, carry) for i in range(lower, upper), as one loop node; i is an int64 "
         "scalar tensor. init is a tensor or a tuple of tensors; the result has its structure.");
+  m.def("scan", &scan_py, py::arg("fn"), py::arg("init"), py::arg("xs"), py::arg("reverse") = false,
+        py::arg("length") = -1,
+        "(carry, ys) = scan(fn, init, xs): fn(carry, x) -> (carry, y) over the rows of xs, as one "
+        "scan node. Flat: init and xs are tuples of tensors, fn gets and returns tuples.");
 }
 
 }  // namespace lazyrt::python

@@ -103,10 +103,98 @@ void run_while(WhileState& st, const void* const* in, void* const* out) {
     if (st.bytes[k]) std::memcpy(out[k], last.params[k], st.bytes[k]);
 }
 
+// ---- scan ----------------------------------------------------------------------------------
+// The carries alternate between two sets, as in a while. Row r of each stacked input is read
+// where it lies, and row r of each stacked output is written where it belongs: the body is
+// bound to those pointers before each iteration (a patch of its parameter and output
+// arguments), so no row is copied unless the body returns it without computing it.
+
+struct ScanState {
+  std::shared_ptr<runtime::Executable> body;
+  size_t carries = 0, xs = 0, ys = 0, operands = 0;
+  int64_t length = 0;
+  bool reverse = false;
+  std::vector<size_t> bytes;           // per carry
+  std::vector<size_t> set_a, set_b;    // per carry, workspace offsets
+  std::vector<bool> identity;          // the body returns carry k unchanged
+  std::vector<size_t> x_row, y_row;    // bytes of one row, per stacked input and output
+  // Scratch for one run, sized at lowering so that running allocates nothing.
+  runtime::Executable::Binding binding;
+  std::vector<const void*> params;
+  std::vector<void*> outs;
+};
+
+void run_scan(ScanState& st, const void* const* in, void* const* out) {
+  char* ws = static_cast<char*>(out[st.carries + st.ys]);
+  for (size_t k = 0; k < st.carries; ++k)
+    if (st.bytes[k]) std::memcpy(ws + st.set_a[k], in[k], st.bytes[k]);
+  for (size_t j = st.carries + st.xs; j < st.operands; ++j) st.params[j] = in[j];
+  const size_t results = st.carries + st.ys;
+  int p = 0;
+  for (int64_t t = 0; t < st.length; ++t) {
+    const int64_t r = st.reverse ? st.length - 1 - t : t;
+    for (size_t k = 0; k < st.carries; ++k) {
+      const bool read_a = p == 0 || st.identity[k];
+      st.params[k] = ws + (read_a ? st.set_a[k] : st.set_b[k]);
+      st.outs[k] = ws + (read_a ? st.set_b[k] : st.set_a[k]);
+    }
+    for (size_t j = 0; j < st.xs; ++j)
+      st.params[st.carries + j] = static_cast<const char*>(in[st.carries + j]) + r * st.x_row[j];
+    for (size_t m = 0; m < st.ys; ++m)
+      st.outs[st.carries + m] = static_cast<char*>(out[st.carries + m]) + r * st.y_row[m];
+    st.body->bind(st.binding, st.params.data(), st.outs.data());
+    st.body->run_bound(st.binding);
+    // Results the body did not compute into their place: copied there, from values the body
+    // leaves intact (the current carries, the rows read, constants, computed results).
+    for (size_t k = 0; k < results; ++k) {
+      const size_t bytes = k < st.carries ? st.bytes[k] : st.y_row[k - st.carries];
+      if ((k < st.carries && st.identity[k]) || !bytes ||
+          st.body->outputs()[k].kind == OutputSource::Kind::Computed)
+        continue;
+      std::memcpy(st.outs[k], output_ptr(*st.body, k, st.params.data(), st.outs.data()), bytes);
+    }
+    p ^= 1;
+  }
+  for (size_t k = 0; k < st.carries; ++k) {
+    const bool in_a = p == 0 || st.identity[k];
+    if (st.bytes[k]) std::memcpy(out[k], ws + (in_a ? st.set_a[k] : st.set_b[k]), st.bytes[k]);
+  }
+}
+
+kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
+  auto st = std::make_shared<ScanState>();
+  st->body = compile(*n.regions[0]);
+  const ir::NodeAttrs at(n.op, n.attrs);
+  st->carries = static_cast<size_t>(at.i<"carries">());
+  st->xs = static_cast<size_t>(at.i<"xs">());
+  st->ys = n.results.size() - st->carries;
+  st->operands = operands.size();
+  st->length = at.i<"length">();
+  st->reverse = at.b<"reverse">();
+  size_t ws = 0;
+  for (size_t k = 0; k < st->carries; ++k) {
+    st->bytes.push_back(operands[k].bytes());
+    st->set_a.push_back(ws);
+    ws += align64(operands[k].bytes());
+    st->set_b.push_back(ws);
+    ws += align64(operands[k].bytes());
+    const OutputSource& s = st->body->outputs()[k];
+    st->identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
+  }
+  auto row_bytes = [&](const ir::TensorType& t) { return st->length ? t.bytes() / static_cast<size_t>(st->length) : 0; };
+  for (size_t j = 0; j < st->xs; ++j) st->x_row.push_back(row_bytes(operands[st->carries + j]));
+  for (size_t m = 0; m < st->ys; ++m) st->y_row.push_back(row_bytes(n.results[st->carries + m]));
+  st->binding = st->body->make_binding();
+  st->params.assign(st->operands, nullptr);
+  st->outs.assign(st->carries + st->ys, nullptr);
+  return {[st](const void* const* in, void* const* out) { run_scan(*st, in, out); }, ws};
+}
+
 }  // namespace
 
 kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
   if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results);
+  if (n.op == ir::OpKind::Scan) return lower_scan(n, operands);
   LAZYRT_ASSERT(n.op == ir::OpKind::While, "no lowering for ", ir::op_name(n.op));
   auto st = std::make_shared<WhileState>();
   st->cond = compile(*n.regions[0]);

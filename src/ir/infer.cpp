@@ -277,6 +277,35 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
                    carries, " carries but ", ops.size(), " operands");
       return std::vector<TensorType>(ops.begin(), ops.begin() + carries);
     }
+    case ResultRule::Scan: {
+      const int64_t carries = at.i<"carries">(), xs = at.i<"xs">(), length = at.i<"length">();
+      LAZYRT_CHECK(carries >= 0 && xs >= 0 && carries + xs <= static_cast<int64_t>(ops.size()), name,
+                   ": ", carries, " carries and ", xs, " stacked inputs but ", ops.size(), " operands");
+      LAZYRT_CHECK(length >= 0, name, ": negative length ", length);
+      for (int64_t k = carries; k < carries + xs; ++k)
+        LAZYRT_CHECK(!ops[k].shape.empty() && ops[k].shape[0] == length, name, ": stacked input ",
+                     k - carries, " is ", type_str(ops[k]), ", expected ", length, " rows");
+      std::vector<TensorType> out(ops.begin(), ops.begin() + carries);
+      const Shape& dtypes = at.ints<"ys_dtypes">();
+      const Shape& shapes = at.ints<"ys_shapes">();
+      size_t pos = 0;
+      for (int64_t d : dtypes) {
+        LAZYRT_CHECK(d >= 0 && d <= static_cast<int64_t>(DType::b8), name, ": bad dtype ", d);
+        LAZYRT_CHECK(pos < shapes.size() && shapes[pos] >= 0 &&
+                         static_cast<size_t>(shapes[pos]) < shapes.size() - pos,
+                     name, ": ys_shapes ", shape_str(shapes), " does not describe ", dtypes.size(),
+                     " outputs");
+        Shape row{length};
+        row.insert(row.end(), shapes.begin() + static_cast<int64_t>(pos) + 1,
+                   shapes.begin() + static_cast<int64_t>(pos) + 1 + shapes[pos]);
+        pos += 1 + static_cast<size_t>(shapes[pos]);
+        check_shape_valid(name, row);
+        out.push_back({static_cast<DType>(d), std::move(row)});
+      }
+      LAZYRT_CHECK(pos == shapes.size(), name, ": ys_shapes ", shape_str(shapes), " has ",
+                   shapes.size() - pos, " values left over");
+      return out;
+    }
     case ResultRule::Fusion: {
       const Shape& shape = at.ints<"shape">();
       for (const TensorType& t : ops)

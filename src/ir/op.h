@@ -69,6 +69,7 @@ enum class ResultRule : uint8_t {
   AvgPool2d,             // [N, C, OH, OW]
   AvgPool2dBackward,     // the input_size attribute
   While,           // the first `carries` operand types
+  Scan,            // the carries' operand types, then the stacked outputs of the attributes
   Random,          // the shape and (floating) dtype attributes; operands i64 scalars
   Gemm,            // [n, k] (or [k, n] transposed) x [k, m] (or [m, k]) -> [n, m]
   Fusion,          // one result per dtype attribute, of the shape attribute; operands broadcast to it

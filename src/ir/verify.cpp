@@ -57,6 +57,35 @@ void verify_while(size_t i, const Node& n, const std::vector<TensorType>& operan
                          ", the carry is ", type_str(operands[k])));
 }
 
+// A row of a stacked type: its type without dim 0.
+TensorType row_of(const TensorType& t) {
+  return {t.dtype, Shape(t.shape.begin() + 1, t.shape.end())};
+}
+
+// The body sees the carries, one row of each stacked input and the captures; it returns the
+// new carries and one row of each stacked output (the result types, from the rule).
+void verify_scan(size_t i, const Node& n, const std::vector<TensorType>& operands,
+                 const std::vector<TensorType>& results) {
+  if (n.regions.size() != 1) fail(i, n, "a scan needs one body region");
+  const Graph& body = *n.regions[0];
+  verify(body);
+  const NodeAttrs at(n.op, n.attrs);
+  const auto carries = static_cast<size_t>(at.i<"carries">());
+  const auto xs = static_cast<size_t>(at.i<"xs">());
+  std::vector<TensorType> params = operands;
+  for (size_t k = carries; k < carries + xs; ++k) params[k] = row_of(operands[k]);
+  verify_region_params(i, n, body, "body", params);
+  if (body.outputs.size() != results.size())
+    fail(i, n, str_cat("body returns ", body.outputs.size(), " values for ", results.size(),
+                       " results"));
+  for (size_t k = 0; k < results.size(); ++k) {
+    const TensorType want = k < carries ? results[k] : row_of(results[k]);
+    if (body.type(body.outputs[k]) != want)
+      fail(i, n, str_cat("body result ", k, " is ", type_str(body.type(body.outputs[k])),
+                         ", expected ", type_str(want)));
+  }
+}
+
 // The region computes the results elementwise over `shape`: parameters (the operands, which
 // broadcast to it), constants, and elementwise nodes of that shape.
 void verify_fusion(size_t i, const Node& n, const std::vector<TensorType>& operands) {
@@ -89,8 +118,8 @@ void verify(const Graph& g) {
     const OpInfo& info = op_info(n.op);
     if (info.operands >= 0 && static_cast<int>(n.operands.size()) != info.operands)
       fail(i, n, str_cat("has ", n.operands.size(), " operands, the op takes ", info.operands));
-    if (n.op != OpKind::While && n.op != OpKind::Fusion && !n.regions.empty())
-      fail(i, n, str_cat("has ", n.regions.size(), " regions, only while and fusion own regions"));
+    if (n.op != OpKind::While && n.op != OpKind::Scan && n.op != OpKind::Fusion && !n.regions.empty())
+      fail(i, n, str_cat("has ", n.regions.size(), " regions, only while, scan and fusion own regions"));
     if (n.attrs.values.size() != info.attrs.size())
       fail(i, n, str_cat("has ", n.attrs.values.size(), " attributes, the op takes ",
                          info.attrs.size()));
@@ -121,6 +150,7 @@ void verify(const Graph& g) {
       fail(i, n, e.what());
     }
     if (n.op == OpKind::While) verify_while(i, n, in);
+    if (n.op == OpKind::Scan) verify_scan(i, n, in, expect);
     if (n.op == OpKind::Fusion) verify_fusion(i, n, in);
     if (expect != n.results) {
       std::string got, want;

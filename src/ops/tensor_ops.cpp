@@ -34,8 +34,8 @@ LazyValue value_of(const Tensor& t) {
   // Under no_grad nothing is differentiated: a captured weight is just a value.
   LAZYRT_CHECK(!s.requires_grad || trace::current_scope() == 0 || s.scope == trace::current_scope() ||
                    !autograd::grad_enabled(),
-               "while_loop: a tensor that requires grad (", ir::type_str(s.type),
-               ") is used inside the loop, and loops are not differentiable yet; detach it first, "
+               "loop body: a tensor that requires grad (", ir::type_str(s.type),
+               ") is used inside a while_loop, fori_loop or scan body, and loops are not differentiable yet; detach it first, "
                "or run the loop under no_grad");
   return s.value();
 }

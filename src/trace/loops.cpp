@@ -1,5 +1,5 @@
-// while_loop and fori_loop: trace cond and body once over placeholders into regions, capture
-// what they use from outside, and record one while node.
+// while_loop, fori_loop and scan: trace the regions once over placeholders, capture what they
+// use from outside, and record one while (or scan) node.
 #include "lazyrt/loops.h"
 
 #include <map>
@@ -23,10 +23,9 @@ struct Captures {
 };
 
 // Flattens one region of the loop traced in `scope`: its placeholders are parameters
-// 0..carries-1, any value from outside the scope is a capture (parameter carries + j).
-ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope,
-                         const std::vector<ir::TensorType>& carry_types, Captures& captures) {
-  const auto carries = static_cast<int64_t>(carry_types.size());
+// 0..placeholders-1, any value from outside the scope is a capture (parameter placeholders + j).
+ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope, int64_t placeholders,
+                         Captures& captures) {
   // The flattener asks once per distinct leaf value, so each parameter is made once.
   trace::Flattener flat(
       [scope](const LazyNode& n) {
@@ -44,7 +43,7 @@ ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope,
           auto [it, fresh] = captures.index.emplace(std::make_pair(&n, v.index),
                                                     static_cast<int32_t>(captures.values.size()));
           if (fresh) captures.values.push_back(v);
-          index = carries + it->second;
+          index = placeholders + it->second;
         }
         g.nodes.push_back({ir::OpKind::Parameter, {}, {index}, {std::move(type)}, {}});
         return {static_cast<int32_t>(g.nodes.size() - 1), 0};
@@ -54,6 +53,26 @@ ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope,
   ir::Graph g = std::move(flat.graph());
   g.outputs = std::move(outs);
   return g;
+}
+
+// The types of a loop's inputs, which must be defined and, while gradients are recorded, not
+// require them.
+std::vector<ir::TensorType> input_types(const char* op, const char* what, const Carry& values) {
+  std::vector<ir::TensorType> types;
+  for (size_t k = 0; k < values.size(); ++k) {
+    LAZYRT_CHECK(values[k].defined(), op, ": ", what, " ", k, " is undefined");
+    LAZYRT_CHECK(!values[k].requires_grad() || !autograd::grad_enabled(), op, ": ", what, " ", k,
+                 " requires grad, and loops are not differentiable yet; detach it first, or run the "
+                 "loop under no_grad");
+    types.push_back({values[k].dtype(), values[k].shape()});
+  }
+  return types;
+}
+
+std::vector<LazyValue> values_of(const Carry& ts) {
+  std::vector<LazyValue> v;
+  for (const Tensor& t : ts) v.push_back(t.impl()->value());
+  return v;
 }
 
 void check_carry(const char* op, const Carry& init, const Carry& out, size_t offset) {
@@ -71,14 +90,7 @@ void check_carry(const char* op, const Carry& init, const Carry& out, size_t off
 Carry while_loop_impl(const char* op, const std::function<Tensor(const Carry&)>& cond_fn,
                       const std::function<Carry(const Carry&)>& body_fn, const Carry& init,
                       size_t offset) {
-  std::vector<ir::TensorType> types;
-  for (size_t k = 0; k < init.size(); ++k) {
-    LAZYRT_CHECK(init[k].defined(), op, ": init value ", k, " is undefined");
-    LAZYRT_CHECK(!init[k].requires_grad() || !autograd::grad_enabled(), op, ": init value ", k,
-                 " requires grad, and loops are not differentiable yet; detach it first, or run the "
-                 "loop under no_grad");
-    types.push_back({init[k].dtype(), init[k].shape()});
-  }
+  std::vector<ir::TensorType> types = input_types(op, "init value", init);
   std::shared_ptr<const ir::Graph> cond_graph, body_graph;
   Captures captures;
   {
@@ -92,15 +104,14 @@ Carry while_loop_impl(const char* op, const std::function<Tensor(const Carry&)>&
     Tensor pred = reshape(c.dtype() == DType::b8 ? c : c != 0, {});
     Carry out = body_fn(ph);
     check_carry(op, init, out, offset);
-    std::vector<LazyValue> body_roots;
-    for (const Tensor& t : out) body_roots.push_back(t.impl()->value());
+    std::vector<LazyValue> body_roots = values_of(out);
     cond_graph = std::make_shared<ir::Graph>(
-        extract_region({pred.impl()->value()}, scope.id(), types, captures));
-    body_graph = std::make_shared<ir::Graph>(extract_region(body_roots, scope.id(), types, captures));
+        extract_region({pred.impl()->value()}, scope.id(), static_cast<int64_t>(types.size()), captures));
+    body_graph = std::make_shared<ir::Graph>(
+        extract_region(body_roots, scope.id(), static_cast<int64_t>(types.size()), captures));
   }
-  std::vector<LazyValue> operands;
-  for (const Tensor& t : init) operands.push_back(t.impl()->value());
-  for (const LazyValue& v : captures.values) operands.push_back(v);
+  std::vector<LazyValue> operands = values_of(init);
+  operands.insert(operands.end(), captures.values.begin(), captures.values.end());
   const int64_t num_params = static_cast<int64_t>(operands.size());
   // Both regions see every carry and every capture, in one layout.
   auto with_params = [&](const std::shared_ptr<const ir::Graph>& g) {
@@ -139,6 +150,63 @@ Carry fori_loop(int64_t lower, int64_t upper,
       },
       carry, 1);
   return Carry(out.begin() + 1, out.end());
+}
+
+
+std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool reverse, int64_t length) {
+  const char* op = "scan";
+  std::vector<ir::TensorType> carry_types = input_types(op, "init value", init);
+  std::vector<ir::TensorType> x_types = input_types(op, "xs value", xs);
+  LAZYRT_CHECK(!xs.empty() || length >= 0, op, ": without stacked inputs (xs) the length must be given");
+  for (size_t j = 0; j < x_types.size(); ++j) {
+    LAZYRT_CHECK(!x_types[j].shape.empty(), op, ": xs value ", j, " is a 0-dim tensor; stacked "
+                 "inputs have their rows along dim 0");
+    if (length < 0) length = x_types[j].shape[0];
+    LAZYRT_CHECK(x_types[j].shape[0] == length, op, ": xs value ", j, " has ", x_types[j].shape[0],
+                 " rows, expected ", length, j ? " as xs value 0" : " (the length given)");
+  }
+  const auto carries = static_cast<int64_t>(init.size());
+  const auto placeholders = carries + static_cast<int64_t>(xs.size());
+  std::shared_ptr<ir::Graph> body;
+  Captures captures;
+  Carry ys_rows;
+  {
+    trace::TraceScope scope;
+    Carry ph_carry, ph_x;
+    for (size_t k = 0; k < init.size(); ++k)
+      ph_carry.push_back(Tensor(trace::make_placeholder(carry_types[k], static_cast<int32_t>(k))));
+    for (size_t j = 0; j < xs.size(); ++j) {
+      ir::TensorType row{x_types[j].dtype, Shape(x_types[j].shape.begin() + 1, x_types[j].shape.end())};
+      ph_x.push_back(Tensor(trace::make_placeholder(row, static_cast<int32_t>(carries) + static_cast<int32_t>(j))));
+    }
+    auto [next, ys] = fn(ph_carry, ph_x);
+    check_carry(op, init, next, 0);
+    for (size_t m = 0; m < ys.size(); ++m)
+      LAZYRT_CHECK(ys[m].defined(), op, ": fn's stacked output ", m, " is undefined");
+    std::vector<LazyValue> roots = values_of(next);
+    for (const Tensor& y : ys) roots.push_back(y.impl()->value());
+    body = std::make_shared<ir::Graph>(extract_region(roots, scope.id(), placeholders, captures));
+    ys_rows = std::move(ys);
+  }
+  std::vector<LazyValue> operands = values_of(init);
+  for (const Tensor& x : xs) operands.push_back(x.impl()->value());
+  operands.insert(operands.end(), captures.values.begin(), captures.values.end());
+  body->num_params = static_cast<int64_t>(operands.size());
+  std::vector<int64_t> ys_dtypes, ys_shapes;
+  for (const Tensor& y : ys_rows) {
+    ys_dtypes.push_back(static_cast<int64_t>(y.dtype()));
+    ys_shapes.push_back(y.dim());
+    ys_shapes.insert(ys_shapes.end(), y.shape().begin(), y.shape().end());
+  }
+  LazyValue s = trace::record(ir::OpKind::Scan, std::move(operands),
+                              {carries, static_cast<int64_t>(xs.size()), length, reverse,
+                               std::move(ys_dtypes), std::move(ys_shapes)});
+  s.node->regions = {std::move(body)};
+  std::pair<Carry, Carry> result;
+  for (size_t k = 0; k < init.size() + ys_rows.size(); ++k)
+    (k < init.size() ? result.first : result.second)
+        .push_back(Tensor(trace::make_pending({s.node, static_cast<int32_t>(k)})));
+  return result;
 }
 
 }  // namespace lazyrt

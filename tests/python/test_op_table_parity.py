@@ -541,6 +541,7 @@ ELSEWHERE = {
     "is_grad_enabled": "test_tensor.py",
     # structured loops (test_loops.py)
     "while_loop": "test_loops.py", "fori_loop": "test_loops.py",
+    "scan": "test_scan.py", "scan_layers": "test_scan.py",
     # cached-graph replay (test_replay.py)
     "graph_hash": "test_replay.py", "warm_up_cache": "test_replay.py", "graph_inputs": "test_replay.py",
     "run_cached_graph": "test_replay.py", "compile_step": "test_replay.py", "tensor_id": "test_replay.py",

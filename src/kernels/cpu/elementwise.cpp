@@ -242,4 +242,8 @@ Kernel make_While(const KernelSpec&) {
   LAZYRT_ASSERT(false, "while is lowered by the compiler (control_flow.cpp), not a kernel");
 }
 
+Kernel make_Scan(const KernelSpec&) {
+  LAZYRT_ASSERT(false, "scan is lowered by the compiler (control_flow.cpp), not a kernel");
+}
+
 }  // namespace lazyrt::kernels

@@ -24,6 +24,22 @@ inline ir::ValueRef add_count_up_loop(ir::Graph& g, ir::ValueRef init, int64_t l
   return w;
 }
 
+/// A scan over the rows of xs f32[n, 3]: carry c f32[3] becomes c + x; each row's output is
+/// c * 2 (f32[3]), stacked to f32[n, 3]. Results: the final carry, then the stacked outputs.
+inline ir::ValueRef add_running_sum_scan(ir::Graph& g, ir::ValueRef init, ir::ValueRef xs) {
+  using ir::OpKind;
+  const int64_t n = g.type(xs).shape[0];
+  auto body = std::make_shared<ir::Graph>();
+  const ir::ValueRef c = body->add_parameter(f32({3}));
+  const ir::ValueRef x = body->add_parameter(f32({3}));
+  body->outputs = {body->add(OpKind::Add, {c, x}), body->add(OpKind::Mul, {c, body->add_full(2, {}, DType::f32)})};
+  ir::ValueRef s = g.add(OpKind::Scan, {init, xs},
+                         {int64_t{1}, int64_t{1}, n, false, std::vector<int64_t>{static_cast<int64_t>(DType::f32)},
+                          std::vector<int64_t>{1, 3}});
+  g.nodes[s.node].regions = {body};
+  return s;
+}
+
 /// A fusion node over [2, 3]: p = x * 2 and s = p + b with b f32[3] broadcast; results p, s.
 inline ir::ValueRef add_scale_shift_fusion(ir::Graph& g, ir::ValueRef x, ir::ValueRef b) {
   using ir::OpKind;
@@ -69,6 +85,9 @@ inline ir::Graph every_op_graph() {
   outs.push_back(g.add(OpKind::Reshape, {a}, {std::vector<int64_t>{3, 2}}));
   outs.push_back(g.add(OpKind::Expand, {a}, {std::vector<int64_t>{4, 2, 3}}));
   outs.push_back(add_count_up_loop(g, g.add_full(0, {}, DType::i64), 10));
+  const ir::ValueRef scanned = add_running_sum_scan(g, g.add(OpKind::Sum, {a}, {std::vector<int64_t>{0}, false}), a);
+  outs.push_back(scanned);
+  outs.push_back({scanned.node, 1});
   // Math, reductions and normalizations.
   for (OpKind op : {OpKind::Sin, OpKind::Cos, OpKind::Log1p, OpKind::Expm1, OpKind::Erf, OpKind::Silu,
                     OpKind::Floor, OpKind::Ceil, OpKind::Round, OpKind::Sign})

@@ -1,0 +1,227 @@
+// lazyrt::scan: values against plain C++ loops over the same numbers, the compiled form (one
+// scan node, one compile, rows read and written in place), and its errors.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <lazyrt/lazyrt.h>
+
+#include "support/error_of.h"
+
+namespace lazyrt {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_support::error_of;
+
+std::vector<float> iota_values(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(i) - 1.5f;
+  return v;
+}
+
+// ys[r] = carry after row r, carry = carry * 0.5 + x[r], over [rows, width] inputs.
+std::vector<float> decayed_sums(const std::vector<float>& xs, const std::vector<float>& init,
+                                size_t rows, bool reverse) {
+  const size_t width = init.size();
+  std::vector<float> ys(rows * width), c = init;
+  for (size_t t = 0; t < rows; ++t) {
+    const size_t r = reverse ? rows - 1 - t : t;
+    for (size_t j = 0; j < width; ++j) {
+      c[j] = c[j] * 0.5f + xs[r * width + j];
+      ys[r * width + j] = c[j];
+    }
+  }
+  ys.insert(ys.end(), c.begin(), c.end());  // the final carry last
+  return ys;
+}
+
+std::pair<Carry, Carry> decayed_scan(const Tensor& init, const Tensor& xs, bool reverse) {
+  return scan(
+      [](const Carry& c, const Carry& x) {
+        Tensor next = c[0] * 0.5 + x[0];
+        return std::make_pair(Carry{next}, Carry{next});
+      },
+      {init}, {xs}, reverse);
+}
+
+}  // namespace
+
+TEST(Scan, ForwardAndReverseMatchPlainLoops) {
+  const std::vector<float> xv = iota_values(7 * 3, 0.25f), iv = {1, -2, 0.5f};
+  for (bool reverse : {false, true}) {
+    auto [carry, ys] = decayed_scan(tensor(iv, {3}), tensor(xv, {7, 3}), reverse);
+    ASSERT_EQ(carry.size(), 1u);
+    ASSERT_EQ(ys.size(), 1u);
+    EXPECT_EQ(ys[0].shape(), (Shape{7, 3}));
+    std::vector<float> want = decayed_sums(xv, iv, 7, reverse);
+    std::vector<float> got = ys[0].to_vector<float>();
+    std::vector<float> c = carry[0].to_vector<float>();
+    got.insert(got.end(), c.begin(), c.end());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << "reverse " << reverse << " at " << i;
+  }
+}
+
+TEST(Scan, SeveralCarriesInputsAndOutputsOfMixedDtypes) {
+  // carry: (count i64, sum f32[2]); xs: (a f32[4, 2], b i64[4]); ys: (a * count, b + count).
+  Tensor a = tensor(iota_values(8, 1.0f), {4, 2});
+  Tensor b = tensor(std::vector<int64_t>{10, 20, 30, 40}, {4});
+  auto [carry, ys] = scan(
+      [](const Carry& c, const Carry& x) {
+        Tensor count = c[0] + 1;
+        return std::make_pair(Carry{count, c[1] + x[0]},
+                              Carry{x[0] * cast(count, DType::f32), x[1] + count});
+      },
+      {scalar_tensor(0, DType::i64), zeros({2})}, {a, b});
+  EXPECT_EQ(carry[0].item(), 4);
+  std::vector<float> av = iota_values(8, 1.0f);
+  EXPECT_EQ(carry[1].to_vector<float>(),
+            (std::vector<float>{av[0] + av[2] + av[4] + av[6], av[1] + av[3] + av[5] + av[7]}));
+  std::vector<float> y0 = ys[0].to_vector<float>();
+  for (size_t r = 0; r < 4; ++r)
+    for (size_t j = 0; j < 2; ++j) EXPECT_FLOAT_EQ(y0[r * 2 + j], av[r * 2 + j] * static_cast<float>(r + 1));
+  EXPECT_EQ(ys[1].dtype(), DType::i64);
+  EXPECT_EQ(ys[1].to_vector<int64_t>(), (std::vector<int64_t>{11, 22, 33, 44}));
+}
+
+TEST(Scan, OutputsTheBodyDoesNotCompute) {
+  // y0 is the row itself, y1 the incoming carry, y2 a constant, y3 the new carry twice over;
+  // carry 1 is returned unchanged and carry 2 is a captured tensor.
+  Tensor xs = tensor(iota_values(5 * 2, 1.0f), {5, 2});
+  Tensor captured = tensor({7, 8}, {2});
+  auto [carry, ys] = scan(
+      [&](const Carry& c, const Carry& x) {
+        Tensor next = c[0] + x[0];
+        return std::make_pair(Carry{next, c[1], captured},
+                              Carry{x[0], c[0], full({2}, 3.0), next, next});
+      },
+      {zeros({2}), tensor({-1}, {1}), zeros({2})}, {xs});
+  std::vector<float> xv = iota_values(10, 1.0f);
+  EXPECT_EQ(ys[0].to_vector<float>(), xv);
+  std::vector<float> running = {0, 0}, before, after;
+  for (size_t r = 0; r < 5; ++r) {
+    before.insert(before.end(), running.begin(), running.end());
+    for (size_t j = 0; j < 2; ++j) running[j] += xv[r * 2 + j];
+    after.insert(after.end(), running.begin(), running.end());
+  }
+  EXPECT_EQ(ys[1].to_vector<float>(), before);
+  EXPECT_EQ(ys[2].to_vector<float>(), std::vector<float>(10, 3.0f));
+  EXPECT_EQ(ys[3].to_vector<float>(), after);
+  EXPECT_EQ(ys[4].to_vector<float>(), after);
+  EXPECT_EQ(carry[0].to_vector<float>(), running);
+  EXPECT_EQ(carry[1].to_vector<float>(), (std::vector<float>{-1}));
+  EXPECT_EQ(carry[2].to_vector<float>(), (std::vector<float>{7, 8}));
+}
+
+TEST(Scan, LengthWithoutInputsAndEmptyScans) {
+  auto [carry, ys] = scan(
+      [](const Carry& c, const Carry& x) {
+        EXPECT_TRUE(x.empty());
+        return std::make_pair(Carry{c[0] * 2}, Carry{c[0]});
+      },
+      {scalar_tensor(1, DType::i64)}, {}, false, 6);
+  EXPECT_EQ(carry[0].item(), 64);
+  EXPECT_EQ(ys[0].to_vector<int64_t>(), (std::vector<int64_t>{1, 2, 4, 8, 16, 32}));
+
+  auto [c0, y0] = decayed_scan(tensor({1, 2, 3}, {3}), zeros({0, 3}), false);
+  EXPECT_EQ(c0[0].to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(y0[0].shape(), (Shape{0, 3}));
+  EXPECT_TRUE(y0[0].to_vector<float>().empty());
+}
+
+TEST(Scan, OneNodeAndOneCompileWhateverTheValuesAndFlatInTheLength) {
+  cache::clear_memory();
+  metrics::reset();
+  // Data, not constants: the values are inputs of the graph.
+  auto [c1, y1] = decayed_scan(tensor(std::vector<float>(4, 0.0f), {4}), tensor(std::vector<float>(40, 1.0f), {10, 4}), false);
+  y1[0].to_vector<float>();
+  auto [c2, y2] = decayed_scan(tensor(std::vector<float>(4, 1.0f), {4}), tensor(std::vector<float>(40, 2.0f), {10, 4}), false);
+  EXPECT_FLOAT_EQ(y2[0].to_vector<float>()[0], 2.5f);
+  EXPECT_EQ(metrics::counter("UncachedCompile"), 1);
+  auto nodes = [](int64_t n) {
+    auto [c, y] = decayed_scan(zeros({4}), ones({n, 4}), false);
+    return debug::graph_node_count({c[0], y[0]});
+  };
+  EXPECT_EQ(nodes(10), nodes(5000));
+  EXPECT_LT(nodes(10), 12);
+}
+
+TEST(Scan, NestedInsideLoopsAndLoopsInsideScan) {
+  // Inside a fori_loop body: the scan sums the rows, the loop adds that sum three times.
+  Tensor xs = tensor({1, 2, 3, 4}, {4});
+  Carry out = fori_loop(0, 3, [&](const Tensor&, const Carry& c) {
+    auto [carry, ys] = scan([](const Carry& s, const Carry& x) {
+      return std::make_pair(Carry{s[0] + x[0]}, Carry{});
+    }, {c[0]}, {xs});
+    return carry;
+  }, {scalar_tensor(0)});
+  EXPECT_EQ(out[0].item(), 30);
+  // A while_loop inside a scan body: each row doubled while it is at most 10.
+  auto [carry, ys] = scan([](const Carry& c, const Carry& x) {
+    Carry w = while_loop([](const Carry& v) { return v[0] <= 10; },
+                         [](const Carry& v) { return Carry{v[0] * 2}; }, {x[0]});
+    return std::make_pair(Carry{c[0] + w[0]}, Carry{w[0]});
+  }, {scalar_tensor(0)}, {tensor({1, 3, 11, 0.5f}, {4})});
+  EXPECT_EQ(ys[0].to_vector<float>(), (std::vector<float>{16, 12, 11, 16}));
+  EXPECT_EQ(carry[0].item(), 55);
+}
+
+TEST(Scan, PeakMemoryDoesNotGrowBeyondTheStackedOutputs) {
+  // Per row: the body's temporaries are reused, so peak memory grows with the ys only.
+  auto peak = [](int64_t n) {
+    Tensor xs = ones({n, 256});
+    xs.to_vector<float>();
+    debug::reset_peak_memory();
+    const int64_t before = debug::live_memory_bytes();
+    auto [c, y] = scan([](const Carry& s, const Carry& x) {
+      Tensor h = tanh(s[0] * 0.9 + x[0]);
+      return std::make_pair(Carry{h}, Carry{h.sum()});
+    }, {zeros({256})}, {xs});
+    y[0].to_vector<float>();
+    return debug::peak_memory_bytes() - before;
+  };
+  peak(16);
+  const int64_t small = peak(16);
+  const int64_t large = peak(16000);
+  EXPECT_LE(large - small, (16000 - 16) * 4 + 4096) << "grows by the ys (4 bytes a row), not by the rows of work";
+}
+
+TEST(ScanErrors, InputsAndResultsAreChecked) {
+  EXPECT_THAT(error_of([] {
+                scan([](const Carry& c, const Carry& x) { return std::make_pair(Carry{x[0]}, Carry{}); },
+                     {zeros({3})}, {zeros({4, 2})});
+              }),
+              HasSubstr("scan: body result 0 is f32[2], expected f32[3] as in init"));
+  EXPECT_THAT(error_of([] {
+                scan([](const Carry& c, const Carry&) { return std::make_pair(c, Carry{}); },
+                     {zeros({2})}, {zeros({4, 2}), zeros({5, 2})});
+              }),
+              HasSubstr("scan: xs value 1 has 5 rows, expected 4 as xs value 0"));
+  EXPECT_THAT(error_of([] {
+                scan([](const Carry& c, const Carry&) { return std::make_pair(c, Carry{}); },
+                     {zeros({2})}, {scalar_tensor(1)});
+              }),
+              HasSubstr("scan: xs value 0 is a 0-dim tensor"));
+  EXPECT_THAT(error_of([] {
+                scan([](const Carry& c, const Carry&) { return std::make_pair(c, Carry{}); },
+                     {zeros({2})}, {});
+              }),
+              HasSubstr("without stacked inputs (xs) the length must be given"));
+  EXPECT_THAT(error_of([] {
+                scan([](const Carry& c, const Carry&) { return std::make_pair(c, Carry{}); },
+                     {zeros({2})}, {zeros({4, 2})}, false, 3);
+              }),
+              HasSubstr("scan: xs value 0 has 4 rows, expected 3 (the length given)"));
+  Tensor w = tensor({1, 1}, {2});
+  w.requires_grad_();
+  EXPECT_THAT(error_of([&] {
+                scan([&](const Carry& c, const Carry& x) { return std::make_pair(Carry{c[0] * w}, Carry{}); },
+                     {zeros({2})}, {zeros({4, 2})});
+              }),
+              HasSubstr("loops are not differentiable yet"));
+  metrics::reset();
+  mark_step();
+  EXPECT_EQ(metrics::counter("ExecuteGraph"), 0) << "nothing from the failed traces is pending";
+}
+
+}  // namespace lazyrt

@@ -1,0 +1,289 @@
+"""lazyrt.scan and lazyrt.scan_layers against PyTorch eager (a plain Python loop over the same
+numbers): pytrees, reverse, outputs the body does not compute, one compile, errors, and a
+randomized comparison over many small scan bodies."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import lazyrt as lr
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def close(a, b):
+    np.testing.assert_allclose(a.numpy() if isinstance(a, lr.Tensor) else a,
+                               b.detach().numpy() if isinstance(b, torch.Tensor) else b, rtol=RTOL, atol=ATOL)
+
+
+def torch_scan(fn, init, xs, reverse=False):
+    """The oracle: fn over the rows of xs in a Python loop, ys stacked on dim 0."""
+    n = next(iter(xs.values() if isinstance(xs, dict) else xs)).shape[0] if isinstance(xs, (dict, tuple, list)) \
+        else xs.shape[0]
+    rows = range(n - 1, -1, -1) if reverse else range(n)
+    carry, ys = init, [None] * n
+    for r in rows:
+        x = {k: v[r] for k, v in xs.items()} if isinstance(xs, dict) else \
+            type(xs)(v[r] for v in xs) if isinstance(xs, (tuple, list)) else xs[r]
+        carry, ys[r] = fn(carry, x)
+    return carry, ys
+
+
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def test_rnn_cell_matches_torch_forward_and_reverse():
+    g = rng(0)
+    w, u, b = (g.standard_normal(s).astype(np.float32) * 0.3 for s in [(8, 8), (5, 8), (8,)])
+    xs = g.standard_normal((12, 3, 5)).astype(np.float32)
+    h0 = g.standard_normal((3, 8)).astype(np.float32)
+
+    def cell(ops, W, U, B):
+        def fn(h, x):
+            h = ops.tanh(h @ W + x @ U + B)
+            return h, h.sum(-1)
+        return fn
+
+    for reverse in (False, True):
+        lw, lu, lb = lr.tensor(w), lr.tensor(u), lr.tensor(b)
+        h, ys = lr.scan(cell(lr, lw, lu, lb), lr.tensor(h0), lr.tensor(xs), reverse=reverse)
+        th, tys = torch_scan(cell(torch, torch.tensor(w), torch.tensor(u), torch.tensor(b)),
+                             torch.tensor(h0), torch.tensor(xs), reverse=reverse)
+        close(h, th)
+        assert tuple(ys.shape) == (12, 3)
+        close(ys, torch.stack(tys))
+
+
+def test_pytree_carries_inputs_and_outputs():
+    g = rng(1)
+    a = g.standard_normal((6, 4)).astype(np.float32)
+    b = g.integers(-5, 5, size=(6,))
+
+    def fn(ops):
+        def f(carry, x):
+            s, (n, m) = carry["sum"], carry["stats"]
+            s = s + x["a"] * 2
+            n = n + x["b"]
+            m = ops.maximum(m, x["a"])
+            return {"sum": s, "stats": (n, m)}, [s.sum(), {"n": n}]
+        return f
+
+    init = {"sum": np.zeros(4, np.float32), "stats": (np.array(0), np.full(4, -10, np.float32))}
+    carry, ys = lr.scan(fn(lr), {"sum": lr.tensor(init["sum"]), "stats": (lr.tensor(0), lr.tensor(init["stats"][1]))},
+                        {"a": lr.tensor(a), "b": lr.tensor(b)})
+    tc, tys = torch_scan(fn(torch), {"sum": torch.tensor(init["sum"]),
+                                     "stats": (torch.tensor(0), torch.tensor(init["stats"][1]))},
+                         {"a": torch.tensor(a), "b": torch.tensor(b)})
+    assert set(carry) == {"sum", "stats"} and isinstance(carry["stats"], tuple)
+    close(carry["sum"], tc["sum"])
+    assert carry["stats"][0].item() == tc["stats"][0].item()
+    close(carry["stats"][1], tc["stats"][1])
+    assert isinstance(ys, list) and isinstance(ys[1], dict)
+    close(ys[0], torch.stack([y[0] for y in tys]))
+    assert ys[1]["n"].tolist() == torch.stack([y[1]["n"] for y in tys]).tolist()
+
+
+def test_numbers_as_carries_none_as_y_and_length_without_xs():
+    carry, ys = lr.scan(lambda c, x: ((c[0] + 1, c[1] * 2.0), None), (0, 1.5), lr.zeros((5, 2)))
+    assert ys is None
+    assert carry[0].item() == 5 and carry[0].dtype is lr.int64
+    assert carry[1].item() == 1.5 * 32 and carry[1].dtype is lr.float32
+    carry, ys = lr.scan(lambda c, x: (c * 3, c), lr.tensor(1), None, length=4)
+    assert carry.item() == 81 and ys.tolist() == [1, 3, 9, 27]
+
+
+def test_outputs_that_are_inputs_carries_constants_or_captures():
+    g = rng(2)
+    xs = g.standard_normal((5, 3)).astype(np.float32)
+    cap = lr.tensor([1.0, 2.0, 3.0])
+
+    def f(c, x):
+        return (c[0] + x, c[1], cap), (x, c[0], lr.full((3,), 2.5), cap)
+
+    (s, same, captured), (y_x, y_c, y_const, y_cap) = lr.scan(
+        f, (lr.zeros(3), lr.tensor([4.0]), lr.zeros(3)), lr.tensor(xs))
+    close(y_x, xs)
+    close(y_c, np.concatenate([np.zeros((1, 3), np.float32), np.cumsum(xs, 0)[:-1]]))
+    close(s, xs.sum(0))
+    assert same.tolist() == [4.0] and captured.tolist() == [1.0, 2.0, 3.0]
+    assert y_const.tolist() == [[2.5] * 3] * 5 and y_cap.tolist() == [[1.0, 2.0, 3.0]] * 5
+
+
+def test_compiled_once_and_one_node_whatever_the_length():
+    lr.cache.clear_memory()
+    lr.metrics.reset()
+
+    def run(xs):  # xs is data (an input of the graph), not a constant
+        c, ys = lr.scan(lambda c, x: (c + x, c * x), lr.tensor(np.zeros(4, np.float32)), lr.tensor(xs))
+        return c, ys
+
+    c, ys = run(np.ones((10, 4), np.float32))
+    ys.numpy()
+    c, ys = run(np.full((10, 4), 3.0, np.float32))
+    y = ys.numpy()
+    assert lr.metrics.counter("UncachedCompile") == 1
+    assert c.tolist() == [30.0] * 4 and y[9].tolist() == [81.0] * 4
+    small = lr.debug.graph_node_count(list(run(np.ones((10, 4), np.float32))))
+    assert lr.debug.graph_node_count(list(run(np.ones((3000, 4), np.float32)))) == small
+
+
+def test_scan_inside_compiled_step_replays_with_new_inputs():
+    w = lr.tensor(np.eye(3, dtype=np.float32) * 0.5)
+
+    def step(xs):
+        with lr.no_grad():
+            h, ys = lr.scan(lambda h, x: (lr.tanh(h @ w + x), h.sum()), lr.zeros(3), xs)
+        return [h, ys]
+
+    g = rng(3)
+    a = lr.tensor(g.standard_normal((7, 3)).astype(np.float32))
+    s = lr.compile_step(step, (a,))
+    tw = torch.tensor(w.numpy())
+    for seed in range(3):
+        xs = g.standard_normal((7, 3)).astype(np.float32)
+        h, ys = s(lr.tensor(xs))
+        th, tys = torch_scan(lambda h, x: (torch.tanh(h @ tw + x), h.sum()), torch.zeros(3), torch.tensor(xs))
+        close(h, th)
+        close(ys, torch.stack(tys))
+
+
+def test_errors_name_the_leaf_and_change_nothing():
+    xs = lr.zeros((4, 2))
+    with pytest.raises(lr.Error, match=r"scan: fn result: carry\['h'\]: f32\[2\] vs f32\[3\]"):
+        lr.scan(lambda c, x: ({"h": c["h"][:2] * 0 + x}, None), {"h": lr.zeros(3)}, xs)
+    with pytest.raises(lr.Error, match="fn must return a pair"):
+        lr.scan(lambda c, x: c, lr.zeros(2), xs)
+    with pytest.raises(lr.Error, match="xs value 1 has 5 rows, expected 4"):
+        lr.scan(lambda c, x: (c, None), lr.zeros(2), (xs, lr.zeros((5, 2))))
+    with pytest.raises(lr.Error, match="length must be given"):
+        lr.scan(lambda c, x: (c, None), lr.zeros(2), None)
+    w = lr.ones(2, requires_grad=True)
+    with pytest.raises(lr.Error, match="not differentiable yet"):
+        lr.scan(lambda c, x: (c * w, None), lr.zeros(2), xs)
+    with lr.no_grad():
+        c, _ = lr.scan(lambda c, x: (c * w + x + 1, None), lr.zeros(2), xs)
+    assert c.tolist() == [4.0, 4.0]
+
+
+class Block(lr.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.lin = lr.nn.Linear(d, d)
+        self.norm = lr.nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(lr.tanh(self.lin(x)) + x)
+
+
+def test_scan_layers_matches_the_layers_applied_in_order():
+    lr.manual_seed(4)
+    layers = [Block(6) for _ in range(5)]
+    x = lr.tensor(rng(4).standard_normal((3, 6)).astype(np.float32))
+    tlayers = []
+    for layer in layers:
+        t = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.LayerNorm(6))
+        with torch.no_grad():
+            t[0].weight.copy_(torch.tensor(layer.lin.weight.numpy()))
+            t[0].bias.copy_(torch.tensor(layer.lin.bias.numpy()))
+            t[1].weight.copy_(torch.tensor(layer.norm.weight.numpy()))
+            t[1].bias.copy_(torch.tensor(layer.norm.bias.numpy()))
+        tlayers.append(t)
+    th = torch.tensor(x.numpy())
+    for t in tlayers:
+        th = t[1](torch.tanh(t[0](th)) + th)
+    with lr.no_grad():
+        out = lr.scan_layers(layers, x)
+    close(out, th)
+    # The layers are as they were: their own parameters, unchanged.
+    weights = [layer.lin.weight for layer in layers]
+    with lr.no_grad():
+        lr.scan_layers(layers, x)
+    assert all(layer.lin.weight is w for layer, w in zip(layers, weights))
+    close(layers[2].lin(x).detach(), tlayers[2][0](torch.tensor(x.numpy())))
+    assert lr.scan_layers([], x) is x
+    with pytest.raises(lr.Error, match="layer 1 is a Linear"):
+        lr.scan_layers([Block(6), lr.nn.Linear(6, 6)], x)
+    with pytest.raises(lr.Error, match="layer 1's lin.weight is f32\\[6, 7\\]"):
+        b = Block(6)
+        b.lin = lr.nn.Linear(7, 6)
+        lr.scan_layers([Block(6), b], x)
+
+
+def test_functional_call_swaps_and_restores_tied_weights():
+    lin = lr.nn.Linear(3, 3, bias=False)
+    seq = lr.nn.Sequential(lin, lr.nn.Tanh(), lin)  # the same weight twice
+    x = lr.tensor(rng(5).standard_normal((2, 3)).astype(np.float32))
+    w = lr.tensor(rng(6).standard_normal((3, 3)).astype(np.float32))
+    before = lin.weight
+    with lr.no_grad():
+        y = lr.nn.utils.functional_call(seq, {"0.weight": w}, (x,))
+    tw = torch.tensor(w.numpy())
+    close(y, torch.tanh(torch.tensor(x.numpy()) @ tw.T) @ tw.T)
+    assert lin.weight is before
+    with pytest.raises(lr.Error, match="no parameter or buffer named nope"):
+        lr.nn.utils.functional_call(seq, {"nope": w}, (x,))
+
+
+# ---- randomized: many small scan bodies against torch ------------------------------------
+
+UNARY = [("tanh", torch.tanh), ("sigmoid", torch.sigmoid), ("neg", torch.neg), ("abs", torch.abs)]
+
+
+def random_body(g):
+    """A random body over carries (a, b) f32[w] and a row x f32[w]: a few ops each."""
+    steps = []
+    for _ in range(int(g.integers(1, 5))):
+        kind = int(g.integers(0, 4))
+        if kind == 0:
+            steps.append(("unary", UNARY[int(g.integers(len(UNARY)))][0], int(g.integers(3))))
+        elif kind == 1:
+            steps.append(("mix", float(g.uniform(-1, 1)), int(g.integers(3)), int(g.integers(3))))
+        elif kind == 2:
+            steps.append(("mul", int(g.integers(3)), int(g.integers(3))))
+        else:
+            steps.append(("max", int(g.integers(3)), int(g.integers(3))))
+    outs = [int(g.integers(0, 3 + len(steps))) for _ in range(2)]
+    ys = [int(g.integers(0, 3 + len(steps))) for _ in range(int(g.integers(0, 3)))]
+    return steps, outs, ys
+
+
+def run_body(ops, steps, outs, ys, a, b, x):
+    vals = [a, b, x]
+    for s in steps:
+        if s[0] == "unary":
+            fn = getattr(ops, s[1])
+            vals.append(fn(vals[s[2]]))
+        elif s[0] == "mix":
+            vals.append(vals[s[2]] * s[1] + vals[s[3]])
+        elif s[0] == "mul":
+            vals.append(vals[s[1]] * vals[s[2]] * 0.5)
+        else:
+            vals.append(ops.maximum(vals[s[1]], vals[s[2]]))
+    return (vals[outs[0]], vals[outs[1]]), tuple(vals[k] for k in ys)
+
+
+# LAZYRT_SCAN_FUZZ=N runs N random bodies instead of 40 (1,500 pass).
+@pytest.mark.parametrize("seed", range(int(os.environ.get("LAZYRT_SCAN_FUZZ", 40))))
+def test_random_scan_bodies_match_torch(seed):
+    g = rng(1000 + seed)
+    steps, outs, ys = random_body(g)
+    w, n = int(g.integers(1, 6)), int(g.integers(0, 9))
+    reverse = bool(g.integers(2))
+    a0, b0 = (g.uniform(-1, 1, w).astype(np.float32) for _ in range(2))
+    xs = g.uniform(-1, 1, (n, w)).astype(np.float32)
+
+    def fn(ops):
+        return lambda c, x: run_body(ops, steps, outs, ys, c[0], c[1], x)
+
+    (a, b), lys = lr.scan(fn(lr), (lr.tensor(a0), lr.tensor(b0)), lr.tensor(xs), reverse=reverse)
+    (ta, tb), tys = torch_scan(fn(torch), (torch.tensor(a0), torch.tensor(b0)), torch.tensor(xs), reverse)
+    close(a, ta)
+    close(b, tb)
+    assert len(lys) == len(ys)
+    for k in range(len(ys)):
+        assert tuple(lys[k].shape) == (n, w)
+        if n:
+            close(lys[k], torch.stack([t[k] for t in tys]))
