@@ -23,7 +23,8 @@ calls the step function directly in both worlds; "via plain" always does.
 
 The contract lets a replay raise lazyrt.Error (and change nothing): such a call is counted and
 the world then calls the step function directly. Any other exception in a replay call, or a
-difference in snapshots (rtol 1e-5, atol 1e-6, exact None-ness of gradients), or a different
+difference in snapshots (rtol 1e-5, atol 1e-6; 1e-4 for the gradient of an argument leaf, see
+ARG_GRAD_RTOL; exact None-ness of gradients), or a different
 outcome of a plain action (raising in one world only), is a failure. A failure is shrunk by
 delta debugging (drop chunks of actions, then single actions, then simplify the configuration)
 while it persists, and printed as readable lines.
@@ -51,6 +52,14 @@ import lazyrt.nn as nn
 import lazyrt.nn.functional as F
 
 RTOL, ATOL = 1e-5, 1e-6
+# A compiled step adds an argument leaf's gradient to its .grad as one sum after the replay;
+# plain backward adds each contribution (one per use of the argument in the step) in turn. The
+# two orders round differently, and where the contributions cancel (a residual next to a
+# LayerNorm of the same input) the difference reaches ~1e-5 relative: seed 2072 of
+# `make fuzz-replay` gave -0.8401907 vs -0.84020233, and the same program agrees once the plain
+# world accumulates in the replay's order. A stale or lost gradient is off by a whole step's
+# contribution, far above this tolerance.
+ARG_GRAD_RTOL = 1e-4
 BATCH, OTHER_BATCH = 10, 6
 CLASSES = 3
 
@@ -639,7 +648,8 @@ def compare_snapshots(a, b):
                 return (cat, f"{where}: {k} is {va.dtype}{list(va.shape)} after replay, "
                              f"{vb.dtype}{list(vb.shape)} in the plain program")
             if va.dtype.kind in "fc":
-                bad = ~np.isclose(va, vb, rtol=RTOL, atol=ATOL, equal_nan=True)
+                rtol = ARG_GRAD_RTOL if k.startswith("argument leaf") else RTOL
+                bad = ~np.isclose(va, vb, rtol=rtol, atol=ATOL, equal_nan=True)
             else:
                 bad = va != vb
             if np.any(bad):
