@@ -6,6 +6,12 @@
 // Tensors the body or cond use from outside (weights, pending values) are captured
 // automatically. Inside cond and body, values are symbolic: reading one (item, to_vector) or
 // syncing throws, and so does modifying an outer tensor in place.
+//
+// Gradients: scan and fori_loop are differentiable with respect to init, xs and the tensors the
+// body reads from outside (backward runs a scan over the rows in the other order; the carry
+// each row starts from is kept, one per row). A differentiated fori_loop compiles per trip
+// count. while_loop, whose trip count is data, is not differentiable yet: it refuses inputs
+// that require grad while gradients are recorded (run it under NoGradGuard).
 #pragma once
 
 #include <functional>

@@ -87,6 +87,9 @@ class Tensor {
   void backward(const Tensor& gradient = Tensor()) const;
   /// A new tensor with the same value that does not require grad.
   Tensor detach() const;
+  /// A copy that keeps the autograd history (as torch's clone). Values are immutable, so it
+  /// costs nothing unless it must go through an op for gradients to flow back.
+  Tensor clone() const;
 
   // Method forms of common ops.
   Tensor sum(std::vector<int64_t> dims = {}, bool keepdim = false) const;

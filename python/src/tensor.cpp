@@ -343,11 +343,7 @@ void bind_tensor(py::module_& m, py::class_<Tensor>& cls) {
       .def("bool", [](const Tensor& t) { return t.to(DType::b8); })
       .def("cpu", [](const Tensor& t) { return t; })
       .def("contiguous", [](const Tensor& t) { return t; })
-      .def("clone", [](const Tensor& t) {
-        // Values are immutable, so a new handle on the same value is a copy; a tensor that
-        // requires grad goes through an op so that gradients flow back to it.
-        return t.requires_grad() ? t * 1.0 : t.detach();
-      });
+      .def("clone", [](const Tensor& t) { return t.clone(); });
 }
 
 }  // namespace lazyrt::python

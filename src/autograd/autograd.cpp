@@ -1,5 +1,6 @@
 #include "autograd/autograd.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "trace/lazy_tensor.h"
@@ -9,6 +10,8 @@ namespace lazyrt::autograd {
 namespace {
 
 thread_local bool enabled = true;
+// Innermost body trace: 0 none, 1 a loop without gradients, 2 a loop that records them.
+thread_local int body_trace = 0;
 
 Tensor snapshot(const Tensor& t) {
   Tensor s = t.detach();
@@ -29,13 +32,28 @@ void accumulate(trace::TensorImpl& leaf, const Tensor& g) {
   }
 }
 
+// The edge from a node to the input `t`: its grad node, or the leaf it is.
+Edge edge_to(const Tensor& t) {
+  Edge e;
+  if (t.requires_grad()) {
+    if (t.impl()->grad_fn) e.node = t.impl()->grad_fn;
+    else e.leaf = t.impl();
+  }
+  return e;
+}
+
 }  // namespace
 
 bool grad_enabled() { return enabled; }
 void set_grad_enabled(bool e) { enabled = e; }
 
+BodyTrace::BodyTrace() : previous_(body_trace) { body_trace = enabled && previous_ != 1 ? 2 : 1; }
+BodyTrace::~BodyTrace() { body_trace = previous_; }
+bool recording() { return enabled && body_trace == 0; }
+bool in_recorded_body() { return body_trace == 2; }
+
 bool should_record(ir::OpKind op, const std::vector<Tensor>& inputs) {
-  if (!enabled || !grad_rule(op)) return false;
+  if (!recording() || !grad_rule(op)) return false;
   for (const Tensor& t : inputs)
     if (t.requires_grad()) return true;
   return false;
@@ -49,12 +67,7 @@ void record(const Tensor& output, ir::OpKind op, const std::vector<Tensor>& inpu
   node->next.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     node->inputs.push_back(snapshot(t));
-    Edge e;
-    if (t.requires_grad()) {
-      if (t.impl()->grad_fn) e.node = t.impl()->grad_fn;
-      else e.leaf = t.impl();
-    }
-    node->next.push_back(std::move(e));
+    node->next.push_back(edge_to(t));
   }
   node->output = snapshot(output);
   output.impl()->grad_fn = std::move(node);
@@ -72,6 +85,77 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
   Tensor s = dims.empty() ? grad : sum(grad, dims, true);
   return reshape(s, shape);
 }
+
+namespace {
+
+// Runs the engine from `root`, whose slots receive `seeds`. Kahn's algorithm over the nodes
+// reachable from the root: a node runs once every node that feeds it a gradient has run.
+void run_engine(std::shared_ptr<GradNode> root, std::vector<Tensor> seeds) {
+  std::unordered_map<GradNode*, int> pending;
+  std::vector<GradNode*> stack{root.get()};
+  pending[root.get()] = 0;
+  while (!stack.empty()) {
+    GradNode* n = stack.back();
+    stack.pop_back();
+    LAZYRT_CHECK(!n->released,
+                 "backward: trying to go through the graph a second time; its saved values were "
+                 "freed by the first backward");
+    for (const Edge& e : n->next) {
+      if (!e.node) continue;
+      auto [it, fresh] = pending.emplace(e.node.get(), 0);
+      it->second++;
+      if (fresh) stack.push_back(e.node.get());
+    }
+  }
+  std::unordered_map<GradNode*, std::vector<Tensor>> grads;  // per node, per slot
+  grads[root.get()] = std::move(seeds);
+  std::vector<std::shared_ptr<GradNode>> ready{std::move(root)};
+  while (!ready.empty()) {
+    std::shared_ptr<GradNode> n = std::move(ready.back());
+    ready.pop_back();
+    std::vector<Tensor> g = std::move(grads[n.get()]);
+    grads.erase(n.get());
+    g.resize(static_cast<size_t>(n->slots));
+    std::vector<bool> needs(n->next.size());
+    for (size_t k = 0; k < n->next.size(); ++k) needs[k] = n->next[k].node || n->next[k].leaf;
+    std::vector<Tensor> in_grads;
+    const bool any = std::any_of(g.begin(), g.end(), [](const Tensor& t) { return t.defined(); });
+    if (any && n->backward_fn) in_grads = n->backward_fn(g, needs);
+    else if (any) in_grads = grad_rule(n->op)({n->op, n->inputs, n->output, n->attrs, g[0], needs});
+    for (size_t k = 0; k < n->next.size(); ++k) {
+      const Edge& e = n->next[k];
+      const bool has = k < in_grads.size() && in_grads[k].defined();
+      if (e.node) {
+        if (has) {
+          std::vector<Tensor>& slots = grads[e.node.get()];
+          if (slots.size() < static_cast<size_t>(e.node->slots)) slots.resize(static_cast<size_t>(e.node->slots));
+          Tensor& acc = slots[static_cast<size_t>(e.slot)];
+          acc = acc.defined() ? acc + in_grads[k] : in_grads[k];
+        }
+        if (--pending[e.node.get()] == 0) ready.push_back(e.node);
+      } else if (e.leaf && has) {
+        accumulate(*e.leaf, in_grads[k]);
+      }
+    }
+    n->inputs.clear();
+    n->output = Tensor();
+    n->backward_fn = nullptr;
+    n->released = true;
+  }
+}
+
+// A node that passes the gradients it receives on to its edges, one for one: the root of a
+// run over several outputs, and the node of each result of a multi-result op.
+std::shared_ptr<GradNode> pass_through(ir::OpKind op, std::vector<Edge> next) {
+  auto n = std::make_shared<GradNode>();
+  n->op = op;
+  n->slots = static_cast<int32_t>(next.size());
+  n->next = std::move(next);
+  n->backward_fn = [](const std::vector<Tensor>& g, const std::vector<bool>&) { return g; };
+  return n;
+}
+
+}  // namespace
 
 void backward(const Tensor& root, const Tensor& gradient) {
   LAZYRT_CHECK(root.defined(), "backward: the tensor is undefined");
@@ -92,52 +176,51 @@ void backward(const Tensor& root, const Tensor& gradient) {
     accumulate(root_impl, seed);
     return;
   }
-  // Kahn's algorithm over the nodes reachable from the root: a node runs once every node
-  // that feeds it a gradient has run.
-  std::unordered_map<GradNode*, int> pending;
-  std::vector<GradNode*> stack{root_impl.grad_fn.get()};
-  pending[root_impl.grad_fn.get()] = 0;
-  while (!stack.empty()) {
-    GradNode* n = stack.back();
-    stack.pop_back();
-    LAZYRT_CHECK(!n->released,
-                 "backward: trying to go through the graph a second time; its saved values were "
-                 "freed by the first backward");
-    for (const Edge& e : n->next) {
-      if (!e.node) continue;
-      auto [it, fresh] = pending.emplace(e.node.get(), 0);
-      it->second++;
-      if (fresh) stack.push_back(e.node.get());
-    }
+  run_engine(root_impl.grad_fn, {seed});
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs,
+                         const std::vector<Tensor>& inputs) {
+  LAZYRT_ASSERT(outputs.size() == grad_outputs.size(), "grad: ", outputs.size(), " outputs, ",
+                grad_outputs.size(), " gradients");
+  for (const Tensor& x : inputs)
+    LAZYRT_ASSERT(x.requires_grad() && x.is_leaf() && !x.impl()->grad, "grad: inputs must be fresh leaves");
+  std::vector<Edge> next;
+  std::vector<Tensor> seeds;
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (!outputs[k].requires_grad() || !grad_outputs[k].defined()) continue;
+    next.push_back(edge_to(outputs[k]));
+    seeds.push_back(grad_outputs[k]);
   }
-  std::unordered_map<GradNode*, Tensor> grads;
-  grads[root_impl.grad_fn.get()] = seed;
-  std::vector<std::shared_ptr<GradNode>> ready{root_impl.grad_fn};
-  while (!ready.empty()) {
-    std::shared_ptr<GradNode> n = std::move(ready.back());
-    ready.pop_back();
-    Tensor g = std::move(grads[n.get()]);
-    grads.erase(n.get());
-    std::vector<bool> needs(n->next.size());
-    for (size_t k = 0; k < n->next.size(); ++k) needs[k] = n->next[k].node || n->next[k].leaf;
-    std::vector<Tensor> in_grads;
-    if (g.defined()) in_grads = grad_rule(n->op)({n->op, n->inputs, n->output, n->attrs, g, needs});
-    for (size_t k = 0; k < n->next.size(); ++k) {
-      const Edge& e = n->next[k];
-      const bool has = k < in_grads.size() && in_grads[k].defined();
-      if (e.node) {
-        if (has) {
-          Tensor& acc = grads[e.node.get()];
-          acc = acc.defined() ? acc + in_grads[k] : in_grads[k];
-        }
-        if (--pending[e.node.get()] == 0) ready.push_back(e.node);
-      } else if (e.leaf && has) {
-        accumulate(*e.leaf, in_grads[k]);
-      }
-    }
-    n->inputs.clear();
-    n->output = Tensor();
-    n->released = true;
+  {
+    NoGradGuard no_grad;
+    if (!next.empty()) run_engine(pass_through(ir::OpKind::Parameter, std::move(next)), std::move(seeds));
+  }
+  std::vector<Tensor> out;
+  for (const Tensor& x : inputs) {
+    auto& impl = *x.impl();
+    out.push_back(impl.grad ? Tensor(impl.grad) : Tensor());
+    impl.grad = nullptr;
+  }
+  return out;
+}
+
+void record_multi(const std::vector<Tensor>& outputs, ir::OpKind op, const std::vector<Tensor>& inputs,
+                  BackwardFn fn) {
+  auto node = std::make_shared<GradNode>();
+  node->op = op;
+  node->slots = static_cast<int32_t>(outputs.size());
+  for (const Tensor& t : inputs) node->next.push_back(edge_to(t));
+  node->backward_fn = std::move(fn);
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    if (!is_floating(outputs[k].dtype())) continue;  // integer results carry no gradient
+    Edge e;
+    e.node = node;
+    e.slot = static_cast<int32_t>(k);
+    auto out = pass_through(op, {std::move(e)});
+    out->output = snapshot(outputs[k]);
+    outputs[k].impl()->grad_fn = std::move(out);
+    outputs[k].impl()->requires_grad = true;
   }
 }
 

@@ -231,6 +231,9 @@ Graph algebraic_simplification(const Graph& g) {
       case OpKind::Neg:
         if (ng.node(ops[0]).op == OpKind::Neg) same = ng.node(ops[0]).operands[0];
         break;
+      case OpKind::StopGradient:  // only autograd (loop gradients) reads it
+        same = ops[0];
+        break;
       case OpKind::Reshape:
       case OpKind::Expand:
       case OpKind::Cast:

@@ -15,6 +15,10 @@ namespace lazyrt::detail {
 /// The tensor's state; throws naming `what` when the tensor is undefined.
 trace::TensorImpl& impl_of(const Tensor& t, const char* what = "tensor");
 
+/// The tensor's value as an operand of a new node. Inside a loop body, a tensor that requires
+/// grad from outside becomes one of the loop's differentiable inputs.
+trace::LazyValue value_of(const Tensor& t);
+
 /// Records one op of the table over these tensors, and for autograd when it must. Every IR op
 /// a public op builds goes through here.
 Tensor apply(ir::OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {});

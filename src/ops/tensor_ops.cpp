@@ -31,12 +31,10 @@ trace::TensorImpl& impl_of(const Tensor& t, const char* what) {
 
 LazyValue value_of(const Tensor& t) {
   auto& s = impl_of(t);
-  // Under no_grad nothing is differentiated: a captured weight is just a value.
-  LAZYRT_CHECK(!s.requires_grad || trace::current_scope() == 0 || s.scope == trace::current_scope() ||
-                   !autograd::grad_enabled(),
-               "loop body: a tensor that requires grad (", ir::type_str(s.type),
-               ") is used inside a while_loop, fori_loop or scan body, and loops are not differentiable yet; detach it first, "
-               "or run the loop under no_grad");
+  // A loop body reading a tensor that requires grad from outside: the loop takes it as an
+  // input it may differentiate (loops.cpp).
+  if (s.requires_grad && trace::current_scope() != 0 && s.scope != trace::current_scope())
+    trace::note_grad_capture(t.impl());
   return s.value();
 }
 Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
@@ -45,9 +43,17 @@ Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));
-  if (!autograd::should_record(op, inputs)) return wrap(record(op, std::move(values), std::move(attrs)));
+  if (!autograd::should_record(op, inputs)) {
+    LazyValue v = record(op, std::move(values), std::move(attrs));
+    // Under no_grad inside a body whose loop records gradients: the body's graph must say that
+    // the value is kept out of them.
+    if (autograd::in_recorded_body() && !autograd::grad_enabled() && is_floating(v.type().dtype))
+      v = record(OpKind::StopGradient, {std::move(v)});
+    return wrap(std::move(v));
+  }
   Tensor out = wrap(record(op, std::move(values), attrs));
-  autograd::record(out, op, inputs, std::move(attrs));
+  // As in PyTorch, an integer or bool result (a cast, an index) does not require grad.
+  if (is_floating(out.dtype())) autograd::record(out, op, inputs, std::move(attrs));
   return out;
 }
 
@@ -371,8 +377,19 @@ Tensor arange(int64_t n, DType dtype) {
   return data_from_doubles(values.data(), {n}, dtype);
 }
 
+Tensor Tensor::clone() const {
+  const auto& s = impl_of(*this, "clone");
+  // Through an op where gradients may flow: from a tensor that requires grad, or inside a loop
+  // body that will be differentiated (where nothing requires grad while it is traced).
+  if (is_floating(s.type.dtype) && (s.requires_grad || autograd::in_recorded_body())) return *this * 1.0;
+  return detach();
+}
+
 Tensor Tensor::detach() const {
   auto& s = impl_of(*this, "detach");
+  // In a body whose loop records gradients, the body's graph must say where they stop.
+  if (autograd::in_recorded_body() && is_floating(s.type.dtype))
+    return wrap(record(OpKind::StopGradient, {value_of(*this)}));
   if (s.is_pending()) return wrap(s.pending());
   auto t = trace::make_data(s.type, s.data());
   auto origin = s.detached_from.lock();

@@ -13,6 +13,8 @@ namespace {
 std::atomic<int64_t> next_id{1};
 std::atomic<int64_t> next_scope{1};
 thread_local std::vector<int64_t> scope_stack;
+// Per active scope: the tensors from outside it that require grad and were read in it.
+thread_local std::vector<std::vector<std::shared_ptr<TensorImpl>>> scope_grad_captures;
 thread_local RebindJournal* active_journal = nullptr;
 
 // Pending tensors, for mark_step. Tensors enter when they get IR and leave when they are
@@ -37,8 +39,26 @@ bool scope_is_active(int64_t scope) {
   return false;
 }
 
-TraceScope::TraceScope() : id_(next_scope++) { scope_stack.push_back(id_); }
-TraceScope::~TraceScope() { scope_stack.pop_back(); }
+TraceScope::TraceScope() : id_(next_scope++) {
+  scope_stack.push_back(id_);
+  scope_grad_captures.emplace_back();
+}
+TraceScope::~TraceScope() {
+  scope_stack.pop_back();
+  scope_grad_captures.pop_back();
+}
+
+const std::vector<std::shared_ptr<TensorImpl>>& TraceScope::grad_captures() const {
+  return scope_grad_captures.back();
+}
+
+void note_grad_capture(const std::shared_ptr<TensorImpl>& t) {
+  // Every scope nested inside the one the tensor was made in reads it from outside.
+  for (size_t i = scope_stack.size(); i-- > 0 && scope_stack[i] != t->scope;) {
+    auto& list = scope_grad_captures[i];
+    if (std::find(list.begin(), list.end(), t) == list.end()) list.push_back(t);
+  }
+}
 
 TensorImpl::TensorImpl(ir::TensorType t) : id(next_id++), scope(current_scope()), type(std::move(t)) {}
 

@@ -132,10 +132,16 @@ class TraceScope {
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
   int64_t id() const { return id_; }
+  /// The tensors from outside that require grad and were read in this scope (it must be the
+  /// innermost), in the order first read: a differentiable loop takes them as inputs.
+  const std::vector<std::shared_ptr<TensorImpl>>& grad_captures() const;
 
  private:
   int64_t id_;
 };
+
+/// Notes that `t`, which requires grad, is read in the active scopes nested inside its own.
+void note_grad_capture(const std::shared_ptr<TensorImpl>& t);
 
 /// While active (per thread), records the first change of value or gradient of every tensor
 /// that existed before it, with what it held, so that a trace can be undone: compile_step

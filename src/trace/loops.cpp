@@ -1,10 +1,24 @@
 // while_loop, fori_loop and scan: trace the regions once over placeholders, capture what they
 // use from outside, and record one while (or scan) node.
+//
+// Bodies are traced without recording for autograd (autograd::BodyTrace): a body is a function
+// of its placeholders and captures, and what it computes is differentiated, if at all, as a
+// whole; detach() and no_grad inside it leave stop_gradient nodes in its graph. A scan whose inputs (init,
+// xs, or tensors the body reads from outside) require grad records one autograd node for all
+// its results; its backward is a scan too, over the rows in the other order, whose body is the
+// vector-Jacobian product of the forward body, made by running the forward body's graph again
+// through the ops with gradients on (apply_graph) and differentiating it (autograd::grad). The
+// forward scan stacks the carries each row starts from as extra outputs, so every row's
+// product starts from its own inputs (memory: one carry per row). fori_loop with gradients is
+// recorded as such a scan (its trip count is known when it is traced); while_loop's trip count
+// is data, and it is not differentiable yet.
 #include "lazyrt/loops.h"
 
+#include <algorithm>
 #include <map>
 
 #include "autograd/autograd.h"
+#include "ops/op_helpers.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -14,6 +28,7 @@ namespace {
 
 using trace::LazyNode;
 using trace::LazyValue;
+using Regions = std::vector<std::shared_ptr<const ir::Graph>>;
 
 // The values a loop's regions read from outside, shared by cond and body: a tensor used by
 // both is captured once.
@@ -55,24 +70,45 @@ ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope, int
   return g;
 }
 
-// The types of a loop's inputs, which must be defined and, while gradients are recorded, not
-// require them.
+// The types of a loop's inputs, which must be defined.
 std::vector<ir::TensorType> input_types(const char* op, const char* what, const Carry& values) {
   std::vector<ir::TensorType> types;
   for (size_t k = 0; k < values.size(); ++k) {
     LAZYRT_CHECK(values[k].defined(), op, ": ", what, " ", k, " is undefined");
-    LAZYRT_CHECK(!values[k].requires_grad() || !autograd::grad_enabled(), op, ": ", what, " ", k,
-                 " requires grad, and loops are not differentiable yet; detach it first, or run the "
-                 "loop under no_grad");
     types.push_back({values[k].dtype(), values[k].shape()});
   }
   return types;
 }
 
+// Through detail::value_of: a tensor that requires grad, read inside an enclosing loop's
+// body, becomes one of that loop's differentiable inputs.
 std::vector<LazyValue> values_of(const Carry& ts) {
   std::vector<LazyValue> v;
-  for (const Tensor& t : ts) v.push_back(t.impl()->value());
+  for (const Tensor& t : ts) v.push_back(detail::value_of(t));
   return v;
+}
+
+bool needs_grad(const Carry& inputs) {
+  if (!autograd::recording()) return false;
+  return std::any_of(inputs.begin(), inputs.end(),
+                     [](const Tensor& t) { return t.requires_grad() && is_floating(t.dtype()); });
+}
+
+// The tensors standing for a loop's captured values, in parameter order: the tensor itself
+// where it requires grad (so that autograd reaches it), else the data tensor of a leaf, else a
+// handle on the pending value.
+Carry capture_tensors(const Captures& captures, const std::vector<std::shared_ptr<trace::TensorImpl>>& grad_caps) {
+  Carry out;
+  for (const LazyValue& v : captures.values) {
+    std::shared_ptr<trace::TensorImpl> t;
+    for (const auto& g : grad_caps) {
+      const LazyValue gv = g->value();
+      if (gv.node == v.node && gv.index == v.index) t = g;
+    }
+    if (!t && v.node->op == ir::OpKind::Parameter) t = v.node->source.lock();
+    out.push_back(t ? Tensor(t) : Tensor(trace::make_pending(v)));
+  }
+  return out;
 }
 
 void check_carry(const char* op, const Carry& init, const Carry& out, size_t offset) {
@@ -87,13 +123,268 @@ void check_carry(const char* op, const Carry& init, const Carry& out, size_t off
   }
 }
 
-Carry while_loop_impl(const char* op, const std::function<Tensor(const Carry&)>& cond_fn,
-                      const std::function<Carry(const Carry&)>& body_fn, const Carry& init,
-                      size_t offset) {
-  std::vector<ir::TensorType> types = input_types(op, "init value", init);
-  std::shared_ptr<const ir::Graph> cond_graph, body_graph;
-  Captures captures;
+// Records a region op over these operands; every region takes all of them as parameters.
+Carry record_region_op(ir::OpKind op, const Carry& operands, ir::Attrs attrs, const Regions& regions) {
+  LazyValue w = trace::record(op, values_of(operands), std::move(attrs));
+  for (const auto& r : regions) {
+    if (r->num_params == static_cast<int64_t>(operands.size())) {
+      w.node->regions.push_back(r);
+    } else {
+      auto g = std::make_shared<ir::Graph>(*r);
+      g->num_params = static_cast<int64_t>(operands.size());
+      w.node->regions.push_back(std::move(g));
+    }
+  }
+  Carry out;
+  for (size_t k = 0; k < w.node->types.size(); ++k)
+    out.push_back(Tensor(trace::make_pending({w.node, static_cast<int32_t>(k)})));
+  return out;
+}
+
+// ---- scan: attributes, recording, gradient -------------------------------------------------
+
+struct ScanShape {
+  int64_t carries = 0, xs = 0, length = 0;
+  bool reverse = false;
+  std::vector<ir::TensorType> y_rows;
+
+  ir::Attrs attrs() const {
+    std::vector<int64_t> dtypes, shapes;
+    for (const ir::TensorType& t : y_rows) {
+      dtypes.push_back(static_cast<int64_t>(t.dtype));
+      shapes.push_back(static_cast<int64_t>(t.shape.size()));
+      shapes.insert(shapes.end(), t.shape.begin(), t.shape.end());
+    }
+    return {carries, xs, length, reverse, std::move(dtypes), std::move(shapes)};
+  }
+  static ScanShape of(const ir::Node& n) {
+    const ir::NodeAttrs at(n.op, n.attrs);
+    ScanShape s{at.i<"carries">(), at.i<"xs">(), at.i<"length">(), at.b<"reverse">(), {}};
+    for (size_t m = static_cast<size_t>(s.carries); m < n.results.size(); ++m)
+      s.y_rows.push_back({n.results[m].dtype, Shape(n.results[m].shape.begin() + 1, n.results[m].shape.end())});
+    return s;
+  }
+};
+
+ir::TensorType type_of(const Tensor& t) { return {t.dtype(), t.shape()}; }
+ir::TensorType row_of(const Tensor& t) { return {t.dtype(), Shape(t.shape().begin() + 1, t.shape().end())}; }
+Shape stacked(int64_t length, const Shape& row) {
+  Shape s{length};
+  s.insert(s.end(), row.begin(), row.end());
+  return s;
+}
+
+Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr<const ir::Graph> body);
+Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& regions);
+
+// Runs `g` again through the ops (recording autograd where its inputs require grad), over
+// `params`: what the graph computed, as tensors. Loops inside are recorded as loops.
+Carry apply_graph(const ir::Graph& g, const Carry& params) {
+  std::vector<Carry> vals(g.nodes.size());
+  auto value = [&](ir::ValueRef v) { return vals[static_cast<size_t>(v.node)][static_cast<size_t>(v.index)]; };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& n = g.nodes[i];
+    const ir::NodeAttrs at(n.op, n.attrs);
+    if (n.op == ir::OpKind::Parameter) {
+      vals[i] = {params[static_cast<size_t>(at.i<"index">())]};
+      continue;
+    }
+    if (n.op == ir::OpKind::Full) {
+      vals[i] = {detail::constant_tensor(at.f<"value">(), at.dtype<"dtype">(), at.ints<"shape">())};
+      continue;
+    }
+    Carry ops;
+    for (ir::ValueRef v : n.operands) ops.push_back(value(v));
+    if (n.op == ir::OpKind::Scan) {
+      vals[i] = record_scan(ops, ScanShape::of(n), n.regions[0]);
+    } else if (n.op == ir::OpKind::While) {
+      vals[i] = record_while(ops, n.attrs, n.regions);
+    } else {
+      LAZYRT_ASSERT(n.regions.empty() && n.results.size() == 1, "apply_graph: cannot run ", ir::op_name(n.op));
+      vals[i] = {detail::apply(n.op, ops, n.attrs)};
+    }
+  }
+  Carry out;
+  for (ir::ValueRef v : g.outputs) out.push_back(value(v));
+  return out;
+}
+
+// Everything the backward of one scan needs, saved when the forward is recorded.
+struct ScanGrad {
+  ScanShape shape;
+  std::shared_ptr<const ir::Graph> body;  // the forward body
+  Carry operands;                         // init, xs, captures (snapshots)
+  Carry saved;                            // the carries each row starts from, stacked
+
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads, const std::vector<bool>& needs) const;
+};
+
+// The gradients of a scan's inputs: a scan over the rows in the other order, carrying the
+// gradient of the carries and of the captures, whose stacked output is the gradient of xs.
+std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const std::vector<bool>& needs) const {
+  const auto C = static_cast<size_t>(shape.carries), X = static_cast<size_t>(shape.xs);
+  const size_t P = operands.size() - C - X, Y = shape.y_rows.size();
+  const int64_t n = shape.length;
+  auto floating = [&](size_t i) { return is_floating(operands[i].dtype()) && needs[i]; };
+  // The inputs differentiated: float carries, xs and captures that want a gradient.
+  std::vector<size_t> dc, dx, dp;
+  for (size_t k = 0; k < C; ++k)
+    if (is_floating(operands[k].dtype())) dc.push_back(k);  // carried through every row
+  for (size_t j = 0; j < X; ++j)
+    if (floating(C + j)) dx.push_back(j);
+  for (size_t p = 0; p < P; ++p)
+    if (floating(C + X + p)) dp.push_back(p);
+  std::vector<size_t> dy;
+  for (size_t m = 0; m < Y; ++m)
+    if (is_floating(shape.y_rows[m].dtype)) dy.push_back(m);
+
+  // Backward carries: the carries' gradients, then the captures' accumulated gradients.
+  Carry init;
+  for (size_t k : dc) init.push_back(grads[k].defined() ? grads[k] : zeros(operands[k].shape(), operands[k].dtype()));
+  for (size_t p : dp) init.push_back(zeros(operands[C + X + p].shape(), operands[C + X + p].dtype()));
+  // Rows: the saved carries, the forward's rows, the ys' gradients.
+  Carry xs = saved;
+  xs.insert(xs.end(), operands.begin() + static_cast<int64_t>(C), operands.begin() + static_cast<int64_t>(C + X));
+  for (size_t m : dy) {
+    const ir::TensorType& row = shape.y_rows[m];
+    xs.push_back(grads[C + m].defined() ? grads[C + m] : zeros(stacked(n, row.shape), row.dtype));
+  }
+  const Carry captures(operands.begin() + static_cast<int64_t>(C + X), operands.end());
+  const size_t B = init.size(), BX = xs.size();
+
+  std::shared_ptr<ir::Graph> region;
+  Captures extra;
+  std::vector<ir::TensorType> y_rows;
   {
+    trace::TraceScope scope;
+    auto placeholder = [](const ir::TensorType& t, size_t index) {
+      return Tensor(trace::make_placeholder(t, static_cast<int32_t>(index)));
+    };
+    Carry g_carry, rows, caps;
+    for (size_t b = 0; b < B; ++b) g_carry.push_back(placeholder(type_of(init[b]), b));
+    for (size_t r = 0; r < BX; ++r) rows.push_back(placeholder(row_of(xs[r]), B + r));
+    for (size_t p = 0; p < P; ++p) caps.push_back(placeholder(type_of(captures[p]), B + BX + p));
+    // The forward body again, over leaves standing for this row's inputs, differentiated.
+    Carry in(rows.begin(), rows.begin() + static_cast<int64_t>(C + X));
+    in.insert(in.end(), caps.begin(), caps.end());
+    Carry wrt;
+    for (size_t k : dc) wrt.push_back(in[k]);
+    for (size_t j : dx) wrt.push_back(in[C + j]);
+    for (size_t p : dp) wrt.push_back(in[C + X + p]);
+    for (Tensor& t : wrt) t.impl()->requires_grad = true;
+    Carry vjp;
+    {
+      const bool was = autograd::grad_enabled();
+      autograd::set_grad_enabled(true);
+      try {
+        Carry out = apply_graph(*body, in);
+        Carry cot(out.size());
+        for (size_t i = 0; i < dc.size(); ++i) cot[dc[i]] = g_carry[i];
+        for (size_t i = 0; i < dy.size(); ++i) cot[C + dy[i]] = rows[C + X + i];
+        autograd::set_grad_enabled(false);
+        vjp = autograd::grad(out, cot, wrt);
+      } catch (...) {
+        autograd::set_grad_enabled(was);
+        throw;
+      }
+      autograd::set_grad_enabled(was);
+    }
+    auto or_zeros = [](const Tensor& g, const Tensor& like) { return g.defined() ? g : zeros_like(like); };
+    std::vector<LazyValue> roots;
+    for (size_t i = 0; i < dc.size(); ++i) roots.push_back(or_zeros(vjp[i], wrt[i]).impl()->value());
+    for (size_t i = 0; i < dp.size(); ++i) {
+      const Tensor& g = vjp[dc.size() + dx.size() + i];
+      roots.push_back((g.defined() ? g_carry[dc.size() + i] + g : g_carry[dc.size() + i]).impl()->value());
+    }
+    for (size_t i = 0; i < dx.size(); ++i) {
+      Tensor g = or_zeros(vjp[dc.size() + i], wrt[dc.size() + i]);
+      y_rows.push_back(type_of(g));
+      roots.push_back(g.impl()->value());
+    }
+    region = std::make_shared<ir::Graph>(
+        extract_region(roots, scope.id(), static_cast<int64_t>(B + BX + P), extra));
+  }
+  Carry bw_operands = init;
+  bw_operands.insert(bw_operands.end(), xs.begin(), xs.end());
+  bw_operands.insert(bw_operands.end(), captures.begin(), captures.end());
+  for (const LazyValue& v : extra.values) bw_operands.push_back(Tensor(trace::make_pending(v)));
+  ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX), n, !shape.reverse, y_rows};
+  Carry r = record_scan(bw_operands, bw, std::move(region));
+
+  std::vector<Tensor> out(operands.size());
+  for (size_t i = 0; i < dc.size(); ++i)
+    if (needs[dc[i]]) out[dc[i]] = r[i];
+  for (size_t i = 0; i < dp.size(); ++i) out[C + X + dp[i]] = r[dc.size() + i];
+  for (size_t i = 0; i < dx.size(); ++i) out[C + dx[i]] = r[B + i];
+  return out;
+}
+
+Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr<const ir::Graph> body) {
+  if (!needs_grad(operands)) return record_region_op(ir::OpKind::Scan, operands, shape.attrs(), {body});
+  // The body also returns its carry parameters: stacked, the carries each row starts from.
+  const auto C = static_cast<size_t>(shape.carries);
+  auto with_saved = std::make_shared<ir::Graph>(*body);
+  std::vector<ir::ValueRef> param_of(C, {-1, 0});
+  for (size_t i = 0; i < with_saved->nodes.size(); ++i) {
+    const ir::Node& n = with_saved->nodes[i];
+    if (n.op != ir::OpKind::Parameter) continue;
+    const auto index = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"index">());
+    if (index < C) param_of[index] = {static_cast<int32_t>(i), 0};
+  }
+  ScanShape fwd = shape;
+  for (size_t k = 0; k < C; ++k) {
+    if (param_of[k].node < 0) {  // a carry the body never reads
+      with_saved->nodes.push_back({ir::OpKind::Parameter, {}, {static_cast<int64_t>(k)}, {type_of(operands[k])}, {}});
+      param_of[k] = {static_cast<int32_t>(with_saved->nodes.size() - 1), 0};
+    }
+    with_saved->outputs.push_back(param_of[k]);
+    fwd.y_rows.push_back(type_of(operands[k]));
+  }
+  Carry all = record_region_op(ir::OpKind::Scan, operands, fwd.attrs(), {with_saved});
+  const size_t visible = C + shape.y_rows.size();
+  Carry out(all.begin(), all.begin() + static_cast<int64_t>(visible));
+  auto grad = std::make_shared<ScanGrad>();
+  grad->shape = shape;
+  grad->body = std::move(body);
+  for (const Tensor& t : operands) grad->operands.push_back(t.detach());
+  for (size_t k = visible; k < all.size(); ++k) grad->saved.push_back(all[k].detach());
+  autograd::record_multi(out, ir::OpKind::Scan, operands,
+                         [grad](const std::vector<Tensor>& g, const std::vector<bool>& needs) {
+                           return grad->backward(g, needs);
+                         });
+  return out;
+}
+
+Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& regions) {
+  LAZYRT_CHECK(!needs_grad(operands), "while_loop: an input requires grad (init, or a tensor the body "
+               "reads from outside); gradients through while_loop, whose trip count is data, are not "
+               "supported yet: use fori_loop or scan, or run the loop under no_grad");
+  return record_region_op(ir::OpKind::While, operands, std::move(attrs), regions);
+}
+
+// ---- tracing ---------------------------------------------------------------------------------
+
+// A while loop's traced regions and the tensors for its captured values.
+struct TracedLoop {
+  std::shared_ptr<const ir::Graph> cond, body;
+  Carry captures;
+};
+
+// What a traced region read from outside: its captured values, and the tensors among them that
+// require grad.
+struct Outside {
+  Captures captures;
+  std::vector<std::shared_ptr<trace::TensorImpl>> grad_captures;
+  Carry tensors() const { return capture_tensors(captures, grad_captures); }
+};
+
+TracedLoop trace_loop(const char* op, const std::function<Tensor(const Carry&)>& cond_fn,
+                      const std::function<Carry(const Carry&)>& body_fn, const Carry& init, size_t offset) {
+  std::vector<ir::TensorType> types = input_types(op, "init value", init);
+  TracedLoop loop;
+  Outside outside;
+  {
+    autograd::BodyTrace body_trace;
     trace::TraceScope scope;
     Carry ph;
     for (size_t k = 0; k < types.size(); ++k)
@@ -104,34 +395,28 @@ Carry while_loop_impl(const char* op, const std::function<Tensor(const Carry&)>&
     Tensor pred = reshape(c.dtype() == DType::b8 ? c : c != 0, {});
     Carry out = body_fn(ph);
     check_carry(op, init, out, offset);
-    std::vector<LazyValue> body_roots = values_of(out);
-    cond_graph = std::make_shared<ir::Graph>(
-        extract_region({pred.impl()->value()}, scope.id(), static_cast<int64_t>(types.size()), captures));
-    body_graph = std::make_shared<ir::Graph>(
-        extract_region(body_roots, scope.id(), static_cast<int64_t>(types.size()), captures));
+    const auto placeholders = static_cast<int64_t>(types.size());
+    loop.cond = std::make_shared<ir::Graph>(
+        extract_region({pred.impl()->value()}, scope.id(), placeholders, outside.captures));
+    loop.body = std::make_shared<ir::Graph>(
+        extract_region(values_of(out), scope.id(), placeholders, outside.captures));
+    outside.grad_captures = scope.grad_captures();
   }
-  std::vector<LazyValue> operands = values_of(init);
-  operands.insert(operands.end(), captures.values.begin(), captures.values.end());
-  const int64_t num_params = static_cast<int64_t>(operands.size());
-  // Both regions see every carry and every capture, in one layout.
-  auto with_params = [&](const std::shared_ptr<const ir::Graph>& g) {
-    auto r = std::make_shared<ir::Graph>(*g);
-    r->num_params = num_params;
-    return r;
-  };
-  LazyValue w = trace::record(ir::OpKind::While, std::move(operands), {static_cast<int64_t>(init.size())});
-  w.node->regions = {with_params(cond_graph), with_params(body_graph)};
-  Carry result;
-  for (size_t k = 0; k < init.size(); ++k)
-    result.push_back(Tensor(trace::make_pending({w.node, static_cast<int32_t>(k)})));
-  return result;
+  loop.captures = outside.tensors();
+  return loop;
+}
+
+Carry concat(Carry a, const Carry& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
 }
 
 }  // namespace
 
 Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
                  std::function<Carry(const Carry&)> body_fn, Carry init) {
-  return while_loop_impl("while_loop", cond_fn, body_fn, init, 0);
+  TracedLoop loop = trace_loop("while_loop", cond_fn, body_fn, init, 0);
+  return record_while(concat(init, loop.captures), {static_cast<int64_t>(init.size())}, {loop.cond, loop.body});
 }
 
 Carry fori_loop(int64_t lower, int64_t upper,
@@ -139,7 +424,7 @@ Carry fori_loop(int64_t lower, int64_t upper,
   Tensor hi = scalar_tensor(static_cast<double>(upper), DType::i64);
   Carry carry{scalar_tensor(static_cast<double>(lower), DType::i64)};
   carry.insert(carry.end(), init.begin(), init.end());
-  Carry out = while_loop_impl(
+  TracedLoop loop = trace_loop(
       "fori_loop", [&](const Carry& c) { return c[0] < hi; },
       [&](const Carry& c) {
         Carry rest(c.begin() + 1, c.end());
@@ -149,9 +434,17 @@ Carry fori_loop(int64_t lower, int64_t upper,
         return next;
       },
       carry, 1);
+  Carry operands = concat(carry, loop.captures);
+  Carry out;
+  if (needs_grad(operands)) {
+    // Differentiated: a scan of upper - lower rows (the bounds are known now), over the body.
+    ScanShape shape{static_cast<int64_t>(carry.size()), 0, std::max<int64_t>(upper - lower, 0), false, {}};
+    out = record_scan(operands, shape, loop.body);
+  } else {
+    out = record_region_op(ir::OpKind::While, operands, {static_cast<int64_t>(carry.size())}, {loop.cond, loop.body});
+  }
   return Carry(out.begin() + 1, out.end());
 }
-
 
 std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool reverse, int64_t length) {
   const char* op = "scan";
@@ -166,47 +459,31 @@ std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool revers
                  " rows, expected ", length, j ? " as xs value 0" : " (the length given)");
   }
   const auto carries = static_cast<int64_t>(init.size());
-  const auto placeholders = carries + static_cast<int64_t>(xs.size());
+  ScanShape shape{carries, static_cast<int64_t>(xs.size()), length, reverse, {}};
   std::shared_ptr<ir::Graph> body;
-  Captures captures;
-  Carry ys_rows;
+  Outside outside;
   {
+    autograd::BodyTrace body_trace;
     trace::TraceScope scope;
     Carry ph_carry, ph_x;
     for (size_t k = 0; k < init.size(); ++k)
       ph_carry.push_back(Tensor(trace::make_placeholder(carry_types[k], static_cast<int32_t>(k))));
     for (size_t j = 0; j < xs.size(); ++j) {
       ir::TensorType row{x_types[j].dtype, Shape(x_types[j].shape.begin() + 1, x_types[j].shape.end())};
-      ph_x.push_back(Tensor(trace::make_placeholder(row, static_cast<int32_t>(carries) + static_cast<int32_t>(j))));
+      ph_x.push_back(Tensor(trace::make_placeholder(row, static_cast<int32_t>(carries + static_cast<int64_t>(j)))));
     }
     auto [next, ys] = fn(ph_carry, ph_x);
     check_carry(op, init, next, 0);
-    for (size_t m = 0; m < ys.size(); ++m)
+    for (size_t m = 0; m < ys.size(); ++m) {
       LAZYRT_CHECK(ys[m].defined(), op, ": fn's stacked output ", m, " is undefined");
-    std::vector<LazyValue> roots = values_of(next);
-    for (const Tensor& y : ys) roots.push_back(y.impl()->value());
-    body = std::make_shared<ir::Graph>(extract_region(roots, scope.id(), placeholders, captures));
-    ys_rows = std::move(ys);
+      shape.y_rows.push_back(type_of(ys[m]));
+    }
+    body = std::make_shared<ir::Graph>(
+        extract_region(values_of(concat(next, ys)), scope.id(), carries + shape.xs, outside.captures));
+    outside.grad_captures = scope.grad_captures();
   }
-  std::vector<LazyValue> operands = values_of(init);
-  for (const Tensor& x : xs) operands.push_back(x.impl()->value());
-  operands.insert(operands.end(), captures.values.begin(), captures.values.end());
-  body->num_params = static_cast<int64_t>(operands.size());
-  std::vector<int64_t> ys_dtypes, ys_shapes;
-  for (const Tensor& y : ys_rows) {
-    ys_dtypes.push_back(static_cast<int64_t>(y.dtype()));
-    ys_shapes.push_back(y.dim());
-    ys_shapes.insert(ys_shapes.end(), y.shape().begin(), y.shape().end());
-  }
-  LazyValue s = trace::record(ir::OpKind::Scan, std::move(operands),
-                              {carries, static_cast<int64_t>(xs.size()), length, reverse,
-                               std::move(ys_dtypes), std::move(ys_shapes)});
-  s.node->regions = {std::move(body)};
-  std::pair<Carry, Carry> result;
-  for (size_t k = 0; k < init.size() + ys_rows.size(); ++k)
-    (k < init.size() ? result.first : result.second)
-        .push_back(Tensor(trace::make_pending({s.node, static_cast<int32_t>(k)})));
-  return result;
+  Carry out = record_scan(concat(concat(init, xs), outside.tensors()), shape, std::move(body));
+  return {Carry(out.begin(), out.begin() + carries), Carry(out.begin() + carries, out.end())};
 }
 
 }  // namespace lazyrt

@@ -64,4 +64,6 @@ Kernel make_Reshape(const KernelSpec& s) {
   }};
 }
 
+Kernel make_StopGradient(const KernelSpec& s) { return make_Reshape(s); }
+
 }  // namespace lazyrt::kernels

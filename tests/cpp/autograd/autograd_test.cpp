@@ -17,6 +17,15 @@ TEST(Autograd, ScalarLossBackwardGivesLeafGradients) {
   EXPECT_FALSE(x.grad().defined()) << "x does not require grad";
 }
 
+TEST(Autograd, IntegerAndBoolResultsDoNotRequireGrad) {
+  // As in torch: a cast to an integer dtype, or a comparison, ends the history.
+  Tensor x = tensor({1.5, -1}, {2});
+  x.requires_grad_();
+  EXPECT_FALSE(cast(x, DType::i64).requires_grad());
+  EXPECT_FALSE((x > 0).requires_grad());
+  EXPECT_TRUE(cast(x, DType::f64).requires_grad());
+}
+
 TEST(Autograd, BackwardIsLazyAndJoinsThePendingGraph) {
   metrics::reset();
   Tensor w = tensor({1, 2}, {2}).requires_grad_();

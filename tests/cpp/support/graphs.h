@@ -84,6 +84,7 @@ inline ir::Graph every_op_graph() {
   outs.push_back(g.add(OpKind::Permute, {a}, {std::vector<int64_t>{1, 0}}));
   outs.push_back(g.add(OpKind::Reshape, {a}, {std::vector<int64_t>{3, 2}}));
   outs.push_back(g.add(OpKind::Expand, {a}, {std::vector<int64_t>{4, 2, 3}}));
+  outs.push_back(g.add(OpKind::StopGradient, {a}));
   outs.push_back(add_count_up_loop(g, g.add_full(0, {}, DType::i64), 10));
   const ir::ValueRef scanned = add_running_sum_scan(g, g.add(OpKind::Sum, {a}, {std::vector<int64_t>{0}, false}), a);
   outs.push_back(scanned);

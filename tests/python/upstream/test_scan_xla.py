@@ -2,16 +2,23 @@
 written for lazyrt.
 
 Upstream checks torch_xla's scan against `_loopy_scan`, a Python loop that calls fn on each row
-and stacks the ys, and scan_layers against applying the layers one after another. Here each
-scan body is written once, over a namespace of ops, and run twice: through lazyrt.scan (or
-lazyrt.scan_layers) on lazyrt tensors, and as that Python loop in PyTorch eager (torch 1.13) on
-the same values. PyTorch's results are the expected values. Layers are lazyrt.nn modules whose
-weights are copied into the equivalent torch.nn modules.
+and stacks the ys, and scan_layers against applying the layers one after another; both the
+values and the gradients. Here each scan body is written once, over a namespace of ops, and run
+twice: through lazyrt.scan (or lazyrt.scan_layers) on lazyrt tensors, and as that Python loop
+in PyTorch eager (torch 1.13) on the same values. PyTorch's results and autograd gradients are
+the expected values. Layers are lazyrt.nn modules whose weights are copied into the equivalent
+torch.nn modules. lazyrt's lr.tensor(a, requires_grad=True), .requires_grad, .backward(), .grad
+and lr.no_grad() follow torch's.
 
-Only forward values are checked: lazyrt does not differentiate through loops yet, so the
-gradient half of every upstream `run_test` (the sum of all outputs, backward, and the grads of
-init and xs compared) is left out, and so is the gradient half of test_linear_layers,
-test_tuple_layers and test_decoder_model.
+Gradients: as upstream's run_test, run_both sums every output, runs backward, and compares the
+gradients of init and xs with torch's; it also checks that each output requires grad as torch's
+does. test_linear_layers, test_tuple_layers and test_decoder_model run backward through
+scan_layers and compare the gradient of every layer parameter (and of the input, or of the
+embedding, norm and output layers for the decoder) with torch's. Where torch gives a leaf no
+gradient (it does not reach the loss: the carry fn returns unchanged in
+test_scan_activation_aliases_input, each TupleModule's w when only the first output is summed),
+lazyrt may give an all-zero one: a scan is one autograd node, so every input that requires grad
+gets a gradient. Tolerances are rtol 1e-5, atol 1e-6 for float32 unless a case says why not.
 
 Differences from upstream, where lazyrt's model needs them:
 - test_scan_fn_not_callable and test_scan_incompatible_length: upstream wants ValueError.
@@ -22,35 +29,58 @@ Differences from upstream, where lazyrt's model needs them:
   named.
 - test_scan_create_tensors_no_transfers_from_device and
   test_scan_tracing_does_not_allocate_device_memory check torch_xla's transfer metrics; lazyrt's
-  equivalent is that calling scan runs nothing (no graph executes, the results stay pending)
-  until a value is read.
+  equivalent is that calling scan on inputs that require grad runs nothing (no graph executes,
+  the results stay pending) until a value is read, and neither does backward through it.
 - test_scan_external_in_place_mutation: upstream wants an AssertionError about FakeTensor; lazyrt
   refuses a loop body that modifies a tensor from outside the loop with lazyrt.Error, and leaves
   that tensor unchanged.
+- test_scan_gradness: upstream's three combinations of init / xs requiring grad, and the fourth
+  (neither) too.
+- test_scan_activation_aliases_input: upstream checks, with saved_tensors_hooks, that the
+  autograd context saves the xs tensor itself when fn's activation is its input x. lazyrt has
+  no saved-tensor hooks; its counterpart is that the backward scan in the gradient's graph takes
+  xs itself (its graph parameter) as rows. The gradients are compared with torch's.
+- test_scan_with_rematerialization: the gradients are compared (run_both); its partition_fn half
+  is left out: lazyrt has no partition_fn, so neither the min-cut run nor the HLO sine counts
+  have a counterpart. (lazyrt's backward always recomputes a row's intermediates from the carry
+  saved for that row.)
+- test_scan_different_dtypes: torch 1.13 has no float16 sin on CPU, so PyTorch's expected values
+  and gradients for the float16 sines (and, alike, the bfloat16 ones) are computed in float32
+  and rounded to the dtype, at float16 / bfloat16 tolerances.
 - test_scan_computation_cache: upstream counts fn's traces across 10 scans with is_fn_pure (no
   such flag here). The lazyrt counterpart: fn is traced once per scan call whatever the number
   of rows, and 10 scans of the same fn and shapes compile one graph.
 - test_tree_flatten_none tests torch_xla's helper for pytrees with None; lazyrt has no such
   public helper, so its tree ((a, b), (None, c), None) is used as fn's y: the ys keep the
   None positions.
-- ValueAndGradPartitionedTest: the forward computations of its two bodies (a carried matmul;
-  two dict carries through sin/cos of a shared affine map, y a sigmoid) are run as scans.
+- ValueAndGradPartitionedTest: lazyrt does not split fn into a forward and a backward function
+  (value_and_grad_partitioned). Upstream's check of one step (the outputs, and the gradients
+  for cotangents of ones, against closed forms for the linear layer and torch.autograd for the
+  pytree body) is a scan over a single row with backward from the sum of its outputs; a scan
+  over several rows is checked too.
 - "while(" in the HLO (assert_while_found_in_hlo): lazyrt's counterpart is that the graph of
   scan_layers' output (lazyrt.debug.graph_text) holds one scan node, of length n, whose body
-  is the same for 3 layers and for 10.
-- test_scan_different_dtypes: torch 1.13 has no float16 sin on CPU, so PyTorch's expected values
-  for the float16 sines (and, alike, the bfloat16 ones) are computed in float32 and rounded to
-  the dtype.
+  is the same for 3 layers and for 10, and that each parameter's gradient is computed by a
+  backward scan (reverse=true) of length n, whose body is the same for 3 and 10 layers too.
+- test_linear_layers also runs with an input that requires grad (upstream's does not), and
+  test_tuple_layers's input is computed from a tensor that requires grad, whose gradient is
+  compared too.
 - test_decoder_model: the example decoder (RMSNorm, grouped-query attention, SiLU MLP) is
   written with lazyrt.nn modules; einsum is written as matmul.
-- test_scan_reverse is not upstream: lazyrt.scan takes reverse=True (as PyTorch's and JAX's
-  scan do), so that is checked too.
+- Not upstream: test_scan_reverse (lazyrt.scan takes reverse=True, as PyTorch's and JAX's scan
+  do), test_scan_gradness_integer_carry (an integer carry next to a float one that requires
+  grad does not require grad), test_scan_captured_tensor_gradients (tensors fn reads from
+  outside get gradients), test_scan_detach_in_fn and test_scan_no_grad_in_fn (detach() and
+  no_grad inside fn keep values out of the gradient).
+- Which outputs require grad: lazyrt, as torch_xla's scan (an autograd.Function), marks every
+  float output of a scan as requiring grad when any float input does, where the eager loop
+  marks only those that depend on one. No upstream case has an output that does not, so
+  run_both compares with the eager loop.
 
 Left out, and why:
-- test_scan_gradness, test_scan_activation_aliases_input,
-  ValueAndGradPartitionedTest's gradients, the partition_fn / rematerialization half of
-  test_scan_with_rematerialization (HLO sine counts) and every gradient comparison: gradients
-  through loops are not supported yet.
+- The partition_fn half of test_scan_with_rematerialization (min-cut rematerialization and HLO
+  sine counts), and the value_and_grad_partitioned split itself: lazyrt has no partition_fn
+  or rematerialization control.
 - test_scan_rand_in_fn: random numbers inside loop bodies are not supported yet.
 - test_scan_input_in_place_mutation: upstream expects an autograd error when fn modifies its
   own carry argument in place. lazyrt's in-place ops rebind the handle to a new value (tensors
@@ -59,8 +89,8 @@ Left out, and why:
   test_scan_computation_cache_disabled_when_fn_is_not_pure, test_scan_layers_cache,
   test_scan_layers_cache_non_pure, and the is_fn_pure / is_layer_pure parametrizations: they
   inspect torch_xla's per-function trace cache and its partition_fn keys; lazyrt has neither.
-- assert_different_tensor in test_scan_layers.py (the scanned output is not the loop's output
-  object): always true here, where the loop runs in another library.
+- assert_different_tensor in test_scan_layers.py (the scanned output and gradients are not the
+  loop's objects): always true here, where the loop runs in another library.
 - The other files of test/scan/ (test_scan_spmd.py, test_scan_pallas.py, test_scan_debug.py) are
   not part of this port: SPMD sharding, Pallas kernels and torch_xla's debug output, none of
   which lazyrt has.
@@ -128,8 +158,14 @@ def loopy_scan(fn, init, xs, reverse=False):
     return carry, tree_map(lambda *ys: torch.stack(ys), *ys)
 
 
-def to_lib(lib, tree):
-    return tree_map(lambda a: lib.tensor(a) if isinstance(a, (np.ndarray, np.generic)) else a, tree)
+def to_lib(lib, tree, grad=False):
+    """Arrays as tensors of `lib`; with grad, float arrays become leaves that require grad."""
+    def make(a):
+        if not isinstance(a, (np.ndarray, np.generic)):
+            return a
+        floating = np.issubdtype(np.asarray(a).dtype, np.floating)
+        return lib.tensor(a, requires_grad=True) if grad and floating else lib.tensor(a)
+    return tree_map(make, tree)
 
 
 def assert_tree_close(got, want, rtol=RTOL, atol=ATOL, path="result"):
@@ -154,14 +190,45 @@ def assert_tree_close(got, want, rtol=RTOL, atol=ATOL, path="result"):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=path)
 
 
-def run_both(make_fn, init, xs, reverse=False, **tol):
-    """Scans make_fn(lib) over the same values with lazyrt.scan and with the PyTorch loop,
-    compares the results, and returns lazyrt's."""
-    got = lr.scan(make_fn(LAZY), to_lib(LAZY, init), to_lib(LAZY, xs), reverse=reverse)
-    want = loopy_scan(make_fn(EAGER), to_lib(EAGER, init), to_lib(EAGER, xs), reverse=reverse)
+def assert_grad_close(got, want, path, rtol=RTOL, atol=ATOL):
+    """The .grad of a lazyrt leaf (got) against torch's (want). Where torch has none (the leaf
+    does not reach the loss), lazyrt may have none or an all-zero one: a scan is one autograd
+    node, so each input that requires grad gets a gradient, zero where it does not reach."""
+    if want is None:
+        assert got is None or not got.to(lr.float32).numpy().any(), f"{path}: a nonzero gradient, torch has none"
+    else:
+        assert got is not None, f"{path}: no gradient, torch has one"
+        assert_tree_close(got, want, rtol, atol, path)
+
+
+def run_both(make_fn, init, xs, reverse=False, grad=True, **tol):
+    """Scans make_fn(lib) over the same values with lazyrt.scan and with the PyTorch loop and
+    compares the results and which of them require grad; then, as upstream's run_test, runs
+    backward from the sum of every float output and compares the gradients of init and xs.
+    grad: whether the float leaves of init and xs require grad, or a pair (for init, for xs).
+    Returns lazyrt's results."""
+    init_grad, xs_grad = grad if isinstance(grad, tuple) else (grad, grad)
+    l_init, l_xs = to_lib(LAZY, init, init_grad), to_lib(LAZY, xs, xs_grad)
+    t_init, t_xs = to_lib(EAGER, init, init_grad), to_lib(EAGER, xs, xs_grad)
+    got = lr.scan(make_fn(LAZY), l_init, l_xs, reverse=reverse)
+    want = loopy_scan(make_fn(EAGER), t_init, t_xs, reverse=reverse)
     assert isinstance(got, tuple) and len(got) == 2
     assert_tree_close(got[0], want[0], path="carry", **tol)
     assert_tree_close(got[1], want[1], path="ys", **tol)
+    outs = list(zip(tree_leaves(got), tree_leaves(want)))
+    for k, (g, w) in enumerate(outs):
+        assert g.requires_grad == w.requires_grad, \
+            f"output {k}: requires_grad {g.requires_grad}, torch's {w.requires_grad}"
+    outs = [(g, w) for g, w in outs if w.requires_grad]
+    if outs:
+        sum(g.sum() for g, _ in outs).backward()
+        sum(w.sum() for _, w in outs).backward()
+    for k, (g, w) in enumerate(zip(tree_leaves((l_init, l_xs)), tree_leaves((t_init, t_xs)))):
+        assert g.requires_grad == w.requires_grad
+        if w.requires_grad:
+            assert_grad_close(g.grad, w.grad, f"gradient of input {k}", **tol)
+        else:
+            assert g.grad is None, f"input {k} does not require grad, but has a gradient"
     return got
 
 
@@ -250,14 +317,21 @@ def fn_returning_its_inputs(lib):
 def test_scan_runs_nothing_until_read(make):
     # test_scan_create_tensors_no_transfers_from_device and
     # test_scan_tracing_does_not_allocate_device_memory, in lazyrt's terms.
-    init, xs = lr.tensor(f32([0.0, 0.0])), lr.tensor(XS3)
+    # As upstream, init and xs require grad; backward (a scan too) runs nothing either.
+    init, xs = lr.tensor(f32([0.0, 0.0]), requires_grad=True), lr.tensor(XS3, requires_grad=True)
     lr.sync([init, xs])
     executed = lr.metrics.counter("ExecuteGraph")
     carry, ys = lr.scan(make(LAZY), init, xs)
     assert lr.metrics.counter("ExecuteGraph") == executed, "calling scan ran a graph"
     assert carry.is_pending() and ys.is_pending()
-    want = loopy_scan(make(EAGER), torch.tensor([0.0, 0.0]), torch.tensor(XS3))
+    (carry.sum() + ys.sum()).backward()
+    assert lr.metrics.counter("ExecuteGraph") == executed, "backward through scan ran a graph"
+    assert init.grad.is_pending() and xs.grad.is_pending()
+    t_init, t_xs = torch.tensor([0.0, 0.0], requires_grad=True), torch.tensor(XS3, requires_grad=True)
+    want = loopy_scan(make(EAGER), t_init, t_xs)
+    (want[0].sum() + want[1].sum()).backward()
     assert_tree_close((carry, ys), want)
+    assert_tree_close((init.grad, xs.grad), (t_init.grad, t_xs.grad))
 
 
 def test_scan_internal_in_place_mutation():
@@ -297,6 +371,36 @@ def test_scan_external_in_place_mutation():
 XS_27 = f32([[2.0, 3.0], [4.0, 5.0], [6.0, 7.0]])
 
 
+@pytest.mark.parametrize("init_grad, xs_grad", [(True, True), (True, False), (False, True), (False, False)])
+def test_scan_gradness(init_grad, xs_grad):
+    # Upstream's three combinations, and (False, False) too: nothing requires grad then. run_both
+    # checks that each output requires grad as torch's does, and the gradients of those inputs
+    # that require grad (the others must have none).
+    def make(lib):
+        def fn(carry, x):
+            new_carry = carry * x
+            return new_carry, new_carry + x
+        return fn
+
+    carry, ys = run_both(make, f32([1.0, 1.0]), XS_27, grad=(init_grad, xs_grad))
+    assert carry.requires_grad == ys.requires_grad == (init_grad or xs_grad)
+
+
+def test_scan_gradness_integer_carry():
+    # Not upstream. A step counter carried next to a float carry that requires grad: the float
+    # results require grad and get torch's gradients; the integer counter does not require grad
+    # (in torch no integer tensor does, nor does an autograd.Function's integer output).
+    def make(lib):
+        def fn(carry, x):
+            step, acc = carry
+            return (step + 1, acc * x), step.to(lib.T.float32) * x
+        return fn
+
+    (step, acc), ys = run_both(make, (np.int64(0), f32([1.0, 1.0])), XS_27)
+    assert step.dtype is lr.int64 and step.tolist() == 3
+    assert not step.requires_grad and acc.requires_grad and ys.requires_grad
+
+
 def test_scan_output_none():
     carry, ys = run_both(lambda lib: (lambda carry, x: (lib.T.cos(carry) + x, None)), f32([1.0, 1.0]), XS_27)
     assert ys is None
@@ -307,7 +411,37 @@ def test_scan_output_unit():
     assert ys == ()
 
 
-def test_scan_with_rematerialization_forward():
+def test_scan_activation_aliases_input():
+    # Upstream checks, through saved_tensors_hooks, that when fn's activation is its own input
+    # (y = sin(x) saves x), the autograd context keeps the xs tensor itself rather than a copy
+    # of its rows. lazyrt has no saved-tensor hooks; its counterpart: in the graph of the
+    # gradients, the backward scan takes xs itself (the graph parameter that holds it) as its
+    # rows, not a forward output. And the gradients match torch's (only ys in the loss, as
+    # upstream: the carry passes through fn unchanged, so torch gives init no gradient).
+    init, xs = randn(20, 4, 4), randn(21, 20, 4, 4)
+    l_init, l_xs = lr.tensor(init, requires_grad=True), lr.tensor(xs, requires_grad=True)
+    lr.sync([l_init, l_xs])
+    carry, ys = lr.scan(lambda carry, x: (carry, lr.sin(x)), l_init, l_xs)
+    ys.sum().backward()
+
+    lines = lr.debug.graph_text([l_xs.grad]).splitlines()
+    top = [line for line in lines if line.startswith("%")]
+    xs_params = [line.split(" = ")[0] for line in top if " = parameter " in line and line.endswith(": f32[20, 4, 4]")]
+    assert len(xs_params) == 1, "\n".join(lines)
+    backward = [line for line in top if " = scan(" in line and "reverse=true" in line]
+    assert len(backward) == 1, "\n".join(lines)
+    operands = backward[0].split(" = scan(")[1].split(")")[0].split(", ")
+    assert xs_params[0] in operands, "\n".join(lines)
+
+    t_init, t_xs = torch.tensor(init, requires_grad=True), torch.tensor(xs, requires_grad=True)
+    t_carry, t_ys = loopy_scan(lambda carry, x: (carry, torch.sin(x)), t_init, t_xs)
+    t_ys.sum().backward()
+    assert_tree_close((carry, ys), (t_carry, t_ys))
+    assert_grad_close(l_xs.grad, t_xs.grad, "xs.grad")
+    assert_grad_close(l_init.grad, t_init.grad, "init.grad")
+
+
+def test_scan_with_rematerialization():
     def make(lib):
         def fn(carry, x):
             for _ in range(10):
@@ -317,6 +451,7 @@ def test_scan_with_rematerialization_forward():
             return carry, x
         return fn
 
+    # Upstream's gradient check without its partition_fn half (see the module docstring).
     run_both(make, randn(0, 4, 4), randn(1, 20, 4, 4))
 
 
@@ -325,23 +460,32 @@ def test_scan_different_dtypes():
         bf16_value, f32_value = x
         return lr.sin(carry), (lr.sin(bf16_value), lr.sin(f32_value))
 
-    init = lr.tensor(f32([0.0, 0.0])).to(lr.float16)
-    bf16_xs = lr.tensor(XS3).to(lr.bfloat16)
-    f32_xs = lr.tensor(XS3)
+    # As upstream, init and both xs require grad.
+    init = lr.tensor(np.zeros(2, np.float16), requires_grad=True)
+    bf16_xs = lr.tensor(XS3).to(lr.bfloat16).detach().requires_grad_(True)
+    f32_xs = lr.tensor(XS3, requires_grad=True)
     carry, (bf16_ys, f32_ys) = lr.scan(fn, init, (bf16_xs, f32_xs))
     assert carry.dtype is lr.float16 and bf16_ys.dtype is lr.bfloat16 and f32_ys.dtype is lr.float32
+    (carry.sum() + bf16_ys.sum() + f32_ys.sum()).backward()
 
-    # PyTorch: the loop in float32 (no float16 sin on CPU in torch 1.13), rounded to each dtype.
+    # PyTorch: the loop in float32 (no float16 sin on CPU in torch 1.13), rounded to each dtype;
+    # autograd goes through those conversions, so its gradients come back in each leaf's dtype.
     def torch_fn(carry, x):
         bf16_value, f32_value = x
         return (torch.sin(carry.float()).half(),
                 (torch.sin(bf16_value.float()).bfloat16(), torch.sin(f32_value)))
 
-    want = loopy_scan(torch_fn, torch.zeros(2, dtype=torch.float16),
-                      (torch.tensor(XS3).bfloat16(), torch.tensor(XS3)))
+    t_init = torch.zeros(2, dtype=torch.float16, requires_grad=True)
+    t_bf16 = torch.tensor(XS3).bfloat16().requires_grad_(True)
+    t_f32 = torch.tensor(XS3, requires_grad=True)
+    want = loopy_scan(torch_fn, t_init, (t_bf16, t_f32))
+    (want[0].sum() + want[1][0].sum() + want[1][1].sum()).backward()
     assert_tree_close(carry, want[0], rtol=1e-3, atol=1e-3, path="carry")
     assert_tree_close(bf16_ys, want[1][0], rtol=1e-2, atol=1e-2, path="bf16 ys")
     assert_tree_close(f32_ys, want[1][1], path="f32 ys")
+    assert_grad_close(init.grad, t_init.grad, "init.grad", rtol=1e-3, atol=1e-3)
+    assert_grad_close(bf16_xs.grad, t_bf16.grad, "bf16 xs.grad", rtol=1e-2, atol=1e-2)
+    assert_grad_close(f32_xs.grad, t_f32.grad, "f32 xs.grad")
 
 
 def test_scan_computation_cache():
@@ -380,7 +524,54 @@ def test_scan_reverse():
     run_both(make, f32([1.0, -1.0]), randn(2, 5, 2), reverse=True)
 
 
-# ---- test_scan.py: PyTreeTest and ValueAndGradPartitionedTest, forward --------------------
+def test_scan_captured_tensor_gradients():
+    # Not upstream (torch_xla's scan takes fn's outside tensors as constants): fn reads a weight
+    # and a bias from outside the scan; they get gradients, summed over the rows.
+    w_np, b_np, init, xs = randn(30, 3, 3), randn(31, 3), randn(32, 3), randn(33, 6, 3)
+
+    def run(lib):
+        w, b = lib.tensor(w_np, requires_grad=True), lib.tensor(b_np, requires_grad=True)
+        c0, rows = lib.tensor(init, requires_grad=True), lib.tensor(xs, requires_grad=True)
+
+        def fn(carry, x):
+            h = lib.T.tanh(carry @ w + x * b)
+            return h, h.sum() * b
+
+        scan = lr.scan if lib.lazy else loopy_scan
+        carry, ys = scan(fn, c0, rows)
+        (carry.sum() + ys.sum()).backward()
+        return (carry, ys), (w.grad, b.grad, c0.grad, rows.grad)
+
+    got, got_grads = run(LAZY)
+    want, want_grads = run(EAGER)
+    assert_tree_close(got, want)
+    for name, g, w in zip(("w", "b", "init", "xs"), got_grads, want_grads):
+        assert_grad_close(g, w, f"{name}.grad")
+
+
+def test_scan_detach_in_fn():
+    # Not upstream. The carry is scaled by a detached x: xs's gradient comes from y alone.
+    def make(lib):
+        def fn(carry, x):
+            return carry * x.detach(), x * 2
+        return fn
+
+    run_both(make, f32([1.0, 1.0]), XS_27)
+
+
+def test_scan_no_grad_in_fn():
+    # Not upstream. The scale is computed under no_grad: xs's gradient comes from y alone.
+    def make(lib):
+        def fn(carry, x):
+            with (lr.no_grad() if lib is LAZY else torch.no_grad()):
+                scale = x * 1.0
+            return carry * scale, x * 2
+        return fn
+
+    run_both(make, f32([1.0, 1.0]), XS_27)
+
+
+# ---- test_scan.py: PyTreeTest and ValueAndGradPartitionedTest -----------------------------
 
 
 def test_ys_keep_none_positions():
@@ -393,19 +584,40 @@ def test_ys_keep_none_positions():
     assert ys[1][0] is None and ys[2] is None
 
 
-def test_transform_linear_layer_forward():
-    def make(lib):
-        def fn(carry, x):
-            new_carry = carry @ x
-            return new_carry, new_carry
-        return fn
-
-    init = f32([[1.0, 2.0], [3.0, 4.0]])
-    xs = f32([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
-    run_both(make, init, xs)
+def linear_step(lib):
+    def fn(carry, x):
+        new_carry = carry @ x
+        return new_carry, new_carry
+    return fn
 
 
-def test_transform_non_trivial_pytree_forward():
+LINEAR_INIT = f32([[1.0, 2.0], [3.0, 4.0]])
+LINEAR_XS = f32([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
+
+
+def test_transform_linear_layer():
+    # Upstream splits fn into a forward and a backward with value_and_grad_partitioned and checks
+    # one step: the outputs, and, for cotangents of ones on new_carry and on y, the gradients
+    # (ones + ones) @ x.T for carry and carry.T @ (ones + ones) for x. lazyrt has no such split;
+    # the same step is a scan over xs[:1], whose backward from the sum of its outputs gives
+    # those cotangents. Then the scan over both rows, gradients against torch's loop.
+    carry, ys = run_both(linear_step, LINEAR_INIT, LINEAR_XS[:1])
+    x, cot = LINEAR_XS[0], np.full((2, 2), 2.0, np.float32)
+    np.testing.assert_allclose(carry.numpy(), LINEAR_INIT @ x, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(ys.numpy(), (LINEAR_INIT @ x)[None], rtol=RTOL, atol=ATOL)
+    init, xs = lr.tensor(LINEAR_INIT, requires_grad=True), lr.tensor(LINEAR_XS[:1], requires_grad=True)
+    carry, ys = lr.scan(linear_step(LAZY), init, xs)
+    (carry.sum() + ys.sum()).backward()
+    np.testing.assert_allclose(init.grad.numpy(), cot @ x.T, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(xs.grad.numpy(), (LINEAR_INIT.T @ cot)[None], rtol=RTOL, atol=ATOL)
+
+    run_both(linear_step, LINEAR_INIT, LINEAR_XS)
+
+
+def test_transform_non_trivial_pytree():
+    # Upstream: one step of fn (two dict carries through sin/cos of a shared affine map, y a
+    # sigmoid) split by value_and_grad_partitioned, its gradients for cotangents of ones
+    # compared with torch.autograd's. Here that step is a scan over one row; then over four.
     def make(lib):
         def fn(carry, x):
             weights, biases = x["weights"], x["biases"]
@@ -416,6 +628,7 @@ def test_transform_non_trivial_pytree_forward():
 
     init = {"a": randn(3, 2, 3), "b": randn(4, 2, 3)}
     xs = {"weights": randn(5, 4, 3, 3), "biases": randn(6, 4, 2, 3)}
+    run_both(make, init, {k: v[:1] for k, v in xs.items()})
     run_both(make, init, xs)
 
 
@@ -427,6 +640,28 @@ def torch_copy(lazy_module, torch_module):
     state = {k: torch.tensor(np.array(v.numpy())) for k, v in lazy_module.state_dict().items()}
     torch_module.load_state_dict(state)
     return torch_module
+
+
+def assert_param_grads(lazy_modules, torch_modules, rtol=RTOL, atol=ATOL):
+    """Every parameter's .grad, module by module, against torch's (see assert_grad_close);
+    returns how many torch gradients were compared."""
+    checks = 0
+    for i, (lazy_module, torch_module) in enumerate(zip(lazy_modules, torch_modules, strict=True)):
+        lazy_params, torch_params = list(lazy_module.named_parameters()), list(torch_module.named_parameters())
+        assert [n for n, _ in lazy_params] == [n for n, _ in torch_params]
+        for (name, p), (_, q) in zip(lazy_params, torch_params):
+            assert_grad_close(p.grad, q.grad, f"module {i}: {name}.grad", rtol, atol)
+            checks += q.grad is not None
+    return checks
+
+
+def assert_grads_computed_by_loop(grads):
+    """Upstream's assert_while_found_in_hlo on the gradients: before anything runs, each is
+    computed by a backward scan (the rows in reverse), not by an unrolled chain of layers."""
+    for grad in grads:
+        assert grad.is_pending()
+        text = lr.debug.graph_text([grad])
+        assert any(" = scan(" in line and "reverse=true" in line for line in text.splitlines()), text
 
 
 def test_empty_layers():
@@ -441,35 +676,58 @@ def linear_layers(n):
     return layers, [torch_copy(layer, torch.nn.Linear(64, 64)) for layer in layers]
 
 
-def test_linear_layers():
+@pytest.mark.parametrize("input_grad", [False, True], ids=["input_no_grad", "input_grad"])
+def test_linear_layers(input_grad):
+    # Upstream's input does not require grad, so only the stacked parameters do; with
+    # input_grad the input is differentiated too (the scan's init).
     layers, torch_layers = linear_layers(10)
     x = randn(11, 64)
-    with lr.no_grad():
-        output = lr.scan_layers(layers, lr.tensor(x))
-    want = torch.tensor(x)
-    with torch.no_grad():
-        for layer in torch_layers:
-            want = layer(want)
+    l_x, t_x = lr.tensor(x, requires_grad=input_grad), torch.tensor(x, requires_grad=input_grad)
+    output = lr.scan_layers(layers, l_x)
+    assert output.requires_grad
+    output.sum().backward()
+    assert_grads_computed_by_loop([p.grad for layer in layers for p in layer.parameters()])
+    want = t_x
+    for layer in torch_layers:
+        want = layer(want)
+    want.sum().backward()
     assert_tree_close(output, want)
+    assert assert_param_grads(layers, torch_layers) == 20
+    if input_grad:
+        assert_grad_close(l_x.grad, t_x.grad, "input.grad")
 
 
 def test_linear_layers_run_as_one_scan_node():
     # Upstream's assert_while_found_in_hlo: the layers run as one loop, not unrolled. In lazyrt's
-    # graph text that is one scan node of length n whose body does not depend on n.
-    def graph(n):
+    # graph text that is one scan node of length n whose body does not depend on n; with
+    # gradients, the graph of a parameter's gradient holds that scan and one backward scan
+    # (reverse=true) of length n, whose body does not depend on n either.
+    def scans(text, count):
+        lines = text.splitlines()
+        starts = [i for i, line in enumerate(lines) if " = scan(" in line]
+        assert len(starts) == count, text
+        bodies = []
+        for i in starts:
+            body = lines[i + 1:]
+            # The scan's attributes and types (not its operands' numbers), and its body.
+            bodies.append((lines[i].split(") ", 1)[1], "\n".join(body[:body.index("}")])))
+        return bodies
+
+    def graphs(n):
         layers, _ = linear_layers(n)
         x = lr.tensor(randn(12, 64))
         lr.sync([x] + [p for layer in layers for p in layer.parameters()])
-        with lr.no_grad():
-            text = lr.debug.graph_text([lr.scan_layers(layers, x)])
-        lines = text.splitlines()
-        scans = [i for i, line in enumerate(lines) if " = scan(" in line]
-        assert len(scans) == 1, text
-        assert f"length={n}," in lines[scans[0]], text
-        body = lines[scans[0] + 1:]
-        return "\n".join(body[:body.index("}")])
+        output = lr.scan_layers(layers, x)
+        forward = scans(lr.debug.graph_text([output]), 1)
+        output.sum().backward()
+        backward = scans(lr.debug.graph_text([layers[0].weight.grad]), 2)
+        assert forward[0] == backward[0], "the gradient's graph holds another forward scan"
+        for head, _ in forward + backward:
+            assert f"length={n}," in head, head
+        assert "reverse=true" in backward[1][0], backward[1][0]
+        return forward[0][1], backward[1][1]
 
-    assert graph(10) == graph(3)
+    assert graphs(10) == graphs(3)
 
 
 def tuple_module_class(lib):
@@ -492,15 +750,23 @@ def test_tuple_layers():
     torch_layers = [torch_copy(layer, torch_class()) for layer in layers]
     raw = [randn(20 + i, 64) * s for i, s in enumerate((100, 200, 300))]
     a = randn(23, 64)
-    # As upstream, the input is a pending computation, not just data.
-    input_data = tuple(lr.tensor(t) + lr.tensor(a) for t in raw)
-    with lr.no_grad():
-        output = lr.scan_layers(layers, input_data)
-    want = tuple(torch.tensor(t) + torch.tensor(a) for t in raw)
-    with torch.no_grad():
-        for layer in torch_layers:
-            want = layer(*want)
+    # As upstream, the input is a pending computation, not just data; here `a` requires grad,
+    # so the input's gradient is checked too (through a).
+    l_a, t_a = lr.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    output = lr.scan_layers(layers, tuple(lr.tensor(t) + l_a for t in raw))
+    # As upstream, backward from the first output only.
+    output[0].sum().backward()
+    want = tuple(torch.tensor(t) + t_a for t in raw)
+    for layer in torch_layers:
+        want = layer(*want)
+    want[0].sum().backward()
     assert_tree_close(tuple(output), want, rtol=1e-3, atol=1e-4)
+    # The first layer's inputs are scaled by 100 to 300 (as upstream's), so the gradient of its
+    # weight sums products about that much larger than their result: float32 rounding leaves
+    # up to 4e-5 (torch's own float32 result is as far from float64's), hence atol 1e-4 there.
+    assert assert_param_grads(layers[:1], torch_layers[:1], atol=1e-4) == 2
+    assert assert_param_grads(layers[1:], torch_layers[1:]) == 18  # each w: torch has no gradient
+    assert_grad_close(l_a.grad, t_a.grad, "a.grad")
 
 
 # The example decoder of pytorch/xla's examples/decoder_only_model.py, for either library.
@@ -593,11 +859,14 @@ def test_decoder_model():
     model = decoder_classes(LAZY)()
     torch_model = torch_copy(model, decoder_classes(EAGER)())
     ids = np.random.default_rng(13).integers(0, CONFIG["vocab_size"], size=(2, 8))
-    with lr.no_grad():
-        scan_output = model.forward_scan(lr.tensor(ids))
-    with torch.no_grad():
-        loop_output = torch_model(torch.tensor(ids))
+    scan_output = model.forward_scan(lr.tensor(ids))
+    scan_output.sum().backward()
+    assert_grads_computed_by_loop([p.grad for layer in model.layers for p in layer.parameters()])
+    loop_output = torch_model(torch.tensor(ids))
+    loop_output.sum().backward()
     assert_tree_close(scan_output, loop_output, rtol=1e-5, atol=2e-6)
+    # Every parameter, the layers' (upstream's check) and the embedding, norm and output's.
+    assert assert_param_grads([model], [torch_model]) == 21
 
 
 def test_heterogenous_layers():
