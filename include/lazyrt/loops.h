@@ -30,9 +30,11 @@ Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
                  std::function<Carry(const Carry&)> body_fn, Carry init);
 
 /// body_fn(i, carry) for i = lower, ..., upper - 1, with i an i64 scalar tensor. lower and
-/// upper are inputs of the graph, not constants: any bounds share one executable.
+/// upper are inputs of the graph, not constants: any bounds share one executable (without
+/// gradients; see above). `snapshots`: the gradient's memory policy, as for scan.
 Carry fori_loop(int64_t lower, int64_t upper,
-                std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init);
+                std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init,
+                int64_t snapshots = 0);
 
 /// fn(carry, x) -> (new carry, y), over the rows of xs: one row of every stacked input (dim 0)
 /// per call, the carries threaded through. Returns the final carries and the ys, each y
@@ -43,7 +45,13 @@ Carry fori_loop(int64_t lower, int64_t upper,
 /// Compiled once as one scan node: the length is part of the graph, and each row of xs is
 /// read, and each row of ys written, in place.
 using ScanFn = std::function<std::pair<Carry, Carry>(const Carry& carry, const Carry& x)>;
+///
+/// `snapshots`, the memory policy of the gradient: 0 keeps the carry each row starts from (one
+/// carry per row, no recomputation); s >= 1 keeps none, and the backward rebuilds them from at
+/// most s stored states by binomial checkpointing (Griewank's revolve): memory for s + 2
+/// carries whatever the length N, and r*N - C(s+r, s+1) extra body evaluations, r the least
+/// with C(s+r, s) >= N (the metric CheckpointForwardSteps counts them).
 std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool reverse = false,
-                             int64_t length = -1);
+                             int64_t length = -1, int64_t snapshots = 0);
 
 }  // namespace lazyrt

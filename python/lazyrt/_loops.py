@@ -123,11 +123,12 @@ def while_loop(cond_fn, body_fn, carried_inputs):
     return _unflatten(spec, _C.while_loop(cond, body, tuple(init)))
 
 
-def fori_loop(lower, upper, body_fn, init_val):
+def fori_loop(lower, upper, body_fn, init_val, snapshots=0):
     """``carry = body_fn(i, carry)`` for i in range(lower, upper), as one loop node (JAX's
     signature); i is an int64 0-d tensor. init_val is a tensor, a Python number, or a nested
     tuple, list or dict of them; body_fn gets and returns the carry in that structure, and so
-    does the result (numbers come back as 0-d tensors)."""
+    does the result (numbers come back as 0-d tensors). Differentiable; `snapshots` is the
+    gradient's memory policy, as for scan."""
     init = []
     spec = _flatten(init_val, "carry", "fori_loop", init)
 
@@ -138,10 +139,10 @@ def fori_loop(lower, upper, body_fn, init_val):
         _flatten_like(spec, r, init, "carry", "fori_loop: body_fn result", out)
         return tuple(out)
 
-    return _unflatten(spec, _C.fori_loop(lower, upper, body, tuple(init)))
+    return _unflatten(spec, _C.fori_loop(lower, upper, body, tuple(init), snapshots))
 
 
-def scan(fn, init, xs, reverse=False, length=None):
+def scan(fn, init, xs, reverse=False, length=None, snapshots=0):
     """``(carry, ys) = scan(fn, init, xs)``: ``carry, y = fn(carry, x)`` for each row x of xs,
     as one scan node traced and compiled once (PyTorch/XLA's and JAX's scan).
 
@@ -151,6 +152,13 @@ def scan(fn, init, xs, reverse=False, length=None):
     shapes and dtypes) and y, a pytree of tensors (or None); the ys come back stacked on a new
     dim 0, in y's structure. reverse=True visits the rows from last to first (ys stay in row
     order). xs may be None when `length` gives the number of calls (fn then gets None).
+
+    Differentiable with respect to init, xs and the tensors fn reads from outside. snapshots is
+    the gradient's memory policy: 0 keeps the carry each row starts from (fastest; memory grows
+    with the length); s >= 1 keeps at most s carries and rebuilds the others by binomial
+    checkpointing (memory independent of the length, r*N - C(s+r, s+1) extra evaluations of fn's
+    graph, r the least with C(s+r, s) >= N; lazyrt.metrics counts them as
+    CheckpointForwardSteps).
     """
     init_flat, xs_flat = [], []
     carry_spec = _flatten(init, "carry", "scan", init_flat)
@@ -168,7 +176,8 @@ def scan(fn, init, xs, reverse=False, length=None):
         y_spec[0] = _flatten(r[1], "y", "scan: fn result", ys)
         return tuple(out), tuple(ys)
 
-    carry, ys = _C.scan(body, tuple(init_flat), tuple(xs_flat), reverse, -1 if length is None else length)
+    carry, ys = _C.scan(body, tuple(init_flat), tuple(xs_flat), reverse, -1 if length is None else length,
+                        snapshots)
     return _unflatten(carry_spec, carry), _unflatten(y_spec[0], ys)
 
 

@@ -47,7 +47,7 @@ py::tuple while_loop_py(py::function cond_fn, py::function body_fn, py::handle i
   return to_tuple(out);
 }
 
-py::object fori_loop_py(int64_t lower, int64_t upper, py::function body_fn, py::handle init) {
+py::object fori_loop_py(int64_t lower, int64_t upper, py::function body_fn, py::handle init, int64_t snapshots) {
   const bool single = py::isinstance<Tensor>(init);
   Carry carry = tensors_from(init, "fori_loop");
   Carry out = fori_loop(
@@ -57,12 +57,13 @@ py::object fori_loop_py(int64_t lower, int64_t upper, py::function body_fn, py::
         py::object r = body_fn(i, single ? py::cast(c[0]) : py::object(to_tuple(c)));
         return carries_of(r, "fori_loop", "body_fn");
       },
-      std::move(carry));
+      std::move(carry), snapshots);
   if (single) return py::cast(out[0]);
   return to_tuple(out);
 }
 
-py::tuple scan_py(py::function fn, py::handle init, py::handle xs, bool reverse, int64_t length) {
+py::tuple scan_py(py::function fn, py::handle init, py::handle xs, bool reverse, int64_t length,
+                  int64_t snapshots) {
   auto [carry, ys] = scan(
       [&](const Carry& c, const Carry& x) {
         py::gil_scoped_acquire gil;
@@ -73,7 +74,7 @@ py::tuple scan_py(py::function fn, py::handle init, py::handle xs, bool reverse,
         auto pair = r.cast<py::tuple>();
         return std::make_pair(carries_of(pair[0], "scan", "fn"), carries_of(pair[1], "scan", "fn"));
       },
-      tensors_from(init, "scan"), tensors_from(xs, "scan"), reverse, length);
+      tensors_from(init, "scan"), tensors_from(xs, "scan"), reverse, length, snapshots);
   return py::make_tuple(to_tuple(carry), to_tuple(ys));
 }
 
@@ -84,10 +85,11 @@ void bind_loops(py::module_& m) {
         "Runs body_fn(*carry) while cond_fn(*carry) is true, as one loop node: the body is traced "
         "and compiled once, whatever the trip count. Returns the final carries as a tuple.");
   m.def("fori_loop", &fori_loop_py, py::arg("lower"), py::arg("upper"), py::arg("body_fn"), py::arg("init"),
+        py::arg("snapshots") = 0,
         "carry = body_fn(i, carry) for i in range(lower, upper), as one loop node; i is an int64 "
         "scalar tensor. init is a tensor or a tuple of tensors; the result has its structure.");
   m.def("scan", &scan_py, py::arg("fn"), py::arg("init"), py::arg("xs"), py::arg("reverse") = false,
-        py::arg("length") = -1,
+        py::arg("length") = -1, py::arg("snapshots") = 0,
         "(carry, ys) = scan(fn, init, xs): fn(carry, x) -> (carry, y) over the rows of xs, as one "
         "scan node. Flat: init and xs are tuples of tensors, fn gets and returns tuples.");
 }

@@ -414,6 +414,7 @@ constexpr GradRule grad_LogicalAnd = nullptr;
 constexpr GradRule grad_LogicalOr = nullptr;
 constexpr GradRule grad_While = nullptr;
 constexpr GradRule grad_Scan = nullptr;
+constexpr GradRule grad_ScanVjp = nullptr;
 constexpr GradRule grad_StopGradient = nullptr;  // that is its purpose
 constexpr GradRule grad_Fusion = nullptr;  // made by the compiler after autodiff
 constexpr GradRule grad_Gemm = nullptr;    // likewise

@@ -9,10 +9,13 @@
 // test, the body's kernels and any copies the body needs, with no pointer resolution.
 #include "compile/control_flow.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "compile/compile.h"
 #include "kernels/cpu/ops.h"
+#include "util/metrics_cells.h"
 #include "util/check.h"
 
 namespace lazyrt::compile {
@@ -190,11 +193,203 @@ kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>&
   return {[st](const void* const* in, void* const* out) { run_scan(*st, in, out); }, ws};
 }
 
+// ---- scan_vjp: a scan's backward with binomial checkpointing --------------------------------
+// A scan over the rows in the other order of the vector-Jacobian body, whose rows begin with
+// the forward's carries at that row. Those are rebuilt by running the forward body from at
+// most `snapshots` stored states, by Griewank's binomial schedule (revolve): reversing n rows
+// with s states, the first of them at the start, costs r*n - C(s+r, s+1) forward steps, r the
+// least with C(s+r, s) >= n, and memory for s + 2 states whatever n is.
+
+// The least r with C(s + r, s) >= n, and C(s + r, s) for given s, r (0 where r < 0).
+int64_t binomial(int64_t s, int64_t r) {
+  if (r < 0 || s < 0) return 0;
+  __int128 b = 1;
+  for (int64_t i = 1; i <= r; ++i) b = b * (s + i) / i;  // C(s+i, s), exact at every step
+  return b > INT64_MAX ? INT64_MAX : static_cast<int64_t>(b);
+}
+
+int64_t repetitions(int64_t n, int64_t s) {
+  int64_t r = 0;
+  while (binomial(s, r) < n) ++r;
+  return r;
+}
+
+// Where to place the next stored state when reversing n rows with s states (s >= 2), so
+// that the total of forward steps is the least possible.
+int64_t revolve_split(int64_t n, int64_t s) {
+  const int64_t r = repetitions(n, s);
+  return std::min<int64_t>(std::max<int64_t>({n - binomial(s - 1, r), binomial(s, r - 2), 1}), n - 1);
+}
+
+struct ScanVjpState {
+  std::shared_ptr<runtime::Executable> vjp, fwd;
+  size_t B = 0, XS = 0, K = 0, C = 0, FX = 0, P = 0, Y = 0;
+  int64_t length = 0, snapshots = 1;
+  bool fwd_reverse = false;
+  std::vector<size_t> bw_bytes, bw_a, bw_b;  // backward carries: bytes, two sets
+  std::vector<bool> bw_identity;
+  std::vector<size_t> st_bytes, st_off;      // forward carries: bytes, offset within a state set
+  size_t st_set = 0;                         // bytes of one state set (aligned)
+  size_t work = 0, snaps = 0;                // workspace offsets: two work sets, the stored sets
+  std::vector<size_t> x_row, y_row;
+  metrics::detail::CounterCell* steps = nullptr;
+  // Scratch of one run.
+  runtime::Executable::Binding vjp_binding, fwd_binding;
+  std::vector<const void*> vjp_params, fwd_params;
+  std::vector<void*> vjp_outs, fwd_outs;
+  const void* const* in = nullptr;
+  void* const* out = nullptr;
+  char* ws = nullptr;
+  int parity = 0;  // which backward set holds the current carries
+
+  int64_t row(int64_t t) const { return fwd_reverse ? length - 1 - t : t; }
+  char* work_set(int w) const { return ws + work + static_cast<size_t>(w) * st_set; }
+  char* stored(int64_t slot) const { return ws + snaps + static_cast<size_t>(slot) * st_set; }
+
+  // Copies the outputs an executable did not compute into their places.
+  static void copy_rest(const runtime::Executable& exe, const std::vector<const void*>& params,
+                        const std::vector<void*>& outs, size_t first, size_t count,
+                        const std::function<size_t(size_t)>& bytes) {
+    for (size_t k = first; k < first + count; ++k)
+      if (bytes(k) && exe.outputs()[k].kind != OutputSource::Kind::Computed)
+        std::memcpy(outs[k], output_ptr(exe, k, params.data(), outs.data()), bytes(k));
+  }
+
+  // One forward step, row t: the state set at `from` to the one at `to`.
+  void forward(int64_t t, const char* from, char* to) {
+    const int64_t r = row(t);
+    for (size_t k = 0; k < C; ++k) {
+      fwd_params[k] = from + st_off[k];
+      fwd_outs[k] = to + st_off[k];
+    }
+    for (size_t j = 0; j < FX; ++j) fwd_params[C + j] = static_cast<const char*>(in[B + j]) + r * x_row[j];
+    fwd->bind(fwd_binding, fwd_params.data(), fwd_outs.data());
+    fwd->run_bound(fwd_binding);
+    copy_rest(*fwd, fwd_params, fwd_outs, 0, C, [&](size_t k) { return st_bytes[k]; });
+    steps->add(1);
+  }
+
+  // The state at row t0 + m, from the state set at `start` (row t0): `start` itself, or a
+  // work set.
+  const char* advance(const char* start, int64_t t0, int64_t m) {
+    if (m == 0) return start;
+    forward(t0, start, work_set(0));
+    int w = 0;
+    for (int64_t i = 1; i < m; ++i, w ^= 1) forward(t0 + i, work_set(w), work_set(w ^ 1));
+    return work_set(w);
+  }
+
+  // The backward step of row t, from the forward state at `state`.
+  void reverse_step(int64_t t, const char* state) {
+    const int64_t r = row(t);
+    for (size_t k = 0; k < B; ++k) {
+      const bool read_a = parity == 0 || bw_identity[k];
+      vjp_params[k] = ws + (read_a ? bw_a[k] : bw_b[k]);
+      vjp_outs[k] = ws + (read_a ? bw_b[k] : bw_a[k]);
+    }
+    for (size_t k = 0; k < C; ++k) vjp_params[B + k] = state + st_off[k];
+    for (size_t j = 0; j < XS; ++j)
+      vjp_params[B + C + j] = static_cast<const char*>(in[B + j]) + r * x_row[j];
+    for (size_t m = 0; m < Y; ++m) vjp_outs[B + m] = static_cast<char*>(out[B + m]) + r * y_row[m];
+    vjp->bind(vjp_binding, vjp_params.data(), vjp_outs.data());
+    vjp->run_bound(vjp_binding);
+    copy_rest(*vjp, vjp_params, vjp_outs, 0, B + Y, [&](size_t k) {
+      return k < B ? (bw_identity[k] ? 0 : bw_bytes[k]) : y_row[k - B];
+    });
+    parity ^= 1;
+  }
+
+  // Reverses rows t0 .. t0+n-1, the state at t0 being in stored set `slot`, with `s` stored
+  // sets from `slot` on.
+  void reverse(int64_t t0, int64_t n, int64_t slot, int64_t s) {
+    if (n <= 0) return;
+    if (n == 1) return reverse_step(t0, stored(slot));
+    if (s == 1) {
+      for (int64_t j = n - 1; j >= 0; --j) reverse_step(t0 + j, advance(stored(slot), t0, j));
+      return;
+    }
+    const int64_t m = revolve_split(n, s);
+    std::memcpy(stored(slot + 1), advance(stored(slot), t0, m), st_set);
+    reverse(t0 + m, n - m, slot + 1, s - 1);
+    reverse(t0, m, slot, s);
+  }
+
+  void run(const void* const* in_, void* const* out_) {
+    in = in_;
+    out = out_;
+    ws = static_cast<char*>(out[B + Y]);
+    parity = 0;
+    for (size_t k = 0; k < B; ++k)
+      if (bw_bytes[k]) std::memcpy(ws + bw_a[k], in[k], bw_bytes[k]);
+    const size_t first_state = B + XS + K;
+    for (size_t k = 0; k < C; ++k)
+      if (st_bytes[k]) std::memcpy(stored(0) + st_off[k], in[first_state + k], st_bytes[k]);
+    for (size_t q = 0; q < K; ++q) vjp_params[B + C + XS + q] = in[B + XS + q];
+    for (size_t q = 0; q < P; ++q) fwd_params[C + FX + q] = in[B + XS + q];
+    reverse(0, length, 0, std::min<int64_t>(snapshots, std::max<int64_t>(length, 1)));
+    for (size_t k = 0; k < B; ++k) {
+      const bool in_a = parity == 0 || bw_identity[k];
+      if (bw_bytes[k]) std::memcpy(out[k], ws + (in_a ? bw_a[k] : bw_b[k]), bw_bytes[k]);
+    }
+  }
+};
+
+kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
+  auto st = std::make_shared<ScanVjpState>();
+  const ir::NodeAttrs at(n.op, n.attrs);
+  st->B = static_cast<size_t>(at.i<"carries">());
+  st->XS = static_cast<size_t>(at.i<"xs">());
+  st->C = static_cast<size_t>(at.i<"states">());
+  st->FX = static_cast<size_t>(at.i<"state_xs">());
+  st->P = static_cast<size_t>(at.i<"state_captures">());
+  st->K = operands.size() - st->B - st->XS - st->C;
+  st->Y = n.results.size() - st->B;
+  st->length = at.i<"length">();
+  st->fwd_reverse = at.b<"reverse">();
+  st->snapshots = at.i<"snapshots">();
+  st->vjp = compile(*n.regions[0]);
+  ir::Graph fwd = *n.regions[1];
+  fwd.outputs.resize(st->C);  // the forward's carries; its stacked outputs are not needed
+  st->fwd = compile(fwd);
+  size_t ws = 0;
+  for (size_t k = 0; k < st->B; ++k) {
+    st->bw_bytes.push_back(operands[k].bytes());
+    st->bw_a.push_back(ws);
+    ws += align64(operands[k].bytes());
+    st->bw_b.push_back(ws);
+    ws += align64(operands[k].bytes());
+    const OutputSource& s = st->vjp->outputs()[k];
+    st->bw_identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
+  }
+  for (size_t k = 0; k < st->C; ++k) {
+    const ir::TensorType& t = operands[st->B + st->XS + st->K + k];
+    st->st_bytes.push_back(t.bytes());
+    st->st_off.push_back(st->st_set);
+    st->st_set += align64(t.bytes());
+  }
+  st->work = ws;
+  ws += 2 * st->st_set;
+  st->snaps = ws;
+  ws += static_cast<size_t>(std::min<int64_t>(st->snapshots, std::max<int64_t>(st->length, 1))) * st->st_set;
+  auto row_bytes = [&](const ir::TensorType& t) { return st->length ? t.bytes() / static_cast<size_t>(st->length) : 0; };
+  for (size_t j = 0; j < st->XS; ++j) st->x_row.push_back(row_bytes(operands[st->B + j]));
+  for (size_t m = 0; m < st->Y; ++m) st->y_row.push_back(row_bytes(n.results[st->B + m]));
+  st->steps = &metrics::detail::counter_cell("CheckpointForwardSteps");
+  st->vjp_binding = st->vjp->make_binding();
+  st->fwd_binding = st->fwd->make_binding();
+  st->vjp_params.assign(st->B + st->C + st->XS + st->K, nullptr);
+  st->vjp_outs.assign(st->B + st->Y, nullptr);
+  st->fwd_params.assign(st->C + st->FX + st->P, nullptr);
+  st->fwd_outs.assign(st->C, nullptr);
+  return {[st](const void* const* in, void* const* out) { st->run(in, out); }, ws};
+}
+
 }  // namespace
 
 kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
   if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results);
   if (n.op == ir::OpKind::Scan) return lower_scan(n, operands);
+  if (n.op == ir::OpKind::ScanVjp) return lower_scan_vjp(n, operands);
   LAZYRT_ASSERT(n.op == ir::OpKind::While, "no lowering for ", ir::op_name(n.op));
   auto st = std::make_shared<WhileState>();
   st->cond = compile(*n.regions[0]);

@@ -86,6 +86,50 @@ void verify_scan(size_t i, const Node& n, const std::vector<TensorType>& operand
   }
 }
 
+// Region 0 (the vector-Jacobian body) takes the backward carries, the forward carries, one row
+// of each stacked input and the captures, and returns the new backward carries and one row of
+// each stacked output; region 1 (the forward body) takes the forward carries, rows of the
+// first state_xs stacked inputs and the first state_captures captures, and returns (at least)
+// the new forward carries.
+void verify_scan_vjp(size_t i, const Node& n, const std::vector<TensorType>& operands,
+                     const std::vector<TensorType>& results) {
+  if (n.regions.size() != 2) fail(i, n, "a scan_vjp needs a vjp and a forward region");
+  const NodeAttrs at(n.op, n.attrs);
+  const auto B = static_cast<size_t>(at.i<"carries">()), XS = static_cast<size_t>(at.i<"xs">());
+  const auto C = static_cast<size_t>(at.i<"states">()), FX = static_cast<size_t>(at.i<"state_xs">());
+  const auto P = static_cast<size_t>(at.i<"state_captures">());
+  if (B + XS + C > operands.size() || FX > XS || P > operands.size() - B - XS - C || at.i<"snapshots">() < 1)
+    fail(i, n, "carries, stacked inputs, states and snapshots do not fit the operands");
+  const size_t K = operands.size() - B - XS - C;
+  auto state = [&](size_t k) { return operands[B + XS + K + k]; };
+  std::vector<TensorType> vjp(operands.begin(), operands.begin() + static_cast<int64_t>(B));
+  for (size_t k = 0; k < C; ++k) vjp.push_back(state(k));
+  for (size_t j = 0; j < XS; ++j) vjp.push_back(row_of(operands[B + j]));
+  for (size_t q = 0; q < K; ++q) vjp.push_back(operands[B + XS + q]);
+  std::vector<TensorType> fwd;
+  for (size_t k = 0; k < C; ++k) fwd.push_back(state(k));
+  for (size_t j = 0; j < FX; ++j) fwd.push_back(row_of(operands[B + j]));
+  for (size_t q = 0; q < P; ++q) fwd.push_back(operands[B + XS + q]);
+  const Graph& body = *n.regions[0];
+  const Graph& forward = *n.regions[1];
+  verify(body);
+  verify(forward);
+  verify_region_params(i, n, body, "vjp", vjp);
+  verify_region_params(i, n, forward, "forward", fwd);
+  if (body.outputs.size() != results.size())
+    fail(i, n, str_cat("vjp returns ", body.outputs.size(), " values for ", results.size(), " results"));
+  for (size_t k = 0; k < results.size(); ++k) {
+    const TensorType want = k < B ? results[k] : row_of(results[k]);
+    if (body.type(body.outputs[k]) != want)
+      fail(i, n, str_cat("vjp result ", k, " is ", type_str(body.type(body.outputs[k])), ", expected ", type_str(want)));
+  }
+  if (forward.outputs.size() < C) fail(i, n, "the forward region returns fewer values than its carries");
+  for (size_t k = 0; k < C; ++k)
+    if (forward.type(forward.outputs[k]) != state(k))
+      fail(i, n, str_cat("forward result ", k, " is ", type_str(forward.type(forward.outputs[k])), ", the carry is ",
+                         type_str(state(k))));
+}
+
 // The region computes the results elementwise over `shape`: parameters (the operands, which
 // broadcast to it), constants, and elementwise nodes of that shape.
 void verify_fusion(size_t i, const Node& n, const std::vector<TensorType>& operands) {
@@ -118,8 +162,9 @@ void verify(const Graph& g) {
     const OpInfo& info = op_info(n.op);
     if (info.operands >= 0 && static_cast<int>(n.operands.size()) != info.operands)
       fail(i, n, str_cat("has ", n.operands.size(), " operands, the op takes ", info.operands));
-    if (n.op != OpKind::While && n.op != OpKind::Scan && n.op != OpKind::Fusion && !n.regions.empty())
-      fail(i, n, str_cat("has ", n.regions.size(), " regions, only while, scan and fusion own regions"));
+    if (n.op != OpKind::While && n.op != OpKind::Scan && n.op != OpKind::ScanVjp && n.op != OpKind::Fusion &&
+        !n.regions.empty())
+      fail(i, n, str_cat("has ", n.regions.size(), " regions, only while, scan, scan_vjp and fusion own regions"));
     if (n.attrs.values.size() != info.attrs.size())
       fail(i, n, str_cat("has ", n.attrs.values.size(), " attributes, the op takes ",
                          info.attrs.size()));
@@ -151,6 +196,7 @@ void verify(const Graph& g) {
     }
     if (n.op == OpKind::While) verify_while(i, n, in);
     if (n.op == OpKind::Scan) verify_scan(i, n, in, expect);
+    if (n.op == OpKind::ScanVjp) verify_scan_vjp(i, n, in, expect);
     if (n.op == OpKind::Fusion) verify_fusion(i, n, in);
     if (expect != n.results) {
       std::string got, want;

@@ -123,11 +123,13 @@ void check_carry(const char* op, const Carry& init, const Carry& out, size_t off
   }
 }
 
-// Records a region op over these operands; every region takes all of them as parameters.
-Carry record_region_op(ir::OpKind op, const Carry& operands, ir::Attrs attrs, const Regions& regions) {
+// Records a region op over these operands; the regions take all of them as parameters (unless
+// `as_given`: their parameters are the op's own layout).
+Carry record_region_op(ir::OpKind op, const Carry& operands, ir::Attrs attrs, const Regions& regions,
+                       bool as_given = false) {
   LazyValue w = trace::record(op, values_of(operands), std::move(attrs));
   for (const auto& r : regions) {
-    if (r->num_params == static_cast<int64_t>(operands.size())) {
+    if (as_given || r->num_params == static_cast<int64_t>(operands.size())) {
       w.node->regions.push_back(r);
     } else {
       auto g = std::make_shared<ir::Graph>(*r);
@@ -174,7 +176,8 @@ Shape stacked(int64_t length, const Shape& row) {
   return s;
 }
 
-Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr<const ir::Graph> body);
+Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr<const ir::Graph> body,
+                  int64_t snapshots = 0);
 Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& regions);
 
 // Runs `g` again through the ops (recording autograd where its inputs require grad), over
@@ -214,13 +217,16 @@ struct ScanGrad {
   ScanShape shape;
   std::shared_ptr<const ir::Graph> body;  // the forward body
   Carry operands;                         // init, xs, captures (snapshots)
-  Carry saved;                            // the carries each row starts from, stacked
+  Carry saved;                            // the carries each row starts from, stacked, or
+  int64_t snapshots = 0;                  // how many states binomial checkpointing keeps
 
   std::vector<Tensor> backward(const std::vector<Tensor>& grads, const std::vector<bool>& needs) const;
 };
 
 // The gradients of a scan's inputs: a scan over the rows in the other order, carrying the
 // gradient of the carries and of the captures, whose stacked output is the gradient of xs.
+// Its rows begin with the forward carries at that row: the saved ones, or (with snapshots)
+// a scan_vjp node rebuilds them from a few stored states as it goes.
 std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const std::vector<bool>& needs) const {
   const auto C = static_cast<size_t>(shape.carries), X = static_cast<size_t>(shape.xs);
   const size_t P = operands.size() - C - X, Y = shape.y_rows.size();
@@ -242,15 +248,17 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
   Carry init;
   for (size_t k : dc) init.push_back(grads[k].defined() ? grads[k] : zeros(operands[k].shape(), operands[k].dtype()));
   for (size_t p : dp) init.push_back(zeros(operands[C + X + p].shape(), operands[C + X + p].dtype()));
-  // Rows: the saved carries, the forward's rows, the ys' gradients.
-  Carry xs = saved;
-  xs.insert(xs.end(), operands.begin() + static_cast<int64_t>(C), operands.begin() + static_cast<int64_t>(C + X));
+  // Rows: the forward carries (saved, or rebuilt), the forward's rows, the ys' gradients.
+  Carry xs(operands.begin() + static_cast<int64_t>(C), operands.begin() + static_cast<int64_t>(C + X));
   for (size_t m : dy) {
     const ir::TensorType& row = shape.y_rows[m];
     xs.push_back(grads[C + m].defined() ? grads[C + m] : zeros(stacked(n, row.shape), row.dtype));
   }
+  std::vector<ir::TensorType> row_types;
+  for (size_t k = 0; k < C; ++k) row_types.push_back(type_of(operands[k]));
+  for (const Tensor& x : xs) row_types.push_back(row_of(x));
   const Carry captures(operands.begin() + static_cast<int64_t>(C + X), operands.end());
-  const size_t B = init.size(), BX = xs.size();
+  const size_t B = init.size(), BX = row_types.size();
 
   std::shared_ptr<ir::Graph> region;
   Captures extra;
@@ -262,7 +270,7 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
     };
     Carry g_carry, rows, caps;
     for (size_t b = 0; b < B; ++b) g_carry.push_back(placeholder(type_of(init[b]), b));
-    for (size_t r = 0; r < BX; ++r) rows.push_back(placeholder(row_of(xs[r]), B + r));
+    for (size_t r = 0; r < BX; ++r) rows.push_back(placeholder(row_types[r], B + r));
     for (size_t p = 0; p < P; ++p) caps.push_back(placeholder(type_of(captures[p]), B + BX + p));
     // The forward body again, over leaves standing for this row's inputs, differentiated.
     Carry in(rows.begin(), rows.begin() + static_cast<int64_t>(C + X));
@@ -304,12 +312,30 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
     region = std::make_shared<ir::Graph>(
         extract_region(roots, scope.id(), static_cast<int64_t>(B + BX + P), extra));
   }
-  Carry bw_operands = init;
-  bw_operands.insert(bw_operands.end(), xs.begin(), xs.end());
-  bw_operands.insert(bw_operands.end(), captures.begin(), captures.end());
-  for (const LazyValue& v : extra.values) bw_operands.push_back(Tensor(trace::make_pending(v)));
-  ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX), n, !shape.reverse, y_rows};
-  Carry r = record_scan(bw_operands, bw, std::move(region));
+  Carry r;
+  if (snapshots == 0) {
+    Carry bw_operands = init;
+    bw_operands.insert(bw_operands.end(), saved.begin(), saved.end());
+    bw_operands.insert(bw_operands.end(), xs.begin(), xs.end());
+    bw_operands.insert(bw_operands.end(), captures.begin(), captures.end());
+    for (const LazyValue& v : extra.values) bw_operands.push_back(Tensor(trace::make_pending(v)));
+    ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX), n, !shape.reverse, y_rows};
+    r = record_scan(bw_operands, bw, std::move(region));
+  } else {
+    // scan_vjp: the same body; its first C rows are the forward carries it rebuilds, so the
+    // stacked operands are the rest, and the forward's initial carries come last.
+    Carry ops = init;
+    ops.insert(ops.end(), xs.begin(), xs.end());
+    ops.insert(ops.end(), captures.begin(), captures.end());
+    for (const LazyValue& v : extra.values) ops.push_back(Tensor(trace::make_pending(v)));
+    ops.insert(ops.end(), operands.begin(), operands.begin() + static_cast<int64_t>(C));
+    ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX - C), n, shape.reverse, y_rows};
+    ir::Attrs attrs = bw.attrs();
+    for (int64_t v : {static_cast<int64_t>(C), static_cast<int64_t>(X), static_cast<int64_t>(P), snapshots})
+      attrs.values.emplace_back(v);
+    region->num_params = static_cast<int64_t>(ops.size());  // the same count, in its own order
+    r = record_region_op(ir::OpKind::ScanVjp, ops, std::move(attrs), {std::move(region), body}, true);
+  }
 
   std::vector<Tensor> out(operands.size());
   for (size_t i = 0; i < dc.size(); ++i)
@@ -319,8 +345,27 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
   return out;
 }
 
-Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr<const ir::Graph> body) {
+Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr<const ir::Graph> body,
+                  int64_t snapshots) {
   if (!needs_grad(operands)) return record_region_op(ir::OpKind::Scan, operands, shape.attrs(), {body});
+  if (body->num_params != static_cast<int64_t>(operands.size())) {  // the layout the backward reads
+    auto g = std::make_shared<ir::Graph>(*body);
+    g->num_params = static_cast<int64_t>(operands.size());
+    body = std::move(g);
+  }
+  if (snapshots > 0) {  // nothing stacked: the backward rebuilds the carries it needs
+    Carry out = record_region_op(ir::OpKind::Scan, operands, shape.attrs(), {body});
+    auto grad = std::make_shared<ScanGrad>();
+    grad->shape = shape;
+    grad->body = std::move(body);
+    for (const Tensor& t : operands) grad->operands.push_back(t.detach());
+    grad->snapshots = snapshots;
+    autograd::record_multi(out, ir::OpKind::Scan, operands,
+                           [grad](const std::vector<Tensor>& g, const std::vector<bool>& needs) {
+                             return grad->backward(g, needs);
+                           });
+    return out;
+  }
   // The body also returns its carry parameters: stacked, the carries each row starts from.
   const auto C = static_cast<size_t>(shape.carries);
   auto with_saved = std::make_shared<ir::Graph>(*body);
@@ -420,7 +465,8 @@ Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
 }
 
 Carry fori_loop(int64_t lower, int64_t upper,
-                std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init) {
+                std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init, int64_t snapshots) {
+  LAZYRT_CHECK(snapshots >= 0, "fori_loop: snapshots must be 0 (keep every carry) or at least 1, got ", snapshots);
   Tensor hi = scalar_tensor(static_cast<double>(upper), DType::i64);
   Carry carry{scalar_tensor(static_cast<double>(lower), DType::i64)};
   carry.insert(carry.end(), init.begin(), init.end());
@@ -439,15 +485,17 @@ Carry fori_loop(int64_t lower, int64_t upper,
   if (needs_grad(operands)) {
     // Differentiated: a scan of upper - lower rows (the bounds are known now), over the body.
     ScanShape shape{static_cast<int64_t>(carry.size()), 0, std::max<int64_t>(upper - lower, 0), false, {}};
-    out = record_scan(operands, shape, loop.body);
+    out = record_scan(operands, shape, loop.body, snapshots);
   } else {
     out = record_region_op(ir::OpKind::While, operands, {static_cast<int64_t>(carry.size())}, {loop.cond, loop.body});
   }
   return Carry(out.begin() + 1, out.end());
 }
 
-std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool reverse, int64_t length) {
+std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool reverse, int64_t length,
+                             int64_t snapshots) {
   const char* op = "scan";
+  LAZYRT_CHECK(snapshots >= 0, op, ": snapshots must be 0 (keep every carry) or at least 1, got ", snapshots);
   std::vector<ir::TensorType> carry_types = input_types(op, "init value", init);
   std::vector<ir::TensorType> x_types = input_types(op, "xs value", xs);
   LAZYRT_CHECK(!xs.empty() || length >= 0, op, ": without stacked inputs (xs) the length must be given");
@@ -482,7 +530,7 @@ std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool revers
         extract_region(values_of(concat(next, ys)), scope.id(), carries + shape.xs, outside.captures));
     outside.grad_captures = scope.grad_captures();
   }
-  Carry out = record_scan(concat(concat(init, xs), outside.tensors()), shape, std::move(body));
+  Carry out = record_scan(concat(concat(init, xs), outside.tensors()), shape, std::move(body), snapshots);
   return {Carry(out.begin(), out.begin() + carries), Carry(out.begin() + carries, out.end())};
 }
 

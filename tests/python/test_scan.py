@@ -292,6 +292,60 @@ def test_rnn_training_step_replayed_by_compile_step_matches_torch():
     close(U, tU)
 
 
+def revolve_steps(n, s):
+    """Griewank's count of forward steps to reverse n steps with s stored states."""
+    from math import comb
+    r = 0
+    while comb(s + r, s) < n:
+        r += 1
+    return r * n - comb(s + r, s + 1)
+
+
+@pytest.mark.parametrize("snapshots", [1, 2, 5, 100])
+def test_checkpointed_gradients_match_torch_with_the_revolve_count(snapshots):
+    g = rng(15)
+    n = 23
+    arrays = [g.standard_normal(s).astype(np.float32) * 0.4 for s in [(4, 4), (3, 4), (2, 4), (n, 2, 3)]]
+    for reverse in (False, True):
+        def run(lib):
+            W, U, h0, xs = vals = leaves(lib, *arrays)
+
+            def fn(h, x):
+                h = lib.tanh(h @ W + x @ U)
+                return h, (h * h).sum(-1)
+            if lib is lr:
+                lr.metrics.reset()
+                h, ys = lr.scan(fn, h0, xs, reverse=reverse, snapshots=snapshots)
+            else:
+                h, ys = torch_scan(fn, h0, xs, reverse)
+                ys = torch.stack(ys)
+            ((h * h).sum() + ys.sum() * 0.25).backward()
+            return vals
+
+        close_grads(run(lr), run(torch))
+        assert lr.metrics.counter("CheckpointForwardSteps") == revolve_steps(n, min(snapshots, n))
+
+
+def test_checkpointed_fori_loop_memory_does_not_grow_with_the_trip_count():
+    w = lr.tensor(np.full((32, 32), 0.02, np.float32), requires_grad=True)
+    x0 = lr.tensor(np.ones((8, 32), np.float32))
+
+    def peak(n, snapshots):
+        lr.cache.clear_memory()
+        lr.debug.reset_peak_memory()
+        before = lr.debug.live_memory_bytes()
+        out = lr.fori_loop(0, n, lambda i, c: c + lr.tanh(c @ w), x0, snapshots=snapshots)
+        out.sum().backward()
+        w.grad.numpy()
+        w.grad = None
+        return lr.debug.peak_memory_bytes() - before
+
+    assert peak(50, 3) == peak(3000, 3)
+    assert peak(3000, 0) > peak(50, 0) + 2900 * 8 * 32 * 4  # keeping every carry: one a row
+    with pytest.raises(lr.Error, match="snapshots must be 0"):
+        lr.fori_loop(0, 3, lambda i, c: c, x0, snapshots=-1)
+
+
 def test_scan_layers_gradients_match_torch():
     lr.manual_seed(14)
     layers = [lr.nn.Linear(4, 4) for _ in range(3)]
@@ -423,7 +477,8 @@ def test_random_scan_bodies_match_torch(seed):
 
     la0, lb0, lxs = leaves(lr, a0, b0, xs)
     ta0, tb0, txs = leaves(torch, a0, b0, xs)
-    (a, b), lys = lr.scan(fn(lr), (la0, lb0), lxs, reverse=reverse)
+    snapshots = int(g.choice([0, 0, 1, 2, 3]))  # the gradient's memory policy
+    (a, b), lys = lr.scan(fn(lr), (la0, lb0), lxs, reverse=reverse, snapshots=snapshots)
     (ta, tb), tys = torch_scan(fn(torch), (ta0, tb0), txs, reverse)
     close(a, ta)
     close(b, tb)

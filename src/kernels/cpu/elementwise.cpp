@@ -246,4 +246,8 @@ Kernel make_Scan(const KernelSpec&) {
   LAZYRT_ASSERT(false, "scan is lowered by the compiler (control_flow.cpp), not a kernel");
 }
 
+Kernel make_ScanVjp(const KernelSpec&) {
+  LAZYRT_ASSERT(false, "scan_vjp is lowered by the compiler (control_flow.cpp), not a kernel");
+}
+
 }  // namespace lazyrt::kernels

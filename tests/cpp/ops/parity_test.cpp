@@ -475,6 +475,7 @@ TEST(OpFixtures, EveryOpOfTheTableHasAParityCase) {
       "while",                  // tests/cpp/trace/loops_test.cpp (known values)
       "scan",                   // tests/cpp/trace/scan_test.cpp, tests/python/test_scan.py (torch)
       "stop_gradient",          // likewise: detach() and no_grad inside differentiated loop bodies
+      "scan_vjp",               // likewise: gradients with snapshots (checkpointing)
       "fusion",                 // made by compile, never traced: it runs every case with an
                                 // elementwise chain, and tests/cpp/compile/fusion_test.cpp
       "gemm",                   // made by compile from matmuls of transposes: it runs every

@@ -40,6 +40,28 @@ inline ir::ValueRef add_running_sum_scan(ir::Graph& g, ir::ValueRef init, ir::Va
   return s;
 }
 
+/// A scan_vjp over the rows of xs f32[n, 3], with the forward c + x from init c0 f32[3]
+/// rebuilt from 2 stored states; the backward carry g f32[3] becomes g * 2 and each row's
+/// output is g + c (the forward carry at that row). Results: the final g, the stacked outputs.
+inline ir::ValueRef add_scan_vjp(ir::Graph& g, ir::ValueRef g0, ir::ValueRef xs, ir::ValueRef c0) {
+  using ir::OpKind;
+  const int64_t n = g.type(xs).shape[0];
+  auto vjp = std::make_shared<ir::Graph>();
+  const ir::ValueRef gp = vjp->add_parameter(f32({3}));
+  const ir::ValueRef cp = vjp->add_parameter(f32({3}));
+  vjp->add_parameter(f32({3}));  // the row of xs, unused
+  vjp->outputs = {vjp->add(OpKind::Mul, {gp, vjp->add_full(2, {}, DType::f32)}), vjp->add(OpKind::Add, {gp, cp})};
+  auto fwd = std::make_shared<ir::Graph>();
+  const ir::ValueRef c = fwd->add_parameter(f32({3}));
+  fwd->outputs = {fwd->add(OpKind::Add, {c, fwd->add_parameter(f32({3}))})};
+  const auto f32_code = static_cast<int64_t>(DType::f32);
+  ir::ValueRef s = g.add(OpKind::ScanVjp, {g0, xs, c0},
+                         {int64_t{1}, int64_t{1}, n, false, std::vector<int64_t>{f32_code}, std::vector<int64_t>{1, 3},
+                          int64_t{1}, int64_t{1}, int64_t{0}, int64_t{2}});
+  g.nodes[s.node].regions = {vjp, fwd};
+  return s;
+}
+
 /// A fusion node over [2, 3]: p = x * 2 and s = p + b with b f32[3] broadcast; results p, s.
 inline ir::ValueRef add_scale_shift_fusion(ir::Graph& g, ir::ValueRef x, ir::ValueRef b) {
   using ir::OpKind;
@@ -89,6 +111,10 @@ inline ir::Graph every_op_graph() {
   const ir::ValueRef scanned = add_running_sum_scan(g, g.add(OpKind::Sum, {a}, {std::vector<int64_t>{0}, false}), a);
   outs.push_back(scanned);
   outs.push_back({scanned.node, 1});
+  const ir::ValueRef row_sum = g.add(OpKind::Sum, {a}, {std::vector<int64_t>{0}, false});
+  const ir::ValueRef vjp = add_scan_vjp(g, row_sum, a, row_sum);
+  outs.push_back(vjp);
+  outs.push_back({vjp.node, 1});
   // Math, reductions and normalizations.
   for (OpKind op : {OpKind::Sin, OpKind::Cos, OpKind::Log1p, OpKind::Expm1, OpKind::Erf, OpKind::Silu,
                     OpKind::Floor, OpKind::Ceil, OpKind::Round, OpKind::Sign})

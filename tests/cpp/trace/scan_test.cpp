@@ -287,6 +287,63 @@ TEST(Scan, DetachAndNoGradInsideTheBodyStopGradientsAndCloneKeepsThem) {
   EXPECT_EQ(grad_of(2), (std::vector<float>{4, 3}));
 }
 
+// Binomial checkpointing: the same gradients as keeping every carry, exactly the revolve
+// number of extra forward steps (r*N - C(s+r, s+1), r the least with C(s+r, s) >= N), and
+// memory that does not grow with N.
+TEST(Scan, CheckpointedGradientsCountAndMemory) {
+  auto binom = [](int64_t n, int64_t k) {
+    double b = 1;
+    for (int64_t i = 1; i <= k; ++i) b = b * static_cast<double>(n - k + i) / static_cast<double>(i);
+    return static_cast<int64_t>(b + 0.5);
+  };
+  auto revolve_steps = [&](int64_t n, int64_t s) {
+    int64_t r = 0;
+    while (binom(s + r, s) < n) ++r;
+    return r * n - binom(s + r, s + 1);
+  };
+  auto run = [](int64_t n, int64_t snapshots) {
+    Tensor w = tensor({0.9f, -0.6f, 0.3f}, {3});
+    w.requires_grad_();
+    std::vector<float> xv(static_cast<size_t>(n) * 3);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = 0.01f * static_cast<float>(i % 17) - 0.05f;
+    Tensor xs = tensor(xv, {n, 3});
+    xs.requires_grad_();
+    auto [c, ys] = scan([&](const Carry& cc, const Carry& x) {
+      Tensor next = tanh(cc[0] * w + x[0]);
+      return std::make_pair(Carry{next}, Carry{next.sum()});
+    }, {tensor({0.5f, -0.5f, 1}, {3})}, {xs}, false, -1, snapshots);
+    (c[0].sum() + ys[0].sum()).backward();
+    std::vector<float> g = w.grad().to_vector<float>();
+    std::vector<float> gx = xs.grad().to_vector<float>();
+    g.insert(g.end(), gx.begin(), gx.end());
+    return g;
+  };
+  for (int64_t n : {1, 2, 7, 50}) {
+    const std::vector<float> keep = run(n, 0);
+    for (int64_t s : {1, 2, 3, 6, 60}) {
+      metrics::reset();
+      const std::vector<float> ck = run(n, s);
+      ASSERT_EQ(ck.size(), keep.size());
+      for (size_t i = 0; i < keep.size(); ++i) EXPECT_NEAR(ck[i], keep[i], 1e-5) << "n " << n << " s " << s;
+      EXPECT_EQ(metrics::counter("CheckpointForwardSteps"), revolve_steps(n, std::min(s, n))) << "n " << n << " s " << s;
+    }
+  }
+  auto peak = [](int64_t n, int64_t snapshots) {
+    Tensor w = tensor(std::vector<float>(256, 0.5f), {256});
+    w.requires_grad_();
+    cache::clear_memory();
+    debug::reset_peak_memory();
+    const int64_t before = debug::live_memory_bytes();
+    Carry out = fori_loop(0, n, [&](const Tensor&, const Carry& c) { return Carry{tanh(c[0] * w)}; },
+                          {tensor(std::vector<float>(256, 1.0f), {256})}, snapshots);
+    out[0].sum().backward();
+    w.grad().to_vector<float>();
+    return debug::peak_memory_bytes() - before;
+  };
+  EXPECT_EQ(peak(100, 4), peak(2000, 4)) << "checkpointed: memory does not depend on the trip count";
+  EXPECT_GT(peak(2000, 0), peak(100, 0) + 1900 * 1024) << "keeping every carry: 1 KiB a row";
+}
+
 TEST(ScanErrors, InputsAndResultsAreChecked) {
   EXPECT_THAT(error_of([] {
                 scan([](const Carry& c, const Carry& x) { return std::make_pair(Carry{x[0]}, Carry{}); },
@@ -313,6 +370,11 @@ TEST(ScanErrors, InputsAndResultsAreChecked) {
                      {zeros({2})}, {zeros({4, 2})}, false, 3);
               }),
               HasSubstr("scan: xs value 0 has 4 rows, expected 3 (the length given)"));
+  EXPECT_THAT(error_of([] {
+                scan([](const Carry& c, const Carry&) { return std::make_pair(c, Carry{}); },
+                     {zeros({2})}, {zeros({4, 2})}, false, -1, -2);
+              }),
+              HasSubstr("scan: snapshots must be 0 (keep every carry) or at least 1, got -2"));
   metrics::reset();
   mark_step();
   EXPECT_EQ(metrics::counter("ExecuteGraph"), 0) << "nothing from the failed traces is pending";
