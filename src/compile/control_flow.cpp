@@ -25,26 +25,6 @@ using runtime::OutputSource;
 
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
-struct WhileState {
-  std::shared_ptr<runtime::Executable> cond, body;
-  size_t carries = 0, operands = 0;
-  std::vector<size_t> bytes;             // per carry
-  std::vector<size_t> set_a, set_b;      // per carry, workspace offsets
-  size_t cond_offset = 0;
-  std::vector<bool> identity;            // body returns carry k unchanged as output k
-  // Per parity, bound on every run of the loop into storage sized here, so running allocates
-  // nothing.
-  struct Arrangement {
-    std::vector<const void*> params;     // carries read (the current set), then captures
-    std::vector<void*> next;             // per carry, where the body writes it
-    runtime::Executable::Binding cond, body;
-    const bool* pred = nullptr;          // the cond's result
-    std::vector<std::pair<void*, const void*>> copies;  // outputs the body does not compute
-    std::vector<size_t> copy_bytes;
-  };
-  Arrangement parity[2];
-};
-
 // Where output k of `exe` ended up after a run that wrote Computed outputs to `outs`.
 const void* output_ptr(const runtime::Executable& exe, size_t k, const void* const* params,
                        void* const* outs) {
@@ -58,14 +38,65 @@ const void* output_ptr(const runtime::Executable& exe, size_t k, const void* con
   return nullptr;
 }
 
+// A loop's carries in two sets of workspace buffers: the body reads one set and writes the
+// other, then they swap (parity 0: read A, write B; parity 1: the reverse). A carry the body
+// returns unchanged (identity) stays in set A whatever the parity.
+struct CarrySets {
+  std::vector<size_t> bytes, a, b;
+  std::vector<bool> identity;
+
+  /// Places the carries (the first `count` of `types`) from workspace offset `ws` on; `body`
+  /// tells which it returns unchanged. Returns the workspace offset after them.
+  size_t place(const std::vector<ir::TensorType>& types, size_t count, const runtime::Executable& body, size_t ws) {
+    for (size_t k = 0; k < count; ++k) {
+      bytes.push_back(types[k].bytes());
+      a.push_back(ws);
+      ws += align64(types[k].bytes());
+      b.push_back(ws);
+      ws += align64(types[k].bytes());
+      const OutputSource& s = body.outputs()[k];
+      identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
+    }
+    return ws;
+  }
+  size_t size() const { return bytes.size(); }
+  char* read(char* ws, size_t k, int parity) const { return ws + (parity == 0 || identity[k] ? a[k] : b[k]); }
+  char* write(char* ws, size_t k, int parity) const { return ws + (parity == 0 || identity[k] ? b[k] : a[k]); }
+  void copy_in(char* ws, const void* const* in) const {
+    for (size_t k = 0; k < size(); ++k)
+      if (bytes[k]) std::memcpy(ws + a[k], in[k], bytes[k]);
+  }
+  void copy_out(char* ws, void* const* out, int parity) const {
+    for (size_t k = 0; k < size(); ++k)
+      if (bytes[k]) std::memcpy(out[k], read(ws, k, parity), bytes[k]);
+  }
+};
+
+struct WhileState {
+  std::shared_ptr<runtime::Executable> cond, body;
+  size_t carries = 0, operands = 0;
+  CarrySets sets;
+  size_t cond_offset = 0;
+  // Per parity, bound on every run of the loop into storage sized here, so running allocates
+  // nothing.
+  struct Arrangement {
+    std::vector<const void*> params;     // carries read (the current set), then captures
+    std::vector<void*> next;             // per carry, where the body writes it
+    runtime::Executable::Binding cond, body;
+    const bool* pred = nullptr;          // the cond's result
+    std::vector<std::pair<void*, const void*>> copies;  // outputs the body does not compute
+    std::vector<size_t> copy_bytes;
+  };
+  Arrangement parity[2];
+};
+
 // Binds parity p: the body reads set A and writes set B when p is 0, the reverse when 1. A
 // carry the body returns unchanged stays in set A whatever the parity.
 void arrange(WhileState& st, int p, char* ws, const void* const* in, void* cond_out) {
   WhileState::Arrangement& a = st.parity[p];
   for (size_t k = 0; k < st.carries; ++k) {
-    const bool read_a = p == 0 || st.identity[k];
-    a.params[k] = ws + (read_a ? st.set_a[k] : st.set_b[k]);
-    a.next[k] = ws + (read_a ? st.set_b[k] : st.set_a[k]);
+    a.params[k] = st.sets.read(ws, k, p);
+    a.next[k] = st.sets.write(ws, k, p);
   }
   for (size_t j = st.carries; j < st.operands; ++j) a.params[j] = in[j];
   void* cond_outs[1] = {cond_out};
@@ -77,10 +108,10 @@ void arrange(WhileState& st, int p, char* ws, const void* const* in, void* cond_
   a.copies.clear();
   a.copy_bytes.clear();
   for (size_t k = 0; k < st.carries; ++k) {
-    if (st.identity[k] || !st.bytes[k] || st.body->outputs()[k].kind == OutputSource::Kind::Computed)
+    if (st.sets.identity[k] || !st.sets.bytes[k] || st.body->outputs()[k].kind == OutputSource::Kind::Computed)
       continue;
     a.copies.emplace_back(a.next[k], output_ptr(*st.body, k, a.params.data(), a.next.data()));
-    a.copy_bytes.push_back(st.bytes[k]);
+    a.copy_bytes.push_back(st.sets.bytes[k]);
   }
 }
 
@@ -89,8 +120,7 @@ void run_while(WhileState& st, const void* const* in, void* const* out) {
   void* cond_out = ws + st.cond_offset;
   arrange(st, 0, ws, in, cond_out);
   arrange(st, 1, ws, in, cond_out);
-  for (size_t k = 0; k < st.carries; ++k)
-    if (st.bytes[k]) std::memcpy(ws + st.set_a[k], in[k], st.bytes[k]);
+  st.sets.copy_in(ws, in);
   int p = 0;
   while (true) {
     WhileState::Arrangement& a = st.parity[p];
@@ -101,9 +131,7 @@ void run_while(WhileState& st, const void* const* in, void* const* out) {
       std::memcpy(a.copies[c].first, a.copies[c].second, a.copy_bytes[c]);
     p ^= 1;
   }
-  const WhileState::Arrangement& last = st.parity[p];
-  for (size_t k = 0; k < st.carries; ++k)
-    if (st.bytes[k]) std::memcpy(out[k], last.params[k], st.bytes[k]);
+  st.sets.copy_out(ws, out, p);
 }
 
 // ---- scan ----------------------------------------------------------------------------------
@@ -117,9 +145,7 @@ struct ScanState {
   size_t carries = 0, xs = 0, ys = 0, operands = 0;
   int64_t length = 0;
   bool reverse = false;
-  std::vector<size_t> bytes;           // per carry
-  std::vector<size_t> set_a, set_b;    // per carry, workspace offsets
-  std::vector<bool> identity;          // the body returns carry k unchanged
+  CarrySets sets;
   std::vector<size_t> x_row, y_row;    // bytes of one row, per stacked input and output
   // Scratch for one run, sized at lowering so that running allocates nothing.
   runtime::Executable::Binding binding;
@@ -129,17 +155,15 @@ struct ScanState {
 
 void run_scan(ScanState& st, const void* const* in, void* const* out) {
   char* ws = static_cast<char*>(out[st.carries + st.ys]);
-  for (size_t k = 0; k < st.carries; ++k)
-    if (st.bytes[k]) std::memcpy(ws + st.set_a[k], in[k], st.bytes[k]);
+  st.sets.copy_in(ws, in);
   for (size_t j = st.carries + st.xs; j < st.operands; ++j) st.params[j] = in[j];
   const size_t results = st.carries + st.ys;
   int p = 0;
   for (int64_t t = 0; t < st.length; ++t) {
     const int64_t r = st.reverse ? st.length - 1 - t : t;
     for (size_t k = 0; k < st.carries; ++k) {
-      const bool read_a = p == 0 || st.identity[k];
-      st.params[k] = ws + (read_a ? st.set_a[k] : st.set_b[k]);
-      st.outs[k] = ws + (read_a ? st.set_b[k] : st.set_a[k]);
+      st.params[k] = st.sets.read(ws, k, p);
+      st.outs[k] = st.sets.write(ws, k, p);
     }
     for (size_t j = 0; j < st.xs; ++j)
       st.params[st.carries + j] = static_cast<const char*>(in[st.carries + j]) + r * st.x_row[j];
@@ -150,18 +174,15 @@ void run_scan(ScanState& st, const void* const* in, void* const* out) {
     // Results the body did not compute into their place: copied there, from values the body
     // leaves intact (the current carries, the rows read, constants, computed results).
     for (size_t k = 0; k < results; ++k) {
-      const size_t bytes = k < st.carries ? st.bytes[k] : st.y_row[k - st.carries];
-      if ((k < st.carries && st.identity[k]) || !bytes ||
+      const size_t bytes = k < st.carries ? st.sets.bytes[k] : st.y_row[k - st.carries];
+      if ((k < st.carries && st.sets.identity[k]) || !bytes ||
           st.body->outputs()[k].kind == OutputSource::Kind::Computed)
         continue;
       std::memcpy(st.outs[k], output_ptr(*st.body, k, st.params.data(), st.outs.data()), bytes);
     }
     p ^= 1;
   }
-  for (size_t k = 0; k < st.carries; ++k) {
-    const bool in_a = p == 0 || st.identity[k];
-    if (st.bytes[k]) std::memcpy(out[k], ws + (in_a ? st.set_a[k] : st.set_b[k]), st.bytes[k]);
-  }
+  st.sets.copy_out(ws, out, p);
 }
 
 kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
@@ -174,16 +195,7 @@ kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>&
   st->operands = operands.size();
   st->length = at.i<"length">();
   st->reverse = at.b<"reverse">();
-  size_t ws = 0;
-  for (size_t k = 0; k < st->carries; ++k) {
-    st->bytes.push_back(operands[k].bytes());
-    st->set_a.push_back(ws);
-    ws += align64(operands[k].bytes());
-    st->set_b.push_back(ws);
-    ws += align64(operands[k].bytes());
-    const OutputSource& s = st->body->outputs()[k];
-    st->identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
-  }
+  const size_t ws = st->sets.place(operands, st->carries, *st->body, 0);
   auto row_bytes = [&](const ir::TensorType& t) { return st->length ? t.bytes() / static_cast<size_t>(st->length) : 0; };
   for (size_t j = 0; j < st->xs; ++j) st->x_row.push_back(row_bytes(operands[st->carries + j]));
   for (size_t m = 0; m < st->ys; ++m) st->y_row.push_back(row_bytes(n.results[st->carries + m]));
@@ -226,8 +238,7 @@ struct ScanVjpState {
   size_t B = 0, XS = 0, K = 0, C = 0, FX = 0, P = 0, Y = 0;
   int64_t length = 0, snapshots = 1;
   bool fwd_reverse = false;
-  std::vector<size_t> bw_bytes, bw_a, bw_b;  // backward carries: bytes, two sets
-  std::vector<bool> bw_identity;
+  CarrySets bw;                              // the backward carries
   std::vector<size_t> st_bytes, st_off;      // forward carries: bytes, offset within a state set
   size_t st_set = 0;                         // bytes of one state set (aligned)
   size_t work = 0, snaps = 0;                // workspace offsets: two work sets, the stored sets
@@ -283,9 +294,8 @@ struct ScanVjpState {
   void reverse_step(int64_t t, const char* state) {
     const int64_t r = row(t);
     for (size_t k = 0; k < B; ++k) {
-      const bool read_a = parity == 0 || bw_identity[k];
-      vjp_params[k] = ws + (read_a ? bw_a[k] : bw_b[k]);
-      vjp_outs[k] = ws + (read_a ? bw_b[k] : bw_a[k]);
+      vjp_params[k] = bw.read(ws, k, parity);
+      vjp_outs[k] = bw.write(ws, k, parity);
     }
     for (size_t k = 0; k < C; ++k) vjp_params[B + k] = state + st_off[k];
     for (size_t j = 0; j < XS; ++j)
@@ -294,7 +304,7 @@ struct ScanVjpState {
     vjp->bind(vjp_binding, vjp_params.data(), vjp_outs.data());
     vjp->run_bound(vjp_binding);
     copy_rest(*vjp, vjp_params, vjp_outs, 0, B + Y, [&](size_t k) {
-      return k < B ? (bw_identity[k] ? 0 : bw_bytes[k]) : y_row[k - B];
+      return k < B ? (bw.identity[k] ? 0 : bw.bytes[k]) : y_row[k - B];
     });
     parity ^= 1;
   }
@@ -319,18 +329,14 @@ struct ScanVjpState {
     out = out_;
     ws = static_cast<char*>(out[B + Y]);
     parity = 0;
-    for (size_t k = 0; k < B; ++k)
-      if (bw_bytes[k]) std::memcpy(ws + bw_a[k], in[k], bw_bytes[k]);
+    bw.copy_in(ws, in);
     const size_t first_state = B + XS + K;
     for (size_t k = 0; k < C; ++k)
       if (st_bytes[k]) std::memcpy(stored(0) + st_off[k], in[first_state + k], st_bytes[k]);
     for (size_t q = 0; q < K; ++q) vjp_params[B + C + XS + q] = in[B + XS + q];
     for (size_t q = 0; q < P; ++q) fwd_params[C + FX + q] = in[B + XS + q];
     reverse(0, length, 0, std::min<int64_t>(snapshots, std::max<int64_t>(length, 1)));
-    for (size_t k = 0; k < B; ++k) {
-      const bool in_a = parity == 0 || bw_identity[k];
-      if (bw_bytes[k]) std::memcpy(out[k], ws + (in_a ? bw_a[k] : bw_b[k]), bw_bytes[k]);
-    }
+    bw.copy_out(ws, out, parity);
   }
 };
 
@@ -351,16 +357,7 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
   ir::Graph fwd = *n.regions[1];
   fwd.outputs.resize(st->C);  // the forward's carries; its stacked outputs are not needed
   st->fwd = compile(fwd);
-  size_t ws = 0;
-  for (size_t k = 0; k < st->B; ++k) {
-    st->bw_bytes.push_back(operands[k].bytes());
-    st->bw_a.push_back(ws);
-    ws += align64(operands[k].bytes());
-    st->bw_b.push_back(ws);
-    ws += align64(operands[k].bytes());
-    const OutputSource& s = st->vjp->outputs()[k];
-    st->bw_identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
-  }
+  size_t ws = st->bw.place(operands, st->B, *st->vjp, 0);
   for (size_t k = 0; k < st->C; ++k) {
     const ir::TensorType& t = operands[st->B + st->XS + st->K + k];
     st->st_bytes.push_back(t.bytes());
@@ -396,20 +393,9 @@ kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::Tens
   st->body = compile(*n.regions[1]);
   st->carries = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"carries">());
   st->operands = operands.size();
-  size_t ws = 0;
-  for (size_t k = 0; k < st->carries; ++k) {
-    st->bytes.push_back(operands[k].bytes());
-    st->set_a.push_back(ws);
-    ws += align64(operands[k].bytes());
-    st->set_b.push_back(ws);
-    ws += align64(operands[k].bytes());
-  }
+  size_t ws = st->sets.place(operands, st->carries, *st->body, 0);
   st->cond_offset = ws;
   ws += 64;
-  for (size_t k = 0; k < st->carries; ++k) {
-    const OutputSource& s = st->body->outputs()[k];
-    st->identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
-  }
   for (WhileState::Arrangement& a : st->parity) {
     a.params.assign(st->operands, nullptr);
     a.next.assign(st->carries, nullptr);

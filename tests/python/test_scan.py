@@ -183,28 +183,6 @@ def close_grads(lazy, eager):
             np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"input {k}")
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-def test_rnn_gradients_of_weights_init_and_rows_match_torch(reverse):
-    g = rng(10)
-    arrays = [g.standard_normal(s).astype(np.float32) * 0.4 for s in [(6, 6), (4, 6), (6,), (3, 6), (9, 3, 4)]]
-
-    def run(lib):
-        W, U, B, h0, xs = vals = leaves(lib, *arrays)
-
-        def fn(h, x):
-            h = lib.tanh(h @ W + x @ U + B)
-            return h, (h * h).sum(-1)
-        if lib is lr:
-            h, ys = lr.scan(fn, h0, xs, reverse=reverse)
-        else:
-            h, ys = torch_scan(fn, h0, xs, reverse)
-            ys = torch.stack(ys)
-        ((h * h).sum() + ys.sum() * 0.25).backward()
-        return vals
-
-    close_grads(run(lr), run(torch))
-
-
 def test_gradients_through_pytrees_integer_carries_and_unused_outputs():
     g = rng(11)
     a, w = g.standard_normal((5, 3)).astype(np.float32), g.standard_normal(3).astype(np.float32)
@@ -301,29 +279,33 @@ def revolve_steps(n, s):
     return r * n - comb(s + r, s + 1)
 
 
-@pytest.mark.parametrize("snapshots", [1, 2, 5, 100])
-def test_checkpointed_gradients_match_torch_with_the_revolve_count(snapshots):
-    g = rng(15)
+@pytest.mark.parametrize("snapshots", [0, 1, 2, 5, 100])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_rnn_gradients_match_torch_and_checkpointing_recomputes_the_revolve_count(reverse, snapshots):
+    """Gradients of the weights, the bias, init and the rows; snapshots=0 keeps every carry,
+    s >= 1 recomputes exactly Griewank's number of forward steps."""
+    g = rng(10)
     n = 23
-    arrays = [g.standard_normal(s).astype(np.float32) * 0.4 for s in [(4, 4), (3, 4), (2, 4), (n, 2, 3)]]
-    for reverse in (False, True):
-        def run(lib):
-            W, U, h0, xs = vals = leaves(lib, *arrays)
+    arrays = [g.standard_normal(s).astype(np.float32) * 0.4 for s in [(6, 6), (4, 6), (6,), (3, 6), (n, 3, 4)]]
 
-            def fn(h, x):
-                h = lib.tanh(h @ W + x @ U)
-                return h, (h * h).sum(-1)
-            if lib is lr:
-                lr.metrics.reset()
-                h, ys = lr.scan(fn, h0, xs, reverse=reverse, snapshots=snapshots)
-            else:
-                h, ys = torch_scan(fn, h0, xs, reverse)
-                ys = torch.stack(ys)
-            ((h * h).sum() + ys.sum() * 0.25).backward()
-            return vals
+    def run(lib):
+        W, U, B, h0, xs = vals = leaves(lib, *arrays)
 
-        close_grads(run(lr), run(torch))
-        assert lr.metrics.counter("CheckpointForwardSteps") == revolve_steps(n, min(snapshots, n))
+        def fn(h, x):
+            h = lib.tanh(h @ W + x @ U + B)
+            return h, (h * h).sum(-1)
+        if lib is lr:
+            lr.metrics.reset()
+            h, ys = lr.scan(fn, h0, xs, reverse=reverse, snapshots=snapshots)
+        else:
+            h, ys = torch_scan(fn, h0, xs, reverse)
+            ys = torch.stack(ys)
+        ((h * h).sum() + ys.sum() * 0.25).backward()
+        return vals
+
+    close_grads(run(lr), run(torch))
+    want = revolve_steps(n, min(snapshots, n)) if snapshots else 0
+    assert lr.metrics.counter("CheckpointForwardSteps") == want
 
 
 def test_checkpointed_fori_loop_memory_does_not_grow_with_the_trip_count():
