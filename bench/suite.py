@@ -1,7 +1,7 @@
 """The benchmark suite: lazyrt side by side with PyTorch and with the machine's limits.
 
 Runs the C++ benchmarks of the build tree (build/bench/*_bench) and the Python workloads of this
-folder (seed_step, mlp_step, adamw_update, loop_scaling), checks every peer's results against
+folder (seed_step, mlp_step, adamw_update, loop_scaling, loop_grad), checks every peer's results against
 lazyrt's before timing anything, and writes one markdown report with a summary table, and PNG
 plots of the scaling studies. `make bench` runs it:
 
@@ -26,7 +26,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-WORKLOADS = ("seed_step", "mlp_step", "adamw_update", "loop_scaling")
+WORKLOADS = ("seed_step", "mlp_step", "adamw_update", "loop_scaling", "loop_grad")
 # Run by the workloads themselves (seed_step reads replay_bench --json), not reported alone.
 CPP_USED_BY_WORKLOADS = ("replay_bench",)
 
@@ -103,6 +103,10 @@ def main(argv):
         if args.child[0] == "mlp-memory":
             import mlp_step
             mlp_step.child_peak_memory(args.child[1], int(args.child[2]))
+            return 0
+        if args.child[0] == "loop-grad":
+            import loop_grad
+            loop_grad.child(args.child[1], int(args.child[2]))
             return 0
         raise SystemExit(f"unknown child {args.child[0]}")
 
