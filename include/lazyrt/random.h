@@ -1,7 +1,9 @@
 // Random numbers from the default generator: Philox 4x32-10, counter based. Its state (an i64
 // seed and an i64 offset) lives in two tensors that graphs read as inputs and update in place,
 // so random ops never bake a value into a graph, a traced step keeps one graph, and the same
-// seed gives the same numbers. Not available inside while_loop bodies yet.
+// seed gives the same numbers. Inside a loop body (while_loop, fori_loop, scan) the offset is a
+// carry of the loop: each iteration draws new numbers, the same as the unrolled loop would, and
+// the generator continues from where the loop ends. A while_loop's cond may not draw.
 #pragma once
 
 #include <utility>

@@ -1,12 +1,14 @@
 // The default random generator. Its state is two i64 scalar tensors, seed and offset, that
 // graphs read as inputs; every draw advances the offset in place by the number of counters it
 // used. A traced step that draws random numbers therefore has the same graph every time, and
-// replaying it advances the state like running it.
+// replaying it advances the state like running it. Inside a loop body the offset is a carry of
+// the loop (random_state.h).
 #include <mutex>
 
 #include "autograd/autograd.h"
 #include "lazyrt/random.h"
 #include "ops/op_helpers.h"
+#include "ops/random_state.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 
@@ -22,16 +24,17 @@ struct Generator {
 };
 
 Generator& generator() {
-  static Generator* g = new Generator();
+  // Made at the top level even when first used inside a loop body: the state outlives it.
+  static Generator* g = [] {
+    trace::TopLevel top;
+    return new Generator();
+  }();
   return *g;
 }
 
 Tensor draw(int64_t distribution, const Shape& shape, DType dtype, const char* op) {
   for (int64_t d : shape) LAZYRT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(shape));
   LAZYRT_CHECK(is_floating(dtype), op, ": expects a floating dtype, got ", dtype_name(dtype));
-  LAZYRT_CHECK(trace::current_scope() == 0, op,
-               ": random numbers inside a while_loop body are not supported yet; draw them "
-               "outside and pass them in");
   Generator& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
   NoGradGuard no_grad;
@@ -42,6 +45,15 @@ Tensor draw(int64_t distribution, const Shape& shape, DType dtype, const char* o
 }
 
 }  // namespace
+
+namespace detail {
+Tensor exchange_random_offset(Tensor offset) {
+  Generator& g = generator();
+  std::lock_guard<std::mutex> lock(g.mu);
+  std::swap(g.offset, offset);
+  return offset;
+}
+}  // namespace detail
 
 void manual_seed(uint64_t seed) {
   Generator& g = generator();

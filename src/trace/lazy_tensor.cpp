@@ -48,6 +48,15 @@ TraceScope::~TraceScope() {
   scope_grad_captures.pop_back();
 }
 
+TopLevel::TopLevel() {
+  scope_stack.push_back(0);
+  scope_grad_captures.emplace_back();
+}
+TopLevel::~TopLevel() {
+  scope_stack.pop_back();
+  scope_grad_captures.pop_back();
+}
+
 const std::vector<std::shared_ptr<TensorImpl>>& TraceScope::grad_captures() const {
   return scope_grad_captures.back();
 }

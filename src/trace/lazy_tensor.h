@@ -140,6 +140,16 @@ class TraceScope {
   int64_t id_;
 };
 
+/// While alive (per thread), tensors are made at the top level, outside any loop scope being
+/// traced: for state that lives on, such as the random generator's, made on first use.
+class TopLevel {
+ public:
+  TopLevel();
+  ~TopLevel();
+  TopLevel(const TopLevel&) = delete;
+  TopLevel& operator=(const TopLevel&) = delete;
+};
+
 /// Notes that `t`, which requires grad, is read in the active scopes nested inside its own.
 void note_grad_capture(const std::shared_ptr<TensorImpl>& t);
 

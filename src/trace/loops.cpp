@@ -19,6 +19,7 @@
 
 #include "autograd/autograd.h"
 #include "ops/op_helpers.h"
+#include "ops/random_state.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -409,10 +410,59 @@ Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& region
 
 // ---- tracing ---------------------------------------------------------------------------------
 
-// A while loop's traced regions and the tensors for its captured values.
+// While a body is traced, the generator's offset is the placeholder of carry `index`, so that
+// draws in the body advance it as a carry: each iteration draws new numbers, the same as the
+// unrolled loop's. If the body drew nothing, the carry is dropped (drop_param).
+class RandomCarry {
+ public:
+  explicit RandomCarry(int32_t index)
+      : placeholder_(trace::make_placeholder({DType::i64, {}}, index)), start_(placeholder_.impl()->value()),
+        outer_(detail::exchange_random_offset(placeholder_)) {}
+  ~RandomCarry() {
+    if (!done_) detail::exchange_random_offset(outer_);
+  }
+  RandomCarry(const RandomCarry&) = delete;
+  RandomCarry& operator=(const RandomCarry&) = delete;
+
+  bool drawn() const {
+    const LazyValue now = placeholder_.impl()->value();
+    return now.node != start_.node || now.index != start_.index;
+  }
+  /// Puts the generator's offset back; the offset the body leaves, or undefined if it drew
+  /// nothing.
+  Tensor finish() {
+    detail::exchange_random_offset(outer_);
+    done_ = true;
+    return drawn() ? placeholder_ : Tensor();
+  }
+  /// The generator's offset outside the body: the loop's initial value of the carry, and the
+  /// tensor that takes its final value.
+  const Tensor& outer() const { return outer_; }
+
+ private:
+  Tensor placeholder_;
+  LazyValue start_;
+  Tensor outer_;
+  bool done_ = false;
+};
+
+// Renumbers the parameters of `g` above `index` (which `g` does not read) one down.
+void drop_param(ir::Graph& g, int64_t index) {
+  for (ir::Node& n : g.nodes) {
+    if (n.op != ir::OpKind::Parameter) continue;
+    const int64_t i = ir::NodeAttrs(n.op, n.attrs).i<"index">();
+    LAZYRT_ASSERT(i != index, "drop_param: the region reads parameter ", index);
+    if (i > index) n.attrs = {i - 1};
+  }
+}
+
+// A while loop's traced regions and the tensors for its captured values. `random`: the body
+// draws random numbers, and carries the generator's offset after the given carries.
 struct TracedLoop {
   std::shared_ptr<const ir::Graph> cond, body;
   Carry captures;
+  bool random = false;
+  Tensor outer_offset;
 };
 
 // What a traced region read from outside: its captured values, and the tensors among them that
@@ -434,21 +484,42 @@ TracedLoop trace_loop(const char* op, const std::function<Tensor(const Carry&)>&
     Carry ph;
     for (size_t k = 0; k < types.size(); ++k)
       ph.push_back(Tensor(trace::make_placeholder(types[k], static_cast<int32_t>(k))));
+    RandomCarry rng(static_cast<int32_t>(types.size()));
     Tensor c = cond_fn(ph);
     LAZYRT_CHECK(c.defined() && c.numel() == 1, op, ": cond must return a one-element tensor, got ",
                  c.defined() ? dtype_name(c.dtype()) + shape_str(c.shape()) : std::string("undefined"));
+    LAZYRT_CHECK(!rng.drawn(), op, ": cond draws random numbers; draw them in the body");
     Tensor pred = reshape(c.dtype() == DType::b8 ? c : c != 0, {});
     Carry out = body_fn(ph);
     check_carry(op, init, out, offset);
-    const auto placeholders = static_cast<int64_t>(types.size());
-    loop.cond = std::make_shared<ir::Graph>(
+    Tensor drawn = rng.finish();
+    loop.random = drawn.defined();
+    loop.outer_offset = rng.outer();
+    if (loop.random) out.push_back(drawn);
+    const auto placeholders = static_cast<int64_t>(types.size()) + 1;  // the carries, the offset
+    auto cond = std::make_shared<ir::Graph>(
         extract_region({pred.impl()->value()}, scope.id(), placeholders, outside.captures));
-    loop.body = std::make_shared<ir::Graph>(
+    auto body = std::make_shared<ir::Graph>(
         extract_region(values_of(out), scope.id(), placeholders, outside.captures));
+    if (!loop.random) {
+      drop_param(*cond, static_cast<int64_t>(types.size()));
+      drop_param(*body, static_cast<int64_t>(types.size()));
+    }
+    loop.cond = std::move(cond);
+    loop.body = std::move(body);
     outside.grad_captures = scope.grad_captures();
   }
   loop.captures = outside.tensors();
   return loop;
+}
+
+// The loop's results without the generator's offset, which becomes the generator's.
+Carry settle_random(const TracedLoop& loop, Carry out) {
+  if (!loop.random) return out;
+  Tensor offset = loop.outer_offset;
+  offset.copy_(out.back());
+  out.pop_back();
+  return out;
 }
 
 Carry concat(Carry a, const Carry& b) {
@@ -461,7 +532,9 @@ Carry concat(Carry a, const Carry& b) {
 Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
                  std::function<Carry(const Carry&)> body_fn, Carry init) {
   TracedLoop loop = trace_loop("while_loop", cond_fn, body_fn, init, 0);
-  return record_while(concat(init, loop.captures), {static_cast<int64_t>(init.size())}, {loop.cond, loop.body});
+  if (loop.random) init.push_back(loop.outer_offset);
+  return settle_random(loop, record_while(concat(init, loop.captures), {static_cast<int64_t>(init.size())},
+                                          {loop.cond, loop.body}));
 }
 
 Carry fori_loop(int64_t lower, int64_t upper,
@@ -480,6 +553,7 @@ Carry fori_loop(int64_t lower, int64_t upper,
         return next;
       },
       carry, 1);
+  if (loop.random) carry.push_back(loop.outer_offset);
   Carry operands = concat(carry, loop.captures);
   Carry out;
   if (needs_grad(operands)) {
@@ -489,6 +563,7 @@ Carry fori_loop(int64_t lower, int64_t upper,
   } else {
     out = record_region_op(ir::OpKind::While, operands, {static_cast<int64_t>(carry.size())}, {loop.cond, loop.body});
   }
+  out = settle_random(loop, std::move(out));
   return Carry(out.begin() + 1, out.end());
 }
 
@@ -510,15 +585,19 @@ std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool revers
   ScanShape shape{carries, static_cast<int64_t>(xs.size()), length, reverse, {}};
   std::shared_ptr<ir::Graph> body;
   Outside outside;
+  TracedLoop rng_state;  // only its random fields
   {
     autograd::BodyTrace body_trace;
     trace::TraceScope scope;
+    // Placeholders: the carries, the generator's offset (dropped if the body draws nothing),
+    // one row of each stacked input.
     Carry ph_carry, ph_x;
     for (size_t k = 0; k < init.size(); ++k)
       ph_carry.push_back(Tensor(trace::make_placeholder(carry_types[k], static_cast<int32_t>(k))));
+    RandomCarry rng(static_cast<int32_t>(carries));
     for (size_t j = 0; j < xs.size(); ++j) {
       ir::TensorType row{x_types[j].dtype, Shape(x_types[j].shape.begin() + 1, x_types[j].shape.end())};
-      ph_x.push_back(Tensor(trace::make_placeholder(row, static_cast<int32_t>(carries + static_cast<int64_t>(j)))));
+      ph_x.push_back(Tensor(trace::make_placeholder(row, static_cast<int32_t>(carries + 1 + static_cast<int64_t>(j)))));
     }
     auto [next, ys] = fn(ph_carry, ph_x);
     check_carry(op, init, next, 0);
@@ -526,12 +605,23 @@ std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool revers
       LAZYRT_CHECK(ys[m].defined(), op, ": fn's stacked output ", m, " is undefined");
       shape.y_rows.push_back(type_of(ys[m]));
     }
+    Tensor drawn = rng.finish();
+    rng_state.random = drawn.defined();
+    rng_state.outer_offset = rng.outer();
+    if (rng_state.random) next.push_back(drawn);
     body = std::make_shared<ir::Graph>(
-        extract_region(values_of(concat(next, ys)), scope.id(), carries + shape.xs, outside.captures));
+        extract_region(values_of(concat(next, ys)), scope.id(), carries + 1 + shape.xs, outside.captures));
+    if (!rng_state.random) drop_param(*body, carries);
     outside.grad_captures = scope.grad_captures();
   }
+  if (rng_state.random) {
+    init.push_back(rng_state.outer_offset);
+    ++shape.carries;
+  }
   Carry out = record_scan(concat(concat(init, xs), outside.tensors()), shape, std::move(body), snapshots);
-  return {Carry(out.begin(), out.begin() + carries), Carry(out.begin() + carries, out.end())};
+  const auto kept = static_cast<int64_t>(shape.carries);
+  Carry carry = settle_random(rng_state, Carry(out.begin(), out.begin() + kept));
+  return {std::move(carry), Carry(out.begin() + kept, out.end())};
 }
 
 }  // namespace lazyrt

@@ -485,3 +485,63 @@ def test_random_scan_bodies_match_torch(seed):
         else:
             assert lg.grad is not None, f"input {k}: no gradient"
             np.testing.assert_allclose(lg.grad.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"input {k}")
+
+
+# ---- random numbers in bodies ------------------------------------------------------------
+# The unrolled loop under the same seed is the reference (torch's generator is another one):
+# every form must draw the same numbers, leave the generator in the same state, and give the
+# same gradients through a dropout.
+
+
+def unrolled_or_looped(form, body, n, init):
+    if form == "unrolled":
+        c = init
+        for i in range(n):
+            c = body(lr.tensor(i), c)
+        return c
+    if form == "fori":
+        return lr.fori_loop(0, n, body, init)
+    if form == "while":
+        _, c = lr.while_loop(lambda i, c: i < n, lambda i, c: (i + 1, body(i, c)), (lr.tensor(0), init))
+        return c
+    return lr.scan(lambda c, x: (body(x, c), None), init, lr.arange(n), snapshots=2 if form == "scan_ck" else 0)[0]
+
+
+@pytest.mark.parametrize("form", ["fori", "while", "scan", "scan_ck"])
+def test_random_numbers_in_bodies_are_the_unrolled_loops(form):
+    def run(form):
+        lr.manual_seed(21)
+        w = lr.tensor([0.9, -0.4, 1.3], requires_grad=form != "while")
+
+        def body(i, c):
+            return lr.tanh(lr.dropout(c * w, 0.3, True) + lr.randn(3) * 0.1 + lr.rand(3))
+        c = unrolled_or_looped(form, body, 7, lr.tensor([0.2, -0.1, 0.4]))
+        out = [c.numpy()]
+        if form != "while":
+            c.sum().backward()
+            out.append(w.grad.numpy())
+        out.append(lr.rand(4).numpy())  # the generator continues where the loop ended
+        return out
+
+    got, want = run(form), run("unrolled")
+    if form == "while":
+        want = [want[0], want[2]]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_each_iteration_draws_new_numbers_and_modules_can_be_built_in_a_body():
+    lr.manual_seed(22)
+    _, ys = lr.scan(lambda c, x: (c, lr.rand(2)), lr.zeros(1), None, length=5)
+    rows = ys.numpy()
+    assert len({tuple(r) for r in rows}) == 5  # five different draws
+
+    def run(unrolled):
+        lr.manual_seed(23)
+        with lr.no_grad():
+            def body(i, c):
+                return lr.nn.Linear(3, 3)(c)  # its initialisation draws
+            return unrolled_or_looped("unrolled" if unrolled else "fori", body, 3, lr.ones(2, 3)).numpy()
+    np.testing.assert_array_equal(run(False), run(True))
+    with pytest.raises(lr.Error, match="cond draws random numbers"):
+        lr.while_loop(lambda c: (c + lr.rand(1)).sum() < 3, lambda c: c + 1, (lr.zeros(1),))

@@ -115,10 +115,22 @@ TEST(Random, DrawsAreGraphInputsNotConstants) {
   EXPECT_EQ(w2.to_vector<float>(), seen[4]) << "the same seed gives the same sequence";
 }
 
-TEST(Random, RefusedInsideLoopBodies) {
-  EXPECT_THROW(fori_loop(0, 3, [](const Tensor&, const Carry& c) { return Carry{c[0] + rand({1})}; },
-                         {zeros({1})}),
-               Error);
+TEST(Random, InsideLoopBodiesEachIterationDrawsTheNextNumbers) {
+  // A loop of three draws gives the unrolled loop's three draws (and sums), and the generator
+  // continues after them (tests/cpp/trace/scan_test.cpp covers every loop form and gradients).
+  manual_seed(5);
+  std::vector<float> unrolled;
+  float sum = 0;
+  for (int i = 0; i < 3; ++i) {
+    unrolled.push_back(static_cast<float>(rand({1}).item()));
+    sum += unrolled.back();
+  }
+  const float after = static_cast<float>(rand({1}).item());
+  manual_seed(5);
+  Carry c = fori_loop(0, 3, [](const Tensor&, const Carry& c) { return Carry{c[0] + rand({1})}; }, {zeros({1})});
+  EXPECT_FLOAT_EQ(static_cast<float>(c[0].item()), sum);
+  EXPECT_EQ(static_cast<float>(rand({1}).item()), after);
+  EXPECT_NE(unrolled[0], unrolled[1]);
 }
 
 }  // namespace lazyrt
