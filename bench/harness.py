@@ -9,8 +9,11 @@ the median and the spread [min, max] of the samples.
 
 import ctypes
 import gc
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 
@@ -117,6 +120,16 @@ def check_close(what, got, expected, rtol, atol):
 
 
 # ---- memory of the process ------------------------------------------------------------------
+
+def run_child(opts, *child_args):
+    """Runs bench/suite.py --child CHILD_ARGS... in a process of its own (same build, same thread
+    count) and returns the JSON object its last output line holds."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, os.path.join(here, "suite.py"), "--build", opts.build, "--threads", str(opts.threads),
+           "--child", *[str(a) for a in child_args]]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
 
 def _status_kib(field):
     with open("/proc/self/status") as f:

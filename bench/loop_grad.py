@@ -19,15 +19,13 @@ device-buffer peak. Every form's gradients are checked against PyTorch's where b
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import numpy as np
 import torch
 
 import lazyrt as lr
-from harness import BenchmarkError, Samples, check_close, num, peak_rss, ratio, reset_peak_rss, table
+from harness import check_close, num, peak_rss, ratio, reset_peak_rss, run_child, table
 
 BATCH, WIDTH, DT = 64, 256, 0.1
 SNAPSHOTS = 100
@@ -99,11 +97,7 @@ def child(form, n):
 
 
 def measure(opts, form, n):
-    here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [sys.executable, os.path.join(here, "suite.py"), "--build", opts.build, "--threads", str(opts.threads),
-           "--child", "loop-grad", form, str(n)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(opts, "loop-grad", form, n)
 
 
 def project(history, n, key):

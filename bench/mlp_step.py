@@ -20,15 +20,12 @@ through /proc/self/clear_refs). For lazyrt the device memory it accounts itself 
 import ctypes
 import ctypes.util
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import torch
 
 import lazyrt as lr
-from harness import (BenchmarkError, calls_for, check_close, peak_rss, ratio, reset_peak_rss, table,
+from harness import (BenchmarkError, calls_for, check_close, peak_rss, ratio, reset_peak_rss, run_child, table,
                      time_side_by_side)
 
 BATCH, SIZES = 256, (784, 1024, 1024, 10)
@@ -182,11 +179,7 @@ def child_peak_memory(peer, steps):
 
 
 def peak_memory(opts, peer, steps):
-    here = os.path.dirname(os.path.abspath(__file__))
-    cmd = [sys.executable, os.path.join(here, "suite.py"), "--build", opts.build, "--threads", str(opts.threads),
-           "--child", "mlp-memory", peer, str(steps)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(opts, "mlp-memory", peer, steps)
 
 
 # ---- the benchmark ---------------------------------------------------------------------------
