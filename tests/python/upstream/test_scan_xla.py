@@ -6,9 +6,10 @@ and stacks the ys, and scan_layers against applying the layers one after another
 values and the gradients. Here each scan body is written once, over a namespace of ops, and run
 twice: through lazyrt.scan (or lazyrt.scan_layers) on lazyrt tensors, and as that Python loop
 in PyTorch eager (torch 1.13) on the same values. PyTorch's results and autograd gradients are
-the expected values. Layers are lazyrt.nn modules whose weights are copied into the equivalent
-torch.nn modules. lazyrt's lr.tensor(a, requires_grad=True), .requires_grad, .backward(), .grad
-and lr.no_grad() follow torch's.
+the expected values (except for random numbers drawn in fn, test_scan_rand_in_fn: see below).
+Layers are lazyrt.nn modules whose weights are copied into the equivalent torch.nn modules.
+lazyrt's lr.tensor(a, requires_grad=True), .requires_grad, .backward(), .grad and lr.no_grad()
+follow torch's.
 
 Gradients: as upstream's run_test, run_both sums every output, runs backward, and compares the
 gradients of init and xs with torch's; it also checks that each output requires grad as torch's
@@ -40,6 +41,10 @@ Differences from upstream, where lazyrt's model needs them:
   autograd context saves the xs tensor itself when fn's activation is its input x. lazyrt has
   no saved-tensor hooks; its counterpart is that the backward scan in the gradient's graph takes
   xs itself (its graph parameter) as rows. The gradients are compared with torch's.
+- test_scan_rand_in_fn: as upstream, the rows of ys drawn inside fn (lr.rand) differ. torch's
+  generator is not lazyrt's, so here PyTorch is not the oracle: the reference is the same fn
+  applied in an unrolled Python loop of lazyrt ops under the same lr.manual_seed, whose carry,
+  ys and next draw after the loop lazyrt.scan must match exactly.
 - test_scan_with_rematerialization: the gradients are compared (run_both); its partition_fn half
   is left out: lazyrt has no partition_fn, so neither the min-cut run nor the HLO sine counts
   have a counterpart. (lazyrt's backward always recomputes a row's intermediates from the carry
@@ -81,7 +86,6 @@ Left out, and why:
 - The partition_fn half of test_scan_with_rematerialization (min-cut rematerialization and HLO
   sine counts), and the value_and_grad_partitioned split itself: lazyrt has no partition_fn
   or rematerialization control.
-- test_scan_rand_in_fn: random numbers inside loop bodies are not supported yet.
 - test_scan_input_in_place_mutation: upstream expects an autograd error when fn modifies its
   own carry argument in place. lazyrt's in-place ops rebind the handle to a new value (tensors
   are immutable), so inside fn that is an ordinary functional update, not an error.
@@ -409,6 +413,41 @@ def test_scan_output_none():
 def test_scan_output_unit():
     carry, ys = run_both(lambda lib: (lambda carry, x: (lib.T.cos(carry) + x, ())), f32([1.0, 1.0]), XS_27)
     assert ys == ()
+
+
+def test_scan_rand_in_fn():
+    # Upstream: each of fn's iterations draws new numbers, so the rows of ys (zeros plus
+    # lr.rand(2)) differ. torch's generator is not lazyrt's, so for random values the reference
+    # is the same fn applied in an unrolled Python loop of lazyrt ops under the same
+    # lr.manual_seed: lazyrt.scan must give exactly its numbers, and leave the generator where
+    # that loop leaves it.
+    def step_fn(carry, x):
+        new_carry = carry + x
+        return new_carry, new_carry + lr.rand(2)
+
+    def run(scan):
+        lr.manual_seed(1234)
+        init, xs = lr.zeros(2), lr.zeros(3, 2)
+        if scan:
+            carry, ys = lr.scan(step_fn, init, xs)
+        else:
+            carry, rows = init, []
+            for i in range(3):
+                carry, y = step_fn(carry, xs[i])
+                rows.append(y)
+            ys = lr.stack(rows)
+        return carry.numpy(), ys.numpy(), lr.rand(4).numpy()
+
+    carry, ys, after = run(scan=True)
+    assert ys.shape == (3, 2) and ys.dtype == np.float32
+    # As upstream: values across the first dimension are not the same.
+    assert ys[0][0] != ys[1][0] and ys[0][1] != ys[1][1]
+    assert len(np.unique(ys)) == ys.size, ys  # no row repeats another's draw, nor any element
+    assert ((ys >= 0) & (ys < 1)).all(), ys
+    want_carry, want_ys, want_after = run(scan=False)
+    np.testing.assert_array_equal(carry, want_carry)
+    np.testing.assert_array_equal(ys, want_ys)
+    np.testing.assert_array_equal(after, want_after)  # the generator continues as after the loop
 
 
 def test_scan_activation_aliases_input():

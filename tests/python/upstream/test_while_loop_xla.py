@@ -5,10 +5,16 @@ against the same computation in PyTorch eager (a plain Python loop), as upstream
 while_loop against its `_fake_while_loop`. Weights come from lazyrt's modules and are copied
 into torch's, so both sides compute from the same values.
 
+As upstream, the "linear outside loop, change weight and bias" cases (3 iterations, and 102
+with a computed layer index) build a Linear(2, 2) inside the body and replace its weight and
+bias with Parameters (requires_grad=False) made from the carried tensors, with grad disabled;
+lazyrt's body does the same with lr.nn.Linear and lr.nn.Parameter. Not upstream: the Linear's
+initialisation draws random numbers in each iteration, so these cases also check that the
+generator continues after lazyrt.while_loop exactly as after the same body in an unrolled
+Python loop of lazyrt ops under the same lr.manual_seed (torch's generator is not lazyrt's, so
+for the draws that loop is the reference; PyTorch eager stays the reference for the values).
+
 Differences from upstream, where lazyrt's model needs them:
-- Upstream builds a torch.nn.Linear inside the body from carried weights; here the body applies
-  the same affine map with functional ops (modules made inside a body draw random numbers for
-  their initialisation, which loop bodies do not support yet).
 - The MNIST body's BatchNorm2d layers are fresh and in eval mode upstream: y / sqrt(1 + eps)
   with their default statistics; lazyrt has no BatchNorm yet, so the body computes exactly that.
 - `next_iteri % 3` is computed with floor division in float64 (lazyrt has no remainder op yet).
@@ -70,34 +76,64 @@ WEIGHTS = [[[5.1, 6.2], [7.3, 8.4]], [[1.0, 2.0], [3.0, 4.0]], [[1.0, 2.0], [3.0
 BIAS = [[[16.0, 17.0], [0.0, 0.0]], [[1.0, 2.0], [0.0, 0.0]], [[1.0, 2.0], [0.0, 0.0]]]
 
 
-def layered_linear(weights, bias, iters, pick, lib):
+def layered_linear(weights, bias, iters, pick, lib, loop=None):
     """Upstream's 'linear outside loop, change weight and bias': x carries (weight, bias, value);
-    each iteration applies the carried layer and loads the next one with index pick(next_i)."""
+    each iteration builds a Linear(2, 2) inside the body, sets its weight and bias to Parameters
+    made from the carried x[0] and x[1][0] (requires_grad=False), as upstream does, applies it to
+    x[2], and loads the next layer with index pick(next_i). Grad is off, as upstream's
+    torch.set_grad_enabled(False). loop: lazyrt.while_loop (the default for lazyrt) or the
+    Python loop (fake_while_loop, always for torch). Returns the final x."""
     T = torch if lib is torch else lr
+    nn = torch.nn if lib is torch else lr.nn
     tensor = torch.tensor if lib is torch else lr.tensor
     w, b = tensor(weights), tensor(bias)
     inputs = T.stack((w[0], b[0], tensor([[1.0, 2.0], [3.0, 4.0]])))
 
     def body(i, weights, bias, x):
-        y = T.matmul(x[2], T.transpose(x[0], 0, 1)) + x[1][0]
-        k = pick(i - 1)
-        return i - 1, weights, bias, T.stack((weights[k], bias[k], y))
+        local_linear = nn.Linear(2, 2)
+        local_linear.weight = nn.Parameter(data=x[0], requires_grad=False)
+        local_linear.bias = nn.Parameter(data=x[1][0], requires_grad=False)
+        next_i = i - 1
+        k = pick(next_i)
+        return next_i, weights, bias, T.stack((weights[k], bias[k], local_linear(x[2])))
 
     init = (tensor(iters, dtype=T.int32), w, b, inputs)
     cond = lambda i, *rest: i >= 0  # noqa: E731
-    if lib is torch:
-        return fake_while_loop(cond, body, init)[3]
-    return lr.while_loop(cond, body, init)[3]
+    if loop is None:
+        loop = fake_while_loop if lib is torch else lr.while_loop
+    with (torch.no_grad() if lib is torch else lr.no_grad()):
+        return loop(cond, body, init)[3]
+
+
+def check_layered_linear(weights, bias, iters, pick_lazy, pick_torch, compare):
+    """lazyrt.while_loop against PyTorch eager's Python loop (the values). Not upstream: each
+    body builds a Linear, whose initialisation draws random numbers (discarded when its weight
+    and bias are replaced); the generator must continue after the loop exactly as after the
+    same body in an unrolled Python loop of lazyrt ops under the same lr.manual_seed (torch's
+    generator is not lazyrt's, so that loop is the reference for the draws)."""
+    lr.manual_seed(5)
+    got = layered_linear(weights, bias, iters, pick_lazy, lr)
+    after = lr.rand(4).numpy()
+    lr.manual_seed(5)
+    unrolled = layered_linear(weights, bias, iters, pick_lazy, lr, loop=fake_while_loop)
+    unrolled_after = lr.rand(4).numpy()
+    lr.manual_seed(5)
+    no_loop = lr.rand(4).numpy()
+    want = layered_linear(weights, bias, iters, pick_torch, torch)
+    compare(got.numpy(), want.numpy())
+    compare(unrolled.numpy(), want.numpy())
+    np.testing.assert_array_equal(after, unrolled_after)
+    assert not np.array_equal(after, no_loop), "the Linears built in the body drew nothing"
+    return want
 
 
 def test_while_loop_simple_linear_outside_loop_change_weight_bias():
-    got = layered_linear(WEIGHTS, BIAS, 2, lambda n: -n - 1, lr)
-    want = layered_linear(WEIGHTS, BIAS, 2, lambda n: -n - 1, torch)
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    check_layered_linear(WEIGHTS, BIAS, 2, lambda n: -n - 1, lambda n: -n - 1,
+                         lambda g, w: np.testing.assert_allclose(g, w, rtol=1e-6))
 
 
 def test_while_loop_102_layers_with_a_computed_layer_index():
-    # Upstream's 100-layer case: 102 iterations, layer index (i - 1) % 3, all layers equal.
+    # Upstream's 100-layer case: 102 iterations, layer index (next_i % 3), all layers equal.
     # The values overflow to inf in float32, in both libraries alike.
     weights = [[[1.0, 2.0], [3.0, 4.0]]] * 3
     bias = [[[1.0, 2.0], [0.0, 0.0]]] * 3
@@ -105,9 +141,8 @@ def test_while_loop_102_layers_with_a_computed_layer_index():
     def mod3_lazy(n):
         return -((n - (n.to(lr.float64) / 3).floor().to(n.dtype) * 3)) - 1
 
-    got = layered_linear(weights, bias, 101, mod3_lazy, lr)
-    want = layered_linear(weights, bias, 101, lambda n: -(n % 3) - 1, torch)
-    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    want = check_layered_linear(weights, bias, 101, mod3_lazy, lambda n: -(n % 3) - 1,
+                                np.testing.assert_array_equal)
     assert np.isinf(want.numpy()[2]).any(), "the case reaches float32's overflow, as upstream's does"
 
 
