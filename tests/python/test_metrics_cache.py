@@ -1,5 +1,6 @@
 """lazyrt.metrics, lazyrt.cache and lazyrt.debug from Python, and the package itself."""
 
+import os
 import subprocess
 import sys
 
@@ -56,8 +57,10 @@ def test_debug_graph_text_and_memory():
 def test_the_package_imports_cleanly_in_a_fresh_interpreter():
     code = ("import lazyrt as lr; import lazyrt.nn, lazyrt.optim, lazyrt.metrics, lazyrt.cache, lazyrt.debug; "
             "import lazyrt.nn.functional as F; print(lr.__version__, (lr.ones(2) + 1).tolist())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": __import__("os").pathsep.join(sys.path)})
+    # A minimal environment, but a sanitizer run's settings carry over (the runtime is preloaded).
+    env = {"PYTHONPATH": os.pathsep.join(sys.path)}
+    env.update({k: os.environ[k] for k in ("LD_PRELOAD", "ASAN_OPTIONS", "PYTHONMALLOC") if k in os.environ})
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0.1.0", "[2.0,", "2.0]"]
 
