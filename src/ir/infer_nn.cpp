@@ -36,6 +36,22 @@ void check_index_dtype(std::string_view op, const TensorType& index, bool allow_
   }
 }
 
+// Size arithmetic that must fit in int64: a lazyrt::Error naming the op when it does not
+// (attributes such as padding or dilation come from users, and from cache entries).
+struct Sizes {
+  std::string_view op;
+  int64_t mul(int64_t a, int64_t b) const {
+    int64_t r;
+    LAZYRT_CHECK(!__builtin_mul_overflow(a, b, &r), op, ": size arithmetic overflows (", a, " * ", b, ")");
+    return r;
+  }
+  int64_t add(int64_t a, int64_t b) const {
+    int64_t r;
+    LAZYRT_CHECK(!__builtin_add_overflow(a, b, &r), op, ": size arithmetic overflows (", a, " + ", b, ")");
+    return r;
+  }
+};
+
 // Two entries, each at least `min`.
 void check_pair(std::string_view op, std::string_view what, const std::vector<int64_t>& v,
                 int64_t min) {
@@ -72,11 +88,12 @@ std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, cons
   check_rank_attr(op, "high", high, x);
   check_rank_attr(op, "interior", interior, x);
   Shape out(x.shape.size());
+  const Sizes z{op};
   for (size_t d = 0; d < x.shape.size(); ++d) {
     const int64_t n = x.shape[d];
     LAZYRT_CHECK(interior[d] >= 0, op, ": interior padding must be non-negative, got ",
                  interior[d]);
-    out[d] = low[d] + high[d] + n + std::max<int64_t>(n - 1, 0) * interior[d];
+    out[d] = z.add(z.add(z.add(low[d], high[d]), n), z.mul(std::max<int64_t>(n - 1, 0), interior[d]));
     LAZYRT_CHECK(out[d] >= 0, op, ": padding (", low[d], ", ", high[d], ") of dim ", d,
                  " of ", type_str(x), " gives a negative size ", out[d]);
   }
@@ -207,21 +224,23 @@ TensorType conv_result(std::string_view op, const TensorType& x, const TensorTyp
   check_pair(op, "padding", c.padding, 0);
   check_pair(op, "dilation", c.dilation, 1);
   LAZYRT_CHECK(c.groups > 0, op, ": groups must be positive, got ", c.groups);
+  const Sizes z{op};
   const int64_t out_channels = w.shape[0];
   LAZYRT_CHECK(out_channels > 0 && out_channels % c.groups == 0, op, ": given groups=", c.groups,
                ", expected the weight's dim 0 to be a positive multiple of ", c.groups,
                ", got weight ", type_str(w));
-  LAZYRT_CHECK(x.shape[1] == w.shape[1] * c.groups, op, ": given groups=", c.groups,
+  const int64_t in_channels = z.mul(w.shape[1], c.groups);
+  LAZYRT_CHECK(x.shape[1] == in_channels, op, ": given groups=", c.groups,
                " and weight ", type_str(w), ", expected input ", type_str(x), " to have ",
-               w.shape[1] * c.groups, " channels, but got ", x.shape[1]);
+               in_channels, " channels, but got ", x.shape[1]);
   Shape out{x.shape[0], out_channels, 0, 0};
   for (int k = 0; k < 2; ++k) {
-    const int64_t padded = x.shape[2 + k] + 2 * c.padding[k];
-    const int64_t span = c.dilation[k] * (w.shape[2 + k] - 1) + 1;
-    LAZYRT_CHECK(w.shape[2 + k] > 0 && padded >= span, op, ": the padded input size (",
-                 x.shape[2] + 2 * c.padding[0], " x ", x.shape[3] + 2 * c.padding[1],
-                 ") is smaller than the dilated kernel of weight ", type_str(w), " (input ",
-                 type_str(x), ")");
+    LAZYRT_CHECK(w.shape[2 + k] > 0, op, ": the weight's kernel is empty: ", type_str(w));
+    const int64_t padded = z.add(x.shape[2 + k], z.mul(2, c.padding[k]));
+    const int64_t span = z.add(z.mul(c.dilation[k], w.shape[2 + k] - 1), 1);
+    LAZYRT_CHECK(padded >= span, op, ": the padded input size (", padded, " along dim ", 2 + k,
+                 ") is smaller than the dilated kernel (", span, ") of weight ", type_str(w),
+                 " (input ", type_str(x), ", padding ", shape_str(c.padding), ")");
     out[2 + k] = (padded - span) / c.stride[k] + 1;
   }
   return {x.dtype, out};
@@ -257,13 +276,14 @@ Shape pool_result(std::string_view op, const TensorType& x, const PoolAttrs& p) 
     LAZYRT_CHECK(p.padding[k] <= p.kernel[k] / 2, op,
                  ": padding should be at most half of the kernel size, got padding ",
                  shape_str(p.padding), " and kernel_size ", shape_str(p.kernel));
+    const Sizes z{op};
     const int64_t in = x.shape[2 + k];
     const int64_t s = p.stride[k];
-    const int64_t num = in + 2 * p.padding[k] - p.dilation[k] * (p.kernel[k] - 1) - 1 +
-                        (p.ceil_mode ? s - 1 : 0);
+    const int64_t num = z.add(z.add(z.add(in, z.mul(2, p.padding[k])), -z.add(z.mul(p.dilation[k], p.kernel[k] - 1), 1)),
+                              p.ceil_mode ? s - 1 : 0);
     int64_t o = (num >= 0 ? num / s : -((-num + s - 1) / s)) + 1;  // floor division
     // The last window must start inside the input or its left padding.
-    if (p.ceil_mode && (o - 1) * s >= in + p.padding[k]) --o;
+    if (p.ceil_mode && z.mul(o - 1, s) >= z.add(in, p.padding[k])) --o;
     out[2 + k] = o;
   }
   LAZYRT_CHECK(out[2] >= 1 && out[3] >= 1, op, ": input ", type_str(x), " with kernel_size ",

@@ -34,6 +34,18 @@ TEST(OpErrors, IntegerConstantsOutOfRangeAreRefusedNotWrapped) {
   EXPECT_FALSE(small.is_pending());
 }
 
+TEST(OpErrors, ShapeRulesRefuseSizesThatOverflow) {
+  // Each of these wrapped int64 arithmetic in its shape rule (padding, dilation, kernel).
+  Tensor x = zeros({1, 1, 4, 4}), w = zeros({1, 1, 3, 3});
+  const int64_t huge = int64_t{1} << 62;
+  EXPECT_THAT(error_of([&] { conv2d(x, w, Tensor(), {1}, {huge}); }), HasSubstr("conv2d: size arithmetic overflows"));
+  EXPECT_THAT(error_of([&] { conv2d(x, w, Tensor(), {1}, {0}, {huge}); }), HasSubstr("conv2d: size arithmetic overflows"));
+  EXPECT_THAT(error_of([&] { pad(x, {huge, huge}); }), HasSubstr("size arithmetic overflows"));
+  EXPECT_THAT(error_of([&] { max_pool2d(x, {3}, {1}, {0}, {huge}); }), HasSubstr("max_pool2d: size arithmetic overflows"));
+  EXPECT_THAT(error_of([&] { conv2d(x, w, Tensor(), {1}, {0}, {2}); }),
+              HasSubstr("the padded input size (4 along dim 2) is smaller than the dilated kernel (5)"));
+}
+
 TEST(OpErrors, MatmulInnerDimensionMismatchNamesBothShapes) {
   Tensor a = f32_2x3();
   Tensor b = zeros({4, 5});
