@@ -70,7 +70,8 @@ def test_hyperparameters_change_through_param_groups():
 def test_param_group_dicts_closures_and_state():
     p = lr.tensor([3.0], requires_grad=True)
     opt = lr.optim.Adam([{"params": [p], "lr": 0.5}])
-    assert opt.param_groups[0]["lr"] == 0.5 and opt.defaults["lr"] == 0.5
+    # As torch: defaults are the constructor's keywords; the group overrides them.
+    assert opt.param_groups[0]["lr"] == 0.5 and opt.defaults["lr"] == 1e-3
 
     def closure():
         opt.zero_grad()
