@@ -158,12 +158,44 @@ class MaxPool2d : public Module {
   bool ceil_mode;
 };
 
+// ---- functional layers (torch.nn.functional's names and defaults) ---------------------------
+/// Batch normalization over dim 1 of [N, C, *]: with training (or no running statistics),
+/// the batch's mean and biased variance normalize, and running_mean / running_var (when
+/// given) are updated in place to (1 - momentum) * running + momentum * batch statistic, the
+/// variance unbiased; otherwise the running statistics normalize. weight and bias: [C].
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
+                  double momentum = 0.1, double eps = 1e-5);
+/// Normalization of [N, C, *] over groups of C / num_groups channels (and every other dim),
+/// then weight and bias per channel.
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+/// Average pooling of [N, C, H, W] (or [C, H, W]) to output_size (one value for both dims or
+/// two; -1 keeps that dim), with torch's bins: output i averages input rows
+/// floor(i H / OH) .. ceil((i + 1) H / OH) - 1.
+Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size);
+/// Resizing of [N, C, H, W] to `size`, or by `scale_factor` (one value or two; the output is
+/// floor(in * factor), and the factor itself maps coordinates, as torch does without
+/// recompute_scale_factor). mode "nearest" (torch's, not "nearest-exact") or "bilinear"
+/// (align_corners false by default).
+Tensor interpolate(const Tensor& input, std::vector<int64_t> size = {}, std::vector<double> scale_factor = {},
+                   const std::string& mode = "nearest", std::optional<bool> align_corners = std::nullopt);
+/// softmax(q k^T * scale + mask) v over [..., L, E] queries, [..., S, E] keys and [..., S, Ev]
+/// values (batch dims broadcast), scale 1 / sqrt(E) unless given. attn_mask: b8 (true keeps a
+/// position) or floating (added), broadcast to [..., L, S]; is_causal masks positions j > i.
+/// dropout_p drops attention weights (always: pass 0 in evaluation).
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0,
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt);
+
 // ---- losses (reduction: "mean", "sum" or "none") -------------------------------------------
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
-/// logits [N, C], integer targets [N] in [0, C). With label smoothing e the target
-/// distribution is (1 - e) one-hot + e / C, as in PyTorch.
+/// logits [N, C] (or [N, C, d1, ...], or [C]) and integer targets [N] ([N, d1, ...], []) in
+/// [0, C), or floating class probabilities of the logits' shape. With label smoothing e the
+/// target distribution is (1 - e) target + e / C, as in PyTorch. Targets equal to
+/// ignore_index add nothing, and "mean" averages over the others (nan when there are none).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0,
-                     const std::string& reduction = "mean");
+                     const std::string& reduction = "mean", int64_t ignore_index = -100);
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const std::string& reduction = "mean");
 

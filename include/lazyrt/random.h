@@ -23,6 +23,12 @@ Tensor randint(int64_t low, int64_t high, Shape shape, DType dtype = DType::i64)
 /// 1 with probability p[i], else 0, in p's dtype.
 Tensor bernoulli(const Tensor& p);
 Tensor bernoulli(Shape shape, double p, DType dtype = DType::f32);
+/// num_samples category indices (i64) per row of probs ([C] or [N, C], non-negative weights,
+/// not necessarily normalized), drawn with or without replacement. Without replacement the
+/// draw is the Gumbel top-k (the same distribution as drawing one by one); nothing is read
+/// on the host, so a row with fewer non-zero weights than num_samples is not refused (torch
+/// raises) and yields some zero-weight categories.
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
 /// Dropout's mask: 0 with probability p, else 1 / (1 - p).
 Tensor dropout_mask(Shape shape, double p, DType dtype = DType::f32);
 /// x * dropout_mask(...) when training and p > 0; x itself otherwise.

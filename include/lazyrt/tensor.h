@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lazyrt/types.h"
@@ -456,6 +457,46 @@ Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<DType> dtype = st
 Tensor layer_norm(const Tensor& a, const Shape& normalized_shape,
                   const std::optional<Tensor>& weight = std::nullopt,
                   const std::optional<Tensor>& bias = std::nullopt, double eps = 1e-5);
+
+// Along one dim.
+/// The running sum / product along dim. Integer and bool tensors give i64 (as in torch);
+/// with dtype the input is cast to it first. Floating sums accumulate in double.
+Tensor cumsum(const Tensor& a, int64_t dim, std::optional<DType> dtype = std::nullopt);
+Tensor cumprod(const Tensor& a, int64_t dim, std::optional<DType> dtype = std::nullopt);
+/// Sorted values and their indices (i64) along dim. The sort is always stable (equal values
+/// keep their order, so `stable` changes nothing); nan sorts above every number. A 0-dim
+/// tensor sorts as one element.
+std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim = -1, bool descending = false,
+                               bool stable = false);
+Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false, bool stable = false);
+/// The k largest (smallest) values along dim and their indices, in sorted order whether or not
+/// `sorted` asks for it; ties go to the lower index.
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true,
+                               bool sorted = true);
+/// clamp with one bound.
+Tensor clamp_min(const Tensor& a, Scalar min);
+Tensor clamp_min(const Tensor& a, const Tensor& min);
+Tensor clamp_max(const Tensor& a, Scalar max);
+Tensor clamp_max(const Tensor& a, const Tensor& max);
+
+// Shape compositions.
+/// Elements shifted by shifts[i] along dims[i], wrapping around; without dims the flattened
+/// tensor is rolled and the shape restored.
+Tensor roll(const Tensor& a, std::vector<int64_t> shifts, std::vector<int64_t> dims = {});
+/// a repeated reps[i] times along dim i; fewer reps than dims are padded with leading ones
+/// (the difference from repeat).
+Tensor tile(const Tensor& a, std::vector<int64_t> reps);
+/// Coordinate grids of 1-D (or 0-dim) tensors of one dtype: indexing "ij" (matrix) or "xy"
+/// (Cartesian: the first two dims swapped).
+std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors, std::string_view indexing = "ij");
+/// beta * input + alpha * (batch1 @ batch2) for [b, n, k] x [b, k, m]; input broadcasts to
+/// [b, n, m], and with beta == 0 it is ignored (nan and inf included).
+Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, Scalar beta = 1,
+               Scalar alpha = 1);
+/// Einstein summation, as torch.einsum: "ij,jk->ik", implicit outputs ("ij,jk": the labels
+/// used once, sorted), "..." for broadcast dims, and a label repeated in one operand (its
+/// diagonal). Contracts pairwise from the left through batched matmuls.
+Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands);
 
 // ---- sync ------------------------------------------------------------------------------
 /// Syncs every live tensor that holds pending IR, as one graph.

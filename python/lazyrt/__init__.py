@@ -19,7 +19,9 @@ from lazyrt import _C
 # with PyTorch's aliases float, long, ...), and every op bound in python/src/ops.cpp, so an op
 # added there needs nothing here.
 from lazyrt._C import *  # noqa: F401,F403
-from lazyrt._tensor import tensor, as_tensor, arange, from_torch, to_torch  # noqa: F401
+from lazyrt._tensor import tensor, as_tensor, arange, device, from_torch, to_torch  # noqa: F401
+from lazyrt._tensor import FACTORIES as _FACTORIES
+globals().update(_FACTORIES)  # zeros, ones, ... taking PyTorch's device= as well
 from lazyrt._autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401
 from lazyrt._replay import GraphInputMatcher  # noqa: F401
 from lazyrt._loops import while_loop, fori_loop, scan, scan_layers  # noqa: F401  (pytrees over _C's loops)

@@ -5,6 +5,9 @@ bools -> bool; an ndarray keeps its dtype). from_numpy / as_tensor / from_torch 
 where the layout allows, and lazyrt never writes into shared memory. t.numpy() and to_torch(t)
 view the tensor's data without a copy; the NumPy view is read-only, and a PyTorch tensor from
 to_torch must not be written into (PyTorch has no read-only tensors; clone() it to modify).
+
+The Tensor methods below add PyTorch's device surface (Tensor.device, lazyrt.device, to(),
+new_zeros and the other new_* factories), and copy.deepcopy / pickle support.
 """
 
 import builtins
@@ -38,12 +41,13 @@ def _inferred(arr):
     raise TypeError(f"tensor: cannot make a lazyrt tensor from data of NumPy dtype {arr.dtype}")
 
 
-def tensor(data, dtype=None, requires_grad=False):
+def tensor(data, dtype=None, device=None, requires_grad=False):
     """A new tensor holding a copy of `data` (a number, nested lists, an ndarray, a tensor).
 
     Without a dtype: Python floats give float32, ints int64, bools bool; an ndarray or a
     tensor keeps its dtype.
     """
+    _check_device(device, "tensor")
     if isinstance(data, Tensor):
         t = data.detach()
         if dtype is not None:
@@ -71,8 +75,9 @@ def tensor(data, dtype=None, requires_grad=False):
     return t
 
 
-def as_tensor(data, dtype=None):
+def as_tensor(data, dtype=None, device=None):
     """`data` as a tensor, sharing memory where it can (an ndarray, a PyTorch tensor, a tensor)."""
+    _check_device(device, "as_tensor")
     if isinstance(data, Tensor):
         return data if dtype is None or data.dtype is dtype else data.to(dtype)
     if isinstance(data, np.ndarray) and (dtype is None or _NUMPY_NAMES.get(dtype) == data.dtype.name):
@@ -82,8 +87,9 @@ def as_tensor(data, dtype=None):
     return tensor(data, dtype=dtype)
 
 
-def arange(start=0, end=None, step=1, *, dtype=None, requires_grad=False):
+def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=False):
     """Values from start (0 when only one bound is given) to end, exclusive, by step."""
+    _check_device(device, "arange")
     if end is None:
         start, end = 0, start
     integral = all(isinstance(v, builtins.int) and not isinstance(v, builtins.bool)
@@ -164,3 +170,265 @@ Tensor.__format__ = _format
 Tensor.__hash__ = object.__hash__
 # NumPy scalars and arrays on the left of an operator defer to the tensor's reflected operator.
 Tensor.__array_priority__ = 1000
+
+
+# ---- devices -------------------------------------------------------------------------------
+# lazyrt has one device: tensors live in host memory and run where lazyrt runs, as PyTorch's
+# own lazy backend reads it: Tensor.device is device(type='lazy', index=0). 'cpu' names the same
+# place (t.cpu() is t, DLPack reports CPU memory), so .to('cpu') is a no-op too; any other
+# device ('cuda', 'meta', ...) is refused, since lazyrt cannot put a tensor there.
+
+_DEVICE_TYPES = ("lazy", "cpu")
+
+
+class device:
+    """A device, read as torch.device reads: ``device('lazy')``, ``device('lazy:0')``,
+    ``device('cpu')``, ``device('lazy', 0)``. ``type`` and ``index`` as in PyTorch (the index is
+    None unless given); devices compare equal by type and index, so as in PyTorch
+    device('lazy') != device('lazy', 0). Tensor.device is device('lazy', 0)."""
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type, index=None):
+        if isinstance(type, device):
+            if index is not None:
+                raise TypeError("device: an index cannot be given with a device")
+            type, index = type.type, type.index
+        if not isinstance(type, str):
+            raise TypeError(f"device: expected a device string such as 'lazy' or 'lazy:0', got {type!r}")
+        name, sep, number = type.partition(":")
+        if sep:
+            if index is not None:
+                raise TypeError(f"device: '{type}' has an index, and index={index} was given too")
+            if not number.isdigit():
+                raise _C.Error(f"device: invalid device string '{type}' (expected 'type' or 'type:index')")
+            index = builtins.int(number)
+        if not name or not name.isidentifier():
+            raise _C.Error(f"device: invalid device string '{type}' (expected 'type' or 'type:index')")
+        if index is not None and (not isinstance(index, builtins.int) or isinstance(index, builtins.bool)
+                                  or index < 0):
+            raise _C.Error(f"device: the index must be a non-negative int, got {index!r}")
+        object.__setattr__(self, "type", name)
+        object.__setattr__(self, "index", index)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("device objects are immutable")
+
+    def __eq__(self, other):
+        if not isinstance(other, device):
+            return NotImplemented
+        return (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self):
+        return hash((self.type, self.index))
+
+    def __repr__(self):
+        if self.index is None:
+            return f"device(type='{self.type}')"
+        return f"device(type='{self.type}', index={self.index})"
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __reduce__(self):
+        return (device, (self.type, self.index))
+
+
+_LAZY = device("lazy", 0)
+
+
+def _check_device(dev, call):
+    """`dev` (a device, a string, or a torch.device) if lazyrt can hold tensors there, else raises."""
+    if dev is None:
+        return None
+    if not isinstance(dev, (str, device)):
+        if not (hasattr(dev, "type") and hasattr(dev, "index")):
+            raise TypeError(f"{call}: expected a device (lazyrt.device, a string such as 'lazy' or 'cpu', or a "
+                            f"torch.device), got {type(dev).__name__}")
+        dev = device(dev.type, dev.index)
+    dev = device(dev)
+    if dev.type not in _DEVICE_TYPES or (dev.index or 0) != 0:
+        raise _C.Error(f"{call}: lazyrt tensors live on device 'lazy' (also reachable as 'cpu'); "
+                       f"cannot move to '{dev}'")
+    return dev
+
+
+def _parse_to(args, kwargs, call):
+    """(device, dtype, non_blocking, copy) from the argument forms of torch.Tensor.to:
+    to(dtype), to(device, dtype=None), to(other_tensor), with non_blocking, copy and
+    memory_format accepted (the last two only as PyTorch takes them)."""
+    kwargs = dict(kwargs)
+    unknown = set(kwargs) - {"device", "dtype", "non_blocking", "copy", "memory_format"}
+    if unknown:
+        raise TypeError(f"{call}: unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+    kwargs.pop("memory_format", None)  # lazyrt has one layout
+    args = list(args)
+    dev = dtype = None
+    if args and isinstance(args[0], Tensor):
+        other = args.pop(0)
+        dev, dtype = other.device, other.dtype
+    elif args and isinstance(args[0], _C.dtype):
+        dtype = args.pop(0)
+    elif args and (args[0] is None or isinstance(args[0], (str, device)) or hasattr(args[0], "type")):
+        dev = args.pop(0)
+        if args and isinstance(args[0], _C.dtype):
+            dtype = args.pop(0)
+    if args and not isinstance(args[0], builtins.bool):
+        raise TypeError(f"{call}: invalid arguments; expected to(dtype), to(device, dtype=None) or "
+                        f"to(tensor), got {type(args[0]).__name__}")
+    flags = dict(zip(("non_blocking", "copy"), args))
+    if len(args) > 2:
+        raise TypeError(f"{call}: too many positional arguments")
+    for name in ("device", "dtype"):
+        if name in kwargs:
+            if (dev if name == "device" else dtype) is not None:
+                raise TypeError(f"{call}: {name} given twice")
+            if name == "device":
+                dev = kwargs.pop(name)
+            else:
+                dtype = kwargs.pop(name)
+    flags.update(kwargs)
+    if dtype is not None and not isinstance(dtype, _C.dtype):
+        raise TypeError(f"{call}: dtype must be a lazyrt dtype, got {type(dtype).__name__}")
+    return _check_device(dev, call), dtype, builtins.bool(flags.get("non_blocking", False)), \
+        builtins.bool(flags.get("copy", False))
+
+
+def _to(self, *args, **kwargs):
+    """The tensor in another dtype, as torch.Tensor.to: to(dtype), to(device, dtype=None),
+    to(other) (other's dtype), non_blocking and copy keywords. Returns the tensor itself when
+    nothing changes (unless copy=True); devices must be lazyrt's ('lazy' or 'cpu')."""
+    _, dtype, _, copy = _parse_to(args, kwargs, "to")
+    if dtype is None or dtype is self.dtype:
+        return self.clone() if copy else self
+    return _C.cast(self, dtype)
+
+
+def _new_shape(size, call):
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = size[0]
+    shape = tuple(size)
+    for d in shape:
+        if not isinstance(d, (builtins.int, np.integer)) or isinstance(d, builtins.bool):
+            raise TypeError(f"{call}: the size must be ints, got {shape!r}")
+    return tuple(builtins.int(d) for d in shape)
+
+
+def _new_full(self, size, fill_value, *, dtype=None, device=None, requires_grad=False):
+    """A new tensor of `size` filled with `fill_value`, in this tensor's dtype unless given."""
+    _check_device(device, "new_full")
+    return _C.full(_new_shape((size,), "new_full"), fill_value, dtype=dtype or self.dtype,
+                   requires_grad=requires_grad)
+
+
+def _new_zeros(self, *size, dtype=None, device=None, requires_grad=False):
+    """A new tensor of zeros, in this tensor's dtype unless given."""
+    _check_device(device, "new_zeros")
+    return _C.zeros(_new_shape(size, "new_zeros"), dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+
+def _new_ones(self, *size, dtype=None, device=None, requires_grad=False):
+    """A new tensor of ones, in this tensor's dtype unless given."""
+    _check_device(device, "new_ones")
+    return _C.ones(_new_shape(size, "new_ones"), dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+
+def _new_empty(self, *size, dtype=None, device=None, requires_grad=False):
+    """A new tensor of `size`. lazyrt has no uninitialized memory: it holds zeros."""
+    _check_device(device, "new_empty")
+    return _C.zeros(_new_shape(size, "new_empty"), dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+
+def _new_tensor(self, data, dtype=None, device=None, requires_grad=False):
+    """A copy of `data` in this tensor's dtype unless given (PyTorch's rule: the dtype is not
+    inferred from `data`)."""
+    _check_device(device, "new_tensor")
+    return tensor(data, dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+
+Tensor.device = property(lambda self: _LAZY, doc="The tensor's device: device(type='lazy', index=0).")
+Tensor.is_cuda = property(lambda self: False, doc="False: lazyrt tensors are not CUDA tensors.")
+Tensor.to = _to
+Tensor.new_full = _new_full
+Tensor.new_zeros = _new_zeros
+Tensor.new_ones = _new_ones
+Tensor.new_empty = _new_empty
+Tensor.new_tensor = _new_tensor
+
+
+# ---- copying and pickling ------------------------------------------------------------------
+# A tensor pickles as its values (a NumPy array), dtype, requires_grad, class (a Parameter
+# stays a Parameter) and any attributes of a subclass; the gradient is not kept, as in
+# PyTorch. copy.deepcopy makes a new leaf with the same value, requires_grad and a deep copy
+# of the gradient, without reading the value: lazyrt values are immutable, so the copy shares
+# the value until either tensor is changed in place.
+
+def _dtype_named(name):
+    return getattr(_C, name)
+
+
+_C.dtype.__reduce__ = lambda self: (_dtype_named, (str(self).rpartition(".")[2],))
+_C.dtype.__copy__ = lambda self: self
+_C.dtype.__deepcopy__ = lambda self, memo: self
+
+
+def _of_class(cls, value, requires_grad):
+    """A tensor of class `cls` (Tensor or a subclass) holding `value`, a fresh handle."""
+    if cls is Tensor:
+        t = value
+    else:
+        t = Tensor.__new__(cls)
+        Tensor.__init__(t, value)
+    t.requires_grad_(requires_grad)
+    return t
+
+
+def _rebuild_tensor(cls, values, dtype, requires_grad, state):
+    t = _of_class(cls, tensor(values, dtype=dtype), requires_grad)
+    if state:
+        t.__dict__.update(state)
+    return t
+
+
+def _reduce_ex(self, protocol):
+    # NumPy has no bfloat16: its values travel as float32, which holds them exactly.
+    values = (_C.cast(self, _C.float32) if self.dtype is _C.bfloat16 else self).numpy()
+    state = getattr(self, "__dict__", None) or None
+    return (_rebuild_tensor, (type(self), values, self.dtype, self.requires_grad, state))
+
+
+def _deepcopy(self, memo):
+    if not self.is_leaf:
+        raise _C.Error("deepcopy: only tensors created by the user (graph leaves) can be deep-copied; "
+                       "this one is the result of an op that records gradients (detach() it first)")
+    new = _of_class(type(self), self.detach(), self.requires_grad)
+    memo[id(self)] = new
+    if self.grad is not None:
+        new.grad = self.grad.detach()
+    state = getattr(self, "__dict__", None)
+    if state:
+        import copy
+        new.__dict__.update(copy.deepcopy(state, memo))
+    return new
+
+
+Tensor.__reduce_ex__ = _reduce_ex
+Tensor.__deepcopy__ = _deepcopy
+
+
+# ---- device= on the factories ------------------------------------------------------------------
+# PyTorch code passes device= to every factory (torch.zeros(n, device=x.device)); lazyrt's own
+# device, and 'cpu', are accepted, anything else is refused as in Tensor.to.
+
+def _with_device(fn, name):
+    def factory(*args, device=None, **kwargs):
+        _check_device(device, name)
+        return fn(*args, **kwargs)
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = fn.__doc__
+    return factory
+
+
+FACTORIES = {name: _with_device(getattr(_C, name), name)
+             for name in ("zeros", "ones", "full", "rand", "randn", "randint", "zeros_like", "ones_like", "full_like",
+                          "scalar_tensor")}

@@ -39,9 +39,35 @@ void bind_nn(py::module_& m) {
 
   py::module_ nn_m = m.def_submodule("_nn", "The C++ modules and losses of nn.h.");
   nn_m.def("mse_loss", &nn::mse_loss, arg("input"), arg("target"), arg("reduction") = "mean");
-  nn_m.def("cross_entropy", [](const Tensor& x, const Tensor& t, double label_smoothing, const std::string& reduction) {
-    return nn::cross_entropy(x, t, label_smoothing, reduction);
-  }, arg("input"), arg("target"), arg("label_smoothing") = 0.0, arg("reduction") = "mean");
+  nn_m.def("cross_entropy", [](const Tensor& x, const Tensor& t, double label_smoothing, const std::string& reduction,
+                               int64_t ignore_index) {
+    return nn::cross_entropy(x, t, label_smoothing, reduction, ignore_index);
+  }, arg("input"), arg("target"), arg("label_smoothing") = 0.0, arg("reduction") = "mean", arg("ignore_index") = -100);
+  // The functional layers; lazyrt.nn.functional gives them torch's signatures.
+  nn_m.def("batch_norm", [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv,
+                            std::optional<Tensor> w, std::optional<Tensor> b, bool training, double momentum,
+                            double eps) {
+    return nn::batch_norm(x, rm.value_or(Tensor()), rv.value_or(Tensor()), w.value_or(Tensor()),
+                          b.value_or(Tensor()), training, momentum, eps);
+  }, arg("input"), arg("running_mean"), arg("running_var"), arg("weight") = py::none(), arg("bias") = py::none(),
+     arg("training") = false, arg("momentum") = 0.1, arg("eps") = 1e-5);
+  nn_m.def("group_norm", [](const Tensor& x, int64_t groups, std::optional<Tensor> w, std::optional<Tensor> b,
+                            double eps) {
+    return nn::group_norm(x, groups, w.value_or(Tensor()), b.value_or(Tensor()), eps);
+  }, arg("input"), arg("num_groups"), arg("weight") = py::none(), arg("bias") = py::none(), arg("eps") = 1e-5);
+  nn_m.def("adaptive_avg_pool2d", [](const Tensor& x, std::vector<std::optional<int64_t>> size) {
+    std::vector<int64_t> s;
+    for (const auto& v : size) s.push_back(v.value_or(-1));  // None keeps that dim
+    return nn::adaptive_avg_pool2d(x, s);
+  }, arg("input"), arg("output_size"));
+  nn_m.def("interpolate", &nn::interpolate, arg("input"), arg("size"), arg("scale_factor"), arg("mode"),
+           arg("align_corners"));
+  nn_m.def("scaled_dot_product_attention", [](const Tensor& q, const Tensor& k, const Tensor& v,
+                                              std::optional<Tensor> mask, double dropout_p, bool is_causal,
+                                              std::optional<double> scale) {
+    return nn::scaled_dot_product_attention(q, k, v, mask.value_or(Tensor()), dropout_p, is_causal, scale);
+  }, arg("query"), arg("key"), arg("value"), arg("attn_mask") = py::none(), arg("dropout_p") = 0.0,
+     arg("is_causal") = false, arg("scale") = py::none());
   nn_m.def("binary_cross_entropy_with_logits", &nn::binary_cross_entropy_with_logits, arg("input"),
            arg("target"), arg("reduction") = "mean");
   nn_m.def("log_softmax", [](const Tensor& a, int64_t dim) { return log_softmax(a, dim); }, arg("input"), arg("dim"));

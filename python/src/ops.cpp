@@ -55,6 +55,21 @@ Tensor pow_op(const Tensor& a, const Operand& exponent) {
 }
 
 
+// torch's (values, indices) results: a named tuple, as torch.return_types.sort / topk.
+py::object values_indices(const char* name, std::pair<Tensor, Tensor> r) {
+  // Never destroyed: a Python object must not be released after the interpreter finalizes.
+  static auto* types = new py::dict();
+  if (!types->contains(name))
+    (*types)[name] = py::module_::import("collections").attr("namedtuple")(name, py::make_tuple("values", "indices"));
+  return (*types)[name](r.first, r.second);
+}
+
+// An int, or a sequence of ints, as a list (None: empty).
+std::vector<int64_t> int_or_ints(py::handle h, const char* what) {
+  if (h.is_none()) return {};
+  return py::isinstance<py::int_>(h) ? std::vector<int64_t>{h.cast<int64_t>()} : shape_from_sequence(h, what);
+}
+
 // sum/mean with PyTorch's optional dtype: the input is cast first.
 template <Tensor (*Reduce)(const Tensor&, std::vector<int64_t>, bool)>
 Tensor reduce_op(const Tensor& a, const Dims& dim, bool keepdim, std::optional<DType> dtype) {
@@ -311,7 +326,8 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .fn("dropout_mask", [](py::handle size, double p, DType dtype) {
         return dropout_mask(shape_from_sequence(size, "dropout_mask"), p, dtype);
       }, arg("size"), arg("p"), kw_only(), arg("dtype") = dtype_object(DType::f32))
-      .fn("dropout", &dropout, arg("input"), arg("p") = 0.5, arg("training") = true);
+      .fn("dropout", &dropout, arg("input"), arg("p") = 0.5, arg("training") = true)
+      .op("multinomial", &multinomial, arg("num_samples"), arg("replacement") = false);
 
   // ---- math ----
   b.op("sin", &sin).op("cos", &cos).op("log1p", &log1p).op("expm1", &expm1).op("erf", &erf)
@@ -369,6 +385,27 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
           arg("p") = 2.0, arg("dim") = py::none(), arg("keepdim") = false)
       .op("softmax", [](const Tensor& a, int64_t dim, std::optional<DType> dtype) { return softmax(a, dim, dtype); },
           arg("dim"), arg("dtype") = py::none())
+      .op("cumsum", [](const Tensor& a, int64_t dim, std::optional<DType> dtype) { return cumsum(a, dim, dtype); },
+          arg("dim"), kw_only(), arg("dtype") = py::none())
+      .op("cumprod", [](const Tensor& a, int64_t dim, std::optional<DType> dtype) { return cumprod(a, dim, dtype); },
+          arg("dim"), kw_only(), arg("dtype") = py::none())
+      .op("sort", [](const Tensor& a, int64_t dim, bool descending, bool stable) {
+        return values_indices("sort", sort(a, dim, descending, stable));
+      }, arg("dim") = -1, arg("descending") = false, kw_only(), arg("stable") = false)
+      .op("argsort", [](const Tensor& a, int64_t dim, bool descending, bool stable) {
+        return argsort(a, dim, descending, stable);
+      }, arg("dim") = -1, arg("descending") = false, kw_only(), arg("stable") = false)
+      .op("topk", [](const Tensor& a, int64_t k, int64_t dim, bool largest, bool sorted) {
+        return values_indices("topk", topk(a, k, dim, largest, sorted));
+      }, arg("k"), arg("dim") = -1, arg("largest") = true, arg("sorted") = true)
+      .op("clamp_min", [](const Tensor& a, const Operand& m) {
+        if (const Tensor* t = std::get_if<Tensor>(&m)) return clamp_min(a, *t);
+        return clamp_min(a, std::get<Scalar>(m));
+      }, arg("min"))
+      .op("clamp_max", [](const Tensor& a, const Operand& m) {
+        if (const Tensor* t = std::get_if<Tensor>(&m)) return clamp_max(a, *t);
+        return clamp_max(a, std::get<Scalar>(m));
+      }, arg("max"))
       .fn("layer_norm", [](const Tensor& a, py::handle shape, std::optional<Tensor> w, std::optional<Tensor> bias,
                            double eps) { return layer_norm(a, shape_from_sequence(shape, "layer_norm"), w, bias, eps); },
           arg("input"), arg("normalized_shape"), arg("weight") = py::none(), arg("bias") = py::none(),
@@ -405,6 +442,23 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .method("repeat", [](const Tensor& a, py::args r, py::kwargs kw) {
         return repeat(a, shape_from_args(r, kw, "repeats", "repeat"));
       })
+      .op("roll", [](const Tensor& a, py::handle shifts, py::handle dims) {
+        return roll(a, int_or_ints(shifts, "roll"), int_or_ints(dims, "roll"));
+      }, arg("shifts"), arg("dims") = py::none())
+      .fn("tile", [](const Tensor& a, py::handle r) { return tile(a, shape_from_sequence(r, "tile")); },
+          arg("input"), arg("dims"))
+      .method("tile", [](const Tensor& a, py::args r, py::kwargs kw) {
+        return tile(a, shape_from_args(r, kw, "dims", "tile"));
+      })
+      .fn("meshgrid", [](py::args ts, std::optional<std::string> indexing) {
+        // torch.meshgrid(a, b) or torch.meshgrid([a, b]); indexing "ij" by default.
+        py::handle seq = ts.size() == 1 && !py::isinstance<Tensor>(ts[0]) ? ts[0] : py::handle(ts);
+        return py::tuple(py::cast(meshgrid(tensors_from(seq, "meshgrid"), indexing.value_or("ij"))));
+      }, kw_only(), arg("indexing") = py::none())
+      .fn("einsum", [](const std::string& eq, py::args ts) {
+        py::handle seq = ts.size() == 1 && !py::isinstance<Tensor>(ts[0]) ? ts[0] : py::handle(ts);
+        return einsum(eq, tensors_from(seq, "einsum"));
+      }, arg("equation"))
       .fn("pad", [](const Tensor& a, py::handle p, Scalar value) { return pad(a, shape_from_sequence(p, "pad"), value); },
           arg("input"), arg("pad"), arg("value") = 0)
       .op("index_select", &index_select, arg("dim"), arg("index"))
@@ -463,31 +517,26 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .op("addmm", [](const Tensor& in, const Tensor& m1, const Tensor& m2, Scalar beta, Scalar alpha) {
         return addmm(in, m1, m2, beta, alpha);
       }, arg("mat1"), arg("mat2"), kw_only(), arg("beta") = 1, arg("alpha") = 1)
+      .op("baddbmm", [](const Tensor& in, const Tensor& b1, const Tensor& b2, Scalar beta, Scalar alpha) {
+        return baddbmm(in, b1, b2, beta, alpha);
+      }, arg("batch1"), arg("batch2"), kw_only(), arg("beta") = 1, arg("alpha") = 1)
       .fn("conv2d", [](const Tensor& x, const Tensor& w, std::optional<Tensor> bias, py::handle stride,
                        py::handle padding, py::handle dilation, int64_t groups) {
-        auto ints = [](py::handle h, const char* what) {
-          return py::isinstance<py::int_>(h) ? std::vector<int64_t>{h.cast<int64_t>()} : shape_from_sequence(h, what);
-        };
+        const auto ints = int_or_ints;
         return conv2d(x, w, bias.value_or(Tensor()), ints(stride, "conv2d"), ints(padding, "conv2d"),
                       ints(dilation, "conv2d"), groups);
       }, arg("input"), arg("weight"), arg("bias") = py::none(), arg("stride") = 1, arg("padding") = 0,
          arg("dilation") = 1, arg("groups") = 1)
       .fn("max_pool2d", [](const Tensor& x, py::handle k, py::handle stride, py::handle padding, py::handle dilation,
                            bool ceil_mode) {
-        auto ints = [](py::handle h, const char* what) {
-          if (h.is_none()) return std::vector<int64_t>{};
-          return py::isinstance<py::int_>(h) ? std::vector<int64_t>{h.cast<int64_t>()} : shape_from_sequence(h, what);
-        };
+        const auto ints = int_or_ints;
         return max_pool2d(x, ints(k, "max_pool2d"), ints(stride, "max_pool2d"), ints(padding, "max_pool2d"),
                           ints(dilation, "max_pool2d"), ceil_mode);
       }, arg("input"), arg("kernel_size"), arg("stride") = py::none(), arg("padding") = 0, arg("dilation") = 1,
          arg("ceil_mode") = false)
       .fn("avg_pool2d", [](const Tensor& x, py::handle k, py::handle stride, py::handle padding, bool ceil_mode,
                            bool count_include_pad, std::optional<int64_t> divisor_override) {
-        auto ints = [](py::handle h, const char* what) {
-          if (h.is_none()) return std::vector<int64_t>{};
-          return py::isinstance<py::int_>(h) ? std::vector<int64_t>{h.cast<int64_t>()} : shape_from_sequence(h, what);
-        };
+        const auto ints = int_or_ints;
         return avg_pool2d(x, ints(k, "avg_pool2d"), ints(stride, "avg_pool2d"), ints(padding, "avg_pool2d"), ceil_mode,
                           count_include_pad, divisor_override);
       }, arg("input"), arg("kernel_size"), arg("stride") = py::none(), arg("padding") = 0, arg("ceil_mode") = false,

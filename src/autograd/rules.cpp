@@ -398,9 +398,18 @@ Grads grad_LogSoftmax(const C& c) {
   const int64_t dim = c.at().i<"dim">();
   return {c.grad - exp(c.output) * sum(c.grad, {dim}, true)};
 }
+// The gradient of a running sum is the running sum of the gradient from the other end.
+Grads grad_Cumsum(const C& c) {
+  return {detail::apply(OpKind::Cumsum, {c.grad}, {c.at().i<"dim">(), !c.at().b<"reverse">()})};
+}
+Grads grad_Cumprod(const C& c) {
+  return {detail::apply(OpKind::CumprodBackward, {c.grad, c.inputs[0]}, {c.at().i<"dim">()})};
+}
 
 // Not differentiable: leaves, boolean results, control flow (until loop autodiff lands).
 constexpr GradRule grad_Parameter = nullptr;
+constexpr GradRule grad_CumprodBackward = nullptr;
+constexpr GradRule grad_Sort = nullptr;  // indices; sort's values are a gather of them
 constexpr GradRule grad_Full = nullptr;
 constexpr GradRule grad_IsNan = nullptr;
 constexpr GradRule grad_LogicalNot = nullptr;

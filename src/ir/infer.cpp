@@ -176,6 +176,30 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
                    " out of range for ", type_str(ops[0]));
       return {ops[0]};
     }
+    case ResultRule::Cumulative: {
+      check_not_bool(name, ops[0]);
+      for (size_t i = 1; i < ops.size(); ++i) {
+        check_float(name, ops[0]);
+        LAZYRT_CHECK(ops[i] == ops[0], name, ": operands must have one type, got ", types_str(ops));
+      }
+      const auto rank = static_cast<int64_t>(ops[0].shape.size());
+      const int64_t dim = at.i<"dim">();
+      LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
+                   " out of range for ", type_str(ops[0]));
+      return {ops[0]};
+    }
+    case ResultRule::Sort: {
+      const auto rank = static_cast<int64_t>(ops[0].shape.size());
+      const int64_t dim = at.i<"dim">(), k = at.i<"k">();
+      LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
+                   " out of range for ", type_str(ops[0]));
+      const int64_t size = rank ? ops[0].shape[dim] : 1;
+      LAZYRT_CHECK(k >= 0 && k <= size, name, ": k ", k, " out of range [0, ", size, "] for ",
+                   type_str(ops[0]), " along dim ", dim);
+      Shape out = ops[0].shape;
+      if (rank) out[dim] = k;
+      return {{DType::i64, out}};
+    }
     case ResultRule::Matmul: {
       const auto& x = ops[0];
       const auto& y = ops[1];

@@ -48,6 +48,9 @@ enum class ResultRule : uint8_t {
   ReduceNorm,      // as ReduceFloat; the p attribute must be 1, 2 or inf
   ArgReduce,       // the dim attribute removed (or kept as 1), i64; not b8; dim not empty
   Softmax,         // same type, floating only; the dim attribute in range
+  Cumulative,      // operand 0's type, not b8, the dim attribute in range; further operands
+                   // of that type (then floating only)
+  Sort,            // i64, the dim attribute in range and of size k (0 <= k <= its size)
   Matmul,          // [..., n, k] x [..., k, m] -> [broadcast(...), n, m]
   Permute,         // dims permuted
   Reshape,         // the shape attribute, same element count

@@ -232,21 +232,44 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& re
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing,
-                     const std::string& reduction) {
-  LAZYRT_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, C], got ", shape_str(logits.shape()));
-  LAZYRT_CHECK(target.dim() == 1 && target.shape()[0] == logits.shape()[0] && !is_floating(target.dtype()) &&
-                   target.dtype() != DType::b8,
-               "cross_entropy: target must be integer class indices of shape [", logits.shape()[0],
-               "], got ", dtype_name(target.dtype()), shape_str(target.shape()));
+                     const std::string& reduction, int64_t ignore_index) {
+  LAZYRT_CHECK(logits.defined() && target.defined(), "cross_entropy: logits and target must be defined");
+  LAZYRT_CHECK(logits.dim() >= 1 && is_floating(logits.dtype()),
+               "cross_entropy: logits must be floating [C], [N, C] or [N, C, d1, ...], got ",
+               dtype_name(logits.dtype()), shape_str(logits.shape()));
   LAZYRT_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
                "cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
-  const int64_t classes = logits.shape()[1];
-  Tensor logp = lazyrt::log_softmax(logits, 1);
-  Tensor onehot = cast(reshape(target, {-1, 1}) == reshape(arange(classes), {1, classes}), logp.dtype());
-  Tensor nll = -sum(onehot * logp, {1});
-  Tensor l = label_smoothing == 0
-                 ? nll
-                 : nll * (1 - label_smoothing) - sum(logp, {1}) * (label_smoothing / static_cast<double>(classes));
+  LAZYRT_CHECK(reduction == "mean" || reduction == "sum" || reduction == "none",
+               "cross_entropy: reduction must be 'mean', 'sum' or 'none', got '", reduction, "'");
+  const int64_t cdim = logits.dim() == 1 ? 0 : 1;
+  const int64_t classes = logits.shape()[cdim];
+  const double e = label_smoothing;
+  Tensor logp = lazyrt::log_softmax(logits, cdim);
+  // The smoothing term: minus the mean log-probability over the classes.
+  Tensor smooth = e == 0 ? Tensor() : -sum(logp, {cdim}) * (e / static_cast<double>(classes));
+
+  if (is_floating(target.dtype())) {
+    // Class probabilities, one per logit.
+    LAZYRT_CHECK(target.shape() == logits.shape(), "cross_entropy: probability targets must have the logits' shape ",
+                 shape_str(logits.shape()), ", got ", dtype_name(target.dtype()), shape_str(target.shape()));
+    Tensor l = -sum(detail::cast_to(target, logp.dtype()) * logp, {cdim});
+    if (e != 0) l = l * (1 - e) + smooth;
+    return reduce_loss(l, reduction, "cross_entropy");
+  }
+  Shape expected = logits.shape();
+  expected.erase(expected.begin() + cdim);
+  LAZYRT_CHECK(target.dtype() != DType::b8 && target.shape() == expected,
+               "cross_entropy: class index targets must be integer of shape ", shape_str(expected),
+               " for logits ", dtype_name(logits.dtype()), shape_str(logits.shape()), ", got ",
+               dtype_name(target.dtype()), shape_str(target.shape()));
+  Tensor t = detail::cast_to(target, DType::i64);
+  Tensor valid = t != full({}, ignore_index, DType::i64);
+  // Ignored targets pick class 0 (any class in range), then count for nothing.
+  Tensor picked = where(valid, t, zeros({}, DType::i64));
+  Tensor nll = -squeeze(gather(logp, cdim, unsqueeze(picked, cdim)), cdim);
+  Tensor l = e == 0 ? nll : nll * (1 - e) + smooth;
+  l = where(valid, l, zeros({}, l.dtype()));
+  if (reduction == "mean") return sum(l) / sum(detail::cast_to(valid, l.dtype()));
   return reduce_loss(l, reduction, "cross_entropy");
 }
 

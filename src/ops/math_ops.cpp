@@ -387,4 +387,60 @@ Tensor layer_norm(const Tensor& a, const Shape& normalized_shape, const std::opt
   return cast_to(y, x.dtype());
 }
 
+// ---- along one dim ----------------------------------------------------------------------------
+
+namespace {
+
+Tensor cumulative(OpKind op, const Tensor& a, int64_t dim, std::optional<DType> dtype, const char* name) {
+  impl_of(a, name);
+  const int64_t d = wrap_dim(dim, a.shape(), name);
+  // As torch: integer and bool tensors accumulate (and give) i64 unless a dtype is given.
+  const DType t = dtype ? *dtype : is_floating(a.dtype()) ? a.dtype() : DType::i64;
+  LAZYRT_CHECK(t != DType::b8, name, ": cannot accumulate in b8 (dtype given for ", dtype_name(a.dtype()),
+               shape_str(a.shape()), ")");
+  ir::Attrs attrs = op == OpKind::Cumsum ? ir::Attrs{d, false} : ir::Attrs{d};
+  return apply(op, {cast_to(a, t)}, std::move(attrs));
+}
+
+// The first k indices of each line in sorted order, and the values there.
+std::pair<Tensor, Tensor> sorted_prefix(const Tensor& a, int64_t k, int64_t dim, bool descending,
+                                        const char* op) {
+  impl_of(a, op);
+  const int64_t d = wrap_dim(dim, a.shape(), op);
+  const int64_t size = a.dim() ? a.shape()[d] : 1;
+  LAZYRT_CHECK(k >= 0 && k <= size, op, ": k (", k, ") out of range for a dim of size ", size, " of ",
+               dtype_name(a.dtype()), shape_str(a.shape()));
+  Tensor idx = apply(OpKind::Sort, {a}, {d, descending, k});
+  if (a.dim() == 0) return {a.clone(), idx};  // one element: gather needs a dim
+  return {gather(a, d, idx), idx};
+}
+
+}  // namespace
+
+Tensor cumsum(const Tensor& a, int64_t dim, std::optional<DType> dtype) {
+  return cumulative(OpKind::Cumsum, a, dim, dtype, "cumsum");
+}
+Tensor cumprod(const Tensor& a, int64_t dim, std::optional<DType> dtype) {
+  return cumulative(OpKind::Cumprod, a, dim, dtype, "cumprod");
+}
+
+std::pair<Tensor, Tensor> sort(const Tensor& a, int64_t dim, bool descending, bool /*stable*/) {
+  impl_of(a, "sort");
+  const int64_t d = wrap_dim(dim, a.shape(), "sort");
+  return sorted_prefix(a, a.dim() ? a.shape()[d] : 1, dim, descending, "sort");
+}
+Tensor argsort(const Tensor& a, int64_t dim, bool descending, bool stable) {
+  return sort(a, dim, descending, stable).second;
+}
+std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool largest, bool /*sorted*/) {
+  return sorted_prefix(a, k, dim, largest, "topk");
+}
+
+Tensor clamp_min(const Tensor& a, Scalar min) { return clamp(a, std::optional<Scalar>(min)); }
+Tensor clamp_min(const Tensor& a, const Tensor& min) { return clamp(a, std::optional<Tensor>(min)); }
+Tensor clamp_max(const Tensor& a, Scalar max) { return clamp(a, std::nullopt, std::optional<Scalar>(max)); }
+Tensor clamp_max(const Tensor& a, const Tensor& max) {
+  return clamp(a, std::optional<Tensor>(), std::optional<Tensor>(max));
+}
+
 }  // namespace lazyrt

@@ -45,6 +45,26 @@ Tensor unbatched_like(const Tensor& out, const Tensor& input) {
   return input.dim() == 3 ? squeeze(out, 0) : out;
 }
 
+// The input of addmm / baddbmm broadcasts to the product's shape `out`.
+void check_broadcasts_to(const Tensor& input, const Shape& out, const char* op) {
+  const Shape& in = input.shape();
+  bool fits = in.size() <= out.size();
+  for (size_t i = 0; fits && i < in.size(); ++i) fits = in[i] == 1 || in[i] == out[out.size() - in.size() + i];
+  LAZYRT_CHECK(fits, op, ": input ", type_of(input), " cannot be broadcast to the product's shape ", shape_str(out));
+}
+
+// beta * input + alpha * (x @ y), the arguments checked. The scalars in the operands' dtype:
+// an integer addmm truncates them, as torch does. 16-bit operands compute in f32 and round once.
+Tensor scaled_product_sum(const Tensor& input, const Tensor& x, const Tensor& y, Scalar beta, Scalar alpha) {
+  const DType dtype = input.dtype(), t = opmath_type(dtype);
+  Tensor product = matmul(cast_to(x, t), cast_to(y, t));
+  if (alpha.to_double() != 1) product = product * constant_tensor(alpha.to_double(), t);
+  if (beta.to_double() == 0) return cast_to(product, dtype);
+  const Tensor input_t = cast_to(input, t);
+  Tensor bias = beta.to_double() == 1 ? input_t : input_t * constant_tensor(beta.to_double(), t);
+  return cast_to(bias + product, dtype);
+}
+
 }  // namespace
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
@@ -70,22 +90,25 @@ Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, Scalar
   LAZYRT_CHECK(input.dtype() == mat1.dtype() && mat1.dtype() == mat2.dtype(),
                "addmm: expects input, mat1 and mat2 of one dtype, got ", type_of(input), ", ",
                type_of(mat1), " and ", type_of(mat2));
-  const Shape out{mat1.shape()[0], mat2.shape()[1]};
-  const Shape& in = input.shape();
-  bool fits = in.size() <= 2;
-  for (size_t i = 0; fits && i < in.size(); ++i)
-    fits = in[i] == 1 || in[i] == out[2 - in.size() + i];
-  LAZYRT_CHECK(fits, "addmm: input ", type_of(input), " cannot be broadcast to the product's shape ",
-               shape_str(out), " of ", type_of(mat1), " and ", type_of(mat2));
-  // The scalars in the operands' dtype: an integer addmm truncates them, as torch does. 16-bit
-  // operands compute in f32 and round once.
-  const DType dtype = input.dtype(), t = opmath_type(dtype);
-  Tensor product = matmul(cast_to(mat1, t), cast_to(mat2, t));
-  if (alpha.to_double() != 1) product = product * constant_tensor(alpha.to_double(), t);
-  if (beta.to_double() == 0) return cast_to(product, dtype);
-  const Tensor input_t = cast_to(input, t);
-  Tensor bias = beta.to_double() == 1 ? input_t : input_t * constant_tensor(beta.to_double(), t);
-  return cast_to(bias + product, dtype);
+  check_broadcasts_to(input, {mat1.shape()[0], mat2.shape()[1]}, "addmm");
+  return scaled_product_sum(input, mat1, mat2, beta, alpha);
+}
+
+Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, Scalar beta,
+               Scalar alpha) {
+  impl_of(input, "baddbmm");
+  impl_of(batch1, "baddbmm");
+  impl_of(batch2, "baddbmm");
+  LAZYRT_CHECK(batch1.dim() == 3 && batch2.dim() == 3, "baddbmm: expects 3-D batch1 and batch2, got ",
+               type_of(batch1), " and ", type_of(batch2));
+  const Shape &b1 = batch1.shape(), &b2 = batch2.shape();
+  LAZYRT_CHECK(b1[0] == b2[0] && b1[2] == b2[1], "baddbmm: batch1 ", type_of(batch1), " and batch2 ",
+               type_of(batch2), " do not fit: expected batch2 to be [", b1[0], ", ", b1[2], ", *]");
+  LAZYRT_CHECK(input.dtype() == batch1.dtype() && batch1.dtype() == batch2.dtype(),
+               "baddbmm: expects input, batch1 and batch2 of one dtype, got ", type_of(input), ", ",
+               type_of(batch1), " and ", type_of(batch2));
+  check_broadcasts_to(input, {b1[0], b1[1], b2[2]}, "baddbmm");
+  return scaled_product_sum(input, batch1, batch2, beta, alpha);
 }
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,

@@ -102,4 +102,35 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   return x * dropout_mask(x.shape(), p, is_floating(x.dtype()) ? x.dtype() : DType::f32);
 }
 
+// With replacement: u uniform per sample, and the category is the number of cumulative
+// weights (normalized) at or below u: the first category whose cumulative weight exceeds u,
+// so a zero weight is never drawn. Without: the Gumbel top-k, log(w) - log(-log(u)).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
+  LAZYRT_CHECK(probs.defined(), "multinomial: probs is an undefined tensor");
+  LAZYRT_CHECK(is_floating(probs.dtype()) && (probs.dim() == 1 || probs.dim() == 2),
+               "multinomial: probs must be a floating [C] or [N, C] tensor, got ", dtype_name(probs.dtype()),
+               shape_str(probs.shape()));
+  const int64_t classes = probs.shape().back();
+  LAZYRT_CHECK(classes > 0, "multinomial: probs must have at least one category, got ", shape_str(probs.shape()));
+  LAZYRT_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
+  LAZYRT_CHECK(replacement || num_samples <= classes, "multinomial: cannot draw ", num_samples,
+               " samples without replacement from ", classes, " categories");
+  const Tensor w = probs.dim() == 1 ? unsqueeze(probs.detach(), 0) : probs.detach();
+  const DType t = DType::f64;
+  const int64_t rows = w.shape()[0];
+  Tensor out;
+  if (replacement) {
+    Tensor wt = cast(w, t);
+    Tensor cdf = cumsum(wt, 1) / sum(wt, {1}, true);                            // [N, C]
+    Tensor u = rand({rows, num_samples, 1}, t);                                 // [N, S, 1]
+    Tensor below = cast(unsqueeze(cdf, 1) <= u, DType::i64);                    // [N, S, C]
+    out = clamp_max(sum(below, {2}), classes - 1);
+  } else {
+    Tensor u = rand({rows, classes}, t);
+    Tensor keys = log(cast(w, t)) - log(-log(u));
+    out = topk(keys, num_samples, 1).second;
+  }
+  return probs.dim() == 1 ? squeeze(out, 0) : out;
+}
+
 }  // namespace lazyrt

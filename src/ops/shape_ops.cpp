@@ -264,6 +264,60 @@ Tensor repeat(const Tensor& a, std::vector<int64_t> repeats) {
   return reshape(expand(reshape(a, interleaved), expanded), out);
 }
 
+Tensor tile(const Tensor& a, std::vector<int64_t> reps) {
+  impl_of(a, "tile");
+  if (reps.size() < static_cast<size_t>(a.dim())) reps.insert(reps.begin(), a.dim() - reps.size(), 1);
+  return repeat(a, std::move(reps));
+}
+
+// Each shift as two slices swapped along its dim (a slice of everything is the input itself).
+Tensor roll(const Tensor& a, std::vector<int64_t> shifts, std::vector<int64_t> dims) {
+  impl_of(a, "roll");
+  if (dims.empty()) {
+    LAZYRT_CHECK(shifts.size() == 1, "roll: without dims, expects one shift, got ", shape_str(shifts));
+    return reshape(roll(reshape(a, {-1}), shifts, {0}), a.shape());
+  }
+  LAZYRT_CHECK(shifts.size() == dims.size(), "roll: shifts ", shape_str(shifts), " and dims ",
+               shape_str(dims), " must have one length");
+  for (auto& d : dims) d = wrap_dim(d, a.shape(), "roll");
+  LAZYRT_CHECK(a.dim() > 0, "roll: cannot roll a 0-dim tensor along a dim");
+  Tensor out = a;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t n = a.shape()[dims[i]];
+    if (n == 0) continue;
+    const int64_t k = ((shifts[i] % n) + n) % n;
+    if (k == 0) continue;
+    out = cat({slice_dim(out, dims[i], n - k, n, 1), slice_dim(out, dims[i], 0, n - k, 1)}, dims[i]);
+  }
+  return out;
+}
+
+std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors, std::string_view indexing) {
+  LAZYRT_CHECK(indexing == "ij" || indexing == "xy", "meshgrid: indexing must be \"ij\" or \"xy\", got \"",
+               indexing, "\"");
+  LAZYRT_CHECK(!tensors.empty(), "meshgrid: expects at least one tensor");
+  Shape out;
+  for (const Tensor& t : tensors) {
+    impl_of(t, "meshgrid");
+    LAZYRT_CHECK(t.dim() <= 1, "meshgrid: expects 0-dim or 1-D tensors, got ", dtype_name(t.dtype()),
+                 shape_str(t.shape()));
+    LAZYRT_CHECK(t.dtype() == tensors[0].dtype(), "meshgrid: expects tensors of one dtype, got ",
+                 dtype_name(tensors[0].dtype()), " and ", dtype_name(t.dtype()));
+    out.push_back(t.numel());
+  }
+  // "xy": the first two inputs' dims swapped (Cartesian indexing).
+  const bool xy = indexing == "xy" && tensors.size() >= 2;
+  if (xy) std::swap(out[0], out[1]);
+  std::vector<Tensor> grids;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t at = xy && i < 2 ? 1 - i : i;
+    Shape view(out.size(), 1);
+    view[at] = out[at];
+    grids.push_back(expand(reshape(tensors[i], view), out));
+  }
+  return grids;
+}
+
 Tensor pad(const Tensor& a, std::vector<int64_t> pad, Scalar value) {
   impl_of(a, "pad");
   const auto rank = static_cast<size_t>(a.dim());

@@ -68,6 +68,46 @@ CASES = {
                [((4, 3), -1, 1), ((2, 3), -1, 1), ((2,), -1, 1)]),
     "mlp_chain": (lambda x, w: lr.tanh(x @ w).sigmoid().sum(1), lambda x, w: torch.tanh(x @ w).sigmoid().sum(1),
                   [((4, 3), -1, 1), ((3, 5), -1, 1)]),
+    # Ops along a dim, sorting, and the compositions real models use.
+    "cumsum": (lambda x: x.cumsum(1), lambda x: x.cumsum(1), [((3, 5), -2, 2)]),
+    "cumsum_dim0": (lambda x: lr.cumsum(x, 0), lambda x: torch.cumsum(x, 0), [((4, 2, 3), -2, 2)]),
+    "cumprod": (lambda x: x.cumprod(1), lambda x: x.cumprod(1), [((3, 5), 0.5, 1.5)]),
+    "cumprod_negative": (lambda x: lr.cumprod(-x, 0), lambda x: torch.cumprod(-x, 0), [((5, 2), 0.5, 1.5)]),
+    "sort_values": (lambda x: x.sort(1).values * lr.arange(5).double(),
+                    lambda x: x.sort(1).values * torch.arange(5).double(), [((3, 5), -2, 2)]),
+    "topk_values": (lambda x: x.topk(2, 0, largest=False).values, lambda x: x.topk(2, 0, largest=False).values,
+                    [((5, 3), -2, 2)]),
+    "roll": (lambda x: x.roll((1, -2), (0, 1)), lambda x: x.roll((1, -2), (0, 1)), [((3, 4), -2, 2)]),
+    "tile": (lambda x: x.tile((2, 1, 3)), lambda x: x.tile((2, 1, 3)), [((2, 3), -2, 2)]),
+    "baddbmm": (lambda i, a, b: lr.baddbmm(i, a, b, beta=0.5, alpha=2), lambda i, a, b: torch.baddbmm(i, a, b, beta=0.5, alpha=2),
+                [((1, 4), -1, 1), ((2, 3, 5), -1, 1), ((2, 5, 4), -1, 1)]),
+    "einsum_contract": (lambda a, b: lr.einsum("bij,bjk->bik", a, b), lambda a, b: torch.einsum("bij,bjk->bik", a, b),
+                        [((2, 3, 4), -1, 1), ((2, 4, 5), -1, 1)]),
+    "einsum_diagonal_and_broadcast": (lambda a, b: lr.einsum("ii,...i->...", a, b),
+                                      lambda a, b: torch.einsum("ii,...i->...", a, b),
+                                      [((3, 3), -1, 1), ((2, 3), -1, 1)]),
+    "batch_norm_train": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
+                         lambda x, w, b: torch.nn.functional.batch_norm(x, None, None, w, b, training=True),
+                         [((4, 3, 2, 2), -2, 2), ((3,), 0.5, 1.5), ((3,), -1, 1)]),
+    "batch_norm_eval": (lambda x, w: F.batch_norm(x, lr.tensor([0.5, -1.0, 0.25], dtype=lr.float64),
+                                                  lr.tensor([2.0, 0.5, 1.0], dtype=lr.float64), w, training=False),
+                        lambda x, w: torch.nn.functional.batch_norm(x, torch.tensor([0.5, -1.0, 0.25], dtype=torch.float64),
+                                                                    torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64), w,
+                                                                    training=False),
+                        [((4, 3), -2, 2), ((3,), 0.5, 1.5)]),
+    "group_norm": (lambda x, w, b: F.group_norm(x, 2, w, b), lambda x, w, b: torch.nn.functional.group_norm(x, 2, w, b),
+                   [((2, 4, 3), -2, 2), ((4,), 0.5, 1.5), ((4,), -1, 1)]),
+    "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, (2, 3)),
+                            lambda x: torch.nn.functional.adaptive_avg_pool2d(x, (2, 3)), [((1, 2, 5, 7), -2, 2)]),
+    "interpolate_bilinear": (lambda x: F.interpolate(x, size=(5, 3), mode="bilinear"),
+                             lambda x: torch.nn.functional.interpolate(x, size=(5, 3), mode="bilinear"),
+                             [((1, 2, 3, 4), -2, 2)]),
+    "interpolate_nearest": (lambda x: F.interpolate(x, scale_factor=2), lambda x: torch.nn.functional.interpolate(x, scale_factor=2),
+                            [((1, 2, 3, 2), -2, 2)]),
+    "attention_causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                         lambda q, k, v: torch.softmax((q @ k.transpose(-2, -1) / 2.0).masked_fill(
+                             ~torch.ones(4, 4, dtype=torch.bool).tril(), float("-inf")), -1) @ v,
+                         [((2, 4, 4), -1, 1), ((2, 4, 4), -1, 1), ((2, 4, 3), -1, 1)]),
 }
 
 
@@ -110,11 +150,14 @@ def test_loss_gradients(reduction, rng):
          lambda: torch.nn.functional.binary_cross_entropy_with_logits(t, (u > 0).double(), reduction=reduction)),
     ]
     labels = rng.integers(0, 4, size=6)
+    ignored = labels.copy()
+    ignored[[1, 4]] = -100
     for smoothing in [0.0, 0.1]:
-        cases.append((lambda s=smoothing: F.cross_entropy(x, lr.tensor(labels), reduction=reduction,
-                                                           label_smoothing=s),
-                      lambda s=smoothing: torch.nn.functional.cross_entropy(t, torch.tensor(labels), reduction=reduction,
-                                                                            label_smoothing=s)))
+        for target in (labels, ignored):
+            cases.append((lambda s=smoothing, y=target: F.cross_entropy(x, lr.tensor(y), reduction=reduction,
+                                                                        label_smoothing=s),
+                          lambda s=smoothing, y=target: torch.nn.functional.cross_entropy(
+                              t, torch.tensor(y), reduction=reduction, label_smoothing=s)))
     for i, (f_lr, f_torch) in enumerate(cases):
         x.grad = None
         t.grad = None

@@ -177,7 +177,7 @@ def test_layers_and_losses_match_torch(rng):
     labels = rng.integers(0, 4, size=6)
     for reduction in ["mean", "sum", "none"]:
         assert_same(nn.MSELoss(reduction)(x, y), torch.nn.MSELoss(reduction=reduction)(t, u), rtol=1e-6)
-        assert_same(nn.CrossEntropyLoss(reduction, label_smoothing=0.2)(x, lr.tensor(labels)),
+        assert_same(nn.CrossEntropyLoss(reduction=reduction, label_smoothing=0.2)(x, lr.tensor(labels)),
                     torch.nn.CrossEntropyLoss(reduction=reduction, label_smoothing=0.2)(t, torch.tensor(labels)),
                     rtol=1e-6, atol=1e-6)
         assert_same(nn.BCEWithLogitsLoss(reduction)(x, (y > 0).float()),

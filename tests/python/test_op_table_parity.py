@@ -382,6 +382,44 @@ case("chunk", X((4, 5)), kw=dict(chunks=3, dim=1), dtypes=ALL)
 case("chunk", X((4, 3)), kw=dict(chunks=3))
 case("flip", X((2, 3, 4)), kw=dict(dims=(0, 2)), dtypes=ALL)
 case("flip", X((4, 3), layout="strided"), kw=dict(dims=(-1,)))
+
+# along one dim: running sums and products, sorting (torch asked for its stable order, lazyrt's)
+for name in ["cumsum", "cumprod"]:
+    case(name, X((3, 4)), kw=dict(dim=1), dtypes=NUMERIC + (lr.bool,))
+    case(name, X((4, 3), layout="strided"), kw=dict(dim=0))
+    case(name, X((2, 3, 4), layout="lazy_t"), kw=dict(dim=-1))
+    case(name, X(()), kw=dict(dim=0))
+    case(name, X((0, 3)), kw=dict(dim=0))
+case("cumprod", X((3, 5), -2.0, 2.0, grid=1.0), kw=dict(dim=1))  # exact zeros: the gradient without division
+
+
+def torch_stable(f):
+    return lambda t, **kw: f(t, stable=True, **kw)
+
+
+case("sort", X((3, 5)), kw=dict(dim=1), tfn=torch_stable(torch.sort), dtypes=ALL)
+case("sort", X((4, 3), layout="strided", special=True), kw=dict(dim=0, descending=True), tfn=torch_stable(torch.sort))
+case("sort", X(()), tfn=torch_stable(torch.sort))
+case("argsort", X((3, 5), grid=1.0), kw=dict(descending=True), tfn=torch_stable(torch.argsort), dtypes=NUMERIC,
+     grad=False)  # indices
+case("topk", X((3, 6)), kw=dict(k=2))
+case("topk", X((5, 3), layout="lazy_t"), kw=dict(k=3, dim=0, largest=False))
+case("clamp_min", X((3, 4)), kw=dict(min=0.5), dtypes=NUMERIC)
+case("clamp_max", X((4, 3), layout="strided"), kw=dict(max=-0.5))
+
+# shape compositions and products
+case("roll", X((3, 4)), kw=dict(shifts=1), dtypes=ALL)
+case("roll", X((3, 4), layout="strided"), kw=dict(shifts=(1, -5), dims=(0, 1)))
+case("tile", X((2, 3)), kw=dict(dims=(2, 1, 2)), dtypes=ALL)
+case("tile", X((2, 3, 4), layout="lazy_t"), kw=dict(dims=(2,)))
+case("meshgrid", X((3,)), X((4,)), kw=dict(indexing="xy"), dtypes=ALL)
+case("meshgrid", X((2,)), X(()), X((3,)), kw=dict(indexing="ij"))
+case("einsum", X((3, 4)), X((4, 5), layout="strided"), lfn=lambda a, b: lr.einsum("ij,jk->ik", a, b),
+     tfn=lambda a, b: torch.einsum("ij,jk->ik", a, b))
+case("einsum", X((2, 3, 4)), X((4,)), lfn=lambda a, b: lr.einsum("...ij,j->...i", [a, b]),
+     tfn=lambda a, b: torch.einsum("...ij,j->...i", [a, b]))
+case("einsum", X((3, 3)), lfn=lambda a: lr.einsum("ii", a), tfn=lambda a: torch.einsum("ii", a), dtypes=NUMERIC)
+case("baddbmm", X((3, 5)), X((2, 3, 4)), X((2, 4, 5)), kw=dict(beta=0.5, alpha=2.0), tol32=(1e-5, 1e-5))
 case("repeat", X((3, 4)), kw=dict(repeats=(2, 1, 3)), tfn=lambda t, repeats: t.repeat(repeats), dtypes=ALL)
 case("repeat", X((2, 3), layout="lazy_t"), lfn=lambda x: x.repeat(2, 2), tfn=lambda t: t.repeat(2, 2))
 case("pad", X((2, 3, 4)), kw=dict(pad=(1, 2, 0, 1), value=0.5), tfn=TF.pad)
@@ -529,6 +567,7 @@ ELSEWHERE = {
     "dropout": "test_random_ops_draw_their_distribution",
     "dropout_mask": "test_random_ops_draw_their_distribution",
     "manual_seed": "test_random_ops_draw_their_distribution",
+    "multinomial": "test_multinomial_draws_by_the_weights",
     "random_state": "test_random_ops_draw_their_distribution",
     # data in and out: the values are the data given (test_interop.py, test_tensor.py)
     "tensor": "test_interop.py", "as_tensor": "test_interop.py", "from_numpy": "test_interop.py",
@@ -675,7 +714,7 @@ def test_every_op_with_floating_inputs_has_a_gradient_case():
     assert {c.op for c in CASES} - floating == {"one_hot"}  # indices in, int64 out
     ungraded = {c.op for c in CASES} - {c.op for c in CASES if c.grad}
     assert ungraded == {"isnan", "isinf", "isfinite", "logical_not", "eq", "ne", "lt", "le", "gt", "ge",
-                        "logical_and", "logical_or", "argmax", "argmin", "all", "any", "one_hot", "zeros", "ones",
+                        "logical_and", "logical_or", "argmax", "argmin", "argsort", "all", "any", "one_hot", "zeros", "ones",
                         "zeros_like", "ones_like", "full", "full_like", "scalar_tensor", "arange"}
 
 
@@ -709,3 +748,33 @@ def test_random_ops_draw_their_distribution():
     kept = y.numpy() != 0
     assert np.array_equal(x.grad.numpy(), np.where(kept, 2.0, 0.0))
     assert 0.4 < kept.mean() < 0.6
+
+
+def test_multinomial_draws_by_the_weights():
+    lr.manual_seed(0)
+    weights = lr.tensor([[0.1, 0.0, 0.6, 0.3], [1.0, 1.0, 0.0, 2.0]])
+    draws = lr.multinomial(weights, 20000, replacement=True).numpy()
+    assert draws.shape == (2, 20000) and draws.dtype == np.int64
+    for row, w in zip(draws, weights.numpy()):
+        freq = np.bincount(row, minlength=4) / row.size
+        p = w / w.sum()
+        assert freq[p == 0].sum() == 0, "a zero weight is never drawn"
+        # 5 standard deviations of a frequency estimate from 20000 draws.
+        assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / row.size) + 1e-12), (freq, p)
+
+
+def test_multinomial_without_replacement_draws_distinct_categories():
+    lr.manual_seed(1)
+    w = lr.tensor([5.0, 1.0, 0.0, 3.0, 1.0])
+    firsts = []
+    for _ in range(4):
+        d = lr.multinomial(w.unsqueeze(0).expand(500, 5), 3).numpy()
+        assert all(len(set(r)) == 3 and 2 not in r for r in d), "distinct, never the zero weight"
+        firsts.append(d[:, 0])
+    first = np.concatenate(firsts)
+    # The first draw of each row is a draw by the weights.
+    freq = np.bincount(first, minlength=5) / first.size
+    p = w.numpy() / w.numpy().sum()
+    assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / first.size) + 1e-12), (freq, p)
+    with pytest.raises(lr.Error, match="cannot draw 6 samples without replacement from 5 categories"):
+        lr.multinomial(w, 6)

@@ -1,8 +1,12 @@
 """lazyrt.nn: modules, layers and losses with torch.nn's interface."""
 
-from lazyrt.nn import functional, utils  # noqa: F401
+from lazyrt.nn import functional, init, utils  # noqa: F401
 from lazyrt.nn.module import Module, Parameter  # noqa: F401
 from lazyrt.nn.layers import (  # noqa: F401
-    AvgPool2d, BCEWithLogitsLoss, Conv2d, CrossEntropyLoss, Dropout, Embedding, Flatten, GELU, Identity,
-    LayerNorm, Linear, LogSoftmax, MaxPool2d, ModuleList, MSELoss, ReLU, Sequential, Sigmoid, Tanh,
+    AvgPool2d, BCEWithLogitsLoss, Conv2d, CrossEntropyLoss, Dropout, Dropout2d, Embedding, Flatten, GELU,
+    Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, MaxPool2d, Mish, ModuleDict, ModuleList, MSELoss,
+    ParameterDict, ParameterList, ReLU, Sequential, Sigmoid, SiLU, Softmax, Softplus, Tanh,
 )
+from lazyrt.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm  # noqa: F401
+from lazyrt.nn.spatial import AdaptiveAvgPool2d, Upsample  # noqa: F401
+from lazyrt.nn.transformer import MultiheadAttention, TransformerEncoder, TransformerEncoderLayer  # noqa: F401

@@ -5,9 +5,12 @@ weight, then bias, uniform in [-1/sqrt(in_features), 1/sqrt(in_features)).
 """
 
 import math
-from collections import OrderedDict
+import operator
+import warnings
+from collections import OrderedDict, abc
 
 from lazyrt import _C
+from lazyrt._C import Tensor
 from lazyrt.nn import functional as F
 from lazyrt.nn.module import Module, Parameter
 
@@ -101,14 +104,357 @@ class ModuleList(Module):
         return iter(self._modules.values())
 
 
+class ModuleDict(Module):
+    """An ordered dict of submodules, registered under their keys (as torch.nn.ModuleDict).
+    A plain dict keeps its insertion order."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        self.add_module(key, module)
+
+    def __delitem__(self, key):
+        del self._modules[key]
+        _C.invalidate_compiled_steps()
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def clear(self):
+        self._modules.clear()
+        _C.invalidate_compiled_steps()
+
+    def pop(self, key):
+        module = self[key]
+        del self[key]
+        return module
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def values(self):
+        return self._modules.values()
+
+    def update(self, modules):
+        """Adds (or replaces) the entries of a mapping or of an iterable of (key, module)."""
+        _update(self, modules, "ModuleDict", (OrderedDict, ModuleDict))
+
+
+def _update(container, entries, kind, ordered, sort_plain_dicts=False):
+    """container[k] = v for the pairs of `entries` (a mapping or an iterable of pairs), checked
+    as torch.nn's containers check them; `ordered` are the mappings taken in their own order."""
+    if not isinstance(entries, abc.Iterable) or isinstance(entries, Tensor):
+        raise TypeError(f"{kind}.update should be called with an iterable of key/value pairs, "
+                        f"but got {type(entries).__name__}")
+    if isinstance(entries, ordered):
+        pairs = list(entries.items())
+    elif isinstance(entries, abc.Mapping):
+        # PyTorch sorts the keys of a plain dict here (ParameterDict only).
+        pairs = sorted(entries.items()) if sort_plain_dicts else list(entries.items())
+    else:
+        pairs = []
+        for j, pair in enumerate(entries):
+            if not isinstance(pair, abc.Iterable):
+                raise TypeError(f"{kind} update sequence element #{j} should be Iterable; is {type(pair).__name__}")
+            pair = list(pair)
+            if len(pair) != 2:
+                raise ValueError(f"{kind} update sequence element #{j} has length {len(pair)}; 2 is required")
+            pairs.append(pair)
+    for key, value in pairs:
+        container[key] = value
+
+
+def _describe(value):
+    """A container entry as torch.nn's containers print it."""
+    if isinstance(value, Tensor):
+        kind = "Parameter" if isinstance(value, Parameter) else "Tensor"
+        size = "x".join(str(d) for d in value.shape)
+        return f"{kind} containing: [{value.dtype} of size {size}]"
+    return f"Object of type: {type(value).__name__}"
+
+
+class ParameterList(Module):
+    """A list of parameters, registered as '0', '1', ... (as torch.nn.ParameterList). Tensors
+    put in it become Parameters; other values are kept as they are."""
+
+    def __init__(self, values=None):
+        super().__init__()
+        self._size = 0
+        if values is not None:
+            self.extend(values)
+
+    def _index(self, idx):
+        idx = operator.index(idx)
+        if not -len(self) <= idx < len(self):
+            raise IndexError(f"ParameterList: index {idx} is out of range for {len(self)} entries")
+        return str(idx + len(self) if idx < 0 else idx)
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            out = type(self)()
+            for i in range(*idx.indices(len(self))):
+                out.append(self[i])
+            return out
+        return getattr(self, self._index(idx))
+
+    def __setitem__(self, idx, value):
+        name = self._index(idx)
+        if isinstance(value, Tensor) and not isinstance(value, Parameter):
+            value = Parameter(value)
+        setattr(self, name, value)
+
+    def __len__(self):
+        return self._size
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __iadd__(self, values):
+        return self.extend(values)
+
+    def __dir__(self):
+        return [k for k in super().__dir__() if not k.isdigit()]
+
+    def append(self, value):
+        self._size += 1
+        self[self._size - 1] = value
+        return self
+
+    def extend(self, values):
+        # A tensor is iterable, but never unpacked here.
+        if not isinstance(values, abc.Iterable) or isinstance(values, Tensor):
+            raise TypeError(f"ParameterList.extend should be called with an iterable, but got {type(values).__name__}")
+        for v in values:
+            self.append(v)
+        return self
+
+    def extra_repr(self):
+        return "\n".join(f"({i}): {_describe(v)}" for i, v in enumerate(self))
+
+    def __call__(self, *args, **kwargs):
+        raise _C.Error("ParameterList should not be called.")
+
+
+class ParameterDict(Module):
+    """An ordered dict of parameters, registered under their (string) keys (as
+    torch.nn.ParameterDict). Tensors put in it become Parameters; other values are kept as
+    they are. As in PyTorch, a plain dict given to the constructor or update() is taken in
+    sorted key order; an OrderedDict, a ParameterDict or a list of pairs keeps its order."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        self._keys = {}
+        if parameters is not None:
+            self.update(parameters)
+
+    @staticmethod
+    def _attr(key):
+        if not isinstance(key, str):
+            raise TypeError("Index given to ParameterDict cannot be used as a key as it is not a string "
+                            f"(type is '{type(key).__name__}')")
+        return key
+
+    def __getitem__(self, key):
+        return getattr(self, self._attr(key))
+
+    def __setitem__(self, key, value):
+        attr = self._attr(key)
+        if key not in self._keys and hasattr(type(self), attr):
+            raise KeyError(f"ParameterDict: attribute '{attr}' already exists")
+        self._keys[key] = None
+        if isinstance(value, Tensor) and not isinstance(value, Parameter):
+            value = Parameter(value)
+        setattr(self, attr, value)
+
+    def __delitem__(self, key):
+        del self._keys[key]
+        delattr(self, self._attr(key))
+
+    def __len__(self):
+        return len(self._keys)
+
+    def __iter__(self):
+        return iter(self._keys)
+
+    def __reversed__(self):
+        return reversed(list(self._keys))
+
+    def __contains__(self, key):
+        return key in self._keys
+
+    def copy(self):
+        """A new ParameterDict holding the same entries (the same Parameter objects)."""
+        return ParameterDict(OrderedDict((k, self[k]) for k in self._keys))
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def clear(self):
+        for k in list(self._keys):
+            del self[k]
+
+    def pop(self, key):
+        value = self[key]
+        del self[key]
+        return value
+
+    def popitem(self):
+        if not self._keys:
+            raise KeyError("popitem(): ParameterDict is empty")
+        key = next(reversed(self._keys))
+        return key, self.pop(key)
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def fromkeys(self, keys, default=None):
+        return ParameterDict((k, default) for k in keys)
+
+    def keys(self):
+        return self._keys.keys()
+
+    def items(self):
+        return ((k, self[k]) for k in self._keys)
+
+    def values(self):
+        return (self[k] for k in self._keys)
+
+    def update(self, parameters):
+        """Adds (or replaces) the entries of a mapping or of an iterable of (key, value)."""
+        _update(self, parameters, "ParameterDict", (OrderedDict, ParameterDict), sort_plain_dicts=True)
+
+    def extra_repr(self):
+        return "\n".join(f"({k}): {_describe(v)}" for k, v in self.items())
+
+    def __call__(self, *args, **kwargs):
+        raise _C.Error("ParameterDict should not be called.")
+
+    def __or__(self, other):
+        out = self.copy()
+        out.update(other)
+        return out
+
+    def __ror__(self, other):
+        out = other.copy()
+        out.update(self)
+        return out
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+
 class Identity(Module):
     def forward(self, input):
         return input
 
 
 class ReLU(Module):
+    """max(x, 0). inplace=True is accepted for PyTorch code and gives the same result, but the
+    input is not modified: the result is a new tensor (use the returned value)."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
     def forward(self, input):
         return _C.relu(input)
+
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
+
+
+class LeakyReLU(Module):
+    """x for x >= 0, negative_slope * x below. inplace as for ReLU (the input is not modified)."""
+
+    def __init__(self, negative_slope=0.01, inplace=False):
+        super().__init__()
+        self.negative_slope, self.inplace = negative_slope, inplace
+
+    def forward(self, input):
+        return _C.leaky_relu(input, self.negative_slope)
+
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
+
+class SiLU(Module):
+    """x * sigmoid(x). inplace as for ReLU (the input is not modified)."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input):
+        return _C.silu(input)
+
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
+
+
+class Mish(Module):
+    """x * tanh(softplus(x)). inplace as for ReLU (the input is not modified)."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input):
+        return F.mish(input)
+
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
+
+
+class Softplus(Module):
+    """log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold."""
+
+    def __init__(self, beta=1, threshold=20):
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, input):
+        return _C.softplus(input, self.beta, self.threshold)
+
+    def extra_repr(self):
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Softmax(Module):
+    """Softmax along dim. Without a dim, PyTorch's deprecated implicit choice (with its
+    warning): dim 0 for 0-, 1- and 3-dim inputs, else dim 1."""
+
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input):
+        dim = self.dim
+        if dim is None:
+            warnings.warn("Implicit dimension choice for softmax has been deprecated. "
+                          "Change the call to include dim=X as an argument.", stacklevel=2)
+            dim = 0 if input.dim() in (0, 1, 3) else 1
+        return _C.softmax(input, dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
 
 
 class Tanh(Module):
@@ -135,6 +481,25 @@ class Dropout(Module):
 
     def extra_repr(self):
         return f"p={self.p}"
+
+
+class Dropout2d(Module):
+    """Zeroes whole channels with probability p while training, scaling the rest by
+    1 / (1 - p); identity in eval mode. As PyTorch 1.13: the channels are dim 1 of an input
+    of 2 or more dims, so a 4-D input [N, C, H, W] loses whole [H, W] maps, and a 3-D input is
+    read as [N, C, L] (PyTorch warns, and so does lazyrt)."""
+
+    def __init__(self, p=0.5, inplace=False):
+        super().__init__()
+        if not 0 <= p <= 1:
+            raise ValueError(f"Dropout2d: dropout probability has to be between 0 and 1, but got {p}")
+        self.p, self.inplace = p, inplace
+
+    def forward(self, input):
+        return F.dropout2d(input, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}, inplace={self.inplace}"
 
 
 class Flatten(Module):
@@ -167,12 +532,19 @@ class MSELoss(Module):
 
 
 class CrossEntropyLoss(Module):
-    def __init__(self, reduction="mean", label_smoothing=0.0):
+    """F.cross_entropy as a module, with torch's arguments (class weights unsupported)."""
+
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                 label_smoothing=0.0):
         super().__init__()
-        self.reduction, self.label_smoothing = reduction, label_smoothing
+        if weight is not None:
+            raise _C.Error("CrossEntropyLoss: class weights (weight=) are not supported")
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
 
     def forward(self, input, target):
-        return F.cross_entropy(input, target, reduction=self.reduction, label_smoothing=self.label_smoothing)
+        return F.cross_entropy(input, target, ignore_index=self.ignore_index, reduction=self.reduction,
+                               label_smoothing=self.label_smoothing)
 
 
 class BCEWithLogitsLoss(Module):
@@ -199,6 +571,9 @@ class GELU(Module):
 
     def forward(self, input):
         return _C.gelu(input, approximate=self.approximate)
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
 
 
 class LayerNorm(Module):

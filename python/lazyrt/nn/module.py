@@ -3,9 +3,11 @@
 A module registers what is assigned to its attributes: a Parameter (or any leaf tensor that
 requires grad) as a parameter, a Module as a submodule; register_buffer adds buffers.
 Parameters keep their identity for the module's life (optimizers, compile_step and
-load_state_dict rely on that); their values change in place. Replacing or deleting an
-attribute of a module, and switching it between train() and eval(), changes what a traced
-step computes: it makes every compiled step retrace on its next call.
+load_state_dict rely on that); their values change in place. The one exception is
+Module.to(dtype) (and half(), double(), ...), which replaces each cast parameter. Replacing
+or deleting an attribute of a module, and switching it between train() and eval(), changes
+what a traced step computes: it makes every compiled step retrace on its next call.
+copy.deepcopy and pickle give a module with its own parameters and buffers (equal values).
 """
 
 from collections import OrderedDict, namedtuple
@@ -74,10 +76,10 @@ class Module:
         is_param = isinstance(value, Parameter) or (
             isinstance(value, Tensor) and value.requires_grad and value.is_leaf)
         if is_param:
-            self._remove(name)
+            self._remove(name, keep=params)
             params[name] = value
         elif isinstance(value, Module):
-            self._remove(name)
+            self._remove(name, keep=modules)
             modules[name] = value
         elif name in params:
             if value is not None:
@@ -106,11 +108,15 @@ class Module:
                     _C.invalidate_compiled_steps()
                 return
 
-    def _remove(self, name):
+    def _remove(self, name, keep=None):
+        """Drops `name` from the plain attributes and from every store but `keep`: an entry
+        replaced in its own store keeps its place, as in PyTorch (state_dict order)."""
         self.__dict__.pop(name, None)
         for d in (self._parameters, self._buffers, self._modules):
-            d.pop(name, None)
-        self._non_persistent_buffers.discard(name)
+            if d is not keep:
+                d.pop(name, None)
+        if keep is not self._buffers:
+            self._non_persistent_buffers.discard(name)
 
     def __getattr__(self, name):
         # Only called when normal lookup fails: parameters, buffers and submodules.
@@ -132,45 +138,82 @@ class Module:
     def __dir__(self):
         return sorted(set(super().__dir__()) | set(self._parameters) | set(self._buffers) | set(self._modules))
 
+    def _check_name(self, name, own, kind, call):
+        """PyTorch's rules for a name being registered: a non-empty string without '.', and not
+        an attribute of another kind already (`own` is the store it may already be in)."""
+        if not isinstance(name, str):
+            raise TypeError(f"{call}: the {kind} name should be a string, got {type(name).__name__}")
+        if "." in name:
+            raise KeyError(f"{call}: the {kind} name can't contain \".\", got '{name}'")
+        if name == "":
+            raise KeyError(f"{call}: the {kind} name can't be empty string \"\"")
+        if name not in own and hasattr(self, name):
+            raise KeyError(f"{call}: attribute '{name}' already exists")
+
     def register_parameter(self, name, param):
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign parameter before Module.__init__() call")
+        self._check_name(name, self._parameters, "parameter", "register_parameter")
         if param is not None and not isinstance(param, Tensor):
             raise TypeError(f"register_parameter: '{name}' must be a lazyrt tensor or None")
         if param is not None and not isinstance(param, Parameter) and not param.requires_grad:
             param = Parameter(param)
         self._replacing(name, param)
-        self._remove(name)
+        self._remove(name, keep=self._parameters)
         self._parameters[name] = param
 
     def register_buffer(self, name, tensor, persistent=True):
+        """Adds a buffer: a tensor of the module's state that is not a parameter. Persistent
+        buffers are in state_dict(); non-persistent ones only in buffers() / named_buffers().
+        As in PyTorch, the name must be new to the module or name a buffer already."""
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        self._check_name(name, self._buffers, "buffer", "register_buffer")
         if tensor is not None and not isinstance(tensor, Tensor):
             raise TypeError(f"register_buffer: '{name}' must be a lazyrt tensor or None")
         self._replacing(name, tensor)
-        self._remove(name)
+        self._remove(name, keep=self._buffers)
         self._buffers[name] = tensor
-        if not persistent:
+        if persistent:
+            self._non_persistent_buffers.discard(name)
+        else:
             self._non_persistent_buffers.add(name)
 
     def add_module(self, name, module):
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"add_module: '{name}' must be a lazyrt.nn.Module or None")
+        self._check_name(name, self._modules, "module", "add_module")
         self._replacing(name, module)
-        self._remove(name)
+        self._remove(name, keep=self._modules)
         self._modules[name] = module
 
     register_module = add_module
 
     # ---- traversal -------------------------------------------------------------------------
 
-    def named_modules(self, memo=None, prefix=""):
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """(dotted name, module) for this module and every submodule, depth first; a module
+        reachable by several paths is listed once unless remove_duplicate is False."""
         if memo is None:
             memo = set()
-        if id(self) in memo:
-            return
-        memo.add(id(self))
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
         yield prefix, self
         for name, m in self._modules.items():
             if m is not None:
-                yield from m.named_modules(memo, prefix + ("." if prefix else "") + name)
+                yield from m.named_modules(memo, prefix + ("." if prefix else "") + name, remove_duplicate)
+
+    def get_submodule(self, target):
+        """The submodule at a dotted path ('' is the module itself), as in PyTorch."""
+        m = self
+        for item in target.split(".") if target else []:
+            child = m._modules.get(item) if isinstance(m, Module) else None
+            if child is None:
+                raise AttributeError(f"{type(m).__name__} has no attribute `{item}` (looking up '{target}')")
+            m = child
+        return m
 
     def modules(self):
         for _, m in self.named_modules():
@@ -291,11 +334,56 @@ class Module:
         return self
 
     def to(self, *args, **kwargs):
-        """Devices are accepted and ignored (lazyrt has one); changing dtypes is not supported."""
-        for a in list(args) + list(kwargs.values()):
-            if isinstance(a, _C.dtype):
-                raise _C.Error("Module.to(dtype) is not supported; build the module in the dtype you need")
+        """As torch.nn.Module.to: to(device), to(dtype), to(device, dtype), to(tensor). Devices
+        must be lazyrt's ('lazy' or 'cpu'; see lazyrt.device) and change nothing. A floating
+        dtype casts every floating parameter, gradient and buffer. lazyrt cannot change a
+        tensor's dtype in place, so a cast parameter is a new Parameter in the module (tied
+        parameters stay tied): optimizers and compiled steps built before must be built again.
+        Returns the module."""
+        from lazyrt._tensor import _parse_to
+        _, dtype, _, _ = _parse_to(args, kwargs, "Module.to")
+        if dtype is not None:
+            if not dtype.is_floating_point:
+                raise TypeError(f"Module.to only accepts floating point dtypes, got {dtype}")
+            self._cast_floating(dtype)
         return self
+
+    def _cast_floating(self, dtype):
+        cast = {}  # tensor_id -> the cast tensor, so a tensor shared by modules stays shared
+
+        def convert(t, make):
+            key = _C.tensor_id(t)
+            if key not in cast:
+                cast[key] = make(t)
+            return cast[key]
+
+        def new_parameter(p):
+            new = Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+            if p.grad is not None:
+                new.grad = p.grad.to(dtype)
+            return new
+
+        changed = False
+        for m in self.modules():
+            for store, make in ((m._parameters, new_parameter), (m._buffers, lambda b: b.detach().to(dtype))):
+                for name, t in store.items():
+                    if t is not None and t.is_floating_point() and t.dtype is not dtype:
+                        store[name] = convert(t, make)
+                        changed = True
+        if changed:
+            _C.invalidate_compiled_steps()
+
+    def float(self):
+        return self.to(_C.float32)
+
+    def double(self):
+        return self.to(_C.float64)
+
+    def half(self):
+        return self.to(_C.float16)
+
+    def bfloat16(self):
+        return self.to(_C.bfloat16)
 
     def cpu(self):
         return self

@@ -228,4 +228,20 @@ struct ReduceLayout {
       : outer(part(in, dims, false)), inner(part(in, dims, true)), count(inner.numel) {}
 };
 
+/// A tensor seen as [outer, n, inner] around one dim: outer * inner lines of n elements, each
+/// with stride `inner` (softmax, the cumulative ops, sorting).
+struct Lines {
+  int64_t outer = 1, n = 1, inner = 1;
+  Lines(const Shape& shape, int64_t dim) {
+    for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+      if (d < dim) outer *= shape[d];
+      else if (d == dim) n = shape[d];
+      else inner *= shape[d];
+    }
+  }
+  int64_t count() const { return outer * inner; }
+  /// The offset of line l's first element.
+  int64_t base(int64_t l) const { return (l / inner) * n * inner + l % inner; }
+};
+
 }  // namespace lazyrt::kernels

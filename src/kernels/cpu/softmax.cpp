@@ -16,17 +16,6 @@
 namespace lazyrt::kernels {
 namespace {
 
-struct Lines {
-  int64_t outer = 1, n = 1, inner = 1;
-  Lines(const Shape& shape, int64_t dim) {
-    for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
-      if (d < dim) outer *= shape[d];
-      else if (d == dim) n = shape[d];
-      else inner *= shape[d];
-    }
-  }
-};
-
 template <bool kLog>
 Kernel softmax(const KernelSpec& s) {
   const Lines lines(s.inputs[0].shape, ir::NodeAttrs(s.op, s.attrs).i<"dim">());

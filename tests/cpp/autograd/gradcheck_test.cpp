@@ -74,6 +74,9 @@ std::map<std::string, GradCase> cases() {
     return cat({flatten(pad(x[0], {1, -1, 2, 0}, 0.5)), flatten(interior)});
   }};
   c["flip"] = {{{2, 3, 4}}, [](const V& x) { return flip(x[0], {0, 2}); }};
+  c["cumsum"] = {{{3, 4}}, [](const V& x) { return cat({cumsum(x[0], 1), cumsum(x[0], 0)}); }};
+  // cumprod's gradient is its own op (exact where inputs are zero: see test_grad_parity.py).
+  c["cumprod"] = {{{3, 5}}, [](const V& x) { return cat({flatten(cumprod(x[0], 1)), flatten(cumprod(x[0], 0))}); }};
   c["concat"] = {{{2, 3}, {2, 1}}, [](const V& x) { return cat({x[0], x[1], x[0]}, 1); }};
   c["index_select"] = {{{4, 3}}, [=](const V& x) { return index_select(x[0], 0, i64({2, 0, 2}, {3})); }};
   c["gather"] = {{{3, 4}}, [=](const V& x) {

@@ -131,6 +131,10 @@ inline ir::Graph every_op_graph() {
   outs.push_back(g.add(OpKind::ArgMin, {a}, {int64_t{0}, true}));
   outs.push_back(g.add(OpKind::Softmax, {a}, {int64_t{1}}));
   outs.push_back(g.add(OpKind::LogSoftmax, {a}, {int64_t{0}}));
+  outs.push_back(g.add(OpKind::Cumsum, {a}, {int64_t{1}, true}));
+  outs.push_back(g.add(OpKind::Cumprod, {a}, {int64_t{0}}));
+  outs.push_back(g.add(OpKind::CumprodBackward, {a, a}, {int64_t{1}}));
+  outs.push_back(g.add(OpKind::Sort, {a}, {int64_t{1}, true, int64_t{2}}));
   // Data movement and indexing.
   const ir::ValueRef idx1 = g.add_parameter({DType::i64, {2}});
   const ir::ValueRef idx2 = g.add_parameter({DType::i64, {2, 3}});

@@ -1,0 +1,127 @@
+"""Normalization layers with state: BatchNorm1d/2d and GroupNorm, as torch.nn's.
+
+BatchNorm keeps its running statistics in buffers (running_mean, running_var,
+num_batches_tracked) that training updates in place, so a compiled step (compile_step) writes
+them back on every replay like any other state. Switching between train() and eval() changes
+which statistics normalize: compiled steps retrace.
+"""
+
+from lazyrt import _C
+from lazyrt._autograd import no_grad
+from lazyrt.nn import functional as F
+from lazyrt.nn.module import Module, Parameter
+
+
+class _BatchNorm(Module):
+    _expected_dims = ()
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 device=None, dtype=None):
+        super().__init__()
+        if num_features <= 0:
+            raise _C.Error(f"{type(self).__name__}: num_features must be positive, got {num_features}")
+        dtype = dtype or _C.float32
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = Parameter(_C.ones(num_features, dtype=dtype))
+            self.bias = Parameter(_C.zeros(num_features, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", _C.zeros(num_features, dtype=dtype))
+            self.register_buffer("running_var", _C.ones(num_features, dtype=dtype))
+            self.register_buffer("num_batches_tracked", _C.zeros((), dtype=_C.int64))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+
+    def reset_running_stats(self):
+        if self.track_running_stats:
+            with no_grad():
+                self.running_mean.zero_()
+                self.running_var.copy_(_C.ones_like(self.running_var))
+                self.num_batches_tracked.zero_()
+
+    def _check_input_dim(self, input):
+        if input.dim() not in self._expected_dims:
+            want = " or ".join(f"{d}D" for d in self._expected_dims)
+            raise ValueError(f"{type(self).__name__}: expected {want} input (got {input.dim()}D input)")
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        if input.shape[1] != self.num_features:
+            raise _C.Error(f"{type(self).__name__}: expected {self.num_features} channels in dim 1, "
+                           f"got input of shape {tuple(input.shape)}")
+        tracking = self.training and self.track_running_stats
+        if tracking:
+            with no_grad():
+                self.num_batches_tracked.add_(1)
+        use_batch_stats = self.training or self.running_mean is None
+        if tracking and self.momentum is None:
+            return self._cumulative_average(input)
+        # Running statistics are read in eval mode and updated while tracking in training.
+        read_running = not self.training or self.track_running_stats
+        return F.batch_norm(input, self.running_mean if read_running else None,
+                            self.running_var if read_running else None, self.weight, self.bias,
+                            use_batch_stats, 0.0 if self.momentum is None else self.momentum, self.eps)
+
+    def _cumulative_average(self, input):
+        # momentum=None: running = running + (batch - running) / num_batches_tracked, the
+        # count read from its tensor (never from the host, so replays stay exact).
+        out = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        dims = [0] + list(range(2, input.dim()))
+        count = input.numel() // input.shape[1]
+        with no_grad():
+            x = input.detach()
+            mean = x.mean(dims)
+            var = x.var(dims, correction=0) * (count / (count - 1))
+            factor = 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
+            self.running_mean.copy_(self.running_mean + (mean.to(self.running_mean.dtype) - self.running_mean) * factor)
+            self.running_var.copy_(self.running_var + (var.to(self.running_var.dtype) - self.running_var) * factor)
+        return out
+
+    def extra_repr(self):
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+
+
+class BatchNorm1d(_BatchNorm):
+    """Over [N, C] or [N, C, L]."""
+    _expected_dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Over [N, C, H, W]."""
+    _expected_dims = (4,)
+
+
+class GroupNorm(Module):
+    """Normalizes groups of num_channels / num_groups channels of [N, C, *]."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None):
+        super().__init__()
+        if num_groups <= 0 or num_channels % num_groups != 0:
+            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
+        dtype = dtype or _C.float32
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if affine:
+            self.weight = Parameter(_C.ones(num_channels, dtype=dtype))
+            self.bias = Parameter(_C.zeros(num_channels, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -1,0 +1,380 @@
+"""Multi-head attention and the Transformer encoder, as torch.nn (PyTorch 1.13) defines them.
+
+MultiheadAttention, TransformerEncoderLayer and TransformerEncoder take PyTorch 1.13's
+arguments, register the same parameters and submodules under the same names and shapes (so a
+PyTorch state_dict loads as it is), and compute what PyTorch's reference path computes: the
+attention is written here from matmul, softmax, masked_fill and dropout, so it differentiates
+and traces like any other lazyrt code.
+
+PyTorch 1.13 also has inference fast paths (eval mode, no gradients recorded, batch_first, an
+even number of heads, ...) that can differ from its reference path: TransformerEncoder given a
+src_key_padding_mask then runs on a nested tensor and returns zeros at the padded positions.
+lazyrt always computes the reference path: the non-padded positions agree, the padded ones hold
+what the layers compute there.
+
+Initialization follows PyTorch's scheme with lazyrt's random numbers: xavier-uniform input
+projections, zero biases, Linear's uniform out_proj.weight, xavier-normal bias_k / bias_v.
+"""
+
+import copy
+import math
+
+from lazyrt import _C
+from lazyrt._autograd import no_grad
+from lazyrt.nn import functional as F
+from lazyrt.nn.layers import Dropout, LayerNorm, Linear, ModuleList
+from lazyrt.nn.module import Module, Parameter
+
+
+# ---- initialization ---------------------------------------------------------------------------
+# Private helpers: the fan computation of torch.nn.init for the shapes used here (dim 0 is
+# fan_out, dim 1 fan_in, trailing dims multiply both).
+
+def _fans(shape):
+    receptive = math.prod(shape[2:])
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def _xavier_uniform(shape, gain=1.0):
+    fan_in, fan_out = _fans(shape)
+    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return _C.rand(*shape) * (2 * bound) - bound
+
+
+def _xavier_normal(shape, gain=1.0):
+    fan_in, fan_out = _fans(shape)
+    return _C.randn(*shape) * (gain * math.sqrt(2.0 / (fan_in + fan_out)))
+
+
+# ---- checks -----------------------------------------------------------------------------------
+
+def _shape(t):
+    return list(t.shape)
+
+
+def _check_mask_dtype(mask, what, call):
+    if mask is not None and not (mask.dtype is _C.bool or mask.is_floating_point()):
+        raise _C.Error(f"{call}: only bool and floating types of {what} are supported, got {mask.dtype} "
+                       f"with shape {_shape(mask)}")
+
+
+def _is_batched(query, key, value, key_padding_mask, attn_mask, call):
+    """True for batched 3-D inputs, False for unbatched 2-D ones; raises on anything else."""
+    shapes = f"query {_shape(query)}, key {_shape(key)}, value {_shape(value)}"
+    if query.dim() == 3:
+        batched, kpm_dims = True, 2
+    elif query.dim() == 2:
+        batched, kpm_dims = False, 1
+    else:
+        raise _C.Error(f"{call}: query should be an unbatched 2-D or a batched 3-D tensor, got {shapes}")
+    if key.dim() != query.dim() or value.dim() != query.dim():
+        raise _C.Error(f"{call}: query, key and value must all be {query.dim()}-D, got {shapes}")
+    if key_padding_mask is not None and key_padding_mask.dim() != kpm_dims:
+        raise _C.Error(f"{call}: key_padding_mask must be {kpm_dims}-D for a {query.dim()}-D query, got "
+                       f"shape {_shape(key_padding_mask)} with {shapes}")
+    if attn_mask is not None and attn_mask.dim() not in (2, 3):
+        raise _C.Error(f"{call}: attn_mask must be 2-D or 3-D, got shape {_shape(attn_mask)} with {shapes}")
+    return batched
+
+
+# ---- attention --------------------------------------------------------------------------------
+
+def _mask_scores(scores, mask):
+    """Scores with a mask applied: True (bool) masks a position out, a float mask is added."""
+    if mask is None:
+        return scores
+    if mask.dtype is _C.bool:
+        return scores.masked_fill(mask, float("-inf"))
+    return scores + mask.to(scores.dtype)
+
+
+def _pad_last(mask):
+    """The mask with one more, unmasked, position at the end of its last dim."""
+    return None if mask is None else _C.pad(mask, (0, 1))
+
+
+def _multi_head_attention(mha, query, key, value, key_padding_mask, need_weights, attn_mask,
+                          average_attn_weights, shapes):
+    """The attention of `mha` on sequence-first inputs: query [L, N, E], key [S, N, kdim],
+    value [S, N, vdim]. Returns ([L, N, E], weights [N, L, S] or [N, H, L, S] or None).
+    `shapes` describes the inputs as the caller gave them, for error messages."""
+    call = "MultiheadAttention"
+    E, H = mha.embed_dim, mha.num_heads
+    head_dim = E // H
+    L, N = query.shape[0], query.shape[1]
+    S = key.shape[0]
+    if query.shape[2] != E or key.shape[2] != mha.kdim or value.shape[2] != mha.vdim:
+        raise _C.Error(f"{call}: expected the last dims of query, key and value to be embed_dim {E}, kdim "
+                       f"{mha.kdim} and vdim {mha.vdim}, got {shapes}")
+    if key.shape[:2] != value.shape[:2] or key.shape[1] != N:
+        raise _C.Error(f"{call}: key and value must have the same sequence length, and all three the same "
+                       f"batch size, got {shapes}")
+    if not query.is_floating_point():
+        raise _C.Error(f"{call}: expected a floating-point query, got {query.dtype}")
+
+    # Masks: checked against the sizes before bias_k / add_zero_attn add key positions.
+    _check_mask_dtype(attn_mask, "attn_mask", call)
+    _check_mask_dtype(key_padding_mask, "key_padding_mask", call)
+    if attn_mask is not None:
+        want = (L, S) if attn_mask.dim() == 2 else (N * H, L, S)
+        if tuple(attn_mask.shape) != want:
+            raise _C.Error(f"{call}: the {attn_mask.dim()}-D attn_mask has shape {_shape(attn_mask)}, but "
+                           f"should be {list(want)} for {shapes} and {H} heads")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (N, S):
+        raise _C.Error(f"{call}: key_padding_mask has shape {_shape(key_padding_mask)}, expected [{N}, {S}] "
+                       f"(batch, source length) for {shapes}")
+    if (attn_mask is not None and key_padding_mask is not None and attn_mask.dtype is not _C.bool
+            and key_padding_mask.dtype is not _C.bool):
+        # PyTorch 1.13 fails on this combination too (its masked_fill takes bool masks only).
+        raise _C.Error(f"{call}: a float key_padding_mask cannot be combined with a float attn_mask; "
+                       "make one of them bool, or add both into one attn_mask")
+    if key_padding_mask is not None and key_padding_mask.dtype is not _C.bool and attn_mask is not None:
+        # With a bool attn_mask, PyTorch ORs the masks: a nonzero float masks the position out.
+        key_padding_mask = key_padding_mask != 0
+
+    # Input projections. One matmul for self-attention, two when key is value: the same values
+    # as the three separate projections, in fewer ops.
+    b = mha.in_proj_bias
+    bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
+    if mha._qkv_same_embed_dim:
+        w = mha.in_proj_weight
+        if query is key and key is value:
+            q, k, v = F.linear(query, w, b).chunk(3, -1)
+        elif key is value:
+            wq, wkv = w.split([E, 2 * E])
+            q = F.linear(query, wq, bq)
+            k, v = F.linear(key, wkv, None if b is None else b.split([E, 2 * E])[1]).chunk(2, -1)
+        else:
+            wq, wk, wv = w.chunk(3)
+            q, k, v = F.linear(query, wq, bq), F.linear(key, wk, bk), F.linear(value, wv, bv)
+    else:
+        q = F.linear(query, mha.q_proj_weight, bq)
+        k = F.linear(key, mha.k_proj_weight, bk)
+        v = F.linear(value, mha.v_proj_weight, bv)
+
+    if mha.bias_k is not None:
+        # One more key position, the same learned key and value for every sequence.
+        k = _C.cat([k, mha.bias_k.expand(1, N, E)], 0)
+        v = _C.cat([v, mha.bias_v.expand(1, N, E)], 0)
+        attn_mask, key_padding_mask = _pad_last(attn_mask), _pad_last(key_padding_mask)
+
+    # Heads: [seq, N, E] -> [N, H, seq, head_dim].
+    q = q.reshape(L, N, H, head_dim).permute(1, 2, 0, 3)
+    k = k.reshape(k.shape[0], N, H, head_dim).permute(1, 2, 0, 3)
+    v = v.reshape(v.shape[0], N, H, head_dim).permute(1, 2, 0, 3)
+    if mha.add_zero_attn:
+        # One more key position whose key and value are zero.
+        k = _C.cat([k, _C.zeros(N, H, 1, head_dim, dtype=k.dtype)], 2)
+        v = _C.cat([v, _C.zeros(N, H, 1, head_dim, dtype=v.dtype)], 2)
+        attn_mask, key_padding_mask = _pad_last(attn_mask), _pad_last(key_padding_mask)
+    src_len = k.shape[2]
+
+    # Scores [N, H, L, src_len]. A 3-D attn_mask is per (batch, head) in batch-major order; the
+    # padding mask is per (batch, key). Applying them one after the other gives the values of
+    # PyTorch's merged mask: a masked position is -inf, a float mask is added to the score.
+    scores = _C.matmul(q / math.sqrt(head_dim), k.transpose(2, 3))
+    if attn_mask is not None and attn_mask.dim() == 3:
+        attn_mask = attn_mask.reshape(N, H, L, src_len)
+    scores = _mask_scores(scores, attn_mask)
+    if key_padding_mask is not None:
+        scores = _mask_scores(scores, key_padding_mask.reshape(N, 1, 1, src_len))
+    weights = _C.softmax(scores, -1)
+    if mha.training and mha.dropout > 0.0:
+        weights = _C.dropout(weights, mha.dropout, True)
+    out = _C.matmul(weights, v)  # [N, H, L, head_dim]
+    out = out.permute(2, 0, 1, 3).reshape(L, N, E)
+    out = mha.out_proj(out)
+    if not need_weights:
+        return out, None
+    if average_attn_weights:
+        weights = weights.sum(1) / H
+    return out, weights
+
+
+class NonDynamicallyQuantizableLinear(Linear):
+    """A Linear, under the name PyTorch gives MultiheadAttention's out_proj."""
+
+
+class MultiheadAttention(Module):
+    """Attention from `num_heads` heads of embed_dim // num_heads channels each.
+
+    forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+    average_attn_weights=True) -> (attn_output, attn_weights or None). Inputs are [L, N, E]
+    (sequence first), [N, L, E] with batch_first, or [L, E] unbatched. attn_mask is [L, S] or
+    [N * num_heads, L, S]; key_padding_mask is [N, S]. In a bool mask True masks a position
+    out; a float mask is added to the attention scores.
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+        super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise _C.Error(f"MultiheadAttention: embed_dim and num_heads must be positive, got {embed_dim} "
+                           f"and {num_heads}")
+        if embed_dim % num_heads:
+            raise _C.Error(f"MultiheadAttention: embed_dim must be divisible by num_heads, got {embed_dim} "
+                           f"and {num_heads}")
+        if dtype is not None and dtype is not _C.float32:
+            raise _C.Error(f"MultiheadAttention: dtype {dtype} is not supported; the module is float32")
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+        # PyTorch's registration order, so that state_dict lists the same keys in the same order.
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = Parameter(_xavier_uniform((3 * embed_dim, embed_dim)))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight = Parameter(_xavier_uniform((embed_dim, embed_dim)))
+            self.k_proj_weight = Parameter(_xavier_uniform((embed_dim, self.kdim)))
+            self.v_proj_weight = Parameter(_xavier_uniform((embed_dim, self.vdim)))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = Parameter(_C.zeros(3 * embed_dim))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias)
+        if bias:
+            with no_grad():
+                self.out_proj.bias.zero_()
+        if add_bias_kv:
+            self.bias_k = Parameter(_xavier_normal((1, 1, embed_dim)))
+            self.bias_v = Parameter(_xavier_normal((1, 1, embed_dim)))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True):
+        batched = _is_batched(query, key, value, key_padding_mask, attn_mask, "MultiheadAttention")
+        shapes = f"query {_shape(query)}, key {_shape(key)}, value {_shape(value)}" + (
+            " (batch first)" if batched and self.batch_first else "")
+        if batched and self.batch_first:
+            # Sequence first inside; keeping which inputs are the same tensor keeps the packed
+            # projections of self-attention.
+            tq = query.transpose(0, 1)
+            tk = tq if key is query else key.transpose(0, 1)
+            tv = tk if value is key else (tq if value is query else value.transpose(0, 1))
+            query, key, value = tq, tk, tv
+        elif not batched:
+            uq = query.unsqueeze(1)
+            uk = uq if key is query else key.unsqueeze(1)
+            uv = uk if value is key else (uq if value is query else value.unsqueeze(1))
+            query, key, value = uq, uk, uv
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        out, weights = _multi_head_attention(self, query, key, value, key_padding_mask, need_weights, attn_mask,
+                                             average_attn_weights, shapes)
+        if not batched:
+            out = out.squeeze(1)
+            weights = None if weights is None else weights.squeeze(0)
+        elif self.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+class TransformerEncoderLayer(Module):
+    """Self-attention then a feedforward block, each with dropout, a residual connection and
+    LayerNorm (after the residual sum, or before the block with norm_first).
+
+    forward(src, src_mask=None, src_key_padding_mask=None); src is [S, N, d_model] ([N, S,
+    d_model] with batch_first, [S, d_model] unbatched); the masks as MultiheadAttention's.
+    """
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation=F.relu, layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, device=None, dtype=None):
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        if isinstance(activation, str):
+            if activation not in _ACTIVATIONS:
+                raise _C.Error(f"TransformerEncoderLayer: activation should be relu/gelu, not {activation}")
+            activation = _ACTIVATIONS[activation]
+        elif not callable(activation):
+            raise _C.Error(f"TransformerEncoderLayer: activation should be 'relu', 'gelu' or a callable, "
+                           f"not {type(activation).__name__}")
+        self.activation = activation  # a Module here is a submodule, as in PyTorch
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None):
+        _check_mask_dtype(src_key_padding_mask, "src_key_padding_mask", "TransformerEncoderLayer")
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask)
+            x = x + self._ff_block(self.norm2(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask))
+            x = self.norm2(x + self._ff_block(x))
+        return x
+
+    def _sa_block(self, x, attn_mask, key_padding_mask):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x):
+        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
+        return self.dropout2(x)
+
+
+def _clone(module):
+    """An independent copy of a module: its own parameters and buffers, with equal values.
+    (Tensors cannot be deep-copied; each is copied here as a new handle on the same immutable
+    value, which an in-place update of either replaces without touching the other.)"""
+    memo = {}
+    for m in module.modules():
+        for store in (m._parameters, m._buffers):
+            for t in store.values():
+                if t is None or id(t) in memo:
+                    continue
+                if isinstance(t, Parameter):
+                    memo[id(t)] = Parameter(t, requires_grad=t.requires_grad)
+                else:
+                    c = t.detach()
+                    memo[id(t)] = c.requires_grad_() if t.requires_grad else c
+    return copy.deepcopy(module, memo)
+
+
+class TransformerEncoder(Module):
+    """num_layers copies of encoder_layer (each with its own parameters, all starting equal to
+    encoder_layer's), applied in turn, then `norm` if given.
+
+    forward(src, mask=None, src_key_padding_mask=None). enable_nested_tensor and mask_check
+    are accepted for PyTorch's signature; lazyrt has no nested tensors (see the module notes).
+    """
+
+    def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True, mask_check=True):
+        super().__init__()
+        if not isinstance(encoder_layer, Module):
+            raise _C.Error(f"TransformerEncoder: encoder_layer must be a lazyrt.nn.Module, got "
+                           f"{type(encoder_layer).__name__}")
+        if num_layers < 0:
+            raise _C.Error(f"TransformerEncoder: num_layers must be non-negative, got {num_layers}")
+        self.layers = ModuleList([_clone(encoder_layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        self.norm = norm
+        self.enable_nested_tensor = enable_nested_tensor
+        self.mask_check = mask_check
+
+    def forward(self, src, mask=None, src_key_padding_mask=None):
+        _check_mask_dtype(src_key_padding_mask, "src_key_padding_mask", "TransformerEncoder")
+        output = src
+        for layer in self.layers:
+            output = layer(output, src_mask=mask, src_key_padding_mask=src_key_padding_mask)
+        if self.norm is not None:
+            output = self.norm(output)
+        return output
