@@ -2,6 +2,7 @@
 #pragma once
 
 #include "lazyrt/amp.h"
+#include "lazyrt/backend.h"
 #include "lazyrt/cache.h"
 #include "lazyrt/debug.h"
 #include "lazyrt/loops.h"

@@ -1,5 +1,5 @@
 // lazyrt._C._metrics, _cache and _debug: counters and timings, the compile cache's settings,
-// and looking at pending graphs and memory. All thread-safe in C++; nothing here syncs.
+// and looking at pending graphs and memory; the backend choice (backend.h). All thread-safe in C++; nothing here syncs.
 #include "bindings.h"
 
 namespace lazyrt::python {
@@ -31,6 +31,11 @@ void bind_metrics_cache(py::module_& m) {
   c.def("set_persistent_max_bytes", &cache::set_persistent_max_bytes, py::arg("bytes"),
         "Size cap of the persistent cache directory; least recently used entries are evicted.");
   c.def("persistent_max_bytes", &cache::persistent_max_bytes);
+
+  m.def("set_backend", &set_backend, py::arg("name"),
+        "Makes `name` ('cpu' or 'reference') the backend of every graph compiled from now on.");
+  m.def("current_backend", &current_backend);
+  m.def("available_backends", &available_backends);
 
   py::module_ d = m.def_submodule("_debug", "Pending graphs and memory (debug.h).");
   d.def("graph_text", [](py::handle ts) { return debug::graph_text(tensors_from(ts, "graph_text")); },

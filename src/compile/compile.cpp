@@ -43,7 +43,8 @@ double full_value(const Node& n) { return ir::NodeAttrs(n.op, n.attrs).f<"value"
 
 }  // namespace
 
-std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& donations_in) {
+std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& donations_in,
+                                           const backend::Backend& backend) {
   const size_t num_outputs = g.outputs.size();
   std::vector<int32_t> donations = donations_in;
   donations.resize(num_outputs, -1);
@@ -161,7 +162,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     std::vector<ir::TensorType> in_types;
     for (ValueRef v : n.operands) in_types.push_back(g.type(v));
     made[i] = n.regions.empty() ? kernels::make_kernel({n.op, n.attrs, in_types, n.results})
-                                : lower_control_flow(n, in_types);
+                                : lower_control_flow(n, in_types, backend);
     const int32_t s = step_of[i];
     for (size_t r = 0; r < n.results.size(); ++r) {
       const ValueRef v{node, static_cast<int32_t>(r)};
@@ -215,11 +216,12 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   return std::make_shared<runtime::Executable>(std::move(parts));
 }
 
-std::shared_ptr<runtime::Executable> compile(const Graph& graph, const std::vector<int32_t>& donations) {
+std::shared_ptr<runtime::Executable> compile(const Graph& graph, const std::vector<int32_t>& donations,
+                                             const backend::Backend& backend) {
   ir::verify(graph);
-  Graph optimized = order_reads_before_updates(optimize(graph), donations);
+  Graph optimized = order_reads_before_updates(optimize(graph, backend.capabilities()), donations);
   ir::verify(optimized);
-  return lower(optimized, donations);
+  return backend.lower(optimized, donations);
 }
 
 }  // namespace lazyrt::compile

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ir/graph.h"
 #include "runtime/executable.h"
 
@@ -13,12 +14,15 @@ namespace lazyrt::compile {
 /// offered at most once. The executable accepts an offer unless another output returns that
 /// parameter unchanged; when the output cannot be computed in place safely (the parameter is
 /// still read after it is produced), it is computed aside and copied in at the end.
+/// The passes run with the backend's capabilities, and the backend lowers the result.
 std::shared_ptr<runtime::Executable> compile(const ir::Graph& graph,
-                                             const std::vector<int32_t>& donations = {});
+                                             const std::vector<int32_t>& donations = {},
+                                             const backend::Backend& backend = backend::current());
 
-/// Lowering alone, on an already optimized graph (tests use it to see the plan of a graph
-/// exactly as written).
+/// Lowering alone, on an already optimized graph, with the CPU kernels (tests use it to see the
+/// plan of a graph exactly as written). Regions (loop bodies) are compiled for `backend`.
 std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
-                                           const std::vector<int32_t>& donations);
+                                           const std::vector<int32_t>& donations,
+                                           const backend::Backend& backend = backend::current());
 
 }  // namespace lazyrt::compile

@@ -185,9 +185,10 @@ void run_scan(ScanState& st, const void* const* in, void* const* out) {
   st.sets.copy_out(ws, out, p);
 }
 
-kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
+kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>& operands,
+                           const backend::Backend& backend) {
   auto st = std::make_shared<ScanState>();
-  st->body = compile(*n.regions[0]);
+  st->body = compile(*n.regions[0], {}, backend);
   const ir::NodeAttrs at(n.op, n.attrs);
   st->carries = static_cast<size_t>(at.i<"carries">());
   st->xs = static_cast<size_t>(at.i<"xs">());
@@ -340,7 +341,8 @@ struct ScanVjpState {
   }
 };
 
-kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
+kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorType>& operands,
+                               const backend::Backend& backend) {
   auto st = std::make_shared<ScanVjpState>();
   const ir::NodeAttrs at(n.op, n.attrs);
   st->B = static_cast<size_t>(at.i<"carries">());
@@ -353,10 +355,10 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
   st->length = at.i<"length">();
   st->fwd_reverse = at.b<"reverse">();
   st->snapshots = at.i<"snapshots">();
-  st->vjp = compile(*n.regions[0]);
+  st->vjp = compile(*n.regions[0], {}, backend);
   ir::Graph fwd = *n.regions[1];
   fwd.outputs.resize(st->C);  // the forward's carries; its stacked outputs are not needed
-  st->fwd = compile(fwd);
+  st->fwd = compile(fwd, {}, backend);
   size_t ws = st->bw.place(operands, st->B, *st->vjp, 0);
   for (size_t k = 0; k < st->C; ++k) {
     const ir::TensorType& t = operands[st->B + st->XS + st->K + k];
@@ -383,14 +385,15 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
 
 }  // namespace
 
-kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands) {
+kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands,
+                                   const backend::Backend& backend) {
   if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results);
-  if (n.op == ir::OpKind::Scan) return lower_scan(n, operands);
-  if (n.op == ir::OpKind::ScanVjp) return lower_scan_vjp(n, operands);
+  if (n.op == ir::OpKind::Scan) return lower_scan(n, operands, backend);
+  if (n.op == ir::OpKind::ScanVjp) return lower_scan_vjp(n, operands, backend);
   LAZYRT_ASSERT(n.op == ir::OpKind::While, "no lowering for ", ir::op_name(n.op));
   auto st = std::make_shared<WhileState>();
-  st->cond = compile(*n.regions[0]);
-  st->body = compile(*n.regions[1]);
+  st->cond = compile(*n.regions[0], {}, backend);
+  st->body = compile(*n.regions[1], {}, backend);
   st->carries = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"carries">());
   st->operands = operands.size();
   size_t ws = st->sets.place(operands, st->carries, *st->body, 0);

@@ -4,11 +4,14 @@
 
 #include <vector>
 
+#include "backend/backend.h"
 #include "ir/graph.h"
 #include "kernels/cpu/kernel.h"
 
 namespace lazyrt::compile {
 
-kernels::Kernel lower_control_flow(const ir::Node& node, const std::vector<ir::TensorType>& operands);
+/// Regions that are graphs of their own (loop bodies) are compiled for `backend`.
+kernels::Kernel lower_control_flow(const ir::Node& node, const std::vector<ir::TensorType>& operands,
+                                   const backend::Backend& backend);
 
 }  // namespace lazyrt::compile

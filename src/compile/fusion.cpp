@@ -5,7 +5,7 @@
 //
 // Grouping is greedy in graph order. A node joins the groups of its operands that have its
 // result shape, merging them, when the merged group
-//   - stays within the kernel's limits (kMaxFusedOps ops, kMaxFusedInputs operands),
+//   - stays within the backend's limits (max_fused_ops ops, max_fused_inputs operands),
 //   - and no operand from outside the group depends on a member. Only nodes from the group's
 //     first member on can, so that search is short.
 // Otherwise it joins the first of those groups alone if that passes, or starts its own.
@@ -21,7 +21,6 @@
 #include <queue>
 
 #include "compile/passes.h"
-#include "kernels/cpu/ops.h"
 #include "util/check.h"
 
 namespace lazyrt::compile {
@@ -39,8 +38,8 @@ bool fusible(const Node& n) {
 
 class Grouping {
  public:
-  explicit Grouping(const Graph& g)
-      : g_(g), group_of_(g.nodes.size(), -1), member_(g.nodes.size(), 0), seen_(g.nodes.size(), 0) {
+  Grouping(const Graph& g, const backend::Capabilities& caps)
+      : g_(g), caps_(caps), group_of_(g.nodes.size(), -1), member_(g.nodes.size(), 0), seen_(g.nodes.size(), 0) {
     for (size_t i = 0; i < g_.nodes.size(); ++i)
       if (fusible(g_.nodes[i])) place(static_cast<int32_t>(i));
   }
@@ -77,7 +76,7 @@ class Grouping {
   }
 
   bool acceptable(const std::vector<int32_t>& members) {
-    if (members.size() > static_cast<size_t>(kernels::kMaxFusedOps)) return false;
+    if (members.size() > static_cast<size_t>(caps_.max_fused_ops)) return false;
     ++epoch_;
     for (int32_t m : members) member_[m] = epoch_;
     std::vector<ValueRef> outside;
@@ -86,7 +85,7 @@ class Grouping {
         if (member_[v.node] != epoch_ && g_.nodes[v.node].op != OpKind::Full &&
             std::find(outside.begin(), outside.end(), v) == outside.end())
           outside.push_back(v);
-    if (outside.size() > static_cast<size_t>(kernels::kMaxFusedInputs)) return false;
+    if (outside.size() > static_cast<size_t>(caps_.max_fused_inputs)) return false;
     // A cycle would run from a member through an outside operand back into the group. Only
     // nodes from the group's first member on can be on it, so the search back from the outside
     // operands stops there; a search that grows too long refuses the merge. Cycles that pass
@@ -112,6 +111,7 @@ class Grouping {
   static constexpr size_t kSearchBudget = 4096;
 
   const Graph& g_;
+  const backend::Capabilities& caps_;
   std::vector<int32_t> group_of_;
   std::vector<std::vector<int32_t>> groups_;
   std::vector<uint32_t> member_, seen_;  // epoch marks: in the group checked, visited
@@ -248,8 +248,9 @@ std::vector<bool> on_cycles(const std::vector<std::vector<int32_t>>& deps) {
 
 }  // namespace
 
-Graph fuse_elementwise(const Graph& g) {
-  const Grouping grouping(g);
+Graph fuse_elementwise(const Graph& g, const backend::Capabilities& caps) {
+  if (!caps.fuses()) return g;
+  const Grouping grouping(g, caps);
   std::vector<std::vector<int32_t>> groups;
   for (const auto& members : grouping.groups())
     if (members.size() > 1) groups.push_back(members);

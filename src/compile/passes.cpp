@@ -368,12 +368,13 @@ Graph order_reads_before_updates(const Graph& g, const std::vector<int32_t>& don
   return emitted == n ? rw.finish() : g;
 }
 
-Graph optimize(const Graph& g) {
+Graph optimize(const Graph& g, const backend::Capabilities& caps) {
   Graph x = constant_folding(g);
   x = algebraic_simplification(x);
   x = common_subexpression_elimination(x);
-  x = dead_code_elimination(transposes_into_gemm(dead_code_elimination(x)));
-  return dead_code_elimination(fuse_elementwise(x));
+  x = dead_code_elimination(x);
+  if (caps.gemm) x = dead_code_elimination(transposes_into_gemm(x));
+  return caps.fuses() ? dead_code_elimination(fuse_elementwise(x, caps)) : x;
 }
 
 }  // namespace lazyrt::compile

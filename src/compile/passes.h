@@ -3,6 +3,7 @@
 // holds state. optimize() runs them in the order compile uses.
 #pragma once
 
+#include "backend/backend.h"
 #include "ir/graph.h"
 
 namespace lazyrt::compile {
@@ -24,8 +25,9 @@ ir::Graph algebraic_simplification(const ir::Graph& g);
 /// transposes and products left unused are for DCE.
 ir::Graph transposes_into_gemm(const ir::Graph& g);
 
-/// Groups of elementwise nodes of one result shape -> one fusion node each (fusion.cpp).
-ir::Graph fuse_elementwise(const ir::Graph& g);
+/// Groups of elementwise nodes of one result shape -> one fusion node each (fusion.cpp), within
+/// the backend's limits (none when it takes no fusion nodes).
+ir::Graph fuse_elementwise(const ir::Graph& g, const backend::Capabilities& caps = backend::current().capabilities());
 
 /// Reorders nodes so that, where the dependencies allow, every read of a parameter whose
 /// buffer is offered for an output (donations[k] = p, as compile takes them) comes before the
@@ -33,8 +35,9 @@ ir::Graph fuse_elementwise(const ir::Graph& g);
 /// Otherwise keeps the order. Same nodes, same outputs.
 ir::Graph order_reads_before_updates(const ir::Graph& g, const std::vector<int32_t>& donations);
 
-/// fold, simplify, CSE, DCE, transposes into gemm, DCE, fuse, DCE.
-ir::Graph optimize(const ir::Graph& g);
+/// fold, simplify, CSE, DCE, transposes into gemm, DCE, fuse, DCE; gemm and fusion only where
+/// the backend takes them.
+ir::Graph optimize(const ir::Graph& g, const backend::Capabilities& caps = backend::current().capabilities());
 
 /// Rebuilds a graph node by node with remapped operands; the passes are written on it.
 class GraphRewriter {

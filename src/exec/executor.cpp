@@ -5,6 +5,7 @@
 #include <fstream>
 #include <mutex>
 
+#include "backend/backend.h"
 #include "cache/memory_cache.h"
 #include "cache/persistent_cache.h"
 #include "compile/compile.h"
@@ -55,6 +56,7 @@ GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donation
   GraphHash gh = ir::hash_graph(graph);
   h.add(gh.hi);
   h.add(gh.lo);
+  h.add(backend::current().fingerprint());
   for (int32_t d : donations) h.add(static_cast<uint64_t>(static_cast<int64_t>(d)));
   return h.finish();
 }
@@ -69,7 +71,7 @@ std::shared_ptr<runtime::Executable> load_from_disk(const cache::PersistentCache
   std::shared_ptr<runtime::Executable> exe;
   if (found.status == cache::PersistentCache::Status::Hit) {
     try {
-      exe = compile::lower(found.entry.graph, donations);
+      exe = backend::current().lower(found.entry.graph, donations);
     } catch (const std::exception& e) {  // a verified graph no kernel takes: refuse the entry
       found.status = cache::PersistentCache::Status::Bad;
       found.error = std::string("lowering its graph failed: ") + e.what();

@@ -1,6 +1,7 @@
 // The graph executor: the one place that turns an extracted graph into results.
 //
-//   key      cache_key(graph, donations): the graph's structural hash and its donation offers
+//   key      cache_key(graph, donations): the graph's structural hash, its donation offers and
+//            the current backend (backend/backend.h)
 //   cache    executable_for(key, ...): the in-memory cache, then the persistent cache on disk,
 //            then compilation (whose result goes into both)
 //   bind     the parameters' buffers, and per output a buffer to write it into: a buffer the
@@ -27,10 +28,11 @@ namespace lazyrt::exec {
 
 using BufferPtr = std::shared_ptr<runtime::Buffer>;
 
-/// The cache key of a graph compiled with these donation offers.
+/// The cache key of a graph compiled with these donation offers by the current backend.
 GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations);
 
-/// The executable for `key`: from the in-memory cache, the disk cache, or compiled (counted).
+/// The executable for `key`: from the in-memory cache, the disk cache, or compiled by the
+/// current backend (counted).
 std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
                                                     const std::vector<int32_t>& donations);
 

@@ -11,7 +11,7 @@ from conftest import REPO
 
 # Where each header's functions live in Python.
 NAMESPACES = {
-    "tensor.h": lr, "random.h": lr, "loops.h": lr, "replay.h": lr, "types.h": lr,
+    "tensor.h": lr, "random.h": lr, "backend.h": lr, "loops.h": lr, "replay.h": lr, "types.h": lr,
     "nn.h": lr.nn.functional, "metrics.h": lr.metrics, "cache.h": lr.cache, "debug.h": lr.debug,
 }
 # Functions whose Python form has another shape, and why.

@@ -576,6 +576,8 @@ ELSEWHERE = {
     "mark_step": "test_tensor.py", "invalidate_compiled_steps": "test_replay.py", "sync": "test_metrics_cache.py",
     # type promotion table (test_api_coverage.py)
     "promote_types": "test_api_coverage.py",
+    # the backend choice (test_backends.py)
+    "set_backend": "test_backends.py", "current_backend": "test_backends.py", "available_backends": "test_backends.py",
     # gradient mode (test_tensor.py)
     "is_grad_enabled": "test_tensor.py",
     # structured loops (test_loops.py)

@@ -451,6 +451,24 @@ TEST_P(OpParityGroup, MatchesTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Torch, OpParityGroup, ::testing::ValuesIn(case_groups()), test_name<CaseGroup>);
 
+// Every case again on the reference backend (one op at a time: no fusion, no gemm), with
+// pending inputs so the whole composition runs there: the backend the others are compared
+// with must match torch on its own. One test, the cases in turn; a failure names its case.
+TEST(OpParityReferenceBackend, EveryCaseMatchesTorch) {
+  const std::string before = current_backend();
+  set_backend("reference");
+  const int64_t compiles = metrics::counter("UncachedCompile");
+  size_t checked = 0;
+  for (const OpCase& c : fixture_cases()) {
+    check_case(c, /*pending_inputs=*/true);
+    ++checked;
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  set_backend(before);
+  EXPECT_EQ(checked, fixture_cases().size());
+  EXPECT_GT(metrics::counter("UncachedCompile") - compiles, 1000) << "the cases compiled for the reference backend";
+}
+
 // The fixture and the dispatcher must agree on the op names, and every op must be exercised
 // by several cases; otherwise a typo would silently drop an op from the parity check.
 TEST(OpFixtures, EveryDispatcherOpHasSeveralCases) {

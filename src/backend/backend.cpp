@@ -1,0 +1,97 @@
+#include "backend/backend.h"
+
+#include <atomic>
+#include <cstdlib>
+
+#include "compile/compile.h"
+#include "lazyrt/backend.h"
+#include "ir/hash.h"
+#include "kernels/cpu/ops.h"
+#include "util/check.h"
+
+namespace lazyrt::backend {
+namespace {
+
+// The CPU kernels; `caps` decides how much of the graph they see fused.
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(std::string name, Capabilities caps) : name_(std::move(name)), caps_(caps) {
+    ir::Hasher h;
+    h.add_string(name_);
+    h.add(static_cast<uint64_t>(caps_.max_fused_ops));
+    h.add(static_cast<uint64_t>(caps_.max_fused_inputs));
+    h.add(static_cast<uint64_t>(caps_.gemm));
+    fingerprint_ = h.finish().lo;
+  }
+  const std::string& name() const override { return name_; }
+  uint64_t fingerprint() const override { return fingerprint_; }
+  const Capabilities& capabilities() const override { return caps_; }
+  std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
+                                             const std::vector<int32_t>& donations) const override {
+    return compile::lower(optimized, donations, *this);
+  }
+
+ private:
+  std::string name_;
+  Capabilities caps_;
+  uint64_t fingerprint_ = 0;
+};
+
+const std::vector<const Backend*>& registry() {
+  static const auto* all = new std::vector<const Backend*>{
+      new CpuBackend("cpu", {kernels::kMaxFusedOps, kernels::kMaxFusedInputs, true}),
+      new CpuBackend("reference", {0, 0, false}),
+  };
+  return *all;
+}
+
+std::string known() {
+  std::string s;
+  for (const Backend* b : registry()) s += (s.empty() ? "" : ", ") + b->name();
+  return s;
+}
+
+std::atomic<const Backend*>& chosen() {
+  static std::atomic<const Backend*> b{nullptr};
+  return b;
+}
+
+}  // namespace
+
+const Backend& get(std::string_view name) {
+  for (const Backend* b : registry())
+    if (b->name() == name) return *b;
+  throw Error(detail::str_cat("unknown backend '", name, "' (known: ", known(), ")"));
+}
+
+const Backend& current() {
+  if (const Backend* b = chosen().load(std::memory_order_acquire)) return *b;
+  const char* env = std::getenv("LAZYRT_BACKEND");
+  const Backend* b = nullptr;
+  try {
+    b = &get(env && *env ? env : "cpu");
+  } catch (const Error& e) {
+    throw Error(detail::str_cat("LAZYRT_BACKEND: ", e.what()));
+  }
+  const Backend* expected = nullptr;
+  chosen().compare_exchange_strong(expected, b, std::memory_order_acq_rel);
+  return *chosen().load(std::memory_order_acquire);
+}
+
+void set_current(std::string_view name) { chosen().store(&get(name), std::memory_order_release); }
+
+std::vector<std::string> names() {
+  std::vector<std::string> out;
+  for (const Backend* b : registry()) out.push_back(b->name());
+  return out;
+}
+
+}  // namespace lazyrt::backend
+
+namespace lazyrt {
+
+void set_backend(const std::string& name) { backend::set_current(name); }
+std::string current_backend() { return backend::current().name(); }
+std::vector<std::string> available_backends() { return backend::names(); }
+
+}  // namespace lazyrt

@@ -1,0 +1,60 @@
+// Backends: what turns an optimized graph into an Executable and runs it. The work that does not
+// depend on the machine (the passes, fusion decisions, memory planning, read-before-update
+// ordering: compile/) takes a backend's capabilities as input; lowering and kernels are the
+// backend's. One backend is current per process (LAZYRT_BACKEND, or set_backend()), and its
+// fingerprint is part of every cache key, in memory and on disk, so executables of one backend
+// never run for another.
+//
+// Backends today:
+//   cpu        the CPU kernels, with elementwise fusion and transposes folded into gemm
+//   reference  the same CPU kernels one op at a time: no fusion nodes, no gemm rewriting. The
+//              oracle other backends are compared with (tests/cpp/compile/backend_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+#include "runtime/executable.h"
+
+namespace lazyrt::backend {
+
+/// What a backend's lowering takes, which the backend-independent passes respect.
+struct Capabilities {
+  /// Elementwise fusion: the most ops in one fusion node and the most operands it reads; 0:
+  /// the backend takes no fusion nodes.
+  int max_fused_ops = 0;
+  int max_fused_inputs = 0;
+  /// Matrix products of transposes become gemm nodes (reading the untransposed values).
+  bool gemm = false;
+
+  bool fuses() const { return max_fused_ops > 1 && max_fused_inputs > 0; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const std::string& name() const = 0;
+  /// Distinguishes this backend's executables in every cache key.
+  virtual uint64_t fingerprint() const = 0;
+  virtual const Capabilities& capabilities() const = 0;
+  /// The executable of a graph that compile/ optimized with these capabilities. donations as
+  /// compile::compile takes them.
+  virtual std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
+                                                     const std::vector<int32_t>& donations) const = 0;
+};
+
+/// The current backend: set_current()'s, else LAZYRT_BACKEND's (read once), else cpu. An
+/// unknown LAZYRT_BACKEND throws lazyrt::Error naming the known backends.
+const Backend& current();
+/// The backend of that name; throws lazyrt::Error naming the known ones.
+const Backend& get(std::string_view name);
+/// Makes `name` current for the whole process. Executables already made (compiled steps,
+/// warmed-up graphs) keep running on the backend they were made for.
+void set_current(std::string_view name);
+std::vector<std::string> names();
+
+}  // namespace lazyrt::backend

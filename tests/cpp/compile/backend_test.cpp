@@ -1,0 +1,163 @@
+// Backends: the reference backend (one op at a time, no fusion, no gemm rewriting) is the oracle
+// the cpu backend is compared with, on seeded random programs of elementwise chains, broadcasts,
+// reductions, softmax and products of transposes. Also: the backend is part of every cache key,
+// and choosing one by name.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <lazyrt/lazyrt.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/backend.h"
+#include "compile/compile.h"
+#include "support/error_of.h"
+
+namespace lazyrt::compile {
+namespace {
+
+using ir::Graph;
+using ir::OpKind;
+using ir::ValueRef;
+
+int count_ops(const Graph& g, OpKind op) {
+  int n = 0;
+  for (const auto& node : g.nodes) n += node.op == op;
+  return n;
+}
+
+// Runs an executable on double inputs converted to `dtype` (f32 or f64); outputs as doubles.
+std::vector<std::vector<double>> run(runtime::Executable& exe, const std::vector<std::vector<double>>& params,
+                                     DType dtype) {
+  std::vector<std::vector<char>> in_bytes;
+  for (const auto& p : params) {
+    in_bytes.emplace_back(p.size() * dtype_size(dtype));
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (dtype == DType::f32) reinterpret_cast<float*>(in_bytes.back().data())[i] = static_cast<float>(p[i]);
+      else reinterpret_cast<double*>(in_bytes.back().data())[i] = p[i];
+    }
+  }
+  std::vector<const void*> in;
+  for (auto& b : in_bytes) in.push_back(b.data());
+  std::vector<std::vector<char>> out_bytes;
+  for (const auto& t : exe.output_types()) out_bytes.emplace_back(t.bytes());
+  std::vector<void*> out;
+  for (auto& b : out_bytes) out.push_back(b.data());
+  exe.run(in.data(), out.data());
+  std::vector<std::vector<double>> result;
+  for (size_t k = 0; k < out_bytes.size(); ++k) {
+    const auto& src = exe.outputs()[k];
+    const std::vector<char>& bytes = src.kind == runtime::OutputSource::Kind::Alias ? out_bytes[src.index]
+                                     : src.kind == runtime::OutputSource::Kind::Param ? in_bytes[src.index]
+                                                                                      : out_bytes[k];
+    EXPECT_NE(src.kind, runtime::OutputSource::Kind::Const) << "output " << k;
+    std::vector<double> v(static_cast<size_t>(exe.output_types()[k].numel()));
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = dtype == DType::f32 ? reinterpret_cast<const float*>(bytes.data())[i]
+                                 : reinterpret_cast<const double*>(bytes.data())[i];
+    result.push_back(v);
+  }
+  return result;
+}
+
+// A random program over parameters of shapes [4, 3], [3] and []: unary and binary elementwise
+// ops (broadcasting), selects, reductions to [3], softmax, and products of a transpose.
+Graph random_program(std::mt19937& rng, DType dtype) {
+  Graph g;
+  std::vector<ValueRef> vals;
+  for (const Shape& s : {Shape{4, 3}, Shape{3}, Shape{}}) vals.push_back(g.add_parameter({dtype, s}));
+  const OpKind unary[] = {OpKind::Neg, OpKind::Abs, OpKind::Tanh, OpKind::Sigmoid, OpKind::Sin, OpKind::Cos,
+                          OpKind::Relu, OpKind::Silu, OpKind::Floor, OpKind::Sign, OpKind::Erf, OpKind::Expm1};
+  const OpKind binary[] = {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Maximum, OpKind::Minimum};
+  auto pick = [&] { return vals[rng() % vals.size()]; };
+  auto shape = [&](ValueRef v) { return g.type(v).shape; };
+  for (int step = 0; step < 24; ++step) {
+    const int kind = static_cast<int>(rng() % 10);
+    const ValueRef a = pick(), b = pick();
+    if (kind <= 3) {
+      vals.push_back(g.add(unary[rng() % std::size(unary)], {a}));
+    } else if (kind <= 6) {
+      vals.push_back(g.add(binary[rng() % std::size(binary)], {a, b}));
+    } else if (kind == 7) {
+      const ValueRef c = pick();
+      vals.push_back(g.add(OpKind::Where, {g.add(OpKind::Gt, {a, b}), a, c}));
+    } else if (kind == 8 && shape(a).size() == 2) {
+      vals.push_back(rng() % 2 ? g.add(OpKind::Sum, {a}, {std::vector<int64_t>{0}, false})
+                               : g.add(OpKind::Softmax, {a}, {int64_t{1}}));
+    } else if (kind == 9 && shape(a).size() == 2 && shape(b).size() == 2) {
+      // [3, 4] x [4, 3] from a transpose: a gemm on the cpu backend, a matmul on the reference.
+      const ValueRef t = g.add(OpKind::Permute, {a}, {std::vector<int64_t>{1, 0}});
+      const ValueRef p = g.add(OpKind::Matmul, {t, b});
+      vals.push_back(g.add(OpKind::Sum, {p}, {std::vector<int64_t>{1}, false}));
+    }
+  }
+  for (size_t v = 3; v < vals.size(); v += 4) g.outputs.push_back(vals[v]);
+  g.outputs.push_back(vals.back());
+  return g;
+}
+
+TEST(Backends, CpuMatchesTheReferenceOnRandomPrograms) {
+  const backend::Backend& cpu = backend::get("cpu");
+  const backend::Backend& ref = backend::get("reference");
+  std::mt19937 rng(2024);
+  int fusions = 0, gemms = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const DType dtype = trial % 2 ? DType::f64 : DType::f32;
+    const Graph g = random_program(rng, dtype);
+    std::vector<std::vector<double>> params;
+    for (int p = 0; p < 3; ++p) {
+      params.emplace_back(static_cast<size_t>(shape_numel(g.nodes[static_cast<size_t>(p)].results[0].shape)));
+      for (double& v : params.back()) v = std::uniform_real_distribution<double>(-2, 2)(rng);
+    }
+    auto fast = compile(g, {}, cpu);
+    auto oracle = compile(g, {}, ref);
+    ASSERT_EQ(count_ops(oracle->graph(), OpKind::Fusion) + count_ops(oracle->graph(), OpKind::Gemm), 0)
+        << "the reference backend runs every op on its own";
+    fusions += count_ops(fast->graph(), OpKind::Fusion);
+    gemms += count_ops(fast->graph(), OpKind::Gemm);
+    const auto got = run(*fast, params, dtype), want = run(*oracle, params, dtype);
+    const double rtol = dtype == DType::f32 ? 1e-5 : 1e-12;
+    for (size_t k = 0; k < want.size(); ++k)
+      for (size_t i = 0; i < want[k].size(); ++i) {
+        const double w = want[k][i], x = got[k][i];
+        if (std::isnan(w) || std::isinf(w)) {  // nan where nan, the same infinity
+          EXPECT_TRUE(std::isnan(w) ? std::isnan(x) : x == w) << "trial " << trial << " output " << k << " element "
+                                                              << i << ": " << x << " vs " << w;
+          continue;
+        }
+        EXPECT_NEAR(x, w, rtol * (1 + std::abs(w))) << "trial " << trial << " output " << k << " element " << i;
+      }
+  }
+  EXPECT_GT(fusions, 100);  // the cpu backend did fuse and rewrite: the comparison means something
+  EXPECT_GT(gemms, 20);
+}
+
+TEST(Backends, TheBackendIsPartOfEveryCacheKey) {
+  const std::string before = current_backend();
+  Tensor a = tensor({1.0f, 2.0f, 3.0f}, {3});
+  auto value = [&] { return (tanh(a) * 2.0 + 1.0).to_vector<float>(); };
+  set_backend("cpu");
+  const auto on_cpu = value();
+  const int64_t compiles = metrics::counter("UncachedCompile");
+  set_backend("reference");
+  EXPECT_EQ(current_backend(), "reference");
+  const auto on_ref = value();
+  EXPECT_EQ(metrics::counter("UncachedCompile"), compiles + 1) << "compiled again for the other backend";
+  set_backend("cpu");
+  value();
+  EXPECT_EQ(metrics::counter("UncachedCompile"), compiles + 1) << "the cpu executable is still cached";
+  EXPECT_EQ(on_cpu, on_ref);
+  set_backend(before);
+}
+
+TEST(Backends, ChoosingAnUnknownBackendNamesTheKnownOnes) {
+  EXPECT_EQ(available_backends(), (std::vector<std::string>{"cpu", "reference"}));
+  const std::string before = current_backend();
+  EXPECT_THAT(testing_support::error_of([] { set_backend("gpu"); }),
+              ::testing::AllOf(::testing::HasSubstr("unknown backend 'gpu'"), ::testing::HasSubstr("cpu, reference")));
+  EXPECT_EQ(current_backend(), before) << "a refused choice changes nothing";
+}
+
+}  // namespace
+}  // namespace lazyrt::compile
