@@ -3,10 +3,10 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "compile/compile.h"
+#include "backend/cpu/lower.h"
 #include "lazyrt/backend.h"
 #include "ir/hash.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/ops.h"
 #include "util/check.h"
 
 namespace lazyrt::backend {
@@ -28,7 +28,7 @@ class CpuBackend final : public Backend {
   const Capabilities& capabilities() const override { return caps_; }
   std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
                                              const std::vector<int32_t>& donations) const override {
-    return compile::lower(optimized, donations, *this);
+    return cpu::lower(optimized, donations, *this);
   }
 
  private:

@@ -1,4 +1,5 @@
-// Compile: verify, optimize, lower to steps, plan memory, emit an Executable.
+// Compile: verify, optimize with the backend's capabilities, order reads of donated buffers
+// before their updates, and hand the graph to the backend to lower into an Executable.
 #pragma once
 
 #include <memory>
@@ -18,11 +19,5 @@ namespace lazyrt::compile {
 std::shared_ptr<runtime::Executable> compile(const ir::Graph& graph,
                                              const std::vector<int32_t>& donations = {},
                                              const backend::Backend& backend = backend::current());
-
-/// Lowering alone, on an already optimized graph, with the CPU kernels (tests use it to see the
-/// plan of a graph exactly as written). Regions (loop bodies) are compiled for `backend`.
-std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
-                                           const std::vector<int32_t>& donations,
-                                           const backend::Backend& backend = backend::current());
 
 }  // namespace lazyrt::compile

@@ -6,9 +6,8 @@
 #include <queue>
 
 #include "ir/hash.h"
-#include "kernels/cpu/kernel.h"
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/backend.h"
+#include "util/dtype_dispatch.h"
 #include "runtime/buffer.h"
 #include "util/check.h"
 
@@ -115,33 +114,30 @@ bool is_full_of(const Graph& g, ValueRef v, double x) {
   return is_full(g, v) && full_value(g, v) == x;
 }
 
-// Evaluates an elementwise op on scalar constants with the op's own kernel, so folding
-// computes exactly what execution would.
+// Evaluates an elementwise op on scalar constants as the reference backend runs it (its one-op
+// kernel), so folding computes exactly what execution would.
 double eval_scalar(OpKind op, const ir::Attrs& attrs, const std::vector<ir::TensorType>& in_types,
                    const std::vector<double>& values, ir::TensorType out_type) {
-  std::vector<ir::TensorType> scalar_in;
+  Graph g;
+  std::vector<ValueRef> operands;
   std::vector<std::shared_ptr<runtime::Buffer>> bufs;
   std::vector<const void*> in;
   for (size_t k = 0; k < in_types.size(); ++k) {
-    scalar_in.push_back({in_types[k].dtype, {}});
+    operands.push_back(g.add_parameter({in_types[k].dtype, {}}));
     bufs.push_back(runtime::allocate(8));
-    kernels::fill(bufs.back()->data(), in_types[k].dtype, values[k], 1);
+    fill_elements(bufs.back()->data(), in_types[k].dtype, values[k], 1);
     in.push_back(bufs.back()->data());
   }
-  ir::TensorType scalar_out{out_type.dtype, {}};
-  kernels::Kernel k = kernels::make_kernel({op, attrs, scalar_in, {scalar_out}});
-  auto out = runtime::allocate(8 + k.workspace_bytes);
-  std::vector<void*> outs{out->data()};
-  std::shared_ptr<runtime::Buffer> ws;
-  if (k.workspace_bytes) {
-    ws = runtime::allocate(k.workspace_bytes);
-    outs.push_back(ws->data());
-  }
-  k.run(in.data(), outs.data());
+  g.outputs.push_back(g.add(op, operands, attrs));
+  LAZYRT_ASSERT(g.type(g.outputs[0]).dtype == out_type.dtype, "folding ", ir::op_name(op), " changed its dtype");
+  auto exe = backend::get("reference").lower(g, {});
+  auto out = runtime::allocate(8);
+  void* outs[] = {out->data()};
+  exe->run(in.data(), outs);
   double result = 0;
-  kernels::visit_dtype(out_type.dtype, [&](auto tag) {
+  visit_dtype(out_type.dtype, [&](auto tag) {
     using T = decltype(tag);
-    result = static_cast<double>(kernels::convert<double>(*static_cast<const T*>(out->data())));
+    result = static_cast<double>(convert<double>(*static_cast<const T*>(out->data())));
   });
   return result;
 }
@@ -156,9 +152,9 @@ std::optional<double> fold_sum_or_mean(OpKind op, const ir::TensorType& in, doub
   const int64_t count = in.numel() / out.numel();
   if (count >= (int64_t{1} << 29) || (op == OpKind::Mean && count == 0)) return std::nullopt;
   double element = 0;  // the value as stored in the input
-  kernels::visit_dtype(in.dtype, [&](auto tag) {
+  visit_dtype(in.dtype, [&](auto tag) {
     using T = decltype(tag);
-    element = static_cast<double>(kernels::convert<float>(kernels::convert<T>(value)));
+    element = static_cast<double>(convert<float>(convert<T>(value)));
   });
   return op == OpKind::Sum ? element * static_cast<double>(count) : element;
 }

@@ -28,6 +28,14 @@ enum OpFlags : uint32_t {
   kInPlace = 1u << 2,
 };
 
+/// Each row's flags, for checks at compile time (has_flag() reads the same values).
+inline constexpr uint32_t kOpFlags[] = {
+#define OP(Enum, name, operands, rule, flags, attrs) (flags),
+#include "ir/ops.def"
+#undef OP
+};
+constexpr bool has_flag_c(OpKind op, OpFlags f) { return (kOpFlags[static_cast<size_t>(op)] & f) != 0; }
+
 enum class ResultRule : uint8_t {
   Given,           // the result type is supplied by whoever builds the node (parameters)
   Full,            // from the shape and dtype attributes

@@ -9,10 +9,9 @@
 #include "lazyrt/tensor.h"
 #include "autograd/autograd.h"
 #include "ops/op_helpers.h"
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
+#include "util/dtype_dispatch.h"
 
 namespace lazyrt {
 
@@ -262,9 +261,9 @@ double Tensor::item() const {
   auto& s = impl_of(*this, "item");
   trace::sync_for_read({impl()});
   double v = 0;
-  kernels::visit_dtype(s.type.dtype, [&](auto tag) {
+  visit_dtype(s.type.dtype, [&](auto tag) {
     using T = decltype(tag);
-    v = kernels::convert<double>(*static_cast<const T*>(s.data()->data()));
+    v = convert<double>(*static_cast<const T*>(s.data()->data()));
   });
   return v;
 }
@@ -346,7 +345,7 @@ Tensor data_from_doubles(const double* values, Shape shape, DType dtype) {
   auto* base = static_cast<char*>(buf->data());
   const int64_t n = type.numel();
   for (int64_t i = 0; i < n; ++i)
-    kernels::fill(base + static_cast<size_t>(i) * dtype_size(dtype), dtype, values[i], 1);
+    fill_elements(base + static_cast<size_t>(i) * dtype_size(dtype), dtype, values[i], 1);
   return Tensor(trace::make_data(std::move(type), std::move(buf)));
 }
 }  // namespace

@@ -14,11 +14,16 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "ir/graph.h"
-#include "kernels/cpu/kernel.h"
 #include "runtime/buffer.h"
 
 namespace lazyrt::runtime {
+
+/// A step's work: in holds one pointer per input; out one per output, then the workspace if the
+/// step has one. Backends make these (a CPU kernel, a region's sub-executables).
+using KernelFn = std::function<void(const void* const* in, void* const* out)>;
 
 enum class SlotKind : uint8_t { Arena, Param, Output, Const };
 
@@ -31,7 +36,7 @@ struct Slot {
 
 struct Step {
   ir::OpKind op;
-  kernels::KernelFn fn;
+  KernelFn fn;
   std::vector<Slot> in;
   std::vector<Slot> out;  // results, then the workspace if the kernel has one
 };

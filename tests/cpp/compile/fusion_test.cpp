@@ -9,7 +9,7 @@
 
 #include "compile/compile.h"
 #include "compile/passes.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/ops.h"
 #include "support/graphs.h"
 #include "util/half.h"
 

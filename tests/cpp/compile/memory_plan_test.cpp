@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "backend/cpu/lower.h"
 #include "compile/compile.h"
 #include "compile/memory_plan.h"
 #include "support/graphs.h"
@@ -80,7 +81,7 @@ TEST(MemoryPlan, ChainOfHundredElementwiseOpsNeedsConstantBuffers) {
     ValueRef v = g.add_parameter(f32({1000}));
     for (int i = 0; i < n; ++i) v = g.add(i % 2 ? OpKind::Exp : OpKind::Tanh, {v});
     g.outputs = {g.add(OpKind::Sum, {v}, {std::vector<int64_t>{0}, false})};
-    return lower(g, {});
+    return backend::cpu::lower(g, {}, backend::get("cpu"));
   };
   auto ten = chain(10)->stats();
   auto hundred = chain(100)->stats();

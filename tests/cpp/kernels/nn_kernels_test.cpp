@@ -11,7 +11,7 @@
 #include <random>
 
 #include "compile/compile.h"
-#include "kernels/cpu/kernel.h"
+#include "backend/cpu/kernels/kernel.h"
 #include "runtime/buffer.h"
 #include "support/alloc_counter.h"
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <thread>
 
-#include "kernels/cpu/parallel.h"
+#include "backend/cpu/kernels/parallel.h"
 
 namespace lazyrt {
 

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "kernels/cpu/philox.h"
+#include "backend/cpu/kernels/philox.h"
 
 namespace lazyrt {
 

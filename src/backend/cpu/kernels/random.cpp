@@ -2,9 +2,9 @@
 // so any element can be computed independently, in any order or thread.
 #include <cmath>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/philox.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
+#include "backend/cpu/kernels/philox.h"
 
 namespace lazyrt::kernels {
 namespace {

@@ -4,8 +4,8 @@
 // needs the dtype.
 #include <cstring>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {
@@ -159,7 +159,7 @@ Kernel make_Pad(const KernelSpec& s) {
   return visit_width(dtype_size(dtype), [&](auto tag) -> Kernel {
     using W = decltype(tag);
     return {[layout, needs_fill, dtype, value, n_out](const void* const* in, void* const* out) {
-      if (needs_fill) fill(out[0], dtype, value, n_out);
+      if (needs_fill) fill_elements(out[0], dtype, value, n_out);
       layout->run(static_cast<const W*>(in[0]), static_cast<W*>(out[0]));
     }};
   });

@@ -6,12 +6,12 @@
 
 #include "backend/backend.h"
 #include "ir/graph.h"
-#include "kernels/cpu/kernel.h"
+#include "backend/cpu/kernels/kernel.h"
 
-namespace lazyrt::compile {
+namespace lazyrt::backend::cpu {
 
 /// Regions that are graphs of their own (loop bodies) are compiled for `backend`.
 kernels::Kernel lower_control_flow(const ir::Node& node, const std::vector<ir::TensorType>& operands,
-                                   const backend::Backend& backend);
+                                   const Backend& backend);
 
-}  // namespace lazyrt::compile
+}  // namespace lazyrt::backend::cpu

@@ -1,5 +1,5 @@
-// Shared machinery of the CPU kernels: dtype dispatch, compute types, and the precomputed
-// broadcast iteration of elementwise ops.
+// Shared machinery of the CPU kernels: the precomputed broadcast iteration of elementwise ops,
+// strided copies, reductions and line-wise layouts. Dtype dispatch is util/dtype_dispatch.h.
 #pragma once
 
 #include <algorithm>
@@ -10,46 +10,12 @@
 
 #include "ir/graph.h"
 #include "util/check.h"
-#include "util/half.h"
-#include "kernels/cpu/parallel.h"
+#include "util/dtype_dispatch.h"
+#include "backend/cpu/kernels/parallel.h"
 
 namespace lazyrt::kernels {
 
 inline constexpr int kMaxRank = 16;
-
-/// Calls fn with a value of the storage type of `d`.
-template <class Fn>
-decltype(auto) visit_dtype(DType d, Fn&& fn) {
-  switch (d) {
-    case DType::f32: return fn(float{});
-    case DType::f64: return fn(double{});
-    case DType::bf16: return fn(bf16{});
-    case DType::f16: return fn(f16{});
-    case DType::i32: return fn(int32_t{});
-    case DType::i64: return fn(int64_t{});
-    case DType::b8: return fn(bool{});
-  }
-  LAZYRT_ASSERT(false, "bad dtype");
-}
-
-/// The type arithmetic happens in: float for the 16-bit floats, the storage type otherwise.
-template <class T>
-using compute_t = std::conditional_t<std::is_same_v<T, bf16> || std::is_same_v<T, f16>, float, T>;
-
-template <class To, class From>
-inline To convert(From v) {
-  if constexpr (std::is_same_v<To, From>) {
-    return v;
-  } else if constexpr (std::is_same_v<From, bf16> || std::is_same_v<From, f16>) {
-    return convert<To>(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<To, bf16> || std::is_same_v<To, f16>) {
-    return To(static_cast<float>(v));
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return v != From(0);
-  } else {
-    return static_cast<To>(v);
-  }
-}
 
 /// Iteration of an elementwise op over its output, with each input broadcast to the output
 /// shape. Dims are collapsed where every operand is contiguous across them, so the common

@@ -1,4 +1,4 @@
-#include "kernels/cpu/parallel.h"
+#include "backend/cpu/kernels/parallel.h"
 
 #include <algorithm>
 #include <atomic>

@@ -20,8 +20,8 @@
 #include <cstring>
 #include <memory>
 
-#include "kernels/cpu/elementwise_fns.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/elementwise_fns.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {

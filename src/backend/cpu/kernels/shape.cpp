@@ -2,8 +2,8 @@
 // output; the copy dispatches on element size, not dtype.
 #include <cstring>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {

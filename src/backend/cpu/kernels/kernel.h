@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "runtime/executable.h"
 
 namespace lazyrt::kernels {
 
@@ -20,7 +21,7 @@ struct KernelSpec {
 };
 
 /// in: one pointer per input; out: one per output, then the workspace if one was asked for.
-using KernelFn = std::function<void(const void* const* in, void* const* out)>;
+using KernelFn = runtime::KernelFn;
 
 struct Kernel {
   KernelFn run;

@@ -4,10 +4,10 @@
 #include <cstring>
 #include <limits>
 
-#include "kernels/cpu/elementwise_fns.h"
-#include "kernels/cpu/kernel.h"
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/elementwise_fns.h"
+#include "backend/cpu/kernels/kernel.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 
@@ -214,20 +214,11 @@ Kernel make_Cast(const KernelSpec& s) {
   });
 }
 
-void fill(void* dst, DType dtype, double value, int64_t n) {
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    T v = convert<T>(value);
-    T* o = static_cast<T*>(dst);
-    for (int64_t i = 0; i < n; ++i) o[i] = v;
-  });
-}
-
 Kernel make_Full(const KernelSpec& s) {
   const double value = ir::NodeAttrs(s.op, s.attrs).f<"value">();
   const DType dtype = s.outputs[0].dtype;
   const int64_t n = s.outputs[0].numel();
-  return {[value, dtype, n](const void* const*, void* const* out) { fill(out[0], dtype, value, n); }};
+  return {[value, dtype, n](const void* const*, void* const* out) { fill_elements(out[0], dtype, value, n); }};
 }
 
 Kernel make_Parameter(const KernelSpec&) {

@@ -15,8 +15,8 @@
 #include <numeric>
 #include <type_traits>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {

@@ -17,8 +17,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {

@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include "ir/graph.h"
-#include "kernels/cpu/loops.h"
+#include "backend/cpu/kernels/loops.h"
 #include "util/check.h"
 
 namespace lazyrt::kernels {
@@ -174,55 +174,80 @@ struct ElementwiseFn {
   F f;
 };
 
-/// Calls v(ElementwiseFn<...>{functor}) for an elementwise op of ops.def other than cast and
-/// where (whose operands differ in dtype: their kernels are written out). Asserts on others.
+// The scalar function of every elementwise row of ops.def but cast and where (whose operands
+// differ in dtype: their kernels are written out): op, functor, arity, domain, whether the
+// result is bool, and the functor's fields from the attributes `a`.
+#define LAZYRT_ELEMENTWISE_FNS(X)                                   \
+  X(Neg, NegF, 1, NotBool, false)                                   \
+  X(Abs, AbsF, 1, NotBool, false)                                   \
+  X(Exp, ExpF, 1, Float, false)                                     \
+  X(Log, LogF, 1, Float, false)                                     \
+  X(Sqrt, SqrtF, 1, Float, false)                                   \
+  X(Rsqrt, RsqrtF, 1, Float, false)                                 \
+  X(Relu, ReluF, 1, NotBool, false)                                 \
+  X(Sigmoid, SigmoidF, 1, Float, false)                             \
+  X(Tanh, TanhF, 1, Float, false)                                   \
+  X(IsNan, IsNanF, 1, Any, true)                                    \
+  X(LogicalNot, LogicalNotF, 1, Any, true)                          \
+  X(Sin, SinF, 1, Float, false)                                     \
+  X(Cos, CosF, 1, Float, false)                                     \
+  X(Log1p, Log1pF, 1, Float, false)                                 \
+  X(Expm1, Expm1F, 1, Float, false)                                 \
+  X(Erf, ErfF, 1, Float, false)                                     \
+  X(Gelu, GeluF, 1, Float, false, a.b<"tanh">())                    \
+  X(Silu, SiluF, 1, Float, false)                                   \
+  X(Softplus, SoftplusF, 1, Float, false, a.f<"beta">(), a.f<"threshold">()) \
+  X(Floor, FloorF, 1, NotBool, false)                               \
+  X(Ceil, CeilF, 1, NotBool, false)                                 \
+  X(Round, RoundF, 1, NotBool, false)                               \
+  X(Sign, SignF, 1, Any, false)                                     \
+  X(Add, AddF, 2, Any, false)                                       \
+  X(Sub, SubF, 2, NotBool, false)                                   \
+  X(Mul, MulF, 2, Any, false)                                       \
+  X(Div, DivF, 2, Float, false)                                     \
+  X(Pow, PowF, 2, NotBool, false)                                   \
+  X(Maximum, MaximumF, 2, Any, false)                               \
+  X(Minimum, MinimumF, 2, Any, false)                               \
+  X(Eq, EqF, 2, Any, true)                                          \
+  X(Ne, NeF, 2, Any, true)                                          \
+  X(Lt, LtF, 2, Any, true)                                          \
+  X(Le, LeF, 2, Any, true)                                          \
+  X(Gt, GtF, 2, Any, true)                                          \
+  X(Ge, GeF, 2, Any, true)                                          \
+  X(LogicalAnd, AndF, 2, Any, true)                                 \
+  X(LogicalOr, OrF, 2, Any, true)                                   \
+  X(Clamp, ClampF, 3, NotBool, false, a.b<"has_min">(), a.b<"has_max">())
+
+/// Whether LAZYRT_ELEMENTWISE_FNS has a row for op.
+constexpr bool has_elementwise_fn(ir::OpKind op) {
+#define LAZYRT_LISTED(Op, ...) \
+  if (op == ir::OpKind::Op) return true;
+  LAZYRT_ELEMENTWISE_FNS(LAZYRT_LISTED)
+#undef LAZYRT_LISTED
+  return false;
+}
+constexpr bool every_elementwise_row_has_a_fn() {
+  for (int i = 0; i < ir::kNumOps; ++i) {
+    const auto op = static_cast<ir::OpKind>(i);
+    if (ir::has_flag_c(op, ir::kElementwise) && op != ir::OpKind::Cast && op != ir::OpKind::Where &&
+        !has_elementwise_fn(op))
+      return false;
+  }
+  return true;
+}
+static_assert(every_elementwise_row_has_a_fn(),
+              "an elementwise row of ops.def has no scalar function in LAZYRT_ELEMENTWISE_FNS");
+
+/// Calls v(ElementwiseFn<...>{functor}) for an op of LAZYRT_ELEMENTWISE_FNS. Asserts on others.
 template <class V>
 decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& attrs, V&& v) {
-  using ir::OpKind;
   using D = Domain;
-  const ir::NodeAttrs a(op, attrs);
+  [[maybe_unused]] const ir::NodeAttrs a(op, attrs);
   switch (op) {
-    case OpKind::Neg: return v(ElementwiseFn<NegF, 1, D::NotBool, false>{});
-    case OpKind::Abs: return v(ElementwiseFn<AbsF, 1, D::NotBool, false>{});
-    case OpKind::Exp: return v(ElementwiseFn<ExpF, 1, D::Float, false>{});
-    case OpKind::Log: return v(ElementwiseFn<LogF, 1, D::Float, false>{});
-    case OpKind::Sqrt: return v(ElementwiseFn<SqrtF, 1, D::Float, false>{});
-    case OpKind::Rsqrt: return v(ElementwiseFn<RsqrtF, 1, D::Float, false>{});
-    case OpKind::Relu: return v(ElementwiseFn<ReluF, 1, D::NotBool, false>{});
-    case OpKind::Sigmoid: return v(ElementwiseFn<SigmoidF, 1, D::Float, false>{});
-    case OpKind::Tanh: return v(ElementwiseFn<TanhF, 1, D::Float, false>{});
-    case OpKind::IsNan: return v(ElementwiseFn<IsNanF, 1, D::Any, true>{});
-    case OpKind::LogicalNot: return v(ElementwiseFn<LogicalNotF, 1, D::Any, true>{});
-    case OpKind::Sin: return v(ElementwiseFn<SinF, 1, D::Float, false>{});
-    case OpKind::Cos: return v(ElementwiseFn<CosF, 1, D::Float, false>{});
-    case OpKind::Log1p: return v(ElementwiseFn<Log1pF, 1, D::Float, false>{});
-    case OpKind::Expm1: return v(ElementwiseFn<Expm1F, 1, D::Float, false>{});
-    case OpKind::Erf: return v(ElementwiseFn<ErfF, 1, D::Float, false>{});
-    case OpKind::Gelu: return v(ElementwiseFn<GeluF, 1, D::Float, false>{{a.b<"tanh">()}});
-    case OpKind::Silu: return v(ElementwiseFn<SiluF, 1, D::Float, false>{});
-    case OpKind::Softplus:
-      return v(ElementwiseFn<SoftplusF, 1, D::Float, false>{{a.f<"beta">(), a.f<"threshold">()}});
-    case OpKind::Floor: return v(ElementwiseFn<FloorF, 1, D::NotBool, false>{});
-    case OpKind::Ceil: return v(ElementwiseFn<CeilF, 1, D::NotBool, false>{});
-    case OpKind::Round: return v(ElementwiseFn<RoundF, 1, D::NotBool, false>{});
-    case OpKind::Sign: return v(ElementwiseFn<SignF, 1, D::Any, false>{});
-    case OpKind::Add: return v(ElementwiseFn<AddF, 2, D::Any, false>{});
-    case OpKind::Sub: return v(ElementwiseFn<SubF, 2, D::NotBool, false>{});
-    case OpKind::Mul: return v(ElementwiseFn<MulF, 2, D::Any, false>{});
-    case OpKind::Div: return v(ElementwiseFn<DivF, 2, D::Float, false>{});
-    case OpKind::Pow: return v(ElementwiseFn<PowF, 2, D::NotBool, false>{});
-    case OpKind::Maximum: return v(ElementwiseFn<MaximumF, 2, D::Any, false>{});
-    case OpKind::Minimum: return v(ElementwiseFn<MinimumF, 2, D::Any, false>{});
-    case OpKind::Eq: return v(ElementwiseFn<EqF, 2, D::Any, true>{});
-    case OpKind::Ne: return v(ElementwiseFn<NeF, 2, D::Any, true>{});
-    case OpKind::Lt: return v(ElementwiseFn<LtF, 2, D::Any, true>{});
-    case OpKind::Le: return v(ElementwiseFn<LeF, 2, D::Any, true>{});
-    case OpKind::Gt: return v(ElementwiseFn<GtF, 2, D::Any, true>{});
-    case OpKind::Ge: return v(ElementwiseFn<GeF, 2, D::Any, true>{});
-    case OpKind::LogicalAnd: return v(ElementwiseFn<AndF, 2, D::Any, true>{});
-    case OpKind::LogicalOr: return v(ElementwiseFn<OrF, 2, D::Any, true>{});
-    case OpKind::Clamp:
-      return v(ElementwiseFn<ClampF, 3, D::NotBool, false>{{a.b<"has_min">(), a.b<"has_max">()}});
+#define LAZYRT_CASE(Op, F, arity, domain, to_bool, ...) \
+  case ir::OpKind::Op: return v(ElementwiseFn<F, arity, D::domain, to_bool>{{__VA_ARGS__}});
+    LAZYRT_ELEMENTWISE_FNS(LAZYRT_CASE)
+#undef LAZYRT_CASE
     default: break;
   }
   LAZYRT_ASSERT(false, ir::op_name(op), " has no elementwise function");

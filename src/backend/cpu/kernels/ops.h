@@ -1,7 +1,7 @@
 // One kernel maker per row of ops.def. A row without a maker is a link error.
 #pragma once
 
-#include "kernels/cpu/kernel.h"
+#include "backend/cpu/kernels/kernel.h"
 
 namespace lazyrt::kernels {
 
@@ -18,7 +18,5 @@ inline constexpr int kMaxFusedInputs = 8;
 Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
                   const std::vector<ir::TensorType>& outputs);
 
-/// Writes `value` converted to `dtype` into n elements at dst.
-void fill(void* dst, DType dtype, double value, int64_t n);
 
 }  // namespace lazyrt::kernels

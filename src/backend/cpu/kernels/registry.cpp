@@ -1,6 +1,6 @@
 #include <array>
 
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {

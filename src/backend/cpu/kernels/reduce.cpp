@@ -2,8 +2,8 @@
 // sub-space in a wide accumulator (double for floats, int64 for integers).
 #include <cmath>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {

@@ -7,18 +7,20 @@
 // buffers (parity 0: read set A, write set B; parity 1: the reverse). Both are bound into the
 // sub-executables once per run of the loop, so an iteration is the cond's kernels, a flag
 // test, the body's kernels and any copies the body needs, with no pointer resolution.
-#include "compile/control_flow.h"
+#include "backend/cpu/control_flow.h"
 
 #include <algorithm>
 #include <cstring>
 #include <functional>
 
 #include "compile/compile.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/ops.h"
 #include "util/metrics_cells.h"
 #include "util/check.h"
 
-namespace lazyrt::compile {
+namespace lazyrt::backend::cpu {
+
+using compile::compile;
 namespace {
 
 using runtime::OutputSource;
@@ -186,7 +188,7 @@ void run_scan(ScanState& st, const void* const* in, void* const* out) {
 }
 
 kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>& operands,
-                           const backend::Backend& backend) {
+                           const Backend& backend) {
   auto st = std::make_shared<ScanState>();
   st->body = compile(*n.regions[0], {}, backend);
   const ir::NodeAttrs at(n.op, n.attrs);
@@ -342,7 +344,7 @@ struct ScanVjpState {
 };
 
 kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorType>& operands,
-                               const backend::Backend& backend) {
+                               const Backend& backend) {
   auto st = std::make_shared<ScanVjpState>();
   const ir::NodeAttrs at(n.op, n.attrs);
   st->B = static_cast<size_t>(at.i<"carries">());
@@ -386,7 +388,7 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
 }  // namespace
 
 kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands,
-                                   const backend::Backend& backend) {
+                                   const Backend& backend) {
   if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results);
   if (n.op == ir::OpKind::Scan) return lower_scan(n, operands, backend);
   if (n.op == ir::OpKind::ScanVjp) return lower_scan_vjp(n, operands, backend);
@@ -410,4 +412,4 @@ kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::Tens
   return {[st](const void* const* in, void* const* out) { run_while(*st, in, out); }, ws};
 }
 
-}  // namespace lazyrt::compile
+}  // namespace lazyrt::backend::cpu

@@ -8,8 +8,8 @@
 // apply in row-major order of the index: scatter keeps the last, as PyTorch's CPU kernel.
 #include <cstring>
 
-#include "kernels/cpu/loops.h"
-#include "kernels/cpu/ops.h"
+#include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {

@@ -1,0 +1,223 @@
+#include "backend/cpu/lower.h"
+
+#include <algorithm>
+#include <map>
+
+#include "backend/cpu/control_flow.h"
+#include "compile/memory_plan.h"
+#include "backend/cpu/kernels/ops.h"
+#include "util/check.h"
+#include "util/dtype_dispatch.h"
+
+namespace lazyrt::backend::cpu {
+
+using compile::BufferRequest;
+using compile::MemoryPlan;
+using compile::plan_memory;
+
+using ir::Graph;
+using ir::Node;
+using ir::OpKind;
+using ir::ValueRef;
+using runtime::OutputSource;
+using runtime::Slot;
+using runtime::SlotKind;
+
+namespace {
+
+// The kernel of `node` may write its result over operand k's buffer.
+bool can_alias(const Graph& g, const Node& node, size_t k) {
+  const ir::TensorType& in = g.type(node.operands[k]);
+  // A fused kernel stores a block's results after reading its operands (fused.cpp).
+  if (node.op == OpKind::Fusion) return in.shape == node.results[0].shape;
+  if (!ir::has_flag(node.op, ir::kInPlace) || node.results.size() != 1) return false;
+  if (ir::has_flag(node.op, ir::kElementwise)) return in == node.results[0];
+  // Other in-place kernels (scatter, index_add) still read their other operands while they
+  // write: none of those may be the operand written over.
+  for (size_t j = 1; j < node.operands.size(); ++j)
+    if (node.operands[j] == node.operands[0]) return false;
+  return k == 0 && in.bytes() == node.results[0].bytes();
+}
+
+size_t align64(size_t n) { return (n + 63) / 64 * 64; }
+
+// The index of a parameter node; the value of a full node.
+int64_t param_index(const Node& n) { return ir::NodeAttrs(n.op, n.attrs).i<"index">(); }
+double full_value(const Node& n) { return ir::NodeAttrs(n.op, n.attrs).f<"value">(); }
+
+}  // namespace
+
+std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& donations_in,
+                                           const Backend& backend) {
+  const size_t num_outputs = g.outputs.size();
+  std::vector<int32_t> donations = donations_in;
+  donations.resize(num_outputs, -1);
+
+  runtime::Executable::Parts parts;
+  parts.param_types.resize(static_cast<size_t>(g.num_params));
+  for (const Node& n : g.nodes)
+    if (n.op == OpKind::Parameter) parts.param_types[param_index(n)] = n.results[0];
+  for (ValueRef v : g.outputs) parts.output_types.push_back(g.type(v));
+
+  // Constants: filled once, here.
+  size_t const_bytes = 0;
+  std::vector<size_t> const_offset(g.nodes.size(), 0);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (g.nodes[i].op == OpKind::Full) {
+      const_offset[i] = const_bytes;
+      const_bytes += align64(g.nodes[i].results[0].bytes());
+    }
+  if (const_bytes) {
+    parts.constants = runtime::allocate(const_bytes);
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (g.nodes[i].op == OpKind::Full) {
+        const Node& n = g.nodes[i];
+        fill_elements(static_cast<char*>(parts.constants->data()) + const_offset[i],
+                      n.results[0].dtype, full_value(n), n.results[0].numel());
+      }
+  }
+
+  // Steps in graph order; the last reader of every value; the readers of every parameter.
+  std::vector<int32_t> step_of(g.nodes.size(), -1);
+  int32_t num_steps = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    OpKind op = g.nodes[i].op;
+    if (op != OpKind::Parameter && op != OpKind::Full) step_of[i] = num_steps++;
+  }
+  std::map<ValueRef, int32_t> last_read;
+  std::vector<std::vector<int32_t>> param_readers(static_cast<size_t>(g.num_params));
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (step_of[i] < 0) continue;
+    for (ValueRef v : g.nodes[i].operands) {
+      auto [it, fresh] = last_read.emplace(v, step_of[i]);
+      if (!fresh) it->second = std::max(it->second, step_of[i]);
+      if (g.nodes[v.node].op == OpKind::Parameter)
+        param_readers[param_index(g.nodes[v.node])].push_back(static_cast<int32_t>(i));
+    }
+  }
+
+  // Output sources and donations.
+  parts.outputs.resize(num_outputs);
+  parts.donation_accepted.assign(num_outputs, false);
+  std::map<ValueRef, int32_t> claimed;          // value -> the output it is written into
+  std::vector<int32_t> copy_out_of;             // outputs computed aside, copied at the end
+  std::vector<bool> param_returned(static_cast<size_t>(g.num_params), false);
+  for (size_t k = 0; k < num_outputs; ++k) {
+    const Node& n = g.node(g.outputs[k]);
+    if (n.op == OpKind::Parameter) param_returned[param_index(n)] = true;
+  }
+  for (size_t k = 0; k < num_outputs; ++k) {
+    ValueRef v = g.outputs[k];
+    const Node& n = g.node(v);
+    if (n.op == OpKind::Parameter) {
+      parts.outputs[k] = {OutputSource::Kind::Param, static_cast<int32_t>(param_index(n))};
+    } else if (n.op == OpKind::Full) {
+      auto buf = runtime::allocate(n.results[0].bytes());
+      fill_elements(buf->data(), n.results[0].dtype, full_value(n), n.results[0].numel());
+      parts.outputs[k] = {OutputSource::Kind::Const, static_cast<int32_t>(parts.constant_outputs.size())};
+      parts.constant_outputs.push_back(std::move(buf));
+    } else if (auto it = claimed.find(v); it != claimed.end()) {
+      parts.outputs[k] = {OutputSource::Kind::Alias, it->second};
+    } else {
+      parts.outputs[k] = {OutputSource::Kind::Computed, 0};
+      claimed[v] = static_cast<int32_t>(k);
+      const int32_t p = donations[k];
+      if (p >= 0 && !param_returned[p]) {
+        parts.donation_accepted[k] = true;
+        // Writing straight into the parameter is safe when every read of it comes first, or
+        // is this step's own read of an operand it may overwrite.
+        const int32_t s = step_of[v.node];
+        bool direct = true;
+        for (int32_t reader : param_readers[p]) {
+          if (step_of[reader] < s) continue;
+          if (step_of[reader] > s) { direct = false; break; }
+          const Node& rn = g.nodes[reader];
+          for (size_t o = 0; o < rn.operands.size(); ++o)
+            if (g.node(rn.operands[o]).op == OpKind::Parameter &&
+                param_index(g.node(rn.operands[o])) == p && !can_alias(g, rn, o))
+              direct = false;
+        }
+        if (!direct) copy_out_of.push_back(static_cast<int32_t>(k));
+      }
+    }
+  }
+  std::vector<int32_t> copy_step_of_output(num_outputs, -1);
+  for (size_t c = 0; c < copy_out_of.size(); ++c)
+    copy_step_of_output[copy_out_of[c]] = num_steps + static_cast<int32_t>(c);
+
+  // Kernels, and arena requests for every step result not written straight to an output and
+  // for workspaces.
+  std::vector<BufferRequest> reqs;
+  std::map<ValueRef, int32_t> req_of;
+  std::map<ValueRef, Slot> slot_of;
+  std::vector<kernels::Kernel> made(g.nodes.size());
+  std::vector<int32_t> workspace_req(g.nodes.size(), -1);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const auto node = static_cast<int32_t>(i);
+    if (n.op == OpKind::Parameter) {
+      slot_of[{node, 0}] = {SlotKind::Param, static_cast<int32_t>(param_index(n)), 0};
+      continue;
+    }
+    if (n.op == OpKind::Full) {
+      slot_of[{node, 0}] = {SlotKind::Const, 0, const_offset[i]};
+      continue;
+    }
+    std::vector<ir::TensorType> in_types;
+    for (ValueRef v : n.operands) in_types.push_back(g.type(v));
+    made[i] = n.regions.empty() ? kernels::make_kernel({n.op, n.attrs, in_types, n.results})
+                                : lower_control_flow(n, in_types, backend);
+    const int32_t s = step_of[i];
+    for (size_t r = 0; r < n.results.size(); ++r) {
+      const ValueRef v{node, static_cast<int32_t>(r)};
+      auto it = claimed.find(v);
+      if (it != claimed.end() && copy_step_of_output[it->second] < 0) {
+        slot_of[v] = {SlotKind::Output, it->second, 0};
+        continue;
+      }
+      BufferRequest req;
+      req.bytes = n.results[r].bytes();
+      req.first = s;
+      auto lr = last_read.find(v);
+      req.last = std::max(s, lr == last_read.end() ? s : lr->second);
+      if (it != claimed.end()) req.last = copy_step_of_output[it->second];
+      if (r == 0 && !n.operands.empty() && can_alias(g, n, 0) &&
+          g.type(n.operands[0]).bytes() == n.results[0].bytes()) {
+        auto src = req_of.find(n.operands[0]);
+        if (src != req_of.end() && reqs[src->second].last == s) req.inplace_of = src->second;
+      }
+      req_of[v] = static_cast<int32_t>(reqs.size());
+      reqs.push_back(req);
+    }
+    if (made[i].workspace_bytes) {
+      workspace_req[i] = static_cast<int32_t>(reqs.size());
+      reqs.push_back({made[i].workspace_bytes, s, s, -1});
+    }
+  }
+  MemoryPlan plan = plan_memory(reqs);
+  parts.arena_bytes = plan.arena_bytes;
+  parts.arena_blocks = plan.distinct_blocks;
+  for (const auto& [v, r] : req_of) slot_of[v] = {SlotKind::Arena, 0, plan.offsets[r]};
+
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (step_of[i] < 0) continue;
+    const Node& n = g.nodes[i];
+    runtime::Step st{n.op, std::move(made[i].run), {}, {}};
+    for (ValueRef v : n.operands) st.in.push_back(slot_of.at(v));
+    for (size_t r = 0; r < n.results.size(); ++r)
+      st.out.push_back(slot_of.at({static_cast<int32_t>(i), static_cast<int32_t>(r)}));
+    if (workspace_req[i] >= 0) st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
+    parts.steps.push_back(std::move(st));
+  }
+  for (int32_t k : copy_out_of) {
+    ValueRef v = g.outputs[k];
+    const ir::TensorType& t = g.type(v);
+    ir::Attrs attrs{t.shape};
+    kernels::Kernel copy = kernels::make_kernel({OpKind::Reshape, attrs, {t}, {t}});
+    parts.steps.push_back({OpKind::Reshape, std::move(copy.run), {slot_of.at(v)}, {{SlotKind::Output, k, 0}}});
+  }
+  parts.graph = g;
+  return std::make_shared<runtime::Executable>(std::move(parts));
+}
+
+}  // namespace lazyrt::backend::cpu

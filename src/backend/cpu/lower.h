@@ -1,0 +1,20 @@
+// Lowering for the CPU kernels: an optimized graph becomes an Executable. Constants are filled
+// once, steps numbered, the outputs' sources and donations decided (an output computed straight
+// into a donated buffer, or aside and copied in at the end when the parameter is still read
+// after), kernels made, in-place requests and workspaces planned in one arena. Regions (loop
+// bodies) are compiled for `backend`.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/backend.h"
+#include "ir/graph.h"
+#include "runtime/executable.h"
+
+namespace lazyrt::backend::cpu {
+
+std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized, const std::vector<int32_t>& donations,
+                                           const Backend& backend);
+
+}  // namespace lazyrt::backend::cpu
