@@ -6,6 +6,7 @@
 // compile cache and the metrics are internally synchronized.
 #pragma once
 
+#include <functional>
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
@@ -189,6 +190,11 @@ Tensor tensor(const std::vector<bool>& data, Shape shape);
 Tensor tensor(std::initializer_list<double> values, Shape shape, DType dtype = DType::f32);
 /// Device data from raw bytes in row-major order (bf16/f16 as their 16-bit patterns).
 Tensor from_blob(const void* data, Shape shape, DType dtype);
+/// Device data adopted without a copy: the tensor reads the memory at `data` (row-major, as
+/// above, aligned for dtype) where it lies. lazyrt never writes into adopted memory (results
+/// always go to buffers of its own), and calls `release` once nothing holds it any more (no
+/// tensor, no graph), on whichever thread drops it last; for an empty shape at once.
+Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> release);
 Tensor scalar_tensor(double value, DType dtype = DType::f32);
 Tensor zeros(Shape shape, DType dtype = DType::f32);
 Tensor ones(Shape shape, DType dtype = DType::f32);

@@ -111,9 +111,7 @@ std::optional<Tensor> share(const py::array& a, DType d) {
       a.nbytes() == 0)
     return std::nullopt;
   auto* owner = new py::object(py::reinterpret_borrow<py::object>(a));
-  auto buf = runtime::adopt(const_cast<void*>(a.data()), static_cast<size_t>(a.nbytes()),
-                            [owner] { with_gil([owner] { delete owner; }); });
-  return Tensor(trace::make_data({d, shape_of(a)}, std::move(buf)));
+  return from_blob(const_cast<void*>(a.data()), shape_of(a), d, [owner] { with_gil([owner] { delete owner; }); });
 }
 
 Tensor from_numpy(py::handle h) {
@@ -230,15 +228,13 @@ Tensor from_dlpack(py::object obj, bool uint8_as_bool) {
       expect *= shape[i];
     }
   }
-  ir::TensorType type{*d, shape};
   char* data = static_cast<char*>(dl.data) + dl.byte_offset;
   PyCapsule_SetName(capsule.ptr(), "used_dltensor");
-  if (type.bytes() == 0) {
-    m->deleter(m);
-    return Tensor(trace::make_data(std::move(type), runtime::allocate(0)));
+  if (shape_numel(shape) == 0) {
+    m->deleter(m);  // with the GIL held, as here
+    return from_blob(nullptr, std::move(shape), *d, nullptr);
   }
-  auto buf = runtime::adopt(data, type.bytes(), [m] { with_gil([m] { m->deleter(m); }); });
-  return Tensor(trace::make_data(std::move(type), std::move(buf)));
+  return from_blob(data, std::move(shape), *d, [m] { with_gil([m] { m->deleter(m); }); });
 }
 
 }  // namespace

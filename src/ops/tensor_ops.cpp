@@ -328,6 +328,19 @@ Tensor from_blob(const void* data, Shape shape, DType dtype) {
   return Tensor(trace::make_data(std::move(type), std::move(buf)));
 }
 
+Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> release) {
+  for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "from_blob: negative dimension in shape ", shape_str(shape));
+  ir::TensorType type{dtype, std::move(shape)};
+  if (type.bytes() == 0) {
+    if (release) release();
+    return Tensor(trace::make_data(std::move(type), runtime::allocate(0)));
+  }
+  LAZYRT_CHECK(data != nullptr, "from_blob: null data for ", dtype_name(dtype), shape_str(type.shape));
+  LAZYRT_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0, "from_blob: data at ", data,
+               " is not aligned for ", dtype_name(dtype));
+  return Tensor(trace::make_data(std::move(type), runtime::adopt(data, type.bytes(), std::move(release))));
+}
+
 Tensor tensor(const std::vector<float>& d, Shape s) { return from_vector(d, std::move(s), DType::f32); }
 Tensor tensor(const std::vector<double>& d, Shape s) { return from_vector(d, std::move(s), DType::f64); }
 Tensor tensor(const std::vector<int32_t>& d, Shape s) { return from_vector(d, std::move(s), DType::i32); }
