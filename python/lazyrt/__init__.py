@@ -28,3 +28,4 @@ from lazyrt._loops import while_loop, fori_loop, scan, scan_layers  # noqa: F401
 from lazyrt import nn, optim, metrics, cache, debug  # noqa: F401
 
 __version__ = "0.1.0"
+from lazyrt._extra import *  # noqa: F401,F403,E402  (torch functions written in Python)

@@ -432,3 +432,160 @@ def _with_device(fn, name):
 FACTORIES = {name: _with_device(getattr(_C, name), name)
              for name in ("zeros", "ones", "full", "rand", "randn", "randint", "zeros_like", "ones_like", "full_like",
                           "scalar_tensor")}
+
+
+# ---- more of torch.Tensor's surface, as compositions of lazyrt's ops -----------------------------
+
+def _expand_as(self, other):
+    """The tensor broadcast to other's shape."""
+    return _C.expand(self, tuple(other.shape))
+
+
+def _view_as(self, other):
+    """The tensor viewed with other's shape."""
+    return _C.view(self, tuple(other.shape))
+
+
+def _type_as(self, other):
+    """The tensor in other's dtype (itself when the dtype is the same)."""
+    return _to(self, other.dtype)
+
+
+def _square(self):
+    """x * x (a bool tensor gives int64, as PyTorch's pow(x, 2))."""
+    if self.dtype is _C.bool:
+        self = _C.cast(self, _C.int64)
+    return self * self
+
+
+def _dim_index(dim, ndim, call):
+    if not -builtins.max(ndim, 1) <= dim < builtins.max(ndim, 1):
+        raise IndexError(f"{call}: dimension out of range (expected to be in range of "
+                         f"[{-builtins.max(ndim, 1)}, {builtins.max(ndim, 1) - 1}], but got {dim})")
+    return dim + ndim if dim < 0 else dim
+
+
+def _select(self, dim, index):
+    """The slice at `index` along `dim`, that dim removed (as t[..., index, ...])."""
+    if self.dim() == 0:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    d = _dim_index(dim, self.dim(), "select()")
+    size = self.shape[d]
+    if not -size <= index < size:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(self.shape)} "
+                         f"at dimension {dim}")
+    return _C.squeeze(_C.narrow(self, d, index % size, 1), d)
+
+
+def _unbind(self, dim=0):
+    """The slices along `dim`, that dim removed, as a tuple."""
+    if self.dim() == 0:
+        raise IndexError("unbind(): dimension specified as 0 but tensor has no dimensions")
+    d = _dim_index(dim, self.dim(), "unbind()")
+    return tuple(_select(self, d, i) for i in range(self.shape[d]))
+
+
+def _mT(self):
+    if self.dim() < 2:
+        raise _C.Error(f"tensor.mT is only supported on matrices or batches of matrices. Got {self.dim()}-D tensor.")
+    return _C.transpose(self, -2, -1)
+
+
+Tensor.expand_as = _expand_as
+Tensor.view_as = _view_as
+Tensor.type_as = _type_as
+Tensor.square = _square
+Tensor.clip = Tensor.clamp
+Tensor.select = _select
+Tensor.unbind = _unbind
+Tensor.mT = property(_mT, doc="The transpose of the last two dims (batches of matrices).")
+
+
+# ---- in-place forms --------------------------------------------------------------------------
+# lazyrt values are immutable: an in-place method computes the new value and rebinds the tensor
+# to it with copy_, so the tensor keeps its identity (a module's attribute, a name bound to it)
+# and, while gradients are recorded, the gradient flows through the new value to what the old
+# one came from, as in PyTorch. As in PyTorch, a leaf that requires grad cannot be changed
+# while gradients are recorded, and a result that the tensor's dtype cannot hold (a float
+# result into an integer tensor, a number into a bool one) is refused rather than cast.
+# Views do not share memory in lazyrt: changing t[0] in place leaves t as it was.
+
+def _assign(self, value, call):
+    if self.requires_grad and self.is_leaf and _C.is_grad_enabled():
+        raise _C.Error(f"{call}: a leaf tensor that requires grad cannot be modified in place while gradients "
+                       "are recorded (use lazyrt.no_grad())")
+    if (value.is_floating_point() and not self.is_floating_point()) or \
+            (self.dtype is _C.bool and value.dtype is not _C.bool):
+        raise _C.Error(f"{call}: result type {value.dtype} can't be cast to the desired output type {self.dtype}")
+    if tuple(value.shape) != tuple(self.shape):
+        raise _C.Error(f"{call}: output with shape {list(self.shape)} doesn't match the broadcast shape "
+                       f"{list(value.shape)}")
+    self.copy_(value)
+    return self
+
+
+def _inplace(name, compute):
+    def method(self, *args, **kwargs):
+        return _assign(self, compute(self, *args, **kwargs), name)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"In place: the tensor becomes {name[:-1]}(...) of itself and is returned."
+    return method
+
+
+for _name, _compute in {
+    "exp_": _C.exp, "sqrt_": _C.sqrt, "relu_": _C.relu, "sigmoid_": _C.sigmoid, "tanh_": _C.tanh,
+    "neg_": _C.neg, "abs_": _C.abs, "clamp_": _C.clamp, "clip_": _C.clamp, "pow_": _C.pow, "lerp_": _C.lerp,
+    "addcmul_": _C.addcmul, "addcdiv_": _C.addcdiv, "square_": _square,
+}.items():
+    setattr(Tensor, _name, _inplace(_name, _compute))
+del _name, _compute
+
+
+def _check_random_fill(self, call):
+    if not self.is_floating_point():
+        raise _C.Error(f"{call}: expected a floating-point tensor, got {self.dtype}")
+    if self.requires_grad and self.is_leaf and _C.is_grad_enabled():
+        raise _C.Error(f"{call}: a leaf tensor that requires grad cannot be modified in place while gradients "
+                       "are recorded (use lazyrt.no_grad())")
+
+
+def _random_fill(self, fill):
+    """Fills the tensor with `fill` (an nn.init function, which writes unrecorded). A tensor
+    whose gradient is recorded keeps its place in the graph, with a zero gradient to what it
+    came from, as in PyTorch."""
+    if not (self.requires_grad and _C.is_grad_enabled()):
+        fill(self)
+        return self
+    values = fill(_C.zeros(tuple(self.shape), dtype=self.dtype))
+    self.copy_(_C.where(_C.zeros(tuple(self.shape), dtype=_C.bool), self, values))
+    return self
+
+
+def _normal_(self, mean=0.0, std=1.0, *, generator=None):
+    """In place: values from N(mean, std^2) (lazyrt's generator: lazyrt.manual_seed)."""
+    from lazyrt.nn import init
+    _check_random_fill(self, "normal_")
+    if std < 0:
+        raise _C.Error(f"normal_: expects std >= 0.0, but found std {std}")
+    if generator is not None:
+        raise _C.Error("normal_: generator= is not supported (lazyrt has one generator: lazyrt.manual_seed)")
+    return _random_fill(self, lambda t: init.normal_(t, mean, std))
+
+
+def _uniform_(self, a=0.0, b=1.0, *, generator=None, **kwargs):
+    """In place: values uniform in [a, b) (PyTorch's from= and to= are accepted too)."""
+    from lazyrt.nn import init
+    unknown = set(kwargs) - {"from", "to"}
+    if unknown:
+        raise TypeError(f"uniform_: unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+    a, b = kwargs.get("from", a), kwargs.get("to", b)
+    _check_random_fill(self, "uniform_")
+    if a > b:
+        raise _C.Error(f"uniform_: expects to return a [from, to) range, but found from={a} > to={b}")
+    if generator is not None:
+        raise _C.Error("uniform_: generator= is not supported (lazyrt has one generator: lazyrt.manual_seed)")
+    return _random_fill(self, lambda t: init.uniform_(t, a, b))
+
+
+Tensor.normal_ = _normal_
+Tensor.uniform_ = _uniform_

@@ -6,6 +6,9 @@ from lazyrt.nn.layers import (  # noqa: F401
     AvgPool2d, BCEWithLogitsLoss, Conv2d, CrossEntropyLoss, Dropout, Dropout2d, Embedding, Flatten, GELU,
     Identity, LayerNorm, LeakyReLU, Linear, LogSoftmax, MaxPool2d, Mish, ModuleDict, ModuleList, MSELoss,
     ParameterDict, ParameterList, ReLU, Sequential, Sigmoid, SiLU, Softmax, Softplus, Tanh,
+    BCELoss, CELU, ConstantPad2d, CosineSimilarity, ELU, Hardsigmoid, Hardswish, Hardtanh, HuberLoss, KLDivLoss,
+    L1Loss, LogSigmoid, NLLLoss, PairwiseDistance, PReLU, ReLU6, SELU, SmoothL1Loss, Softmin, Softsign, Unflatten,
+    ZeroPad2d,
 )
 from lazyrt.nn.normalization import BatchNorm1d, BatchNorm2d, GroupNorm  # noqa: F401
 from lazyrt.nn.spatial import AdaptiveAvgPool2d, Upsample  # noqa: F401

@@ -653,3 +653,274 @@ class AvgPool2d(Module):
     def forward(self, input):
         return _C.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
                              self.count_include_pad, self.divisor_override)
+
+
+# ---- more activations (nn.functional's compositions as modules) -------------------------------
+# inplace=True is accepted where torch.nn takes it, for PyTorch code: the result is the same,
+# but the input is not modified (the module returns a new tensor; use the returned value).
+
+class _Inplace(Module):
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
+
+
+class ReLU6(_Inplace):
+    """min(max(x, 0), 6)."""
+
+    def forward(self, input):
+        return F.relu6(input)
+
+
+class Hardtanh(Module):
+    """x clamped to [min_val, max_val] (min_value / max_value: torch's deprecated names)."""
+
+    def __init__(self, min_val=-1.0, max_val=1.0, inplace=False, min_value=None, max_value=None):
+        super().__init__()
+        if min_value is not None:
+            warnings.warn("keyword argument min_value is deprecated and rename to min_val", stacklevel=2)
+            min_val = min_value
+        if max_value is not None:
+            warnings.warn("keyword argument max_value is deprecated and rename to max_val", stacklevel=2)
+            max_val = max_value
+        if max_val <= min_val:
+            raise _C.Error(f"Hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})")
+        self.min_val, self.max_val, self.inplace = min_val, max_val, inplace
+
+    def forward(self, input):
+        return F.hardtanh(input, self.min_val, self.max_val)
+
+    def extra_repr(self):
+        return f"min_val={self.min_val}, max_val={self.max_val}" + (", inplace=True" if self.inplace else "")
+
+
+class ELU(Module):
+    """x for x > 0, alpha * (exp(x) - 1) below."""
+
+    def __init__(self, alpha=1.0, inplace=False):
+        super().__init__()
+        self.alpha, self.inplace = alpha, inplace
+
+    def forward(self, input):
+        return F.elu(input, self.alpha)
+
+    def extra_repr(self):
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
+class CELU(ELU):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+
+    def forward(self, input):
+        return F.celu(input, self.alpha)
+
+
+class SELU(_Inplace):
+    """scale * elu(x, alpha) with PyTorch's constants."""
+
+    def forward(self, input):
+        return F.selu(input)
+
+
+class Hardswish(_Inplace):
+    """x * relu6(x + 3) / 6."""
+
+    def forward(self, input):
+        return F.hardswish(input)
+
+
+class Hardsigmoid(_Inplace):
+    """relu6(x + 3) / 6."""
+
+    def forward(self, input):
+        return F.hardsigmoid(input)
+
+
+class LogSigmoid(Module):
+    def forward(self, input):
+        return F.logsigmoid(input)
+
+
+class Softsign(Module):
+    def forward(self, input):
+        return F.softsign(input)
+
+
+class Softmin(Module):
+    """softmax(-x) along dim (PyTorch's implicit dim, with its warning, when dim is None)."""
+
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input):
+        return F.softmin(input, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class PReLU(Module):
+    """x for x >= 0, a * x below, with a learnable slope `weight` (num_parameters values, one
+    for all channels or one per channel of dim 1), each starting at `init`."""
+
+    def __init__(self, num_parameters=1, init=0.25):
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.weight = Parameter(_C.full((num_parameters,), float(init)))
+
+    def forward(self, input):
+        return F.prelu(input, self.weight)
+
+    def extra_repr(self):
+        return f"num_parameters={self.num_parameters}"
+
+
+# ---- reshaping and padding -----------------------------------------------------------------
+
+class Unflatten(Module):
+    """Splits dim into unflattened_size (a tuple of ints; one may be -1)."""
+
+    def __init__(self, dim, unflattened_size):
+        super().__init__()
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            raise TypeError(f"Unflatten: invalid type of dim: {type(dim).__name__} (expected int)")
+        if not isinstance(unflattened_size, (tuple, list)) or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in unflattened_size):
+            raise TypeError(f"Unflatten: unflattened_size must be a tuple of ints, got {unflattened_size!r}")
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, input):
+        shape = tuple(input.shape)
+        dim = self.dim + len(shape) if self.dim < 0 else self.dim
+        if not 0 <= dim < len(shape):
+            raise IndexError(f"Unflatten: dim {self.dim} is out of range for an input of {len(shape)} dims")
+        sizes = list(self.unflattened_size)
+        known = 1
+        for s in sizes:
+            known *= s if s != -1 else 1
+        if sizes.count(-1) > 1 or (sizes.count(-1) == 0 and known != shape[dim]) or \
+                (sizes.count(-1) == 1 and (known == 0 or shape[dim] % known)):
+            raise _C.Error(f"Unflatten: sizes {self.unflattened_size} do not multiply to dim {self.dim}'s size "
+                           f"{shape[dim]}")
+        return _C.reshape(input, shape[:dim] + self.unflattened_size + shape[dim + 1:])
+
+    def extra_repr(self):
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
+class ConstantPad2d(Module):
+    """Pads the last two dims with `value`: padding is one int or (left, right, top, bottom)."""
+
+    def __init__(self, padding, value):
+        super().__init__()
+        self.padding = (padding,) * 4 if isinstance(padding, int) else tuple(padding)
+        if len(self.padding) != 4:
+            raise _C.Error(f"{type(self).__name__}: padding must be an int or 4 values, got {padding!r}")
+        self.value = value
+
+    def forward(self, input):
+        if input.dim() not in (3, 4):
+            raise _C.Error(f"{type(self).__name__}: expects a 3-D or 4-D input, got shape {tuple(input.shape)}")
+        return _C.pad(input, self.padding, self.value)
+
+    def extra_repr(self):
+        return f"padding={self.padding}, value={self.value}"
+
+
+class ZeroPad2d(ConstantPad2d):
+    """Pads the last two dims with zeros: padding is one int or (left, right, top, bottom)."""
+
+    def __init__(self, padding):
+        super().__init__(padding, 0.0)
+
+    def extra_repr(self):
+        return f"{self.padding}"
+
+
+# ---- more losses and distances -------------------------------------------------------------
+
+class L1Loss(Module):
+    def __init__(self, size_average=None, reduce=None, reduction="mean"):
+        super().__init__()
+        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
+
+    def forward(self, input, target):
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(Module):
+    def __init__(self, size_average=None, reduce=None, reduction="mean", beta=1.0):
+        super().__init__()
+        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
+        self.beta = beta
+
+    def forward(self, input, target):
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(Module):
+    def __init__(self, reduction="mean", delta=1.0):
+        super().__init__()
+        self.reduction, self.delta = reduction, delta
+
+    def forward(self, input, target):
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class NLLLoss(Module):
+    """F.nll_loss as a module, with torch's arguments (class weights unsupported)."""
+
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+        super().__init__()
+        if weight is not None:
+            raise _C.Error("NLLLoss: class weights (weight=) are not supported")
+        self.ignore_index = ignore_index
+        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
+
+    def forward(self, input, target):
+        return F.nll_loss(input, target, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+class BCELoss(Module):
+    """F.binary_cross_entropy as a module; weight (a tensor broadcast against the loss) is kept
+    as a buffer, as torch keeps it."""
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean"):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
+
+    def forward(self, input, target):
+        return F.binary_cross_entropy(input, target, weight=self.weight, reduction=self.reduction)
+
+
+class KLDivLoss(Module):
+    def __init__(self, size_average=None, reduce=None, reduction="mean", log_target=False):
+        super().__init__()
+        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
+        self.log_target = log_target
+
+    def forward(self, input, target):
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class CosineSimilarity(Module):
+    def __init__(self, dim=1, eps=1e-8):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x1, x2):
+        return F.cosine_similarity(x1, x2, self.dim, self.eps)
+
+
+class PairwiseDistance(Module):
+    def __init__(self, p=2.0, eps=1e-6, keepdim=False):
+        super().__init__()
+        self.norm, self.eps, self.keepdim = p, eps, keepdim
+
+    def forward(self, x1, x2):
+        return F.pairwise_distance(x1, x2, self.norm, self.eps, self.keepdim)
