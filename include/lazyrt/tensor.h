@@ -388,6 +388,10 @@ Tensor cos(const Tensor& a);
 Tensor log1p(const Tensor& a);   // log(1 + a), accurate near 0
 Tensor expm1(const Tensor& a);   // exp(a) - 1, accurate near 0
 Tensor erf(const Tensor& a);
+Tensor atan(const Tensor& a);
+/// The angle of the point (other, a) in [-pi, pi], as torch.atan2 (signed zeros as C's atan2;
+/// integers compute in f32, operands promote and broadcast as for div).
+Tensor atan2(const Tensor& a, const Tensor& other);
 Tensor reciprocal(const Tensor& a);  // 1 / a; integers give f32
 Tensor sign(const Tensor& a);    // -1, 0 or 1 in a's dtype (0 for nan); b8 stays b8
 Tensor floor(const Tensor& a);   // integers unchanged

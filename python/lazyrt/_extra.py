@@ -17,7 +17,7 @@ from lazyrt._C import Tensor
 from lazyrt._tensor import _check_device, _new_shape, _select, _square, _unbind, tensor
 
 _NAMES = [
-    "square", "clip", "unbind", "select", "outer", "dot", "mv", "log2", "log10", "exp2", "tan", "atan2", "trunc",
+    "square", "clip", "unbind", "select", "outer", "dot", "mv", "log2", "log10", "exp2", "tan", "trunc",
     "frac", "fmod", "remainder", "floor_divide", "logical_xor", "hypot", "logaddexp", "isclose", "allclose",
     "equal", "count_nonzero", "diff", "eye", "empty", "empty_like", "rand_like", "randn_like", "linspace", "diag",
     "trace", "broadcast_tensors", "is_tensor", "numel",
@@ -164,36 +164,6 @@ def tan(input):
     """sin(x) / cos(x)."""
     x = _floating(input)
     return _C.sin(x) / _C.cos(x)
-
-
-def _atan(z):
-    """atan(z): |z| > 1 is reflected (atan(z) = sign(z) pi/2 - atan(1/z)), the argument is
-    then halved twice (atan(z) = 2 atan(z / (1 + sqrt(1 + z^2)))) to |z| <= tan(pi/16), where
-    the Taylor series to z^23 is exact to float64 rounding."""
-    big = _C.abs(z) > 1
-    # 1 in the unselected branch: 1/0 there would make the gradient NaN.
-    w = _C.where(big, 1 / _C.where(big, z, 1), z)
-    for _ in range(2):
-        w = w / (1 + _C.sqrt(1 + w * w))
-    w2 = w * w
-    series = 0
-    for k in range(11, -1, -1):
-        series = series * w2 + (-1) ** k / (2 * k + 1)
-    small = 4 * w * series
-    return _C.where(big, _C.sign(z) * (math.pi / 2) - small, small)
-
-
-def atan2(input, other):
-    """The angle of the point (other, input) in (-pi, pi], as PyTorch's atan2 (atan2(0, 0) is
-    0; negative zeros are not told apart from zeros)."""
-    y, x = _operands(input, other, "atan2")
-    y, x = _floating(y), _floating(x)
-    nonzero = x != 0
-    base = _atan(y / _C.where(nonzero, x, 1))
-    # +pi or -pi in y's dtype (a where of two Python numbers would make a float32 tensor).
-    up = (_C.cast(y >= 0, y.dtype) * 2 - 1) * math.pi
-    at_zero = _C.sign(y) * (math.pi / 2)
-    return _C.where(nonzero, _C.where(x < 0, base + up, base), at_zero)
 
 
 def trunc(input):

@@ -330,7 +330,8 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .op("multinomial", &multinomial, arg("num_samples"), arg("replacement") = false);
 
   // ---- math ----
-  b.op("sin", &sin).op("cos", &cos).op("log1p", &log1p).op("expm1", &expm1).op("erf", &erf)
+  b.op("sin", &sin).op("cos", &cos).op("log1p", &log1p).op("expm1", &expm1).op("erf", &erf).op("atan", &atan)
+      .op("atan2", [](const Tensor& a, const Tensor& other) { return atan2(a, other); }, py::arg("other"))
       .op("reciprocal", &reciprocal).op("sign", &sign).op("floor", &floor).op("ceil", &ceil)
       .op("round", [](const Tensor& a, int64_t decimals) { return round(a, decimals); },
           kw_only(), arg("decimals") = 0).op("isinf", &isinf).op("isfinite", &isfinite)

@@ -285,6 +285,14 @@ constexpr GradRule grad_AvgPool2dBackward = nullptr;
 
 // ---- math ops (PyTorch's derivatives, torch/csrc/autograd/FunctionsManual.cpp) -----------
 Grads grad_Sin(const C& c) { return {c.grad * cos(c.inputs[0])}; }
+Grads grad_Atan(const C& c) { return {c.grad / (c.inputs[0] * c.inputs[0] + 1)}; }
+// d/dy atan2(y, x) = x / (x^2 + y^2), d/dx = -y / (x^2 + y^2): nan at the origin, as torch.
+Grads grad_Atan2(const C& c) {
+  const Tensor& y = c.inputs[0];
+  const Tensor& x = c.inputs[1];
+  Tensor g = c.grad / (x * x + y * y);
+  return {c.needs[0] ? to_operand(g * x, y) : Tensor(), c.needs[1] ? to_operand(-(g * y), x) : Tensor()};
+}
 Grads grad_Cos(const C& c) { return {-c.grad * sin(c.inputs[0])}; }
 Grads grad_Log1p(const C& c) { return {c.grad / (c.inputs[0] + 1)}; }
 Grads grad_Expm1(const C& c) { return {c.grad * (c.output + 1)}; }

@@ -110,6 +110,8 @@ Tensor cos(const Tensor& a) { return unary_float(OpKind::Cos, a); }
 Tensor log1p(const Tensor& a) { return unary_float(OpKind::Log1p, a); }
 Tensor expm1(const Tensor& a) { return unary_float(OpKind::Expm1, a); }
 Tensor erf(const Tensor& a) { return unary_float(OpKind::Erf, a); }
+Tensor atan(const Tensor& a) { return unary_float(OpKind::Atan, a); }
+Tensor atan2(const Tensor& a, const Tensor& other) { return arith(OpKind::Atan2, a, other); }
 // torch computes 1 / a in the promoted type, true division: integers and bools give f32.
 Tensor reciprocal(const Tensor& a) { return arith(OpKind::Div, a, Scalar(1), /*scalar_first=*/true); }
 Tensor sign(const Tensor& a) { return unary(OpKind::Sign, a); }

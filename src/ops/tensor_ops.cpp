@@ -112,7 +112,7 @@ Tensor binary_scalar(OpKind op, const Tensor& a, Scalar b, DType compute, bool s
 
 // Arithmetic ops: the promoted type; true division always floating.
 DType arith_type(OpKind op, DType promoted) {
-  if (op == OpKind::Div && !is_floating(promoted)) return DType::f32;
+  if ((op == OpKind::Div || op == OpKind::Atan2) && !is_floating(promoted)) return DType::f32;
   return promoted;
 }
 

@@ -209,7 +209,7 @@ def torch_slice(t, dim=0, start=None, end=None, step=1):
 # elementwise, unary
 for name in ["neg", "negative", "abs", "relu"]:
     unary(name, dtypes=NUMERIC)
-for name in ["exp", "sigmoid", "tanh", "sin", "cos", "expm1", "erf"]:
+for name in ["exp", "sigmoid", "tanh", "sin", "cos", "expm1", "erf", "atan"]:
     unary(name, dtypes=FLOATS + INTS)
 unary("silu", tfn=TF.silu)
 for name in ["log", "sqrt", "rsqrt"]:
@@ -242,6 +242,7 @@ for name in ["add", "sub", "subtract", "mul", "multiply", "maximum", "minimum"]:
     binary(name)
 for name in ["div", "divide", "true_divide"]:
     binary(name, low2=0.5, high2=3.0)
+binary("atan2", dtypes=NUMERIC)
 binary("pow", dtypes=FLOATS, low=0.5, high=2.0)
 binary("pow", dtypes=INTS, low=0.0, high=3.0, low2=0.0, high2=3.0)
 for name in ["eq", "ne", "lt", "le", "gt", "ge"]:
@@ -578,7 +579,6 @@ ELSEWHERE = {
     "promote_types": "test_api_coverage.py",
     # compositions written in Python (python/lazyrt/_extra.py), each against torch there
     "allclose": "test_torch_surface.py",
-    "atan2": "test_torch_surface.py",
     "broadcast_tensors": "test_torch_surface.py",
     "clip": "test_torch_surface.py",
     "count_nonzero": "test_torch_surface.py",

@@ -111,6 +111,8 @@ std::map<std::string, GradCase> cases() {
   c["log1p"] = {{{2, 3}}, [](const V& x) { return log1p(x[0]); }, -0.8, 3};
   c["expm1"] = {{{2, 3}}, [](const V& x) { return expm1(x[0]); }};
   c["erf"] = {{{2, 3}}, [](const V& x) { return erf(x[0]); }};
+  c["atan"] = {{{2, 3}}, [](const V& x) { return atan(x[0] * 2); }};
+  c["atan2"] = {{{2, 3}, {3}}, [](const V& x) { return atan2(x[0], x[1]); }};
   c["gelu"] = {{{2, 3}}, [](const V& x) { return gelu(x[0] * 2); }};
   c["gelu_tanh"] = {{{2, 3}}, [](const V& x) { return gelu(x[0] * 2, "tanh"); }};
   c["silu"] = {{{2, 3}}, [](const V& x) { return silu(x[0] * 2); }};

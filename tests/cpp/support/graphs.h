@@ -91,7 +91,7 @@ inline ir::Graph every_op_graph() {
     outs.push_back(g.add(op, {a}));
   outs.push_back(g.add(OpKind::LogicalNot, {mask}));
   outs.push_back(g.add(OpKind::Cast, {a}, {DType::i64}));
-  for (OpKind op : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Pow, OpKind::Maximum,
+  for (OpKind op : {OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div, OpKind::Atan2, OpKind::Pow, OpKind::Maximum,
                     OpKind::Minimum, OpKind::Eq, OpKind::Ne, OpKind::Lt, OpKind::Le, OpKind::Gt,
                     OpKind::Ge})
     outs.push_back(g.add(op, {a, b}));
@@ -116,7 +116,7 @@ inline ir::Graph every_op_graph() {
   outs.push_back(vjp);
   outs.push_back({vjp.node, 1});
   // Math, reductions and normalizations.
-  for (OpKind op : {OpKind::Sin, OpKind::Cos, OpKind::Log1p, OpKind::Expm1, OpKind::Erf, OpKind::Silu,
+  for (OpKind op : {OpKind::Sin, OpKind::Cos, OpKind::Log1p, OpKind::Expm1, OpKind::Erf, OpKind::Atan, OpKind::Silu,
                     OpKind::Floor, OpKind::Ceil, OpKind::Round, OpKind::Sign})
     outs.push_back(g.add(op, {a}));
   outs.push_back(g.add(OpKind::Gelu, {a}, {true}));

@@ -42,6 +42,7 @@ struct CosF { template <class C> C operator()(C x) const { return std::cos(x); }
 struct Log1pF { template <class C> C operator()(C x) const { return std::log1p(x); } };
 struct Expm1F { template <class C> C operator()(C x) const { return std::expm1(x); } };
 struct ErfF { template <class C> C operator()(C x) const { return std::erf(x); } };
+struct AtanF { template <class C> C operator()(C x) const { return std::atan(x); } };
 // silu is x / (1 + exp(-x)).
 struct SiluF { template <class C> C operator()(C x) const { return x / (C(1) + std::exp(-x)); } };
 
@@ -106,6 +107,7 @@ struct MulF {
   }
 };
 struct DivF { template <class C> C operator()(C a, C b) const { return a / b; } };
+struct Atan2F { template <class C> C operator()(C y, C x) const { return std::atan2(y, x); } };
 struct PowF {
   template <class C> C operator()(C a, C b) const {
     if constexpr (std::is_floating_point_v<C>) {
@@ -194,6 +196,7 @@ struct ElementwiseFn {
   X(Log1p, Log1pF, 1, Float, false)                                 \
   X(Expm1, Expm1F, 1, Float, false)                                 \
   X(Erf, ErfF, 1, Float, false)                                     \
+  X(Atan, AtanF, 1, Float, false)                                   \
   X(Gelu, GeluF, 1, Float, false, a.b<"tanh">())                    \
   X(Silu, SiluF, 1, Float, false)                                   \
   X(Softplus, SoftplusF, 1, Float, false, a.f<"beta">(), a.f<"threshold">()) \
@@ -205,6 +208,7 @@ struct ElementwiseFn {
   X(Sub, SubF, 2, NotBool, false)                                   \
   X(Mul, MulF, 2, Any, false)                                       \
   X(Div, DivF, 2, Float, false)                                     \
+  X(Atan2, Atan2F, 2, Float, false)                                 \
   X(Pow, PowF, 2, NotBool, false)                                   \
   X(Maximum, MaximumF, 2, Any, false)                               \
   X(Minimum, MinimumF, 2, Any, false)                               \
