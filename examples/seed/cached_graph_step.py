@@ -27,7 +27,7 @@ model, optimizer = make_model_and_optimizer()
 found_inf = lr.zeros(1)  # non-zero would skip the update
 x = lr.randn(10, 5)
 lr.mark_step()
-start = model.state_dict()  # values are immutable: this keeps the starting weights
+start = {k: v.clone() for k, v in model.state_dict().items()}  # copies: state_dict() aliases, as PyTorch's
 
 
 def train_step(x):

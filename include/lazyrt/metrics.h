@@ -23,8 +23,4 @@ std::string report();
 /// Sets every counter and timing back to zero.
 void reset();
 
-// Recording, used by the runtime itself.
-void increment(std::string_view name, int64_t by = 1);
-void record_timing(std::string_view name, int64_t nanoseconds);
-
 }  // namespace lazyrt::metrics

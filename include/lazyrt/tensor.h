@@ -22,6 +22,7 @@ namespace lazyrt {
 
 namespace trace {
 struct TensorImpl;
+struct TensorAccess;
 }
 namespace indexing {
 class TensorIndex;
@@ -30,7 +31,6 @@ class TensorIndex;
 class Tensor {
  public:
   Tensor() = default;  // an undefined tensor; every accessor but defined() throws
-  explicit Tensor(std::shared_ptr<trace::TensorImpl> impl);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const;
@@ -46,6 +46,10 @@ class Tensor {
   std::vector<T> to_vector() const;
   /// The value of a one-element tensor as a double; syncs.
   double item() const;
+  /// Syncs and gives the elements in host memory, row-major (bf16/f16 as 16-bit patterns), kept
+  /// alive by the result: the tensor's own memory where the backend's device is the host (no
+  /// copy; never write through it), else a host copy.
+  std::shared_ptr<const void> host_data() const;
   /// Syncs and formats like PyTorch: tensor([[1., 2.], [3., 4.]]).
   std::string to_string() const;
 
@@ -64,7 +68,8 @@ class Tensor {
   /// their result dims replace theirs where they are adjacent, else go first (NumPy's rule).
   /// A b8 mask picks the elements where it is true: the result's shape depends on the mask's
   /// values, so they are read (a sync, counted as DynamicShapeSync). An index tensor's values
-  /// are checked when the graph runs. The result holds its own value (lazyrt has no views).
+  /// are checked when the graph runs. Without index tensors or masks the result is a view, as in
+/// PyTorch; with them, a tensor of its own.
   Tensor index(std::vector<indexing::TensorIndex> indices) const;
   /// Python's t[indices] = value, as PyTorch does it: value broadcasts to t.index(indices)'s
   /// shape (leading dims of size 1 dropped first). Without index tensors it is cast to this
@@ -87,11 +92,28 @@ class Tensor {
   /// For a one-element tensor the gradient may be omitted (ones). The backward ops are lazy:
   /// they join the pending graph. The saved values are freed afterwards.
   void backward(const Tensor& gradient = Tensor()) const;
-  /// A new tensor with the same value that does not require grad.
+  /// A view of this tensor that does not require grad (PyTorch's detach() and .data): writes
+  /// through it change this tensor's value but not its autograd history.
   Tensor detach() const;
   /// A copy that keeps the autograd history (as torch's clone). Values are immutable, so it
   /// costs nothing unless it must go through an op for gradients to flow back.
   Tensor clone() const;
+
+  // Views, as in PyTorch. reshape/view, permute/transpose, expand, slicing and basic indexing,
+  // narrow, select, split/chunk, squeeze/unsqueeze, flatten and detach return views: an
+  // in-place op on a view changes its base and every other view of it, and one on the base shows
+  // through its views (compiled steps and replays included). Each holds a value of its own in
+  // the graph (docs/design.md, "Views"). Writing through an expanded view is refused.
+  bool is_view() const;
+  /// PyTorch's layout, which decides where reshape() aliases (else it copies) and view() works.
+  std::vector<int64_t> strides() const;
+  int64_t storage_offset() const;
+  bool is_contiguous() const;
+  /// This tensor when contiguous, else a contiguous copy (which keeps the autograd history).
+  Tensor contiguous() const;
+  /// PyTorch's `t.data = value`: this tensor takes value's value (same shape and dtype) and
+  /// keeps its autograd state; its views see the new value. A view stops being one.
+  void set_data(const Tensor& value);
 
   // Method forms of common ops.
   Tensor sum(std::vector<int64_t> dims = {}, bool keepdim = false) const;
@@ -101,9 +123,10 @@ class Tensor {
   Tensor matmul(const Tensor& other) const;
   Tensor to(DType dtype) const;
 
-  const std::shared_ptr<trace::TensorImpl>& impl() const { return impl_; }
-
+  // The state behind the handle is the runtime's own (trace::TensorAccess).
  private:
+  friend struct trace::TensorAccess;
+  explicit Tensor(std::shared_ptr<trace::TensorImpl> impl);
   std::shared_ptr<trace::TensorImpl> impl_;
 };
 

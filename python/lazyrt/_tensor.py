@@ -49,7 +49,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
     """
     _check_device(device, "tensor")
     if isinstance(data, Tensor):
-        t = data.detach()
+        t = data.detach().clone()  # a copy, not a view
         if dtype is not None:
             t = t.to(dtype)
     else:
@@ -401,10 +401,10 @@ def _deepcopy(self, memo):
     if not self.is_leaf:
         raise _C.Error("deepcopy: only tensors created by the user (graph leaves) can be deep-copied; "
                        "this one is the result of an op that records gradients (detach() it first)")
-    new = _of_class(type(self), self.detach(), self.requires_grad)
+    new = _of_class(type(self), self.detach().clone(), self.requires_grad)
     memo[id(self)] = new
     if self.grad is not None:
-        new.grad = self.grad.detach()
+        new.grad = self.grad.detach().clone()
     state = getattr(self, "__dict__", None)
     if state:
         import copy

@@ -5,5 +5,5 @@ features). Timings: TraceTime, CompileTime, ExecuteTime.
 """
 
 from lazyrt._C._metrics import (  # noqa: F401
-    counter, timing_count, timing_total_ns, report, reset, increment, record_timing,
+    counter, timing_count, timing_total_ns, report, reset,
 )

@@ -55,8 +55,9 @@ Tensor pow_scalar(const Tensor& a, Scalar e);
 /// Tensors from a sequence (or a lone tensor) of lazyrt tensors; `what` names the call.
 std::vector<Tensor> tensors_from(py::handle seq, const char* what);
 py::tuple to_tuple(const std::vector<Tensor>& ts);
-/// Syncs a tensor whose value is about to be read (trace::sync_for_read), without the GIL.
-void sync_released(const Tensor& t);
+/// Syncs a tensor whose value is about to be read, without the GIL, and gives its elements in
+/// host memory (Tensor::host_data).
+std::shared_ptr<const void> host_released(const Tensor& t);
 py::list to_list(const std::vector<Tensor>& ts);
 
 /// Binds one op under one name as a module function (first argument `input`) and, unless

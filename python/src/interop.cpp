@@ -14,13 +14,11 @@
 #include <pybind11/numpy.h>
 
 #include "bindings.h"
-#include "trace/lazy_tensor.h"
 
 namespace lazyrt::python {
 
 namespace {
 
-using runtime::Buffer;
 
 // ---- DLPack (the stable C ABI of dlpack.h v0.6+) -------------------------------------------
 struct DLDevice {
@@ -126,11 +124,10 @@ Tensor from_numpy(py::handle h) {
 
 py::array numpy_view(const Tensor& t) {
   const char* name = numpy_name(t.dtype());
-  sync_released(t);
-  std::shared_ptr<Buffer> buf = t.impl()->data();
-  const void* data = buf->data();
-  py::capsule base(new std::shared_ptr<Buffer>(std::move(buf)),
-                   [](void* p) { delete static_cast<std::shared_ptr<Buffer>*>(p); });
+  std::shared_ptr<const void> host = host_released(t);
+  const void* data = host.get();
+  py::capsule base(new std::shared_ptr<const void>(std::move(host)),
+                   [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
   std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
   py::array a(py::dtype(name), shape, {}, data, base);
   py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
@@ -141,7 +138,7 @@ py::array numpy_view(const Tensor& t) {
 
 struct Exported {
   DLManagedTensor managed{};
-  std::shared_ptr<Buffer> buffer;
+  std::shared_ptr<const void> host;
   std::vector<int64_t> shape, strides;
 };
 
@@ -172,14 +169,13 @@ py::capsule to_dlpack(const Tensor& t, bool bool_as_uint8) {
       dt = {1, 8, 1};
       break;
   }
-  sync_released(t);
   auto* e = new Exported();
-  e->buffer = t.impl()->data();
+  e->host = host_released(t);
   e->shape = t.shape();
   e->strides.assign(e->shape.size(), 1);
   for (size_t i = e->shape.size(); i-- > 1;) e->strides[i - 1] = e->strides[i] * e->shape[i];
   DLTensor& d = e->managed.dl_tensor;
-  d.data = e->buffer->data();
+  d.data = const_cast<void*>(e->host.get());
   d.device = {kDLCPU, 0};
   d.ndim = static_cast<int32_t>(e->shape.size());
   d.dtype = dt;

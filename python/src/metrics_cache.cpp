@@ -1,6 +1,7 @@
 // lazyrt._C._metrics, _cache and _debug: counters and timings, the compile cache's settings,
 // and looking at pending graphs and memory; the backend choice (backend.h). All thread-safe in C++; nothing here syncs.
 #include "bindings.h"
+#include "util/metrics_cells.h"
 
 namespace lazyrt::python {
 
@@ -13,10 +14,9 @@ void bind_metrics_cache(py::module_& m) {
          py::arg("name"));
   mt.def("report", &metrics::report, "Every counter and timing, one per line.");
   mt.def("reset", &metrics::reset, "Sets every counter and timing back to zero.");
-  mt.def("increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
+  // Recording is the package's own business (its Python layers count what they do), not the API's.
+  mt.def("_increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
          py::arg("by") = 1);
-  mt.def("record_timing", [](const std::string& name, int64_t ns) { metrics::record_timing(name, ns); },
-         py::arg("name"), py::arg("nanoseconds"));
 
   py::module_ c = m.def_submodule("_cache", "The compile cache's settings (cache.h).");
   c.def("set_memory_capacity", &cache::set_memory_capacity, py::arg("entries"),

@@ -255,7 +255,7 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
         return reshape(a, shape_from_args(shape, kw, "shape", "reshape"));
       })
       .method("view", [](const Tensor& a, py::args shape, py::kwargs kw) {
-        return reshape(a, shape_from_args(shape, kw, "size", "view"));
+        return view(a, shape_from_args(shape, kw, "size", "view"));
       })
       .op("transpose", &transpose, arg("dim0"), arg("dim1"))
       .op("swapaxes", &transpose, arg("axis0"), arg("axis1"))

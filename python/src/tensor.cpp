@@ -1,15 +1,14 @@
 // lazyrt.Tensor: properties, operators (with Python numbers on either side), in-place updates,
 // autograd, and reading values (item, bool/int/float, repr), which syncs with the GIL released.
 #include "bindings.h"
-#include "trace/lazy_tensor.h"
 
 namespace lazyrt::python {
 
-// Syncs t, without the GIL: other Python threads run while the graph compiles and executes.
-void sync_released(const Tensor& t) {
-  if (!t.is_pending()) return;
+// Syncs t without the GIL (other Python threads run while the graph compiles and executes), and
+// gives its elements in host memory.
+std::shared_ptr<const void> host_released(const Tensor& t) {
   py::gil_scoped_release release;
-  trace::sync_for_read({t.impl()});
+  return t.host_data();
 }
 
 namespace {
@@ -19,8 +18,8 @@ py::object element(const Tensor& t, const char* what) {
   if (t.numel() != 1)
     throw Error(std::string(what) + ": a tensor with " + std::to_string(t.numel()) + " elements (shape " +
                 shape_str(t.shape()) + ") cannot be converted to a Python number; expected one element");
-  sync_released(t);
-  const void* p = t.impl()->data()->data();
+  const std::shared_ptr<const void> host = host_released(t);
+  const void* p = host.get();
   switch (t.dtype()) {
     case DType::f32: return py::float_(*static_cast<const float*>(p));
     case DType::f64: return py::float_(*static_cast<const double*>(p));
@@ -199,7 +198,10 @@ void bind_tensor(py::module_& m, py::class_<Tensor>& cls) {
         t.backward(gradient ? *gradient : Tensor());
       }, py::arg("gradient") = py::none(),
          "Accumulates gradients into the .grad of the leaves; lazy, like the forward.")
-      .def("detach", &Tensor::detach);
+      .def("detach", &Tensor::detach)
+      .def_property("data", &Tensor::detach, [](Tensor& t, const Tensor& v) { t.set_data(v); },
+                    "A view that does not require grad (writes through it keep the autograd history); "
+                    "assigning gives the tensor a new value of the same shape and dtype.");
 
   // ---- reading values ----
   cls.def("item", [](const Tensor& t) { return element(t, "item"); })
@@ -230,8 +232,7 @@ void bind_tensor(py::module_& m, py::class_<Tensor>& cls) {
         }
       })
       .def("data_ptr", [](const Tensor& t) {
-        sync_released(t);
-        return reinterpret_cast<uintptr_t>(t.impl()->data()->data());
+        return reinterpret_cast<uintptr_t>(host_released(t).get());
       }, "The address of the tensor's data (syncs).");
 
   // ---- operators ----
@@ -342,7 +343,23 @@ void bind_tensor(py::module_& m, py::class_<Tensor>& cls) {
       .def("long", [](const Tensor& t) { return t.to(DType::i64); })
       .def("bool", [](const Tensor& t) { return t.to(DType::b8); })
       .def("cpu", [](const Tensor& t) { return t; })
-      .def("contiguous", [](const Tensor& t) { return t; })
+      .def("contiguous", [](py::object self) -> py::object {
+        const auto& t = self.cast<const Tensor&>();
+        return t.is_contiguous() ? self : py::cast(t.contiguous());
+      }, "This tensor when contiguous, else a contiguous copy.")
+      .def("is_contiguous", [](const Tensor& t) { return t.is_contiguous(); })
+      .def("stride", [](const Tensor& t, py::object dim) -> py::object {
+        const std::vector<int64_t> s = t.strides();
+        if (dim.is_none()) return py::tuple(py::cast(s));
+        auto d = dim.cast<int64_t>();
+        const auto n = static_cast<int64_t>(s.size());
+        if (d < -n || d >= n)
+          throw py::index_error("stride: dim " + std::to_string(d) + " out of range for a tensor of " +
+                                std::to_string(n) + " dims");
+        return py::int_(s[static_cast<size_t>(d < 0 ? d + n : d)]);
+      }, py::arg("dim") = py::none())
+      .def("storage_offset", [](const Tensor& t) { return t.storage_offset(); })
+      .def("_is_view", [](const Tensor& t) { return t.is_view(); })
       .def("clone", [](const Tensor& t) { return t.clone(); });
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <unordered_map>
 
+#include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 
@@ -14,8 +15,8 @@ thread_local bool enabled = true;
 thread_local int body_trace = 0;
 
 Tensor snapshot(const Tensor& t) {
-  Tensor s = t.detach();
-  s.impl()->saved_for_backward = true;
+  Tensor s = detail::detached_value(t);
+  trace::impl_of(s)->saved_for_backward = true;
   return s;
 }
 
@@ -25,9 +26,9 @@ void accumulate(trace::TensorImpl& leaf, const Tensor& g) {
                 " for a leaf of shape ", shape_str(leaf.type.shape));
   trace::note_grad_read(leaf);
   if (!leaf.grad) {
-    leaf.set_grad_impl(grad.detach().impl());
+    leaf.set_grad_impl(trace::impl_of(detail::detached_value(grad)));
   } else {
-    Tensor existing(leaf.grad);
+    Tensor existing = trace::tensor_of(leaf.grad);
     existing.add_(grad);
   }
 }
@@ -36,8 +37,8 @@ void accumulate(trace::TensorImpl& leaf, const Tensor& g) {
 Edge edge_to(const Tensor& t) {
   Edge e;
   if (t.requires_grad()) {
-    if (t.impl()->grad_fn) e.node = t.impl()->grad_fn;
-    else e.leaf = t.impl();
+    if (trace::impl_of(t)->grad_fn) e.node = trace::impl_of(t)->grad_fn;
+    else e.leaf = trace::impl_of(t);
   }
   return e;
 }
@@ -70,8 +71,8 @@ void record(const Tensor& output, ir::OpKind op, const std::vector<Tensor>& inpu
     node->next.push_back(edge_to(t));
   }
   node->output = snapshot(output);
-  output.impl()->grad_fn = std::move(node);
-  output.impl()->requires_grad = true;
+  trace::impl_of(output)->grad_fn = std::move(node);
+  trace::impl_of(output)->requires_grad = true;
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {
@@ -171,7 +172,7 @@ void backward(const Tensor& root, const Tensor& gradient) {
                  shape_str(seed.shape()), " for an output of shape ", shape_str(root.shape()));
   }
   NoGradGuard no_grad;
-  auto& root_impl = *root.impl();
+  auto& root_impl = *trace::impl_of(root);
   if (!root_impl.grad_fn) {  // a leaf
     accumulate(root_impl, seed);
     return;
@@ -184,7 +185,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   LAZYRT_ASSERT(outputs.size() == grad_outputs.size(), "grad: ", outputs.size(), " outputs, ",
                 grad_outputs.size(), " gradients");
   for (const Tensor& x : inputs)
-    LAZYRT_ASSERT(x.requires_grad() && x.is_leaf() && !x.impl()->grad, "grad: inputs must be fresh leaves");
+    LAZYRT_ASSERT(x.requires_grad() && x.is_leaf() && !trace::impl_of(x)->grad, "grad: inputs must be fresh leaves");
   std::vector<Edge> next;
   std::vector<Tensor> seeds;
   for (size_t k = 0; k < outputs.size(); ++k) {
@@ -198,8 +199,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
   }
   std::vector<Tensor> out;
   for (const Tensor& x : inputs) {
-    auto& impl = *x.impl();
-    out.push_back(impl.grad ? Tensor(impl.grad) : Tensor());
+    auto& impl = *trace::impl_of(x);
+    out.push_back(impl.grad ? trace::tensor_of(impl.grad) : Tensor());
     impl.grad = nullptr;
   }
   return out;
@@ -219,8 +220,8 @@ void record_multi(const std::vector<Tensor>& outputs, ir::OpKind op, const std::
     e.slot = static_cast<int32_t>(k);
     auto out = pass_through(op, {std::move(e)});
     out->output = snapshot(outputs[k]);
-    outputs[k].impl()->grad_fn = std::move(out);
-    outputs[k].impl()->requires_grad = true;
+    trace::impl_of(outputs[k])->grad_fn = std::move(out);
+    trace::impl_of(outputs[k])->requires_grad = true;
   }
 }
 
@@ -232,9 +233,9 @@ NoGradGuard::NoGradGuard() : previous_(autograd::grad_enabled()) { autograd::set
 NoGradGuard::~NoGradGuard() { autograd::set_grad_enabled(previous_); }
 
 Tensor Tensor::grad() const {
-  trace::note_grad_read(*impl());
-  const auto& g = impl()->grad;
-  return g ? Tensor(g) : Tensor();
+  trace::note_grad_read(*impl_);
+  const auto& g = impl_->grad;
+  return g ? trace::tensor_of(g) : Tensor();
 }
 
 void Tensor::set_grad(const Tensor& g) {
@@ -243,10 +244,10 @@ void Tensor::set_grad(const Tensor& g) {
     LAZYRT_CHECK(g.shape() == shape() && g.dtype() == dtype(), "set_grad: gradient ",
                  dtype_name(g.dtype()), shape_str(g.shape()), " for a tensor ", dtype_name(dtype()),
                  shape_str(shape()));
-  impl()->set_grad_impl(g.defined() ? g.impl() : nullptr);
+  impl_->set_grad_impl(g.defined() ? trace::impl_of(g) : nullptr);
 }
 
-bool Tensor::is_leaf() const { return impl()->grad_fn == nullptr; }
+bool Tensor::is_leaf() const { return impl_->grad_fn == nullptr; }
 
 void Tensor::backward(const Tensor& gradient) const { autograd::backward(*this, gradient); }
 

@@ -45,7 +45,24 @@ class Backend {
   /// compile::compile takes them.
   virtual std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
                                                      const std::vector<int32_t>& donations) const = 0;
+
+  // Memory. Tensor data lives in the backend's buffers; everything outside the executables
+  // (making tensors from host data, reading values, NumPy and DLPack views, giving a tensor a
+  // buffer of its own) goes through these. The defaults are for a device whose memory is the
+  // host's, as the cpu and reference backends' is: host access is the memory itself.
+  /// A buffer of `bytes` on the device.
+  virtual std::shared_ptr<runtime::Buffer> allocate(size_t bytes) const;
+  /// A new buffer with a copy of `b`'s bytes.
+  virtual std::shared_ptr<runtime::Buffer> copy(const runtime::Buffer& b) const;
+  /// A buffer with a copy of `bytes` of host memory at `data`.
+  virtual std::shared_ptr<runtime::Buffer> from_host(const void* data, size_t bytes) const;
+  /// The bytes of `b` in host memory, kept alive by the result: b's own memory where the device
+  /// is the host, else a host copy.
+  virtual std::shared_ptr<const void> to_host(const std::shared_ptr<runtime::Buffer>& b) const;
 };
+
+/// Buffers belong to the backend that was current when they were made. Every backend today
+/// keeps them in host memory, so tensors made under one backend run under another.
 
 /// The current backend: set_current()'s, else LAZYRT_BACKEND's (read once), else cpu. An
 /// unknown LAZYRT_BACKEND throws lazyrt::Error naming the known backends.

@@ -10,6 +10,7 @@
 #include "lazyrt/nn.h"
 #include "lazyrt/random.h"
 #include "ops/op_helpers.h"
+#include "ops/views.h"
 #include "util/check.h"
 
 namespace lazyrt::nn {
@@ -123,8 +124,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     var = lazyrt::var(x, dims, 0, true);
     if (training && running_mean.defined()) {
       NoGradGuard no_grad;
-      const Tensor m = reshape(mu.detach(), {channels});
-      const Tensor v = reshape(var.detach(), {channels}) * (static_cast<double>(count) / (count - 1));
+      const Tensor m = reshape(detail::detached_value(mu), {channels});
+      const Tensor v = reshape(detail::detached_value(var), {channels}) * (static_cast<double>(count) / (count - 1));
       const DType rt = running_mean.dtype();
       Tensor rm = running_mean, rv = running_var;
       rm.copy_(cast_to(cast_to(m, DType::f64) * momentum + cast_to(running_mean, DType::f64) * (1 - momentum), rt));

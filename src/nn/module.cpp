@@ -6,6 +6,7 @@
 #include "lazyrt/replay.h"
 #include "lazyrt/random.h"
 #include "ops/op_helpers.h"
+#include "ops/views.h"
 #include "util/check.h"
 
 namespace lazyrt::nn {
@@ -19,7 +20,7 @@ Tensor Module::forward(const Tensor&) {
 Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
   LAZYRT_CHECK(value.defined(), type_name_, ": parameter '", name, "' is undefined");
   for (const auto& [n, t] : params_) LAZYRT_CHECK(n != name, type_name_, ": parameter '", name, "' registered twice");
-  Tensor p = value.detach();
+  Tensor p = detail::detached_value(value);
   if (requires_grad) p.requires_grad_();
   params_.emplace_back(name, p);
   return p;
@@ -89,7 +90,7 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   LAZYRT_CHECK(!strict || given.empty(), "load_state_dict: unexpected key '",
                given.empty() ? "" : given.begin()->first, "' in the state dict");
   NoGradGuard no_grad;
-  for (auto& [dst, src] : copies) dst.copy_(src.detach());
+  for (auto& [dst, src] : copies) dst.copy_(detail::detached_value(src));
 }
 
 void Module::train(bool on) {

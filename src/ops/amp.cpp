@@ -1,6 +1,7 @@
 #include "lazyrt/amp.h"
 
 #include "ops/op_helpers.h"
+#include "ops/views.h"
 #include "util/check.h"
 
 namespace lazyrt::amp {
@@ -64,7 +65,7 @@ void GradScaler::update() {
   Tensor grown = tracker_ + 1;
   Tensor grow = logical_and(logical_not(bad), grown >= options_.growth_interval);
   Tensor next_scale = where(bad, scale_ * options_.backoff_factor,
-                            where(grow, scale_ * options_.growth_factor, scale_.detach()));
+                            where(grow, scale_ * options_.growth_factor, detail::detached_value(scale_)));
   Tensor next_tracker = where(logical_or(bad, grow), zeros({}, DType::i32), grown);
   scale_.copy_(next_scale);
   tracker_.copy_(next_tracker);

@@ -16,6 +16,7 @@
 
 #include "lazyrt/tensor.h"
 #include "ops/op_helpers.h"
+#include "ops/views.h"
 #include "util/check.h"
 
 namespace lazyrt {
@@ -310,7 +311,7 @@ Tensor logsumexp(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
   Tensor x = cast_to(a, opmath_type(dtype));  // 16-bit tensors in f32, rounded once
   auto d = reduce_dims(x, std::move(dims), "logsumexp");
   if (x.numel() == 0) return cast_to(log(sum(exp(x), d, keepdim)), dtype);
-  Tensor m = amax(x.detach(), d, true);
+  Tensor m = amax(detail::detached_value(x), d, true);
   m = where(abs(m) == kInf, zeros_like(m), m);
   Tensor r = log(sum(exp(x - m), d, keepdim));
   return cast_to(r + reshape(m, r.shape()), dtype);

@@ -8,6 +8,7 @@
 #include "ir/graph.h"
 #include "lazyrt/tensor.h"
 #include "ops/op_helpers.h"
+#include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 
@@ -186,7 +187,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int6
   // Rows picked by padding_idx take no gradient: there the output is a detached copy of
   // itself, the same value cut off from the weight.
   if (padding_idx && out.requires_grad())
-    out = where(unsqueeze(indices == *padding_idx, -1), out.detach(), out);
+    out = where(unsqueeze(indices == *padding_idx, -1), detail::detached_value(out), out);
   return out;
 }
 

@@ -23,6 +23,16 @@ trace::LazyValue value_of(const Tensor& t);
 /// a public op builds goes through here.
 Tensor apply(ir::OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {});
 
+/// What an in-place op does to `self` once it has its new value `v` (of self's type): self holds
+/// v's value and history (a leaf stays a leaf; a non-leaf given an untracked value loses its).
+/// Views are the caller's business (views.h).
+void rebind_value(trace::TensorImpl& self, const Tensor& v);
+
+/// self with the elements of self[starts:ends:steps] (normalized bounds, one per dim) replaced
+/// by `value`: the inverse of a slice.
+Tensor slice_scatter(const Tensor& self, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                     const std::vector<int64_t>& steps, const Tensor& value);
+
 /// t as `to` (t itself when it already has that dtype).
 Tensor cast_to(const Tensor& t, DType to);
 

@@ -9,6 +9,7 @@
 #include "lazyrt/random.h"
 #include "ops/op_helpers.h"
 #include "ops/random_state.h"
+#include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 
@@ -59,8 +60,8 @@ void manual_seed(uint64_t seed) {
   Generator& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
   // The state tensors keep their identity (captured state stays valid); only values change.
-  g.seed.impl()->set_data(scalar_tensor(static_cast<double>(seed), DType::i64).impl()->data());
-  g.offset.impl()->set_data(scalar_tensor(0, DType::i64).impl()->data());
+  trace::impl_of(g.seed)->set_data(trace::impl_of(scalar_tensor(static_cast<double>(seed), DType::i64))->data());
+  trace::impl_of(g.offset)->set_data(trace::impl_of(scalar_tensor(0, DType::i64))->data());
 }
 
 std::pair<Tensor, Tensor> random_state() {
@@ -82,7 +83,7 @@ Tensor randint(int64_t low, int64_t high, Shape shape, DType dtype) {
 Tensor bernoulli(const Tensor& p) {
   LAZYRT_CHECK(is_floating(p.dtype()), "bernoulli: probabilities must be floating, got ",
                dtype_name(p.dtype()));
-  return cast(rand(p.shape(), p.dtype()) < p.detach(), p.dtype());
+  return cast(rand(p.shape(), p.dtype()) < detail::detached_value(p), p.dtype());
 }
 
 Tensor bernoulli(Shape shape, double p, DType dtype) {
@@ -115,7 +116,7 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
   LAZYRT_CHECK(num_samples > 0, "multinomial: num_samples must be positive, got ", num_samples);
   LAZYRT_CHECK(replacement || num_samples <= classes, "multinomial: cannot draw ", num_samples,
                " samples without replacement from ", classes, " categories");
-  const Tensor w = probs.dim() == 1 ? unsqueeze(probs.detach(), 0) : probs.detach();
+  const Tensor w = probs.dim() == 1 ? unsqueeze(detail::detached_value(probs), 0) : detail::detached_value(probs);
   const DType t = DType::f64;
   const int64_t rows = w.shape()[0];
   Tensor out;

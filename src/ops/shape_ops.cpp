@@ -15,6 +15,7 @@
 #include "ir/graph.h"
 #include "lazyrt/tensor.h"
 #include "ops/op_helpers.h"
+#include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
@@ -25,6 +26,8 @@ using detail::apply;
 using detail::cast_to;
 using detail::constant_tensor;
 using detail::impl_of;
+using detail::make_view;
+using detail::strides_of;
 using detail::wrap_dim;
 using ir::OpKind;
 
@@ -43,7 +46,14 @@ Tensor slice_dim(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64
   starts[dim] = start;
   ends[dim] = end;
   steps[dim] = step;
-  return apply(OpKind::Slice, {a}, {starts, ends, steps});
+  Tensor r = apply(OpKind::Slice, {a}, {starts, ends, steps});
+  const auto& t = *trace::impl_of(a);
+  std::vector<int64_t> strides = strides_of(t);
+  const int64_t offset = t.storage_offset + start * strides[dim];
+  strides[dim] *= step;
+  make_view(a, r, {trace::ViewStep::Kind::Slice, s, std::move(starts), std::move(ends), std::move(steps)},
+            std::move(strides), offset);
+  return r;
 }
 
 // Pieces of the given sizes (each >= 0, adding up to the size of dim).
@@ -77,11 +87,17 @@ Tensor on_scalars(const Tensor& a, const Tensor& index, const Tensor* src, Fn&& 
 // ---- shape ------------------------------------------------------------------------------------
 
 Tensor view(const Tensor& a, Shape shape) {
+  Tensor r;
   try {
-    return reshape(a, std::move(shape));
+    r = reshape(a, std::move(shape));
   } catch (const Error& e) {
-    throw Error(std::string("view (an alias of reshape): ") + e.what());
+    throw Error(std::string("view: ") + e.what());
   }
+  LAZYRT_CHECK(r.shape() == a.shape() || trace::impl_of(r)->view_of, "view: size ", shape_str(r.shape()),
+               " is not compatible with the input's size ", shape_str(a.shape()), " and strides ",
+               shape_str(strides_of(*trace::impl_of(a))),
+               " (at least one dim spans two runs of memory, as after a transpose); use reshape(), which copies");
+  return r;
 }
 
 Tensor flatten(const Tensor& a, int64_t start_dim, int64_t end_dim) {
@@ -850,6 +866,17 @@ Tensor put(const Tensor& self, const std::vector<TensorIndex>& indices, Tensor v
 }
 
 }  // namespace
+
+namespace detail {
+Tensor slice_scatter(const Tensor& self, const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                     const std::vector<int64_t>& steps, const Tensor& value) {
+  std::vector<TensorIndex> index;
+  for (size_t d = 0; d < starts.size(); ++d) index.emplace_back(indexing::Slice(starts[d], ends[d], steps[d]));
+  PutOptions o;
+  o.strip = false;
+  return put(self, index, value, "slice_scatter", o);
+}
+}  // namespace detail
 
 Tensor Tensor::index(std::vector<indexing::TensorIndex> indices) const { return get(*this, indices, "index"); }
 

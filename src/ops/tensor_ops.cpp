@@ -8,7 +8,9 @@
 
 #include "lazyrt/tensor.h"
 #include "autograd/autograd.h"
+#include "backend/backend.h"
 #include "ops/op_helpers.h"
+#include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 #include "util/dtype_dispatch.h"
@@ -19,13 +21,17 @@ using ir::OpKind;
 using trace::LazyValue;
 using trace::record;
 using detail::str_cat;
+using detail::detached_value;
+using detail::make_view;
+using detail::strides_of;
+using detail::view_strides;
 
 // Helpers shared with the other files of src/ops (declared in ops/op_helpers.h).
 namespace detail {
 
 trace::TensorImpl& impl_of(const Tensor& t, const char* what) {
   LAZYRT_CHECK(t.defined(), what, ": the tensor is undefined");
-  return *t.impl();
+  return *trace::impl_of(t);
 }
 
 LazyValue value_of(const Tensor& t) {
@@ -33,10 +39,10 @@ LazyValue value_of(const Tensor& t) {
   // A loop body reading a tensor that requires grad from outside: the loop takes it as an
   // input it may differentiate (loops.cpp).
   if (s.requires_grad && trace::current_scope() != 0 && s.scope != trace::current_scope())
-    trace::note_grad_capture(t.impl());
+    trace::note_grad_capture(trace::impl_of(t));
   return s.value();
 }
-Tensor wrap(LazyValue v) { return Tensor(trace::make_pending(std::move(v))); }
+Tensor wrap(LazyValue v) { return trace::tensor_of(trace::make_pending(std::move(v))); }
 
 Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
@@ -172,12 +178,10 @@ bool can_cast(DType from, DType to) {
 
 // Rebinds `self` to `result` (cast to self's dtype): the handle keeps its identity, and its
 // autograd history becomes the result's.
-void rebind(Tensor& self, const Tensor& result) {
-  auto& s = *self.impl();
-  Tensor v = cast_to(result, s.type.dtype);
-  s.set_ir(v.impl()->value());
-  if (v.impl()->grad_fn) {
-    s.grad_fn = v.impl()->grad_fn;
+void rebind_value(trace::TensorImpl& s, const Tensor& v) {
+  s.set_ir(trace::impl_of(v)->value());
+  if (trace::impl_of(v)->grad_fn) {
+    s.grad_fn = trace::impl_of(v)->grad_fn;
     s.requires_grad = true;
   } else if (s.grad_fn) {  // a non-leaf given an untracked value no longer has a history
     s.grad_fn = nullptr;
@@ -185,11 +189,18 @@ void rebind(Tensor& self, const Tensor& result) {
   }  // a leaf stays a leaf, requiring grad or not (updates under NoGradGuard)
 }
 
+void rebind(Tensor& self, const Tensor& result) {
+  auto& s = *trace::impl_of(self);
+  rebind_value(s, cast_to(result, s.type.dtype));
+  propagate_write(s);
+}
+
 void check_in_place(const Tensor& self, const char* op) {
   auto& s = impl_of(self, op);
   LAZYRT_CHECK(!(s.requires_grad && !s.grad_fn && autograd::grad_enabled()), op,
                ": a leaf tensor that requires grad (", ir::type_str(s.type),
                ") cannot be modified in place while gradients are recorded; use NoGradGuard");
+  check_view_write(s, op);
 }
 
 void assign(Tensor& self, const Tensor& result, const char* op) {
@@ -238,14 +249,14 @@ std::vector<T> Tensor::to_vector() const {
   auto& s = impl_of(*this, "to_vector");
   LAZYRT_CHECK(s.type.dtype == want, "to_vector<", dtype_name(want), ">: the tensor has dtype ",
                dtype_name(s.type.dtype), "; cast it first");
-  trace::sync_for_read({impl()});
+  const std::shared_ptr<const void> host = host_data();
   const int64_t n = s.type.numel();
   std::vector<T> out(static_cast<size_t>(n));
   if constexpr (std::is_same_v<T, bool>) {
-    const bool* p = static_cast<const bool*>(s.data()->data());
+    const bool* p = static_cast<const bool*>(host.get());
     for (int64_t i = 0; i < n; ++i) out[i] = p[i];
   } else {
-    if (n) std::memcpy(out.data(), s.data()->data(), static_cast<size_t>(n) * sizeof(T));
+    if (n) std::memcpy(out.data(), host.get(), static_cast<size_t>(n) * sizeof(T));
   }
   return out;
 }
@@ -259,13 +270,19 @@ double Tensor::item() const {
   LAZYRT_CHECK(numel() == 1, "item: the tensor has ", numel(), " elements (shape ",
                shape_str(shape()), "), expected exactly one");
   auto& s = impl_of(*this, "item");
-  trace::sync_for_read({impl()});
+  const std::shared_ptr<const void> host = host_data();
   double v = 0;
   visit_dtype(s.type.dtype, [&](auto tag) {
     using T = decltype(tag);
-    v = convert<double>(*static_cast<const T*>(s.data()->data()));
+    v = convert<double>(*static_cast<const T*>(host.get()));
   });
   return v;
+}
+
+std::shared_ptr<const void> Tensor::host_data() const {
+  auto& s = impl_of(*this, "host_data");
+  trace::sync_for_read({impl_});
+  return backend::current().to_host(s.data());
 }
 
 Tensor& Tensor::add_(const Tensor& other, Scalar alpha) {
@@ -323,9 +340,8 @@ Tensor Tensor::to(DType dtype) const { return cast(*this, dtype); }
 Tensor from_blob(const void* data, Shape shape, DType dtype) {
   for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "from_blob: negative dimension in shape ", shape_str(shape));
   ir::TensorType type{dtype, std::move(shape)};
-  auto buf = runtime::allocate(type.bytes());
-  if (type.bytes()) std::memcpy(buf->data(), data, type.bytes());
-  return Tensor(trace::make_data(std::move(type), std::move(buf)));
+  auto buf = backend::current().from_host(data, type.bytes());
+  return trace::tensor_of(trace::make_data(std::move(type), std::move(buf)));
 }
 
 Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> release) {
@@ -333,12 +349,12 @@ Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> rel
   ir::TensorType type{dtype, std::move(shape)};
   if (type.bytes() == 0) {
     if (release) release();
-    return Tensor(trace::make_data(std::move(type), runtime::allocate(0)));
+    return trace::tensor_of(trace::make_data(std::move(type), runtime::allocate(0)));
   }
   LAZYRT_CHECK(data != nullptr, "from_blob: null data for ", dtype_name(dtype), shape_str(type.shape));
   LAZYRT_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0, "from_blob: data at ", data,
                " is not aligned for ", dtype_name(dtype));
-  return Tensor(trace::make_data(std::move(type), runtime::adopt(data, type.bytes(), std::move(release))));
+  return trace::tensor_of(trace::make_data(std::move(type), runtime::adopt(data, type.bytes(), std::move(release))));
 }
 
 Tensor tensor(const std::vector<float>& d, Shape s) { return from_vector(d, std::move(s), DType::f32); }
@@ -354,12 +370,12 @@ namespace {
 // Device data from doubles, each converted to `dtype` on the host.
 Tensor data_from_doubles(const double* values, Shape shape, DType dtype) {
   ir::TensorType type{dtype, std::move(shape)};
-  auto buf = runtime::allocate(type.bytes());
-  auto* base = static_cast<char*>(buf->data());
+  std::vector<char> host(type.bytes());
   const int64_t n = type.numel();
   for (int64_t i = 0; i < n; ++i)
-    fill_elements(base + static_cast<size_t>(i) * dtype_size(dtype), dtype, values[i], 1);
-  return Tensor(trace::make_data(std::move(type), std::move(buf)));
+    fill_elements(host.data() + static_cast<size_t>(i) * dtype_size(dtype), dtype, values[i], 1);
+  auto buf = backend::current().from_host(host.data(), host.size());
+  return trace::tensor_of(trace::make_data(std::move(type), std::move(buf)));
 }
 }  // namespace
 
@@ -394,19 +410,35 @@ Tensor Tensor::clone() const {
   // Through an op where gradients may flow: from a tensor that requires grad, or inside a loop
   // body that will be differentiated (where nothing requires grad while it is traced).
   if (is_floating(s.type.dtype) && (s.requires_grad || autograd::in_recorded_body())) return *this * 1.0;
-  return detach();
+  return detached_value(*this);
 }
 
 Tensor Tensor::detach() const {
   auto& s = impl_of(*this, "detach");
-  // In a body whose loop records gradients, the body's graph must say where they stop.
-  if (autograd::in_recorded_body() && is_floating(s.type.dtype))
-    return wrap(record(OpKind::StopGradient, {value_of(*this)}));
-  if (s.is_pending()) return wrap(s.pending());
-  auto t = trace::make_data(s.type, s.data());
-  auto origin = s.detached_from.lock();
-  t->detached_from = origin && origin->data() == s.data() ? origin : s.shared_from_this();
-  return Tensor(std::move(t));
+  Tensor t = detached_value(*this);
+  make_view(*this, t, {trace::ViewStep::Kind::Detach, s.type.shape, {}, {}, {}}, strides_of(s), s.storage_offset);
+  return t;
+}
+
+bool Tensor::is_view() const { return static_cast<bool>(impl_of(*this, "is_view").view_of); }
+std::vector<int64_t> Tensor::strides() const { return strides_of(impl_of(*this, "stride")); }
+int64_t Tensor::storage_offset() const { return impl_of(*this, "storage_offset").storage_offset; }
+bool Tensor::is_contiguous() const { return detail::is_contiguous(impl_of(*this, "is_contiguous")); }
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return impl_of(*this).requires_grad ? *this * 1.0 : detached_value(*this);
+}
+
+void Tensor::set_data(const Tensor& value) {
+  auto& s = impl_of(*this, "set_data");
+  const auto& v = impl_of(value, "set_data");
+  LAZYRT_CHECK(v.type == s.type, "set_data: the new value is ", ir::type_str(v.type), ", the tensor ",
+               ir::type_str(s.type), " (lazyrt keeps a tensor's shape and dtype)");
+  s.set_ir(value_of(detached_value(value)));
+  s.view_of.reset();
+  s.strides.clear();
+  s.storage_offset = 0;
+  detail::propagate_write(s);
 }
 
 // ---- elementwise ----------------------------------------------------------------------------
@@ -542,6 +574,17 @@ Tensor amin(const Tensor& a, std::vector<int64_t> dims, bool keepdim) {
 
 // ---- shape ----------------------------------------------------------------------------------
 
+namespace {
+// a as `shape` (the same elements with dims of size 1 put in or taken out): always an alias.
+Tensor reshaped_view(const Tensor& a, Shape shape, std::vector<int64_t> strides) {
+  const auto& s = *trace::impl_of(a);
+  Tensor r = apply(OpKind::Reshape, {a}, {shape});
+  make_view(a, r, {trace::ViewStep::Kind::Reshape, s.type.shape, std::move(shape), {}, {}}, std::move(strides),
+            s.storage_offset);
+  return r;
+}
+}  // namespace
+
 Tensor reshape(const Tensor& a, Shape shape) {
   const int64_t n = a.numel();
   int64_t known = 1, infer = -1;
@@ -562,7 +605,12 @@ Tensor reshape(const Tensor& a, Shape shape) {
   LAZYRT_CHECK(shape_numel(shape) == n, "reshape: shape ", shape_str(shape),
                " is invalid for a tensor of ", n, " elements ", shape_str(a.shape()));
   if (shape == a.shape()) return a;
-  return apply(OpKind::Reshape, {a}, {shape});
+  const auto& s = *trace::impl_of(a);
+  auto strides = view_strides(s.type.shape, strides_of(s), shape);
+  Tensor r = apply(OpKind::Reshape, {a}, {shape});
+  // An alias where PyTorch's reshape is one (its view() succeeds), a copy otherwise.
+  if (strides) make_view(a, r, {trace::ViewStep::Kind::Reshape, s.type.shape, shape, {}, {}}, *strides, s.storage_offset);
+  return r;
 }
 
 Tensor permute(const Tensor& a, std::vector<int64_t> dims) {
@@ -570,7 +618,13 @@ Tensor permute(const Tensor& a, std::vector<int64_t> dims) {
   LAZYRT_CHECK(static_cast<int64_t>(dims.size()) == rank, "permute: ", dims.size(),
                " dims given for a tensor of rank ", rank);
   for (auto& d : dims) d = wrap_dim(d, a.shape(), "permute");
-  return apply(OpKind::Permute, {a}, {dims});
+  Tensor r = apply(OpKind::Permute, {a}, {dims});
+  const auto& s = *trace::impl_of(a);
+  const std::vector<int64_t> from = strides_of(s);
+  std::vector<int64_t> strides;
+  for (int64_t d : dims) strides.push_back(from[static_cast<size_t>(d)]);
+  make_view(a, r, {trace::ViewStep::Kind::Permute, s.type.shape, dims, {}, {}}, std::move(strides), s.storage_offset);
+  return r;
 }
 
 Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
@@ -581,7 +635,7 @@ Tensor transpose(const Tensor& a, int64_t d0, int64_t d1) {
   std::vector<int64_t> perm(static_cast<size_t>(rank));
   for (int64_t i = 0; i < rank; ++i) perm[i] = i;
   std::swap(perm[d0], perm[d1]);
-  return apply(OpKind::Permute, {a}, {perm});
+  return permute(a, perm);
 }
 
 Tensor expand(const Tensor& a, Shape shape) {
@@ -595,7 +649,14 @@ Tensor expand(const Tensor& a, Shape shape) {
     shape[i] = in[i - lead];
   }
   if (shape == in) return a;
-  return apply(OpKind::Expand, {a}, {shape});
+  Tensor r = apply(OpKind::Expand, {a}, {shape});
+  const auto& s = *trace::impl_of(a);
+  const std::vector<int64_t> from = strides_of(s);
+  std::vector<int64_t> strides(shape.size(), 0);
+  for (size_t i = lead; i < shape.size(); ++i)
+    if (in[i - lead] == shape[i]) strides[i] = from[i - lead];
+  make_view(a, r, {trace::ViewStep::Kind::Expand, in, shape, {}, {}}, std::move(strides), s.storage_offset);
+  return r;
 }
 
 Tensor unsqueeze(const Tensor& a, int64_t d) {
@@ -606,7 +667,11 @@ Tensor unsqueeze(const Tensor& a, int64_t d) {
   if (d < 0) d += rank + 1;
   Shape s = a.shape();
   s.insert(s.begin() + d, 1);
-  return reshape(a, s);
+  // PyTorch's strides: the new dim steps over the dim it is put before.
+  const auto& t = *trace::impl_of(a);
+  std::vector<int64_t> strides = strides_of(t);
+  strides.insert(strides.begin() + d, d < rank ? a.shape()[d] * strides[d] : 1);
+  return reshaped_view(a, std::move(s), std::move(strides));
 }
 
 Tensor squeeze(const Tensor& a, int64_t d) {
@@ -614,7 +679,9 @@ Tensor squeeze(const Tensor& a, int64_t d) {
   if (a.dim() == 0 || a.shape()[d] != 1) return a;
   Shape s = a.shape();
   s.erase(s.begin() + d);
-  return reshape(a, s);
+  std::vector<int64_t> strides = strides_of(*trace::impl_of(a));
+  strides.erase(strides.begin() + d);
+  return reshaped_view(a, std::move(s), std::move(strides));
 }
 
 // ---- linear algebra -------------------------------------------------------------------------

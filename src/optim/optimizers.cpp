@@ -3,6 +3,7 @@
 #include "lazyrt/optim.h"
 #include "lazyrt/random.h"
 #include "lazyrt/replay.h"
+#include "ops/views.h"
 #include "util/check.h"
 
 namespace lazyrt::optim {
@@ -57,13 +58,13 @@ void Optimizer::step(const Tensor& found_inf) {
   Tensor skip = found_inf.defined() ? reshape(found_inf, {}) != 0 : Tensor();
   // Keeps the old value where the step is skipped.
   auto commit = [&](Tensor& dst, const Tensor& value) {
-    dst.copy_(skip.defined() ? where(skip, dst.detach(), value) : value);
+    dst.copy_(skip.defined() ? where(skip, detail::detached_value(dst), value) : value);
   };
   Tensor t = step_ + 1;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
-    Update u = update(i, g.detach(), t);
+    Update u = update(i, detail::detached_value(g), t);
     for (size_t k = 0; k < u.slots.size(); ++k) commit(slots_[i][k], u.slots[k]);
     commit(params_[i], u.param);
   }

@@ -15,9 +15,11 @@
 #include <unordered_set>
 
 #include "autograd/autograd.h"
+#include "backend/backend.h"
 #include "exec/executor.h"
 #include "lazyrt/amp.h"
 #include "lazyrt/metrics.h"
+#include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
@@ -40,7 +42,7 @@ std::vector<ImplPtr> pending_impls(const std::vector<Tensor>& ts, const char* op
   std::vector<ImplPtr> impls;
   for (const Tensor& t : ts) {
     LAZYRT_CHECK(t.defined(), op, ": an output tensor is undefined");
-    impls.push_back(t.impl());
+    impls.push_back(trace::impl_of(t));
   }
   return trace::pending_only(impls);
 }
@@ -87,7 +89,9 @@ void check_replayable(const std::vector<ImplPtr>& roots, const trace::Extracted&
   }
   for (const ImplPtr& t : trace::live_pending_tensors()) {
     if (t->saved_for_backward || std::find(roots.begin(), roots.end(), t) != roots.end()) continue;
-    const std::string what = detail::str_cat("a tensor (id ", t->id, ", ", ir::type_str(t->type), ")");
+    const ImplPtr view_base = t->view_of ? t->view_of->root() : nullptr;
+    const std::string what = detail::str_cat("a tensor (id ", t->id, ", ", ir::type_str(t->type),
+                                             view_base ? detail::str_cat(", a view of tensor ", view_base->id) : "", ")");
     std::shared_ptr<trace::LazyNode> origin = t->origin();
     if (origin && origin != t->pending().node && nodes.count(origin.get()))
       throw Error(detail::str_cat(op, ": the graph reads an earlier value of ", what,
@@ -95,6 +99,8 @@ void check_replayable(const std::vector<ImplPtr>& roots, const trace::Extracted&
                                   "was never computed, so every replay would compute it again (its "
                                   "initialisation or load, say) and never write the update back. Call "
                                   "mark_step() before tracing the step, so that its state is device data"));
+    // A view of a tensor the graph writes is re-derived whenever that tensor is written back.
+    if (view_base && std::find(roots.begin(), roots.end(), view_base) != roots.end()) continue;
     if (t->pending_from_data())
       throw Error(detail::str_cat(op, ": ", what, " was updated in place since the last mark_step(), but the "
                                   "graph of these outputs does not reach it, so a replay would not update it. "
@@ -168,7 +174,7 @@ WarmTable& warm_table() {
 
 int64_t tensor_id(const Tensor& t) {
   LAZYRT_CHECK(t.defined(), "tensor_id: the tensor is undefined");
-  return t.impl()->id;
+  return trace::impl_of(t)->id;
 }
 
 GraphHash graph_hash(const std::vector<Tensor>& outputs) {
@@ -197,6 +203,16 @@ void warm_up_cache(const std::vector<Tensor>& outputs) {
   t.entries[key] = std::move(w);
 }
 
+namespace {
+// The views of tensors a replay wrote back take their new values (ops/views.h).
+void rederive_written_views(const std::vector<const TensorImpl*>& written) {
+  for (const TensorImpl* t : written) {
+    auto& base = const_cast<TensorImpl&>(*t);
+    if (detail::has_live_views(base)) detail::rederive_views(base, written);
+  }
+}
+}  // namespace
+
 GraphInputs graph_inputs(const std::vector<Tensor>& outputs) {
   std::vector<ImplPtr> roots = pending_impls(outputs, "graph_inputs");
   GraphInputs in;
@@ -208,12 +224,13 @@ GraphInputs graph_inputs(const std::vector<Tensor>& outputs) {
     if (!t) {
       t = trace::make_data(ex.graph.nodes[ex.param_nodes[p]].results[0], ex.params[p]);
     } else if (t->is_pending()) {
-      // Updated in place by the trace: back to the value the graph reads.
+      // Updated in place by the trace: back to the value the graph reads (its views too).
       t->restore_value(ex.params[p], {});
       t->grad_fn = nullptr;
+      if (detail::has_live_views(*t)) detail::rederive_views(*t, {});
     }
     in.tensor_ids.push_back(t->id);
-    in.values.push_back(Tensor(t));
+    in.values.push_back(trace::tensor_of(t));
   }
   return in;
 }
@@ -261,8 +278,8 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   exec::Frame frame;
   frame.size_for(exe);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    inputs[i].impl()->release_leaf();
-    params.push_back(inputs[i].impl()->data());
+    trace::impl_of(inputs[i])->release_leaf();
+    params.push_back(trace::impl_of(inputs[i])->data());
     frame.params[i] = params.back()->data();
   }
   // An updated input's buffer is written in place when only the input and `params` hold it.
@@ -274,15 +291,18 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
   exec::run(*w.exe, frame, offer, param, replay_graph);
   std::vector<Tensor> results;
+  std::vector<const TensorImpl*> written;
   for (size_t k = 0; k < frame.outs.size(); ++k) {
     const int32_t p = w.updates[k];
     if (p >= 0) {
-      inputs[p].impl()->set_data(std::move(frame.outs[k]));
+      trace::impl_of(inputs[p])->set_data(std::move(frame.outs[k]));
+      written.push_back(trace::impl_of(inputs[p]).get());
       results.push_back(inputs[p]);
     } else {
-      results.push_back(Tensor(trace::make_data(exe.output_types()[k], std::move(frame.outs[k]))));
+      results.push_back(trace::tensor_of(trace::make_data(exe.output_types()[k], std::move(frame.outs[k]))));
     }
   }
+  rederive_written_views(written);
   return results;
 }
 
@@ -358,6 +378,20 @@ struct Variant {
   std::vector<ImplPtr> holds, sink_holds;               // the state tensors in use
   exec::Frame frame;
   std::vector<size_t> out_bytes;  // per output
+  std::vector<const TensorImpl*> written;  // the tensors a call wrote back (reserved per sink)
+  // Results that were tensors from outside the step (an updated argument or state tensor) or
+  // views of them (a detached parameter, a row of an argument): each call returns that very
+  // tensor, or such a view of it again, as PyTorch would.
+  struct ResultView {
+    size_t result;
+    int32_t arg = -1;                  // the base is this argument, or
+    std::weak_ptr<TensorImpl> state;   // this state tensor
+    trace::ViewOf chain;               // its steps, from the base
+    std::vector<int64_t> strides;
+    int64_t storage_offset = 0;
+    bool identity = false;             // the base itself
+  };
+  std::vector<ResultView> result_views;
 };
 
 }  // namespace
@@ -385,10 +419,10 @@ std::string types_str(const std::vector<Tensor>& args) {
 void arg_classes(const std::vector<Tensor>& args, std::vector<int32_t>& out) {
   out.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
-    const TensorImpl* a = args[i].impl().get();
+    const TensorImpl* a = trace::impl_of(args[i]).get();
     out[i] = static_cast<int32_t>(i);
     for (size_t j = 0; j < i; ++j) {
-      const TensorImpl* b = args[j].impl().get();
+      const TensorImpl* b = trace::impl_of(args[j]).get();
       if (a == b || (a->data() && a->data() == b->data())) {
         out[i] = out[j];
         break;
@@ -407,7 +441,7 @@ bool matches(const Variant& v, const std::vector<Tensor>& args) {
     if (!args[i].defined() || args[i].dtype() != v.arg_types[i].dtype || args[i].shape() != v.arg_types[i].shape ||
         args[i].requires_grad() != static_cast<bool>(v.arg_requires_grad[i]))
       return false;
-    if (v.pin[i] && v.pinned[i].lock() != args[i].impl()) return false;
+    if (v.pin[i] && v.pinned[i].lock() != trace::impl_of(args[i])) return false;
   }
   if (args.size() > 1) {
     thread_local std::vector<int32_t> classes;
@@ -420,12 +454,10 @@ bool matches(const Variant& v, const std::vector<Tensor>& args) {
 // A copy of an argument for the trace: a tensor of its own with its own buffer, so that the
 // graph tells reads of the argument from reads of captured state, whatever the argument is.
 Tensor proxy_of(const Tensor& a) {
-  const std::shared_ptr<Buffer>& src = a.impl()->data();
-  std::shared_ptr<Buffer> b = runtime::allocate(src->bytes());
-  if (src->bytes()) std::memcpy(b->data(), src->data(), src->bytes());
-  auto t = trace::make_data({a.dtype(), a.shape()}, std::move(b));
+  const std::shared_ptr<Buffer>& src = trace::impl_of(a)->data();
+  auto t = trace::make_data({a.dtype(), a.shape()}, backend::current().copy(*src));
   t->requires_grad = a.requires_grad();
-  return Tensor(std::move(t));
+  return trace::tensor_of(std::move(t));
 }
 
 // Whether tensor t (or its buffer) is captured by the traced graph or changed by the step
@@ -460,7 +492,7 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
     for (size_t i = 0; i < n; ++i) call_args[i] = pin[i] ? args[i] : proxy_of(args[i]);
     auto arg_of = [&](const TensorImpl* t) {
       for (size_t i = 0; i < n; ++i)
-        if (call_args[i].impl().get() == t) return static_cast<int32_t>(i);
+        if (trace::impl_of(call_args[i]).get() == t) return static_cast<int32_t>(i);
       return int32_t{-1};
     };
     std::vector<Tensor> results;
@@ -484,11 +516,11 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
     for (size_t k = 0; k < results.size(); ++k) {
       LAZYRT_CHECK(results[k].defined() && results[k].is_pending(), "compile_step: result ", k,
                    " is not computed by the step (return tensors the step computes)");
-      sinks.push_back({root_index(results[k].impl()), {Sink::Kind::Result, static_cast<int32_t>(k), {}}});
+      sinks.push_back({root_index(trace::impl_of(results[k])), {Sink::Kind::Result, static_cast<int32_t>(k), {}}});
     }
     for (size_t i = 0; i < n; ++i) {
       if (pin[i]) continue;  // a pinned argument is journaled like any tensor from before
-      const ImplPtr& proxy = call_args[i].impl();
+      const ImplPtr& proxy = trace::impl_of(call_args[i]);
       if (proxy->is_pending())
         sinks.push_back({root_index(proxy), {Sink::Kind::UpdateArg, static_cast<int32_t>(i), {}}});
       // The argument's gradient: backward continues from the argument itself on every call.
@@ -519,7 +551,7 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
     trace::Extracted ex = trace::extract_graph(roots);
     // An argument that the step also reaches as captured state must be traced as itself.
     for (size_t i = 0; i < n; ++i)
-      if (!pin[i] && captured_elsewhere(*args[i].impl(), ex, journal)) pin[i] = repin = true;
+      if (!pin[i] && captured_elsewhere(*trace::impl_of(args[i]), ex, journal)) pin[i] = repin = true;
     if (repin) {
       journal.undo();
       return nullptr;
@@ -532,6 +564,27 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
       v->sinks.push_back(sink);
     }
     v->results = results.size();
+    for (size_t k = 0; k < results.size(); ++k) {
+      const ImplPtr& self = trace::impl_of(results[k]);
+      if (const int32_t arg = arg_of(self.get()); arg >= 0 || journal.existed_before(*self)) {
+        Variant::ResultView rv{k, arg, {}, {}, {}, 0, true};
+        if (arg < 0) rv.state = self;
+        v->result_views.push_back(std::move(rv));
+        continue;
+      }
+      const TensorImpl& r = *self;
+      const ImplPtr base = r.view_of ? r.view_of->root() : nullptr;
+      if (!base) continue;
+      Variant::ResultView rv{k, arg_of(base.get()), {}, {}, r.strides, r.storage_offset, false};
+      if (rv.arg < 0) {
+        if (!journal.existed_before(*base)) continue;  // a view of a value made by the step
+        rv.state = base;
+      }
+      rv.chain.steps = r.view_of->steps;
+      rv.chain.detached = r.view_of->detached;
+      rv.chain.grad = r.view_of->grad;
+      v->result_views.push_back(std::move(rv));
+    }
     for (size_t p = 0; p < ex.params.size(); ++p) {
       ImplPtr src = ex.param_tensors[p].lock();
       Binding b{Binding::Kind::Constant, -1, {}, ex.params[p]};
@@ -574,7 +627,7 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
     v->exe = exec::executable_for(key, ex.graph, v->offers);
     v->pin = pin;
     for (size_t i = 0; i < n; ++i)
-      if (pin[i]) v->pinned.push_back(args[i].impl());
+      if (pin[i]) v->pinned.push_back(trace::impl_of(args[i]));
       else v->pinned.emplace_back();
   } catch (...) {
     journal.undo();
@@ -613,9 +666,10 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   v->sink_holds.resize(no);
   v->frame.size_for(*v->exe);
   for (const auto& t : v->exe->output_types()) v->out_bytes.push_back(t.bytes());
+  v->written.reserve(v->sinks.size());
   for (size_t k = 0; k < v->results; ++k) {
-    auto buf = runtime::allocate(v->exe->output_types()[k].bytes());
-    v->result_tensors.push_back(Tensor(trace::make_data(v->exe->output_types()[k], buf)));
+    auto buf = backend::current().allocate(v->exe->output_types()[k].bytes());
+    v->result_tensors.push_back(trace::tensor_of(trace::make_data(v->exe->output_types()[k], buf)));
   }
   ++st.traces;
   return v;
@@ -631,8 +685,8 @@ TensorImpl* resolve(const Variant& v, int32_t binding, const std::weak_ptr<Tenso
 // Sinks' current tensors (for buffer reuse) and where the new values go.
 TensorImpl* sink_tensor(const Variant& v, const Sink& s, const std::vector<Tensor>& args, ImplPtr& hold) {
   switch (s.kind) {
-    case Sink::Kind::Result: return v.result_tensors[s.index].impl().get();
-    case Sink::Kind::UpdateArg: return args[s.index].impl().get();
+    case Sink::Kind::Result: return trace::impl_of(v.result_tensors[s.index]).get();
+    case Sink::Kind::UpdateArg: return trace::impl_of(args[s.index]).get();
     case Sink::Kind::UpdateState: return resolve(v, s.binding, s.tensor, hold);
     case Sink::Kind::Grad: {
       // The step leaves a new gradient tensor; the old one's buffer (and the tensor itself)
@@ -663,7 +717,7 @@ bool lock_state(Variant& v, const std::vector<Tensor>& args) {
       if (ImplPtr other = b.aliases[a].lock())
         if (other->is_pending() || t->is_pending() || other->data() != t->data()) ok = false;
     for (size_t i = 0; ok && i < args.size(); ++i)
-      if (args[i].impl().get() == t && !v.pin[i]) ok = false;
+      if (trace::impl_of(args[i]).get() == t && !v.pin[i]) ok = false;
   }
   for (size_t g = 0; ok && g < v.grad_guards.size(); ++g) {
     const GradGuard& gg = v.grad_guards[g];
@@ -690,19 +744,19 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   // Bind: every parameter must be device data; pending ones (state loaded with
   // load_state_dict, an edited parameter, a lazy argument) are computed first, in one graph.
   bool any_pending = v.any_pending;
-  for (const Tensor& a : args) any_pending |= a.impl()->is_pending();
+  for (const Tensor& a : args) any_pending |= trace::impl_of(a)->is_pending();
   if (any_pending) {
     std::vector<ImplPtr> pending;
     for (size_t p = 0; p < v.bindings.size(); ++p) {
       const Binding& b = v.bindings[p];
-      TensorImpl* t = b.kind == Binding::Kind::Arg ? args[b.arg].impl().get() : v.holds[p].get();
+      TensorImpl* t = b.kind == Binding::Kind::Arg ? trace::impl_of(args[b.arg]).get() : v.holds[p].get();
       if (t && t->is_pending()) pending.push_back(t->shared_from_this());
     }
     trace::sync_tensors(pending);
   }
   for (size_t p = 0; p < v.bindings.size(); ++p) {
     const Binding& b = v.bindings[p];
-    TensorImpl* t = b.kind == Binding::Kind::Arg ? args[b.arg].impl().get() : v.holds[p].get();
+    TensorImpl* t = b.kind == Binding::Kind::Arg ? trace::impl_of(args[b.arg]).get() : v.holds[p].get();
     if (t) {
       t->release_leaf();
       v.params[p] = &t->data();
@@ -725,19 +779,22 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
   exec::run(exe, v.frame, offer, param_at, replay_graph);
   std::vector<std::pair<int32_t, Tensor>> arg_grads;
+  std::vector<const TensorImpl*>& written = v.written;
+  written.clear();
   for (size_t k = 0; k < v.sinks.size(); ++k) {
     const std::shared_ptr<Buffer>& b = v.frame.outs[k];
     // Replays mostly write back into the buffer the tensor already holds: no copy then.
-    auto write_back = [&b](TensorImpl& t) {
+    auto write_back = [&b, &written](TensorImpl& t) {
       if (t.is_pending() || t.data() != b) t.set_data(b);
+      written.push_back(&t);
     };
     const Sink& s = v.sinks[k];
     TensorImpl* held = s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad
                            ? resolve(v, s.binding, s.tensor, v.sink_holds[k])
                            : nullptr;
     switch (s.kind) {
-      case Sink::Kind::Result: write_back(*v.result_tensors[s.index].impl()); break;
-      case Sink::Kind::UpdateArg: write_back(*args[s.index].impl()); break;
+      case Sink::Kind::Result: write_back(*trace::impl_of(v.result_tensors[s.index])); break;
+      case Sink::Kind::UpdateArg: write_back(*trace::impl_of(args[s.index])); break;
       case Sink::Kind::UpdateState:
         if (held) write_back(*held);
         break;
@@ -748,7 +805,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
         }
         break;
       case Sink::Kind::ArgGrad:
-        arg_grads.emplace_back(s.index, Tensor(trace::make_data(exe.output_types()[k], b)));
+        arg_grads.emplace_back(s.index, trace::tensor_of(trace::make_data(exe.output_types()[k], b)));
         break;
     }
   }
@@ -757,6 +814,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     if (TensorImpl* t = resolve(v, c.binding, c.leaf, hold))
       if (t->grad) t->set_grad_impl(nullptr);
   }
+  rederive_written_views(written);
   for (auto& o : v.frame.outs) o = nullptr;
   for (auto& h : v.sink_holds) h = nullptr;
   for (auto& h : v.holds) h = nullptr;
@@ -809,7 +867,17 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& args) {
   const std::vector<Tensor>& outs = run(args);
   std::vector<Tensor> copies;
   copies.reserve(outs.size());
-  for (const Tensor& t : outs) copies.push_back(t.detach());
+  for (const Tensor& t : outs) copies.push_back(detail::detached_value(t));
+  // The variant that ran is the one whose handles run() returned.
+  for (const auto& v : state_->variants) {
+    if (&v->result_tensors != &outs) continue;
+    for (const Variant::ResultView& rv : v->result_views) {
+      ImplPtr base = rv.arg >= 0 ? trace::impl_of(args[static_cast<size_t>(rv.arg)]) : rv.state.lock();
+      if (!base) continue;
+      if (rv.identity) copies[rv.result] = trace::tensor_of(std::move(base));
+      else detail::attach_view(copies[rv.result], *base, rv.chain, rv.strides, rv.storage_offset);
+    }
+  }
   return copies;
 }
 

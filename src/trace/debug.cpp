@@ -9,7 +9,7 @@ namespace {
 std::vector<std::shared_ptr<trace::TensorImpl>> impls(const std::vector<Tensor>& ts) {
   std::vector<std::shared_ptr<trace::TensorImpl>> out;
   for (const Tensor& t : ts)
-    if (t.defined()) out.push_back(t.impl());
+    if (t.defined()) out.push_back(trace::impl_of(t));
   return out;
 }
 

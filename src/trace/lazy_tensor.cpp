@@ -70,12 +70,37 @@ void note_grad_capture(const std::shared_ptr<TensorImpl>& t) {
 }
 
 TensorImpl::TensorImpl(ir::TensorType t) : id(next_id++), scope(current_scope()), type(std::move(t)) {}
+TensorImpl::TensorImpl(ir::TensorType t, int64_t s) : id(next_id++), scope(s), type(std::move(t)) {}
 
 TensorImpl::~TensorImpl() {
   if (ir) {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     r.set.erase(this);
+  }
+  // A base that dies leaves its views. One alone is a tensor of its own from now on; several
+  // still alias each other, so a stand-in with the base's value and history takes its place.
+  std::vector<std::shared_ptr<TensorImpl>> live;
+  for (const auto& w : views)
+    if (auto v = w.lock(); v && v->view_of) live.push_back(std::move(v));
+  if (live.size() == 1) live[0]->view_of.reset();
+  if (live.size() < 2) return;
+  auto stand_in = std::make_shared<TensorImpl>(type, scope);
+  stand_in->requires_grad = requires_grad;
+  stand_in->grad_fn = grad_fn;
+  if (ir) {
+    stand_in->ir = ir;
+    stand_in->origin_ = ir.node;
+    auto& r = pending_registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.set.insert(stand_in.get());
+  } else {
+    stand_in->data_ = data_;
+  }
+  for (auto& v : live) {
+    v->view_of->base = stand_in;
+    v->view_of->kept_base = stand_in;
+    stand_in->views.push_back(v);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "lazyrt/tensor.h"
 #include "runtime/buffer.h"
 #include "runtime/executable.h"
 
@@ -53,8 +54,31 @@ struct LazyNode {
 
 inline const ir::TensorType& LazyValue::type() const { return node->types[index]; }
 
+// View semantics, by functionalization (ops/views.h): a view holds a value of its own, derived
+// from its base's by a chain of view steps. A write to a view is turned into a new value of the
+// base (each step's inverse scatters the new value back), and every new value of a base
+// re-derives its live views; graphs stay pure, no buffer is ever shared for writing.
+struct ViewStep {
+  enum class Kind : uint8_t { Reshape, Permute, Expand, Slice, Detach };
+  Kind kind;
+  Shape in;                      // the shape the step reads
+  std::vector<int64_t> a, b, c;  // Reshape, Expand: a = shape; Permute: a = dims;
+                                 // Slice: a = starts, b = ends, c = steps
+};
+struct ViewOf {
+  std::weak_ptr<TensorImpl> base;  // never a view itself
+  // Set when the base died while more than one of its views lived: a stand-in for the base
+  // that those views keep alive, so that they still see each other's writes.
+  std::shared_ptr<TensorImpl> kept_base;
+  std::vector<ViewStep> steps;  // from the base's value to this tensor's
+  bool detached = false;        // a detach() on the way: writes keep the base's autograd history
+  bool grad = false;            // made where gradients were recorded: re-derivations record them
+  std::shared_ptr<TensorImpl> root() const { return kept_base ? kept_base : base.lock(); }
+};
+
 struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   explicit TensorImpl(ir::TensorType type);
+  TensorImpl(ir::TensorType type, int64_t scope);
   ~TensorImpl();
   TensorImpl(const TensorImpl&) = delete;
   TensorImpl& operator=(const TensorImpl&) = delete;
@@ -71,6 +95,15 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
   // graph reading the buffer reads that tensor's value too, and replays must know it.
   std::weak_ptr<TensorImpl> detached_from;
+
+  // PyTorch's layout of the elements, which decides what reshape() and view() can alias:
+  // strides and offset in the base's elements; empty strides for a contiguous tensor.
+  std::vector<int64_t> strides;
+  int64_t storage_offset = 0;
+  // Views only: where the value comes from (ops/views.h).
+  std::unique_ptr<ViewOf> view_of;
+  // Bases only: their views (those that died are pruned now and then).
+  std::vector<std::weak_ptr<TensorImpl>> views;
 
   bool is_pending() const { return static_cast<bool>(ir); }
   /// The tensor's value in the IR: its pending value, or a parameter leaf for its data.
@@ -111,6 +144,15 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   std::weak_ptr<TensorImpl> grad_at_mark_;
   bool had_grad_at_mark_ = false;
 };
+
+/// The runtime's way between a public Tensor handle and its state (the public header keeps
+/// TensorImpl opaque).
+struct TensorAccess {
+  static const std::shared_ptr<TensorImpl>& impl(const Tensor& t) { return t.impl_; }
+  static Tensor wrap(std::shared_ptr<TensorImpl> impl) { return Tensor(std::move(impl)); }
+};
+inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return TensorAccess::impl(t); }
+inline Tensor tensor_of(std::shared_ptr<TensorImpl> impl) { return TensorAccess::wrap(std::move(impl)); }
 
 /// Counts mark_step() calls: the low-level replay calls take what was recorded since the last
 /// one as the traced step.
@@ -177,6 +219,8 @@ class RebindJournal {
   RebindJournal& operator=(const RebindJournal&) = delete;
 
   const std::vector<Entry>& entries() const { return entries_; }
+  /// Whether `t` existed before the journal started.
+  bool existed_before(const TensorImpl& t) const { return t.id < first_new_id_; }
   /// Restores every journaled tensor's value, autograd state and gradient.
   void undo();
 

@@ -20,6 +20,7 @@
 #include "autograd/autograd.h"
 #include "ops/op_helpers.h"
 #include "ops/random_state.h"
+#include "ops/views.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -107,7 +108,7 @@ Carry capture_tensors(const Captures& captures, const std::vector<std::shared_pt
       if (gv.node == v.node && gv.index == v.index) t = g;
     }
     if (!t && v.node->op == ir::OpKind::Parameter) t = v.node->source.lock();
-    out.push_back(t ? Tensor(t) : Tensor(trace::make_pending(v)));
+    out.push_back(t ? trace::tensor_of(t) : trace::tensor_of(trace::make_pending(v)));
   }
   return out;
 }
@@ -140,7 +141,7 @@ Carry record_region_op(ir::OpKind op, const Carry& operands, ir::Attrs attrs, co
   }
   Carry out;
   for (size_t k = 0; k < w.node->types.size(); ++k)
-    out.push_back(Tensor(trace::make_pending({w.node, static_cast<int32_t>(k)})));
+    out.push_back(trace::tensor_of(trace::make_pending({w.node, static_cast<int32_t>(k)})));
   return out;
 }
 
@@ -267,7 +268,7 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
   {
     trace::TraceScope scope;
     auto placeholder = [](const ir::TensorType& t, size_t index) {
-      return Tensor(trace::make_placeholder(t, static_cast<int32_t>(index)));
+      return trace::tensor_of(trace::make_placeholder(t, static_cast<int32_t>(index)));
     };
     Carry g_carry, rows, caps;
     for (size_t b = 0; b < B; ++b) g_carry.push_back(placeholder(type_of(init[b]), b));
@@ -280,7 +281,7 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
     for (size_t k : dc) wrt.push_back(in[k]);
     for (size_t j : dx) wrt.push_back(in[C + j]);
     for (size_t p : dp) wrt.push_back(in[C + X + p]);
-    for (Tensor& t : wrt) t.impl()->requires_grad = true;
+    for (Tensor& t : wrt) trace::impl_of(t)->requires_grad = true;
     Carry vjp;
     {
       const bool was = autograd::grad_enabled();
@@ -300,15 +301,15 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
     }
     auto or_zeros = [](const Tensor& g, const Tensor& like) { return g.defined() ? g : zeros_like(like); };
     std::vector<LazyValue> roots;
-    for (size_t i = 0; i < dc.size(); ++i) roots.push_back(or_zeros(vjp[i], wrt[i]).impl()->value());
+    for (size_t i = 0; i < dc.size(); ++i) roots.push_back(trace::impl_of(or_zeros(vjp[i], wrt[i]))->value());
     for (size_t i = 0; i < dp.size(); ++i) {
       const Tensor& g = vjp[dc.size() + dx.size() + i];
-      roots.push_back((g.defined() ? g_carry[dc.size() + i] + g : g_carry[dc.size() + i]).impl()->value());
+      roots.push_back(trace::impl_of(g.defined() ? g_carry[dc.size() + i] + g : g_carry[dc.size() + i])->value());
     }
     for (size_t i = 0; i < dx.size(); ++i) {
       Tensor g = or_zeros(vjp[dc.size() + i], wrt[dc.size() + i]);
       y_rows.push_back(type_of(g));
-      roots.push_back(g.impl()->value());
+      roots.push_back(trace::impl_of(g)->value());
     }
     region = std::make_shared<ir::Graph>(
         extract_region(roots, scope.id(), static_cast<int64_t>(B + BX + P), extra));
@@ -319,7 +320,7 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
     bw_operands.insert(bw_operands.end(), saved.begin(), saved.end());
     bw_operands.insert(bw_operands.end(), xs.begin(), xs.end());
     bw_operands.insert(bw_operands.end(), captures.begin(), captures.end());
-    for (const LazyValue& v : extra.values) bw_operands.push_back(Tensor(trace::make_pending(v)));
+    for (const LazyValue& v : extra.values) bw_operands.push_back(trace::tensor_of(trace::make_pending(v)));
     ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX), n, !shape.reverse, y_rows};
     r = record_scan(bw_operands, bw, std::move(region));
   } else {
@@ -328,7 +329,7 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
     Carry ops = init;
     ops.insert(ops.end(), xs.begin(), xs.end());
     ops.insert(ops.end(), captures.begin(), captures.end());
-    for (const LazyValue& v : extra.values) ops.push_back(Tensor(trace::make_pending(v)));
+    for (const LazyValue& v : extra.values) ops.push_back(trace::tensor_of(trace::make_pending(v)));
     ops.insert(ops.end(), operands.begin(), operands.begin() + static_cast<int64_t>(C));
     ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX - C), n, shape.reverse, y_rows};
     ir::Attrs attrs = bw.attrs();
@@ -359,7 +360,7 @@ Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr
     auto grad = std::make_shared<ScanGrad>();
     grad->shape = shape;
     grad->body = std::move(body);
-    for (const Tensor& t : operands) grad->operands.push_back(t.detach());
+    for (const Tensor& t : operands) grad->operands.push_back(detail::detached_value(t));
     grad->snapshots = snapshots;
     autograd::record_multi(out, ir::OpKind::Scan, operands,
                            [grad](const std::vector<Tensor>& g, const std::vector<bool>& needs) {
@@ -392,8 +393,8 @@ Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr
   auto grad = std::make_shared<ScanGrad>();
   grad->shape = shape;
   grad->body = std::move(body);
-  for (const Tensor& t : operands) grad->operands.push_back(t.detach());
-  for (size_t k = visible; k < all.size(); ++k) grad->saved.push_back(all[k].detach());
+  for (const Tensor& t : operands) grad->operands.push_back(detail::detached_value(t));
+  for (size_t k = visible; k < all.size(); ++k) grad->saved.push_back(detail::detached_value(all[k]));
   autograd::record_multi(out, ir::OpKind::Scan, operands,
                          [grad](const std::vector<Tensor>& g, const std::vector<bool>& needs) {
                            return grad->backward(g, needs);
@@ -416,7 +417,7 @@ Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& region
 class RandomCarry {
  public:
   explicit RandomCarry(int32_t index)
-      : placeholder_(trace::make_placeholder({DType::i64, {}}, index)), start_(placeholder_.impl()->value()),
+      : placeholder_(trace::tensor_of(trace::make_placeholder({DType::i64, {}}, index))), start_(trace::impl_of(placeholder_)->value()),
         outer_(detail::exchange_random_offset(placeholder_)) {}
   ~RandomCarry() {
     if (!done_) detail::exchange_random_offset(outer_);
@@ -425,7 +426,7 @@ class RandomCarry {
   RandomCarry& operator=(const RandomCarry&) = delete;
 
   bool drawn() const {
-    const LazyValue now = placeholder_.impl()->value();
+    const LazyValue now = trace::impl_of(placeholder_)->value();
     return now.node != start_.node || now.index != start_.index;
   }
   /// Puts the generator's offset back; the offset the body leaves, or undefined if it drew
@@ -483,7 +484,7 @@ TracedLoop trace_loop(const char* op, const std::function<Tensor(const Carry&)>&
     trace::TraceScope scope;
     Carry ph;
     for (size_t k = 0; k < types.size(); ++k)
-      ph.push_back(Tensor(trace::make_placeholder(types[k], static_cast<int32_t>(k))));
+      ph.push_back(trace::tensor_of(trace::make_placeholder(types[k], static_cast<int32_t>(k))));
     RandomCarry rng(static_cast<int32_t>(types.size()));
     Tensor c = cond_fn(ph);
     LAZYRT_CHECK(c.defined() && c.numel() == 1, op, ": cond must return a one-element tensor, got ",
@@ -498,7 +499,7 @@ TracedLoop trace_loop(const char* op, const std::function<Tensor(const Carry&)>&
     if (loop.random) out.push_back(drawn);
     const auto placeholders = static_cast<int64_t>(types.size()) + 1;  // the carries, the offset
     auto cond = std::make_shared<ir::Graph>(
-        extract_region({pred.impl()->value()}, scope.id(), placeholders, outside.captures));
+        extract_region({trace::impl_of(pred)->value()}, scope.id(), placeholders, outside.captures));
     auto body = std::make_shared<ir::Graph>(
         extract_region(values_of(out), scope.id(), placeholders, outside.captures));
     if (!loop.random) {
@@ -593,11 +594,11 @@ std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool revers
     // one row of each stacked input.
     Carry ph_carry, ph_x;
     for (size_t k = 0; k < init.size(); ++k)
-      ph_carry.push_back(Tensor(trace::make_placeholder(carry_types[k], static_cast<int32_t>(k))));
+      ph_carry.push_back(trace::tensor_of(trace::make_placeholder(carry_types[k], static_cast<int32_t>(k))));
     RandomCarry rng(static_cast<int32_t>(carries));
     for (size_t j = 0; j < xs.size(); ++j) {
       ir::TensorType row{x_types[j].dtype, Shape(x_types[j].shape.begin() + 1, x_types[j].shape.end())};
-      ph_x.push_back(Tensor(trace::make_placeholder(row, static_cast<int32_t>(carries + 1 + static_cast<int64_t>(j)))));
+      ph_x.push_back(trace::tensor_of(trace::make_placeholder(row, static_cast<int32_t>(carries + 1 + static_cast<int64_t>(j)))));
     }
     auto [next, ys] = fn(ph_carry, ph_x);
     check_carry(op, init, next, 0);

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "backend/backend.h"
 #include "exec/executor.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
@@ -73,9 +74,7 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
     const runtime::OutputSource::Kind kind = exe->outputs()[k].kind;
     if (kind == runtime::OutputSource::Kind::Const || kind == runtime::OutputSource::Kind::Alias) {
       const exec::BufferPtr& src = frame.outs[k];
-      exec::BufferPtr own = runtime::allocate(src->bytes());
-      if (src->bytes()) std::memcpy(own->data(), src->data(), src->bytes());
-      frame.outs[k] = std::move(own);
+      frame.outs[k] = backend::current().copy(*src);
     }
     tensors[k]->set_data(std::move(frame.outs[k]));
   }

@@ -7,7 +7,13 @@
 #include <cstdint>
 #include <string_view>
 
-namespace lazyrt::metrics::detail {
+namespace lazyrt::metrics {
+
+// Recording, by the runtime only (the public lazyrt/metrics.h reads).
+void increment(std::string_view name, int64_t by = 1);
+void record_timing(std::string_view name, int64_t nanoseconds);
+
+namespace detail {
 
 struct CounterCell {
   std::atomic<int64_t> value{0};
@@ -29,4 +35,5 @@ struct TimingCell {
 CounterCell& counter_cell(std::string_view name);
 TimingCell& timing_cell(std::string_view name);
 
-}  // namespace lazyrt::metrics::detail
+}  // namespace detail
+}  // namespace lazyrt::metrics

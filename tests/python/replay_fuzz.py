@@ -163,8 +163,8 @@ def generate(seed, n_actions=12, vias=VIAS):
 
     actions = [Action("create", sync=bool(rng.random() < 0.5))]
     kinds = ["call", "trace", "mark_step", "read", "edit", "load_state_dict", "set_lr", "set_hyper",
-             "mode", "replace_param", "zero_grad", "set_grad", "new_opt", "recreate"]
-    weights = np.array([32, 9, 8, 9, 5, 4, 5, 1.5, 3, 3, 5, 2, 2, 1], dtype=float)
+             "mode", "replace_param", "zero_grad", "set_grad", "new_opt", "recreate", "view_edit", "hold_view"]
+    weights = np.array([32, 9, 8, 9, 5, 4, 5, 1.5, 3, 3, 5, 2, 2, 1, 3, 2], dtype=float)
     weights /= weights.sum()
     traced = False
     for _ in range(n_actions):
@@ -197,6 +197,11 @@ def generate(seed, n_actions=12, vias=VIAS):
         elif k == "edit":
             a = Action("edit", param=int(rng.integers(0, 8)), op=pick(["mul_", "add_", "copy_"]),
                        scale=float(pick([0.5, -1.0, 2.0])), data=ds())
+        elif k == "view_edit":  # an in-place write through a view of a parameter
+            a = Action("view_edit", param=int(rng.integers(0, 8)), how=pick(VIEW_KINDS),
+                       op=pick(["mul_", "add_", "fill_"]), scale=float(pick([0.5, -1.0, 2.0])), data=ds())
+        elif k == "hold_view":  # a view of a parameter or optimizer state, read by every later snapshot
+            a = Action("hold_view", who=pick(["param", "state"]), which=int(rng.integers(0, 8)), how=pick(VIEW_KINDS))
         elif k == "load_state_dict":
             a = Action("load_state_dict", data=ds(), src=pick(["tensor", "numpy"]))
         elif k == "set_lr":
@@ -300,6 +305,22 @@ def build_opt(c, params):
     return cls(params, lr=c["lr"], weight_decay=c["weight_decay"])
 
 
+VIEW_KINDS = ["whole", "row", "transpose", "flat_step", "narrow"]
+
+
+def view_of(t, how):
+    """A view of t (lazyrt's views alias their base, as PyTorch's do)."""
+    if how == "row":
+        return t[0] if t.dim() >= 1 else t
+    if how == "transpose":
+        return t.transpose(0, -1) if t.dim() >= 2 else t
+    if how == "flat_step":
+        return t.reshape(-1)[::2]
+    if how == "narrow":
+        return t.narrow(0, 0, max(1, t.shape[0] // 2)) if t.dim() >= 1 else t
+    return t
+
+
 def normal(seed, shape, scale=1.0):
     return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
 
@@ -335,6 +356,7 @@ class World:
         self.opt = None
         self.watched = []       # (what, ndarray the program lent to lazyrt, its copy)
         self.views = []         # (what, read-only view from .numpy(), its copy), with hold_views
+        self.held = []          # (what, a view of a parameter or optimizer state), see hold_view
         self.violations = []    # (action index, text): memory lazyrt must not write changed
 
     # ---- the user's step ----------------------------------------------------------------------
@@ -414,7 +436,10 @@ class World:
 
     def keep_returns(self, r):
         outs = list(r) if isinstance(r, (tuple, list)) else [r]
-        self.returns.append((self.calls, [o.detach() for o in outs]))
+        # Snapshots of the values returned: later in-place updates of state do not reach them,
+        # though a returned view of state would see them (lazyrt's views are PyTorch's; the
+        # low-level calls return tensors of their own, as PyTorch/XLA's).
+        self.returns.append((self.calls, [o.detach().clone() for o in outs]))
         self.calls += 1
 
     def direct(self, x, y):
@@ -460,6 +485,24 @@ class World:
                     p.add_(lr.tensor(normal(a.data, tuple(p.shape), 0.1)))
                 else:
                     p.copy_(lr.tensor(normal(a.data, tuple(p.shape), 0.5)))
+        elif k == "view_edit":
+            name, p = self.param(a.param)
+            v = view_of(p.data, a.how)
+            if a.op == "mul_":
+                v.mul_(a.scale)
+            elif a.op == "add_":
+                v.add_(lr.tensor(normal(a.data, tuple(v.shape), 0.1)))
+            else:
+                v.fill_(a.scale)
+        elif k == "hold_view":
+            if a.who == "param":
+                name, t = self.param(a.which)
+            else:
+                states = self.opt.state_tensors()
+                if not states:
+                    return
+                name, t = f"optimizer state {a.which % len(states)}", states[a.which % len(states)]
+            self.held.append((f"view {a.how} of {name} held at action {a.index}", view_of(t.detach(), a.how)))
         elif k == "load_state_dict":
             sd = self.model.state_dict()
             new = {n: normal(a.data + i, tuple(v.shape), 0.5) for i, (n, v) in enumerate(sd.items())}
@@ -591,6 +634,7 @@ class World:
             items += [(f"optimizer state {i}", t) for i, t in enumerate(self.opt.state_tensors())]
             items.append(("optimizer step_count", self.opt.step_count))
         items += [(f"argument leaf {i} grad", leaf.grad) for i, leaf in enumerate(self.leaves)]
+        items += self.held
         for n, outs in self.returns:
             items += [(f"call {n} returned[{j}]", o) for j, o in enumerate(outs)]
         self.returns = []

@@ -268,3 +268,17 @@ def test_regression_with_mse_trains_like_torch(rng):
         topt.step()
         topt.zero_grad()
         np.testing.assert_allclose(loss.item(), tloss.item(), rtol=1e-5)
+
+
+def test_load_state_dict_copies_pytorch_tensors_at_once():
+    # The module must not read PyTorch's memory later, when its copy is computed: PyTorch may
+    # have changed it by then (an optimizer step on the source model).
+    tm = torch.nn.Linear(2, 2)
+    lm = nn.Linear(2, 2)
+    lm.load_state_dict(tm.state_dict())
+    want = tm.bias.tolist()
+    with torch.no_grad():
+        tm.bias.add_(100.0)
+        tm.weight.zero_()
+    assert lm.bias.tolist() == want
+    assert lm.weight.abs().sum().item() > 0

@@ -38,12 +38,13 @@ _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_
 
 def _as_lazyrt(value, name):
     """A state dict value as a lazyrt tensor: tensors as they are, ndarrays and PyTorch
-    tensors shared without a copy where possible."""
+    tensors copied now (as PyTorch's load_state_dict copies): shared memory would be read only
+    when the copy into the module is computed, after the owner may have changed it."""
     if isinstance(value, Tensor):
         return value
-    from lazyrt._tensor import as_tensor
+    from lazyrt._tensor import tensor
     try:
-        return as_tensor(value)
+        return tensor(value)
     except TypeError:
         raise TypeError(f"load_state_dict: '{name}' is a {type(value).__name__}, expected a tensor") from None
 

@@ -378,7 +378,7 @@ TEST_F(PersistentCacheTest, TheEntryHoldsTheOptimizedGraph) {
   Tensor x = tensor({1, 2}, {2});
   Tensor y = (x * 1.0 + 0.0) * 2.0;  // the passes drop the * 1 and the + 0
   const GraphHash key = graph_hash({y});
-  const ir::Graph traced = trace::pending_graph({y.impl()});
+  const ir::Graph traced = trace::pending_graph({trace::impl_of(y)});
   y.to_vector<float>();
   CacheEntry entry = decode_entry(read_file(entry_path(key)));
   EXPECT_EQ(entry.key, key);
@@ -471,14 +471,14 @@ std::vector<BadFile> bad_files() {
       {"EntryOfAnotherGraph", replace_with([](const std::string&) {
          // A valid entry, copied or renamed to the wrong name.
          Probe other(7);
-         ir::Graph g = trace::pending_graph({other.y.impl()});
+         ir::Graph g = trace::pending_graph({trace::impl_of(other.y)});
          return encode_entry({other.key, std::vector<int32_t>(g.outputs.size(), -1), g});
        })},
       {"ValidEntryThatDoesNotFitTheGraph", replace_with([](const std::string& good) {
          // The right key and a checksum that matches, but a graph over other shapes: a
          // planted or hash-colliding entry must not run on this graph's buffers.
          Probe other(7);
-         ir::Graph g = trace::pending_graph({other.y.impl()});
+         ir::Graph g = trace::pending_graph({trace::impl_of(other.y)});
          return encode_entry({decode_entry(good).key, std::vector<int32_t>(g.outputs.size(), -1), g});
        })},
       {"EmptyDirectory", [](const std::string& path, const std::string&) {
@@ -546,7 +546,7 @@ INSTANTIATE_TEST_SUITE_P(AllKinds, PersistentCacheBadFile, ::testing::ValuesIn(b
 TEST_F(PersistentCacheTest, EverySingleByteFlipOrTruncationIsRefused) {
   Probe probe;
   const GraphHash key = probe.key;
-  const ir::Graph traced = trace::pending_graph({probe.y.impl()});
+  const ir::Graph traced = trace::pending_graph({trace::impl_of(probe.y)});
   ASSERT_EQ(probe.run(), probe.expected);
   const std::string path = entry_path(key);
   const std::string good = read_file(path);
@@ -599,7 +599,7 @@ TEST_F(PersistentCacheTest, AnUnwritableDirectoryOnlyCostsTheWrite) {
   const PersistentCache cache(not_a_dir, false, 0);
   std::string why;
   Probe q(3);
-  ir::Graph g = trace::pending_graph({q.y.impl()});
+  ir::Graph g = trace::pending_graph({trace::impl_of(q.y)});
   EXPECT_FALSE(cache.store({q.key, {-1}, g}, &why));
   EXPECT_THAT(why, HasSubstr("cannot create"));
 }

@@ -47,7 +47,7 @@ Graph traced_step_graph() {
                         {zeros({3, 2})});
   Tensor loss = (out[0] * out[0]).mean();
   w.add_(matmul(transpose(x, 0, 1), out[0]), -0.1);
-  return trace::pending_graph({loss.impl(), w.impl()});
+  return trace::pending_graph({trace::impl_of(loss), trace::impl_of(w)});
 }
 
 }  // namespace

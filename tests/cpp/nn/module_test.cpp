@@ -3,6 +3,8 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "trace/lazy_tensor.h"
+
 #include <cmath>
 
 namespace lazyrt {
@@ -51,11 +53,11 @@ TEST(Module, LinearInitIsUniformInTheFanInBoundAndSeeded) {
 
 TEST(Module, LoadStateDictCopiesInPlaceAndKeepsIdentity) {
   auto m = mlp();
-  auto* w_impl = m->parameters()[0].impl().get();
+  auto* w_impl = trace::impl_of(m->parameters()[0]).get();
   nn::StateDict sd = m->state_dict();
   sd[0].second = full({4, 3}, 0.5);
   m->load_state_dict(sd);
-  EXPECT_EQ(m->parameters()[0].impl().get(), w_impl);
+  EXPECT_EQ(trace::impl_of(m->parameters()[0]).get(), w_impl);
   EXPECT_EQ(m->parameters()[0].to_vector<float>(), std::vector<float>(12, 0.5f));
   EXPECT_TRUE(m->parameters()[0].requires_grad());
 }

@@ -10,6 +10,8 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "trace/lazy_tensor.h"
+
 #include "support/error_of.h"
 
 namespace lazyrt {
@@ -144,7 +146,7 @@ TEST(Indexing, Errors) {
   // a failed put leaves the tensor as it was
   Tensor before = t;
   EXPECT_THAT(error_of([&] { t.index_put_({5}, 1.0); }), HasSubstr("out of bounds"));
-  EXPECT_EQ(t.impl(), before.impl());
+  EXPECT_EQ(trace::impl_of(t), trace::impl_of(before));
   EXPECT_FALSE(t.is_pending());
 }
 

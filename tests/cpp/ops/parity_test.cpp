@@ -210,7 +210,7 @@ const std::vector<OpCase>& fixture_cases() {
 template <class Half>
 std::vector<double> half_values(const Tensor& t) {
   sync({t});
-  const auto* p = static_cast<const Half*>(t.impl()->data()->data());
+  const auto* p = static_cast<const Half*>(trace::impl_of(t)->data()->data());
   std::vector<double> out;
   for (int64_t i = 0; i < t.numel(); ++i) out.push_back(static_cast<float>(p[i]));
   return out;

@@ -237,7 +237,7 @@ TEST(CompileStep, ATraceThatThrowsLeavesEverythingAsItWas) {
 
 TEST(CompileStep, NeverWritesIntoAdoptedMemory) {
   std::vector<float> host{1, 2, 3};
-  Tensor w(trace::make_data({DType::f32, {3}}, runtime::adopt(host.data(), 12, [] {})));
+  Tensor w = trace::tensor_of(trace::make_data({DType::f32, {3}}, runtime::adopt(host.data(), 12, [] {})));
   CompiledStep step = compile_step([&](const std::vector<Tensor>& a) {
     w.add_(a[0]);
     return std::vector<Tensor>{sum(w)};

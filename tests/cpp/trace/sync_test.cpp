@@ -9,7 +9,7 @@ namespace lazyrt {
 using ::testing::HasSubstr;
 
 namespace {
-const void* data_ptr(const Tensor& t) { return t.impl()->data()->data(); }
+const void* data_ptr(const Tensor& t) { return trace::impl_of(t)->data()->data(); }
 }  // namespace
 
 TEST(Sync, OpsOnlyRecordUntilAValueIsRead) {
@@ -61,9 +61,9 @@ TEST(Sync, DroppedTensorsAreNotComputed) {
 TEST(InPlace, RebindsTheValueAndKeepsTheIdentity) {
   Tensor w = tensor({1, 2, 3}, {3});
   Tensor alias = w;  // the same handle
-  auto* identity = w.impl().get();
+  auto* identity = trace::impl_of(w).get();
   w.add_(tensor({10, 10, 10}, {3}), 0.5);
-  EXPECT_EQ(w.impl().get(), identity);
+  EXPECT_EQ(trace::impl_of(w).get(), identity);
   EXPECT_TRUE(alias.is_pending());
   EXPECT_EQ(alias.to_vector<float>(), (std::vector<float>{6, 7, 8}));
   w.mul_(tensor({2}, {1}));
@@ -77,12 +77,14 @@ TEST(InPlace, RebindsTheValueAndKeepsTheIdentity) {
 TEST(InPlace, ValuesTakenBeforeTheUpdateKeepTheOldValue) {
   Tensor w = tensor({1, 2, 3}, {3});
   Tensor before = w * 1.0;  // pending, reads w's old buffer
-  Tensor snapshot = w.detach();
+  Tensor snapshot = w.clone();
+  Tensor alias = w.detach();  // a view, as in PyTorch: it sees the update
   w.add_(ones({3}));
   mark_step();
   EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{2, 3, 4}));
   EXPECT_EQ(before.to_vector<float>(), (std::vector<float>{1, 2, 3}));
   EXPECT_EQ(snapshot.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(alias.to_vector<float>(), (std::vector<float>{2, 3, 4}));
 }
 
 TEST(InPlace, RefusesToBroadcastTheTensorOrNarrowItsDtype) {
@@ -113,7 +115,7 @@ TEST(Donation, InPlaceUpdateWritesIntoTheTensorsOwnBuffer) {
 
 TEST(Donation, NeverWhenAnotherTensorStillHoldsTheBuffer) {
   Tensor w = tensor({1, 2, 3}, {3});
-  Tensor keep = w.detach();  // shares w's buffer
+  Tensor keep = w.clone();  // shares w's buffer
   const void* before = data_ptr(w);
   w.add_(ones({3}));
   mark_step();
@@ -138,7 +140,7 @@ TEST(Donation, NeverIntoAdoptedMemory) {
   bool released = false;
   {
     auto buf = runtime::adopt(host.data(), host.size() * sizeof(float), [&] { released = true; });
-    Tensor w(trace::make_data({DType::f32, {3}}, std::move(buf)));
+    Tensor w = trace::tensor_of(trace::make_data({DType::f32, {3}}, std::move(buf)));
     w.add_(ones({3}));
     mark_step();
     EXPECT_NE(data_ptr(w), host.data());
