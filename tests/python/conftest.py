@@ -76,6 +76,14 @@ def assert_same(x, t, rtol=None, atol=None, what=""):
                                atol=d_atol if atol is None else atol, equal_nan=True, err_msg=what)
 
 
+def randomize(tmodule, rng):
+    """Random values in every parameter of a torch module (uniform in [-0.5, 0.5))."""
+    with torch.no_grad():
+        for p in tmodule.parameters():
+            p.copy_(torch.from_numpy(rng.uniform(-0.5, 0.5, size=tuple(p.shape)).astype(np.float32)))
+    return tmodule
+
+
 @pytest.fixture
 def rng(request):
     # A seed per test, the same on every run.

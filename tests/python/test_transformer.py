@@ -17,20 +17,12 @@ import torch
 import lazyrt as lr
 import lazyrt.nn as nn
 import lazyrt.nn.functional as F
-from conftest import assert_same, pair
+from conftest import assert_same, pair, randomize
 
 E, H = 8, 2          # embed_dim, num_heads
 N, L, S = 3, 4, 5    # batch, target length, source length
 FWD = dict(rtol=1e-5, atol=1e-6)
 GRAD = dict(rtol=1e-4, atol=1e-5)
-
-
-def randomize(tmodule, rng):
-    """Random values in every parameter of a torch module."""
-    with torch.no_grad():
-        for p in tmodule.parameters():
-            p.copy_(torch.from_numpy(rng.uniform(-0.5, 0.5, size=tuple(p.shape)).astype(np.float32)))
-    return tmodule
 
 
 def load_from_torch(module, tmodule):

@@ -1,15 +1,22 @@
 """lazyrt.nn.functional: activations and losses, as torch.nn.functional.
 
-The losses are the C++ ones of nn.h (reduction: 'mean', 'sum' or 'none').
+The losses are the C++ ones of nn.h (reduction: 'mean', 'sum' or 'none'). Padding modes, 1-D
+and transposed convolutions, pixel shuffles, unfold / fold, instance norm, adaptive 1-D and max
+pooling and embedding bags are compositions of lazyrt's ops (see each docstring).
 """
 
+import math
 import warnings
 
+import numpy as np
+
 from lazyrt import _C
+from lazyrt._autograd import no_grad
 from lazyrt._C import (  # noqa: F401
-    avg_pool2d, conv2d, embedding, gelu, layer_norm, leaky_relu, log_softmax, max_pool2d, one_hot, pad, relu,
+    avg_pool2d, conv2d, embedding, gelu, layer_norm, leaky_relu, log_softmax, max_pool2d, one_hot, relu,
     sigmoid, silu, softmax, softplus, tanh,
 )
+from lazyrt._tensor import tensor
 
 
 def linear(input, weight, bias=None):
@@ -378,3 +385,470 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
                       "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
                       stacklevel=2)
     return _reduce(loss, reduction, "kl_div")
+
+
+# ---- padding with modes ----------------------------------------------------------------------
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _pad_source(n, lo, hi, mode):
+    """For each position of a dim of size n padded by (lo, hi): where its value comes from."""
+    if mode == "circular":
+        # As PyTorch: negative pads crop first, then the rest wraps around what is left.
+        start, end = max(-lo, 0), n - max(-hi, 0)
+        i = start + np.mod(np.arange(-max(lo, 0), end - start + max(hi, 0)), end - start)
+        return i.astype(np.int64)
+    i = np.arange(-lo, n + hi)
+    if mode == "reflect":
+        i = np.abs(i)
+        i = np.where(i >= n, 2 * (n - 1) - i, i)
+    else:  # replicate
+        i = np.clip(i, 0, n - 1)
+    return i.astype(np.int64)
+
+
+def pad(input, pad, mode="constant", value=None):
+    """Pads the last len(pad) // 2 dims, pad = (last_low, last_high, second_low, ...), as
+    torch.nn.functional.pad: 'constant' (value, default 0; negative pads crop), and 'reflect'
+    (mirrored without the edge), 'replicate' (the edge repeated), 'circular' (wrapped; negative
+    pads crop first) for 1 to 3 dims of a batched or (reflect, replicate) unbatched input, with
+    PyTorch 1.13's limits: reflect pads below the dim's size, circular at most its size. The
+    modes gather with a static index (index_select), so gradients sum onto the sources; unlike
+    PyTorch they take integer tensors too."""
+    pad = [int(v) for v in pad]
+    if len(pad) % 2:
+        raise _C.Error("Padding length must be divisible by 2")
+    if len(pad) // 2 > input.dim():
+        raise _C.Error(f"Padding length too large: {len(pad)} values for an input of {input.dim()} dims")
+    if mode == "constant":
+        return _C.pad(input, pad, 0 if value is None else value)
+    if mode not in _PAD_MODES:
+        raise NotImplementedError(f"Unrecognised padding mode {mode}")
+    if value is not None and value != 0:
+        raise _C.Error(f'Padding mode "{mode}" doesn\'t take in value argument')
+    k = len(pad) // 2
+    if k not in (1, 2, 3) or input.dim() not in (k + 1, k + 2):
+        raise NotImplementedError("Only 2D, 3D, 4D, 5D padding with non-constant padding are supported for now")
+    if mode == "circular" and input.dim() != k + 2:
+        raise _C.Error(f"pad: circular padding of {k} dims expects a {k + 2}-D input (batch and channel dims first), "
+                       f"got shape {tuple(input.shape)}")
+    x = input
+    for j in range(k):
+        lo, hi = pad[2 * j], pad[2 * j + 1]
+        d = input.dim() - 1 - j
+        n = x.shape[d]
+        if mode == "reflect" and (lo >= n or hi >= n):
+            raise _C.Error(f"Argument #4: Padding size should be less than the corresponding input dimension, but "
+                           f"got: padding ({lo}, {hi}) at dimension {d} of input {list(input.shape)}")
+        if mode == "circular" and (lo > n or hi > n):
+            raise _C.Error("Padding value causes wrapping around more than once.")
+        if n == 0 or n + lo + hi <= 0 or n + min(lo, 0) + min(hi, 0) <= 0:
+            raise _C.Error(f"pad: {mode} padding ({lo}, {hi}) of dim {d} (size {n}) of input {list(input.shape)} "
+                           "leaves no values")
+        if lo or hi:
+            x = _C.index_select(x, d, tensor(_pad_source(n, lo, hi, mode)))
+    return x
+
+
+# ---- convolutions ----------------------------------------------------------------------------
+
+def _ntuple(v, n, call, what):
+    if isinstance(v, (list, tuple)):
+        if len(v) != n:
+            raise _C.Error(f"{call}: {what} expects one value or {n}, got {tuple(v)}")
+        return tuple(int(e) for e in v)
+    return (int(v),) * n
+
+
+def _batched(input, spatial, call):
+    """(input with a batch dim, whether one was added): [N, C, *spatial] or [C, *spatial]."""
+    if input.dim() == spatial + 2:
+        return input, False
+    if input.dim() == spatial + 1:
+        return _C.unsqueeze(input, 0), True
+    raise _C.Error(f"{call}: expected a {spatial + 1}-D (unbatched) or {spatial + 2}-D (batched) input, got shape "
+                   f"{tuple(input.shape)}")
+
+
+def _same_padding(kernel, dilation, stride, call):
+    """(low, high) per dim of padding='same' (the odd one more at the end, as PyTorch)."""
+    if any(s != 1 for s in stride):
+        raise ValueError(f"{call}: padding='same' is not supported for strided convolutions")
+    total = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    return [(t // 2, t - t // 2) for t in total]
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """1-D convolution of [N, C, L] (or [C, L]) by weight [O, C / groups, K], as conv2d over a
+    height of 1. padding: an int, 'valid' (none) or 'same' (stride 1; an odd total pads one
+    more on the right, as PyTorch)."""
+    if weight.dim() != 3:
+        raise _C.Error(f"conv1d: expected a 3-D weight [out_channels, in_channels / groups, kernel], got shape "
+                       f"{tuple(weight.shape)}")
+    x, unbatched = _batched(input, 1, "conv1d")
+    (s,), (d,) = _ntuple(stride, 1, "conv1d", "stride"), _ntuple(dilation, 1, "conv1d", "dilation")
+    if isinstance(padding, str):
+        if padding == "valid":
+            p = 0
+        elif padding == "same":
+            (lo, hi), = _same_padding((weight.shape[2],), (d,), (s,), "conv1d")
+            x, p = (_C.pad(x, [0, hi - lo]) if hi != lo else x), lo
+        else:
+            raise ValueError(f"conv1d: invalid padding string {padding!r}, should be one of {{'valid', 'same'}}")
+    else:
+        (p,) = _ntuple(padding, 1, "conv1d", "padding")
+    y = _C.conv2d(_C.unsqueeze(x, 2), _C.unsqueeze(weight, 2), bias, [1, s], [0, p], [1, d], groups)
+    y = _C.squeeze(y, 2)
+    return _C.squeeze(y, 0) if unbatched else y
+
+
+def _spread(x, d, s):
+    """x with s - 1 zeros between neighbours along dim d (size (n - 1) * s + 1)."""
+    n = x.shape[d]
+    if s == 1 or n == 0:
+        return x
+    y = _C.unsqueeze(x, d + 1)
+    widths = [0] * (2 * (y.dim() - d - 1))
+    widths[-1] = s - 1  # the high side of dim d + 1
+    y = _C.pad(y, widths)
+    shape = tuple(x.shape)
+    y = _C.reshape(y, shape[:d] + (n * s,) + shape[d + 1:])
+    return _C.narrow(y, d, 0, (n - 1) * s + 1)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """The transposed 2-D convolution (the gradient of conv2d with respect to its input) of
+    [N, C_in, H, W] (or [C_in, H, W]) by weight [C_in, C_out / groups, kH, kW]: output size
+    (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1. lazyrt's
+    conv2d_backward_input op is not bound in Python, so this is a composition: stride - 1
+    zeros between the input's values, padded by dilation * (k - 1) - padding (cropped where
+    negative), convolved (stride 1) with the flipped, channel-transposed weight. That does
+    stride^2 times the multiply-adds of the direct form."""
+    call = "conv_transpose2d"
+    if weight.dim() != 4:
+        raise _C.Error(f"{call}: expected a 4-D weight [in_channels, out_channels / groups, kH, kW], got shape "
+                       f"{tuple(weight.shape)}")
+    x, unbatched = _batched(input, 2, call)
+    cin = x.shape[1]
+    if weight.shape[0] != cin:
+        raise _C.Error(f"{call}: the weight of shape {tuple(weight.shape)} expects {weight.shape[0]} input channels, "
+                       f"got input of shape {tuple(input.shape)}")
+    if groups <= 0 or cin % groups:
+        raise _C.Error(f"{call}: {cin} input channels are not divisible by groups={groups}")
+    s, p = _ntuple(stride, 2, call, "stride"), _ntuple(padding, 2, call, "padding")
+    op, dl = _ntuple(output_padding, 2, call, "output_padding"), _ntuple(dilation, 2, call, "dilation")
+    if any(v <= 0 for v in s + dl) or any(v < 0 for v in p + op):
+        raise _C.Error(f"{call}: stride and dilation must be positive, padding and output_padding non-negative, "
+                       f"got stride={s}, padding={p}, output_padding={op}, dilation={dl}")
+    for i in range(2):
+        if op[i] >= s[i] and op[i] >= dl[i]:
+            raise _C.Error(f"{call}: output padding must be smaller than either stride or dilation, but got "
+                           f"output_padding={op}, stride={s}, dilation={dl}")
+    kh, kw = weight.shape[2], weight.shape[3]
+    x = _spread(_spread(x, 2, s[0]), 3, s[1])
+    lo_h, lo_w = dl[0] * (kh - 1) - p[0], dl[1] * (kw - 1) - p[1]
+    x = _C.pad(x, [lo_w, lo_w + op[1], lo_h, lo_h + op[0]])
+    cout_g = weight.shape[1]
+    w = _C.reshape(weight, (groups, cin // groups, cout_g, kh, kw))
+    w = _C.reshape(_C.transpose(w, 1, 2), (groups * cout_g, cin // groups, kh, kw))
+    y = _C.conv2d(x, _C.flip(w, [2, 3]), bias, 1, 0, list(dl), groups)
+    return _C.squeeze(y, 0) if unbatched else y
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """The transposed 1-D convolution of [N, C_in, L] (or [C_in, L]) by weight
+    [C_in, C_out / groups, K]: conv_transpose2d over a height of 1."""
+    call = "conv_transpose1d"
+    if weight.dim() != 3:
+        raise _C.Error(f"{call}: expected a 3-D weight [in_channels, out_channels / groups, kernel], got shape "
+                       f"{tuple(weight.shape)}")
+    x, unbatched = _batched(input, 1, call)
+    (s,), (p,) = _ntuple(stride, 1, call, "stride"), _ntuple(padding, 1, call, "padding")
+    (op,), (d,) = _ntuple(output_padding, 1, call, "output_padding"), _ntuple(dilation, 1, call, "dilation")
+    y = conv_transpose2d(_C.unsqueeze(x, 2), _C.unsqueeze(weight, 2), bias, (1, s), (0, p), (0, op), groups, (1, d))
+    y = _C.squeeze(y, 2)
+    return _C.squeeze(y, 0) if unbatched else y
+
+
+# ---- rearranging pixels and sliding blocks ---------------------------------------------------
+
+def pixel_shuffle(input, upscale_factor):
+    """[*, C * r^2, H, W] -> [*, C, H * r, W * r] (r = upscale_factor)."""
+    r = int(upscale_factor)
+    if input.dim() < 3:
+        raise _C.Error(f"pixel_shuffle expects input to have at least 3 dimensions, but got input with {input.dim()} "
+                       "dimension(s)")
+    if r <= 0:
+        raise _C.Error(f"pixel_shuffle expects a positive upscale_factor, but got {r}")
+    *batch, c, h, w = input.shape
+    if c % (r * r):
+        raise _C.Error(f"pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of "
+                       f"upscale_factor, but input.size(-3)={c} is not divisible by {r * r}")
+    b = len(batch)
+    x = _C.reshape(input, tuple(batch) + (c // (r * r), r, r, h, w))
+    x = _C.permute(x, list(range(b)) + [b, b + 3, b + 1, b + 4, b + 2])
+    return _C.reshape(x, tuple(batch) + (c // (r * r), h * r, w * r))
+
+
+def pixel_unshuffle(input, downscale_factor):
+    """[*, C, H * r, W * r] -> [*, C * r^2, H, W] (r = downscale_factor): pixel_shuffle undone."""
+    r = int(downscale_factor)
+    if input.dim() < 3:
+        raise _C.Error(f"pixel_unshuffle expects input to have at least 3 dimensions, but got input with "
+                       f"{input.dim()} dimension(s)")
+    if r <= 0:
+        raise _C.Error(f"pixel_unshuffle expects a positive downscale_factor, but got {r}")
+    *batch, c, h, w = input.shape
+    for name, size, at in (("height", h, -2), ("width", w, -1)):
+        if size % r:
+            raise _C.Error(f"pixel_unshuffle expects {name} to be divisible by downscale_factor, but "
+                           f"input.size({at})={size} is not divisible by {r}")
+    b = len(batch)
+    x = _C.reshape(input, tuple(batch) + (c, h // r, r, w // r, r))
+    x = _C.permute(x, list(range(b)) + [b, b + 2, b + 4, b + 1, b + 3])
+    return _C.reshape(x, tuple(batch) + (c * r * r, h // r, w // r))
+
+
+def _blocks(size, kernel, dilation, padding, stride, call):
+    """The sliding blocks over a plane of `size` padded by `padding`: (positions, blocks, padded)
+    with positions[k, l] the flat position in the padded plane of kernel element k of block l."""
+    k, d = _ntuple(kernel, 2, call, "kernel_size"), _ntuple(dilation, 2, call, "dilation")
+    p, s = _ntuple(padding, 2, call, "padding"), _ntuple(stride, 2, call, "stride")
+    if any(v <= 0 for v in k + d + s) or any(v < 0 for v in p):
+        raise _C.Error(f"{call}: kernel_size, dilation and stride must be positive and padding non-negative, got "
+                       f"kernel_size={k}, dilation={d}, padding={p}, stride={s}")
+    padded = tuple(size[i] + 2 * p[i] for i in range(2))
+    blocks = tuple((padded[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i in range(2))
+    if any(b <= 0 for b in blocks):
+        raise _C.Error(f"{call}: the {size[0]}x{size[1]} input padded by {p} holds no {k} block with dilation {d}: "
+                       f"the calculated shape of the array of sliding blocks is {blocks[0]}x{blocks[1]}")
+    ki = (np.arange(k[0]) * d[0])[:, None, None, None] + (np.arange(blocks[0]) * s[0])[None, None, :, None]
+    kj = (np.arange(k[1]) * d[1])[None, :, None, None] + (np.arange(blocks[1]) * s[1])[None, None, None, :]
+    positions = (ki * padded[1] + kj).reshape(k[0] * k[1], blocks[0] * blocks[1])
+    return positions.astype(np.int64), blocks, padded, k, p
+
+
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+    """im2col: the sliding kernel_size blocks of [N, C, H, W] (or [C, H, W]) as columns,
+    [N, C * kH * kW, L] (L blocks, row-major; rows channel-major then kernel row, column). One
+    index_select with a static index over the zero-padded plane; gradients sum over overlaps."""
+    x, unbatched = _batched(input, 2, "unfold")
+    n, c, h, w = x.shape
+    positions, blocks, padded, k, p = _blocks((h, w), kernel_size, dilation, padding, stride, "unfold")
+    x = _C.reshape(_C.pad(x, [p[1], p[1], p[0], p[0]]), (n, c, padded[0] * padded[1]))
+    cols = _C.index_select(x, 2, tensor(positions.reshape(-1)))
+    out = _C.reshape(cols, (n, c * k[0] * k[1], blocks[0] * blocks[1]))
+    return _C.squeeze(out, 0) if unbatched else out
+
+
+def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """col2im, unfold's adjoint: columns [N, C * kH * kW, L] (or [C * kH * kW, L]) summed into
+    [N, C, *output_size] where their blocks lie (index_add over the padded plane, then the
+    padding cropped)."""
+    if input.dim() not in (2, 3):
+        raise _C.Error(f"fold: expected a 2-D (unbatched) or 3-D (batched) input, got shape {tuple(input.shape)}")
+    x, unbatched = (_C.unsqueeze(input, 0), True) if input.dim() == 2 else (input, False)
+    size = _ntuple(output_size, 2, "fold", "output_size")
+    positions, blocks, padded, k, p = _blocks(size, kernel_size, dilation, padding, stride, "fold")
+    n, rows, length = x.shape
+    if rows % (k[0] * k[1]):
+        raise _C.Error(f"Expected size of input's dimension 1 to be divisible by the product of kernel_size, but got "
+                       f"input.size(1)={rows} and kernel_size={k}")
+    if length != blocks[0] * blocks[1]:
+        raise _C.Error(f"Given output_size={size}, kernel_size={k}, padding={p}: expected size of input's dimension 2 "
+                       f"to match the calculated number of sliding blocks {blocks[0]} * {blocks[1]} = "
+                       f"{blocks[0] * blocks[1]}, but got input.size(2)={length}.")
+    c = rows // (k[0] * k[1])
+    plane = _C.zeros((n, c, padded[0] * padded[1]), dtype=x.dtype)
+    plane = _C.index_add(plane, 2, tensor(positions.reshape(-1)), _C.reshape(x, (n, c, rows // c * length)))
+    out = _C.reshape(plane, (n, c) + padded)
+    out = _C.narrow(_C.narrow(out, 2, p[0], size[0]), 3, p[1], size[1])
+    return _C.squeeze(out, 0) if unbatched else out
+
+
+# ---- instance normalization and more pooling ---------------------------------------------------
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    """Normalizes each channel of each sample of [N, C, *] over its own values (biased variance),
+    then weight * x + bias per channel. With use_input_stats=False the running statistics
+    normalize instead; with it and running statistics, they are updated in place with the
+    mean over the batch of the instances' means and unbiased variances (momentum), as torch."""
+    if input.dim() < 2:
+        raise _C.Error(f"instance_norm: expected an input of at least 2 dims [N, C, *], got shape {tuple(input.shape)}")
+    spatial = 1
+    for v in input.shape[2:]:
+        spatial *= v
+    if use_input_stats and spatial <= 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(input.shape)}")
+    c = input.shape[1]
+    per_channel = (c,) + (1,) * (input.dim() - 2)
+    dims = list(range(2, input.dim()))
+    if use_input_stats:
+        mean = _C.mean(input, dims, True)
+        var = _C.var(input, dims, correction=0, keepdim=True)
+        if running_mean is not None or running_var is not None:
+            with no_grad():
+                m, v = mean.detach(), var.detach()
+                if running_mean is not None:
+                    batch = _C.cast(_C.mean(_C.reshape(m, tuple(m.shape[:2])), 0), running_mean.dtype)
+                    running_mean.copy_(running_mean * (1 - momentum) + batch * momentum)
+                if running_var is not None:
+                    unbiased = _C.reshape(v, tuple(v.shape[:2])) * (spatial / (spatial - 1))
+                    batch = _C.cast(_C.mean(unbiased, 0), running_var.dtype)
+                    running_var.copy_(running_var * (1 - momentum) + batch * momentum)
+    else:
+        if running_mean is None or running_var is None:
+            raise _C.Error("instance_norm: use_input_stats=False needs running_mean and running_var")
+        mean = _C.reshape(running_mean, per_channel)
+        var = _C.reshape(running_var, per_channel)
+    y = (input - mean) * _C.rsqrt(var + eps)
+    if weight is not None:
+        y = y * _C.reshape(weight, per_channel)
+    if bias is not None:
+        y = y + _C.reshape(bias, per_channel)
+    return y
+
+
+def _single(v, call):
+    if isinstance(v, (list, tuple)):
+        if len(v) != 1:
+            raise _C.Error(f"{call}: output_size must be one value, got {tuple(v)}")
+        v = v[0]
+    return v
+
+
+def _check_pool_input(input, dims, call):
+    if input.dim() not in dims:
+        raise _C.Error(f"{call}(): Expected {dims[0]}D or {dims[1]}D tensor, but got: {list(input.shape)}")
+
+
+def adaptive_avg_pool1d(input, output_size):
+    """Averages [N, C, L] (or [C, L]) into output_size bins, with torch's bin edges."""
+    _check_pool_input(input, (2, 3), "adaptive_avg_pool1d")
+    out = _single(output_size, "adaptive_avg_pool1d")
+    return _C.squeeze(_C._nn.adaptive_avg_pool2d(_C.unsqueeze(input, -2), [1, out]), -2)
+
+
+def _bin_sources(n, out):
+    """The positions read by each of `out` adaptive bins over n values, [out, widest], each bin
+    padded by repeating its last position; PyTorch's bins: floor(i n / out) to
+    ceil((i + 1) n / out)."""
+    starts = [(i * n) // out for i in range(out)]
+    ends = [-((-(i + 1) * n) // out) for i in range(out)]
+    width = max(e - s for s, e in zip(starts, ends))
+    return np.array([[min(s + j, e - 1) for j in range(width)] for s, e in zip(starts, ends)], dtype=np.int64)
+
+
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    """The maximum of each of output_size adaptive bins (PyTorch's edges) of [N, C, H, W] (or
+    [C, H, W]); output_size an int or a pair (None keeps a dim). With return_indices, also
+    where each maximum is, as h * W + w (int64): the first maximum of the bin in row-major
+    order, or its last NaN, as PyTorch. The gradient reaches that element."""
+    _check_pool_input(input, (3, 4), "adaptive_max_pool2d")
+    x, unbatched = _batched(input, 2, "adaptive_max_pool2d")
+    n, c, h, w = x.shape
+    oh, ow = _pair(output_size, "adaptive_max_pool2d")
+    oh, ow = h if oh is None else int(oh), w if ow is None else int(ow)
+    if oh <= 0 or ow <= 0 or h == 0 or w == 0:
+        raise _C.Error(f"adaptive_max_pool2d: cannot pool an input of shape {tuple(input.shape)} to ({oh}, {ow})")
+    rows, cols = _bin_sources(h, oh), _bin_sources(w, ow)
+    kh, kw = rows.shape[1], cols.shape[1]
+    # Flat positions of every bin's cells: [oh, ow, kh * kw].
+    flat = (rows[:, None, :, None] * w + cols[None, :, None, :]).reshape(oh, ow, kh * kw)
+    where = tensor(flat)
+    cells = _C.index_select(_C.reshape(x, (n, c, h * w)), 2, tensor(flat.reshape(-1)))
+    cells = _C.reshape(cells, (n, c, oh, ow, kh * kw)).detach()
+    first = _C.argmax(_C.where(_C.isnan(cells), -math.inf, cells) if cells.is_floating_point() else cells, -1, True)
+    if cells.is_floating_point():
+        nan = _C.isnan(cells)
+        last_nan = (kh * kw - 1) - _C.argmax(_C.cast(_C.flip(nan, [-1]), _C.int32), -1, True)
+        first = _C.where(_C.any(nan, -1, True), last_nan, first)
+    index = _C.squeeze(_C.gather(_C.broadcast_to(where, (n, c, oh, ow, kh * kw)), -1, first), -1)
+    values = _C.reshape(_C.gather(_C.reshape(x, (n, c, h * w)), 2, _C.reshape(index, (n, c, oh * ow))),
+                        (n, c, oh, ow))
+    if unbatched:
+        values, index = _C.squeeze(values, 0), _C.squeeze(index, 0)
+    return (values, index) if return_indices else values
+
+
+def adaptive_max_pool1d(input, output_size, return_indices=False):
+    """adaptive_max_pool2d over [N, C, L] (or [C, L]): indices are positions along L."""
+    _check_pool_input(input, (2, 3), "adaptive_max_pool1d")
+    out = adaptive_max_pool2d(_C.unsqueeze(input, -2), (1, _single(output_size, "adaptive_max_pool1d")), True)
+    values, index = _C.squeeze(out[0], -2), _C.squeeze(out[1], -2)
+    return (values, index) if return_indices else values
+
+
+# ---- bags of embeddings --------------------------------------------------------------------------
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
+                  sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """Sums, means or maxima of bags of rows of weight: input [B, L] (B bags of L indices) or
+    1-D with offsets (bag i from offsets[i] to offsets[i + 1], the last to the end, or with
+    include_last_offset offsets holds B + 1 bounds). per_sample_weights scale the rows (mode
+    'sum' only); indices equal to padding_idx count for nothing; an empty bag gives zeros.
+    Bags are found from the offsets lazily (no host read): offsets must be sorted from 0, which
+    is not checked. 'max' compares every bag with every index: O(B * len(input) * D) memory.
+    max_norm and scale_grad_by_freq are not supported; sparse is ignored."""
+    call = "embedding_bag"
+    if max_norm is not None or scale_grad_by_freq:
+        raise _C.Error(f"{call}: max_norm and scale_grad_by_freq are not supported")
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"{call}: mode has to be one of sum, mean or max, got {mode!r}")
+    if weight.dim() != 2:
+        raise _C.Error(f"{call}: weight has to be a 2D Tensor, but got Tensor of dimension {weight.dim()}")
+    if input.dtype not in (_C.int32, _C.int64):
+        raise _C.Error(f"{call}: expected indices of int32 or int64, got {input.dtype}")
+    if per_sample_weights is not None:
+        if mode != "sum":
+            raise NotImplementedError(f"embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                                      f"supported for mode='sum' (got mode='{mode}'). Please open a feature request "
+                                      "on GitHub.")
+        if tuple(per_sample_weights.shape) != tuple(input.shape):
+            raise ValueError(f"{call}: embedding_bag: If per_sample_weights ({tuple(per_sample_weights.shape)}) is "
+                             f"not None, then it must have the same shape as the input ({tuple(input.shape)})")
+    if input.dim() == 2:
+        if offsets is not None:
+            raise ValueError(f"{call}: if input is 2D, then offsets has to be None, as input is treated is a "
+                             "mini-batch of fixed length sequences.")
+        bags, length = input.shape
+        flat = _C.reshape(input, (-1,))
+        bag_of = _C.reshape(_C.expand(_C.unsqueeze(_C._arange(bags, _C.int64), 1), (bags, length)), (-1,))
+        if per_sample_weights is not None:
+            per_sample_weights = _C.reshape(per_sample_weights, (-1,))
+    elif input.dim() == 1:
+        if offsets is None:
+            raise ValueError(f"{call}: offsets has to be a 1D Tensor but got None")
+        if offsets.dim() != 1:
+            raise ValueError(f"{call}: offsets has to be a 1D Tensor, got shape {tuple(offsets.shape)}")
+        bags = offsets.shape[0] - (1 if include_last_offset else 0)
+        if bags < 0:
+            raise ValueError(f"{call}: include_last_offset needs at least one offset")
+        flat = input
+        j = _C.unsqueeze(_C._arange(input.shape[0], _C.int64), 1)
+        bag_of = _C.sum(_C.unsqueeze(_C.cast(offsets, _C.int64), 0) <= j, 1) - 1  # past the last bound: `bags`
+    else:
+        raise ValueError(f"{call}: input has to be 1D or 2D Tensor, but got Tensor of dimension {input.dim()}")
+    total, dim = flat.shape[0], weight.shape[1]
+    counted = _C.ones((total,), dtype=_C.bool)
+    if padding_idx is not None:
+        counted = _C.ne(flat, padding_idx % weight.shape[0] if padding_idx < 0 else padding_idx)
+    rows = _C.embedding(flat, weight)                                     # [total, D]
+    if mode == "max":
+        member = (_C.unsqueeze(bag_of, 0) == _C.unsqueeze(_C._arange(bags, _C.int64), 1)) & _C.unsqueeze(counted, 0)
+        cand = _C.where(_C.unsqueeze(member, 2), _C.unsqueeze(rows.detach(), 0), -math.inf)   # [B, total, D]
+        best = _C.argmax(cand, 1)                                                           # [B, D] first max
+        values = _C.gather(rows, 0, best)
+        return _C.where(_C.any(member, 1, True), values, 0.0)
+    if per_sample_weights is not None:
+        rows = rows * _C.unsqueeze(per_sample_weights, 1)
+    rows = _C.where(_C.unsqueeze(counted, 1), rows, 0.0)
+    # Entries past the last bound (include_last_offset) land in an extra bag, dropped.
+    sums = _C.narrow(_C.index_add(_C.zeros((bags + 1, dim), dtype=rows.dtype), 0, bag_of, rows), 0, 0, bags)
+    if mode == "sum":
+        return sums
+    counts = _C.narrow(_C.index_add(_C.zeros((bags + 1,), dtype=rows.dtype), 0, bag_of,
+                                    _C.cast(counted, rows.dtype)), 0, 0, bags)
+    return sums / _C.unsqueeze(_C.clamp_min(counts, 1), 1)

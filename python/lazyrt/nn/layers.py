@@ -612,6 +612,18 @@ class Embedding(Module):
         return _C.embedding(input, self.weight, self.padding_idx)
 
 
+def _conv_parameters(module, weight_shape, fan_in, out_channels, bias, dtype=None):
+    """A convolution's weight and bias (or none), uniform in +-1/sqrt(fan_in) as PyTorch draws them."""
+    bound = 1.0 / math.sqrt(fan_in)
+    module.weight = Parameter(_uniform(weight_shape, bound))
+    if bias:
+        module.bias = Parameter(_uniform((out_channels,), bound))
+    else:
+        module.register_parameter("bias", None)
+    if dtype is not None:
+        module.to(dtype)
+
+
 class Conv2d(Module):
     """2-D convolution; weight and bias uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in))."""
 
@@ -622,12 +634,8 @@ class Conv2d(Module):
             raise _C.Error(f"Conv2d: channels {in_channels} -> {out_channels} must be divisible by groups {groups}")
         kh, kw = _pair(kernel_size)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-        bound = 1.0 / math.sqrt(in_channels // groups * kh * kw)
-        self.weight = Parameter(_uniform((out_channels, in_channels // groups, kh, kw), bound))
-        if bias:
-            self.bias = Parameter(_uniform((out_channels,), bound))
-        else:
-            self.register_parameter("bias", None)
+        _conv_parameters(self, (out_channels, in_channels // groups, kh, kw), in_channels // groups * kh * kw,
+                         out_channels, bias)
 
     def forward(self, input):
         return _C.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -924,3 +932,167 @@ class PairwiseDistance(Module):
 
     def forward(self, x1, x2):
         return F.pairwise_distance(x1, x2, self.norm, self.eps, self.keepdim)
+
+
+# ---- 1-D and transposed convolutions, bags of embeddings ----------------------------------------
+# Initialization as Conv2d's (and PyTorch's): weight and bias uniform in
+# [-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in from the weight's dim 1 times the kernel's size.
+
+def _single(v, what):
+    if isinstance(v, (tuple, list)):
+        if len(v) != 1:
+            raise _C.Error(f"{what}: expects one value, got {tuple(v)}")
+        return int(v[0])
+    return v if isinstance(v, str) else int(v)
+
+
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+
+
+class Conv1d(Module):
+    """1-D convolution of [N, C, L] (or [C, L]); padding an int, 'valid' or 'same';
+    padding_mode 'zeros', 'reflect', 'replicate' or 'circular' as PyTorch's."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros", device=None, dtype=None):
+        super().__init__()
+        if groups <= 0 or in_channels % groups or out_channels % groups:
+            raise ValueError(f"Conv1d: channels {in_channels} -> {out_channels} must be divisible by groups {groups}")
+        if padding_mode not in _PADDING_MODES:
+            raise ValueError(f"padding_mode must be one of {list(_PADDING_MODES)}, but got "
+                             f"padding_mode='{padding_mode}'")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size, self.stride = (_single(kernel_size, "Conv1d"),), (_single(stride, "Conv1d"),)
+        padding = _single(padding, "Conv1d")
+        self.padding = padding if isinstance(padding, str) else (padding,)
+        self.dilation, self.groups, self.padding_mode = (_single(dilation, "Conv1d"),), groups, padding_mode
+        if isinstance(padding, str) and padding not in ("valid", "same"):
+            raise ValueError(f"Invalid padding string '{padding}', should be one of {{'valid', 'same'}}")
+        if padding == "same" and self.stride[0] != 1:
+            raise ValueError("padding='same' is not supported for strided convolutions")
+        _conv_parameters(self, (out_channels, in_channels // groups, self.kernel_size[0]),
+                         in_channels // groups * self.kernel_size[0], out_channels, bias, dtype)
+
+    def forward(self, input):
+        if self.padding_mode == "zeros":
+            return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        if self.padding == "same":
+            total = self.dilation[0] * (self.kernel_size[0] - 1)
+            widths = [total // 2, total - total // 2]
+        elif self.padding == "valid":
+            widths = [0, 0]
+        else:
+            widths = [self.padding[0]] * 2
+        x = F.pad(input, widths, mode=self.padding_mode)
+        return F.conv1d(x, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}")
+
+
+class _ConvTransposeNd(Module):
+    _dims = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None):
+        super().__init__()
+        name, n = type(self).__name__, self._dims
+        if padding_mode != "zeros":
+            raise ValueError(f'Only "zeros" padding mode is supported for {name}')
+        if groups <= 0 or in_channels % groups or out_channels % groups:
+            raise ValueError(f"{name}: channels {in_channels} -> {out_channels} must be divisible by groups {groups}")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size = F._ntuple(kernel_size, n, name, "kernel_size")
+        self.stride, self.padding = F._ntuple(stride, n, name, "stride"), F._ntuple(padding, n, name, "padding")
+        self.output_padding = F._ntuple(output_padding, n, name, "output_padding")
+        self.dilation, self.padding_mode = F._ntuple(dilation, n, name, "dilation"), padding_mode
+        # PyTorch's fan_in of a transposed convolution: the weight's dim 1 (out_channels / groups).
+        _conv_parameters(self, (in_channels, out_channels // groups) + self.kernel_size,
+                         out_channels // groups * math.prod(self.kernel_size), out_channels, bias, dtype)
+
+    def _output_padding(self, input, output_size):
+        """output_padding, or the one that gives output_size (its last dims)."""
+        if output_size is None:
+            return self.output_padding
+        n = self._dims
+        output_size = list(output_size)
+        if len(output_size) not in (n, n + 2):
+            raise ValueError(f"ConvTranspose{n}D: for {n}D convolution, output_size must have {n} or {n + 2} elements "
+                             f"(got {len(output_size)})")
+        output_size = output_size[-n:]
+        out = []
+        for i in range(n):
+            size = input.shape[input.dim() - n + i]
+            smallest = ((size - 1) * self.stride[i] - 2 * self.padding[i] + self.dilation[i] * (self.kernel_size[i] - 1)
+                        + 1)
+            largest = smallest + self.stride[i] - 1
+            if not smallest <= output_size[i] <= largest:
+                raise ValueError(f"requested an output size of {output_size}, but valid sizes range from "
+                                 f"{smallest} to {largest} (for an input of {tuple(input.shape)[-n:]})")
+            out.append(output_size[i] - smallest)
+        return tuple(out)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, output_padding={self.output_padding}")
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """The transposed 1-D convolution (F.conv_transpose1d) of [N, C, L] (or [C, L]); weight
+    [in_channels, out_channels / groups, kernel]; forward(input, output_size=None)."""
+    _dims = 1
+
+    def forward(self, input, output_size=None):
+        return F.conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding,
+                                  self._output_padding(input, output_size), self.groups, self.dilation)
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """The transposed 2-D convolution (F.conv_transpose2d) of [N, C, H, W] (or [C, H, W]); weight
+    [in_channels, out_channels / groups, kH, kW]; forward(input, output_size=None)."""
+    _dims = 2
+
+    def forward(self, input, output_size=None):
+        return F.conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding,
+                                  self._output_padding(input, output_size), self.groups, self.dilation)
+
+
+class EmbeddingBag(Module):
+    """Sums, means or maxima of bags of embeddings (F.embedding_bag); weight from N(0, 1) as
+    Embedding's, the padding_idx row zero. forward(input, offsets=None, per_sample_weights=None)."""
+
+    def __init__(self, num_embeddings, embedding_dim, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                 mode="mean", sparse=False, _weight=None, include_last_offset=False, padding_idx=None,
+                 device=None, dtype=None):
+        super().__init__()
+        if max_norm is not None or scale_grad_by_freq:
+            raise _C.Error("EmbeddingBag: max_norm and scale_grad_by_freq are not supported")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise AssertionError("padding_idx must be within num_embeddings")
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
+        self.mode, self.sparse, self.padding_idx = mode, sparse, padding_idx
+        self.include_last_offset = include_last_offset
+        if _weight is None:
+            w = _C.randn(num_embeddings, embedding_dim)
+            if padding_idx is not None:
+                rows = _C.reshape(_C._arange(num_embeddings, _C.int64), (num_embeddings, 1)) == padding_idx
+                w = _C.masked_fill(w, rows, 0)
+        else:
+            if tuple(_weight.shape) != (num_embeddings, embedding_dim):
+                raise AssertionError("Shape of weight does not match num_embeddings and embedding_dim")
+            w = _weight.detach()
+        self.weight = Parameter(w)
+        if dtype is not None:
+            self.to(dtype)
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        return F.embedding_bag(input, self.weight, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
+
+    def extra_repr(self):
+        out = f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
+        return out + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")

@@ -1,10 +1,12 @@
-"""Normalization layers with state: BatchNorm1d/2d and GroupNorm, as torch.nn's.
+"""Normalization layers with state: BatchNorm1d/2d, InstanceNorm1d/2d and GroupNorm, as torch.nn's.
 
 BatchNorm keeps its running statistics in buffers (running_mean, running_var,
 num_batches_tracked) that training updates in place, so a compiled step (compile_step) writes
 them back on every replay like any other state. Switching between train() and eval() changes
 which statistics normalize: compiled steps retrace.
 """
+
+import warnings
 
 from lazyrt import _C
 from lazyrt._autograd import no_grad
@@ -99,6 +101,44 @@ class BatchNorm1d(_BatchNorm):
 class BatchNorm2d(_BatchNorm):
     """Over [N, C, H, W]."""
     _expected_dims = (4,)
+
+
+class _InstanceNorm(_BatchNorm):
+    """Per-sample, per-channel normalization (F.instance_norm), with PyTorch's defaults: no
+    affine parameters, no running statistics. With track_running_stats, training updates the
+    running statistics and eval() normalizes by them. Unbatched inputs (one dim fewer) are
+    taken as a batch of one. Same parameters and buffers as BatchNorm, as in PyTorch."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False,
+                 device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        feature_dim = input.dim() - (self._expected_dims[1] - 1)
+        if input.shape[feature_dim] != self.num_features:
+            if self.affine:
+                raise ValueError(f"expected input's size at dim={feature_dim} to match num_features "
+                                 f"({self.num_features}), but got: {input.shape[feature_dim]}.")
+            warnings.warn(f"input's size at dim={feature_dim} does not match num_features. You can silence this "
+                          "warning by not passing in num_features, which is not used because affine=False",
+                          stacklevel=2)
+        unbatched = input.dim() == self._expected_dims[0]
+        x = _C.unsqueeze(input, 0) if unbatched else input
+        use_input_stats = self.training or not self.track_running_stats
+        out = F.instance_norm(x, self.running_mean, self.running_var, self.weight, self.bias, use_input_stats,
+                              0.1 if self.momentum is None else self.momentum, self.eps)
+        return _C.squeeze(out, 0) if unbatched else out
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Over [N, C, L] or [C, L]."""
+    _expected_dims = (2, 3)
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Over [N, C, H, W] or [C, H, W]."""
+    _expected_dims = (3, 4)
 
 
 class GroupNorm(Module):

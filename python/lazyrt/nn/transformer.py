@@ -1,19 +1,22 @@
-"""Multi-head attention and the Transformer encoder, as torch.nn (PyTorch 1.13) defines them.
+"""Multi-head attention and the Transformer, as torch.nn (PyTorch 1.13) defines them.
 
-MultiheadAttention, TransformerEncoderLayer and TransformerEncoder take PyTorch 1.13's
-arguments, register the same parameters and submodules under the same names and shapes (so a
-PyTorch state_dict loads as it is), and compute what PyTorch's reference path computes: the
-attention is written here from matmul, softmax, masked_fill and dropout, so it differentiates
-and traces like any other lazyrt code.
+MultiheadAttention, TransformerEncoderLayer, TransformerEncoder, TransformerDecoderLayer,
+TransformerDecoder and Transformer take PyTorch 1.13's arguments, register the same
+parameters and submodules under the same names and shapes (so a PyTorch state_dict loads as
+it is), and compute what PyTorch's reference path computes: the attention is written here
+from matmul, softmax, masked_fill and dropout, so it differentiates and traces like any other
+lazyrt code.
 
 PyTorch 1.13 also has inference fast paths (eval mode, no gradients recorded, batch_first, an
 even number of heads, ...) that can differ from its reference path: TransformerEncoder given a
 src_key_padding_mask then runs on a nested tensor and returns zeros at the padded positions.
 lazyrt always computes the reference path: the non-padded positions agree, the padded ones hold
-what the layers compute there.
+what the layers compute there. (So does Transformer's encoder; PyTorch 1.13's decoder has no
+fast path.)
 
 Initialization follows PyTorch's scheme with lazyrt's random numbers: xavier-uniform input
-projections, zero biases, Linear's uniform out_proj.weight, xavier-normal bias_k / bias_v.
+projections, zero biases, Linear's uniform out_proj.weight, xavier-normal bias_k / bias_v;
+Transformer then redraws every parameter of two or more dims xavier-uniform, as PyTorch's does.
 """
 
 import copy
@@ -22,6 +25,7 @@ import math
 from lazyrt import _C
 from lazyrt._autograd import no_grad
 from lazyrt.nn import functional as F
+from lazyrt.nn import init
 from lazyrt.nn.layers import Dropout, LayerNorm, Linear, ModuleList
 from lazyrt.nn.module import Module, Parameter
 
@@ -282,6 +286,19 @@ class MultiheadAttention(Module):
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
+def _activation(activation, call):
+    """The feedforward activation: 'relu', 'gelu' or a callable (a Module is kept as given, so
+    that it is a submodule, as in PyTorch)."""
+    if isinstance(activation, str):
+        if activation not in _ACTIVATIONS:
+            raise _C.Error(f"{call}: activation should be relu/gelu, not {activation}")
+        return _ACTIVATIONS[activation]
+    if not callable(activation):
+        raise _C.Error(f"{call}: activation should be 'relu', 'gelu' or a callable, "
+                       f"not {type(activation).__name__}")
+    return activation
+
+
 class TransformerEncoderLayer(Module):
     """Self-attention then a feedforward block, each with dropout, a residual connection and
     LayerNorm (after the residual sum, or before the block with norm_first).
@@ -302,14 +319,7 @@ class TransformerEncoderLayer(Module):
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
-        if isinstance(activation, str):
-            if activation not in _ACTIVATIONS:
-                raise _C.Error(f"TransformerEncoderLayer: activation should be relu/gelu, not {activation}")
-            activation = _ACTIVATIONS[activation]
-        elif not callable(activation):
-            raise _C.Error(f"TransformerEncoderLayer: activation should be 'relu', 'gelu' or a callable, "
-                           f"not {type(activation).__name__}")
-        self.activation = activation  # a Module here is a submodule, as in PyTorch
+        self.activation = _activation(activation, "TransformerEncoderLayer")  # a Module is a submodule
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None):
         _check_mask_dtype(src_key_padding_mask, "src_key_padding_mask", "TransformerEncoderLayer")
@@ -333,20 +343,29 @@ class TransformerEncoderLayer(Module):
 
 def _clone(module):
     """An independent copy of a module: its own parameters and buffers, with equal values.
-    (Tensors cannot be deep-copied; each is copied here as a new handle on the same immutable
-    value, which an in-place update of either replaces without touching the other.)"""
+    (Tensors that are not leaves cannot be deep-copied; each is copied here with clone(), which
+    shares no later in-place update with the original.)"""
     memo = {}
     for m in module.modules():
         for store in (m._parameters, m._buffers):
             for t in store.values():
                 if t is None or id(t) in memo:
                     continue
+                c = t.detach().clone()
                 if isinstance(t, Parameter):
-                    memo[id(t)] = Parameter(t, requires_grad=t.requires_grad)
+                    memo[id(t)] = Parameter(c, requires_grad=t.requires_grad)
                 else:
-                    c = t.detach()
                     memo[id(t)] = c.requires_grad_() if t.requires_grad else c
     return copy.deepcopy(module, memo)
+
+
+def _stack(layer, num_layers, call, what):
+    """num_layers independent copies of layer, as a ModuleList."""
+    if not isinstance(layer, Module):
+        raise _C.Error(f"{call}: {what} must be a lazyrt.nn.Module, got {type(layer).__name__}")
+    if num_layers < 0:
+        raise _C.Error(f"{call}: num_layers must be non-negative, got {num_layers}")
+    return ModuleList([_clone(layer) for _ in range(num_layers)])
 
 
 class TransformerEncoder(Module):
@@ -359,12 +378,7 @@ class TransformerEncoder(Module):
 
     def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True, mask_check=True):
         super().__init__()
-        if not isinstance(encoder_layer, Module):
-            raise _C.Error(f"TransformerEncoder: encoder_layer must be a lazyrt.nn.Module, got "
-                           f"{type(encoder_layer).__name__}")
-        if num_layers < 0:
-            raise _C.Error(f"TransformerEncoder: num_layers must be non-negative, got {num_layers}")
-        self.layers = ModuleList([_clone(encoder_layer) for _ in range(num_layers)])
+        self.layers = _stack(encoder_layer, num_layers, "TransformerEncoder", "encoder_layer")
         self.num_layers = num_layers
         self.norm = norm
         self.enable_nested_tensor = enable_nested_tensor
@@ -378,3 +392,150 @@ class TransformerEncoder(Module):
         if self.norm is not None:
             output = self.norm(output)
         return output
+
+
+class TransformerDecoderLayer(Module):
+    """Self-attention over the target, attention from the target to `memory` (the encoder's
+    output), then a feedforward block; each with dropout, a residual connection and LayerNorm
+    (after the residual sum, or before the block with norm_first).
+
+    forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None); tgt is [T, N, d_model] and memory [S, N, d_model] ([N, T,
+    d_model] and [N, S, d_model] with batch_first; [T, d_model] and [S, d_model] unbatched).
+    tgt_mask is [T, T] or [N * nhead, T, T], memory_mask [T, S] or [N * nhead, T, S], the
+    padding masks [N, T] and [N, S]; as MultiheadAttention's masks (True or -inf masks out).
+    """
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation=F.relu, layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, device=None, dtype=None):
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first, dtype=dtype)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, batch_first=batch_first,
+                                                 dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
+        self.activation = _activation(activation, "TransformerDecoderLayer")  # a Module is a submodule
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None):
+        _check_mask_dtype(tgt_key_padding_mask, "tgt_key_padding_mask", "TransformerDecoderLayer")
+        _check_mask_dtype(memory_key_padding_mask, "memory_key_padding_mask", "TransformerDecoderLayer")
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask)
+            x = x + self._ff_block(self.norm3(x))
+        else:
+            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask))
+            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask))
+            x = self.norm3(x + self._ff_block(x))
+        return x
+
+    def _sa_block(self, x, attn_mask, key_padding_mask):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False)[0]
+        return self.dropout1(x)
+
+    def _mha_block(self, x, memory, attn_mask, key_padding_mask):
+        x = self.multihead_attn(x, memory, memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                need_weights=False)[0]
+        return self.dropout2(x)
+
+    def _ff_block(self, x):
+        x = self.linear2(self.dropout(self.activation(self.linear1(x))))
+        return self.dropout3(x)
+
+
+class TransformerDecoder(Module):
+    """num_layers copies of decoder_layer (each with its own parameters, all starting equal to
+    decoder_layer's), applied in turn to the target with the same memory and masks, then
+    `norm` if given.
+
+    forward(tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+    memory_key_padding_mask=None), as TransformerDecoderLayer's.
+    """
+
+    def __init__(self, decoder_layer, num_layers, norm=None):
+        super().__init__()
+        self.layers = _stack(decoder_layer, num_layers, "TransformerDecoder", "decoder_layer")
+        self.num_layers = num_layers
+        self.norm = norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None):
+        output = tgt
+        for layer in self.layers:
+            output = layer(output, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                           tgt_key_padding_mask=tgt_key_padding_mask,
+                           memory_key_padding_mask=memory_key_padding_mask)
+        if self.norm is not None:
+            output = self.norm(output)
+        return output
+
+
+class Transformer(Module):
+    """An encoder-decoder Transformer: a TransformerEncoder of num_encoder_layers layers and a
+    TransformerDecoder of num_decoder_layers layers, each followed by a LayerNorm (or
+    custom_encoder / custom_decoder, used as they are). Every parameter of two or more dims
+    then starts xavier-uniform (the custom modules' too), as in PyTorch.
+
+    forward(src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+    tgt_key_padding_mask=None, memory_key_padding_mask=None) -> the decoder's output, of tgt's
+    shape: src goes through the encoder (src_mask, src_key_padding_mask), tgt through the
+    decoder with the encoder's output as memory. Shapes as TransformerDecoderLayer's, src [S,
+    N, d_model]. generate_square_subsequent_mask(sz) makes the usual causal tgt_mask.
+    """
+
+    def __init__(self, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
+                 dropout=0.1, activation=F.relu, custom_encoder=None, custom_decoder=None, layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, device=None, dtype=None):
+        super().__init__()
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            layer = TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                                            batch_first, norm_first, dtype=dtype)
+            self.encoder = TransformerEncoder(layer, num_encoder_layers, LayerNorm(d_model, eps=layer_norm_eps))
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            layer = TransformerDecoderLayer(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                                            batch_first, norm_first, dtype=dtype)
+            self.decoder = TransformerDecoder(layer, num_decoder_layers, LayerNorm(d_model, eps=layer_norm_eps))
+        self._reset_parameters()
+        self.d_model = d_model
+        self.nhead = nhead
+        self.batch_first = batch_first
+
+    def _reset_parameters(self):
+        for p in self.parameters():
+            if p.dim() > 1:
+                init.xavier_uniform_(p)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+                tgt_key_padding_mask=None, memory_key_padding_mask=None):
+        if src.dim() == 3:
+            batch_dim = 0 if self.batch_first else 1
+            if tgt.dim() != 3 or src.shape[batch_dim] != tgt.shape[batch_dim]:
+                raise _C.Error(f"Transformer: src {_shape(src)} and tgt {_shape(tgt)} must have the same batch size "
+                               f"(dim {batch_dim}{', batch_first' if self.batch_first else ''})")
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise _C.Error(f"Transformer: the last dims of src {_shape(src)} and tgt {_shape(tgt)} must both be "
+                           f"d_model {self.d_model}")
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz, device="cpu"):
+        """A float [sz, sz] causal mask: -inf above the diagonal (a position may not attend to
+        later ones), 0 on and below it. `device` is accepted for PyTorch's signature."""
+        return _C.triu(_C.full((sz, sz), float("-inf")), 1)
