@@ -17,7 +17,7 @@ FUZZ_REPLAY_SEED     ?= 0
 
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo test bench fuzz fuzz-replay clean
+.PHONY: setup build demo test bench fuzz fuzz-replay check-reference clean
 
 setup:
 	@bash $(ROOT)/scripts/setup.sh
@@ -73,6 +73,12 @@ fuzz-replay: setup build
 	  --programs $(FUZZ_REPLAY_PROGRAMS) --actions $(FUZZ_REPLAY_ACTIONS) --seed $(FUZZ_REPLAY_SEED)
 	LAZYRT_REPLAY_FUZZ_PROGRAMS=$(FUZZ_REPLAY_PROGRAMS) LAZYRT_REPLAY_FUZZ_SEED=$$(( $(FUZZ_REPLAY_SEED) + 1 )) \
 	  $(BUILD)/tests/lazyrt_replay_tests --gtest_filter='ReplayFuzz.*'
+
+# `make check-reference`: the whole suite with every graph compiled for the reference backend
+# (each op its own kernel, no fusion, no gemm): what the cpu backend computes must not depend on
+# its rewrites. Tests of the cpu backend's own fusion name that backend and run as usual.
+check-reference: setup build
+	cd $(BUILD) && LAZYRT_BACKEND=reference ctest -j$(JOBS) --output-on-failure --timeout 600
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD)

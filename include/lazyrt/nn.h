@@ -158,14 +158,70 @@ class MaxPool2d : public Module {
   bool ceil_mode;
 };
 
+/// Batch normalization (torch.nn.BatchNorm1d / BatchNorm2d; nn::batch_norm): weight ones and
+/// bias zeros with affine; with track_running_stats, the buffers running_mean (zeros),
+/// running_var (ones) and num_batches_tracked (i64 0). Training normalizes by the batch and
+/// updates the running statistics in place (a compiled step writes them back), momentum none
+/// meaning a cumulative average; eval() normalizes by the running statistics.
+class BatchNorm : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  int64_t num_features;
+  double eps;
+  std::optional<double> momentum;
+  bool affine, track_running_stats;
+  Tensor weight, bias;                                         // undefined without affine
+  Tensor running_mean, running_var, num_batches_tracked;       // undefined without tracking
+
+ protected:
+  BatchNorm(std::string type_name, std::vector<int64_t> input_dims, int64_t num_features, double eps,
+            std::optional<double> momentum, bool affine, bool track_running_stats);
+
+ private:
+  std::vector<int64_t> input_dims_;
+};
+/// Over [N, C] or [N, C, L].
+class BatchNorm1d : public BatchNorm {
+ public:
+  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true);
+};
+/// Over [N, C, H, W].
+class BatchNorm2d : public BatchNorm {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
+                       bool affine = true, bool track_running_stats = true);
+};
+
+/// Group normalization (nn::group_norm) with per-channel weight (ones) and bias (zeros).
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  int64_t num_groups, num_channels;
+  double eps;
+  Tensor weight, bias;  // undefined without affine
+};
+
+/// nn::adaptive_avg_pool2d to output_size.
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(std::vector<int64_t> output_size);
+  Tensor forward(const Tensor& x) override;
+  std::vector<int64_t> output_size;
+};
+
 // ---- functional layers (torch.nn.functional's names and defaults) ---------------------------
 /// Batch normalization over dim 1 of [N, C, *]: with training (or no running statistics),
 /// the batch's mean and biased variance normalize, and running_mean / running_var (when
 /// given) are updated in place to (1 - momentum) * running + momentum * batch statistic, the
 /// variance unbiased; otherwise the running statistics normalize. weight and bias: [C].
+/// Without a momentum the update is a cumulative average: momentum 1 / num_batches_tracked,
+/// read from that tensor (i64 []) when the graph runs, never on the host.
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight = Tensor(), const Tensor& bias = Tensor(), bool training = false,
-                  double momentum = 0.1, double eps = 1e-5);
+                  std::optional<double> momentum = 0.1, double eps = 1e-5,
+                  const Tensor& num_batches_tracked = Tensor());
 /// Normalization of [N, C, *] over groups of C / num_groups channels (and every other dim),
 /// then weight and bias per channel.
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = Tensor(),

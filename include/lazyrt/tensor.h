@@ -390,6 +390,11 @@ Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, Scalar
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
               std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
               std::vector<int64_t> dilation = {1}, int64_t groups = 1);
+/// PyTorch's padding strings: "valid" (none) and "same" (the output keeps the input's size;
+/// stride 1 only; an odd total pads one more at the end, as PyTorch).
+enum class Padding { Valid, Same };
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
+              Padding padding, std::vector<int64_t> dilation = {1}, int64_t groups = 1);
 /// 2-D max pooling of [N, C, H, W] or [C, H, W]; stride defaults to kernel_size.
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
                   std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0},
@@ -506,6 +511,10 @@ Tensor argsort(const Tensor& a, int64_t dim = -1, bool descending = false, bool 
 /// `sorted` asks for it; ties go to the lower index.
 std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim = -1, bool largest = true,
                                bool sorted = true);
+/// The largest (smallest) value along dim and its index (i64), as torch.max(a, dim) and
+/// torch.min(a, dim): nan wins in both (it propagates), and ties go to the first index.
+std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim = false);
+std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim = false);
 /// clamp with one bound.
 Tensor clamp_min(const Tensor& a, Scalar min);
 Tensor clamp_min(const Tensor& a, const Tensor& min);

@@ -45,12 +45,12 @@ void bind_nn(py::module_& m) {
   }, arg("input"), arg("target"), arg("label_smoothing") = 0.0, arg("reduction") = "mean", arg("ignore_index") = -100);
   // The functional layers; lazyrt.nn.functional gives them torch's signatures.
   nn_m.def("batch_norm", [](const Tensor& x, std::optional<Tensor> rm, std::optional<Tensor> rv,
-                            std::optional<Tensor> w, std::optional<Tensor> b, bool training, double momentum,
-                            double eps) {
+                            std::optional<Tensor> w, std::optional<Tensor> b, bool training,
+                            std::optional<double> momentum, double eps, std::optional<Tensor> count) {
     return nn::batch_norm(x, rm.value_or(Tensor()), rv.value_or(Tensor()), w.value_or(Tensor()),
-                          b.value_or(Tensor()), training, momentum, eps);
+                          b.value_or(Tensor()), training, momentum, eps, count.value_or(Tensor()));
   }, arg("input"), arg("running_mean"), arg("running_var"), arg("weight") = py::none(), arg("bias") = py::none(),
-     arg("training") = false, arg("momentum") = 0.1, arg("eps") = 1e-5);
+     arg("training") = false, arg("momentum") = 0.1, arg("eps") = 1e-5, arg("num_batches_tracked") = py::none());
   nn_m.def("group_norm", [](const Tensor& x, int64_t groups, std::optional<Tensor> w, std::optional<Tensor> b,
                             double eps) {
     return nn::group_norm(x, groups, w.value_or(Tensor()), b.value_or(Tensor()), eps);

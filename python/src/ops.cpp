@@ -238,11 +238,15 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
           arg("dtype") = py::none())
       .op("amax", &minmax_op<amax>, arg("dim") = py::tuple(), arg("keepdim") = false)
       .op("amin", &minmax_op<amin>, arg("dim") = py::tuple(), arg("keepdim") = false)
-      // max/min: of every element, or elementwise of two tensors.
+      // max/min: of every element, elementwise of two tensors, or (values, indices) along a dim.
       .op("max", [](const Tensor& a) { return extreme_of_all(a, true); })
       .op("max", &maximum, arg("other"))
+      .op("max", [](const Tensor& a, int64_t dim, bool keepdim) { return values_indices("max", max(a, dim, keepdim)); },
+          arg("dim"), arg("keepdim") = false)
       .op("min", [](const Tensor& a) { return extreme_of_all(a, false); })
-      .op("min", &minimum, arg("other"));
+      .op("min", &minimum, arg("other"))
+      .op("min", [](const Tensor& a, int64_t dim, bool keepdim) { return values_indices("min", min(a, dim, keepdim)); },
+          arg("dim"), arg("keepdim") = false);
 
   // ---- linear algebra, activations, losses' building blocks ----
   b.op("matmul", &matmul, arg("other")).op("mm", &matmul, arg("mat2"));
@@ -524,6 +528,13 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .fn("conv2d", [](const Tensor& x, const Tensor& w, std::optional<Tensor> bias, py::handle stride,
                        py::handle padding, py::handle dilation, int64_t groups) {
         const auto ints = int_or_ints;
+        if (py::isinstance<py::str>(padding)) {
+          const auto p = padding.cast<std::string>();
+          if (p != "valid" && p != "same")
+            throw Error("conv2d: invalid padding string '" + p + "', should be one of 'valid', 'same'");
+          return conv2d(x, w, bias.value_or(Tensor()), ints(stride, "conv2d"), p == "same" ? Padding::Same : Padding::Valid,
+                        ints(dilation, "conv2d"), groups);
+        }
         return conv2d(x, w, bias.value_or(Tensor()), ints(stride, "conv2d"), ints(padding, "conv2d"),
                       ints(dilation, "conv2d"), groups);
       }, arg("input"), arg("weight"), arg("bias") = py::none(), arg("stride") = 1, arg("padding") = 0,

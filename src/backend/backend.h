@@ -41,6 +41,14 @@ class Backend {
   /// Distinguishes this backend's executables in every cache key.
   virtual uint64_t fingerprint() const = 0;
   virtual const Capabilities& capabilities() const = 0;
+  /// Whether the backend runs `op` on operands of these dtypes. compile() refuses a graph with a
+  /// node it does not run, naming the node, before anything is lowered. The cpu and reference
+  /// backends run every row of the op table on every dtype its type rules accept.
+  virtual bool supports(ir::OpKind op, const std::vector<DType>& operand_dtypes) const {
+    (void)op;
+    (void)operand_dtypes;
+    return true;
+  }
   /// The executable of a graph that compile/ optimized with these capabilities. donations as
   /// compile::compile takes them.
   virtual std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,

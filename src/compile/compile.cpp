@@ -7,9 +7,30 @@ namespace lazyrt::compile {
 
 using ir::Graph;
 
+namespace {
+
+// Every node of the graph, as traced, is one the backend runs (fusion nodes and rewrites come
+// later, from the backend's own capabilities).
+void check_supported(const Graph& graph, const backend::Backend& backend) {
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const ir::Node& n = graph.nodes[i];
+    if (n.op == ir::OpKind::Parameter) continue;
+    std::vector<DType> dtypes;
+    for (const ir::ValueRef& v : n.operands) dtypes.push_back(graph.type(v).dtype);
+    if (backend.supports(n.op, dtypes)) continue;
+    std::string types;
+    for (DType d : dtypes) types += (types.empty() ? "" : ", ") + std::string(dtype_name(d));
+    throw Error(detail::str_cat("compile: the ", backend.name(), " backend does not run ", ir::op_name(n.op),
+                                " on (", types, ") (node ", i, ")"));
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<runtime::Executable> compile(const Graph& graph, const std::vector<int32_t>& donations,
                                              const backend::Backend& backend) {
   ir::verify(graph);
+  check_supported(graph, backend);
   Graph optimized = order_reads_before_updates(optimize(graph, backend.capabilities()), donations);
   ir::verify(optimized);
   return backend.lower(optimized, donations);

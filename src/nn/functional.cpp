@@ -92,7 +92,8 @@ Tensor nearest_indices(int64_t in, int64_t out, double factor) {
 }  // namespace
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+                  const Tensor& bias, bool training, std::optional<double> momentum, double eps,
+                  const Tensor& num_batches_tracked) {
   LAZYRT_CHECK(input.defined() && input.dim() >= 2 && is_floating(input.dtype()),
                "batch_norm: expects a floating input [N, C, *], got ",
                input.defined() ? type_of(input) : std::string("an undefined tensor"));
@@ -126,10 +127,19 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       NoGradGuard no_grad;
       const Tensor m = reshape(detail::detached_value(mu), {channels});
       const Tensor v = reshape(detail::detached_value(var), {channels}) * (static_cast<double>(count) / (count - 1));
-      const DType rt = running_mean.dtype();
-      Tensor rm = running_mean, rv = running_var;
-      rm.copy_(cast_to(cast_to(m, DType::f64) * momentum + cast_to(running_mean, DType::f64) * (1 - momentum), rt));
-      rv.copy_(cast_to(cast_to(v, DType::f64) * momentum + cast_to(running_var, DType::f64) * (1 - momentum), rt));
+      // The weight of the batch: momentum, or 1 / count for a cumulative average.
+      Tensor w;
+      if (!momentum) {
+        LAZYRT_CHECK(num_batches_tracked.defined() && num_batches_tracked.shape().empty(),
+                     "batch_norm: a cumulative average (no momentum) needs num_batches_tracked, a 0-dim count");
+        w = 1.0 / cast_to(num_batches_tracked, DType::f64);
+      }
+      auto update = [&](Tensor running, const Tensor& batch) {
+        const Tensor r = cast_to(running, DType::f64), b = cast_to(batch, DType::f64);
+        running.copy_(cast_to(momentum ? b * *momentum + r * (1 - *momentum) : r + (b - r) * w, running.dtype()));
+      };
+      update(running_mean, m);
+      update(running_var, v);
     }
   } else {
     mu = per_channel(running_mean, input.dim(), t);

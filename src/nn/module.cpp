@@ -213,6 +213,63 @@ Tensor MaxPool2d::forward(const Tensor& x) {
   return max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode);
 }
 
+BatchNorm::BatchNorm(std::string type_name, std::vector<int64_t> input_dims, int64_t features, double eps_,
+                     std::optional<double> momentum_, bool affine_, bool track)
+    : Module(std::move(type_name)), num_features(features), eps(eps_), momentum(momentum_), affine(affine_),
+      track_running_stats(track), input_dims_(std::move(input_dims)) {
+  LAZYRT_CHECK(features > 0, this->type_name(), ": num_features must be positive, got ", features);
+  if (affine) {
+    weight = register_parameter("weight", ones({features}));
+    bias = register_parameter("bias", zeros({features}));
+  }
+  if (track) {
+    running_mean = register_buffer("running_mean", zeros({features}));
+    running_var = register_buffer("running_var", ones({features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::i64));
+  }
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  LAZYRT_CHECK(x.defined() && std::find(input_dims_.begin(), input_dims_.end(), x.dim()) != input_dims_.end(),
+               type_name(), ": expected an input of ", input_dims_.front(),
+               input_dims_.size() > 1 ? detail::str_cat(" or ", input_dims_.back()) : std::string(), " dims, got ",
+               x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  LAZYRT_CHECK(x.shape()[1] == num_features, type_name(), ": expected ", num_features, " channels in dim 1, got ",
+               shape_str(x.shape()));
+  const bool tracking = is_training() && track_running_stats;
+  if (tracking) {
+    NoGradGuard no_grad;
+    num_batches_tracked.add_(ones({}, DType::i64));
+  }
+  // Running statistics are read in eval mode and updated while tracking in training.
+  const bool read_running = !is_training() || track_running_stats;
+  return batch_norm(x, read_running ? running_mean : Tensor(), read_running ? running_var : Tensor(), weight, bias,
+                    is_training() || !running_mean.defined(), momentum, eps,
+                    tracking ? num_batches_tracked : Tensor());
+}
+
+BatchNorm1d::BatchNorm1d(int64_t features, double eps, std::optional<double> momentum, bool affine, bool track)
+    : BatchNorm("BatchNorm1d", {2, 3}, features, eps, momentum, affine, track) {}
+BatchNorm2d::BatchNorm2d(int64_t features, double eps, std::optional<double> momentum, bool affine, bool track)
+    : BatchNorm("BatchNorm2d", {4}, features, eps, momentum, affine, track) {}
+
+GroupNorm::GroupNorm(int64_t groups, int64_t channels, double eps_, bool affine)
+    : Module("GroupNorm"), num_groups(groups), num_channels(channels), eps(eps_) {
+  LAZYRT_CHECK(groups > 0 && channels > 0 && channels % groups == 0, "GroupNorm: num_channels (", channels,
+               ") must be divisible by num_groups (", groups, "), both positive");
+  if (affine) {
+    weight = register_parameter("weight", ones({channels}));
+    bias = register_parameter("bias", zeros({channels}));
+  }
+}
+
+Tensor GroupNorm::forward(const Tensor& x) { return group_norm(x, num_groups, weight, bias, eps); }
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::vector<int64_t> size)
+    : Module("AdaptiveAvgPool2d"), output_size(std::move(size)) {}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) { return adaptive_avg_pool2d(x, output_size); }
+
 // ---- losses -----------------------------------------------------------------------------------
 
 namespace {

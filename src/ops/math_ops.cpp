@@ -439,6 +439,28 @@ std::pair<Tensor, Tensor> topk(const Tensor& a, int64_t k, int64_t dim, bool lar
   return sorted_prefix(a, k, dim, largest, "topk");
 }
 
+namespace {
+std::pair<Tensor, Tensor> extreme_along(const Tensor& a, int64_t dim, bool keepdim, bool largest, const char* op) {
+  auto [values, indices] = sorted_prefix(a, 1, dim, largest, op);  // nan sorts above every number
+  const int64_t d = wrap_dim(dim, a.shape(), op);
+  if (!largest && is_floating(a.dtype()) && a.dim() > 0) {
+    // nan propagates through min too: the first nan of a line where there is one.
+    const Tensor nan = isnan(a);
+    indices = where(any(nan, {d}, true), argmax(cast(nan, DType::f32), d, true), indices);
+    values = gather(a, d, indices);
+  }
+  if (keepdim || a.dim() == 0) return {values, indices};
+  return {squeeze(values, d), squeeze(indices, d)};
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
+  return extreme_along(a, dim, keepdim, true, "max");
+}
+std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) {
+  return extreme_along(a, dim, keepdim, false, "min");
+}
+
 Tensor clamp_min(const Tensor& a, Scalar min) { return clamp(a, std::optional<Scalar>(min)); }
 Tensor clamp_min(const Tensor& a, const Tensor& min) { return clamp(a, std::optional<Tensor>(min)); }
 Tensor clamp_max(const Tensor& a, Scalar max) { return clamp(a, std::nullopt, std::optional<Scalar>(max)); }

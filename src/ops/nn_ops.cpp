@@ -140,6 +140,25 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   return unbatched_like(cast_to(out, x.dtype()), input);
 }
 
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::vector<int64_t> stride,
+              Padding padding, std::vector<int64_t> dilation, int64_t groups) {
+  if (padding == Padding::Valid)
+    return conv2d(input, weight, bias, std::move(stride), std::vector<int64_t>{0}, std::move(dilation), groups);
+  stride = pair_of(std::move(stride), "conv2d", "stride");
+  dilation = pair_of(std::move(dilation), "conv2d", "dilation");
+  LAZYRT_CHECK(stride[0] == 1 && stride[1] == 1, "conv2d: padding='same' is not supported for strided convolutions");
+  LAZYRT_CHECK(weight.defined() && weight.dim() == 4, "conv2d: expects a weight [O, C / groups, kH, kW], got ",
+               weight.defined() ? type_of(weight) : std::string("an undefined tensor"));
+  std::vector<int64_t> low(2), extra(2);
+  for (size_t i = 0; i < 2; ++i) {
+    const int64_t total = dilation[i] * (weight.shape()[2 + i] - 1);
+    low[i] = total / 2;
+    extra[i] = total - 2 * low[i];  // the odd one, at the end
+  }
+  Tensor x = extra[0] || extra[1] ? pad(input, {0, extra[1], 0, extra[0]}) : input;
+  return conv2d(x, weight, bias, stride, low, dilation, groups);
+}
+
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
                   std::vector<int64_t> stride, std::vector<int64_t> padding,
                   std::vector<int64_t> dilation, bool ceil_mode) {

@@ -932,3 +932,42 @@ def test_masked_select_and_erfinv_methods():
     y = x.clone()
     assert y.erfinv_() is y
     assert_same(y, t.erfinv(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["max", "min"])
+@pytest.mark.parametrize("dim, keepdim", [(0, False), (1, True), (-1, False)])
+def test_max_and_min_along_a_dim_give_values_and_indices(name, dim, keepdim):
+    a = np.array([[1.0, 5.0, 5.0, -2.0], [np.nan, 0.0, 3.0, np.nan], [-1.0, -1.0, 7.0, 0.0]])
+    x, t = lr.tensor(a), torch.tensor(a)
+    got, want = getattr(lr, name)(x, dim, keepdim), getattr(torch, name)(t, dim, keepdim)
+    assert_same(got.values, want.values, what="values")
+    assert_same(got.indices, want.indices, what="indices (nan propagates, ties go first)")
+    m = getattr(x, name)(dim=dim, keepdim=keepdim)
+    assert_same(m[0], want[0])
+    i = torch.tensor(np.array([[3, 1, 4], [1, 5, 9]]))
+    assert_same(getattr(lr, name)(lr.tensor(i.numpy()), 1).indices, getattr(torch, name)(i, 1).indices)
+
+
+def test_max_along_a_dim_is_differentiable():
+    a = np.array([[1.0, 5.0, 2.0], [4.0, 0.0, 3.0]])
+    x, t = lr.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    (lr.max(x, 1).values * lr.tensor([2.0, 3.0])).sum().backward()
+    (torch.max(t, 1).values * torch.tensor([2.0, 3.0], dtype=torch.float64)).sum().backward()
+    assert_same(x.grad, t.grad)
+
+
+@pytest.mark.parametrize("kernel, dilation", [((3, 3), 1), ((2, 4), 1), ((3, 2), 2)])
+def test_conv2d_padding_same_and_valid(kernel, dilation):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 7, 6))
+    w = rng.standard_normal((4, 3) + kernel)
+    for padding in ("same", "valid"):
+        got = lr.conv2d(lr.tensor(x), lr.tensor(w), None, 1, padding, dilation)
+        want = TF.conv2d(torch.tensor(x), torch.tensor(w), None, 1, padding, dilation)
+        assert_same(got, want, rtol=1e-10, atol=1e-12, what=padding)
+    layer = lr.nn.Conv2d(3, 4, kernel, padding="same", dilation=dilation)
+    assert tuple(layer(lr.tensor(x, dtype=lr.float32)).shape) == (2, 4, 7, 6)
+    with pytest.raises(RuntimeError, match="strided"):
+        lr.conv2d(lr.tensor(x), lr.tensor(w), None, 2, "same")
+    with pytest.raises(RuntimeError, match="padding string"):
+        lr.conv2d(lr.tensor(x), lr.tensor(w), None, 1, "full")

@@ -471,14 +471,6 @@ def _batched(input, spatial, call):
                    f"{tuple(input.shape)}")
 
 
-def _same_padding(kernel, dilation, stride, call):
-    """(low, high) per dim of padding='same' (the odd one more at the end, as PyTorch)."""
-    if any(s != 1 for s in stride):
-        raise ValueError(f"{call}: padding='same' is not supported for strided convolutions")
-    total = [d * (k - 1) for k, d in zip(kernel, dilation)]
-    return [(t // 2, t - t // 2) for t in total]
-
-
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """1-D convolution of [N, C, L] (or [C, L]) by weight [O, C / groups, K], as conv2d over a
     height of 1. padding: an int, 'valid' (none) or 'same' (stride 1; an odd total pads one
@@ -489,16 +481,14 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     x, unbatched = _batched(input, 1, "conv1d")
     (s,), (d,) = _ntuple(stride, 1, "conv1d", "stride"), _ntuple(dilation, 1, "conv1d", "dilation")
     if isinstance(padding, str):
-        if padding == "valid":
-            p = 0
-        elif padding == "same":
-            (lo, hi), = _same_padding((weight.shape[2],), (d,), (s,), "conv1d")
-            x, p = (_C.pad(x, [0, hi - lo]) if hi != lo else x), lo
-        else:
+        if padding not in ("valid", "same"):
             raise ValueError(f"conv1d: invalid padding string {padding!r}, should be one of {{'valid', 'same'}}")
+        if padding == "same" and s != 1:
+            raise ValueError("conv1d: padding='same' is not supported for strided convolutions")
+        p = padding  # conv2d's: the inserted dim of size 1 takes none
     else:
-        (p,) = _ntuple(padding, 1, "conv1d", "padding")
-    y = _C.conv2d(_C.unsqueeze(x, 2), _C.unsqueeze(weight, 2), bias, [1, s], [0, p], [1, d], groups)
+        p = [0, _ntuple(padding, 1, "conv1d", "padding")[0]]
+    y = _C.conv2d(_C.unsqueeze(x, 2), _C.unsqueeze(weight, 2), bias, [1, s], p, [1, d], groups)
     y = _C.squeeze(y, 2)
     return _C.squeeze(y, 0) if unbatched else y
 

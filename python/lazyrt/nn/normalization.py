@@ -65,28 +65,14 @@ class _BatchNorm(Module):
             with no_grad():
                 self.num_batches_tracked.add_(1)
         use_batch_stats = self.training or self.running_mean is None
-        if tracking and self.momentum is None:
-            return self._cumulative_average(input)
-        # Running statistics are read in eval mode and updated while tracking in training.
+        # Running statistics are read in eval mode and updated while tracking in training;
+        # momentum=None is a cumulative average, its count read from num_batches_tracked when
+        # the graph runs (never on the host, so replays stay exact).
         read_running = not self.training or self.track_running_stats
-        return F.batch_norm(input, self.running_mean if read_running else None,
-                            self.running_var if read_running else None, self.weight, self.bias,
-                            use_batch_stats, 0.0 if self.momentum is None else self.momentum, self.eps)
-
-    def _cumulative_average(self, input):
-        # momentum=None: running = running + (batch - running) / num_batches_tracked, the
-        # count read from its tensor (never from the host, so replays stay exact).
-        out = F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
-        dims = [0] + list(range(2, input.dim()))
-        count = input.numel() // input.shape[1]
-        with no_grad():
-            x = input.detach()
-            mean = x.mean(dims)
-            var = x.var(dims, correction=0) * (count / (count - 1))
-            factor = 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
-            self.running_mean.copy_(self.running_mean + (mean.to(self.running_mean.dtype) - self.running_mean) * factor)
-            self.running_var.copy_(self.running_var + (var.to(self.running_var.dtype) - self.running_var) * factor)
-        return out
+        return _C._nn.batch_norm(input, self.running_mean if read_running else None,
+                                 self.running_var if read_running else None, self.weight, self.bias,
+                                 use_batch_stats, self.momentum, self.eps,
+                                 self.num_batches_tracked if tracking else None)
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "

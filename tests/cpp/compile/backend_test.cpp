@@ -159,5 +159,38 @@ TEST(Backends, ChoosingAnUnknownBackendNamesTheKnownOnes) {
   EXPECT_EQ(current_backend(), before) << "a refused choice changes nothing";
 }
 
+// A backend that runs everything the reference backend does except matmul of f64 operands.
+class NoF64Matmul final : public backend::Backend {
+ public:
+  const std::string& name() const override { return name_; }
+  uint64_t fingerprint() const override { return 7; }
+  const backend::Capabilities& capabilities() const override { return ref_.capabilities(); }
+  bool supports(OpKind op, const std::vector<DType>& dtypes) const override {
+    return !(op == OpKind::Matmul && dtypes.at(0) == DType::f64);
+  }
+  std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& d) const override {
+    return ref_.lower(g, d);
+  }
+
+ private:
+  std::string name_ = "no-f64-matmul";
+  const backend::Backend& ref_ = backend::get("reference");
+};
+
+TEST(Backends, CompileRefusesANodeTheBackendDoesNotRun) {
+  NoF64Matmul b;
+  for (DType dtype : {DType::f32, DType::f64}) {
+    Graph g;
+    ValueRef x = g.add_parameter({dtype, {2, 2}});
+    g.outputs = {g.add(OpKind::Tanh, {g.add(OpKind::Matmul, {x, x})})};
+    if (dtype == DType::f32) {
+      EXPECT_NE(compile(g, {}, b), nullptr);
+    } else {
+      EXPECT_THAT(testing_support::error_of([&] { compile(g, {}, b); }),
+                  ::testing::HasSubstr("the no-f64-matmul backend does not run matmul on (f64, f64) (node 1)"));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lazyrt::compile

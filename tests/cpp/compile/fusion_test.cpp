@@ -21,6 +21,9 @@ using lazyrt::testing::f32;
 
 namespace {
 
+// These tests are about the cpu backend's fusion, whichever backend the process runs.
+const backend::Backend& cpu() { return backend::get("cpu"); }
+
 int count_ops(const Graph& g, OpKind op) {
   int n = 0;
   for (const auto& node : g.nodes) n += node.op == op;
@@ -29,7 +32,7 @@ int count_ops(const Graph& g, OpKind op) {
 
 // Runs `g` compiled (optimized, fused) on f32 parameters; returns output k's values.
 std::vector<std::vector<float>> run_f32(const Graph& g, std::vector<std::vector<float>> params) {
-  auto exe = compile(g);
+  auto exe = compile(g, {}, cpu());
   std::vector<const void*> in;
   for (auto& p : params) in.push_back(p.data());
   std::vector<std::vector<float>> outs;
@@ -56,7 +59,7 @@ TEST(FuseElementwise, AChainOfOneShapeBecomesOneNodeWithItsConstantsInside) {
   ValueRef z = g.add(OpKind::Add, {y, b});
   ValueRef s = g.add(OpKind::Sum, {z}, {std::vector<int64_t>{0}, false});
   g.outputs = {g.add(OpKind::Exp, {z}), s};
-  EXPECT_EQ(ir::to_text(dead_code_elimination(fuse_elementwise(g))),
+  EXPECT_EQ(ir::to_text(dead_code_elimination(fuse_elementwise(g, cpu().capabilities()))),
             "%0 = parameter {index=0} : f32[2, 3]\n"
             "%1 = parameter {index=1} : f32[3]\n"
             "%2 = fusion(%0, %1) {shape=[2, 3], dtypes=[0, 0]} : f32[2, 3], f32[2, 3] {\n"
@@ -78,7 +81,7 @@ TEST(FuseElementwise, LoneOpsAndOtherShapesStayAsTheyAre) {
   ValueRef x = g.add_parameter(f32({4}));
   ValueRef s = g.add(OpKind::Sum, {g.add(OpKind::Exp, {x})}, {std::vector<int64_t>{0}, false});
   g.outputs = {g.add(OpKind::Neg, {s})};  // [] from [4]: not the exp's shape
-  EXPECT_EQ(ir::to_text(fuse_elementwise(g)), ir::to_text(g));
+  EXPECT_EQ(ir::to_text(fuse_elementwise(g, cpu().capabilities())), ir::to_text(g));
 }
 
 // exp(x) - max(exp(x)): the subtraction reads the exp directly and through the reduction, so
@@ -90,7 +93,7 @@ TEST(FuseElementwise, NeverGroupsAcrossAPathThroughAnotherOp) {
   ValueRef m = g.add(OpKind::Amax, {e}, {std::vector<int64_t>{1}, true});
   ValueRef d = g.add(OpKind::Sub, {e, m});
   g.outputs = {g.add(OpKind::Tanh, {d})};
-  const Graph f = fuse_elementwise(g);
+  const Graph f = fuse_elementwise(g, cpu().capabilities());
   ASSERT_NO_THROW(ir::verify(f));
   EXPECT_EQ(count_ops(f, OpKind::Fusion), 1);  // sub and tanh
   EXPECT_EQ(count_ops(f, OpKind::Exp), 1);
@@ -117,7 +120,7 @@ TEST(FuseElementwise, GroupsThatWaitOnEachOtherAreUndone) {
   ValueRef n2 = g.add(OpKind::Expand, {r2}, {std::vector<int64_t>{2, 3}});
   ValueRef a2 = g.add(OpKind::Mul, {a1, n2});
   g.outputs = {a2, b1};
-  const Graph f = fuse_elementwise(g);
+  const Graph f = fuse_elementwise(g, cpu().capabilities());
   ASSERT_NO_THROW(ir::verify(f));
   EXPECT_EQ(count_ops(f, OpKind::Fusion), 0);
   const std::vector<float> xs = {0, 1, -1, 0.5f, 2, -2}, ys = {3, -4};
@@ -138,7 +141,7 @@ TEST(FuseElementwise, GroupsStayWithinTheKernelLimits) {
   ValueRef v = x;
   for (int i = 0; i < 3 * kernels::kMaxFusedOps; ++i) v = g.add(OpKind::Tanh, {v});
   g.outputs = {v};
-  const Graph f = fuse_elementwise(g);
+  const Graph f = fuse_elementwise(g, cpu().capabilities());
   ASSERT_NO_THROW(ir::verify(f));
   EXPECT_EQ(count_ops(f, OpKind::Fusion), 3);
   const auto out = run_f32(g, {{-1, 0.5, 2}})[0];
@@ -162,7 +165,7 @@ TEST(FusedKernel, BroadcastsOperandsAcrossBlocks) {
   std::vector<float> xs(rows * cols);
   for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.1f * static_cast<float>(i));
   const std::vector<float> bs = {0.5f, -1.0f, 0.25f};
-  ASSERT_EQ(count_ops(optimize(g), OpKind::Fusion), 1);
+  ASSERT_EQ(count_ops(optimize(g, cpu().capabilities()), OpKind::Fusion), 1);
   const auto out = run_f32(g, {xs, bs});
   for (int64_t i = 0; i < rows * cols; ++i) {
     const float want = xs[i] * 2.0f + bs[i % cols];
@@ -180,8 +183,8 @@ TEST(FusedKernel, SixteenBitResultsRoundAfterEveryOp) {
   ValueRef x = g.add_parameter(t);
   ValueRef c = g.add_full(std::ldexp(1.0, -8), {}, DType::bf16);
   g.outputs = {g.add(OpKind::Add, {g.add(OpKind::Add, {x, c}), c})};
-  ASSERT_EQ(count_ops(optimize(g), OpKind::Fusion), 1);
-  auto exe = compile(g);
+  ASSERT_EQ(count_ops(optimize(g, cpu().capabilities()), OpKind::Fusion), 1);
+  auto exe = compile(g, {}, cpu());
   const bf16 in[2] = {bf16(1.0f), bf16(2.0f)};
   bf16 out[2];
   const void* params[1] = {in};
@@ -245,7 +248,7 @@ TEST(FusedKernel, RandomGraphsMatchAPlainEvaluation) {
     for (size_t v = 3; v < vals.size(); v += 3) outs.push_back(v);
     outs.push_back(vals.size() - 1);
     for (size_t v : outs) g.outputs.push_back(vals[v]);
-    const Graph opt = optimize(g);
+    const Graph opt = optimize(g, cpu().capabilities());
     ASSERT_NO_THROW(ir::verify(opt)) << "trial " << trial;
     fusions += count_ops(opt, OpKind::Fusion);
     const auto got = run_f32(g, params);

@@ -5,6 +5,8 @@
 
 #include "trace/lazy_tensor.h"
 
+#include "support/error_of.h"
+
 #include <cmath>
 
 namespace lazyrt {
@@ -172,6 +174,48 @@ TEST(Layers, ConvPoolNormEmbeddingAndGeluModules) {
   EXPECT_EQ(gelu_tanh.forward(x).to_vector<float>(), gelu(x, "tanh").to_vector<float>());
   EXPECT_EQ(conv.named_parameters().size(), 2u);
   EXPECT_THROW(nn::Conv2d(3, 4, {3}, {1}, {0}, {1}, 2), Error);
+}
+
+// x = [[1, 2], [3, 4]] ([N = 2, C = 2]): batch means [2, 3], biased variances [1, 1], unbiased
+// [2, 2]; values worked out from PyTorch's formulas.
+TEST(Module, BatchNormTrainsWithTheBatchAndUpdatesItsRunningStatistics) {
+  nn::BatchNorm1d bn(2);
+  EXPECT_EQ(bn.named_buffers().size(), 3u);
+  Tensor x = tensor({1, 2, 3, 4}, {2, 2});
+  const float s = 1.0f / std::sqrt(1.0f + 1e-5f);
+  std::vector<float> y = bn(x).to_vector<float>();
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(y[i], (i < 2 ? -1 : 1) * s, 1e-6) << i;
+  EXPECT_THAT(bn.running_mean.to_vector<float>(), ::testing::Pointwise(::testing::FloatNear(1e-6), {0.2f, 0.3f}));
+  EXPECT_THAT(bn.running_var.to_vector<float>(), ::testing::Pointwise(::testing::FloatNear(1e-6), {1.1f, 1.1f}));
+  EXPECT_EQ(bn.num_batches_tracked.item(), 1);
+  bn.eval();
+  // eval: (x - running_mean) / sqrt(running_var + eps)
+  std::vector<float> e = bn(x).to_vector<float>();
+  EXPECT_NEAR(e[0], (1 - 0.2) / std::sqrt(1.1 + 1e-5), 1e-6);
+  EXPECT_NEAR(e[3], (4 - 0.3) / std::sqrt(1.1 + 1e-5), 1e-6);
+  EXPECT_EQ(bn.num_batches_tracked.item(), 1) << "eval tracks nothing";
+}
+
+TEST(Module, BatchNormWithoutMomentumKeepsACumulativeAverage) {
+  nn::BatchNorm2d bn(1, 1e-5, std::nullopt);
+  // Two batches of [2, 1, 1, 2]: means 2.5 and 6.5, unbiased variances 5/3 and 5/3.
+  bn(tensor({1, 2, 3, 4}, {2, 1, 1, 2}));
+  bn(tensor({5, 6, 7, 8}, {2, 1, 1, 2}));
+  EXPECT_NEAR(bn.running_mean.item(), (2.5 + 6.5) / 2, 1e-6);
+  EXPECT_NEAR(bn.running_var.item(), 5.0 / 3.0, 1e-6);
+  EXPECT_EQ(bn.num_batches_tracked.item(), 2);
+  EXPECT_THAT(testing_support::error_of([&] { bn(tensor({1, 2}, {1, 2})); }), HasSubstr("BatchNorm2d: expected an input of 4 dims"));
+}
+
+TEST(Module, GroupNormAndAdaptiveAvgPool2dAreTheirFunctionalForms) {
+  nn::GroupNorm gn(2, 4);
+  EXPECT_EQ(gn.named_parameters().size(), 2u);
+  Tensor x = reshape(arange(16, DType::f32), {1, 4, 2, 2}) * 0.5;
+  EXPECT_EQ(gn(x).to_vector<float>(), nn::group_norm(x, 2, gn.weight, gn.bias).to_vector<float>());
+  nn::AdaptiveAvgPool2d pool({1, 1});
+  // One bin per channel: the means of [0, 1, 2, 3] * 0.5 + 2 * channel.
+  EXPECT_THAT(pool(x).to_vector<float>(), ::testing::ElementsAre(0.75f, 2.75f, 4.75f, 6.75f));
+  EXPECT_THAT(testing_support::error_of([] { nn::GroupNorm(3, 4); }), HasSubstr("divisible"));
 }
 
 }  // namespace lazyrt
