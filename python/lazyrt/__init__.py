@@ -29,3 +29,7 @@ from lazyrt import nn, optim, metrics, cache, debug  # noqa: F401
 
 __version__ = "0.1.0"
 from lazyrt._extra import *  # noqa: F401,F403,E402  (torch functions written in Python)
+
+# `from lazyrt import *` gives the names above and never the subpackage lazyrt.torch (which,
+# once imported, is an attribute here and would shadow PyTorch in the importer's namespace).
+__all__ = [name for name in globals() if not name.startswith("_") and name != "torch"]

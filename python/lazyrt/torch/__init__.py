@@ -1,0 +1,81 @@
+"""lazyrt.torch: unmodified PyTorch training steps, captured once and replayed by lazyrt.
+
+    import lazyrt.torch
+
+    model = torch.nn.Linear(5, 3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    @lazyrt.torch.compile
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for x, y in data:
+        loss = step(x, y)      # first call: capture + compile; later calls: replay
+
+**What a step touches**: the torch modules and optimizers found in the step function's bound
+self, closure and the globals its code names (found anew on every call), plus any given as
+``compile(fn, model=..., optimizer=...)``. Their parameters, buffers, the parameters' ``.grad``,
+the optimizers' state and learning rates, and the tensors among the arguments are the inputs
+of the captured graph. Other tensors the step reads (a class-weight tensor in a closure) are
+read anew on every call too; a tensor that requires grad and belongs to no known module is
+refused (pass its module as ``model=``).
+
+**Capture** (`_capture`): the first call with a given signature traces the step with
+``make_fx`` over fake tensors — with the modules' parameters and buffers, the gradients, the
+optimizers' state and learning rates swapped for graph inputs — and traces that graph again
+under ``functionalize``: a pure aten graph whose ``aten.copy_(input, value)`` nodes say what
+the step changed in place. Nothing runs while capturing and no torch tensor changes (a capture
+that fails leaves everything as it was). SGD (momentum, nesterov, dampening, weight decay,
+maximize), Adam and AdamW (amsgrad, maximize, weight decay) run their own ``step()`` with the
+update arithmetic replaced by an equivalent that reads the learning rate and the step count as
+tensors (`_optim`): the learning rate is a graph input and no ``.item()`` is needed.
+``foreach=True`` groups are captured with the same per-tensor arithmetic (and ``zero_grad``'s
+``torch._foreach_zero_`` as one ``zero_`` per gradient). Other optimizers run their own code:
+their learning rate is a constant of the capture, and a Python number in their state (RMSprop's
+step count) makes every step a new capture; a ``.item()`` in their step cannot be captured.
+
+A fresh model (``.grad`` None) and a fresh optimizer (no state) are captured as if they had
+zero gradients and the optimizer's initial state, so the first step and the later ones share
+one graph; the stand-in is checked on the captured graph and dropped where it would change
+what eager computes (see `_capture`).
+
+**Lowering** (`_lower`): an interpreter maps each aten op of the graph to lazyrt ops
+(``lazyrt.torch.supported_ops()`` lists them); it runs inside ``lazyrt.compile_step``, which
+records it once and replays the compiled lazyrt graph on later calls. An op without a lowering
+raises `UnsupportedOperatorError` naming it when the step is captured (graph breaks are not
+supported yet); reading a value inside the step (``.item()``, ``if loss > 0``) or a shape that
+depends on values raises `CaptureError`.
+
+**A call**: the torch tensors are handed to lazyrt without a copy (``lazyrt.from_torch``), the
+compiled step runs, and the new value of every tensor the step changed is copied into the
+user's tensor in place (``tensor.copy_(lazyrt.to_torch(new))``: one copy per changed tensor
+per step in this version). Gradients and state entries the step replaced or created become new
+tensors, as in eager; gradients it set to None are None. Results are new torch tensors, not
+attached to autograd (``loss.item()`` after the call, not inside the step).
+
+**Guards**: a call captures again when any of these differ from every capture so far: the
+arguments' structure, shapes, dtypes, ``requires_grad`` and non-tensor values; which tensors are
+the modules' parameters and buffers (identity, shapes, dtypes, ``requires_grad``); any module's
+``training`` flag; which gradients exist and their shapes; the optimizers' state layout and
+non-tensor state values, and every hyperparameter except the learning rate (a scheduler
+changing ``lr`` does not recapture); the grad mode and the default dtype. Not guarded: Python
+values the step reads other than these (a global float, a module attribute that is not a
+tensor), and any Python side effect of the step (it runs only when captured).
+"""
+
+from lazyrt.torch._capture import CaptureError
+from lazyrt.torch._lower import LOWERINGS as _LOWERINGS, UnsupportedOperatorError
+from lazyrt.torch._step import CompiledFunction, compile, discover
+
+
+def supported_ops():
+    """The names of the aten ops lazyrt.torch lowers (sorted)."""
+    from lazyrt.torch._lower import op_name
+    return sorted({op_name(op) for op in _LOWERINGS})
+
+
+__all__ = ["compile", "CompiledFunction", "CaptureError", "UnsupportedOperatorError", "supported_ops", "discover"]

@@ -1,0 +1,460 @@
+"""Capture: one call of a PyTorch training step as a pure aten graph plus the list of what it
+writes back.
+
+**What a step touches** (`World`): the tensors of the modules and optimizers the step uses —
+parameters, buffers, the parameters' ``.grad``, the optimizers' state — and the tensors among
+its arguments. Each becomes an input *slot* of the captured graph, in a fixed order: argument
+tensors, parameters, buffers, gradients, optimizer state, then one learning rate per parameter
+group (a 0-d float64 tensor; see `_optim`).
+
+**Two passes** (the recipe of PyTorch's distributed ``_spmd`` front end). Pass 1 runs the
+user's step under ``make_fx`` over fake tensors (`_fake_trace`: nothing is computed and no real
+tensor changes) with the modules'
+parameters and buffers, the gradients and the optimizer state swapped for the graph's inputs:
+forward, ``backward()``, ``step()`` and ``zero_grad()`` are recorded as aten ops, in-place ones
+included. ``functionalize`` cannot wrap ``backward()`` itself, so pass 2 traces pass 1's graph
+again under ``functionalize``: the result is a pure graph followed by one
+``aten.copy_(input, new_value)`` per input that the step changed in place — the write-back list.
+Gradients and state the step *replaced* (``p.grad = new``, a state entry created) are outputs
+of the graph, found by comparing what the swapped-in objects hold after pass 1.
+
+**One graph for the first step and the later ones.** A fresh model has ``.grad`` None and a
+fresh optimizer has no state; after one step (PyTorch 1.13's ``zero_grad()`` keeps zeroed
+gradients) both exist. Eager runs the same arithmetic either way (backward's first
+accumulation into a missing gradient *is* the gradient; SGD/Adam/AdamW's state starts at
+zeros), so a missing gradient is captured as a zero tensor and missing state as the optimizer's
+initial state (`_optim.initial_state`), and one graph serves every step. That stand-in is
+checked on the graph of pass 1, per tensor: a stand-in gradient must be left untouched or
+first be written by backward's accumulation (``add_``) before anything reads it (zeroing it
+first is fine), and stand-in state must belong to a parameter the optimizer actually updated.
+Where a check fails, that tensor is captured as it really is (None, or no state) and the graph
+only serves calls where it still is.
+"""
+
+import collections
+
+import torch
+import torch.utils._pytree as pytree
+
+from lazyrt.torch import _optim
+
+aten = torch.ops.aten
+
+
+class CaptureError(RuntimeError):
+    """A step lazyrt.torch cannot capture (the message says why)."""
+
+
+def _fake_trace(fn, examples):
+    """make_fx of fn(examples) over fake tensors: nothing is computed.
+
+    PyTorch 1.13's fake tensor mode refuses real tensors that the traced code reads from outside
+    its inputs (a loss module's class weights, a tensor in a closure, a scalar tensor PyTorch
+    makes inside a composite op); PyTorch 2 has allow_non_fake_inputs for that. This mode takes
+    them as fake tensors of the same metadata; make_fx records each as a constant of the graph
+    (a get_attr node holding the real tensor), which the lowering reads anew on every call.
+    """
+    from functorch import make_fx
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    class TolerantFakeTensorMode(FakeTensorMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in self.lift_fns:  # torch.tensor(...) made inside the step: the mode's own case
+                return super().__torch_dispatch__(func, types, args, kwargs)
+
+            def fake(t):
+                if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
+                    if t.requires_grad:
+                        raise CaptureError(
+                            f"lazyrt.torch: the step uses a tensor that requires grad (shape {list(t.shape)}) and "
+                            "is no parameter of the modules it was given or found; pass its module as model=...")
+                    return self.from_tensor(t)
+                return t
+            args, kwargs = pytree.tree_map(fake, (args, kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    mode = TolerantFakeTensorMode(allow_fallback_kernels=True)
+    fakes = [mode.from_tensor(e) for e in examples]
+    with mode:
+        return make_fx(fn, tracing_mode="real")(fakes)
+
+
+# ---- what a step touches -------------------------------------------------------------------
+
+def _hashable(value):
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("unhashable", type(value).__name__, repr(value))
+
+
+def _tensor_sig(t):
+    return ("T", tuple(t.shape), t.dtype)
+
+
+def _value_sig(v):
+    return _tensor_sig(v) if isinstance(v, torch.Tensor) else ("C", _hashable(v))
+
+
+class World:
+    """The tensors one call of a step reads and writes, and the signature the call is guarded on.
+
+    Built anew for every call (cheap: a walk over the modules and the optimizers' groups), so a
+    replaced parameter, a changed ``.grad``, a new optimizer state entry or a changed
+    hyperparameter shows up in the signature.
+    """
+
+    def __init__(self, modules, optimizers, args, kwargs):
+        self.modules = modules
+        self.optimizers = optimizers
+        self.args_leaves, self.args_spec = pytree.tree_flatten((args, kwargs))
+
+        # Unique parameters and buffers, each with every (submodule, attribute) place holding it
+        # (tied weights: one tensor, several places).
+        self.params, self.param_places = [], []
+        self.buffers, self.buffer_places = [], []
+        index_of = {}
+        training = []
+        for m in modules:
+            for _, sub in m.named_modules(remove_duplicate=False):
+                training.append(sub.training)
+                for table, tensors, places, kind in ((sub._parameters, self.params, self.param_places, "p"),
+                                                     (sub._buffers, self.buffers, self.buffer_places, "b")):
+                    for name, t in table.items():
+                        if t is None:
+                            continue
+                        i = index_of.get(id(t))
+                        if i is None:
+                            i = index_of[id(t)] = (kind, len(tensors))
+                            tensors.append(t)
+                            places.append([])
+                        elif i[0] != kind:
+                            raise CaptureError("lazyrt.torch: a tensor is both a parameter and a buffer")
+                        if (sub, name) not in places[i[1]]:
+                            places[i[1]].append((sub, name))
+        self.param_index = {id(p): i for i, p in enumerate(self.params)}
+        self.training = tuple(training)
+
+        for leaf in self.args_leaves:
+            if isinstance(leaf, torch.Tensor):
+                if id(leaf) in index_of:
+                    raise CaptureError("lazyrt.torch: a parameter or buffer of the model is passed as an argument "
+                                       "of the step; pass other tensors (the step reads the model's own)")
+                if leaf.requires_grad:
+                    raise CaptureError("lazyrt.torch: arguments that require grad are not supported yet "
+                                       "(their .grad would not be written back)")
+
+        # The optimizers' parameters (each must be one of the modules'), in group order.
+        self.opt_params = []  # per optimizer: [(group index, param index)]
+        for o in optimizers:
+            seen, entries = set(), []
+            for gi, group in enumerate(o.param_groups):
+                for p in group["params"]:
+                    i = self.param_index.get(id(p))
+                    if i is None:
+                        raise CaptureError(f"lazyrt.torch: {type(o).__name__} updates a tensor (shape {list(p.shape)}) "
+                                           "that is not a parameter of the given model(s); pass the module owning it")
+                    if i not in seen:
+                        seen.add(i)
+                        entries.append((gi, i))
+            self.opt_params.append(entries)
+
+    # -- per-tensor states the signature and the capture use --
+
+    def grad_kind(self, i):
+        """'present' (a tensor), 'none_canonical' (None, may stand in as zeros) or 'none' (None,
+        parameter does not require grad: stays out of the graph)."""
+        p = self.params[i]
+        if p.grad is not None:
+            return "present"
+        return "none_canonical" if p.requires_grad else "none"
+
+    def state_of(self, oi, i):
+        return self.optimizers[oi].state.get(self.params[i])  # .get: never create an entry
+
+    def state_kind(self, oi, gi, i):
+        """'present', 'empty_canonical' (no state yet; the optimizer's initial state may stand in)
+        or 'empty'."""
+        if self.state_of(oi, i):
+            return "present"
+        o = self.optimizers[oi]
+        p = self.params[i]
+        if (p.requires_grad or p.grad is not None) and \
+                _optim.initial_state(o, o.param_groups[gi], p, device="meta") is not None:
+            return "empty_canonical"
+        return "empty"
+
+    def signature(self):
+        """Everything a captured graph depends on besides tensor values (and learning rates)."""
+        args = tuple(("T", tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor)
+                     else ("C", type(a).__name__, _hashable(a)) for a in self.args_leaves)
+        params = tuple((id(p), tuple(p.shape), p.dtype, p.requires_grad, len(pl))
+                       for p, pl in zip(self.params, self.param_places))
+        buffers = tuple((id(b), tuple(b.shape), b.dtype, len(bl)) for b, bl in zip(self.buffers, self.buffer_places))
+        grads = []
+        for i, p in enumerate(self.params):
+            kind = self.grad_kind(i)
+            g = p.grad
+            grads.append(_tensor_sig(g) if kind == "present" else
+                         _tensor_sig(p) if kind == "none_canonical" else ("N",))
+        opts = []
+        for oi, o in enumerate(self.optimizers):
+            lr_in = _optim.lr_is_input(o)
+            groups = tuple((tuple(sorted((k, _hashable(v)) for k, v in g.items()
+                                         if k not in _optim.NOT_HYPERPARAMETERS)),
+                            ("lr-input",) if lr_in else ("lr", _hashable(g["lr"])),
+                            tuple(id(p) for p in g["params"]))
+                           for g in o.param_groups)
+            states = []
+            for gi, i in self.opt_params[oi]:
+                kind = self.state_kind(oi, gi, i)
+                if kind == "present":
+                    d = self.state_of(oi, i)
+                elif kind == "empty_canonical":
+                    d = _optim.initial_state(o, o.param_groups[gi], self.params[i], device="meta")
+                else:
+                    d = {}
+                states.append(tuple(sorted((k, _value_sig(v)) for k, v in d.items())))
+            opts.append((type(o), lr_in, groups, tuple(states)))
+        return (str(self.args_spec), args, params, buffers, self.training, tuple(grads), tuple(opts),
+                torch.is_grad_enabled(), torch.get_default_dtype())
+
+
+# ---- slots: the graph's inputs ---------------------------------------------------------------
+
+class Slot:
+    """One input of the captured graph: kind is 'arg' (ref: leaf index), 'param' / 'buffer'
+    (ref: index), 'grad' (ref: param index), 'state' (ref: (optimizer, param index, key)) or
+    'lr' (ref: (optimizer, group index))."""
+
+    __slots__ = ("kind", "ref")
+
+    def __init__(self, kind, ref):
+        self.kind, self.ref = kind, ref
+
+    def __repr__(self):
+        return f"Slot({self.kind}, {self.ref})"
+
+
+class Captured:
+    """The result of a capture: the functionalized graph, its input slots, and what to do with
+    its outputs. Built by `capture`; used by `lazyrt.torch._step`."""
+
+
+def _first_use(graph_order, node):
+    """How the value of a stand-in gradient placeholder is first used in pass 1's graph:
+    'untouched' (never), 'accumulated' (backward's add_ writes it before anything reads it,
+    zeroing it first allowed) or 'read' (anything else, zeroing it and nothing more included:
+    eager's zero_grad leaves a missing gradient missing)."""
+    current = node
+    while True:
+        users = sorted(current.users, key=graph_order.__getitem__)
+        if not users:
+            return "untouched" if current is node else "read"
+        first = users[0]
+        if first.op == "call_function" and first.args and first.args[0] is current:
+            if first.target is aten.zero_.default:
+                current = first
+                continue
+            if first.target is aten.add_.Tensor and len(first.args) == 2 and not first.kwargs:
+                return "accumulated"
+        return "read"
+
+
+def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
+    """Captures one call of fn in `world`. Gradients (param indices) in exact_grads and states
+    ((optimizer, param index)) in exact_states that are missing are captured as missing instead of
+    through a stand-in. Returns a Captured."""
+    from functorch import functionalize
+
+    slots, examples = [], []
+
+    def add_slot(kind, ref, example):
+        slots.append(Slot(kind, ref))
+        examples.append(example)
+        return len(slots) - 1
+
+    arg_slot = {}
+    for li, leaf in enumerate(world.args_leaves):
+        if isinstance(leaf, torch.Tensor):
+            arg_slot[li] = add_slot("arg", li, leaf.detach())
+    param_slot = [add_slot("param", i, p.detach().requires_grad_(p.requires_grad))
+                  for i, p in enumerate(world.params)]
+    buffer_slot = [add_slot("buffer", i, b.detach()) for i, b in enumerate(world.buffers)]
+
+    grad_slot, grad_canonical = {}, set()
+    for i, p in enumerate(world.params):
+        kind = world.grad_kind(i)
+        if kind == "present":
+            grad_slot[i] = add_slot("grad", i, p.grad.detach())
+        elif kind == "none_canonical" and i not in exact_grads:
+            grad_slot[i] = add_slot("grad", i, torch.zeros_like(p, memory_format=torch.contiguous_format))
+            grad_canonical.add(i)
+
+    state_in = {}  # (oi, i) -> {key: slot or ("C", value)}
+    state_canonical = set()
+    for oi, o in enumerate(world.optimizers):
+        for gi, i in world.opt_params[oi]:
+            kind = world.state_kind(oi, gi, i)
+            if kind == "present":
+                d = world.state_of(oi, i)
+            elif kind == "empty_canonical" and (oi, i) not in exact_states:
+                d = _optim.initial_state(o, o.param_groups[gi], world.params[i])
+                state_canonical.add((oi, i))
+            else:
+                continue
+            state_in[(oi, i)] = {k: add_slot("state", (oi, i, k), v.detach()) if isinstance(v, torch.Tensor)
+                                 else ("C", v) for k, v in d.items()}
+
+    lr_slot = {}
+    for oi, o in enumerate(world.optimizers):
+        if _optim.lr_is_input(o):
+            for gi, g in enumerate(o.param_groups):
+                lr_slot[(oi, gi)] = add_slot("lr", (oi, gi), torch.tensor(float(g["lr"]), dtype=torch.float64))
+
+    # Filled in by pass 1.
+    info = {}
+
+    def step_on_inputs(flat):
+        inputs = list(flat)
+        leaves = list(world.args_leaves)
+        for li, s in arg_slot.items():
+            leaves[li] = inputs[s]
+        args, kwargs = pytree.tree_unflatten(leaves, world.args_spec)
+        proxies = [inputs[s] for s in param_slot]
+        proxy_index = {id(t): i for i, t in enumerate(proxies)}
+        restore = []
+        try:
+            for places, s in ((world.param_places, param_slot), (world.buffer_places, buffer_slot)):
+                for i, where in enumerate(places):
+                    for sub, name in where:
+                        table = sub._parameters if places is world.param_places else sub._buffers
+                        restore.append((table, name, table[name]))
+                        table[name] = inputs[s[i]]
+            for i, p in enumerate(proxies):
+                p.grad = inputs[grad_slot[i]] if i in grad_slot else None
+            for oi, o in enumerate(world.optimizers):
+                saved_groups = [(g, g["params"], g["lr"]) for g in o.param_groups]
+                saved_state = o.state
+                restore.append(("optimizer", o, saved_groups, saved_state))
+                for gi, g in enumerate(o.param_groups):
+                    g["params"] = [proxies[world.param_index[id(p)]] for p in g["params"]]
+                    if (oi, gi) in lr_slot:
+                        g["lr"] = inputs[lr_slot[(oi, gi)]]
+                state = collections.defaultdict(dict)
+                for (soi, i), d in state_in.items():
+                    if soi == oi:
+                        state[proxies[i]] = {k: (v[1] if isinstance(v, tuple) else inputs[v]) for k, v in d.items()}
+                o.state = state
+            processed = set()
+
+            def record(param):
+                i = proxy_index.get(id(param))
+                if i is not None:
+                    processed.add(i)
+
+            with _optim.patched_updates(world.optimizers, record):
+                result = fn(*args, **kwargs)
+
+            # Collect the outputs: the step's result, then the final gradients and state.
+            outputs = []
+
+            def out(t):
+                outputs.append(t)
+                return len(outputs) - 1
+
+            res_leaves, res_spec = pytree.tree_flatten(result)
+            info["result_spec"] = res_spec
+            info["result"] = [("T", out(v)) if isinstance(v, torch.Tensor) else ("C", v) for v in res_leaves]
+            grads = {}
+            for i, p in enumerate(proxies):
+                g = p.grad
+                own = grad_slot.get(i)
+                if g is None:
+                    grads[i] = ("N",)
+                else:
+                    grads[i] = ("T", out(g), own is not None and g is inputs[own])
+            info["grads"] = grads
+            states = {}
+            for oi, o in enumerate(world.optimizers):
+                for gi, i in world.opt_params[oi]:
+                    d = o.state.get(proxies[i])
+                    before = state_in.get((oi, i), {})
+                    if not d and not before:
+                        continue
+                    final = {}
+                    for k, v in (d or {}).items():
+                        s = before.get(k)
+                        if isinstance(v, torch.Tensor):
+                            final[k] = ("T", out(v), isinstance(s, int) and v is inputs[s])
+                        else:
+                            final[k] = ("C", v)
+                    states[(oi, i)] = final
+            info["states"] = states
+            info["processed"] = processed
+            # Parameters and buffers must still be the tensors swapped in (updated in place).
+            for places, s, what in ((world.param_places, param_slot, "parameter"),
+                                    (world.buffer_places, buffer_slot, "buffer")):
+                for i, where in enumerate(places):
+                    for sub, name in where:
+                        table = sub._parameters if what == "parameter" else sub._buffers
+                        if table.get(name) is not inputs[s[i]]:
+                            raise CaptureError(f"lazyrt.torch: the step replaces the {what} '{name}' of a "
+                                               f"{type(sub).__name__} (change values in place instead)")
+            return outputs
+        finally:
+            for entry in reversed(restore):
+                if entry[0] == "optimizer":
+                    _, o, saved_groups, saved_state = entry
+                    for g, params, lr in saved_groups:
+                        g["params"], g["lr"] = params, lr
+                    o.state = saved_state
+                else:
+                    table, name, value = entry
+                    table[name] = value
+
+    try:
+        pass1 = _fake_trace(step_on_inputs, examples)
+    except CaptureError:
+        raise
+    except Exception as e:  # noqa: BLE001 - name what failed, keep the cause
+        hint = ""
+        if "value out of a tracing tensor" in str(e) or "DataDependentOutput" in type(e).__name__:
+            hint = (" (the step reads a tensor's value: .item(), float(), bool() or an `if` on a tensor; a captured "
+                    "step cannot yet — return the tensor and read it after the call)")
+        raise CaptureError(f"lazyrt.torch: capturing the step failed{hint}: {type(e).__name__}: {e}") from e
+
+    # Stand-in checks on pass 1 (in-place ops still visible there).
+    order = {n: k for k, n in enumerate(pass1.graph.nodes)}
+    placeholders1 = [n for n in pass1.graph.nodes if n.op == "placeholder"]
+    grad_none_ok = set()
+    for i, s in grad_slot.items():
+        if _first_use(order, placeholders1[s]) in ("untouched", "accumulated"):
+            grad_none_ok.add(i)
+    state_empty_ok = {key for key in state_in if key[1] in info["processed"]}
+
+    plain = [e.detach() for e in examples]  # pass 2 sees no autograd: the backward is ops already
+    try:
+        pass2 = _fake_trace(functionalize(pass1), plain)
+    except Exception as e:  # noqa: BLE001
+        raise CaptureError(f"lazyrt.torch: functionalizing the captured step failed: {type(e).__name__}: {e}") from e
+
+    c = Captured()
+    c.graph_module = pass2
+    c.slots = slots
+    c.grad_slot = grad_slot
+    c.grad_canonical = grad_canonical
+    c.state_in = state_in
+    c.state_canonical = state_canonical
+    c.exact_grads = frozenset(exact_grads)
+    c.exact_states = frozenset(exact_states)
+    c.grad_none_ok = grad_none_ok
+    c.state_empty_ok = state_empty_ok
+    c.result_spec = info["result_spec"]
+    c.result = info["result"]
+    c.grads = info["grads"]
+    c.states = info["states"]
+    c.processed = info["processed"]
+    c.pass1_nodes = len(pass1.graph.nodes)
+    return c

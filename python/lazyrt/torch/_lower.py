@@ -1,0 +1,714 @@
+"""Lowering: the functionalized aten graph of a captured step, run as lazyrt ops.
+
+`LoweredGraph` interprets the FX graph node by node: each aten op maps to a composition of
+lazyrt ops (`LOWERINGS`), so calling it inside ``lazyrt.compile_step`` records one lazyrt graph.
+Every node carries PyTorch's answer for its result (``node.meta['val']``, a fake tensor): the
+lowering takes the result dtype from it (elementwise operands are cast to PyTorch's promoted
+dtype first, as PyTorch computes in it), factories take their shapes from it, and every result
+is checked against it — a shape that differs is an error naming the op, never a silent wrong
+value.
+
+Only the nodes the outputs and write-backs need are lowered (the graph also holds dead ops,
+such as the profiler's ``record_function`` buffers). A live op without a lowering raises
+`UnsupportedOperatorError` naming it, when the step is captured and before anything runs.
+"""
+
+import math
+import operator
+
+import torch
+import torch.fx
+
+import lazyrt
+from lazyrt import _C
+
+aten = torch.ops.aten
+
+
+class UnsupportedOperatorError(NotImplementedError):
+    """The captured step uses an aten op lazyrt.torch has no lowering for (named in the message)."""
+
+
+_DTYPES = {
+    torch.float32: _C.float32, torch.float64: _C.float64, torch.float16: _C.float16,
+    torch.bfloat16: _C.bfloat16, torch.int32: _C.int32, torch.int64: _C.int64, torch.bool: _C.bool,
+}
+
+
+def lazy_dtype(dtype, what="a tensor"):
+    d = _DTYPES.get(dtype)
+    if d is None:
+        raise UnsupportedOperatorError(f"lazyrt.torch: {what} has dtype {dtype}, which lazyrt does not have")
+    return d
+
+
+class Expect:
+    """PyTorch's shape and dtype for a node's (first) result."""
+
+    __slots__ = ("shape", "dtype", "val")
+
+    def __init__(self, node):
+        val = node.meta.get("val")
+        self.val = val
+        first = val[0] if isinstance(val, (tuple, list)) else val
+        if isinstance(first, torch.Tensor):
+            self.shape = tuple(int(s) for s in first.shape)
+            self.dtype = lazy_dtype(first.dtype, f"the result of {node.target}")
+        else:
+            self.shape = self.dtype = None
+
+
+LOWERINGS = {}
+
+
+def lowering(*ops):
+    def register(fn):
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+    return register
+
+
+def _is_tensor(x):
+    return isinstance(x, _C.Tensor)
+
+
+def _cast(x, dtype):
+    if _is_tensor(x) and x.dtype is not dtype:
+        return _C.cast(x, dtype)
+    return x
+
+
+def _full(shape, value, dtype):
+    return _C.full(tuple(shape), value, dtype=dtype)
+
+
+def _reduce_dims(dim, ndim):
+    """aten's dim list for reductions: None or [] means every dim."""
+    if dim is None:
+        return list(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    return [d % max(ndim, 1) for d in dim] if dim else list(range(ndim))
+
+
+# ---- elementwise arithmetic: operands in PyTorch's result dtype -------------------------------
+
+def _elementwise(fn):
+    def lower(e, *args, **kwargs):
+        args = [_cast(a, e.dtype) for a in args]
+        return fn(*args, **kwargs)
+    return lower
+
+
+lowering(aten.add.Tensor, aten.add.Scalar)(_elementwise(lambda a, b, alpha=1: _C.add(a, b, alpha=alpha)))
+lowering(aten.sub.Tensor, aten.sub.Scalar)(_elementwise(lambda a, b, alpha=1: _C.sub(a, b, alpha=alpha)))
+lowering(aten.rsub.Tensor, aten.rsub.Scalar)(
+    _elementwise(lambda a, b, alpha=1: _C.sub(b, a, alpha=alpha) if _is_tensor(b)
+                 else _C.add(_C.mul(a, -alpha), b)))
+lowering(aten.mul.Tensor, aten.mul.Scalar)(_elementwise(_C.mul))
+lowering(aten.div.Tensor, aten.div.Scalar)(_elementwise(_C.div))
+lowering(aten.maximum.default)(_elementwise(_C.maximum))
+lowering(aten.minimum.default)(_elementwise(_C.minimum))
+lowering(aten.addcmul.default)(_elementwise(lambda s, a, b, value=1: _C.addcmul(s, a, b, value=value)))
+lowering(aten.addcdiv.default)(_elementwise(lambda s, a, b, value=1: _C.addcdiv(s, a, b, value=value)))
+lowering(aten.lerp.Scalar, aten.lerp.Tensor)(_elementwise(_C.lerp))
+lowering(aten.neg.default)(_elementwise(_C.neg))
+lowering(aten.abs.default)(_elementwise(_C.abs))
+lowering(aten.sign.default, aten.sgn.default)(_elementwise(_C.sign))  # sgn: sign of a real tensor
+lowering(aten.sqrt.default)(_elementwise(_C.sqrt))
+lowering(aten.rsqrt.default)(_elementwise(_C.rsqrt))
+lowering(aten.reciprocal.default)(_elementwise(_C.reciprocal))
+lowering(aten.exp.default)(_elementwise(_C.exp))
+lowering(aten.log.default)(_elementwise(_C.log))
+lowering(aten.tanh.default)(_elementwise(_C.tanh))
+lowering(aten.sigmoid.default)(_elementwise(_C.sigmoid))
+lowering(aten.relu.default)(_elementwise(_C.relu))
+lowering(aten.silu.default)(_elementwise(_C.silu))
+lowering(aten.erf.default)(_elementwise(_C.erf))
+
+
+@lowering(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def _pow(e, base, exponent):
+    return _C.pow(_cast(base, e.dtype), _cast(exponent, e.dtype))
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor)
+def _clamp(e, x, min=None, max=None):
+    return _C.clamp(_cast(x, e.dtype), _cast(min, e.dtype), _cast(max, e.dtype))
+
+
+@lowering(aten.clamp_min.default, aten.clamp_min.Tensor)
+def _clamp_min(e, x, min):
+    return _C.clamp(_cast(x, e.dtype), min=_cast(min, e.dtype))
+
+
+@lowering(aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp_max(e, x, max):
+    return _C.clamp(_cast(x, e.dtype), max=_cast(max, e.dtype))
+
+
+@lowering(aten.gelu.default)
+def _gelu(e, x, approximate="none"):
+    return _C.gelu(_cast(x, e.dtype), approximate=approximate)
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(e, cond, a, b):
+    return _C.where(cond, _cast(a, e.dtype), _cast(b, e.dtype))
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def _masked_fill(e, x, mask, value):
+    return _C.masked_fill(_cast(x, e.dtype), mask, _cast(value, e.dtype))
+
+
+def _comparison(fn):
+    def lower(e, a, b):
+        common = _common_dtype(a, b)
+        return fn(_cast(a, common), _cast(b, common))
+    return lower
+
+
+def _common_dtype(a, b):
+    """PyTorch's promoted dtype of two operands (lazyrt tensors or Python numbers)."""
+    def probe(x):
+        if _is_tensor(x):
+            td = {v: k for k, v in _DTYPES.items()}[x.dtype]
+            return torch.empty((1,) * x.dim(), dtype=td) if x.dim() else torch.empty((), dtype=td)
+        return x
+    return lazy_dtype(torch.result_type(probe(a), probe(b)))
+
+
+for _op, _fn in ((aten.lt, _C.lt), (aten.le, _C.le), (aten.gt, _C.gt), (aten.ge, _C.ge), (aten.eq, _C.eq),
+                 (aten.ne, _C.ne)):
+    lowering(_op.Tensor, _op.Scalar)(_comparison(_fn))
+del _op, _fn
+
+
+@lowering(aten.logical_not.default)
+def _logical_not(e, x):
+    return _C.logical_not(x)
+
+
+@lowering(aten.logical_and.default)
+def _logical_and(e, a, b):
+    return _C.logical_and(a, b)
+
+
+@lowering(aten.logical_or.default)
+def _logical_or(e, a, b):
+    return _C.logical_or(a, b)
+
+
+def _bool_only(name, fn):
+    def lower(e, a, b):
+        if e.dtype is not _C.bool:
+            raise UnsupportedOperatorError(f"lazyrt.torch: {name} of {e.dtype} tensors (only bool is lowered)")
+        return fn(_cast(a, _C.bool), _cast(b, _C.bool))
+    return lower
+
+
+lowering(aten.bitwise_and.Tensor)(_bool_only("bitwise_and", _C.logical_and))  # a & b on masks
+lowering(aten.bitwise_or.Tensor)(_bool_only("bitwise_or", _C.logical_or))
+
+
+# ---- backward formulas of activations and losses ---------------------------------------------
+
+@lowering(aten.threshold_backward.default)
+def _threshold_backward(e, grad, x, threshold):
+    return _C.where(_C.le(x, threshold), 0.0, _cast(grad, e.dtype))
+
+
+@lowering(aten.tanh_backward.default)
+def _tanh_backward(e, grad, y):
+    return _C.mul(_cast(grad, e.dtype), _C.add(_C.neg(_C.mul(y, y)), 1.0))  # grad * (1 - y^2)
+
+
+@lowering(aten.sigmoid_backward.default)
+def _sigmoid_backward(e, grad, y):
+    return _C.mul(_C.mul(_cast(grad, e.dtype), y), _C.add(_C.neg(y), 1.0))  # grad * y * (1 - y)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@lowering(aten.gelu_backward.default)
+def _gelu_backward(e, grad, x, approximate="none"):
+    grad = _cast(grad, e.dtype)
+    if approximate == "tanh":
+        # y = x/2 * (1 + tanh(u)), u = c * (x + k x^3): y' = (1 + th)/2 + x/2 * (1 - th^2) * c * (1 + 3k x^2)
+        k = 0.044715
+        x2 = _C.mul(x, x)
+        u = _C.mul(_C.add(x, _C.mul(_C.mul(x2, x), k)), _SQRT_2_OVER_PI)
+        th = _C.tanh(u)
+        left = _C.mul(_C.add(th, 1.0), 0.5)
+        du = _C.mul(_C.add(_C.mul(x2, 3.0 * k), 1.0), _SQRT_2_OVER_PI)
+        right = _C.mul(_C.mul(_C.mul(x, 0.5), _C.add(_C.neg(_C.mul(th, th)), 1.0)), du)
+        return _C.mul(grad, _C.add(left, right))
+    if approximate != "none":
+        raise UnsupportedOperatorError(f"lazyrt.torch: gelu_backward with approximate='{approximate}'")
+    # y = x * Phi(x): y' = Phi(x) + x * phi(x)
+    cdf = _C.mul(_C.add(_C.erf(_C.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+    pdf = _C.mul(_C.exp(_C.mul(_C.mul(x, x), -0.5)), _INV_SQRT_2PI)
+    return _C.mul(grad, _C.add(cdf, _C.mul(x, pdf)))
+
+
+@lowering(aten._log_softmax.default)
+def _log_softmax(e, x, dim, half_to_float=False):
+    return _C.log_softmax(_cast(x, e.dtype), dim)
+
+
+@lowering(aten._log_softmax_backward_data.default)
+def _log_softmax_backward(e, grad, out, dim, input_dtype):
+    # d/dx log_softmax: grad - softmax * sum(grad)
+    return _C.sub(grad, _C.mul(_C.exp(out), _C.sum(grad, [dim], True)))
+
+
+@lowering(aten._softmax.default)
+def _softmax(e, x, dim, half_to_float=False):
+    return _C.softmax(_cast(x, e.dtype), dim)
+
+
+@lowering(aten._softmax_backward_data.default)
+def _softmax_backward(e, grad, out, dim, input_dtype):
+    return _C.mul(out, _C.sub(grad, _C.sum(_C.mul(grad, out), [dim], True)))
+
+
+_REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
+
+
+def _nll_parts(x, target, weight, ignore_index):
+    """(log-probability picked per sample, per-sample weight, one-hot of the targets) for [N, C]
+    input and [N] targets; ignored samples weigh 0."""
+    classes = x.shape[1]
+    valid = _C.ne(target, ignore_index)
+    safe = _C.where(valid, target, 0)
+    hot = _C.eq(_C.unsqueeze(safe, 1), _C.unsqueeze(lazyrt.arange(classes), 0))  # [N, C] bool
+    picked = _C.sum(_C.where(hot, x, 0.0), [1])
+    if weight is None:
+        w = _C.cast(valid, x.dtype)
+    else:
+        w = _C.where(valid, _C.index_select(_cast(weight, x.dtype), 0, safe), 0.0)
+    return picked, w, hot
+
+
+@lowering(aten.nll_loss_forward.default)
+def _nll_loss_forward(e, x, target, weight, reduction, ignore_index):
+    batched = x.dim() == 2
+    if not batched:  # one sample, no batch dim
+        x, target = _C.unsqueeze(x, 0), _C.reshape(target, (1,))
+    picked, w, _ = _nll_parts(x, target, weight, ignore_index)
+    losses = _C.neg(_C.mul(picked, w))
+    total = _C.sum(w)
+    if reduction == _REDUCTION_NONE:
+        return (losses if batched else _C.reshape(losses, ())), _C.zeros((), dtype=x.dtype)
+    out = _C.sum(losses)
+    if reduction == _REDUCTION_MEAN:
+        out = _C.div(out, total)
+    return out, total
+
+
+@lowering(aten.nll_loss_backward.default)
+def _nll_loss_backward(e, grad_out, x, target, weight, reduction, ignore_index, total_weight):
+    batched = x.dim() == 2
+    if not batched:
+        x, target = _C.unsqueeze(x, 0), _C.reshape(target, (1,))
+        if reduction == _REDUCTION_NONE:
+            grad_out = _C.reshape(grad_out, (1,))
+    _, w, hot = _nll_parts(x, target, weight, ignore_index)
+    if reduction == _REDUCTION_NONE:
+        scale = _C.mul(w, grad_out)
+    elif reduction == _REDUCTION_MEAN:
+        scale = _C.mul(w, _C.div(grad_out, total_weight))
+    else:
+        scale = _C.mul(w, grad_out)
+    g = _C.where(hot, _C.unsqueeze(_C.neg(scale), 1), 0.0)
+    return g if batched else _C.reshape(g, e.shape)
+
+
+def _reduce(x, reduction):
+    if reduction == _REDUCTION_MEAN:
+        return _C.mean(x)
+    if reduction == _REDUCTION_SUM:
+        return _C.sum(x)
+    return x
+
+
+@lowering(aten.mse_loss.default)
+def _mse_loss(e, x, target, reduction=_REDUCTION_MEAN):
+    d = _C.sub(_cast(x, e.dtype), _cast(target, e.dtype))
+    return _reduce(_C.mul(d, d), reduction)
+
+
+@lowering(aten.mse_loss_backward.default)
+def _mse_loss_backward(e, grad_out, x, target, reduction):
+    d = _C.sub(_cast(x, e.dtype), _cast(target, e.dtype))
+    scale = 2.0 / max(x.numel(), 1) if reduction == _REDUCTION_MEAN else 2.0
+    return _C.mul(_C.mul(d, scale), grad_out)
+
+
+# ---- linear algebra, reductions ---------------------------------------------------------------
+
+@lowering(aten.mm.default)
+def _mm(e, a, b):
+    return _C.mm(_cast(a, e.dtype), _cast(b, e.dtype))
+
+
+@lowering(aten.bmm.default)
+def _bmm(e, a, b):
+    return _C.bmm(_cast(a, e.dtype), _cast(b, e.dtype))
+
+
+@lowering(aten.addmm.default)
+def _addmm(e, bias, a, b, beta=1, alpha=1):
+    return _C.addmm(_cast(bias, e.dtype), _cast(a, e.dtype), _cast(b, e.dtype), beta=beta, alpha=alpha)
+
+
+@lowering(aten.sum.default, aten.sum.dim_IntList)
+def _sum(e, x, dim=None, keepdim=False, dtype=None):
+    return _C.sum(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), keepdim)
+
+
+@lowering(aten.mean.default, aten.mean.dim)
+def _mean(e, x, dim=None, keepdim=False, dtype=None):
+    return _C.mean(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), keepdim)
+
+
+@lowering(aten.amax.default)
+def _amax(e, x, dim=(), keepdim=False):
+    return _C.amax(x, _reduce_dims(dim, x.dim()), keepdim)
+
+
+def _norm(x, p, dim, keepdim):
+    dims = _reduce_dims(dim, x.dim())
+    if p is None or p == 2:
+        return _C.sqrt(_C.sum(_C.mul(x, x), dims, keepdim))
+    if p == math.inf:
+        return _C.amax(_C.abs(x), dims, keepdim)
+    if p == 1:
+        return _C.sum(_C.abs(x), dims, keepdim)
+    if p == 0 or p == -math.inf:
+        raise UnsupportedOperatorError(f"lazyrt.torch: norm with p={p}")
+    return _C.pow(_C.sum(_C.pow(_C.abs(x), float(p)), dims, keepdim), 1.0 / p)
+
+
+@lowering(aten.norm.ScalarOpt_dim, aten.norm.Scalar, aten.norm.ScalarOpt_dim_dtype)
+def _norm_op(e, x, p=2, dim=None, keepdim=False, dtype=None):
+    return _norm(_cast(x, e.dtype), p, dim, keepdim)
+
+
+@lowering(aten.linalg_vector_norm.default)
+def _vector_norm(e, x, ord=2, dim=None, keepdim=False, dtype=None):
+    return _norm(_cast(x, e.dtype), ord, dim, keepdim)
+
+
+@lowering(aten.max.default)
+def _max_all(e, x):
+    return _C.amax(x, list(range(x.dim())), False)
+
+
+@lowering(aten.min.default)
+def _min_all(e, x):
+    return _C.amin(x, list(range(x.dim())), False)
+
+
+@lowering(aten.argmax.default)
+def _argmax(e, x, dim=None, keepdim=False):
+    return _C.argmax(x, dim, keepdim)
+
+
+@lowering(aten.argmin.default)
+def _argmin(e, x, dim=None, keepdim=False):
+    return _C.argmin(x, dim, keepdim)
+
+
+# ---- shapes, copies, dtypes --------------------------------------------------------------------
+
+@lowering(aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
+          aten.expand.default, aten.expand_copy.default, aten.squeeze.dim, aten.squeeze.default,
+          aten.unsqueeze.default)
+def _to_shape(e, x, *args, **kwargs):
+    """Ops that only change the shape (PyTorch's result shape, from the fake result)."""
+    if tuple(x.shape) == e.shape:
+        return x
+    if x.numel() == math.prod(e.shape):
+        return _C.reshape(x, e.shape)
+    return _C.expand(x, e.shape)
+
+
+@lowering(aten.t.default)
+def _t(e, x):
+    return x if x.dim() < 2 else _C.t(x)
+
+
+@lowering(aten.transpose.int)
+def _transpose(e, x, d0, d1):
+    return _C.transpose(x, d0, d1) if x.dim() else x
+
+
+@lowering(aten.permute.default)
+def _permute(e, x, dims):
+    return _C.permute(x, tuple(dims))
+
+
+@lowering(aten.slice.Tensor)
+def _slice(e, x, dim=0, start=None, end=None, step=1):
+    dim %= x.dim()
+    return _C.slice(x, dim, *_norm_slice(x.shape[dim], start, end, step))
+
+
+@lowering(aten.select.int)
+def _select(e, x, dim, index):
+    size = x.shape[dim]
+    return _C.squeeze(_C.narrow(x, dim, index % size, 1), dim)
+
+
+def _norm_slice(size, start, end, step):
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = max(min(start + size if start < 0 else start, size), 0)
+    end = max(min(end + size if end < 0 else end, size), start)
+    return start, end, step
+
+
+def _scatter_rows(base, src, dim, start, end, step):
+    """base with the positions start:end:step along dim replaced by src (whose dim holds one row
+    per position): a where over a mask of the positions, with src's rows gathered into place."""
+    dim %= base.dim()
+    size = base.shape[dim]
+    count = src.shape[dim]
+    pos = _C.cast(lazyrt.arange(size), _C.float64) - float(start)
+    row = _C.floor(_C.div(pos, float(step)))
+    hit = _C.logical_and(_C.logical_and(_C.ge(row, 0.0), _C.lt(row, float(count))), _C.eq(_C.mul(row, float(step)), pos))
+    rows = _C.cast(_C.clamp(row, 0.0, float(max(count - 1, 0))), _C.int64)
+    shape = [1] * base.dim()
+    shape[dim] = size
+    placed = _C.index_select(src, dim, rows) if count else _C.zeros(tuple(base.shape), dtype=base.dtype)
+    return _C.where(_C.reshape(hit, tuple(shape)), placed, base)
+
+
+@lowering(aten.slice_scatter.default)
+def _slice_scatter(e, x, src, dim=0, start=None, end=None, step=1):
+    dim %= x.dim()
+    start, end, step = _norm_slice(x.shape[dim], start, end, step)
+    return _scatter_rows(_cast(x, e.dtype), _cast(src, e.dtype), dim, start, end, step)
+
+
+@lowering(aten.select_scatter.default)
+def _select_scatter(e, x, src, dim, index):
+    dim %= x.dim()
+    index %= x.shape[dim]
+    return _scatter_rows(_cast(x, e.dtype), _C.unsqueeze(_cast(src, e.dtype), dim), dim, index, index + 1, 1)
+
+
+@lowering(aten.slice_backward.default)
+def _slice_backward(e, grad, input_sizes, dim, start, end, step):
+    dim %= len(input_sizes)
+    start, end, step = _norm_slice(input_sizes[dim], start, end, step)
+    return _scatter_rows(_full(e.shape, 0, e.dtype), _cast(grad, e.dtype), dim, start, end, step)
+
+
+@lowering(aten.select_backward.default)
+def _select_backward(e, grad, input_sizes, dim, index):
+    dim %= len(input_sizes)
+    index %= input_sizes[dim]
+    return _scatter_rows(_full(e.shape, 0, e.dtype), _C.unsqueeze(_cast(grad, e.dtype), dim), dim, index, index + 1, 1)
+
+
+@lowering(aten.cat.default)
+def _cat(e, tensors, dim=0):
+    return _C.cat([_cast(t, e.dtype) for t in tensors], dim)
+
+
+@lowering(aten.stack.default)
+def _stack(e, tensors, dim=0):
+    return _C.stack([_cast(t, e.dtype) for t in tensors], dim)
+
+
+@lowering(aten.detach.default, aten.alias.default, aten.clone.default, aten.lift_fresh_copy.default,
+          aten.lift_fresh.default)
+def _identity(e, x, *args, **kwargs):
+    return x
+
+
+@lowering(aten._to_copy.default)
+def _to_copy(e, x, *args, **kwargs):
+    return _cast(x, e.dtype)
+
+
+# ---- factories: PyTorch's shape and dtype, a value ---------------------------------------------
+
+@lowering(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.zero.default,
+          aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default)
+def _zeros(e, *args, **kwargs):
+    # lazyrt has no uninitialized memory: empty is zeros (PyTorch promises nothing about it).
+    return _full(e.shape, 0, e.dtype)
+
+
+@lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
+def _ones(e, *args, **kwargs):
+    return _full(e.shape, 1, e.dtype)
+
+
+@lowering(aten.full.default)
+def _full_op(e, size, value, **kwargs):
+    return _full(e.shape, value, e.dtype)
+
+
+@lowering(aten.full_like.default)
+def _full_like(e, x, value, *args, **kwargs):
+    return _full(e.shape, value, e.dtype)
+
+
+@lowering(aten.new_full.default)
+def _new_full(e, x, size, value, *args, **kwargs):
+    return _full(e.shape, value, e.dtype)
+
+
+@lowering(aten.fill.Scalar)
+def _fill(e, x, value):
+    return _full(e.shape, value, e.dtype)
+
+
+@lowering(aten.fill.Tensor)
+def _fill_tensor(e, x, value):
+    return _C.expand(_cast(value, e.dtype), e.shape)
+
+
+@lowering(aten.scalar_tensor.default)
+def _scalar_tensor(e, value, **kwargs):
+    return _full((), value, e.dtype)
+
+
+# ---- embeddings ------------------------------------------------------------------------------
+
+@lowering(aten.embedding.default)
+def _embedding(e, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    flat = _C.reshape(indices, (-1,))
+    return _C.reshape(_C.index_select(weight, 0, flat), e.shape)
+
+
+@lowering(aten.embedding_dense_backward.default)
+def _embedding_backward(e, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    if scale_grad_by_freq:
+        raise UnsupportedOperatorError("lazyrt.torch: embedding_dense_backward with scale_grad_by_freq=True")
+    flat = _C.reshape(indices, (-1,))
+    rows = _C.reshape(_cast(grad, e.dtype), (-1, e.shape[1]))
+    if padding_idx >= 0:
+        rows = _C.where(_C.unsqueeze(_C.eq(flat, padding_idx), 1), 0.0, rows)
+    return _C.index_add(_full(e.shape, 0, e.dtype), 0, flat, rows)
+
+
+@lowering(operator.getitem)
+def _getitem(e, values, index):
+    return values[index]
+
+
+# ---- the interpreter ---------------------------------------------------------------------------
+
+def live_nodes(graph, roots):
+    """The nodes `roots` depend on, in graph order."""
+    live = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n in live:
+            continue
+        live.add(n)
+        stack.extend(n.all_input_nodes)
+    return [n for n in graph.nodes if n in live]
+
+
+def op_name(target):
+    return str(target) if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
+
+
+class LoweredGraph:
+    """The part of an FX graph module that computes `roots`, ready to run on lazyrt tensors.
+
+    Its inputs are one lazyrt tensor per placeholder (in graph order) followed by one per
+    constant (`constants`: the torch tensors the graph's get_attr nodes hold — tensors the
+    step read from outside its inputs, or made itself); calling it returns the lazyrt values of
+    the roots. Constants are inputs rather than values frozen at capture, so a tensor the step
+    reads from a closure and that changes in place between calls is read anew. Raises
+    UnsupportedOperatorError at construction for an op without a lowering.
+    """
+
+    def __init__(self, graph_module, roots):
+        self.graph_module = graph_module
+        self.roots = list(roots)
+        self.placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+        self.nodes = live_nodes(graph_module.graph, self.roots)
+        self.constants, self.constant_index = [], {}  # unique torch tensors; get_attr node -> index
+        seen = {}
+        missing = []
+        for n in self.nodes:
+            if n.op == "call_function" and n.target not in LOWERINGS:
+                missing.append(n)
+            elif n.op == "get_attr":
+                value = getattr(graph_module, n.target)
+                if not isinstance(value, torch.Tensor):
+                    raise UnsupportedOperatorError(f"lazyrt.torch: the graph reads a constant of type "
+                                                   f"{type(value).__name__} ({n.target})")
+                if value.dtype not in (torch.float32, torch.float64, torch.int32, torch.int64, torch.bool):
+                    raise UnsupportedOperatorError(f"lazyrt.torch: the step reads a tensor of dtype {value.dtype} "
+                                                   f"from outside its inputs ({n.target})")
+                if id(value) not in seen:
+                    seen[id(value)] = len(self.constants)
+                    self.constants.append(value)
+                self.constant_index[n] = seen[id(value)]
+            elif n.op in ("call_method", "call_module"):
+                missing.append(n)
+        if missing:
+            names = sorted({op_name(n.target) for n in missing})
+            first = missing[0]
+            raise UnsupportedOperatorError(
+                f"lazyrt.torch: no lowering to lazyrt for {', '.join(names)} (first use: node '{first.name}'"
+                f"{_stack_hint(first)}); graph breaks are not supported yet, so the step cannot be compiled")
+        self.expect = {n: Expect(n) for n in self.nodes if n.op == "call_function"}
+
+    def __call__(self, *inputs):
+        count = len(self.placeholders) + len(self.constants)
+        if len(inputs) != count:
+            raise TypeError(f"LoweredGraph: expected {count} inputs, got {len(inputs)}")
+        env = dict(zip(self.placeholders, inputs))
+        for n, k in self.constant_index.items():
+            env[n] = inputs[len(self.placeholders) + k]
+        for n in self.nodes:
+            if n in env:
+                continue
+            if n.op != "call_function":
+                raise AssertionError(f"unexpected node {n.op} {n.name}")
+            e = self.expect[n]
+            args = torch.fx.node.map_arg(n.args, env.__getitem__)
+            kwargs = dict(torch.fx.node.map_arg(n.kwargs, env.__getitem__))
+            kwargs.pop("device", None)
+            try:
+                result = LOWERINGS[n.target](e, *args, **kwargs)
+            except UnsupportedOperatorError:
+                raise
+            except Exception as exc:
+                raise lazyrt.Error(f"lazyrt.torch: lowering {op_name(n.target)} (node '{n.name}') failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            env[n] = _checked(n, e, result)
+        return [env[r] for r in self.roots]
+
+
+def _checked(node, e, result):
+    """The result in PyTorch's dtype, after checking its shape against PyTorch's."""
+    if not _is_tensor(result) or e.shape is None:
+        return result
+    if tuple(result.shape) != e.shape:
+        raise lazyrt.Error(f"lazyrt.torch: lowering {op_name(node.target)} (node '{node.name}') gave shape "
+                           f"{list(result.shape)}, PyTorch's is {list(e.shape)}")
+    return _cast(result, e.dtype)
+
+
+def _stack_hint(node):
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return ""
+    last = [line.strip() for line in trace.strip().splitlines() if line.strip()][-2:]
+    return "; from " + " / ".join(last)

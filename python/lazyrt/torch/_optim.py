@@ -1,0 +1,171 @@
+"""The optimizers lazyrt.torch knows: their update rules, written with the learning rate (and
+Adam's step count) as tensors, and the state a fresh optimizer creates on its first step.
+
+PyTorch 1.13's SGD, Adam and AdamW take the learning rate as a Python float and Adam/AdamW read
+their step count with ``.item()`` (unless ``capturable=True``, which insists on CUDA). A graph
+captured with those would hold the learning rate as a constant and could not be captured at all
+(``.item()`` has no value while tracing). During a capture the module-level update functions the
+optimizers' ``step()`` calls (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam``,
+``torch.optim.adamw.adamw``) are replaced by the ones below: the same arithmetic, with the
+learning rate a 0-d float64 tensor (an input of the graph, so a scheduler changes it without a
+recapture) and the bias corrections computed from the step count tensor, in float64 as eager
+computes them in Python floats. ``foreach=True`` groups take the same per-tensor path (one
+graph either way; lazyrt fuses the elementwise work itself).
+
+Everything else about ``step()`` stays the optimizer's own: which parameters have gradients,
+state initialisation, ``zero_grad``.
+"""
+
+import contextlib
+import importlib
+
+import torch
+import torch.optim
+
+
+def _lr_as(lr, like):
+    """The learning rate (a tensor while capturing, else a float) in `like`'s dtype."""
+    if isinstance(lr, torch.Tensor):
+        return lr.to(like.dtype)
+    return lr
+
+
+def _neg(x):
+    return -x
+
+
+def _sgd_update(record, params, grads, momentum_buffers, *_, weight_decay, momentum, lr, dampening,
+                nesterov, maximize, **_ignored):
+    for i, param in enumerate(params):
+        record(param)
+        d_p = grads[i] if not maximize else _neg(grads[i])
+        if weight_decay != 0:
+            d_p = d_p.add(param, alpha=weight_decay)
+        if momentum != 0:
+            buf = momentum_buffers[i]
+            if buf is None:  # the first step: the buffer starts as the gradient itself
+                buf = torch.clone(d_p).detach()
+                momentum_buffers[i] = buf
+            else:
+                buf.mul_(momentum).add_(d_p, alpha=1 - dampening)
+            d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
+        # param -= lr * d_p, the product rounded to the parameter's dtype as eager's alpha is.
+        param.add_(d_p * _lr_as(_neg(lr), param))
+
+
+def _adam_family(record, decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
+                 amsgrad, beta1, beta2, lr, weight_decay, eps, maximize):
+    for i, param in enumerate(params):
+        record(param)
+        grad = grads[i] if not maximize else _neg(grads[i])
+        exp_avg, exp_avg_sq, step_t = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
+        step_t.add_(1)
+        if decoupled:  # AdamW: decay the weights themselves; 1 - lr * wd in float64, as eager's Python float
+            factor = 1 - lr * weight_decay
+            param.mul_(factor.to(param.dtype) if isinstance(factor, torch.Tensor) else factor)
+        elif weight_decay != 0:  # Adam: L2 penalty through the gradient
+            grad = grad.add(param, alpha=weight_decay)
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        # Bias corrections from the step count, in float64 (eager: Python floats from .item()).
+        step = step_t.to(torch.float64)
+        correction1 = torch.pow(beta1, step).neg().add(1)
+        correction2_sqrt = torch.pow(beta2, step).neg().add(1).sqrt()
+        step_size = lr / correction1
+        if amsgrad:
+            max_sq = max_exp_avg_sqs[i]
+            max_sq.copy_(torch.maximum(max_sq, exp_avg_sq))
+            second = max_sq
+        else:
+            second = exp_avg_sq
+        denom = (second.sqrt() / correction2_sqrt.to(param.dtype)).add_(eps)
+        # param += (-step_size * exp_avg) / denom, in the order of eager's addcdiv.
+        param.add_(exp_avg * step_size.neg().to(param.dtype) / denom)
+
+
+def _adam_update(record, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *_, amsgrad,
+                 beta1, beta2, lr, weight_decay, eps, maximize, **_ignored):
+    _adam_family(record, False, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                 amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+                 maximize=maximize)
+
+
+def _adamw_update(record, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *_, amsgrad,
+                  beta1, beta2, lr, weight_decay, eps, maximize, **_ignored):
+    _adam_family(record, True, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                 amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+                 maximize=maximize)
+
+
+# class -> (module whose update function step() calls, that function's name, our replacement)
+# (torch.optim deletes the submodule names from its namespace: import them by name.)
+_UPDATES = {
+    torch.optim.SGD: (importlib.import_module("torch.optim.sgd"), "sgd", _sgd_update),
+    torch.optim.Adam: (importlib.import_module("torch.optim.adam"), "adam", _adam_update),
+    torch.optim.AdamW: (importlib.import_module("torch.optim.adamw"), "adamw", _adamw_update),
+}
+
+# Group options none of the replacements handles: such an optimizer runs its own code.
+_UNSUPPORTED_OPTIONS = ("capturable", "fused", "differentiable")
+
+# Group keys that do not change what a step computes (the learning rate is an input of the graph;
+# initial_lr is the schedulers' note of where they started).
+NOT_HYPERPARAMETERS = ("params", "lr", "initial_lr")
+
+
+def lr_is_input(optimizer):
+    """Whether captures of `optimizer` read its learning rates as graph inputs (SGD, Adam, AdamW
+    with their update functions replaced); otherwise the rates are constants of the graph."""
+    if type(optimizer) not in _UPDATES:
+        return False
+    return all(not group.get(opt, False) for group in optimizer.param_groups for opt in _UNSUPPORTED_OPTIONS)
+
+
+def initial_state(optimizer, group, param, device=None):
+    """The state `optimizer`'s first step on `param` creates (fresh tensors, on `device` if given:
+    'meta' for just their shapes), or None where the graph of later steps cannot stand in for
+    the first step (then the first step is captured as it is)."""
+    if not lr_is_input(optimizer):
+        return None
+    kind = type(optimizer)
+    if kind is torch.optim.SGD:
+        if group["momentum"] == 0:
+            return {"momentum_buffer": None}
+        if group["dampening"] != 0:
+            # The first step sets the buffer to the gradient; later steps add (1 - dampening) of it.
+            return None
+        # With dampening 0, momentum * 0 + gradient is the gradient exactly.
+        return {"momentum_buffer": torch.zeros_like(param, memory_format=torch.preserve_format, device=device)}
+    state = {
+        "step": torch.tensor(0.0, device=device),
+        "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format, device=device),
+        "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format, device=device),
+    }
+    if group["amsgrad"]:
+        state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format, device=device)
+    return state
+
+
+def _zero_each(tensors):
+    for t in tensors:
+        t.zero_()
+
+
+@contextlib.contextmanager
+def patched_updates(optimizers, record):
+    """Within: the update functions of the given optimizers' classes are ours; `record(param)` is
+    called for every parameter an update touches (the parameters the step really updated)."""
+    saved = []
+    try:
+        for kind in {type(o) for o in optimizers if lr_is_input(o)}:
+            module, name, update = _UPDATES[kind]
+            saved.append((module, name, getattr(module, name)))
+            setattr(module, name, lambda *a, _u=update, **k: _u(record, *a, **k))
+        # zero_grad() of a foreach=True optimizer zeroes all gradients with one
+        # torch._foreach_zero_, which PyTorch 1.13 cannot trace over fake tensors: zero each.
+        saved.append((torch, "_foreach_zero_", torch._foreach_zero_))
+        torch._foreach_zero_ = _zero_each
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)
