@@ -208,7 +208,7 @@ namespace {
 void rederive_written_views(const std::vector<const TensorImpl*>& written) {
   for (const TensorImpl* t : written) {
     auto& base = const_cast<TensorImpl&>(*t);
-    if (detail::has_live_views(base)) detail::rederive_views(base, written);
+    if (!base.views.empty() && detail::has_live_views(base)) detail::rederive_views(base, written);
   }
 }
 }  // namespace
@@ -779,14 +779,18 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
   exec::run(exe, v.frame, offer, param_at, replay_graph);
   std::vector<std::pair<int32_t, Tensor>> arg_grads;
+  // The tensors written back, kept only when one of them has views (rare): those views are
+  // re-derived after the write-back, except the ones written too.
   std::vector<const TensorImpl*>& written = v.written;
   written.clear();
+  bool any_views = false;
   for (size_t k = 0; k < v.sinks.size(); ++k) {
     const std::shared_ptr<Buffer>& b = v.frame.outs[k];
     // Replays mostly write back into the buffer the tensor already holds: no copy then.
-    auto write_back = [&b, &written](TensorImpl& t) {
+    auto write_back = [&b, &written, &any_views](TensorImpl& t) {
       if (t.is_pending() || t.data() != b) t.set_data(b);
       written.push_back(&t);
+      any_views |= !t.views.empty();
     };
     const Sink& s = v.sinks[k];
     TensorImpl* held = s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad
@@ -814,7 +818,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     if (TensorImpl* t = resolve(v, c.binding, c.leaf, hold))
       if (t->grad) t->set_grad_impl(nullptr);
   }
-  rederive_written_views(written);
+  if (any_views) rederive_written_views(written);
   for (auto& o : v.frame.outs) o = nullptr;
   for (auto& h : v.sink_holds) h = nullptr;
   for (auto& h : v.holds) h = nullptr;

@@ -80,6 +80,7 @@ TensorImpl::~TensorImpl() {
   }
   // A base that dies leaves its views. One alone is a tensor of its own from now on; several
   // still alias each other, so a stand-in with the base's value and history takes its place.
+  if (views.empty()) return;
   std::vector<std::shared_ptr<TensorImpl>> live;
   for (const auto& w : views)
     if (auto v = w.lock(); v && v->view_of) live.push_back(std::move(v));
