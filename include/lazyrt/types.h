@@ -34,6 +34,12 @@ DType promote_types(DType a, DType b);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 /// Product of the dims; throws lazyrt::Error when it does not fit in 64 bits.
 int64_t shape_numel(const Shape& shape);
+/// The most bytes one tensor may have (2^62): every size derived from a tensor's, rounded
+/// and summed for an arena, stays far from wrapping.
+inline constexpr size_t kMaxTensorBytes = size_t{1} << 62;
+/// Bytes of a tensor of this shape and dtype; throws lazyrt::Error naming both when the count
+/// does not fit in 64 bits or exceeds kMaxTensorBytes.
+size_t shape_bytes(const Shape& shape, DType dtype);
 
 /// A number used as an operand (x + 1, x * 0.5). It remembers whether it was written as a
 /// bool, an integer or a floating value, because PyTorch's type promotion depends on it:

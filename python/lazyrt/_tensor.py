@@ -96,8 +96,17 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
                    for v in (start, end, step))
     if dtype is None:
         dtype = _C.int64 if integral else _C.float32
+    import math
+    for v in (start, end, step):
+        if not math.isfinite(v):
+            raise _C.Error(f"arange: unsupported range: {start} -> {end} (step {step})")
+    if step == 0:
+        raise _C.Error("arange: step must be nonzero")
+    if (step > 0 and end < start) or (step < 0 and end > start):
+        raise _C.Error(f"arange: upper bound and larger bound inconsistent with step sign "
+                       f"(start {start}, end {end}, step {step})")
     if start == 0 and step == 1 and integral:
-        t = _C._arange(builtins.max(end, 0), dtype)
+        t = _C._arange(end, dtype)
     else:
         values = np.arange(start, end, step, dtype=np.int64 if integral else np.float64)
         t = tensor(values, dtype=dtype)

@@ -50,7 +50,6 @@ DType scalar_dtype(Scalar s, DType like);
 Tensor scalar_like(Scalar s, const Tensor& like);
 
 /// a ** e for a Python number e, refusing what PyTorch refuses.
-Tensor pow_scalar(const Tensor& a, Scalar e);
 
 /// Tensors from a sequence (or a lone tensor) of lazyrt tensors; `what` names the call.
 std::vector<Tensor> tensors_from(py::handle seq, const char* what);

@@ -87,7 +87,15 @@ Shape shape_from_sequence(py::handle seq, const char* op) {
     if (py::isinstance<py::bool_>(d) || !py::hasattr(d, "__index__") || py::isinstance<Tensor>(d))
       throw py::type_error(std::string(op) + ": shape entries must be ints, got " +
                            std::string(py::str(py::type::handle_of(d).attr("__name__"))));
-    shape.push_back(py::reinterpret_steal<py::int_>(PyNumber_Index(d.ptr())).cast<int64_t>());
+    PyObject* index = PyNumber_Index(d.ptr());
+    if (!index) throw py::error_already_set();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+    Py_DECREF(index);
+    if (overflow)
+      throw Error(std::string(op) + ": shape entry " + std::string(py::str(d)) +
+                  " does not fit in a 64-bit size");
+    shape.push_back(static_cast<int64_t>(v));
   }
   return shape;
 }

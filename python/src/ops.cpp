@@ -51,7 +51,7 @@ Tensor sub_op(const Tensor& a, const Operand& other, Scalar alpha) {
 
 Tensor pow_op(const Tensor& a, const Operand& exponent) {
   if (const Tensor* e = std::get_if<Tensor>(&exponent)) return pow(a, *e);
-  return pow_scalar(a, std::get<Scalar>(exponent));
+  return pow(a, std::get<Scalar>(exponent));
 }
 
 
@@ -185,15 +185,6 @@ py::object in_place(py::object self, F&& f) {
 }
 
 }  // namespace
-
-Tensor pow_scalar(const Tensor& a, Scalar e) {
-  // PyTorch refuses integers to negative integer powers; with a number exponent that is known
-  // while tracing.
-  if (!is_floating(a.dtype()) && e.kind() != Scalar::Kind::Float && e.to_double() < 0)
-    throw Error(std::string("pow: integers to negative integer powers are not allowed (") + dtype_name(a.dtype()) +
-                " tensor, exponent " + std::to_string(static_cast<int64_t>(e.to_double())) + ")");
-  return pow(a, e);
-}
 
 void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   OpBinder b(m, cls);

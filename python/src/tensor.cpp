@@ -250,7 +250,7 @@ void bind_tensor(py::module_& m, py::class_<Tensor>& cls) {
       .def("__truediv__", [](const Tensor& a, Scalar b) { return a / b; }, py::is_operator())
       .def("__rtruediv__", [](const Tensor& a, Scalar b) { return b / a; }, py::is_operator())
       .def("__pow__", [](const Tensor& a, const Tensor& b) { return pow(a, b); }, py::is_operator())
-      .def("__pow__", &pow_scalar, py::is_operator())
+      .def("__pow__", [](const Tensor& a, Scalar e) { return pow(a, e); }, py::is_operator())
       .def("__rpow__", [](const Tensor& a, Scalar b) { return pow(scalar_like(b, a), a); }, py::is_operator())
       .def("__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b); }, py::is_operator())
       .def("__neg__", [](const Tensor& a) { return -a; })

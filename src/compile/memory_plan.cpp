@@ -39,7 +39,7 @@ class FreeList {
     }
     ++*blocks;
     size_t off = *top;
-    *top += bytes;
+    *top = detail::bytes_add(*top, bytes, "memory plan: the arena");
     return off;
   }
   void give(size_t off, size_t bytes) {

@@ -118,7 +118,11 @@ void execute(runtime::Executable& exe, const void* const* params, void* const* o
   {
     static auto& execute_time = metrics::detail::timing_cell("ExecuteTime");
     detail::ScopedTimer timer(execute_time);
-    exe.run(params, outs);
+    try {
+      exe.run(params, outs);
+    } catch (const std::bad_alloc&) {  // a kernel that allocates scratch of its own
+      throw Error("out of memory while running a graph");
+    }
   }
   counter.add(1);
 }

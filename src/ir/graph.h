@@ -18,7 +18,8 @@ struct TensorType {
   DType dtype = DType::f32;
   Shape shape;
   int64_t numel() const { return shape_numel(shape); }
-  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  /// Checked: throws lazyrt::Error beyond kMaxTensorBytes (shape_bytes).
+  size_t bytes() const { return shape_bytes(shape, dtype); }
   bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
   bool operator!=(const TensorType& o) const { return !(*this == o); }
 };
@@ -90,6 +91,10 @@ struct Graph {
   /// Appends a constant filled with `value`.
   ValueRef add_full(double value, Shape shape, DType dtype);
 };
+
+/// Whether running `n` may throw because of the values it meets (an op flagged kChecked, here
+/// or in one of its regions).
+bool may_fail(const Node& n);
 
 /// Result types of `op` applied to operands of these types; throws lazyrt::Error naming the op
 /// and the types when they do not fit. The one shape rule, used by tracing and by passes.

@@ -94,8 +94,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) {
   return out;
 }
 
-std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& ops,
-                                    const Attrs& a) {
+namespace {
+
+std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops, const Attrs& a) {
   const OpInfo& info = op_info(op);
   const NodeAttrs at(op, a);
   const std::string_view name = info.name;
@@ -295,6 +296,10 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
     case ResultRule::AvgPool2d:
     case ResultRule::AvgPool2dBackward:
       return infer_nn_types(info, ops, at);
+    case ResultRule::Check:
+      LAZYRT_CHECK(ops[1].dtype == DType::b8, name, ": the condition must be b8, got ", type_str(ops[1]));
+      check_message(at.i<"what">());
+      return {ops[0]};
     case ResultRule::While: {
       const int64_t carries = at.i<"carries">();
       LAZYRT_CHECK(carries >= 0 && carries <= static_cast<int64_t>(ops.size()), name, ": ",
@@ -344,6 +349,21 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
     }
   }
   LAZYRT_ASSERT(false, "unhandled result rule for ", name);
+}
+
+}  // namespace
+
+std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& ops, const Attrs& a) {
+  std::vector<TensorType> types = rule_types(op, ops, a);
+  // Every result must be addressable: its byte count a checked product (TensorType::bytes()).
+  for (const TensorType& t : types) {
+    try {
+      (void)t.bytes();
+    } catch (const Error& e) {
+      throw Error(detail::str_cat(op_name(op), ": ", e.what()));
+    }
+  }
+  return types;
 }
 
 ValueRef Graph::add(OpKind op, std::vector<ValueRef> operands, Attrs attrs) {

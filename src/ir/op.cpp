@@ -3,6 +3,7 @@
 #include <array>
 #include <string>
 
+#include "ir/graph.h"
 #include "util/check.h"
 
 namespace lazyrt::ir {
@@ -48,6 +49,22 @@ const OpInfo& op_info(OpKind op) {
   auto i = static_cast<size_t>(op);
   LAZYRT_ASSERT(i < kNumOps, "op kind ", i, " out of range");
   return table()[i];
+}
+
+std::string_view check_message(int64_t what) {
+  switch (static_cast<CheckKind>(what)) {
+    case CheckKind::BernoulliProbability: return "bernoulli: every probability must be in [0, 1]";
+    case CheckKind::kCount: break;
+  }
+  throw Error(detail::str_cat("check: unknown check kind ", what));
+}
+
+bool may_fail(const Node& n) {
+  if (has_flag(n.op, kChecked)) return true;
+  for (const auto& region : n.regions)
+    for (const Node& m : region->nodes)
+      if (may_fail(m)) return true;
+  return false;
 }
 
 size_t NodeAttrs::index(std::string_view name, AttrKind kind) const {

@@ -26,6 +26,7 @@ enum OpFlags : uint32_t {
   kElementwise = 1u << 0,
   kCommutative = 1u << 1,
   kInPlace = 1u << 2,
+  kChecked = 1u << 3,
 };
 
 /// Each row's flags, for checks at compile time (has_flag() reads the same values).
@@ -79,6 +80,7 @@ enum class ResultRule : uint8_t {
   MaxPool2dBackward,     // the input's type
   AvgPool2d,             // [N, C, OH, OW]
   AvgPool2dBackward,     // the input_size attribute
+  Check,           // operand 0's type; operand 1 b8; the what attribute a CheckKind
   While,           // the first `carries` operand types
   Scan,            // the carries' operand types, then the stacked outputs of the attributes
   Random,          // the shape and (floating) dtype attributes; operands i64 scalars
@@ -102,6 +104,14 @@ struct OpInfo {
 };
 
 const OpInfo& op_info(OpKind op);
+
+/// What a check op verifies (its `what` attribute), and so the error it raises.
+enum class CheckKind : int32_t {
+  BernoulliProbability,  // every probability of bernoulli(p) is in [0, 1]
+  kCount,
+};
+/// The message of a failed check of this kind; throws lazyrt::Error for a value that is not one.
+std::string_view check_message(int64_t what);
 
 // ---- attributes by name -------------------------------------------------------------------
 

@@ -83,7 +83,11 @@ Tensor randint(int64_t low, int64_t high, Shape shape, DType dtype) {
 Tensor bernoulli(const Tensor& p) {
   LAZYRT_CHECK(is_floating(p.dtype()), "bernoulli: probabilities must be floating, got ",
                dtype_name(p.dtype()));
-  return cast(rand(p.shape(), p.dtype()) < detail::detached_value(p), p.dtype());
+  // As torch, a probability outside [0, 1] (or NaN) is refused, when the graph runs.
+  Tensor q = detail::detached_value(p);
+  q = detail::apply(ir::OpKind::Check, {q, logical_and(q >= 0.0, q <= 1.0)},
+                    {static_cast<int64_t>(ir::CheckKind::BernoulliProbability)});
+  return cast(rand(p.shape(), p.dtype()) < q, p.dtype());
 }
 
 Tensor bernoulli(Shape shape, double p, DType dtype) {

@@ -340,6 +340,8 @@ Tensor Tensor::to(DType dtype) const { return cast(*this, dtype); }
 Tensor from_blob(const void* data, Shape shape, DType dtype) {
   for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "from_blob: negative dimension in shape ", shape_str(shape));
   ir::TensorType type{dtype, std::move(shape)};
+  LAZYRT_CHECK(data != nullptr || type.bytes() == 0, "from_blob: null data for ", dtype_name(dtype),
+               shape_str(type.shape));
   auto buf = backend::current().from_host(data, type.bytes());
   return trace::tensor_of(trace::make_data(std::move(type), std::move(buf)));
 }
@@ -400,7 +402,16 @@ Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
 
 Tensor arange(int64_t n, DType dtype) {
   LAZYRT_CHECK(n >= 0, "arange: n must be >= 0, got ", n);
-  std::vector<double> values(static_cast<size_t>(n));
+  // The values are made on the host, as doubles, first.
+  std::vector<double> values;
+  try {
+    shape_bytes({n}, DType::f64);
+    values.resize(static_cast<size_t>(n));
+  } catch (const Error& e) {
+    throw Error(str_cat("arange: ", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw Error(str_cat("arange: out of memory for ", n, " values"));
+  }
   for (int64_t i = 0; i < n; ++i) values[i] = static_cast<double>(i);
   return data_from_doubles(values.data(), {n}, dtype);
 }
@@ -494,7 +505,14 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 Tensor mul(const Tensor& a, const Tensor& b) { return arith(OpKind::Mul, a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return arith(OpKind::Div, a, b); }
 Tensor pow(const Tensor& a, const Tensor& b) { return arith(OpKind::Pow, a, b); }
-Tensor pow(const Tensor& a, Scalar exponent) { return arith(OpKind::Pow, a, exponent); }
+Tensor pow(const Tensor& a, Scalar exponent) {
+  // As torch: integers to negative integer powers are refused (the exponent is known here).
+  LAZYRT_CHECK(is_floating(impl_of(a, "pow").type.dtype) || exponent.kind() == Scalar::Kind::Float ||
+                   exponent.to_double() >= 0,
+               "pow: integers to negative integer powers are not allowed (", dtype_name(a.dtype()),
+               " tensor, exponent ", static_cast<int64_t>(exponent.to_double()), ")");
+  return arith(OpKind::Pow, a, exponent);
+}
 Tensor maximum(const Tensor& a, const Tensor& b) { return arith(OpKind::Maximum, a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return arith(OpKind::Minimum, a, b); }
 

@@ -20,10 +20,17 @@ void count_allocation(size_t bytes) {
 }  // namespace
 
 Buffer::Buffer(size_t bytes) : bytes_(bytes) {
+  // Sizes come from checked tensor sizes (at most kMaxTensorBytes each), but an arena sums
+  // many: refuse before the rounding could wrap.
+  if (bytes > kMaxTensorBytes)
+    throw Error(detail::str_cat("out of memory: cannot allocate ", bytes, " bytes (more than 2^62)"));
   size_t rounded = (bytes + 63) / 64 * 64;
   if (rounded == 0) rounded = 64;
   data_ = std::aligned_alloc(64, rounded);
-  if (!data_) throw std::bad_alloc();
+  if (!data_)
+    throw Error(detail::str_cat("out of memory: cannot allocate ", bytes, " bytes (",
+                                static_cast<double>(bytes) / (1 << 30), " GiB) of tensor memory; ",
+                                memory_stats().live_bytes, " bytes are in use"));
   count_allocation(bytes_);
 }
 

@@ -532,6 +532,7 @@ Carry concat(Carry a, const Carry& b) {
 
 Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
                  std::function<Carry(const Carry&)> body_fn, Carry init) {
+  LAZYRT_CHECK(cond_fn && body_fn, "while_loop: cond_fn and body_fn must be callables (got an empty std::function)");
   TracedLoop loop = trace_loop("while_loop", cond_fn, body_fn, init, 0);
   if (loop.random) init.push_back(loop.outer_offset);
   return settle_random(loop, record_while(concat(init, loop.captures), {static_cast<int64_t>(init.size())},
@@ -540,6 +541,7 @@ Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
 
 Carry fori_loop(int64_t lower, int64_t upper,
                 std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init, int64_t snapshots) {
+  LAZYRT_CHECK(body_fn, "fori_loop: body_fn must be a callable (got an empty std::function)");
   LAZYRT_CHECK(snapshots >= 0, "fori_loop: snapshots must be 0 (keep every carry) or at least 1, got ", snapshots);
   Tensor hi = scalar_tensor(static_cast<double>(upper), DType::i64);
   Carry carry{scalar_tensor(static_cast<double>(lower), DType::i64)};
@@ -571,6 +573,7 @@ Carry fori_loop(int64_t lower, int64_t upper,
 std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool reverse, int64_t length,
                              int64_t snapshots) {
   const char* op = "scan";
+  LAZYRT_CHECK(fn, op, ": fn must be a callable (got an empty std::function)");
   LAZYRT_CHECK(snapshots >= 0, op, ": snapshots must be 0 (keep every carry) or at least 1, got ", snapshots);
   std::vector<ir::TensorType> carry_types = input_types(op, "init value", init);
   std::vector<ir::TensorType> x_types = input_types(op, "xs value", xs);

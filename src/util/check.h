@@ -20,6 +20,22 @@ std::string str_cat(const Args&... args) {
   return os.str();
 }
 
+/// a + b and a * b for byte counts (arenas, workspaces, constants): throw lazyrt::Error naming
+/// `what` once the result would exceed kMaxTensorBytes, so no size derived from tensor sizes
+/// can wrap.
+inline size_t bytes_add(size_t a, size_t b, const char* what) {
+  size_t r = 0;
+  if (__builtin_add_overflow(a, b, &r) || r > kMaxTensorBytes)
+    throw Error(str_cat(what, ": ", a, " + ", b, " bytes is more than 2^62"));
+  return r;
+}
+inline size_t bytes_mul(size_t a, size_t b, const char* what) {
+  size_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r) || r > kMaxTensorBytes)
+    throw Error(str_cat(what, ": ", a, " * ", b, " bytes is more than 2^62"));
+  return r;
+}
+
 }  // namespace lazyrt::detail
 
 #define LAZYRT_ASSERT(cond, ...)                                                            \

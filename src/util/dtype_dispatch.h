@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "lazyrt/types.h"
@@ -42,6 +43,11 @@ inline To convert(From v) {
     return To(static_cast<float>(v));
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    // NaN, and values out of To's range, are undefined behaviour to convert in C++; x86's
+    // conversion (and so torch's on it) gives the lowest value.
+    constexpr From lowest = static_cast<From>(std::numeric_limits<To>::min());  // -2^(n-1), exact
+    return v >= lowest && v < -lowest ? static_cast<To>(v) : std::numeric_limits<To>::min();
   } else {
     return static_cast<To>(v);
   }

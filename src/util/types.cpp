@@ -72,6 +72,15 @@ int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
+size_t shape_bytes(const Shape& shape, DType dtype) {
+  const auto numel = static_cast<uint64_t>(shape_numel(shape));
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(dtype)), &bytes) || bytes > kMaxTensorBytes)
+    throw Error(detail::str_cat("a ", dtype_name(dtype), shape_str(shape),
+                                " tensor needs more than 2^62 bytes, the most one tensor may hold"));
+  return static_cast<size_t>(bytes);
+}
+
 std::string GraphHash::to_string() const {
   char buf[33];
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(hi),

@@ -23,6 +23,7 @@ PYTHON_FORM = {
     "is_integral": None,          # not lazyrt.int64.is_floating_point and not bool
     "shape_str": None,            # Tensor.shape is a tuple
     "shape_numel": None,          # Tensor.numel()
+    "shape_bytes": None,          # Tensor.numel() * Tensor.element_size()
 }
 DECLARATION = re.compile(r"^[A-Za-z][A-Za-z0-9_:<>, ]*[ &*]([a-z_0-9]+)\(", re.MULTILINE)
 

@@ -344,6 +344,58 @@ def test_methods_mirror_functions_and_conversions():
 
 # ---- errors ------------------------------------------------------------------------------------
 
+def test_what_torch_refuses_by_value_is_refused():
+    # arange: the same refusals as torch.arange, and the same ranges where it accepts.
+    for args in [(-5,), (0, -3), (3, 0, 1), (0, 3, -1), (0, 1, 0)]:
+        with pytest.raises(RuntimeError):
+            torch.arange(*args)
+        with pytest.raises(lr.Error, match="arange"):
+            lr.arange(*args)
+    for args in [(0,), (5,), (2, 2), (5, 0, -2), (0.5, 3, 0.75), (3, -2.5, -1)]:
+        assert lr.arange(*args).tolist() == torch.arange(*args).tolist()
+    with pytest.raises(lr.Error, match="unsupported range"):
+        lr.arange(0, float("inf"))
+    # bernoulli: probabilities outside [0, 1] or NaN, when the graph runs.
+    for bad in [1.5, -0.25, float("nan")]:
+        with pytest.raises(RuntimeError):
+            torch.bernoulli(torch.tensor([0.5, bad]))
+        with pytest.raises(lr.Error, match=r"bernoulli: every probability must be in \[0, 1\]"):
+            lr.bernoulli(lr.tensor([0.5, bad])).tolist()
+    assert lr.bernoulli(lr.tensor([0.0, 1.0])).tolist() == [0.0, 1.0]
+    # integers to negative integer powers
+    with pytest.raises(RuntimeError):
+        torch.tensor([2]) ** -1
+    with pytest.raises(lr.Error, match="negative integer powers"):
+        lr.tensor([2]) ** -1
+    with pytest.raises(lr.Error, match="negative integer powers"):
+        lr.pow(lr.tensor([2]), -2)
+
+
+def test_sizes_that_cannot_be_addressed_are_lazyrt_errors():
+    with pytest.raises(lr.Error, match="does not fit in a 64-bit size"):
+        lr.zeros(2**64)
+    with pytest.raises(lr.Error, match="does not fit in a 64-bit size"):
+        lr.ones([3, -2**70])
+    with pytest.raises(lr.Error, match="2\\^62 bytes"):
+        lr.zeros(2**62)
+    with pytest.raises(lr.Error, match="2\\^62 bytes"):
+        lr.zeros(2**31, 2**31)
+    with pytest.raises(lr.Error, match="2\\^62 bytes"):
+        lr.ones(1).expand(2**62)
+    with pytest.raises(lr.Error, match="out of memory"):
+        lr.zeros(10**15).tolist()
+
+
+def test_a_failed_sync_changes_nothing():
+    w = lr.tensor([1.0, 2.0, 3.0])
+    w.add_(1)
+    bad = lr.tensor([1.0, 2.0])[lr.tensor([0, 5]).abs()]
+    with pytest.raises(lr.Error, match="index 5 is out of bounds"):
+        lr.sync([w, bad])
+    assert w.tolist() == [2.0, 3.0, 4.0]
+    assert w.tolist() == [2.0, 3.0, 4.0]
+
+
 def test_errors_are_lazyrt_errors_and_runtime_errors():
     assert issubclass(lr.Error, RuntimeError)
     with pytest.raises(lr.Error, match=r"matmul: inner dimensions differ"):

@@ -52,10 +52,11 @@ struct CarrySets {
   size_t place(const std::vector<ir::TensorType>& types, size_t count, const runtime::Executable& body, size_t ws) {
     for (size_t k = 0; k < count; ++k) {
       bytes.push_back(types[k].bytes());
+      const size_t set_bytes = align64(types[k].bytes());
       a.push_back(ws);
-      ws += align64(types[k].bytes());
+      ws = detail::bytes_add(ws, set_bytes, "loop carries");
       b.push_back(ws);
-      ws += align64(types[k].bytes());
+      ws = detail::bytes_add(ws, set_bytes, "loop carries");
       const OutputSource& s = body.outputs()[k];
       identity.push_back(s.kind == OutputSource::Kind::Param && s.index == static_cast<int32_t>(k));
     }
@@ -366,12 +367,15 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
     const ir::TensorType& t = operands[st->B + st->XS + st->K + k];
     st->st_bytes.push_back(t.bytes());
     st->st_off.push_back(st->st_set);
-    st->st_set += align64(t.bytes());
+    st->st_set = detail::bytes_add(st->st_set, align64(t.bytes()), "scan_vjp: the carries");
   }
   st->work = ws;
-  ws += 2 * st->st_set;
+  ws = detail::bytes_add(ws, detail::bytes_mul(2, st->st_set, "scan_vjp: the work sets"), "scan_vjp: the workspace");
   st->snaps = ws;
-  ws += static_cast<size_t>(std::min<int64_t>(st->snapshots, std::max<int64_t>(st->length, 1))) * st->st_set;
+  ws = detail::bytes_add(
+      ws, detail::bytes_mul(static_cast<size_t>(std::min<int64_t>(st->snapshots, std::max<int64_t>(st->length, 1))),
+                            st->st_set, "scan_vjp: the stored states"),
+      "scan_vjp: the workspace");
   auto row_bytes = [&](const ir::TensorType& t) { return st->length ? t.bytes() / static_cast<size_t>(st->length) : 0; };
   for (size_t j = 0; j < st->XS; ++j) st->x_row.push_back(row_bytes(operands[st->B + j]));
   for (size_t m = 0; m < st->Y; ++m) st->y_row.push_back(row_bytes(n.results[st->B + m]));

@@ -39,6 +39,19 @@ bool can_alias(const Graph& g, const Node& node, size_t k) {
   return k == 0 && in.bytes() == node.results[0].bytes();
 }
 
+// The operand an indexing node reads its index from (checked against operand 0's `dim`), or
+// -1 for any other op.
+int index_operand(OpKind op) {
+  switch (op) {
+    case OpKind::IndexSelect:
+    case OpKind::Gather:
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd:
+    case OpKind::IndexAdd: return 1;
+    default: return -1;
+  }
+}
+
 size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 
 // The index of a parameter node; the value of a full node.
@@ -65,7 +78,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (g.nodes[i].op == OpKind::Full) {
       const_offset[i] = const_bytes;
-      const_bytes += align64(g.nodes[i].results[0].bytes());
+      const_bytes = detail::bytes_add(const_bytes, align64(g.nodes[i].results[0].bytes()), "constants");
     }
   if (const_bytes) {
     parts.constants = runtime::allocate(const_bytes);
@@ -96,6 +109,22 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     }
   }
 
+  // A failed run changes nothing. A step that may throw on the values it meets (ir::may_fail)
+  // runs before any output is written: an indexing node whose index is a parameter of the
+  // graph has its index checked by a step of its own ahead of all others; every output
+  // produced at or before the last other such step is computed aside and copied in at the end.
+  std::vector<int32_t> checked_ahead;
+  int32_t last_failing = -1;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (step_of[i] < 0 || !ir::may_fail(g.nodes[i])) continue;
+    const Node& n = g.nodes[i];
+    const int idx = index_operand(n.op);
+    if (idx >= 0 && g.node(n.operands[static_cast<size_t>(idx)]).op == OpKind::Parameter)
+      checked_ahead.push_back(static_cast<int32_t>(i));
+    else
+      last_failing = std::max(last_failing, step_of[i]);
+  }
+
   // Output sources and donations.
   parts.outputs.resize(num_outputs);
   parts.donation_accepted.assign(num_outputs, false);
@@ -121,9 +150,12 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     } else {
       parts.outputs[k] = {OutputSource::Kind::Computed, 0};
       claimed[v] = static_cast<int32_t>(k);
+      const bool aside = step_of[v.node] <= last_failing;
+      if (aside) copy_out_of.push_back(static_cast<int32_t>(k));
       const int32_t p = donations[k];
       if (p >= 0 && !param_returned[p]) {
         parts.donation_accepted[k] = true;
+        if (aside) continue;
         // Writing straight into the parameter is safe when every read of it comes first, or
         // is this step's own read of an operand it may overwrite.
         const int32_t s = step_of[v.node];
@@ -189,7 +221,8 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       req_of[v] = static_cast<int32_t>(reqs.size());
       reqs.push_back(req);
     }
-    if (made[i].workspace_bytes) {
+    // Region kernels always find their workspace after their results, even an empty one.
+    if (made[i].workspace_bytes || !n.regions.empty()) {
       workspace_req[i] = static_cast<int32_t>(reqs.size());
       reqs.push_back({made[i].workspace_bytes, s, s, -1});
     }
@@ -209,6 +242,15 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     if (workspace_req[i] >= 0) st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
     parts.steps.push_back(std::move(st));
   }
+  std::vector<runtime::Step> checks;
+  for (int32_t i : checked_ahead) {
+    const Node& n = g.nodes[static_cast<size_t>(i)];
+    std::vector<ir::TensorType> in_types;
+    for (ValueRef v : n.operands) in_types.push_back(g.type(v));
+    const ValueRef index = n.operands[static_cast<size_t>(index_operand(n.op))];
+    checks.push_back({n.op, kernels::make_index_check({n.op, n.attrs, in_types, n.results}), {slot_of.at(index)}, {}});
+  }
+  parts.steps.insert(parts.steps.begin(), std::make_move_iterator(checks.begin()), std::make_move_iterator(checks.end()));
   for (int32_t k : copy_out_of) {
     ValueRef v = g.outputs[k];
     const ir::TensorType& t = g.type(v);

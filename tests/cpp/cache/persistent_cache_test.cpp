@@ -481,6 +481,21 @@ std::vector<BadFile> bad_files() {
          ir::Graph g = trace::pending_graph({trace::impl_of(other.y)});
          return encode_entry({decode_entry(good).key, std::vector<int32_t>(g.outputs.size(), -1), g});
        })},
+      {"ValidEntryWhoseConstantsCannotBeAllocated", replace_with([](const std::string& good) {
+         // Fits the graph and passes every check of the format, but its constants add up to
+         // more than memory can hold: 32 of the largest the format allows (2^56 f64 elements,
+         // 2^59 bytes), whose sum wraps a 64-bit byte count to 0.
+         CacheEntry e = decode_entry(good);
+         ir::Graph& g = e.graph;
+         ir::ValueRef out = g.outputs[0];
+         for (int i = 0; i < 32; ++i) {
+           ir::ValueRef huge = g.add_full(1.0, {int64_t{1} << 56}, DType::f64);
+           ir::ValueRef total = g.add(ir::OpKind::Sum, {huge}, {std::vector<int64_t>{0}, false});
+           out = g.add(ir::OpKind::Add, {out, g.add(ir::OpKind::Cast, {total}, {DType::f32})});
+         }
+         g.outputs[0] = out;
+         return encode_entry(e);
+       })},
       {"EmptyDirectory", [](const std::string& path, const std::string&) {
          fs::remove(path);
          fs::create_directory(path);

@@ -46,6 +46,36 @@ TEST(OpErrors, ShapeRulesRefuseSizesThatOverflow) {
               HasSubstr("the padded input size (4 along dim 2) is smaller than the dilated kernel (5)"));
 }
 
+TEST(OpErrors, TensorsTooLargeToAddressAreRefusedWhenRecorded) {
+  // Each of these wrapped the byte count (numel * element size) and wrote out of bounds.
+  const int64_t big = int64_t{1} << 62, half = int64_t{1} << 31;
+  EXPECT_THAT(error_of([&] { zeros({big}); }), AllOf(HasSubstr("full"), HasSubstr("2^62 bytes")));
+  EXPECT_THAT(error_of([&] { zeros({half, half}); }), HasSubstr("f32[2147483648, 2147483648]"));
+  EXPECT_THAT(error_of([&] { randn({half, half}); }), HasSubstr("random"));
+  EXPECT_THAT(error_of([&] { expand(ones({1}), {big}); }), AllOf(HasSubstr("expand"), HasSubstr("2^62 bytes")));
+  EXPECT_THAT(error_of([&] { arange(big); }), HasSubstr("2^62 bytes"));
+  EXPECT_THAT(error_of([&] { zeros({INT64_MAX, 2}); }), HasSubstr("more elements than a 64-bit count can hold"));
+  // Addressable but not there: an allocation that fails is an Error too, not std::bad_alloc.
+  EXPECT_THAT(error_of([&] { sync({zeros({int64_t{1} << 50}, DType::f64)}); }), HasSubstr("out of memory"));
+}
+
+TEST(OpErrors, ForeignExceptionsAndNullDataAreRefusedAsErrors) {
+  EXPECT_THAT(error_of([&] { from_blob(static_cast<const void*>(nullptr), {3}, DType::f32); }), HasSubstr("from_blob: null data"));
+  EXPECT_THAT(error_of([&] { from_blob(nullptr, {3}, DType::f32, [] {}); }), HasSubstr("from_blob: null data"));
+  EXPECT_EQ(from_blob(static_cast<const void*>(nullptr), {0}, DType::f32).numel(), 0);
+  EXPECT_THAT(error_of([&] { while_loop({}, [](const Carry& c) { return c; }, {zeros({1})}); }),
+              HasSubstr("while_loop: cond_fn and body_fn must be callables"));
+  EXPECT_THAT(error_of([&] { fori_loop(0, 2, {}, {zeros({1})}); }), HasSubstr("fori_loop: body_fn"));
+  EXPECT_THAT(error_of([&] { scan({}, {zeros({1})}, {zeros({2, 1})}); }), HasSubstr("scan: fn"));
+}
+
+TEST(OpErrors, IntegerToANegativeIntegerPowerIsRefusedAsInTorch) {
+  Tensor i = tensor(std::vector<int64_t>{2, 3}, {2});
+  EXPECT_THAT(error_of([&] { pow(i, -1); }), HasSubstr("pow: integers to negative integer powers are not allowed"));
+  EXPECT_EQ(pow(i, 2).to_vector<int64_t>(), (std::vector<int64_t>{4, 9}));
+  EXPECT_EQ(pow(i, -1.0).to_vector<float>(), (std::vector<float>{0.5f, 1.0f / 3}));
+}
+
 TEST(OpErrors, MatmulInnerDimensionMismatchNamesBothShapes) {
   Tensor a = f32_2x3();
   Tensor b = zeros({4, 5});

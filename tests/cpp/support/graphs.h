@@ -147,6 +147,8 @@ inline ir::Graph every_op_graph() {
   outs.push_back(g.add(OpKind::Scatter, {a, idx2, b}, {int64_t{1}}));
   outs.push_back(g.add(OpKind::ScatterAdd, {a, idx2, b}, {int64_t{1}}));
   outs.push_back(g.add(OpKind::IndexAdd, {a, idx1, g.add_parameter(f32({2, 2}))}, {int64_t{1}}));
+  outs.push_back(g.add(OpKind::Check, {a, g.add_parameter({DType::b8, {2}})},
+                       {static_cast<int64_t>(ir::CheckKind::BernoulliProbability)}));
   // Convolution and pooling, with their backward ops.
   const ir::ValueRef x = g.add_parameter(f32({1, 2, 4, 4}));
   const ir::ValueRef w = g.add_parameter(f32({3, 2, 3, 3}));

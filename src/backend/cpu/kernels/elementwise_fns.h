@@ -21,9 +21,27 @@ namespace lazyrt::kernels {
 template <class C>
 constexpr bool is_float_c = std::is_floating_point_v<C>;
 
+// Signed integer arithmetic wraps (two's complement), as torch's does; in C++ its overflow is
+// undefined, so it is done in the unsigned type.
+template <class C>
+constexpr bool is_signed_int_c = std::is_integral_v<C> && std::is_signed_v<C>;
+template <class C>
+C wrap_add(C a, C b) { using U = std::make_unsigned_t<C>; return static_cast<C>(static_cast<U>(a) + static_cast<U>(b)); }
+template <class C>
+C wrap_sub(C a, C b) { using U = std::make_unsigned_t<C>; return static_cast<C>(static_cast<U>(a) - static_cast<U>(b)); }
+template <class C>
+C wrap_mul(C a, C b) { using U = std::make_unsigned_t<C>; return static_cast<C>(static_cast<U>(a) * static_cast<U>(b)); }
+
 // ---- unary ------------------------------------------------------------------------------
-struct NegF { template <class C> C operator()(C x) const { return -x; } };
-struct AbsF { template <class C> C operator()(C x) const { return x < C(0) ? C(-x) : x; } };
+struct NegF {
+  template <class C> C operator()(C x) const {
+    if constexpr (is_signed_int_c<C>) return wrap_sub(C(0), x);
+    else return -x;
+  }
+};
+struct AbsF {
+  template <class C> C operator()(C x) const { return x < C(0) ? NegF{}(x) : x; }
+};
 struct ExpF { template <class C> C operator()(C x) const { return std::exp(x); } };
 struct LogF { template <class C> C operator()(C x) const { return std::log(x); } };
 struct SqrtF { template <class C> C operator()(C x) const { return std::sqrt(x); } };
@@ -98,11 +116,22 @@ struct SignF {
 };
 
 // ---- binary -----------------------------------------------------------------------------
-struct AddF { template <class C> C operator()(C a, C b) const { return a + b; } };
-struct SubF { template <class C> C operator()(C a, C b) const { return a - b; } };
+struct AddF {
+  template <class C> C operator()(C a, C b) const {
+    if constexpr (is_signed_int_c<C>) return wrap_add(a, b);
+    else return a + b;
+  }
+};
+struct SubF {
+  template <class C> C operator()(C a, C b) const {
+    if constexpr (is_signed_int_c<C>) return wrap_sub(a, b);
+    else return a - b;
+  }
+};
 struct MulF {
   template <class C> C operator()(C a, C b) const {
     if constexpr (std::is_same_v<C, bool>) return a && b;
+    else if constexpr (is_signed_int_c<C>) return wrap_mul(a, b);
     else return a * b;
   }
 };

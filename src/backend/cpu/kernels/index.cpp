@@ -194,6 +194,19 @@ Kernel scatter(const KernelSpec& s, const char* name) {
 
 }  // namespace
 
+runtime::KernelFn make_index_check(const KernelSpec& s) {
+  const int64_t dim = ir::NodeAttrs(s.op, s.attrs).i<"dim">();
+  const int64_t size = s.inputs[0].shape[static_cast<size_t>(dim)];
+  const int64_t n = s.inputs[1].numel();
+  const char* name = ir::op_name(s.op).data();
+  return visit_index(s.inputs[1].dtype, [&](auto itag) -> runtime::KernelFn {
+    using I = decltype(itag);
+    return [n, size, name, dim](const void* const* in, void* const*) {
+      check_indices(static_cast<const I*>(in[0]), n, size, name, dim);
+    };
+  });
+}
+
 Kernel make_Scatter(const KernelSpec& s) { return scatter<false>(s, "scatter"); }
 Kernel make_ScatterAdd(const KernelSpec& s) { return scatter<true>(s, "scatter_add"); }
 

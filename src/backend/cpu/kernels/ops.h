@@ -18,5 +18,10 @@ inline constexpr int kMaxFusedInputs = 8;
 Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
                   const std::vector<ir::TensorType>& outputs);
 
+/// The range check of an indexing node (index_select, gather, the scatter family, index_add)
+/// on its own: a kernel that reads only the node's index (in[0]) and throws as the node's
+/// kernel would. Lowering runs it before the graph's first step when the index is a graph
+/// parameter, so a bad index is refused before any output is written.
+runtime::KernelFn make_index_check(const KernelSpec& node);
 
 }  // namespace lazyrt::kernels

@@ -52,7 +52,9 @@ class Pool {
  private:
   void take_chunks() {
     for (int64_t c; (c = next_.fetch_add(1)) < chunks_;) {
-      const int64_t begin = n_ * c / chunks_, end = n_ * (c + 1) / chunks_;
+      // In 128 bits: n_ * (c + 1) may pass 2^63 for the largest tensors.
+      const auto begin = static_cast<int64_t>(static_cast<__int128>(n_) * c / chunks_);
+      const auto end = static_cast<int64_t>(static_cast<__int128>(n_) * (c + 1) / chunks_);
       fn_(ctx_, begin, end);
     }
   }
