@@ -7,7 +7,8 @@ FUZZ_BUILD := $(ROOT)/build-fuzz
 # on PATH (pyenv, venv) may not.
 PYTHON := /usr/bin/python3
 JOBS   ?= 2
-# `make fuzz` stops after this many inputs or this many seconds, whichever comes first.
+# Each target of `make fuzz` stops after this many inputs or this many seconds, whichever
+# comes first.
 FUZZ_RUNS    ?= 1000000
 FUZZ_SECONDS ?= 1200
 # `make fuzz-replay`: random programs of this many actions, from this seed on.
@@ -46,21 +47,31 @@ bench: setup $(BUILD)/build.ninja
 	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 $(PYTHON) $(ROOT)/bench/suite.py --build $(BUILD) \
 	  --threads $(BENCH_THREADS) --out $(ROOT)/bench/results.md --plots $(ROOT)/bench/plots
 
-# Fuzzes the persistent cache's entry parser with libFuzzer, ASan and UBSan, in its own
-# build tree (clang, everything instrumented), from seed entries the cache itself writes.
-# New interesting inputs accumulate in build-fuzz/corpus; a crash is saved under
-# build-fuzz/artifacts/ and can be replayed with `build-fuzz/fuzz/entry_parser_fuzz FILE`.
+# Two libFuzzer targets, with ASan and UBSan, in their own build tree (clang, everything
+# instrumented), one after the other, each for FUZZ_RUNS inputs or FUZZ_SECONDS, whichever
+# comes first:
+# - entry_parser_fuzz, the persistent cache's entry parser, from seed entries the cache itself
+#   writes (build-fuzz/seeds); new inputs accumulate in build-fuzz/corpus, crashes go to
+#   build-fuzz/artifacts/.
+# - graph_fuzz, random programs of ops through the public API, where the only exception
+#   allowed out is lazyrt::Error; from an empty corpus, build-fuzz/graph-corpus, crashes to
+#   build-fuzz/graph-artifacts/.
+# Replay a crash with `build-fuzz/fuzz/entry_parser_fuzz FILE` (or graph_fuzz FILE).
 fuzz:
 	cmake -S $(ROOT) -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DLAZYRT_BUILD_FUZZ=ON \
 	  -DLAZYRT_BUILD_TESTS=OFF -DLAZYRT_BUILD_EXAMPLES=OFF -DLAZYRT_BUILD_BENCH=OFF -DLAZYRT_BUILD_PYTHON=OFF
-	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target entry_parser_fuzz make_entry_seeds
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target entry_parser_fuzz make_entry_seeds graph_fuzz
 	rm -rf $(FUZZ_BUILD)/seeds
 	$(FUZZ_BUILD)/fuzz/make_entry_seeds $(FUZZ_BUILD)/seeds
 	mkdir -p $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/artifacts
 	$(FUZZ_BUILD)/fuzz/entry_parser_fuzz -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) \
 	  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_BUILD)/artifacts/ $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds
+	mkdir -p $(FUZZ_BUILD)/graph-corpus $(FUZZ_BUILD)/graph-artifacts
+	$(FUZZ_BUILD)/fuzz/graph_fuzz -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) \
+	  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+	  -artifact_prefix=$(FUZZ_BUILD)/graph-artifacts/ $(FUZZ_BUILD)/graph-corpus
 
 # Randomized differential test of cached-graph replay (tests/python/replay_fuzz.py): seeded
 # programs of user actions run with compile_step / run_cached_graph and with plain traced
