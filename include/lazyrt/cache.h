@@ -18,10 +18,19 @@ namespace lazyrt::cache {
 
 /// Capacity of the in-memory LRU from graph hash to executable (default 1024 entries).
 /// 0 disables it: every sync compiles. Shrinking evicts the least recently used entries.
+/// Every entry the caps evict counts as MemoryCacheEvictions.
 void set_memory_capacity(size_t entries);
 size_t memory_capacity();
-/// Entries currently held in memory.
+/// The default byte cap of the in-memory cache: 8 GiB.
+inline constexpr uint64_t kDefaultMemoryMaxBytes = uint64_t{8} << 30;
+/// Caps the bytes the in-memory entries hold together (an executable's arena, constants and
+/// constant outputs); 0 means no byte cap. Beyond it the least recently used entries are
+/// evicted, except the most recently used one, which stays even when it alone is larger.
+void set_memory_max_bytes(uint64_t bytes);
+uint64_t memory_max_bytes();
+/// Entries currently held in memory, and the bytes they hold.
 size_t memory_size();
+uint64_t memory_bytes();
 /// Drops every in-memory entry.
 void clear_memory();
 

@@ -2,7 +2,9 @@
 //
 // Counters: UncachedCompile (a graph was compiled), CachedCompile (found in memory),
 //           PersistentCacheHit / PersistentCacheMiss / PersistentCacheDeserializeFailure (one
-//           of them per lookup on disk; a hit is not an UncachedCompile), ExecuteGraph.
+//           of them per lookup on disk; a hit is not an UncachedCompile), ExecuteGraph,
+//           ReplayGraph, MemoryCacheEvictions (an executable the in-memory cache's caps
+//           dropped), CompiledStepVariantEvictions (a compiled step's variant its caps dropped).
 // Timings:  TraceTime (graph extraction and hashing at a sync), CompileTime (everything after
 //           an in-memory miss: loading from disk, or compiling and storing), ExecuteTime.
 #pragma once

@@ -67,17 +67,39 @@ class CompiledStep {
   /// One step; the returned tensors are the caller's to keep.
   std::vector<Tensor> operator()(const std::vector<Tensor>& args);
   /// One step, allocating nothing when the shapes match the trace: the returned tensors are
-  /// the step's own output handles, rebound to new values by the next call.
+  /// the step's own output handles, rebound to new values by the next call. The vector itself
+  /// may go with its variant at the next call (copy the handles to keep them).
   const std::vector<Tensor>& run(const std::vector<Tensor>& args);
   /// How many times the step was traced (1 unless guards forced retraces).
   int traces() const;
+
+  /// The compiled variants held now (one per argument signature and guard state met), and
+  /// the bytes they are estimated to hold (executables' arenas and constants, output buffers).
+  size_t variants() const;
+  uint64_t variant_bytes() const;
+  /// The caps on variants (CompileStepOptions); lowering one evicts at once. Throws
+  /// lazyrt::Error for max_variants 0, changing nothing.
+  void set_max_variants(size_t max_variants);
+  size_t max_variants() const;
+  void set_max_variant_bytes(uint64_t bytes);
+  uint64_t max_variant_bytes() const;
 
  private:
   std::shared_ptr<State> state_;
 };
 
+/// A compiled step keeps one compiled variant (the traced graph, its executable, its buffers)
+/// per argument signature it is called with. Beyond either cap the least recently used
+/// variants are evicted (counted as CompiledStepVariantEvictions); a call that needs an
+/// evicted variant again traces it again, as for any new signature. The variant in use is
+/// never evicted, even when it alone is over the byte cap.
+inline constexpr size_t kDefaultMaxVariants = 64;
+inline constexpr uint64_t kDefaultMaxVariantBytes = uint64_t{8} << 30;  // 8 GiB
+
 struct CompileStepOptions {
   bool retrace_on_guard_failure = true;  // false: a failed guard throws lazyrt::Error
+  size_t max_variants = kDefaultMaxVariants;  // at least 1
+  uint64_t max_variant_bytes = kDefaultMaxVariantBytes;  // 0: no byte cap
 };
 
 /// Makes every compiled step retrace on its next call (and run_cached_graph refuse graphs
@@ -88,6 +110,7 @@ struct CompileStepOptions {
 void invalidate_compiled_steps();
 
 /// Traces fn(example_args) once, without running it, and leaves every tensor as it was.
+/// Throws lazyrt::Error for options.max_variants 0.
 CompiledStep compile_step(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
                           const std::vector<Tensor>& example_args,
                           CompileStepOptions options = {});

@@ -1,7 +1,7 @@
 """lazyrt.metrics: counters and timings in the style of PyTorch/XLA's metrics.
 
-Counters: UncachedCompile, CachedCompile, ExecuteGraph, ReplayGraph (more arrive with later
-features). Timings: TraceTime, CompileTime, ExecuteTime.
+Counters: UncachedCompile, CachedCompile, ExecuteGraph, ReplayGraph, MemoryCacheEvictions,
+CompiledStepVariantEvictions (more arrive with later features). Timings: TraceTime, CompileTime, ExecuteTime.
 """
 
 from lazyrt._C._metrics import (  # noqa: F401

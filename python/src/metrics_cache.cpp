@@ -1,6 +1,7 @@
 // lazyrt._C._metrics, _cache and _debug: counters and timings, the compile cache's settings,
 // and looking at pending graphs and memory; the backend choice (backend.h). All thread-safe in C++; nothing here syncs.
 #include "bindings.h"
+#include "util/check.h"
 #include "util/metrics_cells.h"
 
 namespace lazyrt::python {
@@ -19,10 +20,23 @@ void bind_metrics_cache(py::module_& m) {
          py::arg("by") = 1);
 
   py::module_ c = m.def_submodule("_cache", "The compile cache's settings (cache.h).");
-  c.def("set_memory_capacity", &cache::set_memory_capacity, py::arg("entries"),
-        "Capacity of the in-memory cache of compiled graphs; 0 disables it.");
+  // Counts and bytes from Python: a negative value is a lazyrt.Error, not a TypeError.
+  auto non_negative = [](int64_t value, const char* call) {
+    LAZYRT_CHECK(value >= 0, call, ": the value must be >= 0, got ", value);
+    return static_cast<uint64_t>(value);
+  };
+  c.def("set_memory_capacity", [non_negative](int64_t entries) {
+    cache::set_memory_capacity(non_negative(entries, "set_memory_capacity"));
+  }, py::arg("entries"), "Capacity of the in-memory cache of compiled graphs; 0 disables it.");
   c.def("memory_capacity", &cache::memory_capacity);
+  c.def("set_memory_max_bytes", [non_negative](int64_t bytes) {
+    cache::set_memory_max_bytes(non_negative(bytes, "set_memory_max_bytes"));
+  }, py::arg("bytes"),
+        "Byte cap of the in-memory cache (0: none); the least recently used entries are evicted, "
+        "the most recent one always kept.");
+  c.def("memory_max_bytes", &cache::memory_max_bytes);
   c.def("memory_size", &cache::memory_size, "Compiled graphs held in memory now.");
+  c.def("memory_bytes", &cache::memory_bytes, "Bytes the compiled graphs held in memory hold.");
   c.def("clear_memory", &cache::clear_memory, "Drops every in-memory entry.");
   c.def("set_persistent_dir", &cache::set_persistent_dir, py::arg("dir"), py::arg("readonly") = false,
         "Uses dir as the persistent compile cache (an empty dir turns it off); read-only writes nothing.");

@@ -5,6 +5,7 @@
 // (a guard failed): the step function is Python, so the tracing callback takes the GIL back.
 // The step's own lock is only ever taken without the GIL, so the two cannot deadlock.
 #include "bindings.h"
+#include "util/check.h"
 
 namespace lazyrt::python {
 
@@ -34,13 +35,23 @@ class PyCompiledStep {
     return to_tuple(out);
   }
   int traces() const { return step_.traces(); }
+  CompiledStep& step() { return step_; }
 
  private:
   std::shared_ptr<StepFunction> fn_;
   CompiledStep step_;
 };
 
-PyCompiledStep compile_step_py(py::function fn, py::handle example_args, bool retrace) {
+// A count or byte setting from Python: a negative value is a lazyrt.Error, not a TypeError.
+uint64_t non_negative(int64_t value, const char* call, const char* what) {
+  LAZYRT_CHECK(value >= 0, call, ": ", what, " must be >= 0, got ", value);
+  return static_cast<uint64_t>(value);
+}
+
+PyCompiledStep compile_step_py(py::function fn, py::handle example_args, bool retrace, int64_t max_variants,
+                               int64_t max_variant_bytes) {
+  CompileStepOptions options{retrace, non_negative(max_variants, "compile_step", "max_variants"),
+                             non_negative(max_variant_bytes, "compile_step", "max_variant_bytes")};
   auto state = std::make_shared<StepFunction>();
   state->fn = fn;
   std::vector<Tensor> example = tensors_from(example_args, "compile_step");
@@ -58,7 +69,7 @@ PyCompiledStep compile_step_py(py::function fn, py::handle example_args, bool re
                   std::string(py::str(py::type::handle_of(r).attr("__name__"))));
     return tensors_from(r, "compile_step");
   };
-  CompiledStep step = compile_step(traced, example, CompileStepOptions{retrace});
+  CompiledStep step = compile_step(traced, example, options);
   return PyCompiledStep(std::move(state), std::move(step));
 }
 
@@ -118,11 +129,40 @@ void bind_replay(py::module_& m) {
   py::class_<PyCompiledStep>(m, "CompiledStep", "A step function traced once and replayed.")
       .def("__call__", &PyCompiledStep::call)
       .def_property_readonly("traces", &PyCompiledStep::traces,
-                             "How many times the step was traced (1 unless guards forced retraces).");
+                             "How many times the step was traced (1 unless guards forced retraces).")
+      // The step's lock is taken without the GIL (a call in another thread may be tracing).
+      .def_property_readonly("variants", [](PyCompiledStep& s) {
+        py::gil_scoped_release release;
+        return s.step().variants();
+      }, "Compiled variants held now (one per argument signature met, up to max_variants).")
+      .def_property_readonly("variant_bytes", [](PyCompiledStep& s) {
+        py::gil_scoped_release release;
+        return s.step().variant_bytes();
+      }, "Bytes the held variants are estimated to hold (arenas, constants, output buffers).")
+      .def_property("max_variants", [](PyCompiledStep& s) {
+        py::gil_scoped_release release;
+        return s.step().max_variants();
+      }, [](PyCompiledStep& s, int64_t n) {
+        const uint64_t v = non_negative(n, "CompiledStep.max_variants", "the value");
+        py::gil_scoped_release release;
+        s.step().set_max_variants(v);
+      }, "Most variants kept; beyond it the least recently used is evicted (at least 1).")
+      .def_property("max_variant_bytes", [](PyCompiledStep& s) {
+        py::gil_scoped_release release;
+        return s.step().max_variant_bytes();
+      }, [](PyCompiledStep& s, int64_t n) {
+        const uint64_t v = non_negative(n, "CompiledStep.max_variant_bytes", "the value");
+        py::gil_scoped_release release;
+        s.step().set_max_variant_bytes(v);
+      }, "Byte cap of the variants together (0: none); the least recently used are evicted first.");
   m.def("compile_step", &compile_step_py, py::arg("fn"), py::arg("example_args"), py::arg("retrace") = true,
+        py::arg("max_variants") = static_cast<int64_t>(kDefaultMaxVariants),
+        py::arg("max_variant_bytes") = static_cast<int64_t>(kDefaultMaxVariantBytes),
         "Traces fn(*example_args) once, without running it and leaving every tensor as it was. "
         "Each call of the result runs one step on new arguments without tracing; a call whose "
-        "arguments do not match the trace retraces (retrace=True) or raises lazyrt.Error.");
+        "arguments do not match the trace retraces (retrace=True) or raises lazyrt.Error. One "
+        "compiled variant is kept per argument signature met, at most max_variants of them and "
+        "max_variant_bytes together (0: no byte cap), the least recently used evicted first.");
 }
 
 }  // namespace lazyrt::python

@@ -8,6 +8,7 @@
 // covers updates that never read the old value (zero_, copy_) and lets the trace be undone.
 #include "lazyrt/replay.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -392,6 +393,9 @@ struct Variant {
     bool identity = false;             // the base itself
   };
   std::vector<ResultView> result_views;
+  // What the variant is estimated to hold: its executable's arena and constants, its result
+  // buffers and its constant parameters (the weight the variant caps count).
+  uint64_t bytes = 0;
 };
 
 }  // namespace
@@ -401,7 +405,8 @@ void invalidate_compiled_steps() { step_epoch.fetch_add(1, std::memory_order_rel
 struct CompiledStep::State {
   std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn;
   CompileStepOptions options;
-  std::vector<std::unique_ptr<Variant>> variants;
+  std::vector<std::unique_ptr<Variant>> variants;  // most recently used first
+  uint64_t variant_bytes = 0;                      // their bytes together
   int traces = 0;
   std::mutex mu;
 };
@@ -671,8 +676,24 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
     auto buf = backend::current().allocate(v->exe->output_types()[k].bytes());
     v->result_tensors.push_back(trace::tensor_of(trace::make_data(v->exe->output_types()[k], buf)));
   }
-  ++st.traces;
+  v->bytes = v->exe->held_bytes();
+  for (const Tensor& t : v->result_tensors) v->bytes += trace::impl_of(t)->data()->bytes();
+  for (const Binding& b : v->bindings)
+    if (b.constant) v->bytes += b.constant->bytes();
   return v;
+}
+
+// Evicts the least recently used variants while the step is over either cap. The first
+// variant (the one in use) always stays.
+void evict_variants(CompiledStep::State& st) {
+  static auto& evictions = metrics::detail::counter_cell("CompiledStepVariantEvictions");
+  const CompileStepOptions& o = st.options;
+  while (st.variants.size() > 1 &&
+         (st.variants.size() > o.max_variants || (o.max_variant_bytes > 0 && st.variant_bytes > o.max_variant_bytes))) {
+    st.variant_bytes -= st.variants.back()->bytes;
+    st.variants.pop_back();
+    evictions.add(1);
+  }
 }
 
 // A captured tensor during a call: through its binding's hold, or locked into `hold`.
@@ -831,69 +852,118 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
 
 CompiledStep::CompiledStep(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
+namespace {
+
+// The variant that runs these arguments, with its captured tensors locked (lock_state): the
+// most recently used one that matches, else a new trace. Called under st.mu. The variant
+// returned is first in st.variants. A trace that fails (the step function throws, or the
+// trace does not match its own call) leaves the step as it was.
+Variant& variant_for(CompiledStep::State& st, const std::vector<Tensor>& args) {
+  for (size_t i = 0; i < st.variants.size(); ++i) {
+    if (!matches(*st.variants[i], args) || !lock_state(*st.variants[i], args)) continue;
+    if (i > 0) std::rotate(st.variants.begin(), st.variants.begin() + static_cast<ptrdiff_t>(i),
+                           st.variants.begin() + static_cast<ptrdiff_t>(i) + 1);
+    return *st.variants.front();
+  }
+  LAZYRT_CHECK(st.options.retrace_on_guard_failure, "compile_step: the call does not match the trace (",
+               args.size(), " arguments: ", types_str(args),
+               "; or a captured tensor, a gradient the step reads, the grad or autocast mode, a "
+               "module or an optimizer setting changed since); retracing is off");
+  for (size_t i = 0; i < args.size(); ++i) LAZYRT_CHECK(args[i].defined(), "compile_step: argument ", i, " is undefined");
+  std::unique_ptr<Variant> traced = trace_step(st, args);
+  LAZYRT_CHECK(matches(*traced, args) && lock_state(*traced, args),
+               "compile_step: the step changes what it depends on while it is traced (it switches "
+               "train/eval, replaces a module attribute or an optimizer setting, or changes a "
+               "gradient it reads before reading it); such a step cannot be replayed");
+  // Variants that can never match again go: captured state gone, or traced before a change
+  // of modules or optimizer settings.
+  const uint64_t epoch = step_epoch.load(std::memory_order_relaxed);
+  std::erase_if(st.variants, [&](const std::unique_ptr<Variant>& cand) {
+    bool stale = cand->epoch != epoch;
+    for (const Binding& b : cand->bindings)
+      stale = stale || (b.kind == Binding::Kind::State && b.state.expired());
+    if (stale) st.variant_bytes -= cand->bytes;
+    return stale;
+  });
+  ++st.traces;
+  st.variant_bytes += traced->bytes;
+  st.variants.insert(st.variants.begin(), std::move(traced));
+  evict_variants(st);
+  return *st.variants.front();
+}
+
+}  // namespace
+
 const std::vector<Tensor>& CompiledStep::run(const std::vector<Tensor>& args) {
   State& st = *state_;
   std::lock_guard<std::mutex> lock(st.mu);
-  Variant* v = nullptr;
-  for (auto& cand : st.variants)
-    if (matches(*cand, args) && lock_state(*cand, args)) {
-      v = cand.get();
-      break;
-    }
-  if (!v) {
-    LAZYRT_CHECK(st.options.retrace_on_guard_failure, "compile_step: the call does not match the trace (",
-                 args.size(), " arguments: ", types_str(args),
-                 "; or a captured tensor, a gradient the step reads, the grad or autocast mode, a "
-                 "module or an optimizer setting changed since); retracing is off");
-    for (size_t i = 0; i < args.size(); ++i) LAZYRT_CHECK(args[i].defined(), "compile_step: argument ", i, " is undefined");
-    // Variants that can never match again go: captured state gone, or traced before a change
-    // of modules or optimizer settings.
-    const uint64_t epoch = step_epoch.load(std::memory_order_relaxed);
-    std::erase_if(st.variants, [&](const auto& cand) {
-      if (cand->epoch != epoch) return true;
-      for (const Binding& b : cand->bindings)
-        if (b.kind == Binding::Kind::State && b.state.expired()) return true;
-      return false;
-    });
-    std::unique_ptr<Variant> traced = trace_step(st, args);
-    LAZYRT_CHECK(matches(*traced, args) && lock_state(*traced, args),
-                 "compile_step: the step changes what it depends on while it is traced (it switches "
-                 "train/eval, replaces a module attribute or an optimizer setting, or changes a "
-                 "gradient it reads before reading it); such a step cannot be replayed");
-    st.variants.push_back(std::move(traced));
-    v = st.variants.back().get();
-  }
-  replay(*v, args);
-  return v->result_tensors;
+  Variant& v = variant_for(st, args);
+  replay(v, args);
+  return v.result_tensors;
 }
 
 std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& args) {
-  const std::vector<Tensor>& outs = run(args);
+  State& st = *state_;
+  std::lock_guard<std::mutex> lock(st.mu);
+  Variant& v = variant_for(st, args);
+  replay(v, args);
   std::vector<Tensor> copies;
-  copies.reserve(outs.size());
-  for (const Tensor& t : outs) copies.push_back(detail::detached_value(t));
-  // The variant that ran is the one whose handles run() returned.
-  for (const auto& v : state_->variants) {
-    if (&v->result_tensors != &outs) continue;
-    for (const Variant::ResultView& rv : v->result_views) {
-      ImplPtr base = rv.arg >= 0 ? trace::impl_of(args[static_cast<size_t>(rv.arg)]) : rv.state.lock();
-      if (!base) continue;
-      if (rv.identity) copies[rv.result] = trace::tensor_of(std::move(base));
-      else detail::attach_view(copies[rv.result], *base, rv.chain, rv.strides, rv.storage_offset);
-    }
+  copies.reserve(v.result_tensors.size());
+  for (const Tensor& t : v.result_tensors) copies.push_back(detail::detached_value(t));
+  for (const Variant::ResultView& rv : v.result_views) {
+    ImplPtr base = rv.arg >= 0 ? trace::impl_of(args[static_cast<size_t>(rv.arg)]) : rv.state.lock();
+    if (!base) continue;
+    if (rv.identity) copies[rv.result] = trace::tensor_of(std::move(base));
+    else detail::attach_view(copies[rv.result], *base, rv.chain, rv.strides, rv.storage_offset);
   }
   return copies;
 }
 
 int CompiledStep::traces() const { return state_->traces; }
 
+size_t CompiledStep::variants() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->variants.size();
+}
+
+uint64_t CompiledStep::variant_bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->variant_bytes;
+}
+
+void CompiledStep::set_max_variants(size_t max_variants) {
+  LAZYRT_CHECK(max_variants >= 1, "CompiledStep::set_max_variants: got 0; a compiled step keeps at least 1 variant");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->options.max_variants = max_variants;
+  evict_variants(*state_);
+}
+
+size_t CompiledStep::max_variants() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->options.max_variants;
+}
+
+void CompiledStep::set_max_variant_bytes(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->options.max_variant_bytes = bytes;
+  evict_variants(*state_);
+}
+
+uint64_t CompiledStep::max_variant_bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->options.max_variant_bytes;
+}
+
 CompiledStep compile_step(std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn,
                           const std::vector<Tensor>& example_args, CompileStepOptions options) {
   LAZYRT_CHECK(static_cast<bool>(fn), "compile_step: the step function is empty");
+  LAZYRT_CHECK(options.max_variants >= 1, "compile_step: max_variants is 0; a compiled step keeps at least 1 variant");
   auto st = std::make_shared<CompiledStep::State>();
   st->fn = std::move(fn);
   st->options = options;
   st->variants.push_back(trace_step(*st, example_args));
+  st->variant_bytes = st->variants.front()->bytes;
+  st->traces = 1;
   return CompiledStep(std::move(st));
 }
 

@@ -67,6 +67,18 @@ ExecutableStats Executable::stats() const {
           parts_.constants ? parts_.constants->bytes() : 0};
 }
 
+size_t Executable::held_bytes() const {
+  size_t bytes = parts_.arena_bytes + (parts_.constants ? parts_.constants->bytes() : 0);
+  for (size_t i = 0; i < parts_.constant_outputs.size(); ++i) {
+    const std::shared_ptr<Buffer>& b = parts_.constant_outputs[i];
+    if (!b || b == parts_.constants) continue;
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; ++j) seen = parts_.constant_outputs[j] == b;
+    if (!seen) bytes += b->bytes();
+  }
+  return bytes;
+}
+
 std::string Executable::to_text() const {
   auto slot = [](const Slot& s) {
     std::ostringstream os;

@@ -108,6 +108,9 @@ class Executable {
   }
   const ir::Graph& graph() const { return parts_.graph; }
   ExecutableStats stats() const;
+  /// The memory this executable holds for its whole life: its arena, its constants and the
+  /// buffers of its constant outputs (what the caches weigh it by).
+  size_t held_bytes() const;
   /// One line per step: "3: add(arena+0, param 1) -> out 0".
   std::string to_text() const;
 

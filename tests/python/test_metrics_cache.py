@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import lazyrt as lr
 
 
@@ -39,6 +41,47 @@ def test_memory_cache_capacity():
         assert lr.cache.memory_size() == 1 and lr.cache.memory_capacity() == 4
     finally:
         lr.cache.set_memory_capacity(old)
+
+
+def test_memory_cache_byte_cap():
+    old = lr.cache.memory_capacity(), lr.cache.memory_max_bytes()
+    try:
+        assert old[1] == 8 << 30, "the default byte cap"
+        lr.cache.set_memory_capacity(1024)
+        lr.cache.clear_memory()
+        assert lr.cache.memory_bytes() == 0
+
+        def run(n):  # graphs of distinct sizes whose executables hold memory (an arena)
+            a = lr.arange(n * n, dtype=lr.float32).reshape(n, n) * 0.001
+            a.matmul(a).matmul(a).tolist()
+
+        for n in range(30, 34):
+            run(n)
+        four = lr.cache.memory_bytes()
+        assert lr.cache.memory_size() == 4 and four > 0
+        lr.metrics.reset()
+        cap = four // 2
+        lr.cache.set_memory_max_bytes(cap)
+        assert lr.cache.memory_max_bytes() == cap
+        assert lr.cache.memory_size() < 4 and lr.metrics.counter("MemoryCacheEvictions") >= 1
+        for n in range(40, 50):
+            run(n)
+            assert lr.cache.memory_bytes() <= cap or lr.cache.memory_size() == 1
+        assert lr.metrics.counter("MemoryCacheEvictions") >= 10
+        lr.cache.set_memory_max_bytes(0)
+        assert lr.cache.memory_max_bytes() == 0, "0: no byte cap"
+    finally:
+        lr.cache.set_memory_capacity(old[0])
+        lr.cache.set_memory_max_bytes(old[1])
+
+
+def test_memory_cache_settings_refuse_negative_values():
+    before = lr.cache.memory_capacity(), lr.cache.memory_max_bytes()
+    with pytest.raises(lr.Error, match="set_memory_capacity"):
+        lr.cache.set_memory_capacity(-1)
+    with pytest.raises(lr.Error, match="set_memory_max_bytes"):
+        lr.cache.set_memory_max_bytes(-4096)
+    assert (lr.cache.memory_capacity(), lr.cache.memory_max_bytes()) == before
 
 
 def test_debug_graph_text_and_memory():

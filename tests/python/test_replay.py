@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 import lazyrt as lr
 import lazyrt.nn as nn
@@ -275,3 +276,145 @@ def test_invalidate_compiled_steps_retraces_a_step_that_read_a_python_value():
     lr.invalidate_compiled_steps()
     assert step(x).tolist() == [3.0, 6.0]
     assert step.traces == 2
+
+
+# ---- bounded variants: one per argument signature, the least recently used evicted ---------
+
+
+def shapes_of(numel):
+    """Every 3-d shape of numel elements: many distinct signatures of one byte size."""
+    return [(a, b, numel // (a * b)) for a in range(1, numel + 1) for b in range(1, numel // a + 1)
+            if numel % (a * b) == 0]
+
+
+def values(shape, i):
+    """Small integers as float32, so that sums are exact and a wrong or stale value shows."""
+    n = int(np.prod(shape))
+    return ((np.arange(n) + i * 5) % 7 - 3).astype(np.float32).reshape(shape)
+
+
+def accumulator():
+    """A step with state, acc += x.sum(), returning x * 2 + acc; and its PyTorch twin."""
+    acc = lr.zeros(())
+    lr.mark_step()
+    tacc = torch.zeros(())
+
+    def step(x):
+        acc.add_(x.sum())
+        return x * 2 + acc
+
+    def eager(a):
+        nonlocal tacc
+        tx = torch.from_numpy(a)
+        tacc = tacc + tx.sum()
+        return (tx * 2 + tacc).numpy()
+
+    return step, eager, acc, lambda: tacc
+
+
+@pytest.fixture
+def small_memory_cache():
+    old = lr.cache.memory_capacity(), lr.cache.memory_max_bytes()
+    yield
+    lr.cache.set_memory_capacity(old[0])
+    lr.cache.set_memory_max_bytes(old[1])
+
+
+def test_many_argument_shapes_stay_within_the_variant_cap_exact_and_with_flat_memory(small_memory_cache):
+    lr.cache.set_memory_capacity(8)  # the executables themselves are the in-memory cache's to bound
+    shapes = shapes_of(720)[:200]
+    fn, eager, acc, tacc = accumulator()
+    step = lr.compile_step(fn, (lr.tensor(values(shapes[0], 0)),), max_variants=8)
+    lr.metrics.reset()
+    live = []
+    for i, shape in enumerate(shapes):
+        a = values(shape, i)
+        out = step(lr.tensor(a))
+        np.testing.assert_array_equal(out.numpy(), eager(a), err_msg=str(shape))
+        assert step.variants <= 8
+        live.append(lr.debug.live_memory_bytes())
+    assert step.variants == 8 and step.traces == len(shapes)
+    assert lr.metrics.counter("CompiledStepVariantEvictions") == len(shapes) - 8
+    assert live[16:] == [live[16]] * (len(live) - 16), "live bytes grew after warm-up"
+    # An evicted shape is traced again; its replays stay exact.
+    for k in range(3):
+        a = values(shapes[0], 1000 + k)
+        np.testing.assert_array_equal(step(lr.tensor(a)).numpy(), eager(a))
+    assert step.traces == len(shapes) + 1
+    assert acc.item() == tacc().item()
+
+
+def test_the_most_recently_used_variants_stay_and_the_byte_cap_evicts():
+    fn, eager, _, _ = accumulator()
+    a, b, c = (2, 3), (3, 2), (6,)
+    step = lr.compile_step(fn, (lr.tensor(values(a, 0)),), max_variants=2)
+
+    def call(shape, i):
+        x = values(shape, i)
+        np.testing.assert_array_equal(step(lr.tensor(x)).numpy(), eager(x))
+
+    lr.metrics.reset()
+    for i, shape in enumerate([a, b, a, c]):  # c evicts b, the least recently used
+        call(shape, i)
+    assert step.traces == 3
+    call(a, 4)
+    assert step.traces == 3, "a was kept"
+    call(b, 5)
+    assert step.traces == 4, "b was evicted: it is traced again"
+    assert lr.metrics.counter("CompiledStepVariantEvictions") == 2 and step.variants == 2
+    # A byte cap below two variants keeps one: the one in use.
+    step.max_variant_bytes = step.variant_bytes // 2 + 1
+    assert step.variants == 1 and lr.metrics.counter("CompiledStepVariantEvictions") == 3
+    for i in range(4):
+        call((a, b)[i % 2], 10 + i)
+        assert step.variants == 1
+    assert lr.metrics.counter("CompiledStepVariantEvictions") == 7, "each change of shape evicted the other"
+
+
+def test_variant_settings_and_bad_values():
+    fn, _, _, _ = accumulator()
+    step = lr.compile_step(fn, (lr.ones(3),))
+    assert step.max_variants == 64 and step.max_variant_bytes == 8 << 30
+    assert step.variants == 1 and step.variant_bytes >= 3 * 4
+    for n in range(1, 6):
+        step(lr.ones(n))
+    assert step.variants == 5
+    for bad in (0, -1):
+        with pytest.raises(lr.Error, match="max_variants"):
+            step.max_variants = bad
+    assert step.max_variants == 64 and step.variants == 5, "a refused setting changes nothing"
+    with pytest.raises(lr.Error, match="max_variant_bytes"):
+        step.max_variant_bytes = -1
+    step.max_variants = 2
+    assert step.max_variants == 2 and step.variants == 2
+    step.max_variant_bytes = 0
+    assert step.max_variant_bytes == 0
+    with pytest.raises(lr.Error, match="max_variants"):
+        lr.compile_step(fn, (lr.ones(3),), max_variants=0)
+    with pytest.raises(lr.Error, match="max_variant_bytes"):
+        lr.compile_step(fn, (lr.ones(3),), max_variant_bytes=-2)
+
+
+def test_a_failed_retrace_leaves_the_step_as_it_was():
+    acc = lr.zeros(())
+    lr.mark_step()
+
+    def fn(x):
+        if x.shape[0] == 3:
+            raise ValueError("the step refuses three rows")
+        acc.add_(x.sum())
+        return x + acc
+
+    step = lr.compile_step(fn, (lr.ones(2),))
+    assert step(lr.ones(2)).tolist() == [3.0, 3.0]
+    with pytest.raises(ValueError, match="three rows"):
+        step(lr.ones(3))
+    assert step.traces == 1 and step.variants == 1
+    assert step(lr.ones(2)).tolist() == [5.0, 5.0] and step.traces == 1
+    # Every variant stale and the retrace fails: nothing is lost, and the next call retraces.
+    lr.invalidate_compiled_steps()
+    with pytest.raises(ValueError):
+        step(lr.ones(3))
+    assert step.traces == 1 and step.variants == 1 and acc.item() == 4
+    assert step(lr.ones(2)).tolist() == [7.0, 7.0]
+    assert step.traces == 2 and step.variants == 1

@@ -386,6 +386,31 @@ def test_reading_the_loss_every_step_without_mark_step_keeps_one_graph():
     np.testing.assert_allclose(losses, train(mark_steps=True)[0], rtol=1e-6)
 
 
+def test_reading_the_loss_every_step_without_mark_step_keeps_compiles_and_memory_flat():
+    # Over many steps: the number of compiled graphs stops growing after the first steps, and
+    # so does the memory lazyrt holds (no pending history kept alive from step to step).
+    x, y = data(3, 32, 8), data(4, 32, 1)
+    lr.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = lr.optim.Adam(model.parameters(), lr=1e-2)
+    lr.mark_step()
+    before = lr.metrics.counter("UncachedCompile") + lr.metrics.counter("CachedCompile")
+    compiles, live, losses = [], [], []
+    for _ in range(60):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        compiles.append(lr.metrics.counter("UncachedCompile"))
+        live.append(lr.debug.live_memory_bytes())
+    assert lr.metrics.counter("UncachedCompile") + lr.metrics.counter("CachedCompile") - before == 60, \
+        "one graph per step"
+    assert compiles[-1] - compiles[0] <= 1 and compiles[5:] == [compiles[5]] * 55, compiles
+    assert live[5:] == [live[5]] * 55, live
+    assert losses[-1] < losses[0]
+
+
 # ---- regressions found by the randomized test (tests/python/replay_fuzz.py) ----------------
 
 

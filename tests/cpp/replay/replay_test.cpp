@@ -249,4 +249,202 @@ TEST(CompileStep, NeverWritesIntoAdoptedMemory) {
   EXPECT_EQ(host, (std::vector<float>{1, 2, 3}));
 }
 
+// ---- bounded variants ---------------------------------------------------------------------
+
+namespace {
+
+// Every 3-d shape of `numel` elements: many distinct argument signatures of one byte size.
+std::vector<Shape> shapes_of(int64_t numel) {
+  std::vector<Shape> out;
+  for (int64_t a = 1; a <= numel; ++a)
+    for (int64_t b = 1; a * b <= numel; ++b)
+      if (numel % (a * b) == 0) out.push_back({a, b, numel / (a * b)});
+  return out;
+}
+
+// Small integers, so that sums are exact in f32 and any wrong or stale value shows.
+Tensor input(const Shape& shape, size_t i) {
+  const int64_t n = shape_numel(shape);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) v[k] = static_cast<float>((k + static_cast<int64_t>(i) * 5) % 7 - 3);
+  return tensor(v, shape);
+}
+
+// A step with state: acc += x.sum(); returns x * 2 + acc.
+struct Accumulator {
+  Tensor acc = zeros({});
+  Accumulator() { mark_step(); }
+  std::vector<Tensor> operator()(const std::vector<Tensor>& a) {
+    acc.add_(a[0].sum());
+    return {a[0] * 2.0 + acc};
+  }
+};
+
+// The same program traced plainly, call by call.
+struct PlainAccumulator {
+  Tensor acc = zeros({});
+  std::vector<float> operator()(const Tensor& x) {
+    acc.add_(x.sum());
+    std::vector<float> y = (x * 2.0 + acc).to_vector<float>();
+    mark_step();
+    return y;
+  }
+};
+
+// Restores the in-memory cache's caps at the end of a test.
+struct MemoryCacheCaps {
+  size_t capacity = cache::memory_capacity();
+  uint64_t bytes = cache::memory_max_bytes();
+  ~MemoryCacheCaps() {
+    cache::set_memory_capacity(capacity);
+    cache::set_memory_max_bytes(bytes);
+  }
+};
+
+}  // namespace
+
+TEST(CompileStep, ManyArgumentShapesStayWithinTheVariantCapWithFlatMemory) {
+  MemoryCacheCaps restore;
+  cache::set_memory_capacity(8);  // the executables themselves are the in-memory cache's to bound
+  const std::vector<Shape> shapes = shapes_of(720);
+  ASSERT_GT(shapes.size(), 200u);
+  Accumulator acc;
+  PlainAccumulator plain;
+  CompileStepOptions options;
+  options.max_variants = 8;
+  CompiledStep step = compile_step(std::ref(acc), {input(shapes[0], 0)}, options);
+  metrics::reset();
+  std::vector<int64_t> live;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor x = input(shapes[i], i);
+    std::vector<float> got = step({x})[0].to_vector<float>();
+    ASSERT_EQ(got, plain(x)) << "shape " << shape_str(shapes[i]);
+    ASSERT_LE(step.variants(), 8u);
+    live.push_back(debug::live_memory_bytes());
+  }
+  EXPECT_EQ(step.variants(), 8u);
+  EXPECT_EQ(metrics::counter("CompiledStepVariantEvictions"), static_cast<int64_t>(shapes.size()) - 8);
+  EXPECT_EQ(step.traces(), static_cast<int>(shapes.size()));
+  for (size_t i = 16; i < live.size(); ++i) ASSERT_EQ(live[i], live[16]) << "live bytes grew at call " << i;
+  // An evicted shape is traced again, and its replays stay exact.
+  for (int k = 0; k < 3; ++k) {
+    Tensor x = input(shapes[0], 1000 + k);
+    EXPECT_EQ(step({x})[0].to_vector<float>(), plain(x));
+  }
+  EXPECT_EQ(step.traces(), static_cast<int>(shapes.size()) + 1);
+  EXPECT_EQ(acc.acc.item(), plain.acc.item());
+}
+
+TEST(CompileStep, TheMostRecentlyUsedVariantsStay) {
+  Accumulator acc;
+  PlainAccumulator plain;
+  CompileStepOptions options;
+  options.max_variants = 2;
+  const Shape a{2, 3}, b{3, 2}, c{6};
+  CompiledStep step = compile_step(std::ref(acc), {input(a, 0)}, options);
+  auto call = [&](const Shape& s, size_t i) {
+    Tensor x = input(s, i);
+    EXPECT_EQ(step({x})[0].to_vector<float>(), plain(x)) << shape_str(s);
+  };
+  metrics::reset();
+  call(a, 1);
+  call(b, 2);  // traced: {b, a}
+  call(a, 3);  // a is the most recent: {a, b}
+  call(c, 4);  // traced, evicts b: {c, a}
+  EXPECT_EQ(step.traces(), 3);
+  call(a, 5);
+  EXPECT_EQ(step.traces(), 3) << "a was kept";
+  call(b, 6);
+  EXPECT_EQ(step.traces(), 4) << "b was evicted, so it is traced again";
+  EXPECT_EQ(metrics::counter("CompiledStepVariantEvictions"), 2);
+  EXPECT_EQ(step.variants(), 2u);
+}
+
+TEST(CompileStep, TheVariantByteCapEvicts) {
+  Accumulator acc;
+  PlainAccumulator plain;
+  CompiledStep step = compile_step(std::ref(acc), {input({4, 5}, 0)});
+  EXPECT_EQ(step.max_variants(), kDefaultMaxVariants);
+  EXPECT_EQ(step.max_variant_bytes(), kDefaultMaxVariantBytes);
+  const uint64_t one = step.variant_bytes();
+  EXPECT_GE(one, 20u * sizeof(float)) << "a variant holds at least its result buffer";
+  Tensor x = input({5, 4}, 1);
+  EXPECT_EQ(step({x})[0].to_vector<float>(), plain(x));
+  EXPECT_EQ(step.variants(), 2u);
+  metrics::reset();
+  step.set_max_variant_bytes(one);  // room for one variant of this size: lowering evicts at once
+  EXPECT_EQ(step.variants(), 1u);
+  EXPECT_LE(step.variant_bytes(), one);
+  EXPECT_EQ(metrics::counter("CompiledStepVariantEvictions"), 1);
+  for (size_t i = 2; i < 6; ++i) {
+    Tensor y = input(i % 2 ? Shape{4, 5} : Shape{5, 4}, i);
+    EXPECT_EQ(step({y})[0].to_vector<float>(), plain(y));
+    EXPECT_EQ(step.variants(), 1u);
+  }
+  EXPECT_EQ(metrics::counter("CompiledStepVariantEvictions"), 4) << "every change of shape evicted the other";
+  step.set_max_variant_bytes(1);  // below any variant: the one in use stays
+  EXPECT_EQ(step.variants(), 1u);
+  step.set_max_variant_bytes(0);  // no byte cap
+  Tensor z = input({5, 4}, 9);
+  EXPECT_EQ(step({z})[0].to_vector<float>(), plain(z));
+  EXPECT_EQ(step.variants(), 2u);
+}
+
+TEST(CompileStep, VariantSettingsAreCheckedAndShrinkingEvicts) {
+  Accumulator acc;
+  CompileStepOptions bad;
+  bad.max_variants = 0;
+  try {
+    compile_step(std::ref(acc), {input({3}, 0)}, bad);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("max_variants"));
+  }
+  CompiledStep step = compile_step(std::ref(acc), {input({3}, 0)});
+  for (int64_t n = 1; n <= 5; ++n) step({input({n}, 0)});
+  EXPECT_EQ(step.variants(), 5u);
+  try {
+    step.set_max_variants(0);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("set_max_variants"));
+  }
+  EXPECT_EQ(step.max_variants(), kDefaultMaxVariants) << "a refused setting changes nothing";
+  EXPECT_EQ(step.variants(), 5u);
+  step.set_max_variants(2);
+  EXPECT_EQ(step.max_variants(), 2u);
+  EXPECT_EQ(step.variants(), 2u);
+  const int traces = step.traces();
+  step({input({5}, 1)});
+  step({input({4}, 1)});
+  EXPECT_EQ(step.traces(), traces) << "the two most recently used were kept";
+}
+
+TEST(CompileStep, AFailedRetraceLeavesTheStepAsItWas) {
+  Tensor acc = zeros({});
+  mark_step();
+  auto fn = [&](const std::vector<Tensor>& a) {
+    if (a[0].shape()[0] == 3) throw Error("the step refuses three rows");
+    acc.add_(a[0].sum());
+    return std::vector<Tensor>{a[0] + acc};
+  };
+  CompiledStep step = compile_step(fn, {ones({2})});
+  EXPECT_EQ(step({ones({2})})[0].to_vector<float>(), (std::vector<float>{3, 3}));
+  EXPECT_THROW(step({ones({3})}), Error);
+  EXPECT_EQ(step.traces(), 1);
+  EXPECT_EQ(step.variants(), 1u);
+  EXPECT_EQ(step({ones({2})})[0].to_vector<float>(), (std::vector<float>{5, 5}));
+  EXPECT_EQ(step.traces(), 1) << "the variant that was there still replays";
+  // Every variant stale, and the retrace fails: still nothing lost, and the next call retraces.
+  invalidate_compiled_steps();
+  EXPECT_THROW(step({ones({3})}), Error);
+  EXPECT_EQ(step.variants(), 1u);
+  EXPECT_EQ(step.traces(), 1);
+  EXPECT_EQ(acc.item(), 4);
+  EXPECT_EQ(step({ones({2})})[0].to_vector<float>(), (std::vector<float>{7, 7}));
+  EXPECT_EQ(step.traces(), 2);
+  EXPECT_EQ(step.variants(), 1u) << "the stale variant went once the retrace succeeded";
+  EXPECT_EQ(acc.item(), 6);
+}
+
 }  // namespace lazyrt
