@@ -33,6 +33,16 @@ def test_while_loop_counter_gives_13():
     assert int(value(out, "graph nodes")) < 20
 
 
+def test_torch_while_loop_gives_13_with_one_compile_and_the_host_loop_51():
+    out = run("torch_while_loop.py")
+    assert value(out, "result") == "13"
+    assert value(out, "counting from 1000") == "1003"
+    assert value(out, "while_loop compiles") == "1"
+    assert value(out, "host loop result") == "51"
+    assert value(out, "host loop of 60") == "61"
+    assert value(out, "host loop compiles") == "2"
+
+
 def test_host_loop_control_gives_51_with_a_growing_graph():
     out = run("host_loop_control.py")
     assert value(out, "result") == "51"

@@ -371,6 +371,20 @@ def test_what_torch_refuses_by_value_is_refused():
         lr.pow(lr.tensor([2]), -2)
 
 
+def test_integer_overflow_wraps_and_float_to_int_conversion_matches_torch():
+    # Two's complement wrapping and x86's conversion of NaN / out-of-range floats, as torch on
+    # this machine; lazyrt computes them without undefined behaviour (checked under UBSan).
+    for dtype, values in [(torch.int64, [-2**63, 2**40, 2**63 - 1, -5]), (torch.int32, [-2**31, 2**31 - 1, 3])]:
+        t = torch.tensor(values, dtype=dtype)
+        x = lr.from_torch(t)
+        for name, f in [("add", lambda a: a + a), ("sub", lambda a: a - (-a)), ("mul", lambda a: a * a),
+                        ("neg", lambda a: -a), ("abs", lambda a: a.abs())]:
+            assert f(x).tolist() == f(t).tolist(), (dtype, name)
+    f = torch.tensor([float("nan"), 1e20, -1e20, float("inf"), 3.7, -2.5])
+    for dtype in (torch.int64, torch.int32):
+        assert lr.from_torch(f).to(lr.int64 if dtype == torch.int64 else lr.int32).tolist() == f.to(dtype).tolist()
+
+
 def test_sizes_that_cannot_be_addressed_are_lazyrt_errors():
     with pytest.raises(lr.Error, match="does not fit in a 64-bit size"):
         lr.zeros(2**64)

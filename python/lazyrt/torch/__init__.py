@@ -68,6 +68,7 @@ tensor), and any Python side effect of the step (it runs only when captured).
 """
 
 from lazyrt.torch._capture import CaptureError
+from lazyrt.torch._loops import fori_loop, scan, while_loop
 from lazyrt.torch._lower import LOWERINGS as _LOWERINGS, UnsupportedOperatorError
 from lazyrt.torch._step import CompiledFunction, compile, discover
 

@@ -45,7 +45,7 @@ class CaptureError(RuntimeError):
     """A step lazyrt.torch cannot capture (the message says why)."""
 
 
-def _fake_trace(fn, examples):
+def _fake_trace(fn, examples, constants_may_require_grad=False):
     """make_fx of fn(examples) over fake tensors: nothing is computed.
 
     PyTorch 1.13's fake tensor mode refuses real tensors that the traced code reads from outside
@@ -53,6 +53,8 @@ def _fake_trace(fn, examples):
     makes inside a composite op); PyTorch 2 has allow_non_fake_inputs for that. This mode takes
     them as fake tensors of the same metadata; make_fx records each as a constant of the graph
     (a get_attr node holding the real tensor), which the lowering reads anew on every call.
+    Such a tensor that requires grad is refused (a parameter of no known module) unless
+    `constants_may_require_grad` (loop bodies, which take their weights as values).
     """
     from functorch import make_fx
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -64,7 +66,7 @@ def _fake_trace(fn, examples):
 
             def fake(t):
                 if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
-                    if t.requires_grad:
+                    if t.requires_grad and not constants_may_require_grad:
                         raise CaptureError(
                             f"lazyrt.torch: the step uses a tensor that requires grad (shape {list(t.shape)}) and "
                             "is no parameter of the modules it was given or found; pass its module as model=...")

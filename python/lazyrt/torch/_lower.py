@@ -522,6 +522,16 @@ def _cat(e, tensors, dim=0):
     return _C.cat([_cast(t, e.dtype) for t in tensors], dim)
 
 
+@lowering(aten.split.Tensor, aten.unsafe_split.Tensor)
+def _split(e, x, split_size, dim=0):
+    return list(lazyrt.split(x, split_size, dim))
+
+
+@lowering(aten.split_with_sizes.default, aten.unsafe_split_with_sizes.default)
+def _split_with_sizes(e, x, split_sizes, dim=0):
+    return list(lazyrt.split(x, list(split_sizes), dim))
+
+
 @lowering(aten.stack.default)
 def _stack(e, tensors, dim=0):
     return _C.stack([_cast(t, e.dtype) for t in tensors], dim)

@@ -283,9 +283,8 @@ class CompiledFunction:
         for m in modules:
             if not isinstance(m, torch.nn.Module):
                 raise TypeError(f"lazyrt.torch.compile: model= takes torch.nn modules, got {type(m).__name__}")
-        if not modules:
-            raise CaptureError("lazyrt.torch.compile: found no torch.nn.Module the step uses; pass it as "
-                               "model=... (and the optimizer as optimizer=...)")
+        # No module is fine (a function of its arguments); a parameter of a module not found
+        # is refused when captured, naming model=.
         return World(modules, optimizers, args, kwargs)
 
     @property

@@ -129,6 +129,21 @@ TEST(Scan, LengthWithoutInputsAndEmptyScans) {
   EXPECT_TRUE(y0[0].to_vector<float>().empty());
 }
 
+// No carries, or only empty ones: the scan's workspace is empty, and still where the kernel
+// looks for it (it read past the end of the step's outputs; found by fuzzing, seen with ASan).
+TEST(Scan, WithoutCarriesOrWithEmptyOnes) {
+  Tensor xs = tensor({1, 2, 3, 4, 5, 6}, {3, 2});
+  auto [c0, y0] = scan([](const Carry&, const Carry& x) { return std::make_pair(Carry{}, Carry{x[0] * 2}); },
+                       {}, {xs});
+  EXPECT_TRUE(c0.empty());
+  EXPECT_EQ(y0[0].to_vector<float>(), (std::vector<float>{2, 4, 6, 8, 10, 12}));
+  auto [c1, y1] = scan(
+      [](const Carry& c, const Carry& x) { return std::make_pair(Carry{c[0]}, Carry{x[0].sum()}); },
+      {zeros({0})}, {xs});
+  EXPECT_EQ(c1[0].shape(), (Shape{0}));
+  EXPECT_EQ(y1[0].to_vector<float>(), (std::vector<float>{3, 7, 11}));
+}
+
 TEST(Scan, OneNodeAndOneCompileWhateverTheValuesAndFlatInTheLength) {
   cache::clear_memory();
   metrics::reset();
