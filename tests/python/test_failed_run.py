@@ -18,17 +18,22 @@ class Net:
         return list(self.emb.parameters()) + list(self.lin.parameters())
 
 
-def tokens_and_targets(rng, bad=None):
+def batch(rng, bad=None):
     tokens = rng.integers(0, 10, size=6)
     targets = rng.integers(0, 3, size=6)
+    probe = -rng.integers(0, 10, size=2)  # ids read after the update, as |probe|
     if bad == "token":
         tokens[4] = 12
     if bad == "target":
         targets[1] = 3
-    return tokens, targets
+    if bad == "probe":
+        probe[0] = -11
+    return tokens, targets, probe
 
 
-@pytest.mark.parametrize("bad", ["token", "target"])
+# A bad token or target fails before the update; a bad probe id only after it, where the
+# parameters and the optimizer state were already computed.
+@pytest.mark.parametrize("bad", ["token", "target", "probe"])
 def test_a_replayed_training_step_that_fails_changes_nothing(bad, rng):
     torch.manual_seed(0)
     ref = Net(torch.nn)
@@ -38,19 +43,17 @@ def test_a_replayed_training_step_that_fails_changes_nothing(bad, rng):
     ref_opt = torch.optim.Adam(ref.params(), lr=0.05)
     opt = lr.optim.Adam(net.params(), lr=0.05)
 
-    def lr_step(tokens, targets):
-        opt.zero_grad()
-        loss = lr.nn.functional.cross_entropy(net.lin(net.emb(tokens)), targets)
-        loss.backward()
-        opt.step()
-        return loss
+    def make_step(F, net, opt):  # one program, for lazyrt's modules and for torch's
+        def step(tokens, targets, probe):
+            opt.zero_grad()
+            loss = F.cross_entropy(net.lin(net.emb(tokens)), targets)
+            loss.backward()
+            opt.step()
+            return loss, net.emb(probe.abs()).sum()
+        return step
 
-    def ref_step(tokens, targets):
-        ref_opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(ref.lin(ref.emb(tokens)), targets)
-        loss.backward()
-        ref_opt.step()
-        return loss
+    lr_step = make_step(lr.nn.functional, net, opt)
+    ref_step = make_step(torch.nn.functional, ref, ref_opt)
 
     def compare():
         for p, q in zip(net.params(), ref.params()):
@@ -64,16 +67,17 @@ def test_a_replayed_training_step_that_fails_changes_nothing(bad, rng):
 
     step = None
     for i in range(5):
-        tokens, targets = tokens_and_targets(rng, bad if i == 2 else None)
-        args = (lr.tensor(tokens), lr.tensor(targets))
+        tokens, targets, probe = batch(rng, bad if i == 2 else None)
+        args = (lr.tensor(tokens), lr.tensor(targets), lr.tensor(probe))
         if step is None:
             step = lr.compile_step(lr_step, args)
         if i == 2:
             with pytest.raises(lr.Error, match="out of bounds"):
                 step(*args)
         else:
-            loss = step(*args)
-            ref_loss = ref_step(torch.tensor(tokens), torch.tensor(targets))
+            loss, probed = step(*args)
+            ref_loss, ref_probed = ref_step(*(torch.tensor(a) for a in (tokens, targets, probe)))
             np.testing.assert_allclose(loss.item(), ref_loss.item(), rtol=1e-5)
+            np.testing.assert_allclose(probed.item(), ref_probed.item(), rtol=1e-5, atol=1e-6)
         compare()
     assert step.traces == 1
