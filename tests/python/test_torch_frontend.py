@@ -856,3 +856,69 @@ def test_a_function_of_its_arguments_alone_compiles_and_a_hidden_module_is_named
 
     with pytest.raises(lazyrt.torch.CaptureError, match="model="):
         lazyrt.torch.compile(uses_hidden)(x)
+
+
+def lowered_results(fn, inputs):
+    """fn(inputs) captured as a step is (fake tensors, functionalized) and run by lazyrt."""
+    from functorch import functionalize
+
+    from lazyrt.torch._capture import _fake_trace
+    from lazyrt.torch._lower import LoweredGraph
+
+    gm = _fake_trace(functionalize(_fake_trace(fn, inputs)), inputs)
+    lowered = LoweredGraph(gm, list(next(n for n in gm.graph.nodes if n.op == "output").args[0]))
+    got = lowered(*[lazyrt.from_torch(t) for t in inputs], *[lazyrt.from_torch(t) for t in lowered.constants])
+    return [lazyrt.to_torch(g) for g in got]
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", [
+    (2, None, 0, 1, False), (3, 2, 1, 1, False), (3, 2, 1, 1, True), (2, 3, 0, 2, True), ((3, 2), (1, 2), (1, 0), (1, 2), False),
+])
+def test_max_pool_indices_and_gradient_equal_torchs(kernel, stride, padding, dilation, ceil_mode):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 7, 8, generator=g)
+    gy = torch.randn(2, 3, 7, 8, generator=g)  # sliced to the output's shape below
+
+    def pool(inputs):
+        x, gy = inputs
+        xr = x.detach().requires_grad_()
+        with torch.enable_grad():
+            out, idx = torch.nn.functional.max_pool2d(xr, kernel, stride, padding, dilation, ceil_mode, True)
+            (dx,) = torch.autograd.grad(out, xr, gy[..., :out.shape[2], :out.shape[3]])
+        return [out, idx, dx]
+
+    want = pool([x, gy])
+    got = lowered_results(pool, [x, gy])
+    assert torch.equal(got[1], want[1]), "indices"
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-7)
+
+
+def small_cnn(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, stride=1, padding=1, groups=2), nn.ReLU(), nn.AvgPool2d(2, ceil_mode=True),
+        nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(), nn.LayerNorm(8), nn.Linear(8, 4))
+
+
+@pytest.mark.parametrize("opt_name", ["sgd_momentum", "adamw", "adam_foreach"])
+def test_a_cnn_with_batchnorm_and_layernorm_trains_as_in_eager(opt_name):
+    m_eager, o_eager, m_lazy, o_lazy = twins(small_cnn, OPTIMIZERS[opt_name])
+    loss_fn = nn.CrossEntropyLoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    lazy = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn))
+    g = torch.Generator().manual_seed(5)
+    for i in range(STEPS):
+        x, y = torch.randn(4, 3, 9, 9, generator=g), torch.randint(0, 4, (4,), generator=g)
+        close(lazy(x, y).item(), eager(x, y).item(), f"loss {i}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"step {i}")
+    assert lazy.traces == 1
+    # Eval mode: the running statistics, as captured by the training steps.
+    m_eager.eval()
+    m_lazy.eval()
+    predict = lazyrt.torch.compile(lambda x: m_lazy(x), model=m_lazy)
+    x = torch.randn(4, 3, 9, 9, generator=g)
+    with torch.no_grad():
+        want = m_eager(x)
+    close(predict(x).numpy(), want.numpy(), "eval")

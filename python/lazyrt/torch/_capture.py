@@ -78,7 +78,22 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     mode = TolerantFakeTensorMode(allow_fallback_kernels=True)
     fakes = [mode.from_tensor(e) for e in examples]
     with mode:
-        return make_fx(fn, tracing_mode="real")(fakes)
+        return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
+
+
+_DECOMPOSED = None
+
+
+def _decompositions():
+    """PyTorch's own decompositions of the ops lazyrt.torch takes as compositions of the ops it
+    lowers (batch norm, forward and backward: its running statistics become plain in-place
+    updates, which functionalize turns into write-backs), rather than lowering each."""
+    global _DECOMPOSED
+    if _DECOMPOSED is None:
+        from torch._decomp import get_decompositions
+        aten = torch.ops.aten
+        _DECOMPOSED = get_decompositions([aten.native_batch_norm, aten.native_batch_norm_backward])
+    return _DECOMPOSED
 
 
 # ---- what a step touches -------------------------------------------------------------------

@@ -592,6 +592,164 @@ def _scalar_tensor(e, value, **kwargs):
     return _full((), value, e.dtype)
 
 
+@lowering(aten.var.correction)
+def _var(e, x, dim=None, correction=None, keepdim=False):
+    return lazyrt.var(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), correction=1 if correction is None else correction,
+                      keepdim=keepdim)
+
+
+# ---- layer norm: (out, mean, rstd) as torch's kernel gives them; the backward by lazyrt's autograd
+
+def _layer_norm_parts(x, normalized_shape, weight, bias, eps):
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    mean = _C.mean(x, dims, True)
+    centered = x - mean
+    rstd = _C.rsqrt(_C.mean(centered * centered, dims, True) + eps)
+    out = centered * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean, rstd
+
+
+@lowering(aten.native_layer_norm.default)
+def _native_layer_norm(e, x, normalized_shape, weight, bias, eps):
+    return list(_layer_norm_parts(x, normalized_shape, weight, bias, eps))
+
+
+@lowering(aten.native_layer_norm_backward.default)
+def _native_layer_norm_backward(e, grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
+    # From the saved statistics, as torch's kernel: with xhat = (x - mean) * rstd and g the
+    # gradient times the weight, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) over the
+    # normalized dims; the weight's and bias's gradients sum over the others.
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    lead = list(range(x.dim() - len(normalized_shape)))
+    xhat = (x - mean) * rstd
+    g = grad * weight if weight is not None else grad
+    dx = dw = db = None
+    if output_mask[0]:
+        dx = rstd * (g - _C.mean(g, dims, True) - xhat * _C.mean(g * xhat, dims, True))
+    if output_mask[1] and weight is not None:
+        dw = _C.sum(grad * xhat, lead, False) if lead else grad * xhat
+    if output_mask[2] and bias is not None:
+        db = _C.sum(grad, lead, False) if lead else grad
+    return [dx, dw, db]
+
+
+# ---- convolution and pooling -------------------------------------------------------------------
+# Forward ops map to lazyrt's; most backward ops are the vector-Jacobian product of that
+# forward by lazyrt's own autograd (`_vjp`: the recomputed forward is the same graph, which
+# CSE merges with the forward's), so the gradients are lazyrt's gradient rules. max_pool2d's
+# backward scatters through the indices, as torch's does.
+
+def _vjp(forward, inputs, grad, wanted):
+    """The gradients of forward(*inputs) for grad, for the inputs `wanted` marks (None else)."""
+    with lazyrt.enable_grad():
+        leaves = [x.detach() for x in inputs]
+        for x, w in zip(leaves, wanted):
+            if w:
+                x.requires_grad_()
+        forward(*leaves).backward(grad)
+    return [x.grad if w else None for x, w in zip(leaves, wanted)]
+
+
+def _pair(v):
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
+
+
+def _conv_args(x, transposed, output_padding):
+    if x.dim() != 4 or transposed or any(output_padding):
+        raise UnsupportedOperatorError(
+            f"lazyrt.torch: convolution of a {x.dim()}-d input{' (transposed)' if transposed else ''}: lazyrt lowers "
+            "2-d, non-transposed convolutions")
+
+
+@lowering(aten.convolution.default)
+def _convolution(e, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    _conv_args(x, transposed, output_padding)
+    return lazyrt.nn.functional.conv2d(x, w, bias, _pair(stride), _pair(padding), _pair(dilation), groups)
+
+
+@lowering(aten.convolution_backward.default)
+def _convolution_backward(e, grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    _conv_args(x, transposed, output_padding)
+    conv = lambda a, b: lazyrt.nn.functional.conv2d(a, b, None, _pair(stride), _pair(padding), _pair(dilation),
+                                                     groups)
+    gx, gw = _vjp(conv, [x, w], grad, list(output_mask[:2]))
+    gb = _C.sum(grad, [0, 2, 3]) if output_mask[2] else None
+    return [gx, gw, gb]
+
+
+def _pool_window(kernel_size, stride, padding, dilation):
+    k = _pair(kernel_size)
+    return k, (_pair(stride) if stride else k), _pair(padding), _pair(dilation)
+
+
+@lowering(aten.max_pool2d_with_indices.default)
+def _max_pool2d_with_indices(e, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _pool_window(kernel_size, stride, padding, dilation)
+    out = lazyrt.nn.functional.max_pool2d(x, (kh, kw), (sh, sw), (ph, pw), (dh, dw), ceil_mode)
+    h, w = x.shape[-2:]
+    oh, ow = out.shape[-2:]
+    lead = tuple(x.shape[:-2])
+    # Every window, over a plane padded with -inf far enough for ceil_mode's last windows; the
+    # index is the first maximum's place in the unpadded plane (row * width + column), as torch's.
+    extra_h = max((oh - 1) * sh + (kh - 1) * dh + 1 - (h + 2 * ph), 0)
+    extra_w = max((ow - 1) * sw + (kw - 1) * dw + 1 - (w + 2 * pw), 0)
+    planes = _C.reshape(x, (-1, 1, h, w))
+    padded = lazyrt.nn.functional.pad(planes, (pw, pw + extra_w, ph, ph + extra_h), value=-math.inf)
+    cols = lazyrt.nn.functional.unfold(padded, (kh, kw), dilation=(dh, dw), stride=(sh, sw))
+    lh = (h + 2 * ph + extra_h - (kh - 1) * dh - 1) // sh + 1
+    lw = (w + 2 * pw + extra_w - (kw - 1) * dw - 1) // sw + 1
+    windows = _C.reshape(cols, (-1, kh * kw, lh, lw))[:, :, :oh, :ow]
+    k = _C.cast(_C.argmax(windows, 1), _C.float64)
+    ki = _C.floor(k / kw)
+    kj = k - ki * kw
+    rows = _C.reshape(lazyrt.arange(oh, dtype=_C.float64), (oh, 1)) * sh - ph + ki * dh
+    cols_ = lazyrt.arange(ow, dtype=_C.float64) * sw - pw + kj * dw
+    index = _C.cast(rows * w + cols_, _C.int64)
+    return [out, _C.reshape(index, lead + (oh, ow))]
+
+
+@lowering(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_with_indices_backward(e, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    h, w = x.shape[-2:]
+    planes = 1
+    for d in x.shape[:-2]:
+        planes *= d
+    g = _C.reshape(_cast(grad, e.dtype), (planes, -1))
+    i = _C.reshape(indices, (planes, -1))
+    return _C.reshape(lazyrt.scatter_add(_full((planes, h * w), 0, e.dtype), 1, i, g), e.shape)
+
+
+@lowering(aten.avg_pool2d.default)
+def _avg_pool2d(e, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    k, s, p, _ = _pool_window(kernel_size, stride, padding, 1)
+    return lazyrt.nn.functional.avg_pool2d(x, k, s, p, ceil_mode, count_include_pad, divisor_override)
+
+
+@lowering(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(e, grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    k, s, p, _ = _pool_window(kernel_size, stride, padding, 1)
+    pool = lambda a: lazyrt.nn.functional.avg_pool2d(a, k, s, p, ceil_mode, count_include_pad, divisor_override)
+    return _vjp(pool, [x], grad, [True])[0]
+
+
+@lowering(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(e, x, output_size):
+    return lazyrt.nn.functional.adaptive_avg_pool2d(x, tuple(output_size))
+
+
+@lowering(aten._adaptive_avg_pool2d_backward.default)
+def _adaptive_avg_pool2d_backward(e, grad, x):
+    size = tuple(grad.shape[-2:])
+    return _vjp(lambda a: lazyrt.nn.functional.adaptive_avg_pool2d(a, size), [x], grad, [True])[0]
+
+
 # ---- embeddings ------------------------------------------------------------------------------
 
 @lowering(aten.embedding.default)
