@@ -922,3 +922,44 @@ def test_a_cnn_with_batchnorm_and_layernorm_trains_as_in_eager(opt_name):
     with torch.no_grad():
         want = m_eager(x)
     close(predict(x).numpy(), want.numpy(), "eval")
+
+
+def test_dropout_draws_a_new_mask_every_replay_and_its_gradient_is_exact():
+    # lazyrt draws from its own generator (replayed state), not torch's stream: the masks are
+    # compared by statistics, and each step against eager PyTorch given the mask lazyrt drew.
+    p = 0.25
+    torch.manual_seed(0)
+    lazy_model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Dropout(p), nn.Linear(64, 4))
+    ref_model = copy.deepcopy(lazy_model)
+    o_lazy = torch.optim.SGD(lazy_model.parameters(), lr=0.1)
+    o_ref = torch.optim.SGD(ref_model.parameters(), lr=0.1)
+
+    def step(x, y):
+        h = lazy_model[1](lazy_model[0](x))
+        d = lazy_model[2](h)
+        loss = nn.functional.cross_entropy(lazy_model[3](d), y)
+        loss.backward()
+        o_lazy.step()
+        o_lazy.zero_grad()
+        return loss, h.detach(), d.detach()
+
+    compiled = lazyrt.torch.compile(step)
+    g = torch.Generator().manual_seed(2)
+    masks = []
+    for i in range(4):
+        x, y = torch.randn(256, 16, generator=g), torch.randint(0, 4, (256,), generator=g)
+        loss, h, d = compiled(x, y)
+        live = h != 0
+        kept = (d != 0) & live
+        assert abs(kept.sum().item() / live.sum().item() - (1 - p)) < 0.02
+        torch.testing.assert_close(d[kept], h[kept] / (1 - p))
+        mask = kept.float() / (1 - p)
+        masks.append(kept)
+        ref_loss = nn.functional.cross_entropy(ref_model[3](ref_model[1](ref_model[0](x)) * mask), y)
+        ref_loss.backward()
+        o_ref.step()
+        o_ref.zero_grad()
+        close(loss.item(), ref_loss.item(), f"loss {i}")
+        same_training_state(lazy_model, o_lazy, ref_model, o_ref, f"step {i}")
+    assert compiled.traces == 1
+    assert not torch.equal(masks[0], masks[1]), "a new mask every call"

@@ -46,7 +46,8 @@ what eager computes (see `_capture`).
 **Lowering** (`_lower`): an interpreter maps each aten op of the graph to lazyrt ops
 (``lazyrt.torch.supported_ops()`` lists them; batch norm is captured through PyTorch's own
 decomposition, and the backward of convolutions and average pooling is the vector-Jacobian
-product of the lowered forward by lazyrt's autograd); it runs inside ``lazyrt.compile_step``, which
+product of the lowered forward by lazyrt's autograd; dropout and other random ops draw from
+lazyrt's generator, whose state every replay advances, not from torch's stream); it runs inside ``lazyrt.compile_step``, which
 records it once and replays the compiled lazyrt graph on later calls. An op without a lowering
 raises `UnsupportedOperatorError` naming it when the step is captured (graph breaks are not
 supported yet); reading a value inside the step (``.item()``, ``if loss > 0``) or a shape that

@@ -562,6 +562,28 @@ def _ones(e, *args, **kwargs):
     return _full(e.shape, 1, e.dtype)
 
 
+# ---- random numbers: lazyrt's generator (its state is replayed state), not torch's stream ----
+
+# functionalize leaves bernoulli_ (no functional variant in 1.13) on a fresh empty tensor that
+# nothing else reads; LoweredGraph checks that, so the in-place op can be lowered as a new value.
+FRESH_IN_PLACE = {aten.bernoulli_.float}
+
+
+@lowering(aten.bernoulli.p, aten.bernoulli_.float)
+def _bernoulli_p(e, x, p=0.5, generator=None):
+    if generator is not None:
+        raise UnsupportedOperatorError("lazyrt.torch: bernoulli with a torch.Generator")
+    draws = lazyrt.rand(e.shape, dtype=_C.float32 if e.dtype in (_C.float16, _C.bfloat16) else e.dtype)
+    return _C.cast(_C.lt(draws, float(p)), e.dtype)
+
+
+@lowering(aten.rand_like.default, aten.rand.default)
+def _rand(e, *args, generator=None, **kwargs):
+    if generator is not None:
+        raise UnsupportedOperatorError("lazyrt.torch: rand with a torch.Generator")
+    return lazyrt.rand(e.shape, dtype=e.dtype)
+
+
 @lowering(aten.full.default)
 def _full_op(e, size, value, **kwargs):
     return _full(e.shape, value, e.dtype)
@@ -815,6 +837,12 @@ class LoweredGraph:
         for n in self.nodes:
             if n.op == "call_function" and n.target not in LOWERINGS:
                 missing.append(n)
+            elif n.op == "call_function" and n.target in FRESH_IN_PLACE:
+                target = n.args[0]
+                if not (isinstance(target, torch.fx.Node) and len(target.users) == 1 and
+                        target.target in (aten.empty_like.default, aten.empty.memory_format)):
+                    raise UnsupportedOperatorError(f"lazyrt.torch: {op_name(n.target)} (node '{n.name}') changes a "
+                                                   "tensor that other ops read; only its functional form is lowered")
             elif n.op == "get_attr":
                 value = getattr(graph_module, n.target)
                 if not isinstance(value, torch.Tensor):
