@@ -15,7 +15,7 @@
 #include <string_view>
 
 #include "cache/persistent_cache.h"
-#include "compile/compile.h"
+#include "backend/backend.h"
 #include "ir/serialize.h"
 
 namespace {
@@ -54,7 +54,7 @@ void check(std::string_view file) {
   size_t budget = size_t{1} << 20;
   if (small_enough_to_lower(entry.graph, &budget)) {
     try {
-      (void)lazyrt::compile::lower(entry.graph, entry.donations);
+      (void)lazyrt::backend::current().lower(entry.graph, entry.donations);
     } catch (const lazyrt::Error&) {
       // A verified graph no kernel takes: the cache counts it as a bad entry.
     }
