@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/kernels/elementwise_fns.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 
@@ -59,7 +60,10 @@ void small_gemm_cols(const T* __restrict arow, int64_t sa_p, const T* __restrict
   for (int64_t p = 0; p < k; ++p) {
     const T av = arow[p * sa_p];
     const T* bp = b + p * sb_p;
-    for (int j = 0; j < W; ++j) acc[j] += av * bp[j * sb_j];
+    for (int j = 0; j < W; ++j) {
+      if constexpr (is_signed_int_c<T>) acc[j] = wrap_add(acc[j], wrap_mul(av, bp[j * sb_j]));  // wraps, as torch
+      else acc[j] += av * bp[j * sb_j];
+    }
   }
   for (int j = 0; j < W; ++j) out[j] = acc[j];
 }
