@@ -55,7 +55,8 @@ bench: setup $(BUILD)/build.ninja
 #   build-fuzz/artifacts/.
 # - graph_fuzz, random programs of ops through the public API, where the only exception
 #   allowed out is lazyrt::Error; from an empty corpus, build-fuzz/graph-corpus, crashes to
-#   build-fuzz/graph-artifacts/.
+#   build-fuzz/graph-artifacts/. ASan's allocator returns null for requests beyond its limit,
+#   as malloc does, so a huge allocation is lazyrt's 'out of memory' error, not an abort.
 # Replay a crash with `build-fuzz/fuzz/entry_parser_fuzz FILE` (or graph_fuzz FILE).
 fuzz:
 	cmake -S $(ROOT) -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -69,7 +70,7 @@ fuzz:
 	  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_BUILD)/artifacts/ $(FUZZ_BUILD)/corpus $(FUZZ_BUILD)/seeds
 	mkdir -p $(FUZZ_BUILD)/graph-corpus $(FUZZ_BUILD)/graph-artifacts
-	$(FUZZ_BUILD)/fuzz/graph_fuzz -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) \
+	ASAN_OPTIONS=allocator_may_return_null=1 $(FUZZ_BUILD)/fuzz/graph_fuzz -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) \
 	  -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_BUILD)/graph-artifacts/ $(FUZZ_BUILD)/graph-corpus
 
