@@ -1150,7 +1150,15 @@ class Program {
     }
   }
 
+  // Reading a value also computes every live pending tensor that shares its graph (lazyrt's
+  // rule): tensors beyond the budget are let go before anything is read, so that a read stays
+  // within it. Recording them was the test.
+  void drop_unsyncable() {
+    std::erase_if(pool_, [this](const Entry& e) { return !syncable(e); });
+  }
+
   void sync_some() {
+    drop_unsyncable();
     if (!has_pool()) return;
     if (flag()) {
       for (const Entry& e : pool_)
@@ -1167,6 +1175,7 @@ class Program {
   }
 
   void read_all() {
+    drop_unsyncable();
     for (size_t i = 0; i < pool_.size(); ++i) {
       guarded([&] {
         if (syncable(pool_[i])) read(pool_[i]);
