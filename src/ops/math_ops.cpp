@@ -124,7 +124,7 @@ Tensor round(const Tensor& a, int64_t decimals) {
   check_floating(a, "round");
   // torch scales by 10^|decimals| in a's dtype, dividing after rounding for positive decimals
   // and multiplying for negative ones, so the result is the nearest such number it computes.
-  const Scalar scale(std::pow(10.0, static_cast<double>(decimals < 0 ? -decimals : decimals)));
+  const Scalar scale(std::pow(10.0, std::fabs(static_cast<double>(decimals))));  // |INT64_MIN| too
   return decimals > 0 ? round(a * scale) / scale : round(a / scale) * scale;
 }
 
