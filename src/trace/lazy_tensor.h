@@ -9,6 +9,7 @@
 // (not the tensor), so rebinding the tensor later never changes a graph already traced.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -90,8 +91,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   bool requires_grad = false;
   std::shared_ptr<autograd::GradNode> grad_fn;
   std::shared_ptr<TensorImpl> grad;
-  // A value autograd saved for backward (not a tensor the user holds).
-  bool saved_for_backward = false;
+  // A value autograd saved for backward (not a tensor the user holds). Atomic: syncs on
+  // other threads read it (sync_for_read).
+  std::atomic<bool> saved_for_backward{false};
   // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
   // graph reading the buffer reads that tensor's value too, and replays must know it.
   std::weak_ptr<TensorImpl> detached_from;
@@ -249,6 +251,15 @@ std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index)
 
 /// Every live tensor that holds pending IR, in creation order.
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
+/// The same, each with its pending value as read under the registry's lock: for looking at
+/// tensors other threads may be tracing meanwhile (every write of a registered tensor's value
+/// takes that lock). The value holds its graph, which stays valid to walk (recorded nodes never
+/// change) whatever the tensor's thread does next.
+struct PendingTensor {
+  std::shared_ptr<TensorImpl> tensor;
+  LazyValue value;
+};
+std::vector<PendingTensor> live_pending_values();
 
 /// The flattened pending graph of some pending tensors (one output per tensor, in order).
 struct Extracted {

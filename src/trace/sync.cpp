@@ -102,22 +102,24 @@ void sync_for_read(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   };
   for (const auto& t : tensors) walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
   // Every other live pending tensor (autograd's saved values aside) that reaches one of them
-  // joins, and so does its graph, until nothing more joins.
-  std::vector<std::shared_ptr<TensorImpl>> others;
-  for (auto& t : live_pending_tensors())
-    if (!t->saved_for_backward && std::find(tensors.begin(), tensors.end(), t) == tensors.end())
-      others.push_back(std::move(t));
+  // joins, and so does its graph, until nothing more joins. Other threads' tensors are among
+  // them: their values are read as live_pending_values took them, never from the tensors,
+  // which those threads may be rebinding or syncing meanwhile (their graphs never reach ours).
+  std::vector<PendingTensor> others;
+  for (auto& p : live_pending_values())
+    if (!p.tensor->saved_for_backward && std::find(tensors.begin(), tensors.end(), p.tensor) == tensors.end())
+      others.push_back(std::move(p));
   for (bool joined = true; joined;) {
     joined = false;
-    for (auto& t : others) {
-      if (!t) continue;
+    for (auto& p : others) {
+      if (!p.tensor) continue;
       std::unordered_set<const LazyNode*> seen;
       const bool overlaps =
-          walk(t->pending().node.get(), seen, [&](const LazyNode* n) { return in_graph.count(n) > 0; });
+          walk(p.value.node.get(), seen, [&](const LazyNode* n) { return in_graph.count(n) > 0; });
       if (!overlaps) continue;
-      walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
-      tensors.push_back(std::move(t));
-      t = nullptr;
+      walk(p.value.node.get(), in_graph, [](const LazyNode*) { return false; });
+      tensors.push_back(std::move(p.tensor));
+      p = {};
       joined = true;
     }
   }
