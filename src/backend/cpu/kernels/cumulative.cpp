@@ -93,6 +93,7 @@ Kernel make_CumprodBackward(const KernelSpec& s) {
       return {};
     } else {
       return {[lines](const void* const* in, void* const* out) {
+        if (lines.n == 0) return;  // empty lines: nothing to do, and no workspace (out[1])
         const T* g = static_cast<const T*>(in[0]);
         const T* x = static_cast<const T*>(in[1]);
         T* dx = static_cast<T*>(out[0]);
@@ -130,6 +131,7 @@ Kernel make_Sort(const KernelSpec& s) {
     // Workspace: the line's index permutation, then its keys (widened).
     const size_t ws = static_cast<size_t>(lines.n) * (sizeof(int64_t) + sizeof(C));
     return {[lines, descending, k](const void* const* in, void* const* out) {
+      if (lines.n == 0) return;  // empty lines: nothing to sort, and no workspace (out[1])
       const T* x = static_cast<const T*>(in[0]);
       int64_t* y = static_cast<int64_t*>(out[0]);
       int64_t* idx = static_cast<int64_t*>(out[1]);

@@ -106,6 +106,8 @@ void gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m, bool tx
 template <class T, class Product>
 Kernel via_f32(int64_t xn, int64_t yn, int64_t on, Product product) {
   return {[xn, yn, on, product](const void* const* in, void* const* out) {
+            if (on == 0) return;  // an empty result: nothing to compute (nor, when the operands
+                                  // are empty too, a workspace at out[1])
             const T* x = static_cast<const T*>(in[0]);
             const T* y = static_cast<const T*>(in[1]);
             float* xf = static_cast<float*>(out[1]);
