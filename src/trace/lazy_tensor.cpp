@@ -135,7 +135,7 @@ void TensorImpl::set_ir(LazyValue v) {
   LazyValue old;  // dropped after the lock: the graph it ends may free buffers
   {
     // Under the registry's lock: other threads read registered tensors' values (see
-    // live_pending_values).
+    // with_live_pending).
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     if (!ir) {
@@ -317,21 +317,15 @@ std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
   return out;
 }
 
-std::vector<PendingTensor> live_pending_values() {
-  std::vector<PendingTensor> out;
-  {
-    auto& r = pending_registry();
-    std::lock_guard<std::mutex> lock(r.mu);
-    out.reserve(r.set.size());
-    for (TensorImpl* t : r.set)
-      if (t->scope == 0)
-        if (auto sp = t->weak_from_this().lock()) {
-          LazyValue v = sp->pending();
-          out.push_back({std::move(sp), std::move(v)});
-        }
-  }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.tensor->id < b.tensor->id; });
-  return out;
+void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn) {
+  auto& r = pending_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<TensorImpl*> live;
+  live.reserve(r.set.size());
+  for (TensorImpl* t : r.set)
+    if (t->scope == 0) live.push_back(t);
+  std::sort(live.begin(), live.end(), [](const TensorImpl* a, const TensorImpl* b) { return a->id < b->id; });
+  fn(live);
 }
 
 }  // namespace lazyrt::trace

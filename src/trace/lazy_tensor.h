@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -251,15 +252,13 @@ std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index)
 
 /// Every live tensor that holds pending IR, in creation order.
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
-/// The same, each with its pending value as read under the registry's lock: for looking at
-/// tensors other threads may be tracing meanwhile (every write of a registered tensor's value
-/// takes that lock). The value holds its graph, which stays valid to walk (recorded nodes never
-/// change) whatever the tensor's thread does next.
-struct PendingTensor {
-  std::shared_ptr<TensorImpl> tensor;
-  LazyValue value;
-};
-std::vector<PendingTensor> live_pending_values();
+/// Calls fn with every live tensor that holds pending IR at the top level, in creation order,
+/// under the registry's lock: for looking at tensors other threads may be tracing meanwhile.
+/// Every write of a registered tensor's value takes that lock, so their values (pending())
+/// stay as they are and their graphs valid to walk while fn runs. fn must not record, rebind
+/// or sync anything, and must not keep the pointers (weak_from_this().lock() one to keep it;
+/// it fails for a tensor being destroyed).
+void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn);
 
 /// The flattened pending graph of some pending tensors (one output per tensor, in order).
 struct Extracted {
