@@ -95,7 +95,9 @@ SAN_REPLAY_FUZZ_PROGRAMS ?= 40
 # tests run the interpreter with the runtimes preloaded (tests/CMakeLists.txt says how), and
 # so do the child interpreters some of them start. Nothing is skipped; the C++ replay fuzz
 # test runs SAN_REPLAY_FUZZ_PROGRAMS programs instead of its 150, and the timeouts of ctest's
-# tests are five times longer.
+# tests are five times longer. ctest starts each of the ~3000 C++ cases as a sanitized process
+# of its own (about a second each): on two cores that part takes over an hour, where each test
+# binary of build-asan/tests run whole takes seconds to a minute.
 check-asan: setup
 	cmake -S $(ROOT) -B $(ASAN_BUILD) $(SAN_CMAKE) -DLAZYRT_SANITIZE=address
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
