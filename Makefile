@@ -3,6 +3,8 @@
 ROOT   := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 BUILD  := $(ROOT)/build
 FUZZ_BUILD := $(ROOT)/build-fuzz
+ASAN_BUILD := $(ROOT)/build-asan
+TSAN_BUILD := $(ROOT)/build-tsan
 # Debian's interpreter sees the Debian packages (numpy, torch, pytest); a python3 earlier
 # on PATH (pyenv, venv) may not.
 PYTHON := /usr/bin/python3
@@ -18,7 +20,7 @@ FUZZ_REPLAY_SEED     ?= 0
 
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo test bench fuzz fuzz-replay check-reference clean
+.PHONY: setup build demo test bench fuzz fuzz-replay check-reference check-asan check-tsan clean
 
 setup:
 	@bash $(ROOT)/scripts/setup.sh
@@ -92,5 +94,39 @@ fuzz-replay: setup build
 check-reference: setup build
 	cd $(BUILD) && LAZYRT_BACKEND=reference ctest -j$(JOBS) --output-on-failure --timeout 600
 
+# The sanitized trees (gcc, LAZYRT_SANITIZE in CMakeLists.txt): -O1 with line tables, for
+# readable reports at half the compile time of -O2 -g; no examples or benchmarks.
+SAN_CMAKE := -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+  --no-warn-unused-cli -DPython3_EXECUTABLE=$(PYTHON) -DPython_EXECUTABLE=$(PYTHON) -DPYTHON_EXECUTABLE=$(PYTHON) \
+  -DLAZYRT_BUILD_EXAMPLES=OFF -DLAZYRT_BUILD_BENCH=OFF
+# Under sanitizers the randomized replay test runs this many programs (ctest's slice: 150).
+SAN_REPLAY_FUZZ_PROGRAMS ?= 40
+
+# `make check-asan`: the whole suite, C++ and Python, with AddressSanitizer and
+# UndefinedBehaviorSanitizer (any undefined behaviour is fatal), in build-asan. The Python
+# tests run the interpreter with the runtimes preloaded (tests/CMakeLists.txt says how), and
+# so do the child interpreters some of them start. Nothing is skipped; the C++ replay fuzz
+# test runs SAN_REPLAY_FUZZ_PROGRAMS programs instead of its 150, and the timeouts of ctest's
+# tests are five times longer. ctest starts each of the ~3000 C++ cases as a sanitized process
+# of its own (about a second each): on two cores that part takes over an hour, where each test
+# binary of build-asan/tests run whole takes seconds to a minute.
+check-asan: setup
+	cmake -S $(ROOT) -B $(ASAN_BUILD) $(SAN_CMAKE) -DLAZYRT_SANITIZE=address
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  LAZYRT_REPLAY_FUZZ_PROGRAMS=$(SAN_REPLAY_FUZZ_PROGRAMS) ctest -j$(JOBS) --output-on-failure --timeout 3000
+
+# `make check-tsan`: ThreadSanitizer, in build-tsan, over the tests that run lazyrt from
+# several threads at once (tests/cpp/threads: tracing, syncing, reads, compiled steps, one
+# persistent cache directory, metrics) and the kernels' thread pool (tests/cpp/kernels). Any
+# race report fails it. The pool gets workers however few cores the machine has; OpenBLAS
+# runs single-threaded, as its own threads are not instrumented and TSan cannot see how they
+# hand results back.
+check-tsan: setup
+	cmake -S $(ROOT) -B $(TSAN_BUILD) $(SAN_CMAKE) -DLAZYRT_SANITIZE=thread -DLAZYRT_BUILD_PYTHON=OFF
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target lazyrt_threads_tests lazyrt_kernels_tests
+	cd $(TSAN_BUILD) && export TSAN_OPTIONS=second_deadlock_stack=1 LAZYRT_NUM_THREADS=4 OPENBLAS_NUM_THREADS=1 \
+	  LAZYRT_CACHE_DIR= && tests/lazyrt_threads_tests && tests/lazyrt_kernels_tests
+
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

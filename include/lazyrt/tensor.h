@@ -2,8 +2,14 @@
 // device data (a materialized buffer) or a pending IR value. Ops record IR and return at once;
 // values are computed at a sync point (mark_step(), sync(), or reading a value).
 //
-// Thread-safety: tracing is meant for one thread at a time; the live-tensor registry, the
-// compile cache and the metrics are internally synchronized.
+// Thread-safety: threads may trace, sync and read graphs of their own tensors at once (graphs
+// of one structure share executables), replay compiled steps of their own models, and use the
+// caches and metrics; the live-tensor registry, the caches and the metrics are internally
+// synchronized (tests/cpp/threads). Not at once: tracing one graph (or one tensor) from two
+// threads; and mark_step(), which syncs every pending tensor of the process, overlapping
+// another thread's tracing: so neither may a compile_step trace (it begins with mark_step())
+// or the low-level replay calls of replay.h (they look at every pending tensor). Creating an
+// optimizer or switching a module's mode makes every compiled step retrace on its next call.
 #pragma once
 
 #include <functional>

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_set>
+#include <utility>
 
 #include "util/check.h"
 
@@ -131,14 +132,19 @@ void TensorImpl::set_ir(LazyValue v) {
   if (active_journal) active_journal->value_changing(*this);
   LAZYRT_ASSERT(v.type() == type, "rebinding tensor ", id, " of ", ir::type_str(type), " to ",
                 ir::type_str(v.type()));
-  if (!ir) {
+  LazyValue old;  // dropped after the lock: the graph it ends may free buffers
+  {
+    // Under the registry's lock: other threads read registered tensors' values (see
+    // with_live_pending).
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.set.insert(this);
-    origin_ = v.node;
-    from_data_ = data_ != nullptr;
+    if (!ir) {
+      r.set.insert(this);
+      origin_ = v.node;
+      from_data_ = data_ != nullptr;
+    }
+    old = std::exchange(ir, std::move(v));
   }
-  ir = std::move(v);
   data_.reset();
   leaf_ = {};
 }
@@ -146,25 +152,29 @@ void TensorImpl::set_ir(LazyValue v) {
 void TensorImpl::set_data(std::shared_ptr<runtime::Buffer> buffer) {
   if (!ir && buffer == data_) return;  // replays write back into the same buffer
   if (active_journal) active_journal->value_changing(*this);
+  LazyValue old;
   if (ir) {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     r.set.erase(this);
+    old = std::exchange(ir, {});
   }
-  ir = {};
   leaf_ = {};
   data_ = std::move(buffer);
 }
 
 void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value) {
   if (value) {
-    if (!ir) {
+    LazyValue old;
+    {
       auto& r = pending_registry();
       std::lock_guard<std::mutex> lock(r.mu);
-      r.set.insert(this);
-      origin_ = value.node;
+      if (!ir) {
+        r.set.insert(this);
+        origin_ = value.node;
+      }
+      old = std::exchange(ir, std::move(value));
     }
-    ir = std::move(value);
     data_.reset();
     leaf_ = {};
   } else {
@@ -305,6 +315,17 @@ std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->id < b->id; });
   return out;
+}
+
+void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn) {
+  auto& r = pending_registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<TensorImpl*> live;
+  live.reserve(r.set.size());
+  for (TensorImpl* t : r.set)
+    if (t->scope == 0) live.push_back(t);
+  std::sort(live.begin(), live.end(), [](const TensorImpl* a, const TensorImpl* b) { return a->id < b->id; });
+  fn(live);
 }
 
 }  // namespace lazyrt::trace

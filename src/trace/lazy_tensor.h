@@ -9,6 +9,8 @@
 // (not the tensor), so rebinding the tensor later never changes a graph already traced.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -90,8 +92,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   bool requires_grad = false;
   std::shared_ptr<autograd::GradNode> grad_fn;
   std::shared_ptr<TensorImpl> grad;
-  // A value autograd saved for backward (not a tensor the user holds).
-  bool saved_for_backward = false;
+  // A value autograd saved for backward (not a tensor the user holds). Atomic: syncs on
+  // other threads read it (sync_for_read).
+  std::atomic<bool> saved_for_backward{false};
   // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
   // graph reading the buffer reads that tensor's value too, and replays must know it.
   std::weak_ptr<TensorImpl> detached_from;
@@ -249,6 +252,13 @@ std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index)
 
 /// Every live tensor that holds pending IR, in creation order.
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
+/// Calls fn with every live tensor that holds pending IR at the top level, in creation order,
+/// under the registry's lock: for looking at tensors other threads may be tracing meanwhile.
+/// Every write of a registered tensor's value takes that lock, so their values (pending())
+/// stay as they are and their graphs valid to walk while fn runs. fn must not record, rebind
+/// or sync anything, and must not keep the pointers (weak_from_this().lock() one to keep it;
+/// it fails for a tensor being destroyed).
+void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn);
 
 /// The flattened pending graph of some pending tensors (one output per tensor, in order).
 struct Extracted {

@@ -102,25 +102,35 @@ void sync_for_read(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   };
   for (const auto& t : tensors) walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
   // Every other live pending tensor (autograd's saved values aside) that reaches one of them
-  // joins, and so does its graph, until nothing more joins.
-  std::vector<std::shared_ptr<TensorImpl>> others;
-  for (auto& t : live_pending_tensors())
-    if (!t->saved_for_backward && std::find(tensors.begin(), tensors.end(), t) == tensors.end())
-      others.push_back(std::move(t));
-  for (bool joined = true; joined;) {
-    joined = false;
-    for (auto& t : others) {
-      if (!t) continue;
-      std::unordered_set<const LazyNode*> seen;
-      const bool overlaps =
-          walk(t->pending().node.get(), seen, [&](const LazyNode* n) { return in_graph.count(n) > 0; });
-      if (!overlaps) continue;
-      walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
-      tensors.push_back(std::move(t));
-      t = nullptr;
-      joined = true;
+  // joins, and so does its graph, until nothing more joins. Other threads' tensors are among
+  // them (their graphs never reach ours): they are looked at under the registry's lock, which
+  // keeps their values as they are meanwhile, and neither they nor their graphs are held
+  // beyond it (holding them would keep another thread's temporaries alive into its syncs).
+  std::vector<std::shared_ptr<TensorImpl>> joined;
+  with_live_pending([&](const std::vector<TensorImpl*>& live) {
+    std::vector<TensorImpl*> others;
+    for (TensorImpl* t : live)
+      if (!t->saved_for_backward &&
+          std::none_of(tensors.begin(), tensors.end(), [t](const auto& r) { return r.get() == t; }))
+        others.push_back(t);
+    for (bool any = true; any;) {
+      any = false;
+      for (TensorImpl*& t : others) {
+        if (!t) continue;
+        std::unordered_set<const LazyNode*> seen;
+        const bool overlaps =
+            walk(t->pending().node.get(), seen, [&](const LazyNode* n) { return in_graph.count(n) > 0; });
+        if (!overlaps) continue;
+        std::shared_ptr<TensorImpl> kept = t->weak_from_this().lock();
+        t = nullptr;
+        if (!kept) continue;  // being destroyed
+        walk(kept->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
+        joined.push_back(std::move(kept));
+        any = true;
+      }
     }
-  }
+  });
+  tensors.insert(tensors.end(), std::make_move_iterator(joined.begin()), std::make_move_iterator(joined.end()));
   sync_tensors(tensors);
 }
 

@@ -7,6 +7,10 @@ foreach(var LAZYRT_BUILD_DIR LAZYRT_INSTALL_LIBDIR CONSUMER_SOURCE_DIR WORK_DIR 
   endif()
 endforeach()
 
+# RUN_ENV (optional): NAME=VALUE entries separated by '|', the environment the consumer and the
+# interpreter need (a sanitized library's runtime, preloaded).
+string(REPLACE "|" ";" run_env "${RUN_ENV}")
+
 set(prefix ${WORK_DIR}/prefix)
 set(consumer_build ${WORK_DIR}/consumer-build)
 if(IS_ABSOLUTE "${LAZYRT_INSTALL_LIBDIR}")
@@ -53,7 +57,7 @@ endif()
 run_step("building the consumer" ${CMAKE_COMMAND} --build ${consumer_build})
 # LD_LIBRARY_PATH makes the installed library, not the build tree's, the one that loads.
 run_step("running the consumer"
-  ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${consumer_build}/consumer)
+  ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${run_env} ${consumer_build}/consumer)
 
 # The Python package: installed under the prefix, importable from there, and loading the
 # installed library (found through the extension's RPATH, not LD_LIBRARY_PATH).
@@ -64,6 +68,6 @@ if(DEFINED PYTHON)
     message(FATAL_ERROR "install test: the Python package was not installed into ${pydir}")
   endif()
   run_step("importing the installed Python package"
-    ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH PYTHONPATH=${pydir} PYTHONDONTWRITEBYTECODE=1
+    ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH PYTHONPATH=${pydir} PYTHONDONTWRITEBYTECODE=1 ${run_env}
       ${PYTHON} ${PYTHON_CHECK} ${prefix} ${libdir})
 endif()

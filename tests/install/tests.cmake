@@ -7,6 +7,9 @@ if(TARGET lazyrt_python)
     -DPYTHON=${LAZYRT_PYTHON_EXECUTABLE} -DPYTHON_INSTALL_DIR=${LAZYRT_PYTHON_INSTALL_DIR}
     -DPYTHON_CHECK=${CMAKE_CURRENT_LIST_DIR}/check_python_package.py)
 endif()
+# The consumer and the interpreter run with LAZYRT_UNINSTRUMENTED_ENV (a sanitized build),
+# passed with '|' between entries, as ';' would split the argument.
+string(JOIN "|" run_env ${LAZYRT_UNINSTRUMENTED_ENV})
 add_test(NAME Install.FindPackageFromSeparateProject
   COMMAND ${CMAKE_COMMAND}
     ${LAZYRT_INSTALL_TEST_PYTHON_ARGS}
@@ -15,5 +18,7 @@ add_test(NAME Install.FindPackageFromSeparateProject
     -DCONSUMER_SOURCE_DIR=${CMAKE_CURRENT_LIST_DIR}/consumer
     -DWORK_DIR=${PROJECT_BINARY_DIR}/install-test
     -DCXX_COMPILER=${CMAKE_CXX_COMPILER}
+    "-DRUN_ENV=${run_env}"
     -P ${CMAKE_CURRENT_LIST_DIR}/run_install_test.cmake)
-set_tests_properties(Install.FindPackageFromSeparateProject PROPERTIES TIMEOUT 300)
+math(EXPR timeout "300 * ${LAZYRT_TEST_TIMEOUT_SCALE}")
+set_tests_properties(Install.FindPackageFromSeparateProject PROPERTIES TIMEOUT ${timeout})

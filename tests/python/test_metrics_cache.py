@@ -100,7 +100,8 @@ def test_the_package_imports_cleanly_in_a_fresh_interpreter():
             "import lazyrt.nn.functional as F; print(lr.__version__, (lr.ones(2) + 1).tolist())")
     # A minimal environment, but a sanitizer run's settings carry over (the runtime is preloaded).
     env = {"PYTHONPATH": os.pathsep.join(sys.path)}
-    env.update({k: os.environ[k] for k in ("LD_PRELOAD", "ASAN_OPTIONS", "PYTHONMALLOC") if k in os.environ})
+    env.update({k: os.environ[k] for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "PYTHONMALLOC")
+                if k in os.environ})
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["0.1.0", "[2.0,", "2.0]"]

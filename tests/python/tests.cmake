@@ -1,6 +1,7 @@
 # The Python tests: pytest over tests/python, one ctest test per file (so that ctest -j runs
 # them side by side), against the package in the build tree. Included from
-# tests/CMakeLists.txt; needs the Python package (LAZYRT_BUILD_PYTHON).
+# tests/CMakeLists.txt; needs the Python package (LAZYRT_BUILD_PYTHON). In a sanitized build
+# the interpreter runs with LAZYRT_UNINSTRUMENTED_ENV (tests/CMakeLists.txt).
 if(TARGET lazyrt_python)
   file(GLOB LAZYRT_PY_TEST_FILES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/test_*.py
        ${CMAKE_CURRENT_LIST_DIR}/upstream/test_*.py)
@@ -8,8 +9,9 @@ if(TARGET lazyrt_python)
     get_filename_component(name ${f} NAME_WE)
     add_test(NAME Python.${name}
       COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${LAZYRT_PYTHON_BUILD_DIR} PYTHONDONTWRITEBYTECODE=1
-              ${LAZYRT_PYTHON_EXECUTABLE} -m pytest -q -p no:cacheprovider ${f}
+              ${LAZYRT_UNINSTRUMENTED_ENV} ${LAZYRT_PYTHON_EXECUTABLE} -m pytest -q -p no:cacheprovider ${f}
       WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
-    set_tests_properties(Python.${name} PROPERTIES TIMEOUT 600)
+    math(EXPR timeout "600 * ${LAZYRT_TEST_TIMEOUT_SCALE}")
+    set_tests_properties(Python.${name} PROPERTIES TIMEOUT ${timeout})
   endforeach()
 endif()

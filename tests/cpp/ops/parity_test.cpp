@@ -12,6 +12,7 @@
 #include <cmath>
 #include <functional>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -20,6 +21,7 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "ir/graph.h"
 #include "ir/op.h"
 #include "ops/op_fixture.h"
 #include "trace/lazy_tensor.h"
@@ -282,9 +284,61 @@ double half_ulp(double x, DType dtype) {
   return std::ldexp(1.0, exponent - mantissa_bits);
 }
 
+// How many terms the reductions of a traced graph add (or multiply) into one output element,
+// summed over its reduction nodes (the errors of successive reductions add up): a matmul its
+// inner dimension, a sum or mean the elements it reduces, softmax and cumsum the length of their
+// dim, a convolution its input channels (per group) times its kernel area. Ops that only pick a
+// value (amax, argsort, max_pool2d) round nothing and count nothing. 0: no reduction.
+int64_t reduction_length(const ir::Graph& g) {
+  using ir::OpKind;
+  int64_t total = 0;
+  for (const ir::Node& n : g.nodes) {
+    const ir::NodeAttrs a(n.op, n.attrs);
+    auto in = [&](size_t k) -> const Shape& { return g.type(n.operands.at(k)).shape; };
+    auto out_numel = [&] { return std::max<int64_t>(n.results.at(0).numel(), 1); };
+    auto dim_size = [&](int64_t dim) {
+      const Shape& s = in(0);
+      return s.empty() ? int64_t{1} : s.at(static_cast<size_t>(dim < 0 ? dim + static_cast<int64_t>(s.size()) : dim));
+    };
+    int64_t k = 1;
+    switch (n.op) {
+      case OpKind::Sum: case OpKind::Mean: case OpKind::Prod: case OpKind::Var: case OpKind::Std:
+      case OpKind::Norm:
+        k = shape_numel(in(0)) / out_numel();
+        break;
+      case OpKind::Softmax: case OpKind::LogSoftmax: k = dim_size(a.i<"dim">()); break;
+      case OpKind::Cumsum: case OpKind::Cumprod: k = dim_size(a.i<"dim">()); break;
+      case OpKind::Matmul: k = in(0).empty() ? 1 : in(0).back(); break;
+      case OpKind::Conv2d: {
+        const Shape& w = in(1);  // [out channels, in channels / groups, kh, kw]
+        k = w.size() == 4 ? w[1] * w[2] * w[3] : 1;
+        break;
+      }
+      case OpKind::AvgPool2d: {
+        const auto& kernel = a.ints<"kernel">();
+        k = std::accumulate(kernel.begin(), kernel.end(), int64_t{1}, std::multiplies<>());
+        break;
+      }
+      default: break;
+    }
+    if (k > 1) total += k;
+  }
+  return total;
+}
+
 // Whether lazyrt's value matches torch's. nan only matches nan, inf only the same inf.
 //
 // f32 and f64: |actual - expected| <= atol + rtol * |expected|.
+//
+// A case whose graph reduces (reduction length K > 1, above) also allows for the summation
+// order, which differs between torch's kernels, lazyrt's and OpenBLAS's (its blocking even
+// depends on its thread count). A sum of K terms in any order is within K*u*sum|terms| of the
+// exact one (u = eps/2, eps the float's machine epsilon), so two orders are within
+// K*eps*sum|terms| of each other. Where the terms have one sign, sum|terms| is |expected|:
+// rtol is at least K*eps. Where they cancel, sum|terms| is about sqrt(K) times the typical
+// term while the results are about sqrt(K) times it too, so the output's root mean square
+// (`scale`) stands for it: atol grows by K*eps*scale. (Random rounding errors make the typical
+// difference about sqrt(K)*eps*scale, a margin of sqrt(K) below this.)
 //
 // bf16 and f16: one unit in the last place of the 16-bit type at the expected value, plus the
 // f32 tolerance. Both torch and lazyrt compute a 16-bit op in f32 and round the result once,
@@ -297,30 +351,52 @@ double half_ulp(double x, DType dtype) {
 // Where torch's own 16-bit kernels round inside, the fixture holds the once-rounded result as a
 // second answer rather than widening this bound (tests/fixtures/cases_half.py). A cast computes
 // nothing, it only rounds: its 16-bit results must be torch's exactly (half_ulps = 0).
-bool close(double actual, double expected, DType dtype, int half_ulps) {
+struct Tolerance {
+  int half_ulps = 1;
+  int64_t reduction_length = 0;  // K; 0 or 1: no reduction
+  double scale = 0;              // root mean square of the expected (finite) values
+};
+
+bool close(double actual, double expected, DType dtype, const Tolerance& tol) {
   if (std::isnan(expected)) return std::isnan(actual);
   if (std::isinf(expected)) return actual == expected;
   if (!std::isfinite(actual)) return false;
   const bool half = dtype == DType::bf16 || dtype == DType::f16;
-  if (half && half_ulps == 0) return actual == expected;
-  const double rtol = dtype == DType::f64 ? 1e-12 : 1e-5;
-  const double atol = (dtype == DType::f64 ? 1e-12 : 1e-6) + (half ? half_ulp(expected, dtype) : 0);
+  if (half && tol.half_ulps == 0) return actual == expected;
+  // 16-bit ops compute in f32.
+  const double eps = dtype == DType::f64 ? std::numeric_limits<double>::epsilon()
+                                         : std::numeric_limits<float>::epsilon();
+  double rtol = dtype == DType::f64 ? 1e-12 : 1e-5;
+  double atol = (dtype == DType::f64 ? 1e-12 : 1e-6) + (half ? half_ulp(expected, dtype) : 0);
+  if (tol.reduction_length > 1) {
+    const double k = static_cast<double>(tol.reduction_length);
+    rtol = std::max(rtol, k * eps);
+    atol += k * eps * tol.scale;
+  }
   return std::fabs(actual - expected) <= atol + rtol * std::fabs(expected);
+}
+
+double rms_of_finite(const std::vector<double>& v) {
+  double sum = 0;
+  int64_t n = 0;
+  for (double x : v)
+    if (std::isfinite(x)) sum += x * x, ++n;
+  return n ? std::sqrt(sum / static_cast<double>(n)) : 0;
 }
 
 // Checks one tensor's values against the fixture (an element may instead match `alt`, the
 // other answer torch gives); says which elements differ.
 ::testing::AssertionResult values_match(const Tensor& t, const FixtureTensor& want,
                                         const std::optional<FixtureTensor>& alt = std::nullopt,
-                                        int half_ulps = 1) {
+                                        Tolerance tol = {}) {
   std::ostringstream bad;
   int mismatches = 0;
   std::string actual;
   if (is_floating(want.dtype)) {
     auto got = reals_of(t);
     for (size_t i = 0; i < got.size(); ++i) {
-      if (close(got[i], want.reals[i], want.dtype, half_ulps) ||
-          (alt && close(got[i], alt->reals.at(i), alt->dtype, half_ulps)))
+      if (close(got[i], want.reals[i], want.dtype, tol) ||
+          (alt && close(got[i], alt->reals.at(i), alt->dtype, tol)))
         continue;
       if (++mismatches > 8) continue;
       bad << std::setprecision(precision_of(want.dtype)) << "\n    [" << i << "] torch " << want.reals[i];
@@ -336,6 +412,8 @@ bool close(double actual, double expected, DType dtype, int half_ulps) {
     actual = values_str(got, 0);
   }
   if (mismatches == 0) return ::testing::AssertionSuccess();
+  if (tol.reduction_length > 1)
+    bad << "\n  (reduction length " << tol.reduction_length << ", output rms " << tol.scale << ")";
   return ::testing::AssertionFailure() << mismatches << " element(s) differ:" << bad.str()
                                        << "\n  lazyrt: " << actual;
 }
@@ -374,11 +452,15 @@ void check_case(const OpCase& unread, bool pending_inputs) {
   std::vector<Tensor> inputs;
   for (const auto& fi : c.inputs) inputs.push_back(make_tensor(fi));
   Tensor out;
+  Tolerance tol;
+  tol.half_ulps = c.op == "cast" ? 0 : 1;
+  tol.scale = rms_of_finite(c.expected.reals);
   try {
     std::vector<Tensor> args = inputs;
     if (pending_inputs)
       for (Tensor& a : args) a = pending_copy(a);
     out = it->second.call(args, Attrs(c));
+    if (out.is_pending()) tol.reduction_length = reduction_length(trace::pending_graph({trace::impl_of(out)}));
     sync({out});
   } catch (const std::exception& e) {
     FAIL() << "lazyrt threw where torch gave a result: " << e.what();
@@ -387,7 +469,7 @@ void check_case(const OpCase& unread, bool pending_inputs) {
 
   ASSERT_EQ(std::string(dtype_name(out.dtype())), dtype_name(c.expected.dtype)) << "dtype differs";
   ASSERT_EQ(shape_str(out.shape()), shape_str(c.expected.shape)) << "shape differs";
-  EXPECT_TRUE(values_match(out, c.expected, c.alt, c.op == "cast" ? 0 : 1));
+  EXPECT_TRUE(values_match(out, c.expected, c.alt, tol));
 
   // Running an op must never write into its operands (e.g. a wrong buffer donation).
   for (size_t i = 0; i < inputs.size(); ++i)

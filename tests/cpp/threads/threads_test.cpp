@@ -1,0 +1,398 @@
+// Several threads using lazyrt at once, as programs do that train or serve independent models
+// side by side: each thread traces and syncs graphs of its own tensors (some of the same
+// structure as other threads' graphs, so that they share executables through the cache, some
+// of its own), reads values, replays compiled steps of its own model, and shares one persistent
+// cache directory with the others, while another thread reads the metrics. Every value is
+// checked against plain arithmetic done here. `make check-tsan` runs these tests under
+// ThreadSanitizer, which fails them on any data race.
+//
+// What threads must not do at once (tensor.h): trace one graph from two threads. mark_step()
+// syncs every pending tensor of the process, whichever thread recorded it, so neither it nor a
+// compile_step trace (which begins with one) may overlap another thread's tracing; optimizers
+// being created, and module mode changes, make every compiled step retrace. So the compiled
+// step test builds its models and traces its steps one thread at a time, then replays them all
+// at once; everything else runs at once throughout.
+#include <gtest/gtest.h>
+
+#include <lazyrt/lazyrt.h>
+
+#include <stdlib.h>
+
+#include <atomic>
+#include <barrier>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace lazyrt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kThreads = 4;
+
+// Deterministic inputs in [-1, 1): a hash of (thread, round, which, index).
+float input_value(int thread, int round, int which, int64_t i) {
+  uint64_t h = (static_cast<uint64_t>(thread) * 1000003u + static_cast<uint64_t>(round)) * 9176u +
+               static_cast<uint64_t>(which) * 7919u + static_cast<uint64_t>(i) * 2654435761u;
+  h ^= h >> 13;
+  h *= 0x9E3779B97F4A7C15ull;
+  h ^= h >> 29;
+  return static_cast<float>(h % 2000) / 1000.0f - 1.0f;
+}
+
+std::vector<float> inputs(int thread, int round, int which, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = input_value(thread, round, which, i);
+  return v;
+}
+
+bool near(double actual, double expected, double rtol = 1e-4, double atol = 1e-5) {
+  return std::fabs(actual - expected) <= atol + rtol * std::fabs(expected);
+}
+
+// Failures seen by worker threads, reported by the main thread (one line each).
+class Failures {
+ public:
+  void add(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines_.push_back(what);
+  }
+  std::string text() const {
+    std::ostringstream os;
+    for (size_t i = 0; i < lines_.size() && i < 20; ++i) os << "\n  " << lines_[i];
+    if (lines_.size() > 20) os << "\n  ... " << lines_.size() << " in all";
+    return os.str();
+  }
+  bool empty() const { return lines_.empty(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// Runs fn(thread) on kThreads threads at once, and while they run, a reader of the metrics
+// and cache sizes (which must only ever see counters grow).
+void run_threads(const std::function<void(int)>& fn, Failures& failures) {
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    int64_t last_cached = 0, last_executed = 0;
+    int reads = 0;
+    while (!done.load() || reads == 0) {
+      const std::string report = metrics::report();
+      const int64_t cached = metrics::counter("CachedCompile");
+      const int64_t executed = metrics::counter("ExecuteGraph");
+      if (cached < last_cached || executed < last_executed)
+        failures.add("a metrics counter went down while threads ran");
+      if (report.empty()) failures.add("metrics::report() is empty");
+      last_cached = cached;
+      last_executed = executed;
+      (void)metrics::timing_count("ExecuteTime");
+      (void)metrics::timing_total_ns("CompileTime");
+      (void)cache::memory_size();
+      ++reads;
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(fn, t);
+  for (auto& th : threads) th.join();
+  done = true;
+  reader.join();
+}
+
+// ---- independent graphs ----------------------------------------------------------------------
+
+// acc = relu(sum(tanh(x @ w + b) * 0.5, dim 1)) accumulated in place into zeros, with a large
+// elementwise part (e = exp(-u*u) summed), so that kernels use the thread pool while other
+// threads' kernels want it too. x: [6, k], w: [k, 5], b: [5], u: [256, 300].
+struct GraphInputs {
+  int64_t k;
+  std::vector<float> x, w, b, u;
+};
+
+GraphInputs graph_inputs_for(int thread, int round, int64_t k) {
+  return {k, inputs(thread, round, 0, 6 * k), inputs(thread, round, 1, k * 5), inputs(thread, round, 2, 5),
+          inputs(thread, round, 3, 256 * 300)};
+}
+
+std::vector<double> expected_acc(const GraphInputs& in) {
+  std::vector<double> out(6);
+  for (int i = 0; i < 6; ++i) {
+    double row = 0;
+    for (int j = 0; j < 5; ++j) {
+      double dot = in.b[j];
+      for (int64_t p = 0; p < in.k; ++p) dot += static_cast<double>(in.x[i * in.k + p]) * in.w[p * 5 + j];
+      row += std::tanh(dot) * 0.5;
+    }
+    out[i] = std::max(row, 0.0);
+  }
+  return out;
+}
+
+double expected_e(const GraphInputs& in) {
+  double s = 0;
+  for (float v : in.u) s += std::exp(-static_cast<double>(v) * v);
+  return s;
+}
+
+// Traces the graph, syncs it the way `how` says, and checks both results.
+void trace_sync_and_check(const GraphInputs& in, int how, const std::string& where, Failures& failures) {
+  Tensor x = tensor(in.x, {6, in.k}), w = tensor(in.w, {in.k, 5}), b = tensor(in.b, {5});
+  Tensor u = tensor(in.u, {256, 300});
+  Tensor acc = zeros({6});
+  acc.add_(relu((tanh(matmul(x, w) + b) * 0.5).sum({1})));
+  Tensor e = exp(-(u * u)).sum();
+  std::vector<float> got_acc;
+  double got_e = 0;
+  switch (how) {
+    case 0:  // an explicit sync of both, then reads of device data
+      sync({acc, e});
+      got_acc = acc.to_vector<float>();
+      got_e = e.item();
+      break;
+    case 1:  // reads of pending tensors: each read syncs what it needs
+      got_acc = acc.to_vector<float>();
+      got_e = e.item();
+      break;
+    default:  // one sync for one, a read for the other
+      sync({e});
+      got_acc = acc.to_vector<float>();
+      got_e = e.item();
+      break;
+  }
+  const std::vector<double> want = expected_acc(in);
+  for (int i = 0; i < 6; ++i)
+    if (!near(got_acc[i], want[i]))
+      failures.add(where + ": acc[" + std::to_string(i) + "] = " + std::to_string(got_acc[i]) + ", expected " +
+                   std::to_string(want[i]));
+  // 76800 terms: f32 summation in any order is within about 1e-3 of the exact sum, relatively.
+  if (!near(got_e, expected_e(in), 1e-3))
+    failures.add(where + ": sum(exp(-u*u)) = " + std::to_string(got_e) + ", expected " +
+                 std::to_string(expected_e(in)));
+}
+
+TEST(Threads, IndependentGraphsTracedSyncedAndReadAtOnce) {
+  constexpr int kRounds = 12;
+  const int64_t uncached0 = metrics::counter("UncachedCompile"), cached0 = metrics::counter("CachedCompile");
+  Failures failures;
+  // Even rounds: k = 8 in every thread, one structure for all. Odd rounds: k = 9 + thread, a
+  // structure of each thread's own.
+  run_threads(
+      [&](int t) {
+        for (int r = 0; r < kRounds; ++r) {
+          const int64_t k = r % 2 == 0 ? 8 : 9 + t;
+          trace_sync_and_check(graph_inputs_for(t, r, k), r % 3,
+                               "thread " + std::to_string(t) + " round " + std::to_string(r), failures);
+        }
+      },
+      failures);
+  EXPECT_TRUE(failures.empty()) << failures.text();
+  // The graphs: way 0 syncs acc and e together, ways 1 and 2 sync acc's graph and e's graph
+  // one after the other (e's is the same for every k). Per thread: rounds 0, 3, 6, 9 take way
+  // 0 (one sync), the other eight rounds two syncs: 20. Structures: shared by every thread,
+  // both-at-once and acc alone for k = 8, and e alone; each thread's own, both-at-once and acc
+  // alone for its k.
+  const int64_t syncs = kThreads * 20, shared = 3, structures = shared + 2 * kThreads;
+  const int64_t uncached = metrics::counter("UncachedCompile") - uncached0;
+  const int64_t cached = metrics::counter("CachedCompile") - cached0;
+  EXPECT_EQ(cached + uncached, syncs) << "each sync looks its executable up once";
+  // A structure is compiled once, or by several threads that meet it at the same moment;
+  // every other sync finds it in the cache.
+  EXPECT_GE(uncached, structures);
+  EXPECT_LE(uncached, structures + shared * (kThreads - 1));
+}
+
+// ---- compiled steps on per-thread models -------------------------------------------------------
+
+// Linear(4, 1) trained by SGD on mse_loss, batches of 8, replayed by compile_step; the same
+// in double precision here.
+struct HostLinear {
+  double w[4], b;
+  double step(const std::vector<float>& x, const std::vector<float>& target, double lr) {
+    double grad_w[4] = {0, 0, 0, 0}, grad_b = 0, loss = 0;
+    for (int i = 0; i < 8; ++i) {
+      double pred = b;
+      for (int j = 0; j < 4; ++j) pred += x[i * 4 + j] * w[j];
+      const double d = pred - target[i];
+      loss += d * d / 8;
+      for (int j = 0; j < 4; ++j) grad_w[j] += 2 * d / 8 * x[i * 4 + j];
+      grad_b += 2 * d / 8;
+    }
+    for (int j = 0; j < 4; ++j) w[j] -= lr * grad_w[j];
+    b -= lr * grad_b;
+    return loss;
+  }
+};
+
+TEST(Threads, CompiledStepsReplayPerThreadModelsAtOnce) {
+  constexpr int kSteps = 15;
+  struct Model {
+    std::shared_ptr<nn::Linear> linear;
+    std::unique_ptr<optim::SGD> opt;
+    std::unique_ptr<CompiledStep> step;
+    HostLinear host;
+    double lr;
+  };
+  std::vector<Model> models(kThreads);
+  std::mutex one_at_a_time;
+  std::barrier built(kThreads), traced(kThreads);
+  const int64_t replays0 = metrics::counter("ReplayGraph");
+  Failures failures;
+  run_threads(
+      [&](int t) {
+        Model& m = models[t];
+        m.lr = 0.05 + 0.01 * t;
+        {
+          // Modules draw their initial values and optimizers invalidate compiled steps: one
+          // thread at a time, before any step is traced.
+          std::lock_guard<std::mutex> lock(one_at_a_time);
+          m.linear = std::make_shared<nn::Linear>(4, 1);
+          std::vector<float> w = inputs(t, 100, 0, 4), b = inputs(t, 100, 1, 1);
+          m.linear->load_state_dict({{"weight", tensor(w, {1, 4})}, {"bias", tensor(b, {1})}});
+          for (int j = 0; j < 4; ++j) m.host.w[j] = w[j];
+          m.host.b = b[0];
+          optim::SGDOptions o;
+          o.lr = m.lr;
+          m.opt = std::make_unique<optim::SGD>(m.linear->parameters(), o);
+        }
+        built.arrive_and_wait();
+        {
+          // A trace starts with mark_step(), which syncs every thread's pending tensors.
+          std::lock_guard<std::mutex> lock(one_at_a_time);
+          auto fn = [&m](const std::vector<Tensor>& a) {
+            Tensor loss = nn::mse_loss(m.linear->forward(a[0]), a[1]);
+            loss.backward();
+            m.opt->step();
+            m.opt->zero_grad();
+            return std::vector<Tensor>{loss};
+          };
+          m.step = std::make_unique<CompiledStep>(
+              compile_step(fn, {tensor(inputs(t, 0, 2, 32), {8, 4}), tensor(inputs(t, 0, 3, 8), {8, 1})}));
+        }
+        traced.arrive_and_wait();
+        for (int s = 0; s < kSteps; ++s) {
+          const std::vector<float> x = inputs(t, s, 2, 32), target = inputs(t, s, 3, 8);
+          const double want = m.host.step(x, target, m.lr);
+          std::vector<Tensor> out = (*m.step)({tensor(x, {8, 4}), tensor(target, {8, 1})});
+          const double got = out.at(0).item();
+          if (!near(got, want))
+            failures.add("thread " + std::to_string(t) + " step " + std::to_string(s) + ": loss " +
+                         std::to_string(got) + ", expected " + std::to_string(want));
+        }
+        const std::vector<float> w = m.linear->weight.to_vector<float>();
+        for (int j = 0; j < 4; ++j)
+          if (!near(w[j], m.host.w[j]))
+            failures.add("thread " + std::to_string(t) + ": weight[" + std::to_string(j) + "] = " +
+                         std::to_string(w[j]) + ", expected " + std::to_string(m.host.w[j]));
+        if (!near(m.linear->bias.item(), m.host.b))
+          failures.add("thread " + std::to_string(t) + ": bias differs");
+      },
+      failures);
+  EXPECT_TRUE(failures.empty()) << failures.text();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(models[t].step->traces(), 1) << "thread " << t << " retraced";
+  EXPECT_EQ(metrics::counter("ReplayGraph") - replays0, kThreads * kSteps) << "every call is a replay";
+}
+
+// Plain traced training steps, no compile_step: each thread builds its model (the initial draws
+// share the process's generator), traces forward, backward and the optimizer's update, and
+// reads the loss, which syncs the update with it (it reaches the loss's graph).
+TEST(Threads, PlainTrainingStepsAtOnce) {
+  constexpr int kSteps = 8;
+  Failures failures;
+  run_threads(
+      [&](int t) {
+        auto linear = std::make_shared<nn::Linear>(4, 1);
+        std::vector<float> w0 = inputs(t, 200, 0, 4), b0 = inputs(t, 200, 1, 1);
+        linear->load_state_dict({{"weight", tensor(w0, {1, 4})}, {"bias", tensor(b0, {1})}});
+        HostLinear host{{w0[0], w0[1], w0[2], w0[3]}, b0[0]};
+        optim::SGDOptions o;
+        o.lr = 0.1 - 0.01 * t;
+        optim::SGD opt(linear->parameters(), o);
+        for (int s = 0; s < kSteps; ++s) {
+          const std::vector<float> x = inputs(t, s, 4, 32), target = inputs(t, s, 5, 8);
+          Tensor loss = nn::mse_loss(linear->forward(tensor(x, {8, 4})), tensor(target, {8, 1}));
+          loss.backward();
+          opt.step();
+          opt.zero_grad();
+          const double want = host.step(x, target, o.lr), got = loss.item();
+          if (!near(got, want))
+            failures.add("thread " + std::to_string(t) + " step " + std::to_string(s) + ": loss " +
+                         std::to_string(got) + ", expected " + std::to_string(want));
+        }
+        const std::vector<float> w = linear->weight.to_vector<float>();
+        for (int j = 0; j < 4; ++j)
+          if (!near(w[j], host.w[j]))
+            failures.add("thread " + std::to_string(t) + ": weight[" + std::to_string(j) + "] = " +
+                         std::to_string(w[j]) + ", expected " + std::to_string(host.w[j]));
+      },
+      failures);
+  EXPECT_TRUE(failures.empty()) << failures.text();
+}
+
+// ---- one persistent cache directory --------------------------------------------------------------
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "lazyrt-threads-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(Threads, SharedPersistentCacheDirectory) {
+  TempDir dir;
+  cache::set_persistent_dir(dir.path());
+  cache::clear_memory();
+  constexpr int kRounds = 6;
+  // Round r: k = 8 + r % 3 in every thread, way r % 3 (shared structures: both-at-once for
+  // k = 8, acc alone for k = 9 and 10, e alone), and in odd rounds both-at-once for k = 20 +
+  // thread too (one structure per thread).
+  auto work = [](int t, int pass, Failures& failures) {
+    for (int r = 0; r < kRounds; ++r) {
+      const std::string where = "pass " + std::to_string(pass) + " thread " + std::to_string(t) + " round " +
+                                std::to_string(r);
+      trace_sync_and_check(graph_inputs_for(t, r + 10 * pass, 8 + r % 3), r % 3, where, failures);
+      if (r % 2 == 1) trace_sync_and_check(graph_inputs_for(t, r + 10 * pass, 20 + t), 0, where + " (own)", failures);
+    }
+  };
+  Failures failures;
+  const int64_t failures0 = metrics::counter("PersistentCacheDeserializeFailure");
+  // First pass: the threads compile and store the entries, several at once.
+  run_threads([&](int t) { work(t, 0, failures); }, failures);
+  // Second pass, with the in-memory cache emptied: every graph now comes from the directory.
+  cache::clear_memory();
+  const int64_t uncached = metrics::counter("UncachedCompile"), hits = metrics::counter("PersistentCacheHit");
+  run_threads([&](int t) { work(t, 1, failures); }, failures);
+  EXPECT_TRUE(failures.empty()) << failures.text();
+  EXPECT_EQ(metrics::counter("UncachedCompile") - uncached, 0) << "the second pass compiles nothing";
+  EXPECT_GE(metrics::counter("PersistentCacheHit") - hits, 4 + kThreads) << "every structure is loaded from disk";
+  EXPECT_EQ(metrics::counter("PersistentCacheDeserializeFailure") - failures0, 0)
+      << "entries written by several threads at once are whole";
+  // One entry per structure (four shared, one per thread), whoever wrote it; no leftovers.
+  int entries = 0, temporaries = 0;
+  for (const auto& f : fs::directory_iterator(dir.path()))
+    (f.path().extension() == ".tmp" ? temporaries : entries)++;
+  EXPECT_EQ(entries, 4 + kThreads);
+  EXPECT_EQ(temporaries, 0);
+  cache::set_persistent_dir("");
+  cache::clear_memory();
+}
+
+}  // namespace
+}  // namespace lazyrt
