@@ -109,11 +109,13 @@ SAN_REPLAY_FUZZ_PROGRAMS ?= 40
 # test runs SAN_REPLAY_FUZZ_PROGRAMS programs instead of its 150, and the timeouts of ctest's
 # tests are five times longer. ctest starts each of the ~3000 C++ cases as a sanitized process
 # of its own (about a second each): on two cores that part takes over an hour, where each test
-# binary of build-asan/tests run whole takes seconds to a minute.
+# binary of build-asan/tests run whole takes seconds to a minute. ASan's allocator returns null
+# for requests past its limit, as malloc does, so the tests of allocations too large to make
+# see lazyrt's out-of-memory error rather than an abort.
 check-asan: setup
 	cmake -S $(ROOT) -B $(ASAN_BUILD) $(SAN_CMAKE) -DLAZYRT_SANITIZE=address
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
-	cd $(ASAN_BUILD) && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	cd $(ASAN_BUILD) && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=allocator_may_return_null=1 \
 	  LAZYRT_REPLAY_FUZZ_PROGRAMS=$(SAN_REPLAY_FUZZ_PROGRAMS) ctest -j$(JOBS) --output-on-failure --timeout 3000
 
 # `make check-tsan`: ThreadSanitizer, in build-tsan, over the tests that run lazyrt from
