@@ -212,7 +212,10 @@ Tensor interpolate(const Tensor& input, std::vector<int64_t> size, std::vector<d
   } else {
     factor = two(std::move(scale_factor), "interpolate", "scale_factor");
     LAZYRT_CHECK(factor[0] > 0 && factor[1] > 0, "interpolate: scale_factor must be positive");
-    out = {static_cast<int64_t>(std::floor(h * factor[0])), static_cast<int64_t>(std::floor(w * factor[1]))};
+    const double oh = std::floor(h * factor[0]), ow = std::floor(w * factor[1]);
+    LAZYRT_CHECK(oh < 9.2e18 && ow < 9.2e18, "interpolate: scale_factor ", factor[0], ", ", factor[1],
+                 " gives an output size beyond 64 bits");
+    out = {static_cast<int64_t>(oh), static_cast<int64_t>(ow)};
   }
   LAZYRT_CHECK(out[0] > 0 && out[1] > 0 && h > 0 && w > 0, "interpolate: input ", type_of(input), " and output size [",
                out[0], ", ", out[1], "] must be non-empty");

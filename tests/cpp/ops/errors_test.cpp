@@ -59,6 +59,12 @@ TEST(OpErrors, TensorsTooLargeToAddressAreRefusedWhenRecorded) {
   EXPECT_THAT(error_of([&] { sync({zeros({int64_t{1} << 50}, DType::f64)}); }), HasSubstr("out of memory"));
 }
 
+TEST(OpErrors, InterpolateScaleBeyondSixtyFourBitsIsRefused) {
+  // floor(4 * 1e30) does not convert to int64 (it was undefined behaviour; found by fuzzing).
+  EXPECT_THAT(error_of([&] { nn::interpolate(zeros({1, 1, 4, 4}), {}, {1e30}); }),
+              HasSubstr("interpolate: scale_factor"));
+}
+
 TEST(OpErrors, ForeignExceptionsAndNullDataAreRefusedAsErrors) {
   EXPECT_THAT(error_of([&] { from_blob(static_cast<const void*>(nullptr), {3}, DType::f32); }), HasSubstr("from_blob: null data"));
   EXPECT_THAT(error_of([&] { from_blob(nullptr, {3}, DType::f32, [] {}); }), HasSubstr("from_blob: null data"));
