@@ -105,11 +105,28 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
     if (step > 0 and end < start) or (step < 0 and end > start):
         raise _C.Error(f"arange: upper bound and larger bound inconsistent with step sign "
                        f"(start {start}, end {end}, step {step})")
-    if start == 0 and step == 1 and integral:
-        t = _C._arange(end, dtype)
+    # As torch.arange: the values, made lazily, are start + i * step computed in float64 for a
+    # floating dtype, and in int64 for the others, from start and step truncated to integers
+    # (end too, for the count of an int64 arange).
+    n = -((start - end) // step) if integral else math.ceil((end - start) / step)
+    if not dtype.is_floating_point:
+        start, end, step = (builtins.int(v) for v in (start, end, step))
+        if step == 0:
+            raise _C.Error("arange: step must be nonzero (step truncated to an integer for "
+                           f"dtype {dtype})")
+        if dtype == _C.int64:
+            num = end - start + step - (1 if step > 0 else -1)
+            n = abs(num) // abs(step) if (num > 0) == (step > 0) else 0
+    n = builtins.max(n, 0)
+    if n >= 2 ** 63:
+        raise _C.Error(f"arange: {start} -> {end} (step {step}) has {n} elements, more than a "
+                       f"64-bit count can hold")
+    if start == 0 and step == 1:
+        t = _C._arange(n, dtype)
+    elif dtype.is_floating_point:
+        t = (_C._arange(n, _C.float64) * float(step) + float(start)).to(dtype)
     else:
-        values = np.arange(start, end, step, dtype=np.int64 if integral else np.float64)
-        t = tensor(values, dtype=dtype)
+        t = (_C._arange(n, _C.int64) * step + start).to(dtype)
     if requires_grad:
         t.requires_grad_()
     return t

@@ -436,6 +436,7 @@ constexpr GradRule grad_StopGradient = nullptr;  // that is its purpose
 constexpr GradRule grad_Fusion = nullptr;  // made by the compiler after autodiff
 constexpr GradRule grad_Gemm = nullptr;    // likewise
 constexpr GradRule grad_Random = nullptr;
+constexpr GradRule grad_Iota = nullptr;
 constexpr GradRule grad_Check = nullptr;  // checks detached values (bernoulli's probabilities)
 constexpr GradRule grad_ArgMax = nullptr;  // integer results
 constexpr GradRule grad_ArgMin = nullptr;

@@ -280,6 +280,12 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       check_shape_valid(name, shape);
       return {{dtype, shape}};
     }
+    case ResultRule::Iota: {
+      const Shape& shape = at.ints<"shape">();
+      LAZYRT_CHECK(shape.size() == 1, name, ": the shape must have one dim, got ", shape_str(shape));
+      check_shape_valid(name, shape);
+      return {{at.dtype<"dtype">(), shape}};
+    }
     case ResultRule::Slice:
     case ResultRule::Pad:
     case ResultRule::Flip:

@@ -710,11 +710,11 @@ Tensor positions(const Plan& p, const Shape& shape) {
       if (p.origin[d] >= 0) acc = acc + Scalar(p.first[d] * strides[p.origin[d]]);
       continue;
     }
-    std::vector<int64_t> v(static_cast<size_t>(p.shape[d]));
-    for (int64_t i = 0; i < p.shape[d]; ++i) v[i] = (p.first[d] + i * p.stride[d]) * strides[p.origin[d]];
+    // (first + i * stride) * the dim's stride, for i in [0, size): lazily, whatever the size.
+    const int64_t st = strides[p.origin[d]];
     Shape s(p.shape.size(), 1);
     s[d] = p.shape[d];
-    acc = acc + tensor(v, s);
+    acc = acc + reshape(arange(p.shape[d]) * Scalar(p.stride[d] * st) + Scalar(p.first[d] * st), s);
   }
   return expand(acc, p.shape);
 }

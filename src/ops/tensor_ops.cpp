@@ -402,21 +402,12 @@ Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
 
 Tensor arange(int64_t n, DType dtype) {
   LAZYRT_CHECK(n >= 0, "arange: n must be >= 0, got ", n);
-  ir::TensorType type{dtype, {n}};
-  size_t bytes = 0;
+  // Lazy, as every op: the values are made when the graph runs.
   try {
-    bytes = type.bytes();
+    return apply(OpKind::Iota, {}, {Shape{n}, dtype});
   } catch (const Error& e) {
     throw Error(str_cat("arange: ", e.what()));
   }
-  // Made on the host in the tensor's dtype (a failed allocation is lazyrt's out-of-memory error).
-  auto host = runtime::allocate(bytes);
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    T* out = static_cast<T*>(host->data());
-    for (int64_t i = 0; i < n; ++i) out[i] = convert<T>(static_cast<double>(i));
-  });
-  return trace::tensor_of(trace::make_data(std::move(type), backend::current().from_host(host->data(), bytes)));
 }
 
 Tensor Tensor::clone() const {

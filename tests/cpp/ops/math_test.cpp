@@ -59,6 +59,26 @@ TEST(MathOps, ArgmaxOfAnIntermediateValueAlongEachDim) {
   EXPECT_EQ(argmin(x).to_vector<int64_t>(), (std::vector<int64_t>{0}));
 }
 
+TEST(MathOps, ArangeIsRecordedLazilyAndComputedInItsDtype) {
+  // Nothing of its length is made while tracing: 2^40 elements are recorded at once.
+  Tensor huge = arange(int64_t{1} << 40);
+  EXPECT_TRUE(huge.is_pending());
+  EXPECT_EQ(huge.shape(), (Shape{int64_t{1} << 40}));
+  // Each element converted from the i64 index as cast converts: f16 has 11 bits of mantissa,
+  // so 2049 rounds to even (2048) and 2051 to 2052; i32 and b8 as C++ conversions would.
+  EXPECT_EQ(sum(arange(1000, DType::i32)).item(), 499500);
+  const std::vector<double> h = cast(arange(2052, DType::f16), DType::f64).to_vector<double>();
+  EXPECT_EQ(h[2047], 2047);
+  EXPECT_EQ(h[2048], 2048);
+  EXPECT_EQ(h[2049], 2048);
+  EXPECT_EQ(h[2051], 2052);
+  EXPECT_EQ(arange(3, DType::b8).to_vector<bool>(), (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(arange(0, DType::f32).numel(), 0);
+  // Used as an index inside a larger graph: the gather sees its computed values.
+  Tensor x = tensor(std::vector<double>{10, 11, 12, 13}, {4});
+  EXPECT_EQ(index_select(x, 0, flip(arange(4), {0})).to_vector<double>(), (std::vector<double>{13, 12, 11, 10}));
+}
+
 TEST(MathOps, RoundToDecimalsRoundsHalvesToEvenAtThatPlace) {
   Tensor x = tensor(std::vector<double>{1.25, -2.35, 1234.5678, 250}, {4});
   expect_near(round(x, 1).to_vector<double>(), {1.2, -2.4, 1234.6, 250});

@@ -166,6 +166,8 @@ inline ir::Graph every_op_graph() {
   // Random numbers from a seed and an offset.
   const ir::ValueRef seed = g.add_parameter({DType::i64, {}});
   outs.push_back(g.add(OpKind::Random, {seed, g.add_parameter({DType::i64, {}})}, {int64_t{1}, Ints{2, 2}, DType::f32}));
+  // 0..4 as f32 (arange).
+  outs.push_back(g.add(OpKind::Iota, {}, {Ints{5}, DType::f32}));
   // A product with both operands read transposed: [3, 2]^T x [2, 3]^T.
   outs.push_back(g.add(OpKind::Gemm, {g.add_parameter(f32({3, 2})), g.add_parameter(f32({2, 3}))},
                        {true, true}));

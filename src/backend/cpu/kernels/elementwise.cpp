@@ -184,6 +184,19 @@ Kernel make_Full(const KernelSpec& s) {
   return {[value, dtype, n](const void* const*, void* const* out) { fill_elements(out[0], dtype, value, n); }};
 }
 
+Kernel make_Iota(const KernelSpec& s) {
+  const int64_t n = s.outputs[0].numel();
+  return visit_dtype(s.outputs[0].dtype, [&](auto tag) -> Kernel {
+    using T = decltype(tag);
+    return {[n](const void* const*, void* const* out) {
+      T* o = static_cast<T*>(out[0]);
+      parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) o[i] = convert<T>(i);
+      });
+    }};
+  });
+}
+
 Kernel make_Parameter(const KernelSpec&) {
   LAZYRT_ASSERT(false, "parameters are bound, not computed: they have no kernel");
 }
