@@ -58,6 +58,14 @@ size_t align64(size_t n) { return (n + 63) / 64 * 64; }
 int64_t param_index(const Node& n) { return ir::NodeAttrs(n.op, n.attrs).i<"index">(); }
 double full_value(const Node& n) { return ir::NodeAttrs(n.op, n.attrs).f<"value">(); }
 
+// Full nodes up to this size are constants of the executable, filled once when it is made;
+// larger ones are steps that fill their buffer when the graph runs, so that an executable (and
+// the cache holding it) never keeps a large constant, and a constant no run needs is never made.
+constexpr size_t kMaxBakedConstantBytes = size_t{1} << 16;
+bool baked_constant(const Node& n) {
+  return n.op == OpKind::Full && n.results[0].bytes() <= kMaxBakedConstantBytes;
+}
+
 }  // namespace
 
 std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& donations_in,
@@ -76,14 +84,14 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   size_t const_bytes = 0;
   std::vector<size_t> const_offset(g.nodes.size(), 0);
   for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (g.nodes[i].op == OpKind::Full) {
+    if (baked_constant(g.nodes[i])) {
       const_offset[i] = const_bytes;
       const_bytes = detail::bytes_add(const_bytes, align64(g.nodes[i].results[0].bytes()), "constants");
     }
   if (const_bytes) {
     parts.constants = runtime::allocate(const_bytes);
     for (size_t i = 0; i < g.nodes.size(); ++i)
-      if (g.nodes[i].op == OpKind::Full) {
+      if (baked_constant(g.nodes[i])) {
         const Node& n = g.nodes[i];
         fill_elements(static_cast<char*>(parts.constants->data()) + const_offset[i],
                       n.results[0].dtype, full_value(n), n.results[0].numel());
@@ -94,8 +102,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   std::vector<int32_t> step_of(g.nodes.size(), -1);
   int32_t num_steps = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    OpKind op = g.nodes[i].op;
-    if (op != OpKind::Parameter && op != OpKind::Full) step_of[i] = num_steps++;
+    if (g.nodes[i].op != OpKind::Parameter && !baked_constant(g.nodes[i])) step_of[i] = num_steps++;
   }
   std::map<ValueRef, int32_t> last_read;
   std::vector<std::vector<int32_t>> param_readers(static_cast<size_t>(g.num_params));
@@ -140,7 +147,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     const Node& n = g.node(v);
     if (n.op == OpKind::Parameter) {
       parts.outputs[k] = {OutputSource::Kind::Param, static_cast<int32_t>(param_index(n))};
-    } else if (n.op == OpKind::Full) {
+    } else if (baked_constant(n)) {
       auto buf = runtime::allocate(n.results[0].bytes());
       fill_elements(buf->data(), n.results[0].dtype, full_value(n), n.results[0].numel());
       parts.outputs[k] = {OutputSource::Kind::Const, static_cast<int32_t>(parts.constant_outputs.size())};
@@ -191,7 +198,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       slot_of[{node, 0}] = {SlotKind::Param, static_cast<int32_t>(param_index(n)), 0};
       continue;
     }
-    if (n.op == OpKind::Full) {
+    if (baked_constant(n)) {
       slot_of[{node, 0}] = {SlotKind::Const, 0, const_offset[i]};
       continue;
     }

@@ -178,4 +178,36 @@ TEST(Executable, ConstantAndAliasedOutputs) {
   EXPECT_EQ(read(*exe->constant_output(exe->outputs()[2].index), 2), (std::vector<float>{3, 3}));
 }
 
+TEST(Executable, LargeConstantsAreFilledWhenItRunsNotKept) {
+  // A 256 KiB constant read by a product, and one returned: neither is kept by the executable
+  // (the caches weigh it by what it holds), both are filled by steps on every run.
+  constexpr int64_t n = 256;
+  Graph g;
+  ValueRef x = g.add_parameter(f32({n, n}));
+  ValueRef c = g.add_full(0.5, {n, n}, DType::f32);
+  g.outputs = {g.add(OpKind::Matmul, {x, c}), g.add_full(2, {n * n}, DType::f32)};
+  auto exe = compile::compile(g);
+  EXPECT_EQ(exe->outputs()[1].kind, OutputSource::Kind::Computed);
+  const size_t constant_bytes = n * n * sizeof(float);
+  EXPECT_LE(exe->held_bytes(), constant_bytes) << exe->to_text();
+  std::vector<float> xs(static_cast<size_t>(n * n));
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(i % 7) - 3;
+  auto xb = floats(xs);
+  for (int run = 0; run < 2; ++run) {
+    auto y = allocate(constant_bytes), o = allocate(constant_bytes);
+    std::memset(o->data(), 0, constant_bytes);
+    const void* params[] = {xb->data()};
+    void* outs[] = {y->data(), o->data()};
+    exe->run(params, outs);
+    const std::vector<float> yv = read(*y, static_cast<size_t>(n * n)), ov = read(*o, static_cast<size_t>(n * n));
+    for (int64_t r = 0; r < n; r += 37) {
+      double row = 0;
+      for (int64_t k = 0; k < n; ++k) row += xs[static_cast<size_t>(r * n + k)];
+      for (int64_t j = 0; j < n; j += 51) EXPECT_EQ(yv[static_cast<size_t>(r * n + j)], 0.5 * row) << r << ", " << j;
+    }
+    EXPECT_EQ(ov.front(), 2);
+    EXPECT_EQ(ov.back(), 2);
+  }
+}
+
 }  // namespace lazyrt::runtime
