@@ -302,6 +302,16 @@ def test_unsupported_op_names_it_and_changes_nothing():
     assert "aten.addmm.default" in lazyrt.torch.supported_ops()
 
 
+def test_arange_of_a_float_bound_without_dtype_is_refused():
+    # PyTorch 1.13 traces torch.arange(-1, 1.5) as int64 (eager: float32): refused, not lowered wrong.
+    x = torch.ones(3)
+    f = lazyrt.torch.compile(lambda x: x * torch.arange(-1, 1.5))
+    with pytest.raises(lazyrt.torch.UnsupportedOperatorError, match=r"arange\(-1, 1\.5\).*dtype="):
+        f(x)
+    g = lazyrt.torch.compile(lambda x: x * torch.arange(-1, 1.5, dtype=torch.float32))
+    torch.testing.assert_close(g(x), x * torch.arange(-1, 1.5))
+
+
 def test_data_dependent_shape_is_refused():
     # Cross-entropy with label smoothing selects the non-ignored samples (masked_select) in
     # PyTorch 1.13: a shape that depends on values cannot be captured.
@@ -741,6 +751,13 @@ LOWERING_CASES = {  # name: (function of (a, b, i), aten ops it must contain)
     "matmul": (lambda a, b, i: (a @ b.t(), torch.bmm(a.unsqueeze(0), b.t().unsqueeze(0)), torch.addmm(b[:, :3], a, b.t(),
                                                                                                     beta=0.5, alpha=2)),
                ["aten.mm.default", "aten.bmm.default", "aten.addmm.default"]),
+    "baddbmm": (lambda a, b, i: (torch.baddbmm(a[:, :3].unsqueeze(0), a.unsqueeze(0), b.t().unsqueeze(0)),
+                                 torch.baddbmm(a[0, :3], a.unsqueeze(0), b.t().unsqueeze(0), beta=0.5, alpha=-2)),
+                ["aten.baddbmm.default"]),
+    "arange": (lambda a, b, i: (torch.arange(4) + i, torch.arange(1, 4), torch.arange(1, 8, 3) * a[:, :3],
+                                torch.arange(0.5, 2.0, 0.25), torch.arange(5, dtype=torch.float64), torch.arange(0, 3, 0.5),
+                                torch.arange(-1.5, 1, dtype=torch.float32)),
+               ["aten.arange.default", "aten.arange.start", "aten.arange.start_step"]),
     "reductions": (lambda a, b, i: (a.sum(), a.sum(dim=1, keepdim=True), a.mean(), a.mean(dim=0),
                                     a.amax(dim=1), a.argmax(dim=1), a.argmin(), i.sum(), a.max(), i.min(),
                                     a.norm(), torch.linalg.vector_norm(a, 3.0, dim=1), a.norm(p=1, dim=0, keepdim=True),

@@ -366,6 +366,12 @@ def _addmm(e, bias, a, b, beta=1, alpha=1):
     return _C.addmm(_cast(bias, e.dtype), _cast(a, e.dtype), _cast(b, e.dtype), beta=beta, alpha=alpha)
 
 
+@lowering(aten.baddbmm.default)
+def _baddbmm(e, bias, a, b, beta=1, alpha=1):
+    # Attention scores with an additive mask (multi_head_attention_forward's attn_mask).
+    return _C.baddbmm(_cast(bias, e.dtype), _cast(a, e.dtype), _cast(b, e.dtype), beta=beta, alpha=alpha)
+
+
 @lowering(aten.sum.default, aten.sum.dim_IntList)
 def _sum(e, x, dim=None, keepdim=False, dtype=None):
     return _C.sum(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), keepdim)
@@ -560,6 +566,18 @@ def _zeros(e, *args, **kwargs):
 @lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def _ones(e, *args, **kwargs):
     return _full(e.shape, 1, e.dtype)
+
+
+@lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _arange(e, *bounds, dtype=None, **kwargs):
+    # Position ids (torch.arange(T) in a GPT's forward): lazyrt's arange, in PyTorch's dtype.
+    if dtype is None and e.dtype not in (_C.float32, _C.float64, _C.float16, _C.bfloat16) and \
+            any(isinstance(b, float) for b in bounds):
+        # PyTorch 1.13 traces torch.arange(2.5) and torch.arange(-1, 1.5) (a float bound, no
+        # dtype; arange.default and arange.start) as int64 aranges, where eager gives floats.
+        raise UnsupportedOperatorError(f"lazyrt.torch: arange{tuple(bounds)} has a float bound and no dtype, "
+                                       "which PyTorch 1.13 traces as int64 (eager: float); pass dtype=")
+    return lazyrt.arange(*bounds, dtype=e.dtype)
 
 
 # ---- random numbers: lazyrt's generator (its state is replayed state), not torch's stream ----
