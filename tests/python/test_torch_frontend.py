@@ -279,6 +279,23 @@ def test_train_eval_change_recaptures():
     assert captures == [1, 1, 2, 2, 2]  # back in training mode: the first capture again
 
 
+def test_calling_under_autocast_recaptures():
+    # The same step called inside and outside torch.autocast: matmuls in bfloat16 or float32, as eager.
+    torch.manual_seed(0)
+    lin = nn.Linear(6, 4)
+    f = lazyrt.torch.compile(lambda x: lin(x), model=lin)
+    x = torch.randn(3, 6)
+    results = []
+    for autocast in (False, True, False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), torch.no_grad():
+            got, want = f(x), lin(x)
+        assert got.dtype == want.dtype == (torch.bfloat16 if autocast else torch.float32)
+        np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=1e-2 if autocast else RTOL,
+                                   atol=1e-2 if autocast else ATOL)
+        results.append(f.captures)
+    assert results == [1, 2, 2, 2]
+
+
 def test_unsupported_op_names_it_and_changes_nothing():
     torch.manual_seed(0)
     class Bessel(nn.Module):

@@ -65,7 +65,9 @@ arguments' structure, shapes, dtypes, ``requires_grad`` and non-tensor values; w
 the modules' parameters and buffers (identity, shapes, dtypes, ``requires_grad``); any module's
 ``training`` flag; which gradients exist and their shapes; the optimizers' state layout and
 non-tensor state values, and every hyperparameter except the learning rate (a scheduler
-changing ``lr`` does not recapture); the grad mode and the default dtype. Not guarded: Python
+changing ``lr`` does not recapture); the grad mode, the default dtype and the CPU autocast mode
+and dtype the step is called under (``torch.autocast`` inside the step is captured as any other
+code: its casts are ops of the graph). Not guarded: Python
 values the step reads other than these (a global float, a module attribute that is not a
 tensor), and any Python side effect of the step (it runs only when captured).
 """
