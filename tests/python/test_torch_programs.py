@@ -272,7 +272,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
 
 
 def gpt(seed=0):
@@ -292,7 +293,7 @@ def token_batches(n=STEPS, seed=4):
 @pytest.mark.parametrize("opt_name,foreach", OPTIMIZER_CASES)
 def test_gpt_trains_as_in_eager(opt_name, foreach):
     make_opt = lambda p: OPTIMIZERS[opt_name](p, foreach)
-    losses, _ = train_both(gpt, make_opt, lambda model, idx, targets: model(idx, targets), token_batches())
+    losses, _ = train_both(gpt, make_opt, lambda model, idx, targets: model(idx, targets)[1], token_batches())
     assert abs(losses[0] - math.log(VOCAB)) < 0.1, "a fresh GPT's loss is about log(vocab)"
 
 
@@ -304,7 +305,7 @@ def test_gpt_tied_weights_stay_one_tensor():
 
     @lazyrt.torch.compile
     def step(idx, targets):
-        loss = m_lazy(idx, targets)
+        _, loss = m_lazy(idx, targets)
         loss.backward()
         o_lazy.step()
         o_lazy.zero_grad()
@@ -312,9 +313,80 @@ def test_gpt_tied_weights_stay_one_tensor():
 
     for idx, targets in token_batches(n=2):
         step(idx, targets)
-        loss = m_eager(idx, targets)
+        _, loss = m_eager(idx, targets)
         loss.backward()
         o_eager.step()
         o_eager.zero_grad()
     assert m_lazy.lm_head.weight is m_lazy.wte.weight
     close(m_lazy.wte.weight.detach().numpy(), m_eager.wte.weight.detach().numpy(), "tied weight")
+
+
+# ---- (c) the forward under torch.autocast(bfloat16) ---------------------------------------------
+
+def bf16_close(got, want, what, rtol=2e-2):
+    """Tensors that bfloat16 rounding may set apart: each element within rtol of the largest
+    magnitude of `want` (a relative tolerance per element would fail on values near zero,
+    whose rounding errors come from the larger terms they were summed from)."""
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype} vs {want.dtype}"
+    got, want = got.detach().double(), want.detach().double()
+    scale = want.abs().max().item()
+    worst = (got - want).abs().max().item()
+    assert worst <= rtol * scale, f"{what}: differs by {worst:.3g}, more than {rtol} of its largest magnitude {scale:.3g}"
+
+
+def causal_encoder():
+    return encoder_layer(norm_first=True, activation="gelu")
+
+
+AUTOCAST_PROGRAMS = {  # model, batches, forward(model, *batch) -> (output, loss), the output's dtype
+    "gpt": (gpt, token_batches, lambda model, idx, targets: model(idx, targets), torch.bfloat16),  # lm_head's
+    "encoder_causal": (causal_encoder, encoder_batches,
+                       lambda model, x, y: _output_and_mse(model(x, src_mask=CAUSAL), y),
+                       torch.float32),  # the residual stream stays float32
+}
+CAUSAL = nn.Transformer.generate_square_subsequent_mask(SEQ)
+
+
+def _output_and_mse(out, y):
+    return out, F.mse_loss(out, y)
+
+
+@pytest.mark.parametrize("program", sorted(AUTOCAST_PROGRAMS))
+def test_forward_under_bf16_autocast_trains_as_eager_autocast(program):
+    # The forward runs under torch.autocast("cpu", bfloat16), backward and the optimizer step
+    # outside it, as PyTorch's autocast recipe has it. The captured graph holds autocast's casts:
+    # matmuls in bfloat16, the loss in float32. Eager autocast is the reference, to bfloat16's
+    # tolerance: losses and outputs, and how far each parameter and momentum buffer moved.
+    # (SGD: its updates follow the gradients' rounding; Adam's normalized update turns the
+    # rounding noise of near-zero gradients into steps of about lr.)
+    make_model, make_batches, forward, out_dtype = AUTOCAST_PROGRAMS[program]
+    m_eager = make_model()
+    m_lazy = copy.deepcopy(m_eager)
+    start = {n: p.detach().clone() for n, p in m_eager.named_parameters()}
+    o_eager = OPTIMIZERS["sgd_momentum"](m_eager.parameters(), False)
+    o_lazy = OPTIMIZERS["sgd_momentum"](m_lazy.parameters(), False)
+
+    def step_of(model, opt):
+        def step(*args):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out, loss = forward(model, *args)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return out, loss
+        return step
+
+    eager = step_of(m_eager, o_eager)
+    lazy = lazyrt.torch.compile(step_of(m_lazy, o_lazy))
+    for k, args in enumerate(make_batches()):
+        (out, loss), (want_out, want_loss) = lazy(*args), eager(*args)
+        assert loss.dtype == want_loss.dtype == torch.float32
+        assert out.dtype == want_out.dtype == out_dtype
+        close(loss.item(), want_loss.item(), f"loss at step {k}", rtol=2e-3, atol=0)  # float32 of bf16 logits
+        bf16_close(out, want_out, f"output at step {k}")
+        for (name, p), (_, q) in zip(m_lazy.named_parameters(), m_eager.named_parameters()):
+            assert p.dtype == torch.float32
+            bf16_close(p - start[name], q - start[name], f"step {k}: how far {name} moved", rtol=5e-2)
+            bf16_close(o_lazy.state[p]["momentum_buffer"], o_eager.state[q]["momentum_buffer"],
+                       f"step {k}: momentum buffer of {name}", rtol=5e-2)
+    assert lazy.captures == 1 and lazy.traces == 1
