@@ -803,7 +803,7 @@ LOWERING_CASES = {  # name: (function of (a, b, i), aten ops it must contain)
                      ["aten.fill.Scalar", "aten.fill.Tensor", "aten.zero.default", "aten.new_ones.default",
                       "aten.new_full.default", "aten.masked_fill.Tensor", "aten.empty_like.default"]),
     "more_shapes_factories": (lambda a, b, i: (a.unsqueeze(0) @ b.t(), a.t().reshape(12), a[None, :, None].squeeze(),
-                                               torch.zeros(2, 2) + a[:2, :2], torch.empty(3) * 0 + 1,
+                                               torch.zeros(2, 2) + a[:2, :2], torch.empty(3).fill_(2.0) - 1,
                                                a.new_empty(2).zero_(), torch.zeros(3, 4).copy_(b[0]), torch.zeros(3, 4).copy_(i),
                                                torch.clamp_min(a, b), torch.clamp_max(a, b),
                                                (a >= b) | (i != 2), torch.logical_or(a > 1, b > 1)),
