@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 import lazyrt
+import lazyrt.metrics
 import lazyrt.torch
 from conftest import REPO
 
@@ -296,26 +298,46 @@ def test_calling_under_autocast_recaptures():
     assert results == [1, 2, 2, 2]
 
 
-def test_unsupported_op_names_it_and_changes_nothing():
-    torch.manual_seed(0)
-    class Bessel(nn.Module):
-        def forward(self, x):
-            return torch.special.bessel_j0(x)
+class Bessel(nn.Module):
+    def forward(self, x):
+        return torch.special.bessel_j0(x)  # PyTorch 1.13: no gradient flows through it
 
-    model = nn.Sequential(nn.Linear(6, 8), Bessel(), nn.Linear(8, 4))
-    before = copy.deepcopy(model.state_dict())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    step = lazyrt.torch.compile(standard_step(model, opt, nn.MSELoss()), model=model, optimizer=opt)
-    (x, y), = batches("mse", n=1)
-    # A Bessel function has no lowering in this version.
-    with pytest.raises(lazyrt.torch.UnsupportedOperatorError, match=r"no lowering .*aten\.special_bessel_j0"):
-        step(x, y)
-    same_tree(model.state_dict(), before, "parameters after the failed capture")
-    assert all(p.grad is None for p in model.parameters())
-    assert not opt.state
-    assert opt.param_groups[0]["lr"] == 1e-2 and opt.param_groups[0]["params"][0] is model[0].weight
-    # The unsupported op is named in the error; the supported list does not have it.
-    assert "aten.special_bessel_j0.default" not in lazyrt.torch.supported_ops()
+
+class ScaledBessel(nn.Module):
+    def forward(self, x):
+        return torch.special.i0e(x)  # its gradient needs i1e: a break in the backward too
+
+
+@pytest.mark.parametrize("layer,breaks_per_step", [(Bessel, 1), (ScaledBessel, 2)])
+def test_an_op_without_a_lowering_runs_in_eager_at_a_graph_break(layer, breaks_per_step):
+    from lazyrt.torch._lower import _WARNED_BREAKS
+
+    names = {Bessel: ["aten.special_bessel_j0.default"],
+             ScaledBessel: ["aten.special_i0e.default", "aten.special_i1e.default"]}[layer]
+    _WARNED_BREAKS.difference_update(names)  # the warning is once per op and process
+    make = lambda: nn.Sequential(nn.Linear(6, 8), layer(), nn.Linear(8, 4))
+    m_eager, o_eager, m_lazy, o_lazy = twins(make, OPTIMIZERS["adam"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    before = lazyrt.metrics.counter("GraphBreak")
+    for k, (x, y) in enumerate(batches("mse")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = step(x, y)
+        breaks = [str(w.message) for w in caught if issubclass(w.category, lazyrt.torch.GraphBreakWarning)]
+        if k == 0:  # the capture warns, naming each op once
+            assert len(breaks) == len(names) and all(any(n in b for b in breaks) for n in names), breaks
+        else:
+            assert not breaks
+        close(got.item(), eager(x, y).item(), f"loss at step {k}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+        assert lazyrt.metrics.counter("GraphBreak") - before == breaks_per_step * (k + 1)
+    assert step.captures == 1
+    assert step.traces == breaks_per_step + 1, "one compiled piece before, between and after the breaks"
+    if layer is Bessel:
+        assert m_lazy[0].weight.grad is None and not o_lazy.state.get(m_lazy[0].weight)  # as in eager
+    assert not set(names) & set(lazyrt.torch.supported_ops())
     assert "aten.addmm.default" in lazyrt.torch.supported_ops()
 
 
