@@ -1,7 +1,8 @@
 """lazyrt.metrics: counters and timings in the style of PyTorch/XLA's metrics.
 
 Counters: UncachedCompile, CachedCompile, ExecuteGraph, ReplayGraph, MemoryCacheEvictions,
-CompiledStepVariantEvictions (more arrive with later features). Timings: TraceTime, CompileTime, ExecuteTime.
+CompiledStepVariantEvictions, GraphBreak (ops a lazyrt.torch step ran in PyTorch eager) (more
+arrive with later features). Timings: TraceTime, CompileTime, ExecuteTime.
 """
 
 from lazyrt._C._metrics import (  # noqa: F401

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 import lazyrt
+import lazyrt.metrics
 import lazyrt.torch
 from conftest import REPO
 
@@ -279,27 +281,74 @@ def test_train_eval_change_recaptures():
     assert captures == [1, 1, 2, 2, 2]  # back in training mode: the first capture again
 
 
-def test_unsupported_op_names_it_and_changes_nothing():
+def test_calling_under_autocast_recaptures():
+    # The same step called inside and outside torch.autocast: matmuls in bfloat16 or float32, as eager.
     torch.manual_seed(0)
-    class Bessel(nn.Module):
-        def forward(self, x):
-            return torch.special.bessel_j0(x)
+    lin = nn.Linear(6, 4)
+    f = lazyrt.torch.compile(lambda x: lin(x), model=lin)
+    x = torch.randn(3, 6)
+    results = []
+    for autocast in (False, True, False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), torch.no_grad():
+            got, want = f(x), lin(x)
+        assert got.dtype == want.dtype == (torch.bfloat16 if autocast else torch.float32)
+        np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=1e-2 if autocast else RTOL,
+                                   atol=1e-2 if autocast else ATOL)
+        results.append(f.captures)
+    assert results == [1, 2, 2, 2]
 
-    model = nn.Sequential(nn.Linear(6, 8), Bessel(), nn.Linear(8, 4))
-    before = copy.deepcopy(model.state_dict())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    step = lazyrt.torch.compile(standard_step(model, opt, nn.MSELoss()), model=model, optimizer=opt)
-    (x, y), = batches("mse", n=1)
-    # A Bessel function has no lowering in this version.
-    with pytest.raises(lazyrt.torch.UnsupportedOperatorError, match=r"no lowering .*aten\.special_bessel_j0"):
-        step(x, y)
-    same_tree(model.state_dict(), before, "parameters after the failed capture")
-    assert all(p.grad is None for p in model.parameters())
-    assert not opt.state
-    assert opt.param_groups[0]["lr"] == 1e-2 and opt.param_groups[0]["params"][0] is model[0].weight
-    # The unsupported op is named in the error; the supported list does not have it.
-    assert "aten.special_bessel_j0.default" not in lazyrt.torch.supported_ops()
+
+class Bessel(nn.Module):
+    def forward(self, x):
+        return torch.special.bessel_j0(x)  # PyTorch 1.13: no gradient flows through it
+
+
+class ScaledBessel(nn.Module):
+    def forward(self, x):
+        return torch.special.i0e(x)  # its gradient needs i1e: a break in the backward too
+
+
+@pytest.mark.parametrize("layer,breaks_per_step", [(Bessel, 1), (ScaledBessel, 2)])
+def test_an_op_without_a_lowering_runs_in_eager_at_a_graph_break(layer, breaks_per_step):
+    from lazyrt.torch._lower import _WARNED_BREAKS
+
+    names = {Bessel: ["aten.special_bessel_j0.default"],
+             ScaledBessel: ["aten.special_i0e.default", "aten.special_i1e.default"]}[layer]
+    _WARNED_BREAKS.difference_update(names)  # the warning is once per op and process
+    make = lambda: nn.Sequential(nn.Linear(6, 8), layer(), nn.Linear(8, 4))
+    m_eager, o_eager, m_lazy, o_lazy = twins(make, OPTIMIZERS["adam"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    before = lazyrt.metrics.counter("GraphBreak")
+    for k, (x, y) in enumerate(batches("mse")):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = step(x, y)
+        breaks = [str(w.message) for w in caught if issubclass(w.category, lazyrt.torch.GraphBreakWarning)]
+        if k == 0:  # the capture warns, naming each op once
+            assert len(breaks) == len(names) and all(any(n in b for b in breaks) for n in names), breaks
+        else:
+            assert not breaks
+        close(got.item(), eager(x, y).item(), f"loss at step {k}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+        assert lazyrt.metrics.counter("GraphBreak") - before == breaks_per_step * (k + 1)
+    assert step.captures == 1
+    assert step.traces == breaks_per_step + 1, "one compiled piece before, between and after the breaks"
+    if layer is Bessel:
+        assert m_lazy[0].weight.grad is None and not o_lazy.state.get(m_lazy[0].weight)  # as in eager
+    assert not set(names) & set(lazyrt.torch.supported_ops())
     assert "aten.addmm.default" in lazyrt.torch.supported_ops()
+
+
+def test_arange_of_a_float_bound_without_dtype_is_refused():
+    # PyTorch 1.13 traces torch.arange(-1, 1.5) as int64 (eager: float32): refused, not lowered wrong.
+    x = torch.ones(3)
+    f = lazyrt.torch.compile(lambda x: x * torch.arange(-1, 1.5))
+    with pytest.raises(lazyrt.torch.UnsupportedOperatorError, match=r"arange\(-1, 1\.5\).*dtype="):
+        f(x)
+    g = lazyrt.torch.compile(lambda x: x * torch.arange(-1, 1.5, dtype=torch.float32))
+    torch.testing.assert_close(g(x), x * torch.arange(-1, 1.5))
 
 
 def test_data_dependent_shape_is_refused():
@@ -741,6 +790,13 @@ LOWERING_CASES = {  # name: (function of (a, b, i), aten ops it must contain)
     "matmul": (lambda a, b, i: (a @ b.t(), torch.bmm(a.unsqueeze(0), b.t().unsqueeze(0)), torch.addmm(b[:, :3], a, b.t(),
                                                                                                     beta=0.5, alpha=2)),
                ["aten.mm.default", "aten.bmm.default", "aten.addmm.default"]),
+    "baddbmm": (lambda a, b, i: (torch.baddbmm(a[:, :3].unsqueeze(0), a.unsqueeze(0), b.t().unsqueeze(0)),
+                                 torch.baddbmm(a[0, :3], a.unsqueeze(0), b.t().unsqueeze(0), beta=0.5, alpha=-2)),
+                ["aten.baddbmm.default"]),
+    "arange": (lambda a, b, i: (torch.arange(4) + i, torch.arange(1, 4), torch.arange(1, 8, 3) * a[:, :3],
+                                torch.arange(0.5, 2.0, 0.25), torch.arange(5, dtype=torch.float64), torch.arange(0, 3, 0.5),
+                                torch.arange(-1.5, 1, dtype=torch.float32)),
+               ["aten.arange.default", "aten.arange.start", "aten.arange.start_step"]),
     "reductions": (lambda a, b, i: (a.sum(), a.sum(dim=1, keepdim=True), a.mean(), a.mean(dim=0),
                                     a.amax(dim=1), a.argmax(dim=1), a.argmin(), i.sum(), a.max(), i.min(),
                                     a.norm(), torch.linalg.vector_norm(a, 3.0, dim=1), a.norm(p=1, dim=0, keepdim=True),
@@ -769,7 +825,7 @@ LOWERING_CASES = {  # name: (function of (a, b, i), aten ops it must contain)
                      ["aten.fill.Scalar", "aten.fill.Tensor", "aten.zero.default", "aten.new_ones.default",
                       "aten.new_full.default", "aten.masked_fill.Tensor", "aten.empty_like.default"]),
     "more_shapes_factories": (lambda a, b, i: (a.unsqueeze(0) @ b.t(), a.t().reshape(12), a[None, :, None].squeeze(),
-                                               torch.zeros(2, 2) + a[:2, :2], torch.empty(3) * 0 + 1,
+                                               torch.zeros(2, 2) + a[:2, :2], torch.empty(3).fill_(2.0) - 1,
                                                a.new_empty(2).zero_(), torch.zeros(3, 4).copy_(b[0]), torch.zeros(3, 4).copy_(i),
                                                torch.clamp_min(a, b), torch.clamp_max(a, b),
                                                (a >= b) | (i != 2), torch.logical_or(a > 1, b > 1)),

@@ -49,9 +49,12 @@ decomposition, and the backward of convolutions and average pooling is the vecto
 product of the lowered forward by lazyrt's autograd; dropout and other random ops draw from
 lazyrt's generator, whose state every replay advances, not from torch's stream); it runs inside ``lazyrt.compile_step``, which
 records it once and replays the compiled lazyrt graph on later calls. An op without a lowering
-raises `UnsupportedOperatorError` naming it when the step is captured (graph breaks are not
-supported yet); reading a value inside the step (``.item()``, ``if loss > 0``) or a shape that
-depends on values raises `CaptureError`.
+is a graph break: it runs in PyTorch eager on the values the compiled piece before it gave, and
+the graph's other ops run as compiled pieces around it (each its own ``compile_step``); every
+such op run counts in ``lazyrt.metrics.counter("GraphBreak")`` and the first capture that
+meets it warns once naming it (`GraphBreakWarning`). Loop bodies cannot break: there it raises
+`UnsupportedOperatorError`. Reading a value inside the step (``.item()``, ``if loss > 0``) or a
+shape that depends on values raises `CaptureError`.
 
 **A call**: the torch tensors are handed to lazyrt without a copy (``lazyrt.from_torch``), the
 compiled step runs, and the new value of every tensor the step changed is copied into the
@@ -65,14 +68,16 @@ arguments' structure, shapes, dtypes, ``requires_grad`` and non-tensor values; w
 the modules' parameters and buffers (identity, shapes, dtypes, ``requires_grad``); any module's
 ``training`` flag; which gradients exist and their shapes; the optimizers' state layout and
 non-tensor state values, and every hyperparameter except the learning rate (a scheduler
-changing ``lr`` does not recapture); the grad mode and the default dtype. Not guarded: Python
+changing ``lr`` does not recapture); the grad mode, the default dtype and the CPU autocast mode
+and dtype the step is called under (``torch.autocast`` inside the step is captured as any other
+code: its casts are ops of the graph). Not guarded: Python
 values the step reads other than these (a global float, a module attribute that is not a
 tensor), and any Python side effect of the step (it runs only when captured).
 """
 
 from lazyrt.torch._capture import CaptureError
 from lazyrt.torch._loops import fori_loop, scan, while_loop
-from lazyrt.torch._lower import LOWERINGS as _LOWERINGS, UnsupportedOperatorError
+from lazyrt.torch._lower import LOWERINGS as _LOWERINGS, GraphBreakWarning, UnsupportedOperatorError
 from lazyrt.torch._step import CompiledFunction, compile, discover
 
 
@@ -82,4 +87,5 @@ def supported_ops():
     return sorted({op_name(op) for op in _LOWERINGS})
 
 
-__all__ = ["compile", "CompiledFunction", "CaptureError", "UnsupportedOperatorError", "supported_ops", "discover"]
+__all__ = ["compile", "CompiledFunction", "CaptureError", "UnsupportedOperatorError", "GraphBreakWarning",
+           "supported_ops", "discover"]

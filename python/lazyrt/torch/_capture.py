@@ -237,7 +237,14 @@ class World:
                 states.append(tuple(sorted((k, _value_sig(v)) for k, v in d.items())))
             opts.append((type(o), lr_in, groups, tuple(states)))
         return (str(self.args_spec), args, params, buffers, self.training, tuple(grads), tuple(opts),
-                torch.is_grad_enabled(), torch.get_default_dtype())
+                torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode())
+
+
+def _autocast_mode():
+    """The CPU autocast mode a call runs under (a step called inside ``torch.autocast`` is
+    captured with its ops in the autocast dtype, so it is part of the signature)."""
+    enabled = torch.is_autocast_cpu_enabled()
+    return ("autocast", enabled, torch.get_autocast_cpu_dtype() if enabled else None)
 
 
 # ---- slots: the graph's inputs ---------------------------------------------------------------

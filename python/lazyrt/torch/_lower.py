@@ -10,11 +10,15 @@ value.
 
 Only the nodes the outputs and write-backs need are lowered (the graph also holds dead ops,
 such as the profiler's ``record_function`` buffers). A live op without a lowering raises
-`UnsupportedOperatorError` naming it, when the step is captured and before anything runs.
+`UnsupportedOperatorError` naming it, when the step is captured and before anything runs —
+unless graph breaks are allowed (a captured step, not a loop body): then each such op runs in
+PyTorch eager between compiled pieces of the graph (`LoweredGraph.run`), counted by the
+``GraphBreak`` counter of `lazyrt.metrics` and named by a `GraphBreakWarning` the first time.
 """
 
 import math
 import operator
+import warnings
 
 import torch
 import torch.fx
@@ -27,6 +31,14 @@ aten = torch.ops.aten
 
 class UnsupportedOperatorError(NotImplementedError):
     """The captured step uses an aten op lazyrt.torch has no lowering for (named in the message)."""
+
+
+class GraphBreakWarning(UserWarning):
+    """An aten op without a lowering runs in PyTorch eager between compiled pieces of a step
+    (warned once per op)."""
+
+
+_WARNED_BREAKS = set()
 
 
 _DTYPES = {
@@ -366,6 +378,12 @@ def _addmm(e, bias, a, b, beta=1, alpha=1):
     return _C.addmm(_cast(bias, e.dtype), _cast(a, e.dtype), _cast(b, e.dtype), beta=beta, alpha=alpha)
 
 
+@lowering(aten.baddbmm.default)
+def _baddbmm(e, bias, a, b, beta=1, alpha=1):
+    # Attention scores with an additive mask (multi_head_attention_forward's attn_mask).
+    return _C.baddbmm(_cast(bias, e.dtype), _cast(a, e.dtype), _cast(b, e.dtype), beta=beta, alpha=alpha)
+
+
 @lowering(aten.sum.default, aten.sum.dim_IntList)
 def _sum(e, x, dim=None, keepdim=False, dtype=None):
     return _C.sum(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), keepdim)
@@ -560,6 +578,18 @@ def _zeros(e, *args, **kwargs):
 @lowering(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def _ones(e, *args, **kwargs):
     return _full(e.shape, 1, e.dtype)
+
+
+@lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
+def _arange(e, *bounds, dtype=None, **kwargs):
+    # Position ids (torch.arange(T) in a GPT's forward): lazyrt's arange, in PyTorch's dtype.
+    if dtype is None and e.dtype not in (_C.float32, _C.float64, _C.float16, _C.bfloat16) and \
+            any(isinstance(b, float) for b in bounds):
+        # PyTorch 1.13 traces torch.arange(2.5) and torch.arange(-1, 1.5) (a float bound, no
+        # dtype; arange.default and arange.start) as int64 aranges, where eager gives floats.
+        raise UnsupportedOperatorError(f"lazyrt.torch: arange{tuple(bounds)} has a float bound and no dtype, "
+                                       "which PyTorch 1.13 traces as int64 (eager: float); pass dtype=")
+    return lazyrt.arange(*bounds, dtype=e.dtype)
 
 
 # ---- random numbers: lazyrt's generator (its state is replayed state), not torch's stream ----
@@ -823,10 +853,12 @@ class LoweredGraph:
     step read from outside its inputs, or made itself); calling it returns the lazyrt values of
     the roots. Constants are inputs rather than values frozen at capture, so a tensor the step
     reads from a closure and that changes in place between calls is read anew. Raises
-    UnsupportedOperatorError at construction for an op without a lowering.
+    UnsupportedOperatorError at construction for an op without a lowering, unless
+    `graph_breaks`: then such ops (`eager`) run in PyTorch eager, and `run` compiles the lowered
+    pieces between them with lazyrt.compile_step.
     """
 
-    def __init__(self, graph_module, roots):
+    def __init__(self, graph_module, roots, graph_breaks=False):
         self.graph_module = graph_module
         self.roots = list(roots)
         self.placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
@@ -857,39 +889,167 @@ class LoweredGraph:
                 self.constant_index[n] = seen[id(value)]
             elif n.op in ("call_method", "call_module"):
                 missing.append(n)
-        if missing:
+        if missing and (not graph_breaks or any(n.op != "call_function" for n in missing)):
             names = sorted({op_name(n.target) for n in missing})
             first = missing[0]
             raise UnsupportedOperatorError(
                 f"lazyrt.torch: no lowering to lazyrt for {', '.join(names)} (first use: node '{first.name}'"
-                f"{_stack_hint(first)}); graph breaks are not supported yet, so the step cannot be compiled")
+                f"{_stack_hint(first)}); a graph break cannot run it here, so this cannot be compiled")
         self.expect = {n: Expect(n) for n in self.nodes if n.op == "call_function"}
+        # Ops run by PyTorch eager: those without a lowering, and the items taken of their results.
+        self.eager = set()
+        missing_set = set(missing)
+        for n in self.nodes:
+            if n in missing_set or (n.target is operator.getitem and n.args[0] in self.eager):
+                self.eager.add(n)
+        for name in sorted({op_name(n.target) for n in missing} - _WARNED_BREAKS):
+            _WARNED_BREAKS.add(name)
+            first = next(n for n in missing if op_name(n.target) == name)
+            warnings.warn(f"lazyrt.torch: graph break: {name} has no lowering to lazyrt and runs in PyTorch eager "
+                          f"between compiled pieces of the step (node '{first.name}'{_stack_hint(first)})",
+                          GraphBreakWarning, stacklevel=2)
+        self.pieces = _pieces(self.nodes, self.eager, self.roots) if self.eager else None
+        self.compiled = []  # per lowered piece: its lazyrt.compile_step, made by the first run
 
-    def __call__(self, *inputs):
+    def _inputs_env(self, inputs):
         count = len(self.placeholders) + len(self.constants)
         if len(inputs) != count:
             raise TypeError(f"LoweredGraph: expected {count} inputs, got {len(inputs)}")
         env = dict(zip(self.placeholders, inputs))
         for n, k in self.constant_index.items():
             env[n] = inputs[len(self.placeholders) + k]
+        return env
+
+    def __call__(self, *inputs):
+        """The roots' values, every op interpreted now (eager ones through torch)."""
+        env = self._inputs_env(inputs)
+        torch_env = {}
         for n in self.nodes:
             if n in env:
                 continue
-            if n.op != "call_function":
-                raise AssertionError(f"unexpected node {n.op} {n.name}")
-            e = self.expect[n]
-            args = torch.fx.node.map_arg(n.args, env.__getitem__)
-            kwargs = dict(torch.fx.node.map_arg(n.kwargs, env.__getitem__))
-            kwargs.pop("device", None)
-            try:
-                result = LOWERINGS[n.target](e, *args, **kwargs)
-            except UnsupportedOperatorError:
-                raise
-            except Exception as exc:
-                raise lazyrt.Error(f"lazyrt.torch: lowering {op_name(n.target)} (node '{n.name}') failed: "
-                                   f"{type(exc).__name__}: {exc}") from exc
-            env[n] = _checked(n, e, result)
+            if n in self.eager:
+                _run_eager(n, self.expect[n], env, torch_env)
+            else:
+                _lower_node(n, self.expect[n], env)
         return [env[r] for r in self.roots]
+
+    def run(self, inputs):
+        """The roots' values: the whole graph as one lazyrt.compile_step or, with graph breaks,
+        each lowered piece as its own compile_step and the eager ops between them in torch."""
+        if self.pieces is None:
+            if not self.compiled:
+                self.compiled.append(lazyrt.compile_step(self, list(inputs)))
+            outs = self.compiled[0](*inputs)
+            return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
+        env = self._inputs_env(inputs)
+        torch_env = {}
+        k = 0
+        for kind, nodes, needs, gives in self.pieces:
+            if kind == "eager":
+                for n in nodes:
+                    _run_eager(n, self.expect[n], env, torch_env)
+                _C._metrics._increment("GraphBreak", sum(n.target is not operator.getitem for n in nodes))
+                continue
+            args = [env[n] for n in needs]
+            if k == len(self.compiled):
+                self.compiled.append(lazyrt.compile_step(_Piece(nodes, needs, gives, self.expect), args))
+            outs = self.compiled[k](*args)
+            k += 1
+            env.update(zip(gives, [outs] if isinstance(outs, lazyrt.Tensor) else outs))
+        return [env[r] for r in self.roots]
+
+    @property
+    def traces(self):
+        """How many times lazyrt traced the compiled pieces."""
+        return sum(c.traces for c in self.compiled)
+
+
+def _lower_node(n, e, env):
+    args = torch.fx.node.map_arg(n.args, env.__getitem__)
+    kwargs = dict(torch.fx.node.map_arg(n.kwargs, env.__getitem__))
+    kwargs.pop("device", None)
+    try:
+        result = LOWERINGS[n.target](e, *args, **kwargs)
+    except UnsupportedOperatorError:
+        raise
+    except Exception as exc:
+        raise lazyrt.Error(f"lazyrt.torch: lowering {op_name(n.target)} (node '{n.name}') failed: "
+                           f"{type(exc).__name__}: {exc}") from exc
+    env[n] = _checked(n, e, result)
+
+
+def _run_eager(n, e, env, torch_env):
+    """Runs node n in PyTorch eager on the torch values of its inputs (a graph break)."""
+    def torch_value(a):
+        if a not in torch_env:
+            v = env[a]
+            torch_env[a] = lazyrt.to_torch(v) if _is_tensor(v) else v
+        return torch_env[a]
+
+    args = torch.fx.node.map_arg(n.args, torch_value)
+    kwargs = torch.fx.node.map_arg(n.kwargs, torch_value)
+    try:
+        with torch.no_grad():
+            result = n.target(*args, **kwargs)
+    except Exception as exc:
+        raise lazyrt.Error(f"lazyrt.torch: {op_name(n.target)} (node '{n.name}'), run in PyTorch eager at a graph "
+                           f"break, failed: {type(exc).__name__}: {exc}") from exc
+    torch_env[n] = result
+    if isinstance(result, torch.Tensor):
+        if e.shape is not None and (tuple(result.shape) != e.shape or lazy_dtype(result.dtype) is not e.dtype):
+            raise lazyrt.Error(f"lazyrt.torch: {op_name(n.target)} (node '{n.name}') gave {result.dtype}"
+                               f"{list(result.shape)} in eager, the captured graph has {list(e.shape)}")
+        env[n] = lazyrt.from_torch(result.contiguous())
+    else:
+        env[n] = result  # a tuple: its items are taken by eager getitem nodes
+
+
+class _Piece:
+    """Lowered nodes between graph breaks, as a function of the values they read from outside
+    (`needs`) returning those that later pieces or the roots read (`gives`)."""
+
+    def __init__(self, nodes, needs, gives, expect):
+        self.nodes, self.needs, self.gives, self.expect = nodes, needs, gives, expect
+
+    def __call__(self, *values):
+        env = dict(zip(self.needs, values))
+        for n in self.nodes:
+            _lower_node(n, self.expect[n], env)
+        return [env[n] for n in self.gives]
+
+
+def _pieces(nodes, eager, roots):
+    """The live call nodes in runs of lowered and eager ones: [(kind, nodes, needs, gives)].
+    Items taken of a multi-result op (getitem) go right after it, so no list crosses pieces."""
+    items = {}
+    for n in nodes:
+        if n.target is operator.getitem and n.op == "call_function":
+            items.setdefault(n.args[0], []).append(n)
+    order = []
+    for n in nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        order.append(n)
+        order.extend(items.get(n, []))
+    runs = []
+    for n in order:
+        kind = "eager" if n in eager else "lazy"
+        if not runs or runs[-1][0] != kind:
+            runs.append((kind, []))
+        runs[-1][1].append(n)
+    piece_of = {n: k for k, (_, run) in enumerate(runs) for n in run}
+    root_set = set(roots)
+    pieces = []
+    for k, (kind, run) in enumerate(runs):
+        inside = set(run)
+        needs = []
+        for n in run:
+            for a in n.all_input_nodes:
+                if a not in inside and a not in needs:
+                    needs.append(a)
+        gives = [n for n in run if n in root_set or any(piece_of.get(u, k) != k for u in n.users)]
+        pieces.append((kind, run, needs, gives))
+    return pieces
 
 
 def _checked(node, e, result):

@@ -22,8 +22,9 @@ def _source(node, placeholder_index, roots):
 
 
 class _Entry:
-    """One capture: its lowered graph (compiled by lazyrt.compile_step on first use), the world
-    it is valid for beyond its signature, and the write-back plan."""
+    """One capture: its lowered graph (compiled by lazyrt.compile_step on first use, piece by
+    piece where it has graph breaks), the world it is valid for beyond its signature, and the
+    write-back plan."""
 
     def __init__(self, captured):
         c = captured
@@ -78,8 +79,7 @@ class _Entry:
             self.states[key] = plan
         if not roots:
             raise CaptureError("lazyrt.torch: the step computes nothing lazyrt could run")
-        self.lowered = LoweredGraph(gm, roots)
-        self.compiled = None
+        self.lowered = LoweredGraph(gm, roots, graph_breaks=True)
 
         self.exact_grads = c.exact_grads
         self.exact_states = c.exact_states
@@ -146,11 +146,7 @@ class _Entry:
             inputs.append(t)
         lazy_inputs = [lazyrt.from_torch(t) for t in inputs]
         lazy_inputs += [lazyrt.from_torch(t) for t in self.lowered.constants]
-        if self.compiled is None:
-            self.compiled = lazyrt.compile_step(self.lowered, lazy_inputs)
-        outs = self.compiled(*lazy_inputs)
-        if isinstance(outs, lazyrt.Tensor):
-            outs = (outs,)
+        outs = self.lowered.run(lazy_inputs)
 
         snapshots = {}
 
@@ -290,8 +286,7 @@ class CompiledFunction:
     @property
     def traces(self):
         """How many times lazyrt traced the lowered graphs (one per capture unless lazyrt retraced)."""
-        return sum(e.compiled.traces for entries in self._entries.values() for e in entries
-                   if e.compiled is not None)
+        return sum(e.lowered.traces for entries in self._entries.values() for e in entries)
 
     def __call__(self, *args, **kwargs):
         world = self._world(args, kwargs)
