@@ -18,9 +18,12 @@ namespace {
 
 constexpr uint64_t kDefaultSeed = 67280421310721ull;
 
+// An i64 scalar holding x exactly (seeds and counts beyond 2^53 do not survive a double).
+Tensor i64_scalar(int64_t x) { return tensor(std::vector<int64_t>{x}, {}); }
+
 struct Generator {
   std::mutex mu;
-  Tensor seed = scalar_tensor(static_cast<double>(kDefaultSeed), DType::i64);
+  Tensor seed = i64_scalar(static_cast<int64_t>(kDefaultSeed));
   Tensor offset = scalar_tensor(0, DType::i64);
 };
 
@@ -41,7 +44,7 @@ Tensor draw(int64_t distribution, const Shape& shape, DType dtype, const char* o
   NoGradGuard no_grad;
   Tensor r = detail::apply(ir::OpKind::Random, {g.seed, g.offset},
                            {distribution, Shape(shape), dtype});
-  g.offset.add_(scalar_tensor(static_cast<double>(shape_numel(shape)), DType::i64));
+  g.offset.add_(i64_scalar(shape_numel(shape)));
   return r;
 }
 
@@ -60,7 +63,9 @@ void manual_seed(uint64_t seed) {
   Generator& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
   // The state tensors keep their identity (captured state stays valid); only values change.
-  trace::impl_of(g.seed)->set_data(trace::impl_of(scalar_tensor(static_cast<double>(seed), DType::i64))->data());
+  // Every 64-bit seed its own stream: the i64 holds the seed's bits (the kernel reads them back
+  // as unsigned).
+  trace::impl_of(g.seed)->set_data(trace::impl_of(i64_scalar(static_cast<int64_t>(seed)))->data());
   trace::impl_of(g.offset)->set_data(trace::impl_of(scalar_tensor(0, DType::i64))->data());
 }
 

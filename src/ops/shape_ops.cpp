@@ -274,7 +274,10 @@ Tensor repeat(const Tensor& a, std::vector<int64_t> repeats) {
   for (size_t d = 0; d < repeats.size(); ++d) {
     interleaved.insert(interleaved.end(), {1, padded[d]});
     expanded.insert(expanded.end(), {repeats[d], padded[d]});
-    out.push_back(repeats[d] * padded[d]);
+    int64_t size;
+    LAZYRT_CHECK(!__builtin_mul_overflow(repeats[d], padded[d], &size), "repeat: ", shape_str(a.shape()),
+                 " repeated ", shape_str(repeats), " would have a dim beyond 64 bits");
+    out.push_back(size);
   }
   if (out == padded) return reshape(a, out);
   return reshape(expand(reshape(a, interleaved), expanded), out);

@@ -543,8 +543,9 @@ Carry fori_loop(int64_t lower, int64_t upper,
                 std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init, int64_t snapshots) {
   LAZYRT_CHECK(body_fn, "fori_loop: body_fn must be a callable (got an empty std::function)");
   LAZYRT_CHECK(snapshots >= 0, "fori_loop: snapshots must be 0 (keep every carry) or at least 1, got ", snapshots);
-  Tensor hi = scalar_tensor(static_cast<double>(upper), DType::i64);
-  Carry carry{scalar_tensor(static_cast<double>(lower), DType::i64)};
+  // The bounds exactly (through a double, INT64_MAX would become INT64_MIN).
+  Tensor hi = tensor(std::vector<int64_t>{upper}, {});
+  Carry carry{tensor(std::vector<int64_t>{lower}, {})};
   carry.insert(carry.end(), init.begin(), init.end());
   TracedLoop loop = trace_loop(
       "fori_loop", [&](const Carry& c) { return c[0] < hi; },

@@ -30,6 +30,20 @@ TEST(Random, SameSeedSameNumbersAndDrawsAdvance) {
   EXPECT_NE(rand({100}).to_vector<float>(), a);
 }
 
+TEST(Random, EverySixtyFourBitSeedIsItsOwnStream) {
+  // Seeds that one double cannot tell apart (2^53 and 2^53 + 1; 2^63 and 2^63 + 1, which also
+  // overflowed i64) give different numbers; the same seed the same numbers.
+  const auto draw_after = [](uint64_t seed) {
+    manual_seed(seed);
+    return rand({4}).to_vector<float>();
+  };
+  const uint64_t p53 = uint64_t{1} << 53, p63 = uint64_t{1} << 63;
+  EXPECT_NE(draw_after(p53), draw_after(p53 + 1));
+  EXPECT_NE(draw_after(p63), draw_after(p63 + 1));
+  EXPECT_NE(draw_after(~uint64_t{0}), draw_after(p63));
+  EXPECT_EQ(draw_after(~uint64_t{0}), draw_after(~uint64_t{0}));
+}
+
 TEST(Random, UniformAndNormalHaveTheRightMoments) {
   manual_seed(1);
   const int n = 200000;

@@ -54,6 +54,8 @@ TEST(OpErrors, TensorsTooLargeToAddressAreRefusedWhenRecorded) {
   EXPECT_THAT(error_of([&] { randn({half, half}); }), HasSubstr("random"));
   EXPECT_THAT(error_of([&] { expand(ones({1}), {big}); }), AllOf(HasSubstr("expand"), HasSubstr("2^62 bytes")));
   EXPECT_THAT(error_of([&] { arange(big); }), HasSubstr("2^62 bytes"));
+  // A repeated dim beyond 64 bits (the product wrapped: undefined behaviour; found by fuzzing).
+  EXPECT_THAT(error_of([&] { repeat(ones({5}), {INT64_MAX - 1}); }), HasSubstr("repeat: [5] repeated"));
   EXPECT_THAT(error_of([&] { zeros({INT64_MAX, 2}); }), HasSubstr("more elements than a 64-bit count can hold"));
   // Addressable but not there: an allocation that fails is an Error too, not std::bad_alloc.
   EXPECT_THAT(error_of([&] { sync({zeros({int64_t{1} << 50}, DType::f64)}); }), HasSubstr("out of memory"));

@@ -4,6 +4,8 @@
 #include <lazyrt/lazyrt.h>
 
 #include <cmath>
+#include <limits>
+#include <utility>
 
 namespace lazyrt {
 using ::testing::HasSubstr;
@@ -82,6 +84,20 @@ TEST(WhileLoop, ZeroTripLoopsReturnInit) {
   Carry g = fori_loop(9, 2, [](const Tensor&, const Carry& c) { return Carry{c[0] + 1}; },
                       {scalar_tensor(7)});
   EXPECT_EQ(g[0].item(), 7);
+}
+
+TEST(ForiLoop, BoundsBeyondTwoToTheFiftyThreeAreExact) {
+  // The bounds and the counter are i64 exactly: through a double, 2^53 + 3 became 2^53 + 4
+  // (one trip too many), and INT64_MAX became INT64_MIN (a loop from it ran 2^63 trips).
+  const auto trips_and_last = [](int64_t lo, int64_t hi) {
+    Carry out = fori_loop(lo, hi, [](const Tensor& i, const Carry& c) { return Carry{c[0] + 1, i}; },
+                          {tensor(std::vector<int64_t>{0}, {}), tensor(std::vector<int64_t>{-1}, {})});
+    return std::make_pair(out[0].to_vector<int64_t>()[0], out[1].to_vector<int64_t>()[0]);
+  };
+  const int64_t p53 = int64_t{1} << 53, max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(trips_and_last(p53, p53 + 3), std::make_pair(int64_t{3}, p53 + 2));
+  EXPECT_EQ(trips_and_last(max - 2, max), std::make_pair(int64_t{2}, max - 1));
+  EXPECT_EQ(trips_and_last(max, -4), std::make_pair(int64_t{0}, int64_t{-1}));
 }
 
 TEST(WhileLoop, LinearAppliedNTimesMatchesTheHostLoop) {
