@@ -1,5 +1,6 @@
-"""The seed training step in every form: lazyrt replayed and traced (Python and C++), PyTorch
-eager (Python and C++) and PyTorch's own lazy tensors (torch._lazy, TorchScript backend).
+"""The seed training step in every form: lazyrt replayed and traced (Python and C++), the
+unmodified PyTorch step through lazyrt.torch.compile, PyTorch eager (Python and C++) and
+PyTorch's own lazy tensors (torch._lazy, TorchScript backend).
 
 Workload: Linear(5, 3) with the initial weight and bias of lazyrt's nn::Linear after
 manual_seed(0) (all peers start from those values), x f32[10, 5] with x[i] = sin(0.37 i) in
@@ -19,6 +20,8 @@ import lazyrt as lr
 from harness import BenchmarkError, Samples, calls_for, check_close, ratio, table, time_side_by_side
 
 STEPS_CHECKED = 5
+FRONTEND = "lazyrt.torch.compile (torch Linear and AdamW, written back)"
+EAGER = "PyTorch eager (Python)"
 
 
 def seed_values():
@@ -59,6 +62,26 @@ class TorchSeed:
         if self.device == "lazy":
             torch._lazy.mark_step()
         return loss
+
+
+def torch_compiled(w, b):
+    """The seed step on an unmodified torch.nn.Linear and torch.optim.AdamW, compiled by
+    lazyrt.torch.compile (model and optimizer found in the step's closure). Every call writes
+    the new weight, bias, gradients and AdamW state into the torch tensors' own memory.
+    Returns (the compiled step, the torch model)."""
+    import lazyrt.torch
+
+    model = TorchSeed(w, b)
+    torch_model, torch_opt = model.model, model.opt
+
+    def train_step(x):
+        loss = torch_model(x).sum()
+        loss.backward()
+        torch_opt.step()
+        torch_opt.zero_grad()
+        return loss
+    compiled = lazyrt.torch.compile(train_step)
+    return compiled, torch_model
 
 
 def torch_lazy_available():
@@ -115,6 +138,8 @@ def run(opts):
         lr.mark_step()
         return loss
     peers["lazyrt traced (Python, mark_step every step)"] = (traced_step, traced.model.weight.numpy)
+    frontend, frontend_model = torch_compiled(w, b)
+    peers[FRONTEND] = (lambda: frontend(tx), lambda: frontend_model.weight.detach().numpy())
     eager = TorchSeed(w, b)
     peers["PyTorch eager (Python)"] = (lambda: eager.step(tx), lambda: eager.model.weight.detach().numpy())
     lazy_note = ""
@@ -133,6 +158,8 @@ def run(opts):
                     rtol=1e-5, atol=1e-6)
     if replayed.traces != 1:
         raise BenchmarkError("seed step: compile_step traced more than once")
+    if frontend.captures != 1 or frontend.traces != 1:
+        raise BenchmarkError("seed step: lazyrt.torch.compile captured or traced more than once")
 
     fns = {name: fn for name, (fn, _) in peers.items()}
     reps = 5 if opts.quick else 21
@@ -155,6 +182,8 @@ def run(opts):
                       "(CreateLtcTensor - DestroyLtcTensor) in this PyTorch build.\n\n")
     if replayed.traces != 1:
         raise BenchmarkError("seed step: the timed calls of compile_step retraced")
+    if frontend.captures != 1 or frontend.traces != 1:
+        raise BenchmarkError("seed step: the timed calls of lazyrt.torch.compile captured or traced again")
     us = {name: s.scaled(1e6) for name, s in samples.items()}
 
     cpp = None if opts.quick else cpp_figures(opts.build)
@@ -186,6 +215,10 @@ def run(opts):
         "(rtol 1e-5) before timing. Python rows: after 2 warm-up batches (not counted), "
         f"{reps} batches per peer, the peers' batches alternating; a batch is about "
         f"{'5' if opts.quick else '30'} ms of steps ({', '.join(f'{c}' for c in calls.values())} steps).\n",
+        f"{FRONTEND}: PyTorch's own `nn.Linear` and `optim.AdamW` with the same initial values, the step "
+        "function unchanged; each call replays the captured graph and copies the new weight, bias, gradients and "
+        "AdamW state into the torch tensors (its weight row checks the torch model's own weight); captured and "
+        "traced once, checked after timing.\n",
         lazy_note + cpp_note,
         table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)"], rows),
         "",
@@ -196,6 +229,8 @@ def run(opts):
         if peer in us:
             summary.append(("seed step (Python)", "lazyrt replayed", us[base].cell(), "us", peer, us[peer].cell(),
                             ratio(us[peer].median / us[base].median)))
+    summary.append(("seed step (Python, torch model)", "lazyrt.torch.compile", us[FRONTEND].cell(), "us", EAGER,
+                    us[EAGER].cell(), ratio(us[EAGER].median / us[FRONTEND].median)))
     cbase = "lazyrt replayed (C++, CompiledStep::run)"
     if "PyTorch eager (C++, libtorch)" in us:
         summary.append(("seed step (C++)", "lazyrt replayed", us[cbase].cell(), "us", "PyTorch eager (C++)",

@@ -752,6 +752,43 @@ def test_values_changed_between_calls_are_read():
     assert step.captures == 1
 
 
+def test_tensors_rebound_or_relaid_between_calls_are_read_and_written_anew():
+    # A call reuses what it handed to lazyrt on the last call only for a tensor still at the same
+    # address and contiguous. Each change below happens to both twins between two calls: new
+    # memory behind the same parameter, the same memory seen transposed (same address and
+    # shape, other strides), a state tensor replaced, a gradient set by hand. Every call must
+    # read and write the tensors as they are then, without a new capture.
+    torch.manual_seed(3)
+    m_eager = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    m_lazy = copy.deepcopy(m_eager)
+    o_eager, o_lazy = OPTIMIZERS["adamw"](m_eager.parameters()), OPTIMIZERS["adamw"](m_lazy.parameters())
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    g = torch.Generator().manual_seed(4)
+    data = [(torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)) for _ in range(7)]
+
+    def change(k, m, o):
+        w = m[0].weight
+        if k == 2:
+            w.data = w.data.clone() * 0.5
+        elif k == 3:
+            w.data = w.data.t()
+        elif k == 4:
+            o.state[w]["exp_avg"] = o.state[w]["exp_avg"].clone() + 0.1
+        elif k == 5:
+            m[2].bias.grad = torch.ones_like(m[2].bias)
+
+    for k, (x, y) in enumerate(data):
+        change(k, m_eager, o_eager)
+        change(k, m_lazy, o_lazy)
+        close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+        if k == 3:
+            assert not m_lazy[0].weight.is_contiguous()  # written in place, as eager's update does
+    assert step.captures == 1
+
+
 # ---- lowerings, op by op ----------------------------------------------------------------------
 # Each case traces a small torch function to aten (as a capture does), checks the graph holds the
 # ops the case is for, lowers it to lazyrt and compares the result with eager PyTorch.

@@ -56,12 +56,16 @@ meets it warns once naming it (`GraphBreakWarning`). Loop bodies cannot break: t
 `UnsupportedOperatorError`. Reading a value inside the step (``.item()``, ``if loss > 0``) or a
 shape that depends on values raises `CaptureError`.
 
-**A call**: the torch tensors are handed to lazyrt without a copy (``lazyrt.from_torch``), the
-compiled step runs, and the new value of every tensor the step changed is copied into the
-user's tensor in place (``tensor.copy_(lazyrt.to_torch(new))``: one copy per changed tensor
-per step in this version). Gradients and state entries the step replaced or created become new
+**A call**: the torch tensors are handed to lazyrt without a copy (``lazyrt.from_torch``; a
+tensor still at the same address and contiguous reuses the view handed over on the last call),
+the compiled step runs, and the new value of every tensor the step changed is copied into the
+user's tensor in place: the new values come out of lazyrt packed in one flat tensor per dtype,
+and each is copied (``copy_``, which bumps the tensor's version counter as eager's in-place
+update does) into a flat view of the user's tensor: one copy per changed tensor per step in
+this version. Gradients and state entries the step replaced or created become new
 tensors, as in eager; gradients it set to None are None. Results are new torch tensors, not
-attached to autograd (``loss.item()`` after the call, not inside the step).
+attached to autograd (``loss.item()`` after the call, not inside the step). The compiled
+function keeps the views of the last call's tensors, hence their memory, until its next call.
 
 **Guards**: a call captures again when any of these differ from every capture so far: the
 arguments' structure, shapes, dtypes, ``requires_grad`` and non-tensor values; which tensors are
@@ -72,7 +76,12 @@ changing ``lr`` does not recapture); the grad mode, the default dtype and the CP
 and dtype the step is called under (``torch.autocast`` inside the step is captured as any other
 code: its casts are ops of the graph). Not guarded: Python
 values the step reads other than these (a global float, a module attribute that is not a
-tensor), and any Python side effect of the step (it runs only when captured).
+tensor), and any Python side effect of the step (it runs only when captured). A call with
+positional tensor arguments on the same modules and optimizers as the last call is checked
+first by a cheaper key over the same facts (identities of the modules' parameters, buffers and
+submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes); any
+difference, or a value that is not a plain number, string or tuple of them, takes the full
+signature.
 """
 
 from lazyrt.torch._capture import CaptureError

@@ -135,8 +135,10 @@ class World:
         self.buffers, self.buffer_places = [], []
         index_of = {}
         training = []
+        self.submodules = []  # every submodule in walk order (shared ones again where met again)
         for m in modules:
             for _, sub in m.named_modules(remove_duplicate=False):
+                self.submodules.append(sub)
                 training.append(sub.training)
                 for table, tensors, places, kind in ((sub._parameters, self.params, self.param_places, "p"),
                                                      (sub._buffers, self.buffers, self.buffer_places, "b")):
@@ -153,6 +155,7 @@ class World:
                         if (sub, name) not in places[i[1]]:
                             places[i[1]].append((sub, name))
         self.param_index = {id(p): i for i, p in enumerate(self.params)}
+        self.tensor_ids = frozenset(index_of)
         self.training = tuple(training)
 
         for leaf in self.args_leaves:
@@ -238,6 +241,70 @@ class World:
             opts.append((type(o), lr_in, groups, tuple(states)))
         return (str(self.args_spec), args, params, buffers, self.training, tuple(grads), tuple(opts),
                 torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode())
+
+
+_PLAIN_VALUES = (int, float, bool, str, type(None))
+
+
+def _plain(v):
+    """Whether v compares by value without surprises (no tensors, arrays or other objects
+    whose == is elementwise or unusual)."""
+    return v.__class__ in _PLAIN_VALUES or (v.__class__ is tuple and all(x.__class__ in _PLAIN_VALUES for x in v))
+
+
+def quick_key(world, modules, optimizers, args):
+    """A tuple that is equal on two calls only if they have the same signature (`World.signature`)
+    and the same missing gradients and optimizer state: for a call with positional tensor
+    arguments only, on the modules and optimizers `world` was built from, with the same
+    parameter and buffer objects in the same places. None when the call is not of that kind
+    (then the signature decides). Cheaper than building a World: it walks the submodules
+    `world` found and compares identities, shapes, dtypes and plain values, never tensors' values
+    and never objects by ==. The world (held with the key) keeps every object whose id is in the
+    key alive, so those ids stay unique."""
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            return None
+    parts = [tuple(map(id, modules)), tuple(map(id, optimizers)),
+             tuple((a.shape, a.dtype, a.requires_grad, id(a) in world.tensor_ids) for a in args),
+             tuple((sub.training, tuple(map(id, sub._parameters.values())), tuple(map(id, sub._buffers.values())),
+                    tuple(map(id, sub._modules.values()))) for sub in world.submodules),
+             tuple((p.shape, p.dtype, p.requires_grad, None if p.grad is None else (p.grad.shape, p.grad.dtype))
+                   for p in world.params),
+             tuple((b.shape, b.dtype) for b in world.buffers)]
+    params = world.params
+    for oi, o in enumerate(optimizers):
+        lr_in = _optim.lr_is_input(o)
+        groups = []
+        for g in o.param_groups:
+            hyper = []
+            for k, v in g.items():
+                if k == "params" or k == "initial_lr" or (k == "lr" and lr_in):
+                    continue
+                if not _plain(v):
+                    return None
+                hyper.append((k, v))
+            groups.append((tuple(hyper), tuple(map(id, g["params"]))))
+        states = []
+        state = o.state
+        for _, i in world.opt_params[oi]:
+            d = state.get(params[i])
+            if not d:
+                states.append(None)
+                continue
+            entries = []
+            for k, v in d.items():
+                if isinstance(v, torch.Tensor):
+                    entries.append((k, v.shape, v.dtype))
+                elif _plain(v):
+                    entries.append((k, v))
+                else:
+                    return None
+            states.append(tuple(entries))
+        parts.append((type(o), lr_in, tuple(groups), tuple(states)))
+    enabled = torch.is_autocast_cpu_enabled()
+    parts.append((torch.is_grad_enabled(), torch.get_default_dtype(), enabled,
+                  torch.get_autocast_cpu_dtype() if enabled else None))
+    return tuple(parts)
 
 
 def _autocast_mode():

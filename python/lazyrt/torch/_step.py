@@ -3,13 +3,23 @@ through ``lazyrt.compile_step`` and writing the results back into the user's tor
 
 import functools
 import inspect
+import math
 
 import torch
 
 import lazyrt
 from lazyrt.torch import _optim
-from lazyrt.torch._capture import CaptureError, World, capture
+from lazyrt.torch._capture import CaptureError, World, capture, quick_key
+from lazyrt import _C
 from lazyrt.torch._lower import LoweredGraph
+
+# dtypes whose write-backs travel packed in one flat output per dtype.
+_PACKABLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+
+
+def _as_tensor(t):
+    """An input as a torch tensor (a learning rate is handed over as a Python float)."""
+    return torch.tensor(t, dtype=torch.float64) if t.__class__ is float else t
 
 
 def _source(node, placeholder_index, roots):
@@ -80,6 +90,18 @@ class _Entry:
         if not roots:
             raise CaptureError("lazyrt.torch: the step computes nothing lazyrt could run")
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True)
+        self._roots = len(roots)
+        self._plan_calls(roots)
+        self._in_sources = [w[1] for w in self.writes if w[1][0] == "in"] + \
+            [g[1] for g in self.grads.values() if len(g) == 2 and g[1][0] == "in"] + \
+            [v[1] for d in self.states.values() for v in d.values() if v[0] in ("own", "new") and v[1][0] == "in"]
+        self._slot_refs = [(slot.kind, slot.ref) for slot in c.slots]
+        self._grad_slot = dict(c.grad_slot)
+        self._state_slot = {key: dict(d) for key, d in c.state_in.items()}
+        n = len(c.slots)
+        self._held, self._ptrs, self._views, self._flats = [None] * n, [0] * n, [None] * n, [None] * n
+        self._zeros = {}
+        self._plan_writes()
 
         self.exact_grads = c.exact_grads
         self.exact_states = c.exact_states
@@ -124,10 +146,70 @@ class _Entry:
                 o.state.pop(p, None)
             raise
 
-    def _run(self, world):
+    @property
+    def traces(self):
+        return self.lowered.traces if self._packed is None else self._packed.traces
+
+    def _plan_calls(self, roots):
+        """Groups the outputs that are only written back by dtype: the compiled step returns
+        each group as one flat tensor (one hand-over per group and call instead of one per
+        output); the results stay outputs of their own. Not with graph breaks (their pieces
+        run one by one)."""
+        self._packed = None
+        self._direct = list(range(len(roots)))
+        self._groups = []
+        self._where = {}
+        if self.lowered.pieces is not None:
+            return
+        in_result = {r[1][1] for r in self.result if r[0] == "T" and r[1][0] == "out"}
+        groups = {}
+        for k, root in enumerate(roots):
+            val = root.meta.get("val")
+            if k in in_result or not isinstance(val, torch.Tensor) or val.dtype not in _PACKABLE:
+                continue
+            groups.setdefault(val.dtype, []).append(k)
+        if not groups:
+            return
+        packed = {k for ks in groups.values() for k in ks}
+        self._direct = [k for k in range(len(roots)) if k not in packed]
+        for dtype, ks in groups.items():
+            shapes = [tuple(int(d) for d in roots[k].meta["val"].shape) for k in ks]
+            sizes = [math.prod(shape) for shape in shapes]
+            for j, k in enumerate(ks):
+                self._where[k] = (len(self._groups), j, shapes[j])
+            self._groups.append((ks, sizes))
+
+    def _packed_fn(self, *inputs):
+        vals = self.lowered(*inputs)
+        out = [vals[k] for k in self._direct]
+        for ks, sizes in self._groups:
+            out.append(_C.cat([_C.reshape(vals[k], (n,)) for k, n in zip(ks, sizes)], 0))
+        return tuple(out)
+
+    def _outputs(self, lazy_inputs):
+        """(direct, flat): per root, its lazyrt value (direct) or a flat torch view of its
+        values inside its group's output (flat); the other entry None."""
+        if self._groups:
+            if self._packed is None:
+                self._packed = lazyrt.compile_step(self._packed_fn, lazy_inputs)
+            outs = self._packed(*lazy_inputs)
+            if isinstance(outs, lazyrt.Tensor):
+                outs = (outs,)
+        else:
+            outs = self.lowered.run(lazy_inputs)
+        direct = [None] * self._roots
+        flat = [None] * self._roots
+        for pos, k in enumerate(self._direct):
+            direct[k] = outs[pos]
+        base = len(self._direct)
+        for g, (ks, sizes) in enumerate(self._groups):
+            for k, piece in zip(ks, lazyrt.to_torch(outs[base + g]).split_with_sizes(sizes)):
+                flat[k] = piece
+        return direct, flat
+
+    def _torch_inputs(self, world):
         inputs = []
-        for slot in self.slots:
-            kind, ref = slot.kind, slot.ref
+        for s, (kind, ref) in enumerate(self._slot_refs):
             if kind == "arg":
                 t = world.args_leaves[ref]
             elif kind == "param":
@@ -135,54 +217,125 @@ class _Entry:
             elif kind == "buffer":
                 t = world.buffers[ref]
             elif kind == "grad":
-                p = world.params[ref]
-                t = p.grad if p.grad is not None else torch.zeros_like(p, memory_format=torch.contiguous_format)
+                t = world.params[ref].grad
+                if t is None:  # the stand-in zeros, made once: lazyrt never writes into them
+                    t = self._zeros.get(s)
+                    if t is None:
+                        p = world.params[ref]
+                        t = self._zeros[s] = torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
             elif kind == "state":
                 oi, i, k = ref
                 t = world.state_of(oi, i)[k]
-            else:  # lr
+            else:  # lr: a Python number
                 oi, gi = ref
-                t = torch.tensor(float(world.optimizers[oi].param_groups[gi]["lr"]), dtype=torch.float64)
+                t = float(world.optimizers[oi].param_groups[gi]["lr"])
             inputs.append(t)
-        lazy_inputs = [lazyrt.from_torch(t) for t in inputs]
-        lazy_inputs += [lazyrt.from_torch(t) for t in self.lowered.constants]
-        outs = self.lowered.run(lazy_inputs)
+        return inputs
+
+    def _lazy_inputs(self, inputs):
+        """lazyrt tensors viewing the inputs' memory. A slot's view is kept from call to call
+        while the slot holds the same tensor at the same address, contiguous: its memory, hence
+        its values, are then those the view reads (shapes and dtypes are guarded by the
+        signature, and the view keeps that memory alive, so no other tensor can take its
+        address). Learning rates: a 0-d float64 tensor per value."""
+        held, ptrs, views = self._held, self._ptrs, self._views
+        lazy = []
+        for s, t in enumerate(inputs):
+            if t.__class__ is float:
+                v = views[s]
+                if v is None or held[s] != t or (t == 0.0 and math.copysign(1.0, t) != math.copysign(1.0, held[s])):
+                    v = views[s] = lazyrt.from_torch(torch.tensor(t, dtype=torch.float64))
+                    held[s] = t
+                lazy.append(v)
+                continue
+            if t is held[s] and t.data_ptr() == ptrs[s] and t.is_contiguous():
+                lazy.append(views[s])
+                continue
+            v = lazyrt.from_torch(t)
+            if t.device.type == "cpu" and t.is_contiguous():
+                held[s], ptrs[s], views[s] = t, t.data_ptr(), v
+                self._flats[s] = None
+            else:
+                held[s] = views[s] = None
+            lazy.append(v)
+        lazy += [lazyrt.from_torch(t) for t in self.lowered.constants]
+        return lazy
+
+    def _plan_writes(self):
+        """The write-backs as one list of (kind, key, plan): 'w' (slot, source), 'g' (param
+        index, plan), 's' ((optimizer, param index), state key, plan); and, per item, the slot
+        whose tensor it overwrites from a packed output ((slot, root, param index for a
+        gradient) or None): those are copied from the packed output's flat view into the slot
+        tensor's own flat view when the slot still holds the tensor the step read."""
+        items = [("w", s, src) for s, src in self.writes]
+        items += [("g", i, plan) for i, plan in self.grads.items() if plan[0] != "keep"]
+        items += [("s", key, (k, how)) for key, d in self.states.items() for k, how in d.items() if how[0] != "keep"]
+        fast = []
+        for kind, key, plan in items:
+            slot, src, grad_of = None, None, None
+            if kind == "w":
+                slot, src = key, plan
+            elif kind == "g" and plan[0] == "own":
+                slot, src, grad_of = self._grad_slot.get(key), plan[1], key
+            elif kind == "s" and plan[1][0] == "own":
+                s = self._state_slot.get(key, {}).get(plan[0])
+                slot, src = (s if isinstance(s, int) else None), plan[1][1]
+            ok = slot is not None and src[0] == "out" and src[1] in self._where
+            fast.append((slot, src[1], grad_of) if ok else None)
+        self._items = items
+        self._fast = fast
+
+    def _run(self, world):
+        inputs = self._torch_inputs(world)
+        direct, flat = self._outputs(self._lazy_inputs(inputs))
+        where, held, flats, params = self._where, self._held, self._flats, world.params
 
         snapshots = {}
 
         def value(src):
             if src[0] == "out":
-                return lazyrt.to_torch(outs[src[1]])
+                k = src[1]
+                f = flat[k]
+                return lazyrt.to_torch(direct[k]) if f is None else f.view(where[k][2])
             s = src[1]
             if s not in snapshots:
-                snapshots[s] = inputs[s].detach().clone()
+                snapshots[s] = _as_tensor(inputs[s]).detach().clone()
             return snapshots[s]
 
         # Sources that are inputs are read before anything is written.
-        for plan in [w[1] for w in self.writes] + [g[1] for g in self.grads.values() if len(g) == 2] + \
-                [v[1] for d in self.states.values() for v in d.values() if v[0] in ("own", "new")]:
-            if plan[0] == "in":
-                value(plan)
+        for src in self._in_sources:
+            value(src)
 
         with torch.no_grad():
-            for s, src in self.writes:
-                inputs[s].copy_(value(src))
-            for i, plan in self.grads.items():
-                p = world.params[i]
-                if plan[0] == "none":
-                    p.grad = None
-                elif plan[0] == "own" and p.grad is not None:
-                    p.grad.copy_(value(plan[1]))
-                elif plan[0] in ("own", "new"):
-                    p.grad = value(plan[1]).clone()
-            for (oi, i), plan in self.states.items():
-                state = world.optimizers[oi].state[world.params[i]]
-                for k, how in plan.items():
+            for (kind, key, plan), fast in zip(self._items, self._fast):
+                if fast is not None:
+                    s, k, grad_of = fast
+                    t = inputs[s]
+                    if t is held[s] and (grad_of is None or params[grad_of].grad is t):
+                        f = flats[s]
+                        if f is None:
+                            f = flats[s] = t.detach().view(-1)  # shares t's memory and version counter
+                        f.copy_(flat[k])
+                        continue
+                if kind == "w":
+                    inputs[key].copy_(value(plan))
+                elif kind == "g":
+                    p = params[key]
+                    if plan[0] == "none":
+                        p.grad = None
+                    elif plan[0] == "own" and p.grad is not None:
+                        p.grad.copy_(value(plan[1]))
+                    else:
+                        p.grad = value(plan[1]).clone()
+                else:
+                    oi, i = key
+                    state = world.optimizers[oi].state[params[i]]
+                    k, how = plan
                     if how[0] == "C":
                         state[k] = how[1]
                     elif how[0] == "own" and isinstance(state.get(k), torch.Tensor):
                         state[k].copy_(value(how[1]))
-                    elif how[0] in ("own", "new"):
+                    else:
                         state[k] = value(how[1]).clone()
 
         leaves = []
@@ -190,9 +343,9 @@ class _Entry:
             if r[0] == "C":
                 leaves.append(r[1])
             elif r[1][0] == "in":
-                leaves.append(inputs[r[1][1]])
+                leaves.append(_as_tensor(inputs[r[1][1]]))
             else:
-                leaves.append(lazyrt.to_torch(outs[r[1][1]]).clone())
+                leaves.append(value(r[1]).clone())
         return torch.utils._pytree.tree_unflatten(leaves, self.result_spec)
 
 
@@ -266,13 +419,16 @@ class CompiledFunction:
         self._modules = _as_list(model)
         self._optimizers = _as_list(optimizer)
         self._entries = {}
+        self._last = None  # (world, entry, quick key) of the last call that had a quick key
         self.captures = 0
         functools.update_wrapper(self, fn, updated=())
 
-    def _world(self, args, kwargs):
+    def _found(self):
         found_modules, found_optimizers = discover(self.fn)
-        modules = _union(self._modules or [], found_modules)
-        optimizers = _union(self._optimizers or [], found_optimizers)
+        return _union(self._modules or [], found_modules), _union(self._optimizers or [], found_optimizers)
+
+    def _world(self, args, kwargs, found=None):
+        modules, optimizers = found or self._found()
         for o in optimizers:
             if not isinstance(o, torch.optim.Optimizer):
                 raise TypeError(f"lazyrt.torch.compile: optimizer= takes torch.optim optimizers, got {type(o).__name__}")
@@ -286,19 +442,39 @@ class CompiledFunction:
     @property
     def traces(self):
         """How many times lazyrt traced the lowered graphs (one per capture unless lazyrt retraced)."""
-        return sum(e.lowered.traces for entries in self._entries.values() for e in entries)
+        return sum(e.traces for entries in self._entries.values() for e in entries)
 
     def __call__(self, *args, **kwargs):
-        world = self._world(args, kwargs)
+        modules, optimizers = found = self._found()
+        last = self._last
+        if last is not None and not kwargs:
+            # Same modules, optimizers, structure, shapes, dtypes, flags, hyperparameters, state
+            # layout and modes as the last call: its signature and its entry (see quick_key).
+            world, entry, key = last
+            if quick_key(world, modules, optimizers, args) == key:
+                world.args_leaves = list(args)
+                try:
+                    return entry.run(world)
+                finally:
+                    world.args_leaves = None  # the world is kept; the arguments are not
+        self._last = None
+        world = self._world(args, kwargs, found)
         signature = world.signature()
         entries = self._entries.setdefault(signature, [])
         for entry in entries:
             if entry.accepts(world):
-                return entry.run(world)
-        entry = self._capture(world)
-        entries.append(entry)
-        self.captures += 1
-        return entry.run(world)
+                break
+        else:
+            entry = self._capture(world)
+            entries.append(entry)
+            self.captures += 1
+        key = None if kwargs else quick_key(world, modules, optimizers, args)
+        try:
+            return entry.run(world)
+        finally:
+            if key is not None:
+                world.args_leaves = None
+                self._last = (world, entry, key)
 
     def _capture(self, world):
         exact_grads, exact_states = set(), set()
