@@ -46,47 +46,57 @@ std::vector<V> two(std::vector<V> v, const char* op, const char* what) {
   return v;
 }
 
+// The weight matrices and index vectors below are ops of the graph, made when it runs: nothing
+// of size out (or out * in) is computed while tracing, whatever the sizes asked for.
+
+// The size of an [out, in] weight matrix, refused past 64 bits.
+void check_matrix(const char* op, int64_t out, int64_t in) {
+  int64_t n;
+  LAZYRT_CHECK(!__builtin_mul_overflow(out, in, &n), op, ": ", out, " outputs from ", in,
+               " inputs need a weight matrix of more than 2^63 elements");
+}
+
+// Rows 0..n-1 as an [n, 1] column, and 0..n-1 as a [1, n] row.
+Tensor column(int64_t n, DType t = DType::i64) { return reshape(arange(n, t), {n, 1}); }
+Tensor row(int64_t n) { return reshape(arange(n), {1, n}); }
+
 // The [out, in] matrix that averages torch's adaptive bins: row i averages inputs
-// floor(i in / out) .. ceil((i + 1) in / out) - 1.
+// floor(i in / out) .. ceil((i + 1) in / out) - 1, that is the j with (j + 1) out > i in and
+// j out < (i + 1) in (exact in i64, as out * in fits); each weight 1 / count in f64, then t.
 Tensor bin_average(int64_t in, int64_t out, DType t) {
-  std::vector<double> m(static_cast<size_t>(in * out), 0.0);
-  for (int64_t i = 0; i < out; ++i) {
-    const int64_t start = (i * in) / out, end = ((i + 1) * in + out - 1) / out;
-    for (int64_t j = start; j < end; ++j) m[i * in + j] = 1.0 / static_cast<double>(end - start);
-  }
-  return cast(tensor(m, {out, in}), t);
+  check_matrix("adaptive_avg_pool2d", out, in);
+  const Tensor i = column(out), j = row(in);
+  const Tensor in_bin = cast(logical_and((j + 1) * out > i * in, j * out < (i + 1) * in), DType::f64);
+  return cast(in_bin / sum(in_bin, {1}, true), t);
 }
 
 // The [out, in] matrix of linear interpolation along one dim, with torch's source coordinates:
 // align_corners: src = dst (in - 1) / (out - 1); otherwise src = (dst + 0.5) / scale - 0.5,
 // clamped at 0, with scale = out / in or the given factor. Computed in R (f32, or f64 for f64
-// inputs), as torch does, so the weights are torch's.
+// inputs), as torch does, so the weights are torch's; summed per cell in f64.
 template <class R>
 Tensor linear_weights(int64_t in, int64_t out, bool align_corners, double factor, DType t) {
-  std::vector<double> m(static_cast<size_t>(in * out), 0.0);
+  check_matrix("interpolate", out, in);
+  constexpr DType r = std::is_same_v<R, double> ? DType::f64 : DType::f32;
   R ratio;
   if (align_corners) ratio = out > 1 ? static_cast<R>(in - 1) / static_cast<R>(out - 1) : R(0);
   else ratio = factor > 0 ? static_cast<R>(1.0 / factor) : static_cast<R>(in) / static_cast<R>(out);
-  for (int64_t i = 0; i < out; ++i) {
-    const R src = align_corners ? ratio * static_cast<R>(i)
-                                : std::max(ratio * (static_cast<R>(i) + R(0.5)) - R(0.5), R(0));
-    const int64_t i0 = std::min(static_cast<int64_t>(src), in - 1);
-    const int64_t i1 = i0 < in - 1 ? i0 + 1 : i0;
-    const R w1 = std::min(std::max(src - static_cast<R>(i0), R(0)), R(1)), w0 = R(1) - w1;
-    m[i * in + i0] += w0;
-    m[i * in + i1] += w1;
-  }
-  return cast(tensor(m, {out, in}), t);
+  const Tensor dst = column(out, r);
+  const Tensor src = align_corners ? dst * static_cast<double>(ratio)
+                                   : clamp_min((dst + 0.5) * static_cast<double>(ratio) - 0.5, 0.0);
+  const Tensor i0 = clamp_max(cast(src, DType::i64), in - 1);
+  const Tensor i1 = where(i0 < in - 1, i0 + 1, i0);
+  const Tensor w1 = clamp(src - cast(i0, r), 0.0, 1.0), w0 = 1.0 - w1;
+  const Tensor j = row(in);
+  const Tensor m = cast(j == i0, DType::f64) * cast(w0, DType::f64) + cast(j == i1, DType::f64) * cast(w1, DType::f64);
+  return cast(m, t);
 }
 
 // torch's nearest source index: floor(dst * scale) with scale = in / out or 1 / factor (in
 // f32), capped at in - 1.
 Tensor nearest_indices(int64_t in, int64_t out, double factor) {
-  std::vector<int64_t> idx(static_cast<size_t>(out));
   const float scale = factor > 0 ? static_cast<float>(1.0 / factor) : static_cast<float>(in) / static_cast<float>(out);
-  for (int64_t i = 0; i < out; ++i)
-    idx[i] = std::min(static_cast<int64_t>(std::floor(static_cast<float>(i) * scale)), in - 1);
-  return tensor(idx, {out});
+  return clamp_max(cast(floor(arange(out, DType::f32) * static_cast<double>(scale)), DType::i64), in - 1);
 }
 
 }  // namespace

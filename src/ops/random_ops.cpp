@@ -80,9 +80,15 @@ Tensor randn(Shape shape, DType dtype) { return draw(1, shape, dtype, "randn"); 
 
 Tensor randint(int64_t low, int64_t high, Shape shape, DType dtype) {
   LAZYRT_CHECK(low < high, "randint: low (", low, ") must be below high (", high, ")");
-  // u * range lies in [0, range), so truncation is the floor.
+  int64_t range;
+  LAZYRT_CHECK(!__builtin_sub_overflow(high, low, &range), "randint: the range [", low, ", ", high,
+               ") holds more than 2^63 - 1 values, which is not supported");
+  // u * range lies in [0, range), so truncation is the floor (capped at range - 1, as the
+  // range rounded to a double may be larger).
   Tensor u = draw(0, shape, DType::f64, "randint");
-  return cast(cast(u * static_cast<double>(high - low), DType::i64) + low, dtype);
+  // The bounds as i64 tensors: a scalar operand becomes a full node, whose value is a double.
+  const Tensor top = i64_scalar(range - 1), base = i64_scalar(low);
+  return cast(clamp_max(cast(u * static_cast<double>(range), DType::i64), top) + base, dtype);
 }
 
 Tensor bernoulli(const Tensor& p) {

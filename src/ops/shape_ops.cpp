@@ -607,8 +607,11 @@ Plan make_plan(const Shape& shape, const std::vector<TensorIndex>& indices, cons
         e = std::clamp<int64_t>(e, b, size);
         p.steps.push_back({Step::Slice, dim, b, e, step, Tensor()});
         p.first[dim] += b * p.stride[dim];
-        p.stride[dim] *= step;
-        p.shape[dim] = (e - b + step - 1) / step;
+        // Wraps only for a step past the dim's size, where at most one element is taken and
+        // the stride is never used.
+        p.stride[dim] = static_cast<int64_t>(static_cast<uint64_t>(p.stride[dim]) * static_cast<uint64_t>(step));
+        // ceil((e - b) / step) without forming e - b + step - 1, which a huge step overflows.
+        p.shape[dim] = (e - b) / step + ((e - b) % step != 0);
         ++dim;
         break;
       }

@@ -600,15 +600,20 @@ Tensor reshaped_view(const Tensor& a, Shape shape, std::vector<int64_t> strides)
 Tensor reshape(const Tensor& a, Shape shape) {
   const int64_t n = a.numel();
   int64_t known = 1, infer = -1;
+  bool overflow = false, zero = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
       LAZYRT_CHECK(infer < 0, "reshape: more than one -1 in ", shape_str(shape));
       infer = static_cast<int64_t>(i);
     } else {
       LAZYRT_CHECK(shape[i] >= 0, "reshape: invalid dimension ", shape[i], " in ", shape_str(shape));
-      known *= shape[i];
+      zero = zero || shape[i] == 0;
+      overflow = overflow || __builtin_mul_overflow(known, shape[i], &known);
     }
   }
+  if (zero) known = 0;
+  LAZYRT_CHECK(zero || !overflow, "reshape: shape ", shape_str(shape), " has more elements than a 64-bit count ",
+               "can hold (the tensor has ", n, ", shape ", shape_str(a.shape()), ")");
   if (infer >= 0) {
     LAZYRT_CHECK(known != 0 && n % known == 0, "reshape: shape ", shape_str(shape),
                  " is invalid for a tensor of ", n, " elements ", shape_str(a.shape()));

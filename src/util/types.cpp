@@ -64,6 +64,9 @@ std::string shape_str(const Shape& shape) {
 }
 
 int64_t shape_numel(const Shape& shape) {
+  // Empty whatever the order of its dims ([2^62, 8, 0] as [0, 2^62, 8]).
+  for (int64_t d : shape)
+    if (d == 0) return 0;
   int64_t n = 1;
   for (int64_t d : shape)
     if (__builtin_mul_overflow(n, d, &n))

@@ -61,6 +61,28 @@ TEST(OpErrors, TensorsTooLargeToAddressAreRefusedWhenRecorded) {
   EXPECT_THAT(error_of([&] { sync({zeros({int64_t{1} << 50}, DType::f64)}); }), HasSubstr("out of memory"));
 }
 
+TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
+  // Each was undefined behaviour (a wrapped product or difference), found by graph_fuzz.
+  EXPECT_THAT(error_of([&] { reshape(ones({2}), {int64_t{1} << 62, 8}); }),
+              HasSubstr("more elements than a 64-bit count can hold"));
+  EXPECT_EQ(reshape(ones({0}), {int64_t{1} << 62, 8, 0}).shape(), (Shape{int64_t{1} << 62, 8, 0}));
+  EXPECT_THAT(error_of([&] { nn::adaptive_avg_pool2d(ones({1, 1, 4, 4}), {int64_t{1} << 62, 1}); }),
+              HasSubstr("adaptive_avg_pool2d: 4611686018427387904 outputs from 4 inputs"));
+  EXPECT_THAT(error_of([&] { randint(INT64_MIN, int64_t{1} << 62, {2}); }), HasSubstr("randint: the range"));
+  // The top of the i64 range: values stay in [high - 3, high).
+  for (int64_t v : randint(INT64_MAX - 3, INT64_MAX, {64}).to_vector<int64_t>()) {
+    EXPECT_GE(v, INT64_MAX - 3);
+    EXPECT_LT(v, INT64_MAX);
+  }
+  // The weights and indices of pooling and resizing are ops of the graph: an empty batch asks
+  // for 2^40 bins at once, and nothing of that size is made while tracing.
+  Tensor pooled = nn::adaptive_avg_pool2d(ones({0, 1, 4, 4}), {int64_t{1} << 40, 1});
+  EXPECT_TRUE(pooled.is_pending());
+  EXPECT_EQ(pooled.shape(), (Shape{0, 1, int64_t{1} << 40, 1}));
+  Tensor resized = nn::interpolate(ones({0, 1, 4, 4}), {int64_t{1} << 40, 2});
+  EXPECT_EQ(resized.shape(), (Shape{0, 1, int64_t{1} << 40, 2}));
+}
+
 TEST(OpErrors, InterpolateScaleBeyondSixtyFourBitsIsRefused) {
   // floor(4 * 1e30) does not convert to int64 (it was undefined behaviour; found by fuzzing).
   EXPECT_THAT(error_of([&] { nn::interpolate(zeros({1, 1, 4, 4}), {}, {1e30}); }),
