@@ -146,8 +146,13 @@ struct PowF {
       if (b < 0) return a == 1 ? C(1) : a == -1 ? C((b % 2 == 0) ? 1 : -1) : C(0);
       C r = 1, base = a;
       for (auto e = b; e > 0; e >>= 1) {
-        if (e & 1) r = static_cast<C>(r * base);
-        base = static_cast<C>(base * base);
+        if constexpr (is_signed_int_c<C>) {  // wraps on overflow, as torch does
+          if (e & 1) r = wrap_mul(r, base);
+          base = wrap_mul(base, base);
+        } else {
+          if (e & 1) r = static_cast<C>(r * base);
+          base = static_cast<C>(base * base);
+        }
       }
       return r;
     }

@@ -103,6 +103,7 @@ Kernel make_IndexSelect(const KernelSpec& s) {
       const I* index = static_cast<const I*>(in[1]);
       char* dst = static_cast<char*>(out[0]);
       check_indices(index, n, x.size, "index_select", dim);
+      if (row == 0) return;  // nothing to copy (and the source may be no buffer at all)
       for (int64_t o = 0; o < x.outer; ++o) {
         const char* block = src + static_cast<size_t>(o * x.size) * row;
         for (int64_t j = 0; j < n; ++j, dst += row)

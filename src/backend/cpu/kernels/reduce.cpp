@@ -2,6 +2,7 @@
 // sub-space in a wide accumulator (double for floats, int64 for integers).
 #include <cmath>
 
+#include "backend/cpu/kernels/elementwise_fns.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 
@@ -27,13 +28,16 @@ Kernel reduce(const KernelSpec& s) {
       parallel_for(layout->outer.numel, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(count, 1)),
                    [&](int64_t b, int64_t e) {
         for (int64_t j = b; j < e; ++j) {
-          const T* base = x + layout->outer.offset_of(j);
+          // An empty input (count 0) may have no buffer: no offset is taken from it.
+          const T* base = count > 0 ? x + layout->outer.offset_of(j) : x;
           Acc acc{};
           bool first = true;
           layout->inner.for_each_run([&](int64_t ioff, int64_t in_n, int64_t istride) {
             for (int64_t i = 0; i < in_n; ++i) {
               Acc v = static_cast<Acc>(convert<C>(base[ioff + i * istride]));
-              if constexpr (K == Kind::Sum || K == Kind::Mean) {
+              if constexpr ((K == Kind::Sum || K == Kind::Mean) && is_signed_int_c<Acc>) {
+                acc = wrap_add(acc, v);  // wraps on overflow, as torch does
+              } else if constexpr (K == Kind::Sum || K == Kind::Mean) {
                 acc += v;
               } else {
                 if (first || v != v) {

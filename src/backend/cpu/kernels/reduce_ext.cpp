@@ -24,7 +24,8 @@ using acc_t = std::conditional_t<std::is_floating_point_v<compute_t<T>>, double,
 template <class T, class Fn>
 void for_each_output(const ReduceLayout& layout, const T* x, Fn&& fn) {
   layout.outer.for_each_run([&](int64_t off, int64_t n, int64_t stride) {
-    for (int64_t j = 0; j < n; ++j) fn(x + off + j * stride);
+    // An empty input may have no buffer: the pointer is only offset when there is one.
+    for (int64_t j = 0; j < n; ++j) fn(x ? x + off + j * stride : x);
   });
 }
 
