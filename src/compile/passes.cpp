@@ -166,6 +166,18 @@ Graph constant_folding(const Graph& g) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const Graph& ng = rw.graph();
+    // Empty results are constants whatever the operands hold: a node all of whose results
+    // are empty need not run, nor its operands be computed (an index_put on an empty slice of
+    // a wide tensor would compute positions along every dim; a scan over empty carries would
+    // run all its trips). Not a node that may refuse its operands' values: its check runs.
+    bool all_empty = n.op != OpKind::Parameter && n.op != OpKind::Full && !n.results.empty() && !ir::may_fail(n);
+    for (const ir::TensorType& t : n.results) all_empty = all_empty && t.numel() == 0;
+    if (all_empty) {
+      for (size_t r = 0; r < n.results.size(); ++r)
+        rw.set(static_cast<int32_t>(i), static_cast<int32_t>(r),
+               rw.graph().add_full(0, n.results[r].shape, n.results[r].dtype));
+      continue;
+    }
     bool all_const = !n.operands.empty() && n.regions.empty() && n.results.size() == 1;
     for (ValueRef v : n.operands) all_const = all_const && is_full(ng, rw.map(v));
     if (!all_const) {

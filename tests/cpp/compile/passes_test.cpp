@@ -75,6 +75,26 @@ TEST(ConstantFolding, EvaluatesElementwiseOpsOnConstants) {
             "return %3, %2\n");
 }
 
+TEST(ConstantFolding, AnEmptyResultIsAConstantButAFailingOpStillRuns) {
+  // [2^31] positions broadcast to an empty [0, 2^31]: nothing of 2^31 elements is computed.
+  Graph g;
+  ValueRef x = g.add_parameter(f32({0, 1}));
+  ValueRef pos = g.add(OpKind::Iota, {}, {std::vector<int64_t>{int64_t{1} << 31}, DType::i64});
+  ValueRef wide = g.add(OpKind::Expand, {g.add(OpKind::Reshape, {pos}, {std::vector<int64_t>{1, int64_t{1} << 31}})},
+                        {std::vector<int64_t>{0, int64_t{1} << 31}});
+  // An index_select of an empty tensor with an index that must still be checked (torch refuses
+  // an index out of range even when the result is empty).
+  ValueRef idx = g.add_parameter({DType::i64, {1}});
+  ValueRef sel = g.add(OpKind::IndexSelect, {x, idx}, {int64_t{1}});
+  g.outputs = {wide, sel};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(constant_folding(g))),
+            "%0 = parameter {index=0} : f32[0, 1]\n"
+            "%1 = full {value=0, shape=[0, 2147483648], dtype=i64} : i64[0, 2147483648]\n"
+            "%2 = parameter {index=1} : i64[1]\n"
+            "%3 = index_select(%0, %2) {dim=1} : f32[0, 1]\n"
+            "return %1, %3\n");
+}
+
 TEST(ConstantFolding, LeavesOpsOnParametersAlone) {
   Graph g;
   ValueRef x = g.add_parameter(f32({3}));
