@@ -79,6 +79,13 @@ struct Entry {
   double effective() const { return std::max(cost, *group); }
 };
 
+// GRAPH_FUZZ_VERBOSE=1: each op's case and each result's type and work, to stderr (to read a
+// finding's program).
+bool verbose() {
+  static const bool v = std::getenv("GRAPH_FUZZ_VERBOSE") != nullptr;
+  return v;
+}
+
 class Program {
  public:
   explicit Program(FuzzedDataProvider& in) : in_(in) {}
@@ -161,6 +168,7 @@ class Program {
     for (const Entry* e : ins) cost = std::max(cost, e->effective());
     cost += numel_of(r) * std::max(factor, 1.0);
     Entry e{r, cost, alias_of ? alias_of->group : std::make_shared<double>(0)};
+    if (verbose()) std::fprintf(stderr, "  -> %s%s, work %g\n", dtype_name(r.dtype()), shape_str(r.shape()).c_str(), cost);
     if (pool_.size() < kMaxPool) {
       pool_.push_back(std::move(e));
     } else {
@@ -309,6 +317,7 @@ class Program {
       return;
     }
     const uint8_t op = byte();
+    if (verbose()) std::fprintf(stderr, "op %d\n", op % 64);
     switch (op % 64) {
       case 0: make_input(); break;
       case 1: {  // unary elementwise
@@ -1092,8 +1101,9 @@ class Program {
     Carry xs_list;
     if (flag()) xs_list.push_back(xs.t);
     auto [fin, ys] = scan(fn, {carry.t}, xs_list, reverse, length, flag() ? 0 : size_arg());
-    const double rows =
-        xs.t.dim() > 0 ? static_cast<double>(xs.t.size(0)) : std::max<double>(length, 1);
+    // The trips: the rows of xs when it is given, else the length asked for.
+    const double rows = !xs_list.empty() && xs.t.dim() > 0 ? static_cast<double>(xs.t.size(0))
+                                                           : std::max<double>(static_cast<double>(length), 1);
     Entry tmp{Tensor(),
               std::max(carry.effective(), xs.effective()) +
                   (rows + 1) * (numel_of(carry.t) + numel_of(xs.t) + 1),
