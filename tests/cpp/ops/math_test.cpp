@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <lazyrt/lazyrt.h>
@@ -77,6 +78,23 @@ TEST(MathOps, ArangeIsRecordedLazilyAndComputedInItsDtype) {
   // Used as an index inside a larger graph: the gather sees its computed values.
   Tensor x = tensor(std::vector<double>{10, 11, 12, 13}, {4});
   EXPECT_EQ(index_select(x, 0, flip(arange(4), {0})).to_vector<double>(), (std::vector<double>{13, 12, 11, 10}));
+}
+
+TEST(MathOps, IntegerSumsWrapAsTorchDoes) {
+  // i32 and i64 arithmetic wraps on overflow in torch; in C++ it would be undefined (found by
+  // graph_fuzz under UBSan). torch: index_add_ of 2^31 - 1 onto 2^31 - 1 in i32 gives -2.
+  const int32_t max32 = std::numeric_limits<int32_t>::max();
+  Tensor a = tensor(std::vector<int32_t>{max32, 5}, {2});
+  Tensor idx = tensor(std::vector<int64_t>{0, 0}, {2});
+  EXPECT_EQ(index_add(a, 0, idx, tensor(std::vector<int32_t>{max32, 0}, {2})).to_vector<int32_t>(),
+            (std::vector<int32_t>{-2, 5}));
+  EXPECT_EQ(scatter_add(a, 0, idx, tensor(std::vector<int32_t>{1, 0}, {2})).to_vector<int32_t>(),
+            (std::vector<int32_t>{std::numeric_limits<int32_t>::min(), 5}));
+  const int64_t max64 = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(sum(tensor(std::vector<int64_t>{max64, 1}, {2})).to_vector<int64_t>(),
+            (std::vector<int64_t>{std::numeric_limits<int64_t>::min()}));
+  EXPECT_EQ(pow(tensor(std::vector<int32_t>{390625}, {1}), Scalar(int64_t{2})).to_vector<int32_t>(),
+            (std::vector<int32_t>{static_cast<int32_t>(static_cast<uint32_t>(390625u * 390625u))}));
 }
 
 TEST(MathOps, RoundToDecimalsRoundsHalvesToEvenAtThatPlace) {

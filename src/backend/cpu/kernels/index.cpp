@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/elementwise_fns.h"
 #include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
@@ -86,7 +87,8 @@ void copy_operand0(const void* const* in, void* const* out, size_t bytes) {
 template <class T>
 T add_values(T a, T b) {
   using C = compute_t<T>;
-  return convert<T>(static_cast<C>(convert<C>(a) + convert<C>(b)));
+  if constexpr (is_signed_int_c<C>) return convert<T>(wrap_add(convert<C>(a), convert<C>(b)));  // wraps, as torch
+  else return convert<T>(static_cast<C>(convert<C>(a) + convert<C>(b)));
 }
 
 }  // namespace
