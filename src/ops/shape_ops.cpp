@@ -515,7 +515,9 @@ struct Plan {
 
 std::vector<int64_t> contiguous(const Shape& s) {
   std::vector<int64_t> st(s.size(), 1);
-  for (size_t d = s.size(); d-- > 1;) st[d - 1] = st[d] * s[d];
+  // Wraps only for an empty tensor with huge dims, whose positions are never used.
+  for (size_t d = s.size(); d-- > 1;)
+    st[d - 1] = static_cast<int64_t>(static_cast<uint64_t>(st[d]) * static_cast<uint64_t>(s[d]));
   return st;
 }
 

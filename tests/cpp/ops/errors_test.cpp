@@ -74,6 +74,11 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
     EXPECT_GE(v, INT64_MAX - 3);
     EXPECT_LT(v, INT64_MAX);
   }
+  // Indexing an empty tensor whose other dims multiply past 64 bits (its contiguous strides
+  // wrapped: undefined behaviour under UBSan).
+  Tensor empty = zeros({0, 8, INT64_MAX - 1, 5}, DType::f16);
+  EXPECT_EQ(empty.index({indexing::Slice(), indexing::Slice(std::nullopt, std::nullopt, 2)}).shape(),
+            (Shape{0, 4, INT64_MAX - 1, 5}));
   // The weights and indices of pooling and resizing are ops of the graph: an empty batch asks
   // for 2^40 bins at once, and nothing of that size is made while tracing.
   Tensor pooled = nn::adaptive_avg_pool2d(ones({0, 1, 4, 4}), {int64_t{1} << 40, 1});
