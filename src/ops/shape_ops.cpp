@@ -240,8 +240,13 @@ std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim) {
   LAZYRT_CHECK(chunks > 0, "chunk: expects chunks to be greater than 0, got ", chunks);
   dim = wrap_dim(dim, a.shape(), "chunk");
   const int64_t size = a.shape()[dim];
-  if (size == 0) return pieces(a, dim, std::vector<int64_t>(static_cast<size_t>(chunks), 0));
-  return split(a, (size + chunks - 1) / chunks, dim);
+  if (size == 0) {
+    // As torch: `chunks` empty pieces (a count that could not be held in memory is refused).
+    LAZYRT_CHECK(chunks <= (int64_t{1} << 32), "chunk: ", chunks, " empty pieces of ", shape_str(a.shape()),
+                 " are more than lazyrt returns (2^32)");
+    return pieces(a, dim, std::vector<int64_t>(static_cast<size_t>(chunks), 0));
+  }
+  return split(a, size / chunks + (size % chunks != 0), dim);  // ceil, without overflow
 }
 
 Tensor flip(const Tensor& a, std::vector<int64_t> dims) {

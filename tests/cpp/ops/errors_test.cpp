@@ -74,6 +74,9 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
     EXPECT_GE(v, INT64_MAX - 3);
     EXPECT_LT(v, INT64_MAX);
   }
+  // chunk's ceil(size / chunks) overflowed for a huge chunk count.
+  EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
+  EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));
   // Indexing an empty tensor whose other dims multiply past 64 bits (its contiguous strides
   // wrapped: undefined behaviour under UBSan).
   Tensor empty = zeros({0, 8, INT64_MAX - 1, 5}, DType::f16);
