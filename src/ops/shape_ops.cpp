@@ -49,8 +49,8 @@ Tensor slice_dim(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64
   Tensor r = apply(OpKind::Slice, {a}, {starts, ends, steps});
   const auto& t = *trace::impl_of(a);
   std::vector<int64_t> strides = strides_of(t);
-  const int64_t offset = t.storage_offset + start * strides[dim];
-  strides[dim] *= step;
+  const int64_t offset = detail::stride_mul_add(start, strides[dim], t.storage_offset);
+  strides[dim] = detail::stride_mul_add(strides[dim], step);
   make_view(a, r, {trace::ViewStep::Kind::Slice, s, std::move(starts), std::move(ends), std::move(steps)},
             std::move(strides), offset);
   return r;
@@ -520,9 +520,7 @@ struct Plan {
 
 std::vector<int64_t> contiguous(const Shape& s) {
   std::vector<int64_t> st(s.size(), 1);
-  // Wraps only for an empty tensor with huge dims, whose positions are never used.
-  for (size_t d = s.size(); d-- > 1;)
-    st[d - 1] = static_cast<int64_t>(static_cast<uint64_t>(st[d]) * static_cast<uint64_t>(s[d]));
+  for (size_t d = s.size(); d-- > 1;) st[d - 1] = detail::stride_mul_add(st[d], s[d]);
   return st;
 }
 
@@ -595,7 +593,7 @@ Plan make_plan(const Shape& shape, const std::vector<TensorIndex>& indices, cons
         LAZYRT_CHECK(i >= -size && i < size, op, ": index ", i, " is out of bounds for dimension ", dim,
                      " with size ", size);
         if (i < 0) i += size;
-        p.offset += (p.first[dim] + i * p.stride[dim]) * strides[p.origin[dim]];
+        p.offset = detail::stride_mul_add(detail::stride_mul_add(i, p.stride[dim], p.first[dim]), strides[p.origin[dim]], p.offset);
         p.steps.push_back({Step::Select, dim, i, i + 1, 1, Tensor()});
         erase_dim(p, dim);
         break;
@@ -613,10 +611,10 @@ Plan make_plan(const Shape& shape, const std::vector<TensorIndex>& indices, cons
         b = std::clamp<int64_t>(b, 0, size);
         e = std::clamp<int64_t>(e, b, size);
         p.steps.push_back({Step::Slice, dim, b, e, step, Tensor()});
-        p.first[dim] += b * p.stride[dim];
-        // Wraps only for a step past the dim's size, where at most one element is taken and
-        // the stride is never used.
-        p.stride[dim] = static_cast<int64_t>(static_cast<uint64_t>(p.stride[dim]) * static_cast<uint64_t>(step));
+        p.first[dim] = detail::stride_mul_add(b, p.stride[dim], p.first[dim]);
+        // Wraps only for a step past the dim's size (at most one element taken, the stride
+        // never used) or an empty tensor.
+        p.stride[dim] = detail::stride_mul_add(p.stride[dim], step);
         // ceil((e - b) / step) without forming e - b + step - 1, which a huge step overflows.
         p.shape[dim] = (e - b) / step + ((e - b) % step != 0);
         ++dim;
@@ -657,8 +655,8 @@ Plan make_plan(const Shape& shape, const std::vector<TensorIndex>& indices, cons
           const int64_t size = p.shape[dim];
           Tensor w = wrap_index(t, size);
           p.steps.push_back({Step::SelectTensor, dim, 0, 0, 1, w});
-          p.offset += p.first[dim] * strides[p.origin[dim]];
-          p.dynamic.push_back({w, size, p.stride[dim] * strides[p.origin[dim]]});
+          p.offset = detail::stride_mul_add(p.first[dim], strides[p.origin[dim]], p.offset);
+          p.dynamic.push_back({w, size, detail::stride_mul_add(p.stride[dim], strides[p.origin[dim]])});
           erase_dim(p, dim);
         } else {
           LAZYRT_CHECK(dt == DType::i64 || (dt == DType::i32 && t.dim() == 0), op,
@@ -720,14 +718,15 @@ Tensor positions(const Plan& p, const Shape& shape) {
   const auto rank = static_cast<int64_t>(p.shape.size());
   for (int64_t d = 0; d < rank; ++d) {
     if (p.origin[d] < 0 || p.shape[d] == 1) {
-      if (p.origin[d] >= 0) acc = acc + Scalar(p.first[d] * strides[p.origin[d]]);
+      if (p.origin[d] >= 0) acc = acc + Scalar(detail::stride_mul_add(p.first[d], strides[p.origin[d]]));
       continue;
     }
     // (first + i * stride) * the dim's stride, for i in [0, size): lazily, whatever the size.
     const int64_t st = strides[p.origin[d]];
     Shape s(p.shape.size(), 1);
     s[d] = p.shape[d];
-    acc = acc + reshape(arange(p.shape[d]) * Scalar(p.stride[d] * st) + Scalar(p.first[d] * st), s);
+    acc = acc + reshape(arange(p.shape[d]) * Scalar(detail::stride_mul_add(p.stride[d], st)) +
+                             Scalar(detail::stride_mul_add(p.first[d], st)), s);
   }
   return expand(acc, p.shape);
 }

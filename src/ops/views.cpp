@@ -21,9 +21,7 @@ std::vector<int64_t> row_major(const Shape& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     s[i] = acc;
-    // Past 64 bits only for an empty tensor (a larger one is refused), whose strides index
-    // nothing: the product wraps there rather than overflow.
-    acc = static_cast<int64_t>(static_cast<uint64_t>(acc) * static_cast<uint64_t>(std::max<int64_t>(shape[i], 1)));
+    acc = detail::stride_mul_add(acc, std::max<int64_t>(shape[i], 1));
   }
   return s;
 }

@@ -36,6 +36,13 @@ inline size_t bytes_mul(size_t a, size_t b, const char* what) {
   return r;
 }
 
+/// Stride arithmetic (a * b + c in two's complement). The strides and offsets of an empty
+/// tensor whose other dims are huge may pass 64 bits; they address nothing, so they wrap
+/// rather than overflow. Those of a tensor with elements always fit.
+inline int64_t stride_mul_add(int64_t a, int64_t b, int64_t c = 0) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b) + static_cast<uint64_t>(c));
+}
+
 }  // namespace lazyrt::detail
 
 #define LAZYRT_ASSERT(cond, ...)                                                            \

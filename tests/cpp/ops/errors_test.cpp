@@ -74,6 +74,8 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
     EXPECT_GE(v, INT64_MAX - 3);
     EXPECT_LT(v, INT64_MAX);
   }
+  // A slice's offset (3 * 2^62 elements in) of an empty tensor.
+  EXPECT_EQ(slice(zeros({4, 0, int64_t{1} << 62}, DType::f16), 0, 3, 4).shape(), (Shape{1, 0, int64_t{1} << 62}));
   // chunk's ceil(size / chunks) overflowed for a huge chunk count.
   EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
   EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));
