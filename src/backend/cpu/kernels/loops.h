@@ -165,7 +165,7 @@ inline std::vector<int64_t> contiguous_strides(const Shape& shape) {
   int64_t st = 1;
   for (size_t d = shape.size(); d-- > 0;) {
     s[d] = st;
-    st *= shape[d];
+    st = lazyrt::detail::stride_mul_add(st, shape[d]);  // past 64 bits only for an empty shape
   }
   return s;
 }
