@@ -56,6 +56,13 @@ Tensor slice_dim(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64
   return r;
 }
 
+// A split into more tensors than this is refused: each piece is a tensor of its own on the
+// host (torch would try, and run out of memory).
+constexpr int64_t kMaxPieces = int64_t{1} << 24;
+void check_piece_count(const char* op, int64_t n, const Shape& shape) {
+  LAZYRT_CHECK(n <= kMaxPieces, op, ": ", n, " pieces of ", shape_str(shape), " are more than lazyrt returns (2^24)");
+}
+
 // Pieces of the given sizes (each >= 0, adding up to the size of dim).
 std::vector<Tensor> pieces(const Tensor& a, int64_t dim, const std::vector<int64_t>& sizes) {
   std::vector<Tensor> out;
@@ -208,7 +215,8 @@ std::vector<Tensor> split(const Tensor& a, int64_t split_size, int64_t dim) {
   LAZYRT_CHECK(split_size >= 0, "split: split_size must be non-negative, got ", split_size);
   LAZYRT_CHECK(split_size > 0 || size == 0, "split: split_size can only be 0 if the size of dim ",
                dim, " is 0, but it is ", size, " (shape ", shape_str(a.shape()), ")");
-  const int64_t n = split_size == 0 ? 1 : std::max<int64_t>((size + split_size - 1) / split_size, 1);
+  const int64_t n = split_size == 0 ? 1 : std::max<int64_t>(size / split_size + (size % split_size != 0), 1);
+  check_piece_count("split", n, a.shape());
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < n; ++i) sizes.push_back(std::min(split_size, size - i * split_size));
   return pieces(a, dim, sizes);
@@ -241,9 +249,8 @@ std::vector<Tensor> chunk(const Tensor& a, int64_t chunks, int64_t dim) {
   dim = wrap_dim(dim, a.shape(), "chunk");
   const int64_t size = a.shape()[dim];
   if (size == 0) {
-    // As torch: `chunks` empty pieces (a count that could not be held in memory is refused).
-    LAZYRT_CHECK(chunks <= (int64_t{1} << 32), "chunk: ", chunks, " empty pieces of ", shape_str(a.shape()),
-                 " are more than lazyrt returns (2^32)");
+    // As torch: `chunks` empty pieces.
+    check_piece_count("chunk", chunks, a.shape());
     return pieces(a, dim, std::vector<int64_t>(static_cast<size_t>(chunks), 0));
   }
   return split(a, size / chunks + (size % chunks != 0), dim);  // ceil, without overflow

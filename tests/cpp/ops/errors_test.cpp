@@ -79,6 +79,8 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
   // chunk's ceil(size / chunks) overflowed for a huge chunk count.
   EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
   EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));
+  // split into 2^31 pieces (2^31 tensors on the host) is refused, not attempted.
+  EXPECT_THAT(error_of([&] { split(zeros({int64_t{1} << 31, 0}), 1, 0); }), HasSubstr("split: 2147483648 pieces"));
   // Indexing an empty tensor whose other dims multiply past 64 bits (its contiguous strides
   // wrapped: undefined behaviour under UBSan).
   Tensor empty = zeros({0, 8, INT64_MAX - 1, 5}, DType::f16);
