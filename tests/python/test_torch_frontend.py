@@ -21,7 +21,7 @@ from torch import nn
 import lazyrt
 import lazyrt.metrics
 import lazyrt.torch
-from conftest import REPO
+from conftest import REPO, same_tree
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 5
@@ -29,25 +29,6 @@ STEPS = 5
 
 def close(a, b, what):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL, err_msg=what)
-
-
-def same_tree(a, b, what):
-    """Two nested structures (state dicts, results) agree: tensors to tolerance (dtype and shape
-    exactly), everything else exactly."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), f"{what}: {type(a)} vs {type(b)}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-        close(a.detach().numpy(), b.detach().numpy(), what)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), f"{what}: keys {list(a)} vs {list(b)}"
-        for k in a:
-            same_tree(a[k], b[k], f"{what}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), f"{what}: {a!r} vs {b!r}"
-        for k, (x, y) in enumerate(zip(a, b)):
-            same_tree(x, y, f"{what}[{k}]")
-    else:
-        assert a == b, f"{what}: {a!r} vs {b!r}"
 
 
 def same_training_state(m1, o1, m2, o2, what=""):

@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import lazyrt.torch
+from conftest import same_tree
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 4
@@ -24,25 +25,6 @@ STEPS = 4
 
 def close(a, b, what, rtol=RTOL, atol=ATOL):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol, err_msg=what)
-
-
-def same_tree(a, b, what):
-    """Nested structures (state dicts) agree: tensors to tolerance, dtype and shape exactly;
-    everything else exactly."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), f"{what}: {type(a)} vs {type(b)}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-        close(a.detach().numpy(), b.detach().numpy(), what)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), f"{what}: keys {list(a)} vs {list(b)}"
-        for k in a:
-            same_tree(a[k], b[k], f"{what}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), f"{what}: {a!r} vs {b!r}"
-        for k, (x, y) in enumerate(zip(a, b)):
-            same_tree(x, y, f"{what}[{k}]")
-    else:
-        assert a == b, f"{what}: {a!r} vs {b!r}"
 
 
 def same_training_state(m_lazy, o_lazy, m_eager, o_eager, what):
