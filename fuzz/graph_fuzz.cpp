@@ -1078,7 +1078,7 @@ class Program {
     };
     if (byte() == 255) cond = nullptr;  // empty functions
     if (byte() == 255) body = nullptr;
-    const Carry r = while_loop(cond, body, init);
+    const Carry r = while_loop(cond, body, init, flag() ? 0 : size_arg());
     Entry tmp{Tensor(), cost + trips * width, std::make_shared<double>(0)};
     for (const Tensor& t : r) push(t, {&tmp});
   }

@@ -7,11 +7,14 @@
 // automatically. Inside cond and body, values are symbolic: reading one (item, to_vector) or
 // syncing throws, and so does modifying an outer tensor in place.
 //
-// Gradients: scan and fori_loop are differentiable with respect to init, xs and the tensors the
-// body reads from outside (backward runs a scan over the rows in the other order; the carry
-// each row starts from is kept, one per row). A differentiated fori_loop compiles per trip
-// count. while_loop, whose trip count is data, is not differentiable yet: it refuses inputs
-// that require grad while gradients are recorded (run it under NoGradGuard).
+// Gradients: while_loop, fori_loop and scan are differentiable with respect to init, xs and
+// the tensors the body reads from outside; backward runs the body's vector-Jacobian product
+// over the trips in the other order. `snapshots` chooses its memory (see scan): 0 keeps the
+// carry each trip starts from; s >= 1 keeps at most s and rebuilds the others. A while loop's
+// trip count is data: a differentiated while_loop counts its trips as it runs, and its backward
+// runs over that count, so one executable serves every count (with snapshots 0 the carries are
+// kept in memory held while the backward runs). A checkpointed fori_loop does the same with
+// upper - lower; one that keeps every carry compiles per trip count (its carries are stacked).
 #pragma once
 
 #include <functional>
@@ -25,13 +28,13 @@ using Carry = std::vector<Tensor>;
 
 /// Runs body_fn while cond_fn gives a true one-element tensor. The body must return as many
 /// values as init, each with its init's shape and dtype. Returns the final carries; a loop
-/// that runs zero times returns init's values.
+/// that runs zero times returns init's values. `snapshots`: the gradient's memory policy.
 Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
-                 std::function<Carry(const Carry&)> body_fn, Carry init);
+                 std::function<Carry(const Carry&)> body_fn, Carry init, int64_t snapshots = 0);
 
 /// body_fn(i, carry) for i = lower, ..., upper - 1, with i an i64 scalar tensor. lower and
-/// upper are inputs of the graph, not constants: any bounds share one executable (without
-/// gradients; see above). `snapshots`: the gradient's memory policy, as for scan.
+/// upper are inputs of the graph, not constants: any bounds share one executable (with
+/// gradients, when checkpointed; see above). `snapshots`: the gradient's memory policy.
 Carry fori_loop(int64_t lower, int64_t upper,
                 std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init,
                 int64_t snapshots = 0);

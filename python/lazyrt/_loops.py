@@ -95,7 +95,7 @@ def _flatten_like(spec, tree, init, path, op, out):
         _flatten_like(s, tree[i], init, f"{path}[{i}]", op, out)
 
 
-def while_loop(cond_fn, body_fn, carried_inputs):
+def while_loop(cond_fn, body_fn, carried_inputs, snapshots=0):
     """Runs ``body_fn(*carry)`` while ``cond_fn(*carry)`` is true, as one loop node: the body is
     traced and compiled once, whatever the trip count (torch's and PyTorch/XLA's signature).
 
@@ -103,6 +103,11 @@ def while_loop(cond_fn, body_fn, carried_inputs):
     tensor, a Python number, or a nested tuple, list or dict of them; a lone tensor or number
     is one carry. body_fn returns the new carry in the same structure (a lone value when there
     is one carry). Returns the final carry as a tuple of that structure.
+
+    Differentiable, whatever the trip count: the loop counts its trips as it runs and the
+    backward runs over them, so one compiled graph serves every count. ``snapshots`` is the
+    gradient's memory policy, as for scan: 0 keeps the carry each trip starts from (held while
+    the backward runs), s >= 1 keeps at most s and rebuilds the others.
     """
     args = tuple(carried_inputs) if isinstance(carried_inputs, (tuple, list)) else (carried_inputs,)
     init = []
@@ -120,7 +125,7 @@ def while_loop(cond_fn, body_fn, carried_inputs):
                       out)
         return tuple(out)
 
-    return _unflatten(spec, _C.while_loop(cond, body, tuple(init)))
+    return _unflatten(spec, _C.while_loop(cond, body, tuple(init), snapshots))
 
 
 def fori_loop(lower, upper, body_fn, init_val, snapshots=0):

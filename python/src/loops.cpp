@@ -32,7 +32,7 @@ Tensor tensor_result(py::handle r, const char* op, const char* fn) {
   return r.cast<Tensor>();
 }
 
-py::tuple while_loop_py(py::function cond_fn, py::function body_fn, py::handle init) {
+py::tuple while_loop_py(py::function cond_fn, py::function body_fn, py::handle init, int64_t snapshots) {
   Carry carry = tensors_from(init, "while_loop");
   Carry out = while_loop(
       [&](const Carry& c) {
@@ -43,7 +43,7 @@ py::tuple while_loop_py(py::function cond_fn, py::function body_fn, py::handle i
         py::gil_scoped_acquire gil;
         return carries_of(body_fn(*to_tuple(c)), "while_loop", "body_fn");
       },
-      std::move(carry));
+      std::move(carry), snapshots);
   return to_tuple(out);
 }
 
@@ -82,8 +82,10 @@ py::tuple scan_py(py::function fn, py::handle init, py::handle xs, bool reverse,
 
 void bind_loops(py::module_& m) {
   m.def("while_loop", &while_loop_py, py::arg("cond_fn"), py::arg("body_fn"), py::arg("init"),
+        py::arg("snapshots") = 0,
         "Runs body_fn(*carry) while cond_fn(*carry) is true, as one loop node: the body is traced "
-        "and compiled once, whatever the trip count. Returns the final carries as a tuple.");
+        "and compiled once, whatever the trip count. Returns the final carries as a tuple. "
+        "Differentiable; snapshots is the gradient's memory policy, as for scan.");
   m.def("fori_loop", &fori_loop_py, py::arg("lower"), py::arg("upper"), py::arg("body_fn"), py::arg("init"),
         py::arg("snapshots") = 0,
         "carry = body_fn(i, carry) for i in range(lower, upper), as one loop node; i is an int64 "

@@ -316,7 +316,17 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       const int64_t carries = at.i<"carries">(), xs = at.i<"xs">(), length = at.i<"length">();
       LAZYRT_CHECK(carries >= 0 && xs >= 0 && carries + xs <= static_cast<int64_t>(ops.size()), name,
                    ": ", carries, " carries and ", xs, " stacked inputs but ", ops.size(), " operands");
-      LAZYRT_CHECK(length >= 0, name, ": negative length ", length);
+      // scan_vjp's length -1: the rows are counted when it runs, by its last operand (an i64
+      // scalar); then nothing is stacked.
+      const bool counted = op == OpKind::ScanVjp && length == -1;
+      LAZYRT_CHECK(length >= 0 || counted, name, ": negative length ", length);
+      if (counted) {
+        const TensorType count{DType::i64, Shape{}};
+        LAZYRT_CHECK(xs == 0 && at.ints<"ys_dtypes">().empty() && carries < static_cast<int64_t>(ops.size()) &&
+                         ops.back() == count,
+                     name, ": a length counted when it runs (-1) needs no stacked inputs or outputs and "
+                     "an i64 scalar last operand, got ", types_str(ops));
+      }
       for (int64_t k = carries; k < carries + xs; ++k)
         LAZYRT_CHECK(!ops[k].shape.empty() && ops[k].shape[0] == length, name, ": stacked input ",
                      k - carries, " is ", type_str(ops[k]), ", expected ", length, " rows");

@@ -54,6 +54,8 @@ const OpInfo& op_info(OpKind op) {
 std::string_view check_message(int64_t what) {
   switch (static_cast<CheckKind>(what)) {
     case CheckKind::BernoulliProbability: return "bernoulli: every probability must be in [0, 1]";
+    case CheckKind::IndexInBounds:
+      return "indexing: an index is out of bounds for the dimension it indexes (valid: -size .. size - 1)";
     case CheckKind::kCount: break;
   }
   throw Error(detail::str_cat("check: unknown check kind ", what));

@@ -109,6 +109,7 @@ const OpInfo& op_info(OpKind op);
 /// What a check op verifies (its `what` attribute), and so the error it raises.
 enum class CheckKind : int32_t {
   BernoulliProbability,  // every probability of bernoulli(p) is in [0, 1]
+  IndexInBounds,         // every (wrapped) index of x[idx] is in [0, size) of the dim it indexes
   kCount,
 };
 /// The message of a failed check of this kind; throws lazyrt::Error for a value that is not one.

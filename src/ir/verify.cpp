@@ -98,9 +98,13 @@ void verify_scan_vjp(size_t i, const Node& n, const std::vector<TensorType>& ope
   const auto B = static_cast<size_t>(at.i<"carries">()), XS = static_cast<size_t>(at.i<"xs">());
   const auto C = static_cast<size_t>(at.i<"states">()), FX = static_cast<size_t>(at.i<"state_xs">());
   const auto P = static_cast<size_t>(at.i<"state_captures">());
-  if (B + XS + C > operands.size() || FX > XS || P > operands.size() - B - XS - C || at.i<"snapshots">() < 1)
+  // A length counted when it runs: the count is the last operand, and snapshots 0 keeps
+  // every state (held for the run, not planned).
+  const size_t counted = at.i<"length">() == -1 ? 1 : 0;
+  if (B + XS + C + counted > operands.size() || FX > XS || P > operands.size() - B - XS - C - counted ||
+      at.i<"snapshots">() < (counted ? 0 : 1))
     fail(i, n, "carries, stacked inputs, states and snapshots do not fit the operands");
-  const size_t K = operands.size() - B - XS - C;
+  const size_t K = operands.size() - B - XS - C - counted;
   auto state = [&](size_t k) { return operands[B + XS + K + k]; };
   std::vector<TensorType> vjp(operands.begin(), operands.begin() + static_cast<int64_t>(B));
   for (size_t k = 0; k < C; ++k) vjp.push_back(state(k));

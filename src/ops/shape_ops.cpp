@@ -539,11 +539,11 @@ Tensor wrap_index(const Tensor& index, int64_t size) {
   return where(logical_and(i < Scalar(0), i >= Scalar(-size)), i + Scalar(size), i);
 }
 
-// index itself, checked against [0, size) when the graph runs (an index_select of an arange
-// fails as index_select fails for an index out of range).
+// index (wrapped) itself, checked against [0, size) when the graph runs: a check node, which
+// fails before the graph writes anything, as index_select would.
 Tensor checked_index(const Tensor& index, int64_t size) {
-  Tensor flat = reshape(index, {-1});
-  return reshape(apply(OpKind::IndexSelect, {arange(size), flat}, {int64_t{0}}), index.shape());
+  return apply(OpKind::Check, {index, logical_and(index >= Scalar(0), index < Scalar(size))},
+               {static_cast<int64_t>(ir::CheckKind::IndexInBounds)});
 }
 
 void erase_dim(Plan& p, int64_t dim) {

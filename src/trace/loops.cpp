@@ -9,9 +9,13 @@
 // vector-Jacobian product of the forward body, made by running the forward body's graph again
 // through the ops with gradients on (apply_graph) and differentiating it (autograd::grad). The
 // forward scan stacks the carries each row starts from as extra outputs, so every row's
-// product starts from its own inputs (memory: one carry per row). fori_loop with gradients is
-// recorded as such a scan (its trip count is known when it is traced); while_loop's trip count
-// is data, and it is not differentiable yet.
+// product starts from its own inputs (memory: one carry per row), or with `snapshots` a
+// scan_vjp node rebuilds them by binomial checkpointing. fori_loop with every carry kept is
+// recorded as such a scan (its trip count is known when it is traced, and the stacked carries
+// have that many rows). A differentiated while_loop, and a checkpointed fori_loop, stay while
+// nodes: the backward is a scan_vjp whose length is counted when it runs (a counter carry of
+// the while, or upper - lower from the bounds, which are inputs), so one executable serves
+// every trip count.
 #include "lazyrt/loops.h"
 
 #include <algorithm>
@@ -180,7 +184,7 @@ Shape stacked(int64_t length, const Shape& row) {
 
 Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr<const ir::Graph> body,
                   int64_t snapshots = 0);
-Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& regions);
+Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& regions, int64_t snapshots);
 
 // Runs `g` again through the ops (recording autograd where its inputs require grad), over
 // `params`: what the graph computed, as tensors. Loops inside are recorded as loops.
@@ -203,7 +207,7 @@ Carry apply_graph(const ir::Graph& g, const Carry& params) {
     if (n.op == ir::OpKind::Scan) {
       vals[i] = record_scan(ops, ScanShape::of(n), n.regions[0]);
     } else if (n.op == ir::OpKind::While) {
-      vals[i] = record_while(ops, n.attrs, n.regions);
+      vals[i] = record_while(ops, n.attrs, n.regions, 0);
     } else {
       LAZYRT_ASSERT(n.regions.empty() && n.results.size() == 1, "apply_graph: cannot run ", ir::op_name(n.op));
       vals[i] = {detail::apply(n.op, ops, n.attrs)};
@@ -221,6 +225,9 @@ struct ScanGrad {
   Carry operands;                         // init, xs, captures (snapshots)
   Carry saved;                            // the carries each row starts from, stacked, or
   int64_t snapshots = 0;                  // how many states binomial checkpointing keeps
+  Tensor trips;  // where defined, the rows (i64 scalar) counted when the graph runs: a
+                 // while loop's, with nothing stacked; the backward is then a scan_vjp whose
+                 // snapshots 0 keeps every state
 
   std::vector<Tensor> backward(const std::vector<Tensor>& grads, const std::vector<bool>& needs) const;
 };
@@ -315,7 +322,7 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
         extract_region(roots, scope.id(), static_cast<int64_t>(B + BX + P), extra));
   }
   Carry r;
-  if (snapshots == 0) {
+  if (snapshots == 0 && !trips.defined()) {
     Carry bw_operands = init;
     bw_operands.insert(bw_operands.end(), saved.begin(), saved.end());
     bw_operands.insert(bw_operands.end(), xs.begin(), xs.end());
@@ -331,11 +338,13 @@ std::vector<Tensor> ScanGrad::backward(const std::vector<Tensor>& grads, const s
     ops.insert(ops.end(), captures.begin(), captures.end());
     for (const LazyValue& v : extra.values) ops.push_back(trace::tensor_of(trace::make_pending(v)));
     ops.insert(ops.end(), operands.begin(), operands.begin() + static_cast<int64_t>(C));
-    ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX - C), n, shape.reverse, y_rows};
+    ScanShape bw{static_cast<int64_t>(B), static_cast<int64_t>(BX - C), trips.defined() ? -1 : n, shape.reverse,
+                 y_rows};
     ir::Attrs attrs = bw.attrs();
     for (int64_t v : {static_cast<int64_t>(C), static_cast<int64_t>(X), static_cast<int64_t>(P), snapshots})
       attrs.values.emplace_back(v);
     region->num_params = static_cast<int64_t>(ops.size());  // the same count, in its own order
+    if (trips.defined()) ops.push_back(trips);                // then the count of rows
     r = record_region_op(ir::OpKind::ScanVjp, ops, std::move(attrs), {std::move(region), body}, true);
   }
 
@@ -402,11 +411,67 @@ Carry record_scan(const Carry& operands, const ScanShape& shape, std::shared_ptr
   return out;
 }
 
-Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& regions) {
-  LAZYRT_CHECK(!needs_grad(operands), "while_loop: an input requires grad (init, or a tensor the body "
-               "reads from outside); gradients through while_loop, whose trip count is data, are not "
-               "supported yet: use fori_loop or scan, or run the loop under no_grad");
-  return record_region_op(ir::OpKind::While, operands, std::move(attrs), regions);
+// Records the autograd node of a while loop (carries, then captures) that ran `trips` times:
+// its backward rebuilds the carries from the initial ones with the body, by binomial
+// checkpointing with `snapshots` stored states (0: every state).
+void record_while_grad(const Carry& out, const Carry& operands, size_t carries, std::shared_ptr<const ir::Graph> body,
+                       const Tensor& trips, int64_t snapshots) {
+  if (body->num_params != static_cast<int64_t>(operands.size())) {
+    auto g = std::make_shared<ir::Graph>(*body);
+    g->num_params = static_cast<int64_t>(operands.size());
+    body = std::move(g);
+  }
+  auto grad = std::make_shared<ScanGrad>();
+  grad->shape = ScanShape{static_cast<int64_t>(carries), 0, -1, false, {}};
+  grad->body = std::move(body);
+  for (const Tensor& t : operands) grad->operands.push_back(detail::detached_value(t));
+  grad->snapshots = snapshots;
+  grad->trips = detail::detached_value(trips);
+  autograd::record_multi(out, ir::OpKind::While, operands,
+                         [grad](const std::vector<Tensor>& g, const std::vector<bool>& needs) {
+                           return grad->backward(g, needs);
+                         });
+}
+
+// Renumbers the parameters of `g` from `index` on one up, freeing `index`.
+void insert_param(ir::Graph& g, int64_t index) {
+  for (ir::Node& n : g.nodes) {
+    if (n.op != ir::OpKind::Parameter) continue;
+    const int64_t i = ir::NodeAttrs(n.op, n.attrs).i<"index">();
+    if (i >= index) n.attrs = {i + 1};
+  }
+  ++g.num_params;
+}
+
+// A while loop's regions with one more carry after the given ones, an i64 scalar the body
+// increments: the trip count, when the loop starts it at 0.
+Regions with_counter(const Regions& regions, int64_t carries) {
+  auto cond = std::make_shared<ir::Graph>(*regions[0]);
+  auto body = std::make_shared<ir::Graph>(*regions[1]);
+  insert_param(*cond, carries);
+  insert_param(*body, carries);
+  const ir::TensorType count{DType::i64, {}};
+  body->nodes.push_back({ir::OpKind::Parameter, {}, {carries}, {count}, {}});
+  const ir::ValueRef c{static_cast<int32_t>(body->nodes.size() - 1), 0};
+  body->nodes.push_back({ir::OpKind::Full, {}, {1.0, Shape{}, DType::i64}, {count}, {}});
+  const ir::ValueRef one{static_cast<int32_t>(body->nodes.size() - 1), 0};
+  body->nodes.push_back({ir::OpKind::Add, {c, one}, {}, {count}, {}});
+  body->outputs.insert(body->outputs.begin() + carries, {static_cast<int32_t>(body->nodes.size() - 1), 0});
+  return {std::move(cond), std::move(body)};
+}
+
+Carry record_while(const Carry& operands, ir::Attrs attrs, const Regions& regions, int64_t snapshots) {
+  if (!needs_grad(operands)) return record_region_op(ir::OpKind::While, operands, std::move(attrs), regions);
+  // Differentiated: the loop also counts its trips, which its backward runs over.
+  const int64_t carries = ir::NodeAttrs(ir::OpKind::While, attrs).i<"carries">();
+  Carry counted(operands.begin(), operands.begin() + carries);
+  counted.push_back(tensor(std::vector<int64_t>{0}, {}));
+  counted.insert(counted.end(), operands.begin() + carries, operands.end());
+  Carry all = record_region_op(ir::OpKind::While, counted, {carries + 1}, with_counter(regions, carries));
+  Carry out(all.begin(), all.begin() + carries);
+  record_while_grad(out, operands, static_cast<size_t>(carries), regions[1], all[static_cast<size_t>(carries)],
+                    snapshots);
+  return out;
 }
 
 // ---- tracing ---------------------------------------------------------------------------------
@@ -531,12 +596,13 @@ Carry concat(Carry a, const Carry& b) {
 }  // namespace
 
 Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
-                 std::function<Carry(const Carry&)> body_fn, Carry init) {
+                 std::function<Carry(const Carry&)> body_fn, Carry init, int64_t snapshots) {
   LAZYRT_CHECK(cond_fn && body_fn, "while_loop: cond_fn and body_fn must be callables (got an empty std::function)");
+  LAZYRT_CHECK(snapshots >= 0, "while_loop: snapshots must be 0 (keep every carry) or at least 1, got ", snapshots);
   TracedLoop loop = trace_loop("while_loop", cond_fn, body_fn, init, 0);
   if (loop.random) init.push_back(loop.outer_offset);
   return settle_random(loop, record_while(concat(init, loop.captures), {static_cast<int64_t>(init.size())},
-                                          {loop.cond, loop.body}));
+                                          {loop.cond, loop.body}, snapshots));
 }
 
 Carry fori_loop(int64_t lower, int64_t upper,
@@ -560,12 +626,20 @@ Carry fori_loop(int64_t lower, int64_t upper,
   if (loop.random) carry.push_back(loop.outer_offset);
   Carry operands = concat(carry, loop.captures);
   Carry out;
-  if (needs_grad(operands)) {
-    // Differentiated: a scan of upper - lower rows (the bounds are known now), over the body.
+  if (needs_grad(operands) && snapshots == 0) {
+    // Every carry kept: a scan of upper - lower rows (the bounds are known now), over the body,
+    // stacking the carries each row starts from.
     ScanShape shape{static_cast<int64_t>(carry.size()), 0, std::max<int64_t>(upper - lower, 0), false, {}};
     out = record_scan(operands, shape, loop.body, snapshots);
   } else {
     out = record_region_op(ir::OpKind::While, operands, {static_cast<int64_t>(carry.size())}, {loop.cond, loop.body});
+    if (needs_grad(operands)) {
+      // Checkpointed: the backward counts upper - lower rows from the bounds, which are inputs
+      // of the graph, so one executable serves every trip count. (A count beyond INT64_MAX
+      // would wrap, but such a loop never ends.)
+      Tensor trips = maximum(hi - carry[0], zeros({}, DType::i64));
+      record_while_grad(out, operands, carry.size(), loop.body, trips, snapshots);
+    }
   }
   out = settle_random(loop, std::move(out));
   return Carry(out.begin() + 1, out.end());

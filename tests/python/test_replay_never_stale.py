@@ -338,7 +338,8 @@ def test_low_level_calls_after_mark_step_match_plain_steps_across_lr_changes():
 
 
 def test_loops_accept_tensors_that_require_grad_under_no_grad():
-    # As PyTorch/XLA's test_while_loop runs a Linear inside the loop: nothing is differentiated.
+    # As PyTorch/XLA's test_while_loop runs a Linear inside the loop: under no_grad nothing is
+    # differentiated.
     lr.manual_seed(0)
     lin = nn.Linear(4, 4)
     t = torch.nn.Linear(4, 4)
@@ -354,8 +355,15 @@ def test_loops_accept_tensors_that_require_grad_under_no_grad():
         for _ in range(3):
             want = t(want).tanh()
     np.testing.assert_allclose(x.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
-    with pytest.raises(lr.Error, match="no_grad"):
-        lr.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, lin(x)), (lr.tensor(0), lr.tensor(x0)))
+    assert not x.requires_grad
+    # Without no_grad the loop is differentiated: the Linear's weight gets torch's gradient.
+    (i, x) = lr.while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, lin(x).tanh()), (lr.tensor(0), lr.tensor(x0)))
+    x.sum().backward()
+    want = torch.from_numpy(x0)
+    for _ in range(3):
+        want = t(want).tanh()
+    want.sum().backward()
+    np.testing.assert_allclose(lin.weight.grad.numpy(), t.weight.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_reading_the_loss_every_step_without_mark_step_keeps_one_graph():

@@ -1,4 +1,4 @@
-"""lazyrt.scan, scan_layers and fori_loop against PyTorch eager (a plain Python loop over the
+"""lazyrt.scan, scan_layers, fori_loop and while_loop against PyTorch eager (a plain Python loop over the
 same numbers, differentiated by torch's autograd): values and gradients, pytrees, reverse,
 outputs the body does not compute, nesting, training steps replayed by compile_step, one
 compile, errors, and a randomized comparison over many small scan bodies."""
@@ -162,8 +162,8 @@ def test_errors_name_the_leaf_and_change_nothing():
     with pytest.raises(lr.Error, match="length must be given"):
         lr.scan(lambda c, x: (c, None), lr.zeros(2), None)
     w = lr.ones(2, requires_grad=True)
-    with pytest.raises(lr.Error, match="gradients through while_loop, whose trip count is data"):
-        lr.while_loop(lambda c: c.sum() < 4, lambda c: c * w + 1, (lr.zeros(2),))
+    with pytest.raises(lr.Error, match="snapshots must be 0"):
+        lr.while_loop(lambda c: c.sum() < 4, lambda c: c * w + 1, (lr.zeros(2),), snapshots=-2)
     with lr.no_grad():
         c, _ = lr.scan(lambda c, x: (c * w + x + 1, None), lr.zeros(2), xs)
     assert c.tolist() == [4.0, 4.0] and not c.requires_grad
@@ -326,6 +326,103 @@ def test_checkpointed_fori_loop_memory_does_not_grow_with_the_trip_count():
     assert peak(3000, 0) > peak(50, 0) + 2900 * 8 * 32 * 4  # keeping every carry: one a row
     with pytest.raises(lr.Error, match="snapshots must be 0"):
         lr.fori_loop(0, 3, lambda i, c: c, x0, snapshots=-1)
+
+
+# ---- gradients through while_loop, and one executable for every trip count ----------------
+
+
+def _flow(lib, W, U, B):
+    """An Euler step of a driven vector field; the loop runs while the state's energy stays
+    under a bound, at most `cap` trips: a trip count that is data."""
+    return lambda h: h + 0.3 * lib.tanh(h @ W + B) @ U
+
+
+@pytest.mark.parametrize("snapshots", [0, 1, 2, 3, 50])
+def test_while_loop_gradients_match_torch_with_a_data_dependent_trip_count(snapshots):
+    g = rng(21)
+    arrays = [g.standard_normal(s) * 0.5 for s in [(5, 7), (7, 5), (7,), (3, 5)]]
+    bound, cap = 60.0, 40
+
+    def run(lib):
+        W, U, B, h0 = vals = leaves(lib, *arrays)
+        step = _flow(lib, W, U, B)
+        if lib is lr:
+            lr.metrics.reset()
+            i, h = lr.while_loop(lambda i, h: lr.logical_and(i < cap, (h * h).sum() < bound),
+                                 lambda i, h: (i + 1, step(h)), (0, h0), snapshots=snapshots)
+            trips = int(i.item())
+        else:
+            trips, h = 0, h0
+            while trips < cap and float((h * h).sum()) < bound:
+                trips, h = trips + 1, step(h)
+        loss = (h * h).sum() + h.sum()
+        loss.backward()
+        return trips, float(loss), vals
+
+    trips, loss, got = run(lr)
+    want_trips, want_loss, want = run(torch)
+    assert trips == want_trips and 3 < trips < cap  # the bound, not the cap, ended the loop
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    for k, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=f"input {k}")
+    # Keeping every carry rebuilds each once (n - 1 steps); s snapshots, Griewank's count.
+    expect = revolve_steps(trips, min(snapshots, trips)) if snapshots else trips - 1
+    assert lr.metrics.counter("CheckpointForwardSteps") == expect
+
+
+def test_while_loop_gradients_through_captures_integer_carries_and_pytrees():
+    w = lr.tensor(np.array([0.5, -1.5, 2.0]), requires_grad=True)
+    tw = torch.tensor([0.5, -1.5, 2.0], dtype=torch.float64, requires_grad=True)
+    out = lr.while_loop(lambda c: c["n"] < 4, lambda c: {"n": c["n"] + 1, "x": (c["x"][0] * w, c["x"][0] + 1.0)},
+                        ({"n": 0, "x": (lr.tensor(np.ones(3)), lr.tensor(np.zeros(3)))},), snapshots=2)[0]
+    x, y = torch.ones(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    for _ in range(4):
+        x, y = x * tw, x + 1.0
+    ((out["x"][0] ** 2).sum() + out["x"][1].sum()).backward()
+    ((x ** 2).sum() + y.sum()).backward()
+    assert int(out["n"].item()) == 4
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-12)
+
+
+def _grads_after(n, snapshots, form):
+    w = lr.tensor(np.full((16, 16), 0.01, np.float32), requires_grad=True)
+    x0 = lr.tensor(np.ones((4, 16), np.float32))
+    body = lambda c: c + lr.tanh(c @ w)
+    if form == "fori":
+        out = lr.fori_loop(0, n, lambda i, c: body(c), x0, snapshots=snapshots)
+    else:  # the bound is data: a tensor input, not a constant of the graph
+        limit = lr.tensor(np.array(n))
+        out = lr.while_loop(lambda i, c: i < limit, lambda i, c: (i + 1, body(c)), (0, x0), snapshots=snapshots)[1]
+    out.sum().backward()
+    return w.grad.numpy()
+
+
+@pytest.mark.parametrize("form", ["fori", "while"])
+def test_one_executable_serves_every_trip_count_when_differentiated(form):
+    """N = 10 compiles; N = 100,000 then runs the same executable, with the checkpointed
+    backward (50 snapshots) over the count it finds when it runs."""
+    lr.cache.clear_memory()
+    lr.metrics.reset()
+    small = _grads_after(10, 50, form)
+    compiled = lr.metrics.counter("UncachedCompile")
+    assert compiled >= 1
+    big = _grads_after(100_000, 50, form)
+    assert lr.metrics.counter("UncachedCompile") == compiled
+    assert np.isfinite(big).all() and not np.allclose(big, small)
+    # The same numbers as the loop traced afresh with every carry kept.
+    lr.cache.clear_memory()
+    np.testing.assert_allclose(_grads_after(10, 0, form), small, rtol=1e-6)
+
+
+def test_checkpointed_while_loop_memory_does_not_grow_with_the_trip_count():
+    def peak(n, snapshots):
+        lr.cache.clear_memory()
+        lr.debug.reset_peak_memory()
+        before = lr.debug.live_memory_bytes()
+        _grads_after(n, snapshots, "while")
+        return lr.debug.peak_memory_bytes() - before
+
+    assert peak(50, 3) == peak(3000, 3)
 
 
 def test_scan_layers_gradients_match_torch():

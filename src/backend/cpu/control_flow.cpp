@@ -10,8 +10,10 @@
 #include "backend/cpu/control_flow.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 
 #include "compile/compile.h"
 #include "backend/cpu/kernels/ops.h"
@@ -215,6 +217,11 @@ kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>&
 // most `snapshots` stored states, by Griewank's binomial schedule (revolve): reversing n rows
 // with s states, the first of them at the start, costs r*n - C(s+r, s+1) forward steps, r the
 // least with C(s+r, s) >= n, and memory for s + 2 states whatever n is.
+//
+// A length of -1 is counted when the node runs: its last operand holds it (the trip count of
+// a while loop, or of a fori_loop whose bounds are inputs), so one executable serves every
+// count. Nothing is stacked then. Its s stored states are planned in the workspace as usual;
+// snapshots 0 keeps every state, s = n, in memory held for the run only.
 
 // The least r with C(s + r, s) >= n, and C(s + r, s) for given s, r (0 where r < 0).
 int64_t binomial(int64_t s, int64_t r) {
@@ -240,8 +247,9 @@ int64_t revolve_split(int64_t n, int64_t s) {
 struct ScanVjpState {
   std::shared_ptr<runtime::Executable> vjp, fwd;
   size_t B = 0, XS = 0, K = 0, C = 0, FX = 0, P = 0, Y = 0;
-  int64_t length = 0, snapshots = 1;
+  int64_t length = 0, snapshots = 1;  // snapshots 0: every state (counted length only)
   bool fwd_reverse = false;
+  bool counted = false;  // the length is the last operand
   CarrySets bw;                              // the backward carries
   std::vector<size_t> st_bytes, st_off;      // forward carries: bytes, offset within a state set
   size_t st_set = 0;                         // bytes of one state set (aligned)
@@ -255,11 +263,12 @@ struct ScanVjpState {
   const void* const* in = nullptr;
   void* const* out = nullptr;
   char* ws = nullptr;
+  char* store = nullptr;  // the stored state sets: in the workspace, or held for the run
   int parity = 0;  // which backward set holds the current carries
 
   int64_t row(int64_t t) const { return fwd_reverse ? length - 1 - t : t; }
   char* work_set(int w) const { return ws + work + static_cast<size_t>(w) * st_set; }
-  char* stored(int64_t slot) const { return ws + snaps + static_cast<size_t>(slot) * st_set; }
+  char* stored(int64_t slot) const { return store + static_cast<size_t>(slot) * st_set; }
 
   // Copies the outputs an executable did not compute into their places.
   static void copy_rest(const runtime::Executable& exe, const std::vector<const void*>& params,
@@ -318,6 +327,11 @@ struct ScanVjpState {
   void reverse(int64_t t0, int64_t n, int64_t slot, int64_t s) {
     if (n <= 0) return;
     if (n == 1) return reverse_step(t0, stored(slot));
+    if (s >= n) {  // every state stored: revolve's schedule, without n levels of recursion
+      for (int64_t j = 1; j < n; ++j) forward(t0 + j - 1, stored(slot + j - 1), stored(slot + j));
+      for (int64_t j = n - 1; j >= 0; --j) reverse_step(t0 + j, stored(slot + j));
+      return;
+    }
     if (s == 1) {
       for (int64_t j = n - 1; j >= 0; --j) reverse_step(t0 + j, advance(stored(slot), t0, j));
       return;
@@ -333,13 +347,26 @@ struct ScanVjpState {
     out = out_;
     ws = static_cast<char*>(out[B + Y]);
     parity = 0;
+    if (counted) length = std::max<int64_t>(*static_cast<const int64_t*>(in[B + XS + K + C]), 0);
+    const int64_t s = snapshots > 0 ? std::min<int64_t>(snapshots, std::max<int64_t>(length, 1))
+                                    : std::max<int64_t>(length, 1);
+    std::unique_ptr<char, decltype(&std::free)> held(nullptr, &std::free);
+    if (snapshots > 0) {
+      store = ws + snaps;
+    } else {
+      const size_t bytes = detail::bytes_mul(static_cast<size_t>(s), st_set, "scan_vjp: every state");
+      held.reset(static_cast<char*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
+      LAZYRT_CHECK(held, "scan_vjp: out of memory keeping every state of ", length, " rows (", bytes,
+                   " bytes); give the loop a number of snapshots");
+      store = held.get();
+    }
     bw.copy_in(ws, in);
     const size_t first_state = B + XS + K;
     for (size_t k = 0; k < C; ++k)
       if (st_bytes[k]) std::memcpy(stored(0) + st_off[k], in[first_state + k], st_bytes[k]);
     for (size_t q = 0; q < K; ++q) vjp_params[B + C + XS + q] = in[B + XS + q];
     for (size_t q = 0; q < P; ++q) fwd_params[C + FX + q] = in[B + XS + q];
-    reverse(0, length, 0, std::min<int64_t>(snapshots, std::max<int64_t>(length, 1)));
+    reverse(0, length, 0, s);
     bw.copy_out(ws, out, parity);
   }
 };
@@ -353,9 +380,10 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
   st->C = static_cast<size_t>(at.i<"states">());
   st->FX = static_cast<size_t>(at.i<"state_xs">());
   st->P = static_cast<size_t>(at.i<"state_captures">());
-  st->K = operands.size() - st->B - st->XS - st->C;
+  st->counted = at.i<"length">() == -1;
+  st->K = operands.size() - st->B - st->XS - st->C - (st->counted ? 1 : 0);
   st->Y = n.results.size() - st->B;
-  st->length = at.i<"length">();
+  st->length = st->counted ? 0 : at.i<"length">();
   st->fwd_reverse = at.b<"reverse">();
   st->snapshots = at.i<"snapshots">();
   st->vjp = compile(*n.regions[0], {}, backend);
@@ -372,10 +400,10 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
   st->work = ws;
   ws = detail::bytes_add(ws, detail::bytes_mul(2, st->st_set, "scan_vjp: the work sets"), "scan_vjp: the workspace");
   st->snaps = ws;
-  ws = detail::bytes_add(
-      ws, detail::bytes_mul(static_cast<size_t>(std::min<int64_t>(st->snapshots, std::max<int64_t>(st->length, 1))),
-                            st->st_set, "scan_vjp: the stored states"),
-      "scan_vjp: the workspace");
+  const int64_t planned = st->counted ? st->snapshots
+                                      : std::min<int64_t>(st->snapshots, std::max<int64_t>(st->length, 1));
+  ws = detail::bytes_add(ws, detail::bytes_mul(static_cast<size_t>(planned), st->st_set, "scan_vjp: the stored states"),
+                         "scan_vjp: the workspace");
   auto row_bytes = [&](const ir::TensorType& t) { return st->length ? t.bytes() / static_cast<size_t>(st->length) : 0; };
   for (size_t j = 0; j < st->XS; ++j) st->x_row.push_back(row_bytes(operands[st->B + j]));
   for (size_t m = 0; m < st->Y; ++m) st->y_row.push_back(row_bytes(n.results[st->B + m]));

@@ -229,20 +229,37 @@ TEST(WhileLoopErrors, BodyMayNotMutateOuterTensorsOrReadValues) {
   EXPECT_THAT(read, HasSubstr("symbolic"));
 }
 
-TEST(WhileLoopErrors, WhileLoopIsNotDifferentiableYet) {
-  Tensor w = tensor({1}, {1});
-  w.requires_grad_();
+// c <- c * w + 1 while c < 10, from c0 = 1 and w = 2: 1, 3, 7, 15 (three trips), so
+// c = w^3 c0 + w^2 + w + 1, dc/dw = 3 w^2 c0 + 2 w + 1 = 17 and dc/dc0 = w^3 = 8, whatever
+// the memory policy; with a captured w or with w as a carry.
+TEST(WhileLoop, GradientsThroughADataDependentTripCount) {
   auto cond = [](const Carry& c) { return c[0].sum() < 10; };
-  std::string e = error_of([&] {
-    while_loop(cond, [](const Carry& c) { return Carry{c[0] * 2}; }, {w});
-  });
-  EXPECT_THAT(e, HasSubstr("gradients through while_loop, whose trip count is data, are not supported yet"));
-  std::string captured = error_of([&] {
-    while_loop(cond, [&](const Carry& c) { return Carry{c[0] * w + 1}; }, {tensor({1}, {1})});
-  });
-  EXPECT_THAT(captured, HasSubstr("use fori_loop or scan"));
+  for (int64_t snapshots : {0, 1, 2, 5}) {
+    Tensor w = tensor({2}, {1}).requires_grad_();
+    Tensor c0 = tensor({1}, {1}).requires_grad_();
+    Carry out = while_loop(cond, [&](const Carry& c) { return Carry{c[0] * w + 1}; }, {c0}, snapshots);
+    EXPECT_EQ(out[0].item(), 15);
+    out[0].sum().backward();
+    EXPECT_EQ(w.grad().item(), 17) << "snapshots " << snapshots;
+    EXPECT_EQ(c0.grad().item(), 8) << "snapshots " << snapshots;
+    // w as a carry the body returns unchanged.
+    Tensor w2 = tensor({2}, {1}).requires_grad_();
+    Carry both = while_loop(cond, [](const Carry& c) { return Carry{c[0] * c[1] + 1, c[1]}; },
+                            {tensor({1}, {1}), w2}, snapshots);
+    (both[0] + both[1]).sum().backward();
+    EXPECT_EQ(w2.grad().item(), 18) << "snapshots " << snapshots;
+  }
+  // Zero trips: the carries come back unchanged, and so does the gradient.
+  Tensor w = tensor({2}, {1}).requires_grad_();
+  Tensor big = tensor({20}, {1}).requires_grad_();
+  Carry none = while_loop(cond, [&](const Carry& c) { return Carry{c[0] * w + 1}; }, {big});
+  (none[0] * 3).sum().backward();
+  EXPECT_EQ(big.grad().item(), 3);
+  EXPECT_EQ(w.grad().item(), 0);
   NoGradGuard no_grad;
-  EXPECT_EQ(while_loop(cond, [&](const Carry& c) { return Carry{c[0] * w + 1}; }, {tensor({1}, {1})})[0].item(), 10);
+  Carry plain = while_loop(cond, [&](const Carry& c) { return Carry{c[0] * w + 1}; }, {tensor({1}, {1})});
+  EXPECT_EQ(plain[0].item(), 15);
+  EXPECT_FALSE(plain[0].requires_grad());
 }
 
 // fori_loop with gradients against the unrolled host loop (two paths that must agree) and

@@ -370,7 +370,7 @@ TEST(Scan, CheckpointedGradientsCountAndMemory) {
 // under the same seed, the generator continues where the loop ends, and gradients through a
 // dropout in the body (kept carries or checkpointed) equal the unrolled loop's.
 TEST(Scan, RandomNumbersInBodiesMatchTheUnrolledLoop) {
-  enum Form { kUnrolled, kFori, kWhile, kScan, kScanCheckpointed };
+  enum Form { kUnrolled, kFori, kForiCheckpointed, kWhile, kWhileCheckpointed, kScan, kScanCheckpointed };
   auto run = [](Form form) {
     manual_seed(11);
     Tensor w = tensor({0.8f, -0.5f, 1.2f}, {3});
@@ -379,19 +379,19 @@ TEST(Scan, RandomNumbersInBodiesMatchTheUnrolledLoop) {
     Tensor c = tensor({0.1f, 0.2f, 0.3f}, {3});
     if (form == kUnrolled) {
       for (int i = 0; i < 6; ++i) c = body(c);
-    } else if (form == kFori) {
-      c = fori_loop(0, 6, [&](const Tensor&, const Carry& cc) { return Carry{body(cc[0])}; }, {c})[0];
-    } else if (form == kWhile) {
-      NoGradGuard no_grad;  // while_loop is not differentiable
+    } else if (form == kFori || form == kForiCheckpointed) {
+      c = fori_loop(0, 6, [&](const Tensor&, const Carry& cc) { return Carry{body(cc[0])}; }, {c},
+                    form == kForiCheckpointed ? 3 : 0)[0];
+    } else if (form == kWhile || form == kWhileCheckpointed) {
       c = while_loop([](const Carry& cc) { return cc[0] < 6; },
                      [&](const Carry& cc) { return Carry{cc[0] + 1, body(cc[1])}; },
-                     {scalar_tensor(0, DType::i64), c})[1];
+                     {scalar_tensor(0, DType::i64), c}, form == kWhileCheckpointed ? 2 : 0)[1];
     } else {
       c = scan([&](const Carry& cc, const Carry&) { return std::make_pair(Carry{body(cc[0])}, Carry{}); },
                {c}, {}, false, 6, form == kScanCheckpointed ? 2 : 0).first[0];
     }
     std::vector<float> out = c.to_vector<float>();
-    if (form != kWhile) {
+    {
       c.sum().backward();
       std::vector<float> g = w.grad().to_vector<float>();
       out.insert(out.end(), g.begin(), g.end());
@@ -401,10 +401,8 @@ TEST(Scan, RandomNumbersInBodiesMatchTheUnrolledLoop) {
     return out;
   };
   const std::vector<float> want = run(kUnrolled);
-  for (Form f : {kFori, kScan, kScanCheckpointed}) EXPECT_EQ(run(f), want) << "form " << f;
-  std::vector<float> w = run(kWhile), no_grad_want = want;
-  no_grad_want.erase(no_grad_want.begin() + 3, no_grad_want.begin() + 6);  // no gradient
-  EXPECT_EQ(w, no_grad_want);
+  for (Form f : {kFori, kForiCheckpointed, kWhile, kWhileCheckpointed, kScan, kScanCheckpointed})
+    EXPECT_EQ(run(f), want) << "form " << f;
   // Two draws of one row differ: the offset advances every iteration.
   EXPECT_NE(want[0], want[1]);
 }

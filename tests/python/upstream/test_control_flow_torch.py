@@ -13,8 +13,9 @@ Ported: every program of `_while_loop_tests()` -- "simple", "simple_with_mutatio
 
 Differences from upstream, where lazyrt's model needs them:
 - Linear layers are lazyrt.nn.Linear; torch.nn.Linear gets their weights, so both sides compute
-  from the same values. The loops run under lazyrt.no_grad() (gradients through loops are not
-  supported yet; see below).
+  from the same values. The loops run under lazyrt.no_grad(), as upstream's; in addition the
+  two Linear programs are differentiated (not upstream: the weights' gradients through the
+  while loops, nested included, against torch autograd through the same Python loop).
 - "int_carry": upstream writes `x_clone.select(0, it).copy_(...)` with a Python-int carry that
   becomes a SymInt; here the row is read and written with the carried 0-d int64 tensor as an
   index (`x[it] = x[it] + it`), the way lazyrt's model expresses it. The output
@@ -307,6 +308,23 @@ def test_with_linear(make_class):
         want = torch_module(torch.tensor(3), torch.tensor(x))
     assert_tree_close(got, want)
     assert got[0].item() == 1
+
+
+@pytest.mark.parametrize("make_class", [simple_with_linear_class, nested_with_linear_class],
+                         ids=["simple_with_linear", "nested_with_linear"])
+def test_with_linear_gradients(make_class):
+    lr.manual_seed(0)
+    lazy_module = make_class(LAZY)()
+    torch_module = copy_module(lazy_module, make_class(EAGER)())
+    x = randn(1, 2, 2)
+    got = lazy_module(lr.tensor(4), lr.tensor(x, requires_grad=True))
+    want = torch_module(torch.tensor(4), torch.tensor(x, requires_grad=True))
+    (got[1] * got[1]).sum().backward()
+    (want[1] * want[1]).sum().backward()
+    assert_tree_close(got, tuple(w.detach() for w in want))
+    named = dict(torch_module.named_parameters())
+    for name, p in lazy_module.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), named[name].grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def test_simple_with_pytree_carry():
