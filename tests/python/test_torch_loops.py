@@ -111,3 +111,89 @@ def test_bodies_that_cannot_run_as_loops_are_refused_clearly():
         lt.fori_loop(0, 2, lambda i, c: torch.special.bessel_j0(c), torch.zeros(2))
     with pytest.raises(lt.CaptureError, match="must return tensors"):
         lt.fori_loop(0, 2, lambda i, c: 1.0, torch.zeros(2))
+
+
+# ---- gradients: torch autograd through lazyrt's loops ---------------------------------------
+
+
+def _same_grads(got, want):
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert (a.grad is None) == (b.grad is None), f"tensor {k}: gradient presence differs"
+        if b.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-12, msg=f"tensor {k}")
+
+
+@pytest.mark.parametrize("snapshots", [0, 2])
+def test_gradients_through_a_while_loop_with_a_data_dependent_trip_count(snapshots):
+    def run(loop):
+        torch.manual_seed(3)
+        lin = torch.nn.Linear(4, 4).double()
+        x0 = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        body = lambda i, x: (i + 1, torch.tanh(lin(x)) * 1.5 + x)  # noqa: E731
+        if loop:
+            i, x = lt.while_loop(lambda i, x: (x * x).sum() < 200.0, body, (torch.tensor(0), x0), snapshots=snapshots)
+        else:
+            i, x = torch.tensor(0), x0
+            while float((x * x).sum()) < 200.0:
+                i, x = body(i, x)
+        assert x.requires_grad and not i.requires_grad
+        (x.sin().sum() + x.sum()).backward()
+        return int(i), [lin.weight, lin.bias, x0]
+
+    trips, got = run(True)
+    want_trips, want = run(False)
+    assert trips == want_trips and trips > 2
+    _same_grads(got, want)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gradients_through_a_scan_of_a_gru_cell(reverse):
+    def run(loop):
+        torch.manual_seed(1)
+        cell = torch.nn.GRUCell(3, 5).double()
+        xs = torch.randn(6, 2, 3, dtype=torch.float64, requires_grad=True)
+        h0 = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+
+        def step(h, x):
+            h = cell(x, h)
+            return h, h.norm(dim=1)
+
+        if loop:
+            h, ys = lt.scan(step, h0, xs, reverse=reverse, snapshots=2 if reverse else 0)
+        else:
+            h, rows = h0, [None] * 6
+            for r in (reversed(range(6)) if reverse else range(6)):
+                h, rows[r] = step(h, xs[r])
+            ys = torch.stack(rows)
+        ((h * h).sum() + (ys * torch.arange(1.0, 7.0, dtype=torch.float64)[:, None]).sum()).backward()
+        return [*cell.parameters(), xs, h0]
+
+    _same_grads(run(True), run(False))
+
+
+def test_gradients_reach_captured_tensors_and_pytree_carries_of_a_fori_loop():
+    def run(loop):
+        w = torch.tensor([0.5, -1.5, 2.0], dtype=torch.float64, requires_grad=True)
+        a = torch.ones(3, dtype=torch.float64, requires_grad=True)
+        frozen = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)  # no gradient wanted
+        body = lambda i, c: {"a": c["a"] * w + frozen, "n": c["n"] + i}  # noqa: E731
+        if loop:
+            c = lt.fori_loop(0, 4, body, {"a": a, "n": torch.tensor(0)}, snapshots=3)
+        else:
+            c = {"a": a, "n": torch.tensor(0)}
+            for i in range(4):
+                c = body(torch.tensor(i), c)
+        assert int(c["n"]) == 6 and not c["n"].requires_grad
+        (c["a"] ** 2).sum().backward()
+        return [w, a, frozen]
+
+    _same_grads(run(True), run(False))
+
+
+def test_no_gradient_is_recorded_under_no_grad_or_for_tensors_that_need_none():
+    w = torch.ones(2, requires_grad=True)
+    with torch.no_grad():
+        (x,) = lt.while_loop(lambda x: x.sum() < 10, lambda x: (x * w + 1,), (torch.ones(2),))
+    assert not x.requires_grad and x.tolist() == [5.0, 5.0]
+    (y,) = lt.while_loop(lambda x: x.sum() < 10, lambda x: (x * 2 + 1,), (torch.ones(2),))
+    assert not y.requires_grad and y.tolist() == [7.0, 7.0]
