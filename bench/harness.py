@@ -119,6 +119,27 @@ def check_close(what, got, expected, rtol, atol):
                              f"atol {atol}; worst at {tuple(int(k) for k in i)}: {got[i]!r} against {expected[i]!r}")
 
 
+# ---- PyTorch's lazy tensors -------------------------------------------------------------------
+
+def torch_lazy_available():
+    """PyTorch's lazy tensors on its TorchScript backend, initialized once per process."""
+    try:
+        import torch._lazy
+        import torch._lazy.ts_backend
+        if not getattr(torch_lazy_available, "done", False):
+            torch._lazy.ts_backend.init()
+            torch_lazy_available.done = True
+        return True
+    except (ImportError, RuntimeError):
+        return False
+
+
+def ltc_live_tensors():
+    """torch._lazy's lazy tensors created and not yet destroyed, by its own counters."""
+    import torch._lazy.metrics as m
+    return (m.counter_value("CreateLtcTensor") or 0) - (m.counter_value("DestroyLtcTensor") or 0)
+
+
 # ---- memory of the process ------------------------------------------------------------------
 
 def run_child(opts, *child_args):

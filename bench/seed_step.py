@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 import lazyrt as lr
-from harness import BenchmarkError, Samples, calls_for, check_close, ratio, table, time_side_by_side
+from harness import (BenchmarkError, Samples, calls_for, check_close, ltc_live_tensors, ratio, table,
+                     time_side_by_side, torch_lazy_available)
 
 STEPS_CHECKED = 5
 FRONTEND = "lazyrt.torch.compile (torch Linear and AdamW, written back)"
@@ -82,24 +83,6 @@ def torch_compiled(w, b):
         return loss
     compiled = lazyrt.torch.compile(train_step)
     return compiled, torch_model
-
-
-def torch_lazy_available():
-    """PyTorch's lazy tensors on its TorchScript backend, initialized once per process."""
-    try:
-        import torch._lazy
-        import torch._lazy.ts_backend
-        if not getattr(torch_lazy_available, "done", False):
-            torch._lazy.ts_backend.init()
-            torch_lazy_available.done = True
-        return True
-    except (ImportError, RuntimeError):
-        return False
-
-
-def ltc_live_tensors():
-    import torch._lazy.metrics as m
-    return (m.counter_value("CreateLtcTensor") or 0) - (m.counter_value("DestroyLtcTensor") or 0)
 
 
 def cpp_figures(build_dir):

@@ -108,6 +108,10 @@ def main(argv):
             import loop_grad
             loop_grad.child(args.child[1], int(args.child[2]))
             return 0
+        if args.child[0] == "torch-frontend-lazy":
+            import torch_frontend
+            torch_frontend.child_lazy_probe()
+            return 0
         raise SystemExit(f"unknown child {args.child[0]}")
 
     parts = args.only or (WORKLOADS + (() if args.quick else ("cpp",)))

@@ -107,3 +107,17 @@ def same_tree(a, b, what, rtol=1e-5, atol=1e-6):
             same_tree(x, y, f"{what}[{k}]", rtol, atol)
     else:
         assert a == b, f"{what}: {a!r} vs {b!r}"
+
+
+def lowered_results(fn, inputs):
+    """fn(inputs) (a list of torch tensors in, a list out) captured as lazyrt.torch captures a
+    step (fake tensors, functionalized), lowered and run by lazyrt: the results as torch tensors."""
+    from functorch import functionalize
+
+    from lazyrt.torch._capture import _fake_trace
+    from lazyrt.torch._lower import LoweredGraph
+
+    gm = _fake_trace(functionalize(_fake_trace(fn, inputs)), inputs)
+    lowered = LoweredGraph(gm, list(next(n for n in gm.graph.nodes if n.op == "output").args[0]))
+    got = lowered(*[lr.from_torch(t) for t in inputs], *[lr.from_torch(t) for t in lowered.constants])
+    return [lr.to_torch(g) for g in got]

@@ -21,7 +21,7 @@ from torch import nn
 import lazyrt
 import lazyrt.metrics
 import lazyrt.torch
-from conftest import REPO, same_tree
+from conftest import REPO, lowered_results, same_tree
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 5
@@ -934,19 +934,6 @@ def test_a_function_of_its_arguments_alone_compiles_and_a_hidden_module_is_named
 
     with pytest.raises(lazyrt.torch.CaptureError, match="model="):
         lazyrt.torch.compile(uses_hidden)(x)
-
-
-def lowered_results(fn, inputs):
-    """fn(inputs) captured as a step is (fake tensors, functionalized) and run by lazyrt."""
-    from functorch import functionalize
-
-    from lazyrt.torch._capture import _fake_trace
-    from lazyrt.torch._lower import LoweredGraph
-
-    gm = _fake_trace(functionalize(_fake_trace(fn, inputs)), inputs)
-    lowered = LoweredGraph(gm, list(next(n for n in gm.graph.nodes if n.op == "output").args[0]))
-    got = lowered(*[lazyrt.from_torch(t) for t in inputs], *[lazyrt.from_torch(t) for t in lowered.constants])
-    return [lazyrt.to_torch(g) for g in got]
 
 
 @pytest.mark.parametrize("kernel,stride,padding,dilation,ceil_mode", [

@@ -46,9 +46,12 @@ what eager computes (see `_capture`).
 **Lowering** (`_lower`): an interpreter maps each aten op of the graph to lazyrt ops
 (``lazyrt.torch.supported_ops()`` lists them; batch norm is captured through PyTorch's own
 decomposition, and the backward of convolutions and average pooling is the vector-Jacobian
-product of the lowered forward by lazyrt's autograd; dropout and other random ops draw from
-lazyrt's generator, whose state every replay advances, not from torch's stream); it runs inside ``lazyrt.compile_step``, which
+product of the lowered forward by lazyrt's autograd; 1-d convolutions are 2-d ones over a unit
+height, and a transposed convolution is the direct one's vector-Jacobian product with respect
+to its input; dropout and other random ops draw from lazyrt's generator, whose state every
+replay advances, not from torch's stream); it runs inside ``lazyrt.compile_step``, which
 records it once and replays the compiled lazyrt graph on later calls. An op without a lowering
+(or with attributes its lowering does not take: a 3-d convolution)
 is a graph break: it runs in PyTorch eager on the values the compiled piece before it gave, and
 the graph's other ops run as compiled pieces around it (each its own ``compile_step``); every
 such op run counts in ``lazyrt.metrics.counter("GraphBreak")`` and the first capture that

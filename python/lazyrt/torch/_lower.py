@@ -9,7 +9,8 @@ is checked against it — a shape that differs is an error naming the op, never 
 value.
 
 Only the nodes the outputs and write-backs need are lowered (the graph also holds dead ops,
-such as the profiler's ``record_function`` buffers). A live op without a lowering raises
+such as the profiler's ``record_function`` buffers). A live op without a lowering (or one
+lowered for some attributes only, `REFUSALS`, given others: a 3-d convolution) raises
 `UnsupportedOperatorError` naming it, when the step is captured and before anything runs —
 unless graph breaks are allowed (a captured step, not a loop body): then each such op runs in
 PyTorch eager between compiled pieces of the graph (`LoweredGraph.run`), counted by the
@@ -692,8 +693,10 @@ def _native_layer_norm_backward(e, grad, x, normalized_shape, mean, rstd, weight
 # ---- convolution and pooling -------------------------------------------------------------------
 # Forward ops map to lazyrt's; most backward ops are the vector-Jacobian product of that
 # forward by lazyrt's own autograd (`_vjp`: the recomputed forward is the same graph, which
-# CSE merges with the forward's), so the gradients are lazyrt's gradient rules. max_pool2d's
-# backward scatters through the indices, as torch's does.
+# CSE merges with the forward's), so the gradients are lazyrt's gradient rules. 1-d
+# convolutions are 2-d ones over a unit height; a transposed convolution, forward and
+# backward, is made of the direct one's (see `_Conv`). max_pool2d's backward scatters through
+# the indices, as torch's does.
 
 def _vjp(forward, inputs, grad, wanted):
     """The gradients of forward(*inputs) for grad, for the inputs `wanted` marks (None else)."""
@@ -706,33 +709,125 @@ def _vjp(forward, inputs, grad, wanted):
     return [x.grad if w else None for x, w in zip(leaves, wanted)]
 
 
+def _autograd_records():
+    """Whether lazyrt's autograd records here: not while a loop body is traced (a loop's
+    gradient is taken of its whole body)."""
+    with lazyrt.enable_grad():
+        return _C.neg(_C.zeros((), dtype=_C.float32).requires_grad_()).requires_grad
+
+
 def _pair(v):
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
 
 
-def _conv_args(x, transposed, output_padding):
-    if x.dim() != 4 or transposed or any(output_padding):
-        raise UnsupportedOperatorError(
-            f"lazyrt.torch: convolution of a {x.dim()}-d input{' (transposed)' if transposed else ''}: lazyrt lowers "
-            "2-d, non-transposed convolutions")
+def _single(v):
+    return v[0] if isinstance(v, (list, tuple)) else v
+
+
+def _conv_refusal(node):
+    """Why a convolution node is not lowered (None when it is): its input has neither 1 nor 2
+    spatial dims."""
+    x = node.args[0] if node.target is aten.convolution.default else node.args[1]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if isinstance(val, torch.Tensor) and val.dim() not in (3, 4):
+        return f"a {val.dim() - 2}-d convolution; lazyrt lowers 1-d and 2-d ones"
+    return None
+
+
+class _Conv:
+    """aten.convolution's attributes, for computing a 1-d or 2-d convolution as a 2-d one: a
+    1-d convolution's tensors ([N, C, L] input, [O, C / groups, K] weight, their gradients)
+    gain a unit height dim (`lift`) and lose it again (`drop`).
+
+    `direct(a, w)` is lazyrt's conv2d. A transposed convolution is the vector-Jacobian product
+    of the direct one with respect to its input (`transposed`): lazyrt's input-gradient kernel
+    of conv2d. Its backward is made of the direct one's too: the input's gradient is the direct
+    convolution of the output gradient, the weight's is the direct one's weight gradient at
+    input = output gradient and output gradient = the transposed one's input."""
+
+    def __init__(self, x, stride, padding, dilation, output_padding, groups):
+        if x.dim() not in (3, 4):
+            raise UnsupportedOperatorError(f"lazyrt.torch: convolution of a {x.dim()}-d input: lazyrt lowers 1-d "
+                                           "and 2-d convolutions")
+        self.one_d = x.dim() == 3
+        if self.one_d:
+            self.stride, self.padding = (1, _single(stride)), (0, _single(padding))
+            self.dilation, self.output_padding = (1, _single(dilation)), (0, _single(output_padding))
+        else:
+            self.stride, self.padding = _pair(stride), _pair(padding)
+            self.dilation, self.output_padding = _pair(dilation), _pair(output_padding)
+        self.groups = groups
+
+    def lift(self, t):
+        return _C.unsqueeze(t, 2) if self.one_d else t
+
+    def drop(self, t):
+        return _C.squeeze(t, 2) if self.one_d and t is not None else t
+
+    def lift_shape(self, shape):
+        return tuple(shape[:2]) + (1,) + tuple(shape[2:]) if self.one_d else tuple(shape)
+
+    def direct(self, a, w, bias=None):
+        return lazyrt.nn.functional.conv2d(a, w, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def cotangent(self, x, w, shape):
+        """x (a transposed convolution's input) zero-padded at the bottom and right to the size
+        of the direct convolution's output for an input of `shape`: larger than x where
+        output_padding >= stride (allowed when the dilation is larger still), and those last rows
+        and columns reach no output."""
+        extra = []
+        for d in (1, 0):  # pad's order: the last dim first
+            n, k = shape[2 + d], w.shape[2 + d]
+            s, p, dl = self.stride[d], self.padding[d], self.dilation[d]
+            extra += [0, (n + 2 * p - dl * (k - 1) - 1) // s + 1 - x.shape[2 + d]]
+        return _C.pad(x, extra) if any(extra) else x
+
+    def transposed(self, x, w, shape):
+        """The transposed convolution of x (lifted) to an output of `shape` (lifted)."""
+        if not _autograd_records():
+            # A loop body: the same map as lazyrt.nn.functional's composition (stride - 1 zeros
+            # between the input's values, a stride-1 convolution with the flipped weight: stride^2
+            # times the multiply-adds of the input-gradient kernel).
+            return lazyrt.nn.functional.conv_transpose2d(x, w, None, self.stride, self.padding, self.output_padding,
+                                                         self.groups, self.dilation)
+        primal = _full(shape, 0, x.dtype)
+        return _vjp(lambda a: self.direct(a, w), [primal], self.cotangent(x, w, shape), [True])[0]
 
 
 @lowering(aten.convolution.default)
 def _convolution(e, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
-    _conv_args(x, transposed, output_padding)
-    return lazyrt.nn.functional.conv2d(x, w, bias, _pair(stride), _pair(padding), _pair(dilation), groups)
+    c = _Conv(x, stride, padding, dilation, output_padding, groups)
+    x, w = c.lift(x), c.lift(w)
+    if not transposed:
+        return c.drop(c.direct(x, w, bias))
+    y = c.transposed(x, w, c.lift_shape(e.shape))
+    if bias is not None:
+        y = _C.add(y, _C.reshape(bias, (1, -1, 1, 1)))
+    return c.drop(y)
 
 
 @lowering(aten.convolution_backward.default)
 def _convolution_backward(e, grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding,
                           groups, output_mask):
-    _conv_args(x, transposed, output_padding)
-    conv = lambda a, b: lazyrt.nn.functional.conv2d(a, b, None, _pair(stride), _pair(padding), _pair(dilation),
-                                                     groups)
-    gx, gw = _vjp(conv, [x, w], grad, list(output_mask[:2]))
+    c = _Conv(x, stride, padding, dilation, output_padding, groups)
+    grad, x, w = c.lift(grad), c.lift(x), c.lift(w)
+    gx = gw = None
+    if transposed:
+        if output_mask[0]:  # the direct output's last rows and columns (cotangent's padding) dropped
+            gx = c.direct(grad, w)[:, :, :x.shape[2], :x.shape[3]]
+        if output_mask[1]:
+            gw = _vjp(c.direct, [grad, w], c.cotangent(x, w, tuple(grad.shape)), [False, True])[1]
+    elif output_mask[0] or output_mask[1]:
+        gx, gw = _vjp(c.direct, [x, w], grad, list(output_mask[:2]))
     gb = _C.sum(grad, [0, 2, 3]) if output_mask[2] else None
-    return [gx, gw, gb]
+    return [c.drop(gx), c.drop(gw), gb]
+
+
+# Ops lowered for some of their attributes only: op -> fn(node) giving why that node is not
+# lowered (None when it is). LoweredGraph treats such a node as an op without a lowering: a
+# graph break where breaks are allowed, UnsupportedOperatorError elsewhere.
+REFUSALS = {aten.convolution.default: _conv_refusal, aten.convolution_backward.default: _conv_refusal}
 
 
 def _pool_window(kernel_size, stride, padding, dilation):
@@ -866,9 +961,13 @@ class LoweredGraph:
         self.constants, self.constant_index = [], {}  # unique torch tensors; get_attr node -> index
         seen = {}
         missing = []
+        why = {}  # op name -> why its node is not lowered, for ops lowered for some attributes only
         for n in self.nodes:
             if n.op == "call_function" and n.target not in LOWERINGS:
                 missing.append(n)
+            elif n.op == "call_function" and n.target in REFUSALS and REFUSALS[n.target](n):
+                missing.append(n)
+                why.setdefault(op_name(n.target), REFUSALS[n.target](n))
             elif n.op == "call_function" and n.target in FRESH_IN_PLACE:
                 target = n.args[0]
                 if not (isinstance(target, torch.fx.Node) and len(target.users) == 1 and
@@ -893,7 +992,9 @@ class LoweredGraph:
             names = sorted({op_name(n.target) for n in missing})
             first = missing[0]
             raise UnsupportedOperatorError(
-                f"lazyrt.torch: no lowering to lazyrt for {', '.join(names)} (first use: node '{first.name}'"
+                f"lazyrt.torch: no lowering to lazyrt for "
+                f"{', '.join(name + (f' ({why[name]})' if name in why else '') for name in names)} "
+                f"(first use: node '{first.name}'"
                 f"{_stack_hint(first)}); a graph break cannot run it here, so this cannot be compiled")
         self.expect = {n: Expect(n) for n in self.nodes if n.op == "call_function"}
         # Ops run by PyTorch eager: those without a lowering, and the items taken of their results.
@@ -905,8 +1006,9 @@ class LoweredGraph:
         for name in sorted({op_name(n.target) for n in missing} - _WARNED_BREAKS):
             _WARNED_BREAKS.add(name)
             first = next(n for n in missing if op_name(n.target) == name)
-            warnings.warn(f"lazyrt.torch: graph break: {name} has no lowering to lazyrt and runs in PyTorch eager "
-                          f"between compiled pieces of the step (node '{first.name}'{_stack_hint(first)})",
+            reason = f" ({why[name]})" if name in why else ""
+            warnings.warn(f"lazyrt.torch: graph break: {name}{reason} has no lowering to lazyrt and runs in PyTorch "
+                          f"eager between compiled pieces of the step (node '{first.name}'{_stack_hint(first)})",
                           GraphBreakWarning, stacklevel=2)
         self.pieces = _pieces(self.nodes, self.eager, self.roots) if self.eager else None
         self.compiled = []  # per lowered piece: its lazyrt.compile_step, made by the first run
