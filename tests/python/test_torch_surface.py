@@ -485,6 +485,20 @@ def test_float_division(rng, name):
         _grads_match(fn, tfn, [x, y])
 
 
+def test_mod_and_floordiv_operators_are_torchs():
+    # Float divisors that are exact in binary: the operators, not fmod's precision, under test.
+    for a, b in [(INT_A, INT_B), (np.array([7.5, -7.5, 0.3, -2.25]), np.array([2.0, -2.0, -0.25, 0.5]))]:
+        x, y, tx, ty = lr.tensor(a), lr.tensor(b), torch.tensor(a), torch.tensor(b)
+        assert_same(x % y, tx % ty, atol=1e-12)
+        assert_same(x // y, tx // ty)
+        assert_same(x % 3, tx % 3, atol=1e-12, what="scalar divisor")
+        assert_same(x // -3, tx // -3, what="negative scalar divisor")
+        assert_same(17 % y, 17 % ty, atol=1e-12, what="scalar dividend")
+        assert_same(-17 // y, -17 // ty, what="scalar dividend")
+        assert_same(x.remainder(y), tx.remainder(ty), atol=1e-12, what="method")
+        assert_same(x.fmod(y), tx.fmod(ty), atol=1e-12, what="method")
+
+
 def test_binary_elementwise(rng):
     a, b = rng.normal(size=(3, 4)) * 3, rng.normal(size=(4,)) * 3
     _grads_match(lr.hypot, torch.hypot, [a, b])

@@ -14,10 +14,9 @@ generator continues after lazyrt.while_loop exactly as after the same body in an
 Python loop of lazyrt ops under the same lr.manual_seed (torch's generator is not lazyrt's, so
 for the draws that loop is the reference; PyTorch eager stays the reference for the values).
 
-Differences from upstream, where lazyrt's model needs them:
-- The MNIST body's BatchNorm2d layers are fresh and in eval mode upstream: y / sqrt(1 + eps)
-  with their default statistics; lazyrt has no BatchNorm yet, so the body computes exactly that.
-- `next_iteri % 3` is computed with floor division in float64 (lazyrt has no remainder op yet).
+The MNIST body (two convolutions with max pooling and BatchNorm2d layers in eval mode, two
+Linear layers, log_softmax) runs as upstream's; not upstream, it is also differentiated through
+the while loop, its weights' gradients against torch autograd.
 """
 
 import numpy as np
@@ -138,49 +137,70 @@ def test_while_loop_102_layers_with_a_computed_layer_index():
     weights = [[[1.0, 2.0], [3.0, 4.0]]] * 3
     bias = [[[1.0, 2.0], [0.0, 0.0]]] * 3
 
-    def mod3_lazy(n):
-        return -((n - (n.to(lr.float64) / 3).floor().to(n.dtype) * 3)) - 1
-
-    want = check_layered_linear(weights, bias, 101, mod3_lazy, lambda n: -(n % 3) - 1,
+    want = check_layered_linear(weights, bias, 101, lambda n: -(n % 3) - 1, lambda n: -(n % 3) - 1,
                                 np.testing.assert_array_equal)
     assert np.isinf(want.numpy()[2]).any(), "the case reaches float32's overflow, as upstream's does"
 
 
-def test_while_loop_mnist_body():
+def mnist_layers(lib):
+    """Upstream's MNIST layers: conv(1->10, 5x5, padding 2), conv(10->20, 5x5), BatchNorm2d(10),
+    BatchNorm2d(20) (eval mode), Linear(500, 50), Linear(50, 10)."""
+    layers = [lib.nn.Conv2d(1, 10, kernel_size=5, stride=1, padding=2), lib.nn.Conv2d(10, 20, kernel_size=5),
+              lib.nn.BatchNorm2d(10), lib.nn.BatchNorm2d(20), lib.nn.Linear(500, 50), lib.nn.Linear(50, 10)]
+    for layer in layers:
+        layer.eval()
+    return layers
+
+
+def mnist_features(lib, layers, x):
+    conv1, conv2, bn1, bn2, fc1, fc2 = layers
+    F = torch.nn.functional if lib is torch else lr.nn.functional
+    y = bn1(F.relu(F.max_pool2d(conv1(x), 2)))
+    y = bn2(F.relu(F.max_pool2d(conv2(y), 2)))
+    y = F.relu(fc1(y.flatten(1)))
+    return F.log_softmax(fc2(y), dim=1)
+
+
+def mnist_pair():
     lr.manual_seed(0)
-    conv1 = lr.nn.Conv2d(1, 10, kernel_size=5, stride=1, padding=2)
-    conv2 = lr.nn.Conv2d(10, 20, kernel_size=5)
-    fc1, fc2 = lr.nn.Linear(500, 50), lr.nn.Linear(50, 10)
-    bn_scale = 1.0 / np.sqrt(1.0 + 1e-5)  # a fresh BatchNorm2d in eval mode
-
-    def features(lib, c1, c2, f1, f2, x):
-        F = torch.nn.functional if lib is torch else None
-        pool = F.max_pool2d if lib is torch else (lambda t, k: lr.max_pool2d(t, k))
-        relu = torch.relu if lib is torch else lr.relu
-        y = relu(pool(c1(x), 2)) * bn_scale
-        y = relu(pool(c2(y), 2)) * bn_scale
-        y = relu(f1(y.flatten(1)))
-        y = f2(y)
-        return torch.log_softmax(y, dim=1) if lib is torch else lr.log_softmax(y, dim=1)
-
-    rng = np.random.default_rng(1)
-    x_np = rng.standard_normal((16, 1, 28, 28)).astype(np.float32)
-    y_np = rng.standard_normal((16, 10)).astype(np.float32)
-    with lr.no_grad():
-        _, _, res = lr.while_loop(
-            lambda i, x, y: i > 0,
-            lambda i, x, y: (i - 1, x * 1.0, features(lr, conv1, conv2, fc1, fc2, x)),
-            (lr.tensor(10), lr.tensor(x_np), lr.tensor(y_np)))
-
-    def torch_conv_like(c, **kw):
-        t = torch.nn.Conv2d(c.weight.shape[1], c.weight.shape[0], c.weight.shape[2], **kw)
-        with torch.no_grad():
-            t.weight.copy_(torch.tensor(c.weight.numpy()))
-            t.bias.copy_(torch.tensor(c.bias.numpy()))
-        return t
-
+    lazy = mnist_layers(lr)
+    eager = mnist_layers(torch)
     with torch.no_grad():
-        want = features(torch, torch_conv_like(conv1, padding=2), torch_conv_like(conv2),
-                        torch_linear_like(fc1), torch_linear_like(fc2), torch.tensor(x_np))
+        for a, b in zip(lazy, eager):
+            b.load_state_dict({k: torch.tensor(np.array(v.numpy())) for k, v in a.state_dict().items()})
+    rng = np.random.default_rng(1)
+    return lazy, eager, rng.standard_normal((16, 1, 28, 28)).astype(np.float32), \
+        rng.standard_normal((16, 10)).astype(np.float32)
+
+
+def test_while_loop_mnist_body():
+    lazy, eager, x_np, y_np = mnist_pair()
+    with lr.no_grad():
+        _, _, res = lr.while_loop(lambda i, x, y: i > 0,
+                                  lambda i, x, y: (i - 1, x * 1.0, mnist_features(lr, lazy, x)),
+                                  (lr.tensor(10), lr.tensor(x_np), lr.tensor(y_np)))
+    with torch.no_grad():
+        want = mnist_features(torch, eager, torch.tensor(x_np))
     # The body does not depend on the iteration: the result is one application, as upstream.
     np.testing.assert_allclose(res.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("snapshots", [0, 3])
+def test_while_loop_mnist_body_gradients(snapshots):
+    # Not upstream: the same loop differentiated. Only the last trip's y reaches the result, so
+    # torch's reference is one application; x is carried (times 1) through all ten trips.
+    lazy, eager, x_np, y_np = mnist_pair()
+    x = lr.tensor(x_np, requires_grad=True)
+    _, xs, res = lr.while_loop(lambda i, x, y: i > 0,
+                               lambda i, x, y: (i - 1, x * 1.0, mnist_features(lr, lazy, x)),
+                               (lr.tensor(10), x, lr.tensor(y_np)), snapshots=snapshots)
+    tx = torch.tensor(x_np, requires_grad=True)
+    want = mnist_features(torch, eager, tx)
+    weights = torch.tensor(np.linspace(-1, 1, 160, dtype=np.float32).reshape(16, 10))
+    ((res * lr.tensor(weights.numpy())).sum() + xs.sum()).backward()
+    ((want * weights).sum() + tx.sum()).backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-6)
+    for a, b in zip(lazy, eager):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{type(a).__name__}.{name}")
