@@ -295,13 +295,20 @@ def copy_module(lazy_module, torch_module):
     return torch_module
 
 
-@pytest.mark.parametrize("make_class", [simple_with_linear_class, nested_with_linear_class],
-                         ids=["simple_with_linear", "nested_with_linear"])
-def test_with_linear(make_class):
+LINEAR_CLASSES = pytest.mark.parametrize("make_class", [simple_with_linear_class, nested_with_linear_class],
+                                         ids=["simple_with_linear", "nested_with_linear"])
+
+
+def linear_modules(make_class):
+    """A lazyrt module and the torch module with its weights."""
     lr.manual_seed(0)
     lazy_module = make_class(LAZY)()
-    torch_module = copy_module(lazy_module, make_class(EAGER)())
-    x = randn(1, 2, 2)
+    return lazy_module, copy_module(lazy_module, make_class(EAGER)()), randn(1, 2, 2)
+
+
+@LINEAR_CLASSES
+def test_with_linear(make_class):
+    lazy_module, torch_module, x = linear_modules(make_class)
     with lr.no_grad():
         got = lazy_module(lr.tensor(3), lr.tensor(x))
     with torch.no_grad():
@@ -310,13 +317,9 @@ def test_with_linear(make_class):
     assert got[0].item() == 1
 
 
-@pytest.mark.parametrize("make_class", [simple_with_linear_class, nested_with_linear_class],
-                         ids=["simple_with_linear", "nested_with_linear"])
+@LINEAR_CLASSES
 def test_with_linear_gradients(make_class):
-    lr.manual_seed(0)
-    lazy_module = make_class(LAZY)()
-    torch_module = copy_module(lazy_module, make_class(EAGER)())
-    x = randn(1, 2, 2)
+    lazy_module, torch_module, x = linear_modules(make_class)
     got = lazy_module(lr.tensor(4), lr.tensor(x, requires_grad=True))
     want = torch_module(torch.tensor(4), torch.tensor(x, requires_grad=True))
     (got[1] * got[1]).sum().backward()
