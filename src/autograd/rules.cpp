@@ -414,7 +414,8 @@ Grads grad_Cumprod(const C& c) {
   return {detail::apply(OpKind::CumprodBackward, {c.grad, c.inputs[0]}, {c.at().i<"dim">()})};
 }
 
-// Not differentiable: leaves, boolean results, control flow (until loop autodiff lands).
+// No rule here: leaves, boolean results, and control flow (loops record their own autograd
+// node, with the body's vector-Jacobian product, when traced: trace/loops.cpp).
 constexpr GradRule grad_Parameter = nullptr;
 constexpr GradRule grad_CumprodBackward = nullptr;
 constexpr GradRule grad_Sort = nullptr;  // indices; sort's values are a gather of them
