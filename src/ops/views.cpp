@@ -167,8 +167,10 @@ void attach_view(const Tensor& t, TensorImpl& base, const ViewOf& chain, std::ve
   v->detached |= chain.detached;
   v->grad = !v->detached && chain.grad;
   // Prune the dead now and then, so that a base viewed every step (a weight's transpose in
-  // each forward) keeps a short list.
-  if (root->views.size() >= 8 && root->views.size() % 8 == 0) prune(*root);
+  // each forward) keeps a short list: when the list reaches a power of two, so that making n
+  // live views (split into n pieces) costs O(n) pruning, not O(n^2).
+  const size_t n = root->views.size();
+  if (n >= 8 && (n & (n - 1)) == 0) prune(*root);
   root->views.push_back(r.shared_from_this());
   r.view_of = std::move(v);
   r.strides = std::move(strides);
