@@ -100,4 +100,4 @@ def supported_ops():
 
 
 __all__ = ["compile", "CompiledFunction", "CaptureError", "UnsupportedOperatorError", "GraphBreakWarning",
-           "supported_ops", "discover"]
+           "supported_ops", "discover", "while_loop", "fori_loop", "scan"]
