@@ -814,7 +814,9 @@ class Program {
       }
       case 46: {
         Entry i = pick();
-        push(one_hot(i.t, flag() ? -1 : size_arg()), {&i});
+        // num_classes -1 reads the indices' values (a sync), so only within the read budget.
+        const bool infer = flag() && syncable(i);
+        push(one_hot(i.t, infer ? -1 : size_arg()), {&i});
         break;
       }
       case 47: {
