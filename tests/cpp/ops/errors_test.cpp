@@ -93,6 +93,19 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
   EXPECT_EQ(pooled.shape(), (Shape{0, 1, int64_t{1} << 40, 1}));
   Tensor resized = nn::interpolate(ones({0, 1, 4, 4}), {int64_t{1} << 40, 2});
   EXPECT_EQ(resized.shape(), (Shape{0, 1, int64_t{1} << 40, 2}));
+  // Kernels over empty tensors whose dims multiply past 64 bits: the strided copy's dim
+  // merging and batched matmul's batch strides wrapped. Run by the reference backend, which
+  // keeps every op a kernel (no folding of empty results).
+  for (const char* backend : {"cpu", "reference"}) {
+    set_backend(backend);
+    Tensor copied = permute(zeros({INT64_MAX - 1, INT64_MAX, 0, 0}, DType::i64), {1, 0, 2, 3}).contiguous();
+    sync({copied});
+    EXPECT_EQ(copied.shape(), (Shape{INT64_MAX, INT64_MAX - 1, 0, 0})) << backend;
+    Tensor product = matmul(zeros({0, int64_t{1} << 40, int64_t{1} << 30}), zeros({int64_t{1} << 30, 2}));
+    sync({product});
+    EXPECT_EQ(product.shape(), (Shape{0, int64_t{1} << 40, 2})) << backend;
+  }
+  set_backend("cpu");
 }
 
 TEST(OpErrors, InterpolateScaleBeyondSixtyFourBitsIsRefused) {

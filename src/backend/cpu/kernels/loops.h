@@ -105,6 +105,7 @@ struct StridedLayout {
     LAZYRT_ASSERT(shape_in.size() <= static_cast<size_t>(kMaxRank), "rank ", shape_in.size(),
                   " exceeds the kernel limit ", kMaxRank);
     numel = shape_numel(shape_in);
+    if (numel == 0) return;  // addresses nothing; its strides may pass 64 bits
     for (size_t d = 0; d < shape_in.size(); ++d) {
       if (shape_in[d] == 1) continue;
       if (!shape.empty() && strides.back() == strides_in[d] * shape_in[d]) {

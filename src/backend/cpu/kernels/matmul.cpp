@@ -26,9 +26,10 @@ struct MatmulLayout {
       Shape b(s.begin(), s.end() - 2);
       std::vector<int64_t> st = contiguous_strides(b);
       std::vector<int64_t> strides(batch.size(), 0);
-      const int64_t mat = s[s.size() - 2] * s.back();
+      // Wrapping: past 64 bits only for an empty operand, which addresses nothing.
+      const int64_t mat = lazyrt::detail::stride_mul_add(s[s.size() - 2], s.back());
       for (size_t j = 0; j < b.size(); ++j)
-        strides[batch.size() - b.size() + j] = b[j] == 1 ? 0 : st[j] * mat;
+        strides[batch.size() - b.size() + j] = b[j] == 1 ? 0 : lazyrt::detail::stride_mul_add(st[j], mat);
       std::vector<int64_t> out;
       out.reserve(static_cast<size_t>(shape_numel(batch)));
       StridedLayout(batch, strides).for_each_run([&](int64_t off, int64_t cnt, int64_t stride) {
