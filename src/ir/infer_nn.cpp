@@ -75,7 +75,8 @@ std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, co
     LAZYRT_CHECK(0 <= starts[d] && starts[d] <= ends[d] && ends[d] <= x.shape[d], op,
                  ": range [", starts[d], ", ", ends[d], ") of dim ", d, " is not within ",
                  type_str(x));
-    out[d] = (ends[d] - starts[d] + steps[d] - 1) / steps[d];
+    const int64_t span = ends[d] - starts[d];  // ceil(span / step), without overflowing
+    out[d] = span / steps[d] + (span % steps[d] != 0 ? 1 : 0);
   }
   return {{x.dtype, out}};
 }

@@ -76,6 +76,8 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
   }
   // A slice's offset (3 * 2^62 elements in) of an empty tensor.
   EXPECT_EQ(slice(zeros({4, 0, int64_t{1} << 62}, DType::f16), 0, 3, 4).shape(), (Shape{1, 0, int64_t{1} << 62}));
+  // The slice node's length rule formed end - start + step - 1: a step of 2^63 - 1 overflowed.
+  EXPECT_EQ(slice(ones({4}), 0, 1, 4, INT64_MAX).to_vector<float>(), std::vector<float>{1});
   // chunk's ceil(size / chunks) overflowed for a huge chunk count.
   EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
   EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));
