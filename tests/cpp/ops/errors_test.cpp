@@ -78,6 +78,17 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
   EXPECT_EQ(slice(zeros({4, 0, int64_t{1} << 62}, DType::f16), 0, 3, 4).shape(), (Shape{1, 0, int64_t{1} << 62}));
   // The slice node's length rule formed end - start + step - 1: a step of 2^63 - 1 overflowed.
   EXPECT_EQ(slice(ones({4}), 0, 1, 4, INT64_MAX).to_vector<float>(), std::vector<float>{1});
+  // ... and its kernel's source stride (2 * (2^63 - 1)), and the gradient's interior padding,
+  // passed 64 bits: a dim of one element, whose stride is never applied.
+  for (const char* backend : {"cpu", "reference"}) {
+    set_backend(backend);
+    Tensor x = tensor({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}).requires_grad_();
+    Tensor row = slice(x, 0, 1, 4, INT64_MAX);
+    EXPECT_EQ(row.to_vector<float>(), (std::vector<float>{3, 4})) << backend;
+    row.sum().backward();
+    EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{0, 0, 1, 1, 0, 0, 0, 0})) << backend;
+  }
+  set_backend("cpu");
   // chunk's ceil(size / chunks) overflowed for a huge chunk count.
   EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
   EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));

@@ -2,6 +2,7 @@
 // flip (negative strides), pad (the input written strided into a filled output) and concat
 // (blocks of rows). All copies dispatch on element size, not dtype; only pad's fill value
 // needs the dtype.
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/kernels/loops.h"
@@ -23,6 +24,7 @@ struct CopyLayout {
     LAZYRT_ASSERT(s.size() <= static_cast<size_t>(kMaxRank), "rank ", s.size(),
                   " exceeds the kernel limit ", kMaxRank);
     numel = shape_numel(s);
+    if (numel == 0) return;  // copies nothing; its strides may pass 64 bits
     for (size_t d = 0; d < s.size(); ++d) {
       if (s[d] == 1) continue;
       if (!shape.empty() && src.back() == src_strides[d] * s[d] && dst.back() == dst_strides[d] * s[d]) {
@@ -103,9 +105,11 @@ Kernel make_Slice(const KernelSpec& s) {
   std::vector<int64_t> in_st = contiguous_strides(s.inputs[0].shape);
   std::vector<int64_t> src(out.size());
   int64_t base = 0;
+  // Wrapping stride arithmetic: a huge step past a dim's one element (size 1) passes 64 bits
+  // but is never applied; every offset the copy reads fits.
   for (size_t d = 0; d < out.size(); ++d) {
-    src[d] = in_st[d] * steps[d];
-    base += starts[d] * in_st[d];
+    src[d] = lazyrt::detail::stride_mul_add(in_st[d], steps[d]);
+    base = lazyrt::detail::stride_mul_add(starts[d], in_st[d], base);
   }
   auto layout = std::make_shared<CopyLayout>(out, src, contiguous_strides(out));
   layout->src_base = base;
@@ -143,13 +147,17 @@ Kernel make_Pad(const KernelSpec& s) {
   for (size_t d = 0; d < in.size(); ++d) {
     const int64_t step = interior[d] + 1;
     // The first and last input elements that land inside the output.
-    const int64_t first = low[d] >= 0 ? 0 : (-low[d] + step - 1) / step;
+    // ceil(-low / step), in unsigned arithmetic (-low of INT64_MIN, -low + step - 1 overflow).
+    const uint64_t cut = low[d] >= 0 ? 0 : uint64_t{0} - static_cast<uint64_t>(low[d]);
+    const auto ustep = static_cast<uint64_t>(step);
+    const auto first = static_cast<int64_t>(std::min<uint64_t>(cut / ustep + (cut % ustep != 0), INT64_MAX));
     const int64_t room = out[d] - 1 - low[d];
     const int64_t last = room < 0 ? -1 : std::min(in[d] - 1, room / step);
     count[d] = std::max<int64_t>(last - first + 1, 0);
-    dst[d] = out_st[d] * step;
-    src_base += first * in_st[d];
-    dst_base += (low[d] + first * step) * out_st[d];
+    // Wrapping, as in slice: a huge interior step between a dim's one element and nothing.
+    dst[d] = lazyrt::detail::stride_mul_add(out_st[d], step);
+    src_base = lazyrt::detail::stride_mul_add(first, in_st[d], src_base);
+    dst_base = lazyrt::detail::stride_mul_add(lazyrt::detail::stride_mul_add(first, step, low[d]), out_st[d], dst_base);
   }
   auto layout = std::make_shared<CopyLayout>(count, in_st, dst);
   layout->src_base = src_base;
