@@ -157,14 +157,20 @@ class Program {
   // ---- the pool of tensors ---------------------------------------------------------------
   // A copy: handles and groups are shared, so in-place ops through it reach the pool's tensor,
   // and it stays valid while results are pushed.
-  Entry pick() { return pool_[byte() % pool_.size()]; }
+  // Every entry a step picks counts toward the work of what it pushes (picked_): an operand
+  // passed as a bare tensor (an index, a bias, a clamp bound) is part of the result's graph.
+  Entry pick() {
+    Entry e = pool_[byte() % pool_.size()];
+    picked_ = std::max(picked_, e.effective());
+    return e;
+  }
   bool has_pool() const { return !pool_.empty(); }
 
   // Adds a result made from `ins`; `factor` is the work per result element. A view or a
   // result that may alias its input shares the group of alias_of.
   void push(const Tensor& r, std::initializer_list<const Entry*> ins, double factor = 1,
             const Entry* alias_of = nullptr) {
-    double cost = 0;
+    double cost = picked_;
     for (const Entry* e : ins) cost = std::max(cost, e->effective());
     cost += numel_of(r) * std::max(factor, 1.0);
     Entry e{r, cost, alias_of ? alias_of->group : std::make_shared<double>(0)};
@@ -312,6 +318,7 @@ class Program {
 
   // ---- one op ----------------------------------------------------------------------------
   void step() {
+    picked_ = 0;
     if (!has_pool()) {
       make_input();
       return;
@@ -1132,6 +1139,8 @@ class Program {
 
   void read(const Entry& e) {
     const Tensor& t = e.t;
+    if (verbose())
+      std::fprintf(stderr, "read %s%s, work %g\n", dtype_name(t.dtype()), shape_str(t.shape()).c_str(), e.effective());
     switch (byte() % 6) {
       case 0: sync({t}); break;
       case 1:
@@ -1195,6 +1204,7 @@ class Program {
   FuzzedDataProvider& in_;
   std::vector<Entry> pool_;
   double grad_cost_ = 0;
+  double picked_ = 0;
   bool huge_inplace_ = false;
 };
 
