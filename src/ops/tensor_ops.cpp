@@ -687,7 +687,7 @@ Tensor unsqueeze(const Tensor& a, int64_t d) {
   // PyTorch's strides: the new dim steps over the dim it is put before.
   const auto& t = *trace::impl_of(a);
   std::vector<int64_t> strides = strides_of(t);
-  strides.insert(strides.begin() + d, d < rank ? a.shape()[d] * strides[d] : 1);
+  strides.insert(strides.begin() + d, d < rank ? detail::stride_mul_add(a.shape()[d], strides[d]) : 1);
   return reshaped_view(a, std::move(s), std::move(strides));
 }
 

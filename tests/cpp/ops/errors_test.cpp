@@ -89,6 +89,8 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
     EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{0, 0, 1, 1, 0, 0, 0, 0})) << backend;
   }
   set_backend("cpu");
+  // unsqueeze's new stride (the next dim's size times its stride) of an empty tensor.
+  EXPECT_EQ(unsqueeze(zeros({int64_t{1} << 62, 8, 0}), 1).shape(), (Shape{int64_t{1} << 62, 1, 8, 0}));
   // chunk's ceil(size / chunks) overflowed for a huge chunk count.
   EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
   EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));
