@@ -91,6 +91,18 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
   set_backend("cpu");
   // unsqueeze's new stride (the next dim's size times its stride) of an empty tensor.
   EXPECT_EQ(unsqueeze(zeros({int64_t{1} << 62, 8, 0}), 1).shape(), (Shape{int64_t{1} << 62, 1, 8, 0}));
+  // index_select's [outer, size, inner] split of an empty input whose other dims multiply past
+  // 64 bits; an index out of range is still refused when the graph runs.
+  for (const char* backend : {"cpu", "reference"}) {
+    set_backend(backend);
+    Tensor picked = index_select(zeros({int64_t{1} << 62, 8, 0}), 1, tensor(std::vector<int64_t>{7, 0}, {2}));
+    sync({picked});
+    EXPECT_EQ(picked.shape(), (Shape{int64_t{1} << 62, 2, 0})) << backend;
+    EXPECT_THAT(error_of([] { sync({index_select(zeros({int64_t{1} << 62, 8, 0}), 1,
+                                                 tensor(std::vector<int64_t>{8}, {1}))}); }),
+                HasSubstr("out of bounds")) << backend;
+  }
+  set_backend("cpu");
   // chunk's ceil(size / chunks) overflowed for a huge chunk count.
   EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
   EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));

@@ -29,10 +29,16 @@ void check_indices(const I* index, int64_t n, int64_t size, const char* op, int6
                  " is out of bounds for dim ", dim, " with size ", size);
 }
 
-// x viewed as [outer, size, inner] around `dim`.
+// x viewed as [outer, size, inner] around `dim`. An empty x has no outer or inner elements to
+// visit (its other dims may multiply past 64 bits); its indices are still checked against size.
 struct DimSplit {
   int64_t outer = 1, size = 1, inner = 1;
   DimSplit(const Shape& s, int64_t dim) {
+    if (shape_numel(s) == 0) {
+      outer = inner = 0;
+      size = s[static_cast<size_t>(dim)];
+      return;
+    }
     for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
       if (d < dim) outer *= s[d];
       else if (d == dim) size = s[d];
