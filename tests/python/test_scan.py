@@ -541,6 +541,15 @@ def run_body(ops, steps, outs, ys, a, b, x):
     return (vals[outs[0]], vals[outs[1]]), tuple(vals[k] for k in ys)
 
 
+def same_random_grads(lazy, eager):
+    for k, (lg, tg) in enumerate(zip(lazy, eager)):
+        if tg.grad is None:  # torch saw no path: lazyrt gives none, or zeros
+            assert lg.grad is None or not lg.grad.numpy().any(), f"input {k}"
+        else:
+            assert lg.grad is not None, f"input {k}: no gradient"
+            np.testing.assert_allclose(lg.grad.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"input {k}")
+
+
 # LAZYRT_SCAN_FUZZ=N runs N random bodies instead of 40 (2,000 pass, values and gradients).
 @pytest.mark.parametrize("seed", range(int(os.environ.get("LAZYRT_SCAN_FUZZ", 40))))
 def test_random_scan_bodies_match_torch(seed):
@@ -576,12 +585,7 @@ def test_random_scan_bodies_match_torch(seed):
         loss.backward()
     if isinstance(tloss, torch.Tensor) and tloss.requires_grad:
         tloss.backward()
-    for k, (lg, tg) in enumerate(zip((la0, lb0, lxs), (ta0, tb0, txs))):
-        if tg.grad is None:  # torch saw no path: lazyrt gives none, or zeros
-            assert lg.grad is None or not lg.grad.numpy().any(), f"input {k}"
-        else:
-            assert lg.grad is not None, f"input {k}: no gradient"
-            np.testing.assert_allclose(lg.grad.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"input {k}")
+    same_random_grads((la0, lb0, lxs), (ta0, tb0, txs))
 
 
 # ---- random numbers in bodies ------------------------------------------------------------
@@ -674,9 +678,4 @@ def test_random_while_bodies_match_torch(seed):
     tloss = ta.sum() * weights[0] + tb.sum() * weights[1]
     loss.backward()
     tloss.backward()
-    for k, (lg, tg) in enumerate(zip((la0, lb0, lx), (ta0, tb0, tx))):
-        if tg.grad is None:  # torch saw no path: lazyrt gives none, or zeros
-            assert lg.grad is None or not lg.grad.numpy().any(), f"input {k}"
-        else:
-            assert lg.grad is not None, f"input {k}: no gradient"
-            np.testing.assert_allclose(lg.grad.numpy(), tg.grad.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"input {k}")
+    same_random_grads((la0, lb0, lx), (ta0, tb0, tx))
