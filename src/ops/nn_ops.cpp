@@ -222,8 +222,11 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
                  type_of(indices));
     Tensor hi = amax(indices), lo = amin(indices);
     sync({hi, lo});
-    LAZYRT_CHECK(lo.item() >= 0, "one_hot: class values must be non-negative, got ", lo.item());
-    num_classes = static_cast<int64_t>(hi.item()) + 1;
+    // Exactly, as i64 (item() is a double: 2^63 - 1 would round out of range).
+    const int64_t least = lo.to_vector<int64_t>()[0], most = hi.to_vector<int64_t>()[0];
+    LAZYRT_CHECK(least >= 0, "one_hot: class values must be non-negative, got ", least);
+    LAZYRT_CHECK(most < INT64_MAX, "one_hot: class value ", most, " leaves no room for a count of classes");
+    num_classes = most + 1;
   }
   return cast(unsqueeze(indices, -1) == arange(num_classes, DType::i64), DType::i64);
 }
