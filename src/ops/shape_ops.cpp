@@ -231,6 +231,10 @@ std::vector<Tensor> split_with_sizes(const Tensor& a, const std::vector<int64_t>
   for (int64_t n : split_sizes) {
     LAZYRT_CHECK(n >= 0, "split_with_sizes: split_sizes must be non-negative, got ",
                  shape_str(split_sizes));
+    // Past the dim's size the sum can only mismatch; stop before it can overflow.
+    LAZYRT_CHECK(n <= size - total, "split_with_sizes: expects split_sizes to sum exactly to ", size,
+                 " (the size of dim ", dim, " of shape ", shape_str(a.shape()), "), but got split_sizes=",
+                 shape_str(split_sizes));
     total += n;
   }
   LAZYRT_CHECK(total == size, "split_with_sizes: expects split_sizes to sum exactly to ", size,

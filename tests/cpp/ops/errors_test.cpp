@@ -106,6 +106,9 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
   // one_hot inferred its class count through a double: 2^63 - 1 converted out of range.
   EXPECT_THAT(error_of([] { one_hot(tensor(std::vector<int64_t>{INT64_MAX}, {1})); }),
               HasSubstr("one_hot: class value 9223372036854775807 leaves no room"));
+  // split_with_sizes summed sizes past 64 bits before comparing with the dim.
+  EXPECT_THAT(error_of([] { split_with_sizes(ones({5}), {5, INT64_MAX - 1}); }),
+              HasSubstr("split_with_sizes: expects split_sizes to sum exactly to 5"));
   // chunk's ceil(size / chunks) overflowed for a huge chunk count.
   EXPECT_EQ(chunk(ones({7}), INT64_MAX - 1).size(), 7u);  // pieces of 1, as torch
   EXPECT_THAT(error_of([&] { chunk(ones({0}), INT64_MAX); }), HasSubstr("chunk: "));
