@@ -137,6 +137,14 @@ TEST(OpErrors, SizeArithmeticFoundByFuzzingIsCheckedOrLazy) {
     Tensor product = matmul(zeros({0, int64_t{1} << 40, int64_t{1} << 30}), zeros({int64_t{1} << 30, 2}));
     sync({product});
     EXPECT_EQ(product.shape(), (Shape{0, int64_t{1} << 40, 2})) << backend;
+    // A product over an empty inner dim is zeros; its operands may be no buffer at all (the
+    // small-product kernel offset a null pointer).
+    for (DType dt : {DType::i64, DType::f32, DType::bf16}) {
+      Tensor batched = matmul(ones({2, 3, 0}, dt), ones({2, 0, 4}, dt));
+      EXPECT_EQ(batched.to(DType::f64).to_vector<double>(), std::vector<double>(24, 0.0)) << backend;
+      Tensor plain = matmul(ones({5, 0}, dt), ones({0, 2}, dt));
+      EXPECT_EQ(plain.to(DType::f64).to_vector<double>(), std::vector<double>(10, 0.0)) << backend;
+    }
   }
   set_backend("cpu");
 }

@@ -91,8 +91,13 @@ void small_gemm(const T* a, int64_t sa_i, int64_t sa_p, const T* b, int64_t sb_p
 template <class T>
 void gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m, bool tx = false, bool ty = false) {
   if (n == 0 || m == 0) return;
+  if (k == 0) {  // sums of nothing; the operands may be no buffer at all
+    std::fill(c, c + n * m, T(0));
+    return;
+  }
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    if (n * k * m > kSmallGemm) {
+    int64_t work = 0;
+    if (__builtin_mul_overflow(n * k, m, &work) || work > kSmallGemm) {
       const auto lda = static_cast<blasint>(std::max<int64_t>(tx ? n : k, 1));
       const auto ldb = static_cast<blasint>(std::max<int64_t>(ty ? k : m, 1));
       const auto ldc = static_cast<blasint>(std::max<int64_t>(m, 1));
@@ -129,6 +134,10 @@ Kernel via_f32(int64_t xn, int64_t yn, int64_t on, Product product) {
 
 template <class T>
 void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o) {
+  if (L.k == 0) {  // sums of nothing: x and y are empty, maybe no buffer, their offsets unused
+    std::fill(o, o + static_cast<int64_t>(L.batches()) * L.n * L.m, T(0));
+    return;
+  }
   if (L.fold_batch) {
     gemm(x, y + (L.batches() ? L.y_off[0] : 0), o,
          L.n * static_cast<int64_t>(L.batches()), L.k, L.m);
