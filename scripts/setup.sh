@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   cmake ninja-build g++ make pkg-config
-  libopenblas-dev libgtest-dev libgmock-dev
+  libopenblas-dev libdnnl-dev libgtest-dev libgmock-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   python3-torch python3-sklearn python3-matplotlib
   clang libtorch-dev

@@ -4,7 +4,8 @@
 //           PersistentCacheHit / PersistentCacheMiss / PersistentCacheDeserializeFailure (one
 //           of them per lookup on disk; a hit is not an UncachedCompile), ExecuteGraph,
 //           ReplayGraph, MemoryCacheEvictions (an executable the in-memory cache's caps
-//           dropped), CompiledStepVariantEvictions (a compiled step's variant its caps dropped).
+//           dropped), CompiledStepVariantEvictions (a compiled step's variant its caps dropped),
+//           LibraryKernels (a kernel made through a library: oneDNN's convolutions).
 // Timings:  TraceTime (graph extraction and hashing at a sync), CompileTime (everything after
 //           an in-memory miss: loading from disk, or compiling and storing), ExecuteTime.
 #pragma once

@@ -39,6 +39,7 @@ class CpuBackend final : public Backend {
     h.add(static_cast<uint64_t>(caps_.max_fused_ops));
     h.add(static_cast<uint64_t>(caps_.max_fused_inputs));
     h.add(static_cast<uint64_t>(caps_.gemm));
+    h.add(static_cast<uint64_t>(caps_.library_kernels));
     fingerprint_ = h.finish().lo;
   }
   const std::string& name() const override { return name_; }
@@ -57,8 +58,8 @@ class CpuBackend final : public Backend {
 
 const std::vector<const Backend*>& registry() {
   static const auto* all = new std::vector<const Backend*>{
-      new CpuBackend("cpu", {kernels::kMaxFusedOps, kernels::kMaxFusedInputs, true}),
-      new CpuBackend("reference", {0, 0, false}),
+      new CpuBackend("cpu", {kernels::kMaxFusedOps, kernels::kMaxFusedInputs, true, true}),
+      new CpuBackend("reference", {0, 0, false, false}),
   };
   return *all;
 }

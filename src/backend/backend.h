@@ -6,9 +6,11 @@
 // never run for another.
 //
 // Backends today:
-//   cpu        the CPU kernels, with elementwise fusion and transposes folded into gemm
-//   reference  the same CPU kernels one op at a time: no fusion nodes, no gemm rewriting. The
-//              oracle other backends are compared with (tests/cpp/compile/backend_test.cpp).
+//   cpu        the CPU kernels, with elementwise fusion, transposes folded into gemm and
+//              convolutions through oneDNN
+//   reference  the hand-written CPU kernels one op at a time: no fusion nodes, no gemm
+//              rewriting, no library kernels. The oracle other backends are compared with
+//              (tests/cpp/compile/backend_test.cpp).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,9 @@ struct Capabilities {
   int max_fused_inputs = 0;
   /// Matrix products of transposes become gemm nodes (reading the untransposed values).
   bool gemm = false;
+  /// Library kernels where they serve an op (oneDNN's convolutions); the hand-written kernel
+  /// otherwise.
+  bool library_kernels = false;
 
   bool fuses() const { return max_fused_ops > 1 && max_fused_inputs > 0; }
 };

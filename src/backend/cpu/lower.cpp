@@ -204,7 +204,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     }
     std::vector<ir::TensorType> in_types;
     for (ValueRef v : n.operands) in_types.push_back(g.type(v));
-    made[i] = n.regions.empty() ? kernels::make_kernel({n.op, n.attrs, in_types, n.results})
+    made[i] = n.regions.empty() ? kernels::make_kernel({n.op, n.attrs, in_types, n.results, backend.capabilities().library_kernels})
                                 : lower_control_flow(n, in_types, backend);
     const int32_t s = step_of[i];
     for (size_t r = 0; r < n.results.size(); ++r) {

@@ -133,6 +133,56 @@ TEST(Backends, CpuMatchesTheReferenceOnRandomPrograms) {
   EXPECT_GT(gemms, 20);
 }
 
+// The cpu backend's convolutions (oneDNN) against the reference backend's im2col + GEMM, on
+// seeded random geometries: groups, strides, padding, dilation, kernels wider than the padded
+// input is not (those are refused), rows the stride drops. Forward and both backward ops.
+TEST(Backends, LibraryConvolutionsMatchTheReferenceOnRandomGeometries) {
+  const backend::Backend& cpu = backend::get("cpu");
+  const backend::Backend& ref = backend::get("reference");
+  std::mt19937 rng(7);
+  auto draw = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  const int64_t library_before = metrics::counter("LibraryKernels");
+  int trials = 0;
+  while (trials < 60) {
+    const int64_t groups = draw(1, 3), N = draw(1, 3), C = groups * draw(1, 4), O = groups * draw(1, 4);
+    const int64_t H = draw(1, 12), W = draw(1, 12), kh = draw(1, 4), kw = draw(1, 4);
+    const std::vector<int64_t> stride{draw(1, 3), draw(1, 3)}, padding{draw(0, 2), draw(0, 2)};
+    const std::vector<int64_t> dilation{draw(1, 2), draw(1, 2)};
+    const int64_t OH = (H + 2 * padding[0] - dilation[0] * (kh - 1) - 1) / stride[0] + 1;
+    const int64_t OW = (W + 2 * padding[1] - dilation[1] * (kw - 1) - 1) / stride[1] + 1;
+    if (H + 2 * padding[0] < dilation[0] * (kh - 1) + 1 || W + 2 * padding[1] < dilation[1] * (kw - 1) + 1) continue;
+    ++trials;
+    const Shape xs{N, C, H, W}, ws{O, C / groups, kh, kw}, ys{N, O, OH, OW};
+    Graph g;
+    const ValueRef x = g.add_parameter({DType::f32, xs});
+    const ValueRef w = g.add_parameter({DType::f32, ws});
+    const ValueRef gy = g.add_parameter({DType::f32, ys});
+    const ValueRef y = g.add(OpKind::Conv2d, {x, w}, {stride, padding, dilation, groups});
+    const ValueRef dx = g.add(OpKind::Conv2dBackwardInput, {gy, w}, {xs, stride, padding, dilation, groups});
+    const ValueRef dw = g.add(OpKind::Conv2dBackwardWeight, {gy, x}, {ws, stride, padding, dilation, groups});
+    g.outputs = {y, dx, dw};
+    std::vector<std::vector<double>> params;
+    for (const Shape& s : {xs, ws, ys}) {
+      params.emplace_back(static_cast<size_t>(shape_numel(s)));
+      for (double& v : params.back()) v = std::uniform_real_distribution<double>(-1, 1)(rng);
+    }
+    const auto got = run(*compile(g, {}, cpu), params, DType::f32);
+    const auto want = run(*compile(g, {}, ref), params, DType::f32);
+    // Each output element sums at most this many products of values in [-1, 1]: f32 rounding
+    // in either summation order stays within a few ulps of that length.
+    const double length[] = {static_cast<double>(C / groups * kh * kw), static_cast<double>(O / groups * kh * kw),
+                             static_cast<double>(N * OH * OW)};
+    for (size_t k = 0; k < 3; ++k)
+      for (size_t i = 0; i < want[k].size(); ++i)
+        ASSERT_NEAR(got[k][i], want[k][i], 4e-7 * length[k] + 1e-6)
+            << "output " << k << " element " << i << " of N,C,H,W " << N << "," << C << "," << H << "," << W
+            << " O " << O << " k " << kh << "x" << kw << " stride " << stride[0] << "," << stride[1] << " padding "
+            << padding[0] << "," << padding[1] << " dilation " << dilation[0] << "," << dilation[1] << " groups "
+            << groups;
+  }
+  EXPECT_GE(metrics::counter("LibraryKernels") - library_before, 3 * 60) << "every conv went through oneDNN";
+}
+
 TEST(Backends, TheBackendIsPartOfEveryCacheKey) {
   const std::string before = current_backend();
   Tensor a = tensor({1.0f, 2.0f, 3.0f}, {3});

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "ir/graph.h"
@@ -18,6 +19,9 @@ struct KernelSpec {
   const ir::Attrs& attrs;
   std::vector<ir::TensorType> inputs;
   std::vector<ir::TensorType> outputs;
+  /// The backend takes library kernels (oneDNN's convolutions) where they serve the op; the
+  /// reference backend does not, and runs the hand-written ones.
+  bool library = false;
 };
 
 /// in: one pointer per input; out: one per output, then the workspace if one was asked for.
@@ -28,7 +32,12 @@ struct Kernel {
   size_t workspace_bytes = 0;
 };
 
-/// The kernel of spec.op, through the table generated from ops.def.
+/// The kernel of spec.op, through the table generated from ops.def (or a library's, when
+/// spec.library and the library serves the op).
 Kernel make_kernel(const KernelSpec& spec);
+
+/// conv2d and its backward ops through oneDNN (onednn_conv.cpp): nullopt where oneDNN does
+/// not serve the operands (only f32, no empty tensors) or the geometry.
+std::optional<Kernel> make_onednn_conv(const KernelSpec& spec);
 
 }  // namespace lazyrt::kernels

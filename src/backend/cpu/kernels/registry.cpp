@@ -16,6 +16,10 @@ static_assert(kMakers.size() == ir::kNumOps, "every op in ops.def needs a kernel
 
 }  // namespace
 
-Kernel make_kernel(const KernelSpec& spec) { return kMakers[static_cast<size_t>(spec.op)](spec); }
+Kernel make_kernel(const KernelSpec& spec) {
+  if (spec.library)
+    if (auto k = make_onednn_conv(spec)) return *std::move(k);
+  return kMakers[static_cast<size_t>(spec.op)](spec);
+}
 
 }  // namespace lazyrt::kernels
