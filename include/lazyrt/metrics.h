@@ -26,4 +26,11 @@ std::string report();
 /// Sets every counter and timing back to zero.
 void reset();
 
+/// Kernel timings: while on, every kernel an executable runs records a timing named
+/// `Kernel:<op>` (`Kernel:fusion` for a fused node; a loop's covers its body's kernels, which
+/// record their own too). Off by default, or on from the start with LAZYRT_KERNEL_TIMINGS=1;
+/// off, it costs one flag read per executable run.
+void set_kernel_timings(bool on);
+bool kernel_timings();
+
 }  // namespace lazyrt::metrics

@@ -15,6 +15,9 @@ void bind_metrics_cache(py::module_& m) {
          py::arg("name"));
   mt.def("report", &metrics::report, "Every counter and timing, one per line.");
   mt.def("reset", &metrics::reset, "Sets every counter and timing back to zero.");
+  mt.def("set_kernel_timings", &metrics::set_kernel_timings, py::arg("on"),
+         "While on, every kernel run records a timing named 'Kernel:<op>'.");
+  mt.def("kernel_timings", &metrics::kernel_timings);
   // Recording is the package's own business (its Python layers count what they do), not the API's.
   mt.def("_increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
          py::arg("by") = 1);

@@ -1,8 +1,12 @@
 #include "runtime/executable.h"
 
+#include <array>
+#include <chrono>
 #include <sstream>
+#include <string>
 
 #include "util/check.h"
+#include "util/metrics_cells.h"
 
 namespace lazyrt::runtime {
 
@@ -58,8 +62,27 @@ void Executable::patch(std::vector<void*>& args, const void* const* params,
 }
 
 void Executable::run_steps(void* const* args) {
+  if (metrics::detail::kernel_timings_flag().load(std::memory_order_relaxed)) {
+    run_steps_timed(args);
+    return;
+  }
   for (size_t i = 0; i < parts_.steps.size(); ++i)
     parts_.steps[i].fn(args + bases_[i].first, args + bases_[i].second);
+}
+
+void Executable::run_steps_timed(void* const* args) {
+  static const auto cells = [] {
+    std::array<metrics::detail::TimingCell*, ir::kNumOps> c{};
+    for (size_t op = 0; op < ir::kNumOps; ++op)
+      c[op] = &metrics::detail::timing_cell(std::string("Kernel:") + std::string(ir::op_name(static_cast<ir::OpKind>(op))));
+    return c;
+  }();
+  for (size_t i = 0; i < parts_.steps.size(); ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    parts_.steps[i].fn(args + bases_[i].first, args + bases_[i].second);
+    cells[static_cast<size_t>(parts_.steps[i].op)]->record(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  }
 }
 
 ExecutableStats Executable::stats() const {

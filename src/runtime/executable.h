@@ -123,6 +123,7 @@ class Executable {
   // Writes the parameter and output pointers into their places in `args`.
   void patch(std::vector<void*>& args, const void* const* params, void* const* outputs) const;
   void run_steps(void* const* args);
+  void run_steps_timed(void* const* args);  // metrics::kernel_timings() on
 
   Parts parts_;
   std::unique_ptr<Buffer> arena_;

@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include "lazyrt/metrics.h"
 
 #include <map>
@@ -112,5 +113,20 @@ void reset() {
     t->max_ns = 0;
   }
 }
+
+namespace detail {
+
+std::atomic<bool>& kernel_timings_flag() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("LAZYRT_KERNEL_TIMINGS");
+    return env && std::string_view(env) == "1";
+  }()};
+  return on;
+}
+
+}  // namespace detail
+
+void set_kernel_timings(bool on) { detail::kernel_timings_flag().store(on, std::memory_order_relaxed); }
+bool kernel_timings() { return detail::kernel_timings_flag().load(std::memory_order_relaxed); }
 
 }  // namespace lazyrt::metrics

@@ -35,5 +35,8 @@ struct TimingCell {
 CounterCell& counter_cell(std::string_view name);
 TimingCell& timing_cell(std::string_view name);
 
+/// lazyrt::metrics::kernel_timings()'s flag, for hot paths.
+std::atomic<bool>& kernel_timings_flag();
+
 }  // namespace detail
 }  // namespace lazyrt::metrics

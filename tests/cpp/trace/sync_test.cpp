@@ -183,6 +183,24 @@ TEST(Metrics, ReportListsCountersAndTimings) {
   EXPECT_EQ(metrics::timing_count("ExecuteTime"), 1);
 }
 
+// Kernel timings: one per op kind that ran, counted once per run, only while on.
+TEST(Metrics, KernelTimingsNameTheOpsThatRan) {
+  metrics::reset();
+  Tensor a = tensor({1, 2, 3, 4}, {2, 2});
+  auto run = [&] { (matmul(a, a).sum() * 2.0).to_vector<float>(); };
+  run();
+  EXPECT_EQ(metrics::timing_count("Kernel:matmul"), 0) << "off by default";
+  metrics::set_kernel_timings(true);
+  EXPECT_TRUE(metrics::kernel_timings());
+  run();
+  run();
+  metrics::set_kernel_timings(false);
+  run();
+  EXPECT_EQ(metrics::timing_count("Kernel:matmul"), 2);
+  EXPECT_EQ(metrics::timing_count("Kernel:conv2d"), 0);
+  EXPECT_THAT(metrics::report(), HasSubstr("Kernel:matmul: 2,"));
+}
+
 TEST(Printing, LooksLikePyTorch) {
   EXPECT_EQ(tensor({1, 2, 3, 4}, {2, 2}).to_string(), "tensor([[1., 2.],\n        [3., 4.]])");
   EXPECT_EQ(tensor({1.5, -2}, {2}).to_string(), "tensor([1.5000, -2.0000])");
