@@ -977,7 +977,13 @@ class Program {
         case 3: idx.emplace_back(indexing::Ellipsis); break;
         case 4: idx.emplace_back(flag()); break;
         case 5: idx.emplace_back(index_tensor(small_shape())); break;
-        default: idx.emplace_back(pick().t); break;  // any dtype: masks, ints, or refused
+        default: {  // any dtype: masks, ints, or refused
+          // A mask is read on the host (its nonzero places shape the result): only one
+          // within the read budget.
+          Entry e = pick();
+          if (e.t.dtype() != DType::b8 || syncable(e)) idx.emplace_back(e.t);
+          break;
+        }
       }
     }
     return idx;
