@@ -405,6 +405,13 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
                   std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0},
                   std::vector<int64_t> dilation = {1}, bool ceil_mode = false);
+/// max_pool2d and the place of each maximum in its input plane (row * W + column, i64), as
+/// torch.nn.functional.max_pool2d(..., return_indices=True): the first maximum of a window,
+/// or its last NaN.
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, std::vector<int64_t> kernel_size,
+                                                  std::vector<int64_t> stride = {},
+                                                  std::vector<int64_t> padding = {0},
+                                                  std::vector<int64_t> dilation = {1}, bool ceil_mode = false);
 /// 2-D average pooling; padded elements count toward the divisor unless count_include_pad
 /// is false; divisor_override replaces the divisor.
 Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,

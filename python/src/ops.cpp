@@ -537,6 +537,14 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
                           ints(dilation, "max_pool2d"), ceil_mode);
       }, arg("input"), arg("kernel_size"), arg("stride") = py::none(), arg("padding") = 0, arg("dilation") = 1,
          arg("ceil_mode") = false)
+      .fn("max_pool2d_with_indices", [](const Tensor& x, py::handle k, py::handle stride, py::handle padding,
+                                        py::handle dilation, bool ceil_mode) {
+        const auto ints = int_or_ints;
+        const char* op = "max_pool2d_with_indices";
+        return max_pool2d_with_indices(x, ints(k, op), ints(stride, op), ints(padding, op), ints(dilation, op),
+                                       ceil_mode);
+      }, arg("input"), arg("kernel_size"), arg("stride") = py::none(), arg("padding") = 0, arg("dilation") = 1,
+         arg("ceil_mode") = false)
       .fn("avg_pool2d", [](const Tensor& x, py::handle k, py::handle stride, py::handle padding, bool ceil_mode,
                            bool count_include_pad, std::optional<int64_t> divisor_override) {
         const auto ints = int_or_ints;

@@ -281,6 +281,7 @@ Grads grad_AvgPool2d(const C& c) {
 constexpr GradRule grad_Conv2dBackwardInput = nullptr;
 constexpr GradRule grad_Conv2dBackwardWeight = nullptr;
 constexpr GradRule grad_MaxPool2dBackward = nullptr;
+constexpr GradRule grad_MaxPool2dIndices = nullptr;  // integer places
 constexpr GradRule grad_AvgPool2dBackward = nullptr;
 
 // ---- math ops (PyTorch's derivatives, torch/csrc/autograd/FunctionsManual.cpp) -----------

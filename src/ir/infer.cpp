@@ -298,6 +298,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
     case ResultRule::Conv2dBackwardInput:
     case ResultRule::Conv2dBackwardWeight:
     case ResultRule::MaxPool2d:
+    case ResultRule::MaxPool2dIndices:
     case ResultRule::MaxPool2dBackward:
     case ResultRule::AvgPool2d:
     case ResultRule::AvgPool2dBackward:

@@ -348,6 +348,9 @@ std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<Ten
     case ResultRule::MaxPool2d:
       check_float(op, ops[0]);
       return {{ops[0].dtype, pool_result(op, ops[0], max_pool_attrs(a))}};
+    case ResultRule::MaxPool2dIndices:
+      check_float(op, ops[0]);
+      return {{DType::i64, pool_result(op, ops[0], max_pool_attrs(a))}};
     case ResultRule::MaxPool2dBackward:
       check_float(op, ops[1]);
       check_grad(op, ops[0], pool_result(op, ops[1], max_pool_attrs(a)), ops[1].dtype);

@@ -78,6 +78,7 @@ enum class ResultRule : uint8_t {
   Conv2dBackwardWeight,  // the weight_size attribute
   MaxPool2d,             // [N, C, OH, OW]
   MaxPool2dBackward,     // the input's type
+  MaxPool2dIndices,      // [N, C, OH, OW] of i64
   AvgPool2d,             // [N, C, OH, OW]
   AvgPool2dBackward,     // the input_size attribute
   Check,           // operand 0's type; operand 1 b8; the what attribute a CheckKind

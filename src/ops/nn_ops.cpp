@@ -159,16 +159,39 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std
   return conv2d(x, weight, bias, stride, low, dilation, groups);
 }
 
+namespace {
+
+// max_pool2d's attributes, each checked and made a pair, for `op`'s nodes.
+ir::Attrs max_pool_attrs(std::vector<int64_t> kernel_size, std::vector<int64_t> stride,
+                         std::vector<int64_t> padding, std::vector<int64_t> dilation, bool ceil_mode,
+                         const char* op) {
+  kernel_size = pair_of(std::move(kernel_size), op, "kernel_size");
+  stride = stride.empty() ? kernel_size : pair_of(std::move(stride), op, "stride");
+  padding = pair_of(std::move(padding), op, "padding");
+  dilation = pair_of(std::move(dilation), op, "dilation");
+  return {kernel_size, stride, padding, dilation, ceil_mode};
+}
+
+}  // namespace
+
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
                   std::vector<int64_t> stride, std::vector<int64_t> padding,
                   std::vector<int64_t> dilation, bool ceil_mode) {
   Tensor x = batched(input, "max_pool2d");
-  kernel_size = pair_of(std::move(kernel_size), "max_pool2d", "kernel_size");
-  stride = stride.empty() ? kernel_size : pair_of(std::move(stride), "max_pool2d", "stride");
-  padding = pair_of(std::move(padding), "max_pool2d", "padding");
-  dilation = pair_of(std::move(dilation), "max_pool2d", "dilation");
-  Tensor out = apply(OpKind::MaxPool2d, {x}, {kernel_size, stride, padding, dilation, ceil_mode});
-  return unbatched_like(out, input);
+  ir::Attrs a = max_pool_attrs(std::move(kernel_size), std::move(stride), std::move(padding),
+                               std::move(dilation), ceil_mode, "max_pool2d");
+  return unbatched_like(apply(OpKind::MaxPool2d, {x}, std::move(a)), input);
+}
+
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, std::vector<int64_t> kernel_size,
+                                                  std::vector<int64_t> stride, std::vector<int64_t> padding,
+                                                  std::vector<int64_t> dilation, bool ceil_mode) {
+  Tensor x = batched(input, "max_pool2d_with_indices");
+  ir::Attrs a = max_pool_attrs(std::move(kernel_size), std::move(stride), std::move(padding),
+                               std::move(dilation), ceil_mode, "max_pool2d_with_indices");
+  Tensor indices = apply(OpKind::MaxPool2dIndices, {x}, a);
+  Tensor out = apply(OpKind::MaxPool2d, {x}, std::move(a));
+  return {unbatched_like(out, input), unbatched_like(indices, input)};
 }
 
 Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,

@@ -818,6 +818,33 @@ def test_instance_norm_modules(rng, affine, track):
 
 # ---- adaptive pooling ------------------------------------------------------------------------
 
+def test_max_pool2d_indices_match_torch(rng):
+    """max_pool2d(..., return_indices=True): values and places over random windows, with ties
+    (the first maximum), NaNs (the window's last NaN), -inf and windows over padding."""
+    for trial in range(40):
+        kh, kw = rng.integers(1, 4, size=2)
+        dh, dw = rng.integers(1, 3, size=2)
+        ph, pw = rng.integers(0, min(kh, kw) // 2 + 1, size=2)
+        sh, sw = rng.integers(1, 4, size=2)
+        h = int(rng.integers((kh - 1) * dh + 1, 10))
+        w = int(rng.integers((kw - 1) * dw + 1, 10))
+        shape = (2, 3, h, w) if trial % 3 else (3, h, w)
+        a = rng.integers(0, 3, size=shape).astype(np.float64)
+        if trial % 4 == 1:
+            a[rng.random(shape) < 0.15] = math.nan
+        if trial % 4 == 2:
+            a[rng.random(shape) < 0.3] = -math.inf
+        dtype = (lr.float32, lr.float64, lr.bfloat16)[trial % 3]
+        args = ((int(kh), int(kw)), (int(sh), int(sw)), (int(ph), int(pw)), (int(dh), int(dw)), bool(trial % 2))
+        got = F.max_pool2d(lr.tensor(a, dtype=dtype), *args, return_indices=True)
+        want = TF.max_pool2d(torch.tensor(a, dtype=TORCH_DTYPE[dtype]), *args, return_indices=True)
+        _same_results(got, want, f"trial {trial}: {shape} {args} {dtype}")
+        assert got[1].dtype is lr.int64
+    assert_same(F.max_pool2d(lr.tensor(a), 2), TF.max_pool2d(torch.tensor(a), 2), what="without indices")
+    with pytest.raises(lr.Error, match="max_pool2d_indices: expects a floating tensor"):
+        F.max_pool2d(lr.zeros(1, 1, 4, 4, dtype=lr.int64), 2, return_indices=True)
+
+
 def test_adaptive_pools(rng):
     for length, out in [(10, 4), (7, 7), (5, 1), (3, 5), (9, (3,))]:
         x, t = pair(rng, (2, 3, length), lr.float32)

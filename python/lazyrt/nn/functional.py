@@ -13,10 +13,17 @@ import numpy as np
 from lazyrt import _C
 from lazyrt._autograd import no_grad
 from lazyrt._C import (  # noqa: F401
-    avg_pool2d, conv2d, embedding, gelu, layer_norm, leaky_relu, log_softmax, max_pool2d, one_hot, relu,
-    sigmoid, silu, softmax, softplus, tanh,
+    avg_pool2d, conv2d, embedding, gelu, layer_norm, leaky_relu, log_softmax, max_pool2d_with_indices, one_hot,
+    relu, sigmoid, silu, softmax, softplus, tanh,
 )
 from lazyrt._tensor import tensor
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """2-D max pooling of [N, C, H, W] or [C, H, W], as torch.nn.functional.max_pool2d; with
+    return_indices, also each maximum's place in its input plane (row * W + column, int64)."""
+    pool = _C.max_pool2d_with_indices if return_indices else _C.max_pool2d
+    return pool(input, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 def linear(input, weight, bias=None):

@@ -837,28 +837,8 @@ def _pool_window(kernel_size, stride, padding, dilation):
 
 @lowering(aten.max_pool2d_with_indices.default)
 def _max_pool2d_with_indices(e, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _pool_window(kernel_size, stride, padding, dilation)
-    out = lazyrt.nn.functional.max_pool2d(x, (kh, kw), (sh, sw), (ph, pw), (dh, dw), ceil_mode)
-    h, w = x.shape[-2:]
-    oh, ow = out.shape[-2:]
-    lead = tuple(x.shape[:-2])
-    # Every window, over a plane padded with -inf far enough for ceil_mode's last windows; the
-    # index is the first maximum's place in the unpadded plane (row * width + column), as torch's.
-    extra_h = max((oh - 1) * sh + (kh - 1) * dh + 1 - (h + 2 * ph), 0)
-    extra_w = max((ow - 1) * sw + (kw - 1) * dw + 1 - (w + 2 * pw), 0)
-    planes = _C.reshape(x, (-1, 1, h, w))
-    padded = lazyrt.nn.functional.pad(planes, (pw, pw + extra_w, ph, ph + extra_h), value=-math.inf)
-    cols = lazyrt.nn.functional.unfold(padded, (kh, kw), dilation=(dh, dw), stride=(sh, sw))
-    lh = (h + 2 * ph + extra_h - (kh - 1) * dh - 1) // sh + 1
-    lw = (w + 2 * pw + extra_w - (kw - 1) * dw - 1) // sw + 1
-    windows = _C.reshape(cols, (-1, kh * kw, lh, lw))[:, :, :oh, :ow]
-    k = _C.cast(_C.argmax(windows, 1), _C.float64)
-    ki = _C.floor(k / kw)
-    kj = k - ki * kw
-    rows = _C.reshape(lazyrt.arange(oh, dtype=_C.float64), (oh, 1)) * sh - ph + ki * dh
-    cols_ = lazyrt.arange(ow, dtype=_C.float64) * sw - pw + kj * dw
-    index = _C.cast(rows * w + cols_, _C.int64)
-    return [out, _C.reshape(index, lead + (oh, ow))]
+    k, s, p, d = _pool_window(kernel_size, stride, padding, dilation)
+    return list(lazyrt.nn.functional.max_pool2d(x, k, s, p, d, ceil_mode, return_indices=True))
 
 
 @lowering(aten.max_pool2d_with_indices_backward.default)

@@ -160,6 +160,7 @@ inline ir::Graph every_op_graph() {
   const ir::ValueRef p = g.add(OpKind::MaxPool2d, {x}, {two, two, zero, one, false});
   outs.push_back(p);
   outs.push_back(g.add(OpKind::MaxPool2dBackward, {p, x}, {two, two, zero, one, false}));
+  outs.push_back(g.add(OpKind::MaxPool2dIndices, {x}, {two, two, zero, one, false}));
   const ir::ValueRef q = g.add(OpKind::AvgPool2d, {x}, {two, two, zero, false, true, int64_t{0}});
   outs.push_back(q);
   outs.push_back(g.add(OpKind::AvgPool2dBackward, {q}, {Ints{1, 2, 4, 4}, two, two, zero, false, true, int64_t{0}}));

@@ -190,6 +190,24 @@ Kernel make_MaxPool2dBackward(const KernelSpec& s) {
   });
 }
 
+Kernel make_MaxPool2dIndices(const KernelSpec& s) {
+  const ir::NodeAttrs a(s.op, s.attrs);
+  const PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints<"kernel">(),
+                               a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">());
+  return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
+    using T = decltype(tag);
+    return {[g](const void* const* in, void* const* out) {
+      const T* x = static_cast<const T*>(in[0]);
+      int64_t* o = static_cast<int64_t*>(out[0]);
+      for (int64_t p = 0; p < g.planes; ++p) {
+        const T* plane = x + p * g.H * g.W;
+        for (int64_t oh = 0; oh < g.OH; ++oh)
+          for (int64_t ow = 0; ow < g.OW; ++ow) *o++ = argmax(plane, g, oh, ow);
+      }
+    }};
+  });
+}
+
 Kernel make_AvgPool2d(const KernelSpec& s) {
   const ir::NodeAttrs a(s.op, s.attrs);
   PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints<"kernel">(),
