@@ -11,6 +11,7 @@
 //   afterwards changes the tensor's value, as torch.from_numpy does.
 // lazyrt -> DLPack (t.__dlpack__()): the consumer (torch.from_dlpack) gets the buffer's memory
 //   and holds the buffer. DLPack has no read-only flag: the consumer must not write into it.
+#include <algorithm>
 #include <pybind11/numpy.h>
 
 #include "bindings.h"
@@ -216,7 +217,8 @@ Tensor from_dlpack(py::object obj, bool uint8_as_bool) {
                 std::to_string(dl.dtype.bits) + ", lanes " + std::to_string(dl.dtype.lanes) +
                 ") has no lazyrt counterpart");
   Shape shape(dl.shape, dl.shape + dl.ndim);
-  if (dl.strides) {
+  // An empty tensor addresses nothing: any strides are compact (PyTorch exports some odd ones).
+  if (dl.strides && std::find(shape.begin(), shape.end(), 0) == shape.end()) {
     int64_t expect = 1;
     for (int32_t i = dl.ndim; i-- > 0;) {
       if (shape[i] != 1 && dl.strides[i] != expect)

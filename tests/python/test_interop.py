@@ -134,6 +134,16 @@ def test_from_torch_handles_grad_and_non_contiguous_tensors():
         lr.from_torch(torch.zeros(2, dtype=torch.uint8))
 
 
+def test_empty_torch_tensors_are_shared_whatever_their_strides():
+    # torch exports empty tensors with strides no row-major layout has ((3, 0): (1, 1)).
+    for shape in [(0, 3, 6, 6), (3, 0), (0,), (2, 0, 4)]:
+        t = torch.randn(*shape)
+        x = lr.from_torch(t)
+        assert tuple(x.shape) == shape
+        assert_same(x, t)
+        assert tuple(lr.from_dlpack(t).shape) == shape
+
+
 def test_from_torch_keeps_the_torch_storage_alive():
     x = lr.from_torch(torch.arange(4.0))
     gc.collect()

@@ -959,6 +959,14 @@ def test_max_pool_indices_and_gradient_equal_torchs(kernel, stride, padding, dil
     torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-7)
 
 
+def test_max_pool_with_indices_of_empty_and_unbatched_inputs_equal_torchs():
+    f = lazyrt.torch.compile(lambda x: torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True))
+    for shape in [(0, 3, 6, 6), (3, 6, 6), (2, 3, 7, 5)]:
+        x = torch.randn(*shape)
+        got, want = f(x), torch.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), shape
+
+
 def small_cnn(seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(
