@@ -174,6 +174,35 @@ TEST(FusedKernel, BroadcastsOperandsAcrossBlocks) {
   }
 }
 
+// Per-channel operands ([C, 1, 1]) against [N, C, H, W] with planes shorter than a block: the
+// runs are merged across channels and those operands repeated per plane. Values worked out
+// directly; the largest case is one long run split across the kernel pool's threads.
+TEST(FusedKernel, PerChannelOperandsOverSmallPlanes) {
+  for (const Shape& xs : {Shape{2, 5, 3, 3}, Shape{1, 7, 2, 2}, Shape{3, 4, 1, 5}, Shape{2, 300, 1, 1},
+                          Shape{1, 2048, 8, 8}, Shape{2, 3, 16, 16}}) {
+    const int64_t n = xs[0], c = xs[1], plane = xs[2] * xs[3];
+    Graph g;
+    ValueRef x = g.add_parameter(f32(xs));
+    ValueRef m = g.add_parameter(f32({c, 1, 1}));
+    ValueRef s = g.add_parameter(f32({c, 1, 1}));
+    ValueRef y = g.add(OpKind::Relu, {g.add(OpKind::Mul, {g.add(OpKind::Sub, {x, m}), s})});
+    g.outputs = {y};
+    ASSERT_EQ(count_ops(optimize(g, cpu().capabilities()), OpKind::Fusion), 1);
+    std::vector<float> xv(static_cast<size_t>(n * c * plane)), mv(static_cast<size_t>(c)), sv(static_cast<size_t>(c));
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i));
+    for (int64_t k = 0; k < c; ++k) {
+      mv[k] = 0.01f * static_cast<float>(k % 50) - 0.2f;
+      sv[k] = 1.0f + 0.5f * static_cast<float>(k % 7);
+    }
+    const auto out = run_f32(g, {xv, mv, sv});
+    for (int64_t i = 0; i < n * c * plane; ++i) {
+      const int64_t k = i / plane % c;
+      const float want = std::max((xv[i] - mv[k]) * sv[k], 0.0f);
+      ASSERT_EQ(out[0][i], want) << "element " << i << " of " << ::testing::PrintToString(xs);
+    }
+  }
+}
+
 // bf16: each op rounds to bf16 before the next reads it, as if stored. 1 + 2^-8 is halfway
 // between bf16 neighbours 1 and 1 + 2^-7 and rounds to even (1), so (1 + 2^-8) + 2^-8 is 1;
 // without the rounding in between it would be 1 + 2^-7.

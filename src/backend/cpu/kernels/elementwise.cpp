@@ -11,7 +11,7 @@
 
 namespace lazyrt::kernels {
 
-BroadcastLayout::BroadcastLayout(const Shape& out, const std::vector<Shape>& inputs) {
+BroadcastLayout::BroadcastLayout(const Shape& out, const std::vector<Shape>& inputs, int64_t repeat_runs_below) {
   LAZYRT_ASSERT(inputs.size() <= 8, "too many elementwise inputs");
   LAZYRT_ASSERT(out.size() <= static_cast<size_t>(kMaxRank), "rank ", out.size(),
                 " exceeds the kernel limit ", kMaxRank);
@@ -44,6 +44,29 @@ BroadcastLayout::BroadcastLayout(const Shape& out, const std::vector<Shape>& inp
       for (size_t k = 0; k < inputs.size(); ++k) strides[k].push_back(full[k][d]);
     }
   }
+  if (shape.size() < 2 || shape.back() >= repeat_runs_below) return;
+  const size_t last = shape.size() - 1;
+  auto repeated = [&](size_t k) { return strides[k][last] == 0 && strides[k][last - 1] != 0; };
+  bool any = false;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!repeated(k) && strides[k][last - 1] != strides[k][last] * shape[last]) return;
+    any = any || repeated(k);
+  }
+  if (!any) return;
+  repeat.assign(inputs.size(), 1);
+  group_stride.assign(inputs.size(), 0);
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (repeated(k)) {
+      repeat[k] = shape[last];
+      group_stride[k] = strides[k][last - 1];
+      strides[k][last - 1] = 0;
+    } else {
+      strides[k][last - 1] = strides[k][last];
+    }
+    strides[k].pop_back();
+  }
+  shape[last - 1] *= shape[last];
+  shape.pop_back();
 }
 
 namespace {

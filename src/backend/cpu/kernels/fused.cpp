@@ -101,6 +101,23 @@ void load(const void* base, int64_t at, int64_t stride, int64_t n, void* dst) {
   }
 }
 
+// n compute values of a repeated operand (BroadcastLayout::repeat): element j of its run is
+// its element (j / rep) * group_stride past `at`; the values for j, j + 1, ..., j + n - 1.
+using RepeatFn = void (*)(const void* base, int64_t at, int64_t group_stride, int64_t rep, int64_t j, int64_t n,
+                          void* dst);
+template <class T>
+void load_repeat(const void* base, int64_t at, int64_t group_stride, int64_t rep, int64_t j, int64_t n,
+                 void* dst) {
+  const T* p = static_cast<const T*>(base) + at;
+  auto* o = static_cast<compute_t<T>*>(dst);
+  int64_t group = j / rep, left = rep - j % rep;
+  for (int64_t i = 0; i < n; ++group, left = rep) {
+    const int64_t take = std::min(left, n - i);
+    std::fill(o + i, o + i + take, convert<compute_t<T>>(p[group * group_stride]));
+    i += take;
+  }
+}
+
 using StoreFn = void (*)(const void* src, void* base, int64_t at, int64_t n);
 template <class T>
 void store(const void* src, void* base, int64_t at, int64_t n) {
@@ -114,6 +131,7 @@ struct Operand {
   bool in_place;  // compute type == storage type: a contiguous run is read where it lies
   int64_t elem_bytes;
   LoadFn load;
+  RepeatFn load_repeat;
 };
 
 struct Result {
@@ -135,6 +153,8 @@ struct Program {
 };
 
 void Program::run(const void* const* in, void* const* out) const {
+  const int64_t run = layout->shape.empty() ? 1 : layout->shape.back();
+  const bool repeats = !layout->repeat.empty();
   layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t* st, int64_t oo) {
     alignas(64) unsigned char slots[kMaxFusedOps + kMaxFusedInputs][kSlotBytes];
     void* r[kMaxValues];
@@ -144,7 +164,10 @@ void Program::run(const void* const* in, void* const* out) const {
       const int64_t m = std::min(kBlock, n - b);
       for (size_t k = 0; k < operands.size(); ++k) {
         const Operand& o = operands[k];
-        if (o.in_place && st[k] == 1) {
+        if (repeats && layout->repeat[k] > 1) {
+          r[o.value] = slots[temps.size() + k];
+          o.load_repeat(in[k], off[k], layout->group_stride[k], layout->repeat[k], oo % run + b, m, r[o.value]);
+        } else if (o.in_place && st[k] == 1) {
           r[o.value] = const_cast<char*>(static_cast<const char*>(in[k])) + (off[k] + b) * o.elem_bytes;
         } else {
           r[o.value] = slots[temps.size() + k];
@@ -198,7 +221,9 @@ Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& in
   auto p = std::make_shared<Program>();
   std::vector<Shape> shapes;
   for (const auto& t : inputs) shapes.push_back(t.shape);
-  p->layout = std::make_unique<BroadcastLayout>(outputs[0].shape, shapes);
+  // Short runs (a per-channel operand against small planes) are merged across channels, so
+  // blocks stay kBlock long instead of one short run each.
+  p->layout = std::make_unique<BroadcastLayout>(outputs[0].shape, shapes, kBlock);
   p->operands.resize(inputs.size());
   std::vector<std::pair<int16_t, const ir::Node*>> constants;
   for (size_t i = 0; i < region.nodes.size(); ++i) {
@@ -210,7 +235,7 @@ Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& in
       visit_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
         p->operands[index] = {v, std::is_same_v<T, compute_t<T>>, static_cast<int64_t>(sizeof(T)),
-                              &load<T>};
+                              &load<T>, &load_repeat<T>};
       });
     } else if (n.op == ir::OpKind::Full) {
       constants.emplace_back(v, &n);

@@ -20,12 +20,21 @@ inline constexpr int kMaxRank = 16;
 /// Iteration of an elementwise op over its output, with each input broadcast to the output
 /// shape. Dims are collapsed where every operand is contiguous across them, so the common
 /// cases (same shapes, a scalar operand, a row vector) become one or two loops.
+//
+/// With repeat_runs_below > 0, innermost runs shorter than that are merged with the dim before
+/// them when every input is either contiguous across the two or broadcast along the inner one
+/// only (a per-channel vector against [N, C, H, W] with a small H * W): such an input is
+/// "repeated", its inner stride is 0 and element j of a run is its element
+/// (j / repeat[k]) * group_stride[k] past the run's offset. Only kernels that read repeat and
+/// group_stride may ask for it (the fused kernel).
 struct BroadcastLayout {
   int64_t numel = 0;
   std::vector<int64_t> shape;                 // collapsed output shape, innermost last
   std::vector<std::vector<int64_t>> strides;  // per input, element strides per collapsed dim
+  std::vector<int64_t> repeat;                // per input when merged as above (1: not repeated)
+  std::vector<int64_t> group_stride;          // per repeated input: stride between its groups
 
-  BroadcastLayout(const Shape& out, const std::vector<Shape>& inputs);
+  BroadcastLayout(const Shape& out, const std::vector<Shape>& inputs, int64_t repeat_runs_below = 0);
 
   /// Calls inner(offsets, n, inner_strides, out_offset) for each innermost run: offsets[k] is
   /// the element offset of input k, n the run length, inner_strides[k] its stride within the
