@@ -494,6 +494,10 @@ case("max_pool2d", X((2, 3, 7, 6)), kw=dict(kernel_size=3, stride=2, padding=1),
 case("max_pool2d", X((2, 7, 8), layout="lazy_t"), kw=dict(kernel_size=(2, 3), dilation=(2, 1), ceil_mode=True),
      tfn=TF.max_pool2d)
 case("max_pool2d", X((1, 2, 6, 6)), kw=dict(kernel_size=2), tfn=TF.max_pool2d)
+case("max_pool2d_with_indices", X((2, 3, 7, 6)), kw=dict(kernel_size=3, stride=2, padding=1),
+     tfn=lambda t, **kw: TF.max_pool2d(t, return_indices=True, **kw))
+case("max_pool2d_with_indices", X((2, 7, 8), layout="lazy_t"), kw=dict(kernel_size=(2, 3), dilation=(2, 1), ceil_mode=True),
+     tfn=lambda t, **kw: TF.max_pool2d(t, return_indices=True, **kw))
 case("avg_pool2d", X((2, 3, 7, 6)), kw=dict(kernel_size=3, stride=2, padding=1), tfn=TF.avg_pool2d)
 case("avg_pool2d", X((2, 3, 7, 6)), kw=dict(kernel_size=3, stride=2, padding=1, count_include_pad=False,
                                             ceil_mode=True), tfn=TF.avg_pool2d)
