@@ -119,6 +119,34 @@ def check_close(what, got, expected, rtol, atol):
                              f"atol {atol}; worst at {tuple(int(k) for k in i)}: {got[i]!r} against {expected[i]!r}")
 
 
+def training_step(model, opt, loss_fn):
+    """step(x, y): loss_fn(model(x), y), backward, opt.step(), opt.zero_grad(); returns the loss.
+    Plain PyTorch: the same function serves eager and lazyrt.torch.compile."""
+    def step(x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def check_same_training(what, eager, compiled, args, eager_state, compiled_state, steps, rtol, atol):
+    """Runs `steps` training steps of both peers on args; raises BenchmarkError unless their
+    losses agree (rtol 1e-4, atol 1e-5) and change from step to step, and every state tensor
+    (name -> array, from eager_state() and compiled_state()) agrees within rtol and atol.
+    Returns eager's losses and both states."""
+    ref_losses = [float(eager(*args).item()) for _ in range(steps)]
+    losses = [float(compiled(*args).item()) for _ in range(steps)]
+    check_close(f"{what}: losses", losses, ref_losses, rtol=1e-4, atol=1e-5)
+    if len(set(losses)) != len(losses):
+        raise BenchmarkError(f"{what}: the losses do not change from step to step")
+    ref, got = eager_state(), compiled_state()
+    for k in ref:
+        check_close(f"{what}: {k} after {steps} steps", got[k], ref[k], rtol=rtol, atol=atol)
+    return ref_losses, ref, got
+
+
 # ---- PyTorch's lazy tensors -------------------------------------------------------------------
 
 def torch_lazy_available():

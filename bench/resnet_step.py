@@ -19,7 +19,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from harness import BenchmarkError, check_close, ratio, table, time_side_by_side
+from harness import check_close, check_same_training, ratio, table, time_side_by_side, training_step
 
 BATCH, SIZE, CLASSES = 16, 64, 10
 STEPS_CHECKED = 3
@@ -71,13 +71,7 @@ def data():
 
 
 def train_step_of(model, opt):
-    def train_step(x, y):
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return train_step
+    return training_step(model, opt, nn.functional.cross_entropy)
 
 
 def infer_step_of(model):
@@ -103,15 +97,8 @@ def run(opts):
 
     # Convolutions and matrix products sum in other orders in each library; the losses agree to
     # ~1e-6 relative and the weights after a few steps to ~1e-5.
-    ref_losses = [float(eager(x, y).item()) for _ in range(STEPS_CHECKED)]
-    losses = [float(compiled(x, y).item()) for _ in range(STEPS_CHECKED)]
-    check_close("ResNet-18 step, lazyrt.torch.compile: losses", losses, ref_losses, rtol=1e-4, atol=1e-5)
-    if len(set(losses)) != len(losses):
-        raise BenchmarkError("ResNet-18 step: the losses do not change from step to step")
-    ref_state, got = state(m_eager), state(m_lazy)
-    for k in ref_state:
-        check_close(f"ResNet-18 step, lazyrt.torch.compile: {k} after {STEPS_CHECKED} steps", got[k], ref_state[k],
-                    rtol=1e-3, atol=1e-4)
+    check_same_training("ResNet-18 step, lazyrt.torch.compile", eager, compiled, (x, y), lambda: state(m_eager),
+                        lambda: state(m_lazy), STEPS_CHECKED, rtol=1e-3, atol=1e-4)
 
     m_eager.eval()
     m_lazy.eval()

@@ -26,8 +26,8 @@ import sys
 import numpy as np
 import torch
 
-from harness import (BenchmarkError, calls_for, check_close, ltc_live_tensors, ratio, run_child, table,
-                     time_side_by_side, torch_lazy_available)
+from harness import (BenchmarkError, calls_for, check_close, check_same_training, ltc_live_tensors, ratio, run_child,
+                     table, time_side_by_side, torch_lazy_available, training_step)
 
 D_MODEL, HEADS, FF, BATCH, SEQ = 64, 4, 256, 8, 16
 STEPS_CHECKED = 3
@@ -48,13 +48,7 @@ def data():
 
 
 def step_of(model, opt):
-    def train_step(x, y):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return train_step
+    return training_step(model, opt, torch.nn.functional.mse_loss)
 
 
 def state(model):
@@ -129,15 +123,11 @@ def run(opts):
     # (losses agree to ~1e-6 relative); AdamW divides each gradient element by its own
     # magnitude, so a last-bit difference of a near-zero gradient can move that weight by up
     # to lr a step: every value within lr a step, 99% within 1e-4.
-    ref_losses = [float(eager(x, y).item()) for _ in range(STEPS_CHECKED)]
-    losses = [float(compiled(x, y).item()) for _ in range(STEPS_CHECKED)]
-    check_close("transformer step, lazyrt.torch.compile: losses", losses, ref_losses, rtol=1e-4, atol=1e-5)
-    if len(set(losses)) != len(losses):
-        raise BenchmarkError("transformer step: the losses do not change from step to step")
-    ref_state, got = state(m_eager), state(m_lazy)
+    ref_losses, ref_state, got = check_same_training(
+        "transformer step, lazyrt.torch.compile", eager, compiled, (x, y), lambda: state(m_eager),
+        lambda: state(m_lazy), STEPS_CHECKED, rtol=0, atol=1.01e-3 * STEPS_CHECKED)
     for k in ref_state:
         what = f"transformer step, lazyrt.torch.compile: {k} after {STEPS_CHECKED} steps"
-        check_close(what, got[k], ref_state[k], rtol=0, atol=1.01e-3 * STEPS_CHECKED)
         off = np.mean(np.abs(got[k] - ref_state[k]) > 1e-4)
         if off > 0.01:
             raise BenchmarkError(f"{what}: {off:.1%} of the values differ by more than 1e-4")

@@ -165,10 +165,18 @@ Kernel pool_kernel(const KernelSpec& s, DType dtype, Fn&& make) {
 
 }  // namespace
 
-Kernel make_MaxPool2d(const KernelSpec& s) {
+namespace {
+
+// The geometry of a max pooling op whose input has shape x and whose pooled values shape out.
+PoolGeom max_pool_geom(const KernelSpec& s, const Shape& x, const Shape& out) {
   const ir::NodeAttrs a(s.op, s.attrs);
-  const PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints<"kernel">(),
-                               a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">());
+  return make_geom(x, out, a.ints<"kernel">(), a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">());
+}
+
+}  // namespace
+
+Kernel make_MaxPool2d(const KernelSpec& s) {
+  const PoolGeom g = max_pool_geom(s, s.inputs[0].shape, s.outputs[0].shape);
   return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {
@@ -178,9 +186,7 @@ Kernel make_MaxPool2d(const KernelSpec& s) {
 }
 
 Kernel make_MaxPool2dBackward(const KernelSpec& s) {
-  const ir::NodeAttrs a(s.op, s.attrs);
-  const PoolGeom g = make_geom(s.inputs[1].shape, s.inputs[0].shape, a.ints<"kernel">(),
-                               a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">());
+  const PoolGeom g = max_pool_geom(s, s.inputs[1].shape, s.inputs[0].shape);
   return pool_kernel(s, s.inputs[1].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {
@@ -191,9 +197,7 @@ Kernel make_MaxPool2dBackward(const KernelSpec& s) {
 }
 
 Kernel make_MaxPool2dIndices(const KernelSpec& s) {
-  const ir::NodeAttrs a(s.op, s.attrs);
-  const PoolGeom g = make_geom(s.inputs[0].shape, s.outputs[0].shape, a.ints<"kernel">(),
-                               a.ints<"stride">(), a.ints<"padding">(), a.ints<"dilation">());
+  const PoolGeom g = max_pool_geom(s, s.inputs[0].shape, s.outputs[0].shape);
   return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {
