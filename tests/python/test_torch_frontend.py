@@ -172,6 +172,26 @@ def test_seed_example_script():
     assert value("weights equal eager's") == "True"
 
 
+def test_large_write_backs_travel_unpacked_and_land_in_the_users_tensors():
+    # A 300 x 300 weight and its momentum (more than 65,536 elements) are outputs of their own;
+    # the small ones are packed. Both land in the user's own tensors, in place.
+    def make():
+        torch.manual_seed(4)
+        return nn.Sequential(nn.Linear(6, 300), nn.ReLU(), nn.Linear(300, 300), nn.ReLU(), nn.Linear(300, 4))
+    m_eager, o_eager, m_lazy, o_lazy = twins(make, OPTIMIZERS["sgd_momentum"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    lazy = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn))
+    big = m_lazy[2].weight
+    place, version = big.data_ptr(), big._version
+    for i, (x, y) in enumerate(batches("mse", n=3, batch=8, seed=21)):
+        close(lazy(x, y).item(), eager(x, y).item(), f"loss {i}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"step {i}")
+    assert big.data_ptr() == place and big._version > version
+    assert o_lazy.state[big]["momentum_buffer"].numel() == 90000
+    assert lazy.traces == 1
+
+
 def test_batch_size_change_recaptures_and_returning_reuses():
     m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.ReLU()), OPTIMIZERS["adamw"])
     loss_fn = nn.MSELoss()
