@@ -122,12 +122,13 @@ check-asan: setup
 # several threads at once (tests/cpp/threads: tracing, syncing, reads, compiled steps, one
 # persistent cache directory, metrics) and the kernels' thread pool (tests/cpp/kernels). Any
 # race report fails it. The pool gets workers however few cores the machine has; OpenBLAS
-# runs single-threaded, as its own threads are not instrumented and TSan cannot see how they
-# hand results back.
+# and oneDNN's OpenMP team (OMP_THREAD_LIMIT caps the team the convolution kernels ask for)
+# run single-threaded, as their own threads are not instrumented and TSan cannot see how
+# they hand results back.
 check-tsan: setup
 	cmake -S $(ROOT) -B $(TSAN_BUILD) $(SAN_CMAKE) -DLAZYRT_SANITIZE=thread -DLAZYRT_BUILD_PYTHON=OFF
 	cmake --build $(TSAN_BUILD) -j$(JOBS) --target lazyrt_threads_tests lazyrt_kernels_tests
-	cd $(TSAN_BUILD) && export TSAN_OPTIONS=second_deadlock_stack=1 LAZYRT_NUM_THREADS=4 OPENBLAS_NUM_THREADS=1 \
+	cd $(TSAN_BUILD) && export TSAN_OPTIONS=second_deadlock_stack=1 LAZYRT_NUM_THREADS=4 OPENBLAS_NUM_THREADS=1 OMP_THREAD_LIMIT=1 \
 	  LAZYRT_CACHE_DIR= && tests/lazyrt_threads_tests && tests/lazyrt_kernels_tests
 
 clean:
