@@ -62,8 +62,8 @@ shape that depends on values raises `CaptureError`.
 **A call**: the torch tensors are handed to lazyrt without a copy (``lazyrt.from_torch``; a
 tensor still at the same address and contiguous reuses the view handed over on the last call),
 the compiled step runs, and the new value of every tensor the step changed is copied into the
-user's tensor in place: the new values of tensors up to 65,536 elements come out of lazyrt
-packed in one flat tensor per dtype, larger ones as outputs of their own, and each is copied (``copy_``, which bumps the tensor's version counter as eager's in-place
+user's tensor in place: the new values come out of lazyrt packed in one flat tensor per dtype,
+and each is copied (``copy_``, which bumps the tensor's version counter as eager's in-place
 update does) into a flat view of the user's tensor: one copy per changed tensor per step in
 this version. Gradients and state entries the step replaced or created become new
 tensors, as in eager; gradients it set to None are None. Results are new torch tensors, not

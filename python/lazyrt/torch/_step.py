@@ -15,10 +15,6 @@ from lazyrt.torch._lower import LoweredGraph
 
 # dtypes whose write-backs travel packed in one flat output per dtype.
 _PACKABLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
-# Write-backs of more elements than this travel as outputs of their own: packing them would
-# cost a pass over their values (a ResNet-18's 11M parameters and momenta: 13 ms a step at one
-# thread), while a hand-over per output costs microseconds.
-_PACK_AT_MOST = 1 << 16
 
 
 def _as_tensor(t):
@@ -157,8 +153,8 @@ class _Entry:
     def _plan_calls(self, roots):
         """Groups the outputs that are only written back by dtype: the compiled step returns
         each group as one flat tensor (one hand-over per group and call instead of one per
-        output); the results and large tensors (_PACK_AT_MOST) stay outputs of their own. Not
-        with graph breaks (their pieces run one by one)."""
+        output); the results stay outputs of their own. Not with graph breaks (their pieces
+        run one by one)."""
         self._packed = None
         self._direct = list(range(len(roots)))
         self._groups = []
@@ -169,8 +165,7 @@ class _Entry:
         groups = {}
         for k, root in enumerate(roots):
             val = root.meta.get("val")
-            if (k in in_result or not isinstance(val, torch.Tensor) or val.dtype not in _PACKABLE
-                    or val.numel() > _PACK_AT_MOST):
+            if k in in_result or not isinstance(val, torch.Tensor) or val.dtype not in _PACKABLE:
                 continue
             groups.setdefault(val.dtype, []).append(k)
         if not groups:
