@@ -838,15 +838,7 @@ def _pool_window(kernel_size, stride, padding, dilation):
 @lowering(aten.max_pool2d_with_indices.default)
 def _max_pool2d_with_indices(e, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     k, s, p, d = _pool_window(kernel_size, stride, padding, dilation)
-    _, indices = lazyrt.nn.functional.max_pool2d(x, k, s, p, d, ceil_mode, return_indices=True)
-    # The maxima read at their places: one pass over the windows instead of two (the pooled
-    # values' own node is left unused and dropped).
-    count = 1
-    for n in x.shape[:-2]:
-        count *= n
-    planes = _C.reshape(x, (count, x.shape[-2] * x.shape[-1]))
-    values = lazyrt.gather(planes, 1, _C.reshape(indices, (count, indices.shape[-2] * indices.shape[-1])))
-    return [_C.reshape(values, tuple(indices.shape)), indices]
+    return list(lazyrt.nn.functional.max_pool2d(x, k, s, p, d, ceil_mode, return_indices=True))
 
 
 @lowering(aten.max_pool2d_with_indices_backward.default)
