@@ -3,9 +3,12 @@
 # network) when every package is already installed.
 set -euo pipefail
 
+# ocl-icd-opencl-dev: Debian's oneDNN is built with its OpenCL runtime, and its CMake package
+# config looks for OpenCL (only recommended by libdnnl-dev, which we install without
+# recommends).
 PACKAGES=(
   cmake ninja-build g++ make pkg-config
-  libopenblas-dev libdnnl-dev libgtest-dev libgmock-dev
+  libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   python3-torch python3-sklearn python3-matplotlib
   clang libtorch-dev
