@@ -72,6 +72,48 @@ BroadcastLayout::BroadcastLayout(const Shape& out, const std::vector<Shape>& inp
 namespace {
 
 // ---- loops ------------------------------------------------------------------------------
+// o[i] = f(a[i]) for i < n, in the compute type C.
+template <class C, class T, class R, class F>
+inline void map1_body(const T* a, R* o, int64_t n, const F& f) {
+  for (int64_t i = 0; i < n; ++i) o[i] = convert<R>(f.template operator()<C>(convert<C>(a[i])));
+}
+template <class C, class T, class R, class F>
+LAZYRT_ISA_CLONES void map1_clones(const T* a, R* o, int64_t n, const F& f) {
+  map1_body<C>(a, o, n, f);
+}
+template <class C, class T, class R, class F>
+void map1(const T* a, R* o, int64_t n, const F& f) {
+  if constexpr (std::is_floating_point_v<C>) map1_clones<C>(a, o, n, f);
+  else map1_body<C>(a, o, n, f);
+}
+
+// o[i] = f(a[i * sa], b[i * sb]) for i < n, in the compute type C; unit and zero strides get
+// loops of their own.
+template <class C, class T, class R, class F>
+inline void map2_body(const T* a, int64_t sa, const T* b, int64_t sb, R* o, int64_t n, const F& f) {
+  auto op = [&f](C x, C y) { return convert<R>(f.template operator()<C>(x, y)); };
+  if (sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) o[i] = op(convert<C>(a[i]), convert<C>(b[i]));
+  } else if (sa == 1 && sb == 0) {
+    const C vb = convert<C>(b[0]);
+    for (int64_t i = 0; i < n; ++i) o[i] = op(convert<C>(a[i]), vb);
+  } else if (sa == 0 && sb == 1) {
+    const C va = convert<C>(a[0]);
+    for (int64_t i = 0; i < n; ++i) o[i] = op(va, convert<C>(b[i]));
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = op(convert<C>(a[i * sa]), convert<C>(b[i * sb]));
+  }
+}
+template <class C, class T, class R, class F>
+LAZYRT_ISA_CLONES void map2_clones(const T* a, int64_t sa, const T* b, int64_t sb, R* o, int64_t n, const F& f) {
+  map2_body<C>(a, sa, b, sb, o, n, f);
+}
+template <class C, class T, class R, class F>
+void map2(const T* a, int64_t sa, const T* b, int64_t sb, R* o, int64_t n, const F& f) {
+  if constexpr (std::is_floating_point_v<C>) map2_clones<C>(a, sa, b, sb, o, n, f);
+  else map2_body<C>(a, sa, b, sb, o, n, f);
+}
+
 template <class E, class T>
 Kernel unary(const KernelSpec& s, const E& e) {
   using C = compute_t<T>;
@@ -80,9 +122,7 @@ Kernel unary(const KernelSpec& s, const E& e) {
   return {[n, f = e.f](const void* const* in, void* const* out) {
     const T* a = static_cast<const T*>(in[0]);
     R* o = static_cast<R*>(out[0]);
-    parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) o[i] = convert<R>(f.template operator()<C>(convert<C>(a[i])));
-    });
+    parallel_for(n, kParallelGrain, [&](int64_t b, int64_t e) { map1<C>(a + b, o + b, e - b, f); });
   }};
 }
 
@@ -96,22 +136,8 @@ Kernel binary(const KernelSpec& s, const E& e) {
     const T* a = static_cast<const T*>(in[0]);
     const T* b = static_cast<const T*>(in[1]);
     R* o = static_cast<R*>(out[0]);
-    auto op = [&f](C x, C y) { return convert<R>(f.template operator()<C>(x, y)); };
     layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t* st, int64_t oo) {
-      const T* pa = a + off[0];
-      const T* pb = b + off[1];
-      R* po = o + oo;
-      if (st[0] == 1 && st[1] == 1) {
-        for (int64_t i = 0; i < n; ++i) po[i] = op(convert<C>(pa[i]), convert<C>(pb[i]));
-      } else if (st[0] == 1 && st[1] == 0) {
-        const C vb = convert<C>(pb[0]);
-        for (int64_t i = 0; i < n; ++i) po[i] = op(convert<C>(pa[i]), vb);
-      } else if (st[0] == 0 && st[1] == 1) {
-        const C va = convert<C>(pa[0]);
-        for (int64_t i = 0; i < n; ++i) po[i] = op(va, convert<C>(pb[i]));
-      } else {
-        for (int64_t i = 0; i < n; ++i) po[i] = op(convert<C>(pa[i * st[0]]), convert<C>(pb[i * st[1]]));
-      }
+      map2<C>(a + off[0], st[0], b + off[1], st[1], o + oo, n, f);
     });
   }};
 }

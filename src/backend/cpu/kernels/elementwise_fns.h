@@ -5,7 +5,9 @@
 // A function is a small functor over the compute type C (float for the 16-bit dtypes, the
 // storage type otherwise); functors with attributes (gelu's form, softplus's beta) carry them
 // as members, read once when a kernel is made. Formulas follow PyTorch's CPU kernels (torch
-// 1.13) term for term, so results agree to the rounding of the libm calls.
+// 1.13) term for term, so results agree to the rounding of the libm calls. In f32 (and the
+// 16-bit dtypes, computed in f32) exp, erf and tanh are vmath.h's, within 1 ulp, so that loops over
+// them vectorize; f64 calls the C library.
 #pragma once
 
 #include <cmath>
@@ -14,6 +16,7 @@
 
 #include "ir/graph.h"
 #include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/vmath.h"
 #include "util/check.h"
 
 namespace lazyrt::kernels {
@@ -32,6 +35,20 @@ C wrap_sub(C a, C b) { using U = std::make_unsigned_t<C>; return static_cast<C>(
 template <class C>
 C wrap_mul(C a, C b) { using U = std::make_unsigned_t<C>; return static_cast<C>(static_cast<U>(a) * static_cast<U>(b)); }
 
+// exp, erf and tanh of a compute value: vmath.h's in f32, the C library's in f64.
+template <class C> LAZYRT_VM_INLINE C exp_c(C x) {
+  if constexpr (std::is_same_v<C, float>) return vm::exp_f32(x);
+  else return std::exp(x);
+}
+template <class C> LAZYRT_VM_INLINE C erf_c(C x) {
+  if constexpr (std::is_same_v<C, float>) return vm::erf_f32(x);
+  else return std::erf(x);
+}
+template <class C> LAZYRT_VM_INLINE C tanh_c(C x) {
+  if constexpr (std::is_same_v<C, float>) return vm::tanh_f32(x);
+  else return std::tanh(x);
+}
+
 // ---- unary ------------------------------------------------------------------------------
 struct NegF {
   template <class C> C operator()(C x) const {
@@ -42,7 +59,7 @@ struct NegF {
 struct AbsF {
   template <class C> C operator()(C x) const { return x < C(0) ? NegF{}(x) : x; }
 };
-struct ExpF { template <class C> C operator()(C x) const { return std::exp(x); } };
+struct ExpF { template <class C> C operator()(C x) const { return exp_c(x); } };
 struct LogF { template <class C> C operator()(C x) const { return std::log(x); } };
 struct SqrtF { template <class C> C operator()(C x) const { return std::sqrt(x); } };
 struct RsqrtF { template <class C> C operator()(C x) const { return C(1) / std::sqrt(x); } };
@@ -50,32 +67,38 @@ struct ReluF {
   template <class C> C operator()(C x) const { return x != x ? x : (x > C(0) ? x : C(0)); }
 };
 struct SigmoidF {
-  template <class C> C operator()(C x) const { return C(1) / (C(1) + std::exp(-x)); }
+  template <class C> C operator()(C x) const { return C(1) / (C(1) + exp_c(-x)); }
 };
-struct TanhF { template <class C> C operator()(C x) const { return std::tanh(x); } };
+struct TanhF { template <class C> C operator()(C x) const { return tanh_c(x); } };
 struct IsNanF { template <class C> bool operator()(C x) const { return x != x; } };
 struct LogicalNotF { template <class C> bool operator()(C x) const { return x == C(0); } };
 struct SinF { template <class C> C operator()(C x) const { return std::sin(x); } };
 struct CosF { template <class C> C operator()(C x) const { return std::cos(x); } };
 struct Log1pF { template <class C> C operator()(C x) const { return std::log1p(x); } };
 struct Expm1F { template <class C> C operator()(C x) const { return std::expm1(x); } };
-struct ErfF { template <class C> C operator()(C x) const { return std::erf(x); } };
+struct ErfF { template <class C> C operator()(C x) const { return erf_c(x); } };
 struct AtanF { template <class C> C operator()(C x) const { return std::atan(x); } };
 // silu is x / (1 + exp(-x)).
-struct SiluF { template <class C> C operator()(C x) const { return x / (C(1) + std::exp(-x)); } };
+struct SiluF { template <class C> C operator()(C x) const { return x / (C(1) + exp_c(-x)); } };
 
-// gelu is x * 0.5 * (1 + erf(x / sqrt 2)), or its tanh form.
+// gelu is x * 0.5 * (1 + erf(x / sqrt 2)), or its tanh form. The form is a type of its own,
+// so that a loop over one form has no branch (and vectorizes); GeluForm, the row's functor,
+// carries the attribute until resolve_form (below) picks the type.
+template <bool kTanh>
 struct GeluF {
-  bool tanh_form;
   template <class C> C operator()(C x) const {
-    if (tanh_form) {
+    if constexpr (kTanh) {
       const C beta = C(M_SQRT2 * M_2_SQRTPI * 0.5);
       const C kappa = C(0.044715);
       const C inner = beta * (x + kappa * (x * x * x));
-      return C(0.5) * x * (C(1) + std::tanh(inner));
+      return C(0.5) * x * (C(1) + tanh_c(inner));
+    } else {
+      return x * C(0.5) * (C(1) + erf_c(x * C(M_SQRT1_2)));
     }
-    return x * C(0.5) * (C(1) + std::erf(x * C(M_SQRT1_2)));
   }
+};
+struct GeluForm {
+  bool tanh_form;
 };
 
 // Linear above the threshold, where log1p(exp(beta x)) / beta equals x to working precision.
@@ -231,7 +254,7 @@ struct ElementwiseFn {
   X(Expm1, Expm1F, 1, Float, false)                                 \
   X(Erf, ErfF, 1, Float, false)                                     \
   X(Atan, AtanF, 1, Float, false)                                   \
-  X(Gelu, GeluF, 1, Float, false, a.b<"tanh">())                    \
+  X(Gelu, GeluForm, 1, Float, false, a.b<"tanh">())                 \
   X(Silu, SiluF, 1, Float, false)                                   \
   X(Softplus, SoftplusF, 1, Float, false, a.f<"beta">(), a.f<"threshold">()) \
   X(Floor, FloorF, 1, NotBool, false)                               \
@@ -276,14 +299,26 @@ constexpr bool every_elementwise_row_has_a_fn() {
 static_assert(every_elementwise_row_has_a_fn(),
               "an elementwise row of ops.def has no scalar function in LAZYRT_ELEMENTWISE_FNS");
 
+/// k(the functor a loop runs) for a row's functor f: f itself, or, for a row whose attribute
+/// selects a form, the functor type of that form.
+template <class F, class K>
+decltype(auto) resolve_form(const F& f, K&& k) { return k(f); }
+template <class K>
+decltype(auto) resolve_form(const GeluForm& f, K&& k) {
+  return f.tanh_form ? k(GeluF<true>{}) : k(GeluF<false>{});
+}
+
 /// Calls v(ElementwiseFn<...>{functor}) for an op of LAZYRT_ELEMENTWISE_FNS. Asserts on others.
 template <class V>
 decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& attrs, V&& v) {
   using D = Domain;
   [[maybe_unused]] const ir::NodeAttrs a(op, attrs);
   switch (op) {
-#define LAZYRT_CASE(Op, F, arity, domain, to_bool, ...) \
-  case ir::OpKind::Op: return v(ElementwiseFn<F, arity, D::domain, to_bool>{{__VA_ARGS__}});
+#define LAZYRT_CASE(Op, F, arity, domain, to_bool, ...)                                  \
+  case ir::OpKind::Op:                                                                   \
+    return resolve_form(F{__VA_ARGS__}, [&](const auto& f) -> decltype(auto) {            \
+      return v(ElementwiseFn<std::decay_t<decltype(f)>, arity, D::domain, to_bool>{f}); \
+    });
     LAZYRT_ELEMENTWISE_FNS(LAZYRT_CASE)
 #undef LAZYRT_CASE
     default: break;

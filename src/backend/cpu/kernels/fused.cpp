@@ -47,7 +47,7 @@ const F& functor(const Instr& ins) {
 }
 
 template <class E, class T>
-void run_op(const Instr& ins, void* const* r, int64_t n) {
+inline void run_op_body(const Instr& ins, void* const* r, int64_t n) {
   using F = decltype(E::f);
   using C = compute_t<T>;
   using R = std::conditional_t<E::to_bool, bool, T>;
@@ -67,6 +67,21 @@ void run_op(const Instr& ins, void* const* r, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
       o[i] = round_to<R>(convert<CR>(f.template operator()<C>(a[i], b[i], c[i])));
   }
+}
+
+// The instruction of op E on dtype T; over floating compute types, cloned per ISA (vmath.h).
+template <class E, class T>
+LAZYRT_ISA_CLONES void run_op_clones(const Instr& ins, void* const* r, int64_t n) {
+  run_op_body<E, T>(ins, r, n);
+}
+template <class E, class T>
+void run_op_plain(const Instr& ins, void* const* r, int64_t n) {
+  run_op_body<E, T>(ins, r, n);
+}
+template <class E, class T>
+MicroFn run_op() {
+  if constexpr (std::is_floating_point_v<compute_t<T>>) return &run_op_clones<E, T>;
+  else return &run_op_plain<E, T>;
 }
 
 // A compute value holds a From exactly; cast it as the one-op kernel casts the stored value.
@@ -204,7 +219,7 @@ Instr make_instr(const ir::Graph& region, const ir::Node& n, int16_t dst) {
     std::memcpy(ins.state, &e.f, sizeof(e.f));
     visit_dtype(in, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (in_domain<E::domain, T>()) ins.fn = &run_op<E, T>;
+      if constexpr (in_domain<E::domain, T>()) ins.fn = run_op<E, T>();
     });
   });
   LAZYRT_ASSERT(ins.fn, "fused ", ir::op_name(n.op), " made for ", dtype_name(in));

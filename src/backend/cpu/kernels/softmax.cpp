@@ -4,17 +4,144 @@
 //   softmax:     e = exp(x - max),  out = e * (1 / sum e)
 //   log_softmax: out = (x - max) - log(sum exp(x - max))
 // Sums are in double, the rest in f32 for the 16-bit types, whose results are rounded once.
-// Every pass reads element j before writing element j and nothing else, so the output may be
-// the input's buffer (the op is kInPlace).
+// Lines are split across threads. Contiguous lines (the last dim) of an f32 compute type run as
+// loops that vectorize (exp from vmath.h, cloned per ISA); their maxima and sums run sixteen
+// partial ones over interleaved elements, combined in a fixed order. Every pass reads element j before writing element j and
+// nothing else (exps wait in a buffer on the stack where the input is still needed), so the
+// output may be the input's buffer (the op is kInPlace).
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <type_traits>
 
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
+#include "backend/cpu/kernels/parallel.h"
+#include "backend/cpu/kernels/vmath.h"
 
 namespace lazyrt::kernels {
 namespace {
+
+constexpr int64_t kChunk = 1024;  // exps buffered at a time
+
+// max(m, v), nan once either is nan.
+inline float max_nan(float m, float v) { return (v > m) | (v != v) ? v : m; }
+
+// The maximum of x[0, n) as f32, nan if any element is nan (then the whole line is nan). Each
+// chunk is copied to the stack and halved in place, max_nan of element i and element i + h,
+// until 16 are left: loops without a carried value, which vectorize (a running maximum does
+// not).
+template <class T>
+LAZYRT_ISA_CLONES float line_max(const T* x, int64_t n) {
+  float r = -std::numeric_limits<float>::infinity();
+  float buf[kChunk];
+  for (int64_t j = 0; j < n; j += kChunk) {
+    int64_t w = std::min(kChunk, n - j);
+    for (int64_t i = 0; i < w; ++i) buf[i] = convert<float>(x[j + i]);
+    while (w > 16) {
+      const int64_t h = w - w / 2;
+      for (int64_t i = 0; i < w / 2; ++i) buf[i] = max_nan(buf[i], buf[i + h]);
+      w = h;
+    }
+    for (int64_t i = 0; i < w; ++i) r = max_nan(r, buf[i]);
+  }
+  return r;
+}
+
+// e[j] = exp(x[j] - max), j < n; returns their sum in double, from sixteen partial sums of
+// interleaved elements added in order at the end.
+template <class T>
+LAZYRT_ISA_CLONES double shifted_exps(const T* x, float max, float* e, int64_t n) {
+  constexpr int kLanes = 16;
+  double part[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      e[j + k] = vm::exp_f32(convert<float>(x[j + k]) - max);
+      part[k] += e[j + k];
+    }
+  }
+  for (; j < n; ++j) {
+    e[j] = vm::exp_f32(convert<float>(x[j]) - max);
+    part[0] += e[j];
+  }
+  double sum = 0;
+  for (int k = 0; k < kLanes; ++k) sum += part[k];
+  return sum;
+}
+
+template <class T>
+LAZYRT_ISA_CLONES void scaled_exps(const T* x, float max, float scale, T* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = convert<T>(vm::exp_f32(convert<float>(x[j]) - max) * scale);
+}
+
+LAZYRT_ISA_CLONES void scale_in_place(float* y, float scale, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] *= scale;
+}
+
+template <class T>
+LAZYRT_ISA_CLONES void shifted_logs(const T* x, float max, float log_sum, T* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] = convert<T>((convert<float>(x[j]) - max) - log_sum);
+}
+
+// One contiguous line of an f32 compute type.
+template <bool kLog, class T>
+void contiguous_line(const T* x, T* y, int64_t n) {
+  const float max = line_max(x, n);
+  float buf[kChunk];
+  double sum = 0;
+  for (int64_t j = 0; j < n; j += kChunk) {
+    const int64_t m = std::min(kChunk, n - j);
+    if constexpr (!kLog && std::is_same_v<T, float>) {
+      sum += shifted_exps(x + j, max, y + j, m);  // y[j] is exp(x[j] - max) rounded, as it will stay
+    } else {
+      sum += shifted_exps(x + j, max, buf, m);
+    }
+  }
+  if constexpr (kLog) {
+    shifted_logs(x, max, static_cast<float>(std::log(sum)), y, n);
+  } else if constexpr (std::is_same_v<T, float>) {
+    scale_in_place(y, static_cast<float>(1.0 / sum), n);
+  } else {
+    // 16-bit: e is not stored (it would be rounded) but computed again, so the result is
+    // rounded once.
+    scaled_exps(x, max, static_cast<float>(1.0 / sum), y, n);
+  }
+}
+
+// One line with element stride st, any floating compute type C.
+template <bool kLog, class T, class C>
+void strided_line(const T* xl, T* yl, int64_t n, int64_t st) {
+  auto exp_of = [](C v) {
+    if constexpr (std::is_same_v<C, float>) return vm::exp_f32(v);
+    else return std::exp(v);
+  };
+  C max = n ? convert<C>(xl[0]) : C(0);
+  for (int64_t j = 1; j < n; ++j) {
+    const C v = convert<C>(xl[j * st]);
+    if (v != v || v > max) max = v;
+    if (max != max) break;
+  }
+  double sum = 0;
+  if constexpr (kLog) {
+    for (int64_t j = 0; j < n; ++j) sum += exp_of(convert<C>(xl[j * st]) - max);
+    const C log_sum = static_cast<C>(std::log(sum));
+    for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>((convert<C>(xl[j * st]) - max) - log_sum);
+  } else if constexpr (std::is_same_v<T, C>) {
+    for (int64_t j = 0; j < n; ++j) {
+      const C e = exp_of(convert<C>(xl[j * st]) - max);
+      sum += e;
+      yl[j * st] = e;
+    }
+    const C scale = static_cast<C>(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) yl[j * st] *= scale;
+  } else {
+    for (int64_t j = 0; j < n; ++j) sum += exp_of(convert<C>(xl[j * st]) - max);
+    const C scale = static_cast<C>(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>(exp_of(convert<C>(xl[j * st]) - max) * scale);
+  }
+}
 
 template <bool kLog>
 Kernel softmax(const KernelSpec& s) {
@@ -30,40 +157,19 @@ Kernel softmax(const KernelSpec& s) {
         const T* x = static_cast<const T*>(in[0]);
         T* y = static_cast<T*>(out[0]);
         const int64_t n = lines.n, st = lines.inner;
-        for (int64_t o = 0; o < lines.outer; ++o) {
-          for (int64_t i = 0; i < lines.inner; ++i) {
-            const int64_t base = o * n * st + i;
-            const T* xl = x + base;
-            T* yl = y + base;
-            // The maximum, nan if any element is nan (then the whole line is nan).
-            C max = n ? convert<C>(xl[0]) : C(0);
-            for (int64_t j = 1; j < n; ++j) {
-              const C v = convert<C>(xl[j * st]);
-              if (v != v || v > max) max = v;
-              if (max != max) break;
-            }
-            double sum = 0;
-            if constexpr (kLog) {
-              for (int64_t j = 0; j < n; ++j) sum += std::exp(convert<C>(xl[j * st]) - max);
-              const C log_sum = static_cast<C>(std::log(sum));
-              for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>((convert<C>(xl[j * st]) - max) - log_sum);
-            } else if constexpr (std::is_same_v<T, C>) {
-              for (int64_t j = 0; j < n; ++j) {
-                const C e = std::exp(convert<C>(xl[j * st]) - max);
-                sum += e;
-                yl[j * st] = e;
+        const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1));
+        parallel_for(lines.outer * lines.inner, grain, [&](int64_t b, int64_t e) {
+          for (int64_t l = b; l < e; ++l) {
+            const int64_t base = (l / st) * n * st + l % st;
+            if constexpr (std::is_same_v<C, float>) {
+              if (st == 1) {
+                contiguous_line<kLog>(x + base, y + base, n);
+                continue;
               }
-              const C scale = static_cast<C>(1.0 / sum);
-              for (int64_t j = 0; j < n; ++j) yl[j * st] *= scale;
-            } else {
-              // 16-bit: e is not stored (it would be rounded) but computed again, so the
-              // result is rounded once.
-              for (int64_t j = 0; j < n; ++j) sum += std::exp(convert<C>(xl[j * st]) - max);
-              const C scale = static_cast<C>(1.0 / sum);
-              for (int64_t j = 0; j < n; ++j) yl[j * st] = convert<T>(std::exp(convert<C>(xl[j * st]) - max) * scale);
             }
+            strided_line<kLog, T, C>(x + base, y + base, n, st);
           }
-        }
+        });
       }};
     }
   });
