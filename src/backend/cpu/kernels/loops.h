@@ -186,22 +186,45 @@ struct ReduceLayout {
   StridedLayout outer;  // over the kept dims, strides into the input
   StridedLayout inner;  // over the reduced dims, strides into the input
   int64_t count;        // elements per output
+  // The kept dims after the last reduced one (of size > 1) form a block of `trailing` elements,
+  // contiguous in the input and the output (1: the innermost dim is reduced); `lead` walks the
+  // kept dims before it. Output j is lead element j / trailing, block element j % trailing.
+  int64_t trailing;
+  StridedLayout lead;
 
-  static StridedLayout part(const Shape& in, const std::vector<int64_t>& dims, bool reduced) {
+  static bool is_reduced(const std::vector<int64_t>& dims, size_t d) {
+    return std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
+  }
+  // The first dim of the trailing kept block.
+  static size_t block_start(const Shape& in, const std::vector<int64_t>& dims) {
+    size_t d = in.size();
+    while (d > 0 && !(is_reduced(dims, d - 1) && in[d - 1] != 1)) --d;
+    return d;
+  }
+  // The dims of [0, end) that are reduced (or kept), with their input strides.
+  static StridedLayout part(const Shape& in, const std::vector<int64_t>& dims, bool reduced, size_t end) {
     std::vector<int64_t> st = contiguous_strides(in);
     Shape shape;
     std::vector<int64_t> strides;
-    for (size_t d = 0; d < in.size(); ++d) {
-      bool r = std::find(dims.begin(), dims.end(), static_cast<int64_t>(d)) != dims.end();
-      if (r == reduced) {
+    for (size_t d = 0; d < end; ++d) {
+      if (is_reduced(dims, d) == reduced) {
         shape.push_back(in[d]);
         strides.push_back(st[d]);
       }
     }
     return StridedLayout(shape, strides);
   }
+  static int64_t block_numel(const Shape& in, size_t start) {
+    int64_t n = 1;
+    for (size_t d = start; d < in.size(); ++d) n *= in[d];
+    return n;
+  }
   ReduceLayout(const Shape& in, const std::vector<int64_t>& dims)
-      : outer(part(in, dims, false)), inner(part(in, dims, true)), count(inner.numel) {}
+      : outer(part(in, dims, false, in.size())),
+        inner(part(in, dims, true, in.size())),
+        count(inner.numel),
+        trailing(block_numel(in, block_start(in, dims))),
+        lead(part(in, dims, false, block_start(in, dims))) {}
 };
 
 /// A tensor seen as [outer, n, inner] around one dim: outer * inner lines of n elements, each
