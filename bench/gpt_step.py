@@ -1,0 +1,191 @@
+"""A GPT training step and inference step in nanoGPT's architecture, unmodified PyTorch code,
+through lazyrt.torch.compile against PyTorch eager.
+
+Workload: a decoder-only transformer as nanoGPT builds it (6 blocks, 6 heads, 384 wide,
+context 256, a 65-token vocabulary as its character-level Shakespeare model): token and
+position embeddings; per block a pre-LayerNorm causal self-attention (one Linear for q, k and
+v, scores scaled by 1/sqrt(head size), a lower-triangular mask buffer, softmax, an output
+projection) and a pre-LayerNorm MLP (4x wide, exact GELU), each added to the residual stream;
+a final LayerNorm and a bias-free head that shares the token embedding's weight. Weights drawn
+N(0, 0.02) (the output projections N(0, 0.02 / sqrt(2 * layers))), biases zero, after
+torch.manual_seed(0); dropout 0. A batch of 8 sequences of 256 tokens and their next tokens,
+from torch.Generator seed 1. Training step: cross_entropy over every position, backward,
+AdamW(lr 1e-3, betas (0.9, 0.99), weight decay 0.1 on the matrices and embeddings, 0 on
+biases and LayerNorm weights).step(), zero_grad(). Inference step: the logits of every
+position under no_grad, in eval mode.
+
+lazyrt.torch.compile captures each step once and replays it, writing parameters and AdamW's
+state back into the torch tensors every call. Both peers start from the same state_dict.
+"""
+
+import copy
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from harness import (BenchmarkError, check_close, check_same_training, ratio, table, time_side_by_side,
+                     training_step)
+
+LAYERS, HEADS, WIDTH, CONTEXT, VOCAB, BATCH = 6, 6, 384, 256, 65, 8
+LR = 1e-3
+STEPS_CHECKED = 3
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
+        self.proj = nn.Linear(WIDTH, WIDTH)
+        self.register_buffer("mask", torch.tril(torch.ones(CONTEXT, CONTEXT)).view(1, 1, CONTEXT, CONTEXT))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(WIDTH, dim=2)
+        q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        scores = scores.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
+        y = F.softmax(scores, dim=-1) @ v
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(WIDTH)
+        self.attn = CausalSelfAttention()
+        self.ln2 = nn.LayerNorm(WIDTH)
+        self.fc = nn.Linear(WIDTH, 4 * WIDTH)
+        self.proj = nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(VOCAB, WIDTH)
+        self.positions = nn.Embedding(CONTEXT, WIDTH)
+        self.blocks = nn.ModuleList([Block() for _ in range(LAYERS)])
+        self.ln_f = nn.LayerNorm(WIDTH)
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head.weight = self.tokens.weight  # tied, as nanoGPT does
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * LAYERS))
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tokens(idx) + self.positions(torch.arange(t))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def models():
+    torch.manual_seed(0)
+    m = GPT()
+    return m, copy.deepcopy(m)
+
+
+def optimizer(model):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                             lr=LR, betas=(0.9, 0.99))
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (BATCH, CONTEXT + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def loss_fn(logits, targets):
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def infer_step_of(model):
+    def infer_step(idx):
+        with torch.no_grad():
+            return model(idx)
+    return infer_step
+
+
+def state(model, opt):
+    out = {k: v.detach().numpy().copy() for k, v in model.state_dict().items() if v.dtype.is_floating_point}
+    for i, p in enumerate(model.parameters()):
+        for k, v in opt.state[p].items():
+            if torch.is_tensor(v) and v.dtype.is_floating_point and v.dim() > 0:
+                out[f"adamw.{i}.{k}"] = v.detach().numpy().copy()
+    return out
+
+
+def run(opts):
+    import lazyrt.torch
+
+    idx, targets = data()
+    m_eager, m_lazy = models()
+    o_eager, o_lazy = optimizer(m_eager), optimizer(m_lazy)
+    eager = training_step(m_eager, o_eager, loss_fn)
+    compiled = lazyrt.torch.compile(training_step(m_lazy, o_lazy, loss_fn))
+
+    # Matrix products sum in other orders in each library: the losses agree to ~1e-6 relative.
+    # AdamW moves every weight by about lr a step whatever its gradient's size, so where a
+    # gradient is rounding noise the two runs may step apart: a weight may differ by up to
+    # 2 lr per step (the hard bound checked), and all but a few per million agree to 1e-3
+    # relative, 1e-4 absolute.
+    _, ref, got = check_same_training("GPT step, lazyrt.torch.compile", eager, compiled, (idx, targets),
+                                      lambda: state(m_eager, o_eager), lambda: state(m_lazy, o_lazy),
+                                      STEPS_CHECKED, rtol=1e-3, atol=2 * LR * STEPS_CHECKED)
+    for k in ref:
+        far = np.abs(got[k] - ref[k]) > 1e-4 + 1e-3 * np.abs(ref[k])
+        if far.mean() > 1e-5:
+            raise BenchmarkError(f"GPT step: {k}: {int(far.sum())} of {far.size} values differ beyond rtol 1e-3, "
+                                 "atol 1e-4")
+
+    m_eager.eval()
+    m_lazy.eval()
+    infer_eager = infer_step_of(m_eager)
+    infer_lazy = lazyrt.torch.compile(infer_step_of(m_lazy))
+    check_close("GPT inference, lazyrt.torch.compile: logits", infer_lazy(idx).numpy(), infer_eager(idx).numpy(),
+                rtol=1e-3, atol=1e-4)
+
+    reps = 3 if opts.quick else 5
+    ms = {n: s.scaled(1e3) for n, s in time_side_by_side(
+        {"infer lazyrt": lambda: infer_lazy(idx), "infer eager": lambda: infer_eager(idx)}, 1, reps, warmup=1).items()}
+    m_eager.train()
+    m_lazy.train()
+    ms.update({n: s.scaled(1e3) for n, s in time_side_by_side(
+        {"train lazyrt": lambda: compiled(idx, targets), "train eager": lambda: eager(idx, targets)}, 1, reps,
+        warmup=1).items()})
+
+    rows, summary = [], []
+    for what in ("train", "infer"):
+        lazy, peer = ms[f"{what} lazyrt"], ms[f"{what} eager"]
+        label = "training step (AdamW)" if what == "train" else "inference step (eval, no_grad)"
+        rows.append((label, lazy.cell(), peer.cell(), ratio(peer.median / lazy.median)))
+        summary.append((f"GPT ({LAYERS} layers, {WIDTH} wide, context {CONTEXT}) {label}, batch {BATCH}",
+                        "lazyrt.torch.compile", lazy.cell(), "ms", "PyTorch eager", peer.cell(),
+                        ratio(peer.median / lazy.median)))
+    n_params = sum(p.numel() for p in m_lazy.parameters())
+    md = [f"## GPT (nanoGPT's architecture), batch {BATCH} x {CONTEXT} tokens: unmodified PyTorch through "
+          "lazyrt.torch.compile\n",
+          f"{LAYERS} blocks, {HEADS} heads, {WIDTH} wide, context {CONTEXT}, vocabulary {VOCAB}, tied head "
+          f"({n_params / 1e6:.2f}M parameters): masked softmax attention, exact GELU, LayerNorm, cross-entropy over "
+          "every position, AdamW with weight decay on matrices only, written once in torch.nn and run by both "
+          "peers from the same state_dict. The compiled step writes parameters and AdamW state back into the "
+          f"torch tensors every call. Before timing: the losses of {STEPS_CHECKED} training steps (rtol 1e-4), "
+          "every parameter and AdamW moment after them (all within 2 lr per step, AdamW's bound where a gradient "
+          "is rounding noise; all but 1e-5 of them within rtol 1e-3, atol 1e-4) and the eval-mode logits (rtol "
+          f"1e-3, atol 1e-4) are checked against eager's. {reps} steps per peer after 1 warm-up, alternating.\n",
+          table(["step", "lazyrt.torch.compile ms", "PyTorch eager ms", "eager / lazyrt"], rows), ""]
+    return {"markdown": "\n".join(md), "summary": summary}
