@@ -11,6 +11,7 @@
 #include "backend/cpu/kernels/elementwise_fns.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
+#include "backend/cpu/kernels/sums.h"
 
 namespace lazyrt::kernels {
 namespace {
@@ -40,21 +41,6 @@ template <Kind K, class C, class Acc, class T>
 LAZYRT_ISA_CLONES void fold_clones(Acc* acc, const T* x, int64_t n, bool first) {
   fold_body<K, C>(acc, x, n, first);
 }
-// The sum of a contiguous run in double: sixteen partial sums of interleaved elements, added in
-// order at the end (a single running sum waits on each addition).
-template <class C, class T>
-LAZYRT_ISA_CLONES double run_sum(const T* x, int64_t n) {
-  constexpr int kLanes = 16;
-  double part[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int k = 0; k < kLanes; ++k) part[k] += static_cast<double>(convert<C>(x[i + k]));
-  double sum = 0;
-  for (int k = 0; k < kLanes; ++k) sum += part[k];
-  for (; i < n; ++i) sum += static_cast<double>(convert<C>(x[i]));
-  return sum;
-}
-
 template <Kind K, class C, class Acc, class T>
 void fold(Acc* acc, const T* x, int64_t n, bool first) {
   if constexpr (std::is_floating_point_v<C>) fold_clones<K, C>(acc, x, n, first);
@@ -112,7 +98,7 @@ Kernel reduce(const KernelSpec& s) {
           layout->inner.for_each_run([&](int64_t ioff, int64_t in_n, int64_t istride) {
             if constexpr ((K == Kind::Sum || K == Kind::Mean) && std::is_floating_point_v<C>) {
               if (istride == 1) {
-                acc += run_sum<C>(base + ioff, in_n);
+                acc += sums::run_sum<C>(base + ioff, in_n);
                 return;
               }
             }

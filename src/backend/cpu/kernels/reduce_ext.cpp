@@ -11,6 +11,8 @@
 
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
+#include "backend/cpu/kernels/parallel.h"
+#include "backend/cpu/kernels/sums.h"
 
 namespace lazyrt::kernels {
 namespace {
@@ -67,6 +69,8 @@ Kernel make_Prod(const KernelSpec& s) {
 
 namespace {
 
+// Outputs split across threads; the passes over a contiguous run of the reduced elements add
+// sixteen interleaved partial sums (sums.h), other runs one element after another.
 template <bool kSqrt>
 Kernel variance(const KernelSpec& s) {
   const ir::NodeAttrs a(s.op, s.attrs);
@@ -74,25 +78,44 @@ Kernel variance(const KernelSpec& s) {
   const double correction = a.f<"correction">();
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
-    if constexpr (!std::is_floating_point_v<compute_t<T>>) {
+    using C = compute_t<T>;
+    if constexpr (!std::is_floating_point_v<C>) {
       LAZYRT_ASSERT(false, "kernel ", ir::op_name(s.op), " made for ", dtype_name(s.inputs[0].dtype));
       return {};
     } else {
       return {[layout, correction](const void* const* in, void* const* out) {
+        const T* x = static_cast<const T*>(in[0]);
         T* o = static_cast<T*>(out[0]);
-        const double count = static_cast<double>(layout->count);
-        const double divisor = std::max(count - correction, 0.0);
-        for_each_output(*layout, static_cast<const T*>(in[0]), [&](const T* base) {
-          double sum = 0;
-          for_each_reduced(*layout, base, [&](T v) { sum += convert<double>(v); });
-          const double mean = sum / count;  // nan for an empty slice, and so is the variance
-          double squares = 0;
-          for_each_reduced(*layout, base, [&](T v) {
-            const double d = convert<double>(v) - mean;
-            squares += d * d;
-          });
-          const double v = squares / divisor;
-          *o++ = convert<T>(kSqrt ? std::sqrt(v) : v);
+        const int64_t count = layout->count;
+        const double divisor = std::max(static_cast<double>(count) - correction, 0.0);
+        parallel_for(layout->outer.numel, std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(count, 1)),
+                     [&](int64_t b, int64_t e) {
+          for (int64_t j = b; j < e; ++j) {
+            // An empty input (count 0) may have no buffer: no offset is taken from it.
+            const T* base = count > 0 ? x + layout->outer.offset_of(j) : x;
+            double sum = 0;
+            layout->inner.for_each_run([&](int64_t off, int64_t n, int64_t stride) {
+              if (stride == 1) {
+                sum += sums::run_sum<C>(base + off, n);
+              } else {
+                for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(convert<C>(base[off + i * stride]));
+              }
+            });
+            const double mean = sum / static_cast<double>(count);  // nan for an empty slice, and so is the variance
+            double squares = 0;
+            layout->inner.for_each_run([&](int64_t off, int64_t n, int64_t stride) {
+              if (stride == 1) {
+                squares += sums::run_squared_deviations<C>(base + off, n, mean);
+              } else {
+                for (int64_t i = 0; i < n; ++i) {
+                  const double d = static_cast<double>(convert<C>(base[off + i * stride])) - mean;
+                  squares += d * d;
+                }
+              }
+            });
+            const double v = squares / divisor;
+            o[j] = convert<T>(kSqrt ? std::sqrt(v) : v);
+          }
         });
       }};
     }
