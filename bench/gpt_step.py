@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness import (BenchmarkError, check_close, check_same_training, ratio, table, time_side_by_side,
+from harness import (BenchmarkError, check_same_training, compiled_inference, ratio, table, time_side_by_side,
                      training_step)
 
 LAYERS, HEADS, WIDTH, CONTEXT, VOCAB, BATCH = 6, 6, 384, 256, 65, 8
@@ -152,12 +152,7 @@ def run(opts):
             raise BenchmarkError(f"GPT step: {k}: {int(far.sum())} of {far.size} values differ beyond rtol 1e-3, "
                                  "atol 1e-4")
 
-    m_eager.eval()
-    m_lazy.eval()
-    infer_eager = infer_step_of(m_eager)
-    infer_lazy = lazyrt.torch.compile(infer_step_of(m_lazy))
-    check_close("GPT inference, lazyrt.torch.compile: logits", infer_lazy(idx).numpy(), infer_eager(idx).numpy(),
-                rtol=1e-3, atol=1e-4)
+    infer_eager, infer_lazy = compiled_inference("GPT inference", m_eager, m_lazy, infer_step_of, (idx,))
 
     reps = 3 if opts.quick else 5
     ms = {n: s.scaled(1e3) for n, s in time_side_by_side(

@@ -147,6 +147,19 @@ def check_same_training(what, eager, compiled, args, eager_state, compiled_state
     return ref_losses, ref, got
 
 
+def compiled_inference(what, m_eager, m_lazy, infer_step_of, args, rtol=1e-3, atol=1e-4):
+    """Puts both models in eval mode and returns (eager, compiled) inference steps,
+    infer_step_of(model) as is and through lazyrt.torch.compile, after checking that their
+    outputs on args agree (BenchmarkError otherwise)."""
+    import lazyrt.torch
+    m_eager.eval()
+    m_lazy.eval()
+    eager, compiled = infer_step_of(m_eager), lazyrt.torch.compile(infer_step_of(m_lazy))
+    check_close(f"{what}, lazyrt.torch.compile: outputs", compiled(*args).numpy(), eager(*args).numpy(),
+                rtol=rtol, atol=atol)
+    return eager, compiled
+
+
 # ---- PyTorch's lazy tensors -------------------------------------------------------------------
 
 def torch_lazy_available():

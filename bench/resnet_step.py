@@ -19,7 +19,7 @@ import copy
 import torch
 import torch.nn as nn
 
-from harness import check_close, check_same_training, ratio, table, time_side_by_side, training_step
+from harness import check_same_training, compiled_inference, ratio, table, time_side_by_side, training_step
 
 BATCH, SIZE, CLASSES = 16, 64, 10
 STEPS_CHECKED = 3
@@ -100,12 +100,7 @@ def run(opts):
     check_same_training("ResNet-18 step, lazyrt.torch.compile", eager, compiled, (x, y), lambda: state(m_eager),
                         lambda: state(m_lazy), STEPS_CHECKED, rtol=1e-3, atol=1e-4)
 
-    m_eager.eval()
-    m_lazy.eval()
-    infer_eager = infer_step_of(m_eager)
-    infer_lazy = lazyrt.torch.compile(infer_step_of(m_lazy))
-    check_close("ResNet-18 inference, lazyrt.torch.compile: logits", infer_lazy(x).numpy(), infer_eager(x).numpy(),
-                rtol=1e-3, atol=1e-4)
+    infer_eager, infer_lazy = compiled_inference("ResNet-18 inference", m_eager, m_lazy, infer_step_of, (x,))
     m_eager.train()
     m_lazy.train()
 
