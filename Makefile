@@ -10,9 +10,10 @@ TSAN_BUILD := $(ROOT)/build-tsan
 PYTHON := /usr/bin/python3
 JOBS   ?= 2
 # Each target of `make fuzz` stops after this many inputs or this many seconds, whichever
-# comes first.
+# comes first. On two cores graph_fuzz takes about 1,650 s for a million inputs from an empty
+# corpus, entry_parser_fuzz about 450 s: the time limit is a guard against a stuck run.
 FUZZ_RUNS    ?= 1000000
-FUZZ_SECONDS ?= 1200
+FUZZ_SECONDS ?= 3600
 # `make fuzz-replay`: random programs of this many actions, from this seed on.
 FUZZ_REPLAY_PROGRAMS ?= 10000
 FUZZ_REPLAY_ACTIONS  ?= 12
