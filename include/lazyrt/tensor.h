@@ -221,9 +221,13 @@ Tensor tensor(std::initializer_list<double> values, Shape shape, DType dtype = D
 Tensor from_blob(const void* data, Shape shape, DType dtype);
 /// Device data adopted without a copy: the tensor reads the memory at `data` (row-major, as
 /// above, aligned for dtype) where it lies. lazyrt never writes into adopted memory (results
-/// always go to buffers of its own), and calls `release` once nothing holds it any more (no
-/// tensor, no graph), on whichever thread drops it last; for an empty shape at once.
-Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> release);
+/// always go to buffers of its own) unless `writable`: the owner then lends it for in-place
+/// updates, and a replay that updates this tensor in place (compile_step, run_cached_graph)
+/// writes the new value into the memory itself, where the owner sees it (syncs still never
+/// do). The caller must then not let other tensors it hands to the same replay overlap the
+/// memory. lazyrt calls `release` once nothing holds the memory any more (no tensor, no graph),
+/// on whichever thread drops it last; for an empty shape at once.
+Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> release, bool writable = false);
 Tensor scalar_tensor(double value, DType dtype = DType::f32);
 Tensor zeros(Shape shape, DType dtype = DType::f32);
 Tensor ones(Shape shape, DType dtype = DType::f32);

@@ -36,12 +36,13 @@ GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donation
 std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
                                                     const std::vector<int32_t>& donations);
 
-/// `offer` if a run may write an output of `bytes` into it: lazyrt owns it (adopted memory is
-/// never written), it has that size, and its only holders are the `owners` the caller
-/// accounts for. Otherwise null.
+/// `offer` if a replay may write an output of `bytes` into it: lazyrt owns it or its owner lent
+/// it for writing (Buffer::replay_writable), it has that size, and its only holders are the
+/// `owners` the caller accounts for. Otherwise null.
 inline const BufferPtr& writable(const BufferPtr& offer, size_t bytes, long owners) {
   static const BufferPtr none;
-  return offer && !offer->is_adopted() && offer.use_count() <= owners && offer->bytes() == bytes ? offer : none;
+  return offer && offer->replay_writable() && offer.use_count() <= owners && offer->bytes() == bytes ? offer
+                                                                                                      : none;
 }
 
 /// Reusable scratch for runs of one executable: sized once, so a run allocates nothing but

@@ -346,7 +346,7 @@ Tensor from_blob(const void* data, Shape shape, DType dtype) {
   return trace::tensor_of(trace::make_data(std::move(type), std::move(buf)));
 }
 
-Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> release) {
+Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> release, bool writable) {
   for (int64_t d : shape) LAZYRT_CHECK(d >= 0, "from_blob: negative dimension in shape ", shape_str(shape));
   ir::TensorType type{dtype, std::move(shape)};
   if (type.bytes() == 0) {
@@ -356,7 +356,7 @@ Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> rel
   LAZYRT_CHECK(data != nullptr, "from_blob: null data for ", dtype_name(dtype), shape_str(type.shape));
   LAZYRT_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0, "from_blob: data at ", data,
                " is not aligned for ", dtype_name(dtype));
-  return trace::tensor_of(trace::make_data(std::move(type), runtime::adopt(data, type.bytes(), std::move(release))));
+  return trace::tensor_of(trace::make_data(std::move(type), runtime::adopt(data, type.bytes(), std::move(release), writable)));
 }
 
 Tensor tensor(const std::vector<float>& d, Shape s) { return from_vector(d, std::move(s), DType::f32); }

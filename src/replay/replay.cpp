@@ -371,7 +371,8 @@ struct Variant {
   std::vector<Sink> sinks;
   std::vector<ClearGrad> clear_grads;
   bool any_pending = false;  // set by lock_state: a captured tensor must be computed first
-  std::vector<int32_t> offers;
+  std::vector<int32_t> offers;      // per sink, the parameter whose buffer it may be written into
+  std::vector<int32_t> sink_reads;  // per sink, the parameter holding its destination's old value
   size_t results = 0;
   // Run-time scratch, sized at trace time.
   std::vector<Tensor> result_tensors;  // the step's own output handles
@@ -380,6 +381,7 @@ struct Variant {
   exec::Frame frame;
   std::vector<size_t> out_bytes;  // per output
   std::vector<const TensorImpl*> written;  // the tensors a call wrote back (reserved per sink)
+  std::vector<std::pair<TensorImpl*, size_t>> lent_copies;  // (tensor, output) copied into lent memory
   // Results that were tensors from outside the step (an updated argument or state tensor) or
   // views of them (a detached parameter, a row of an argument): each call returns that very
   // tensor, or such a view of it again, as PyTorch would.
@@ -616,18 +618,26 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
       if (s.kind == Sink::Kind::UpdateState || s.kind == Sink::Kind::Grad) s.binding = binding_of(s.tensor);
     for (GradGuard& g : v->grad_guards) g.binding = binding_of(g.leaf);
     for (ClearGrad& c : v->clear_grads) c.binding = binding_of(c.leaf);
-    // An update may be written into the buffer of the parameter holding its old value.
+    // An update may be written into the buffer of the parameter holding its old value (the
+    // compiler decides whether it can write it there directly); a gradient likewise, when the
+    // step read the gradient it replaces (accumulation).
     v->offers.assign(v->sinks.size(), -1);
     for (size_t k = 0; k < v->sinks.size(); ++k) {
       const Sink& s = v->sinks[k];
+      ImplPtr old_grad;
+      if (s.kind == Sink::Kind::Grad)
+        for (const GradGuard& g : v->grad_guards)
+          if (same_owner(g.leaf, s.tensor.lock())) old_grad = g.grad.lock();
       for (size_t p = 0; p < v->bindings.size(); ++p) {
         const Binding& b = v->bindings[p];
         if ((s.kind == Sink::Kind::UpdateArg && b.kind == Binding::Kind::Arg && b.arg == s.index) ||
             (s.kind == Sink::Kind::UpdateState && b.kind == Binding::Kind::State &&
-             b.state.lock() == s.tensor.lock()))
+             b.state.lock() == s.tensor.lock()) ||
+            (old_grad && b.kind == Binding::Kind::State && same_owner(b.state, old_grad)))
           v->offers[k] = static_cast<int32_t>(p);
       }
     }
+    v->sink_reads = v->offers;
     GraphHash key = exec::cache_key(ex.graph, v->offers);
     v->exe = exec::executable_for(key, ex.graph, v->offers);
     v->pin = pin;
@@ -757,6 +767,21 @@ bool lock_state(Variant& v, const std::vector<Tensor>& args) {
   return ok;
 }
 
+// Copies each output (tensor, output index) into the lent memory its tensor holds. A source
+// that is itself lent memory (a parameter passed through) is copied aside first, since another
+// copy may overwrite it.
+void copy_into_lent(Variant& v, const std::vector<std::pair<TensorImpl*, size_t>>& lent) {
+  std::vector<std::shared_ptr<Buffer>> sources;
+  sources.reserve(lent.size());
+  for (const auto& [t, k] : lent) {
+    const std::shared_ptr<Buffer>& b = v.frame.outs[k];
+    sources.push_back(b->is_adopted() ? backend::current().copy(*b) : b);
+  }
+  for (size_t i = 0; i < lent.size(); ++i)
+    if (lent[i].first->data()->bytes() > 0)
+      std::memcpy(lent[i].first->data()->data(), sources[i]->data(), sources[i]->bytes());
+}
+
 // The tensors the run reads and writes are held (v.holds, v.sink_holds) from binding to
 // write-back, so their buffers stay alive and parameters are bound by pointer, without a
 // reference count per buffer.
@@ -789,6 +814,9 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   // Each output may be written into the buffer its destination already holds, when nobody
   // else holds that buffer: a replay then writes parameters and state in place.
   auto offer = [&](size_t k) -> const std::shared_ptr<Buffer>& {
+    // A destination the graph also reads is written only where the compiler accepted it (it
+    // refuses, for one, when the old value is itself an output).
+    if (v.sink_reads[k] >= 0 && !exe.donation_accepted(k)) return kNoBuffer;
     TensorImpl* t = sink_tensor(v, v.sinks[k], args, v.sink_holds[k]);
     if (!t) return kNoBuffer;
     t->release_leaf();
@@ -805,11 +833,20 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   std::vector<const TensorImpl*>& written = v.written;
   written.clear();
   bool any_views = false;
+  std::vector<std::pair<TensorImpl*, size_t>>& lent = v.lent_copies;
+  lent.clear();
   for (size_t k = 0; k < v.sinks.size(); ++k) {
     const std::shared_ptr<Buffer>& b = v.frame.outs[k];
-    // Replays mostly write back into the buffer the tensor already holds: no copy then.
-    auto write_back = [&b, &written, &any_views](TensorImpl& t) {
-      if (t.is_pending() || t.data() != b) t.set_data(b);
+    // Replays mostly write back into the buffer the tensor already holds: no copy then. A
+    // value that went elsewhere (a constant, a parameter passed through, an output the
+    // compiler could not write there) is copied into memory lent for writing, below, and
+    // otherwise becomes the tensor's buffer.
+    auto write_back = [&b, &written, &any_views, &lent, k](TensorImpl& t) {
+      if (!t.is_pending() && t.data() != b && t.data()->is_adopted() && t.data()->replay_writable() &&
+          t.data()->bytes() == b->bytes())
+        lent.emplace_back(&t, k);
+      else if (t.is_pending() || t.data() != b)
+        t.set_data(b);
       written.push_back(&t);
       any_views |= !t.views.empty();
     };
@@ -834,6 +871,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
         break;
     }
   }
+  if (!lent.empty()) copy_into_lent(v, lent);
   for (const ClearGrad& c : v.clear_grads) {
     ImplPtr hold;
     if (TensorImpl* t = resolve(v, c.binding, c.leaf, hold))

@@ -34,8 +34,8 @@ Buffer::Buffer(size_t bytes) : bytes_(bytes) {
   count_allocation(bytes_);
 }
 
-Buffer::Buffer(void* data, size_t bytes, std::function<void()> release)
-    : data_(data), bytes_(bytes), release_(std::move(release)) {
+Buffer::Buffer(void* data, size_t bytes, std::function<void()> release, bool writable)
+    : data_(data), bytes_(bytes), release_(std::move(release)), writable_(writable) {
   LAZYRT_ASSERT(release_, "an adopted buffer needs a release callback");
   LAZYRT_ASSERT(data_ != nullptr || bytes_ == 0, "adopting a null pointer of ", bytes_, " bytes");
   count_allocation(bytes_);

@@ -8,7 +8,9 @@
 // A buffer may also adopt memory that lazyrt did not allocate (a NumPy array, a DLPack tensor
 // from PyTorch) to share it without a copy. Adopted memory is aligned to its element type only,
 // and it is never donated: lazyrt never writes into memory it does not own, so the owner may
-// even have mapped it read-only.
+// even have mapped it read-only. Unless the owner lends it for writing: then a replay that
+// updates the tensor holding it in place (compile_step, run_cached_graph) writes the new value
+// into it, as it would into a buffer of its own; syncs still never write into it.
 #pragma once
 
 #include <cstddef>
@@ -24,7 +26,8 @@ class Buffer {
   explicit Buffer(size_t bytes);
   /// Adopts `bytes` at `data`, owned elsewhere; `release` runs once, when the buffer dies, and
   /// must let go of that memory (it may run on any thread).
-  Buffer(void* data, size_t bytes, std::function<void()> release);
+  /// `writable`: lent for in-place updates by replays (see above).
+  Buffer(void* data, size_t bytes, std::function<void()> release, bool writable = false);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -34,11 +37,15 @@ class Buffer {
   size_t bytes() const { return bytes_; }
   /// Memory adopted from elsewhere: read, never written (never donated).
   bool is_adopted() const { return static_cast<bool>(release_); }
+  /// Whether a replay may write a new value of its tensor into it: lazyrt's own memory, or
+  /// adopted memory lent for writing.
+  bool replay_writable() const { return !release_ || writable_; }
 
  private:
   void* data_;
   size_t bytes_;
   std::function<void()> release_;  // adopted memory only
+  bool writable_ = false;           // adopted memory lent for writing
 };
 
 /// Bytes held by all buffers now (adopted memory included: it holds tensor data), and the
@@ -52,8 +59,9 @@ void reset_peak_memory();
 
 inline std::shared_ptr<Buffer> allocate(size_t bytes) { return std::make_shared<Buffer>(bytes); }
 /// A buffer over memory owned elsewhere; see Buffer's adopting constructor.
-inline std::shared_ptr<Buffer> adopt(void* data, size_t bytes, std::function<void()> release) {
-  return std::make_shared<Buffer>(data, bytes, std::move(release));
+inline std::shared_ptr<Buffer> adopt(void* data, size_t bytes, std::function<void()> release,
+                                     bool writable = false) {
+  return std::make_shared<Buffer>(data, bytes, std::move(release), writable);
 }
 
 }  // namespace lazyrt::runtime

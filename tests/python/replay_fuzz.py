@@ -151,7 +151,7 @@ def generate(seed, n_actions=12, vias=VIAS):
     c["weight_decay"] = float(pick([0.0, 0.01]))
     c["zero_grad"] = pick(["end", "end_keep", "start", "none"], [0.4, 0.15, 0.2, 0.25])
     c["loop"] = pick(["none", "fori", "while"], [0.6, 0.2, 0.2])
-    c["returns"] = pick(["loss", "loss+pred", "loss+param", "loss+count"], [0.4, 0.2, 0.2, 0.2])
+    c["returns"] = pick(["loss", "loss+pred", "loss+param", "loss+count", "loss+old"], [0.35, 0.15, 0.15, 0.15, 0.2])
     c["hold_views"] = bool(rng.random() < 0.3)
     c["retrace"] = bool(rng.random() < 0.85)
 
@@ -380,6 +380,9 @@ class World:
                 _, s = lr.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, v * 0.9 + 0.05),
                                      (lr.tensor(0), loss.detach()))
             obj = loss * s
+        if c["returns"] == "loss+old":  # the old value of a parameter the step then updates
+            with lr.no_grad():
+                old = next(iter(self.model.parameters())) * 1.0
         obj.backward()
         self.opt.step()
         if c["zero_grad"] == "end":
@@ -392,6 +395,8 @@ class World:
             return loss, next(iter(self.model.parameters())).detach()
         if c["returns"] == "loss+count":  # the optimizer's state tensor itself
             return loss, self.opt.step_count
+        if c["returns"] == "loss+old":
+            return loss, old
         return loss, out.detach()
 
     # ---- helpers ------------------------------------------------------------------------------

@@ -539,3 +539,30 @@ def loss_after_plain_steps():
             opt.zero_grad(set_to_none=False)
     lr.mark_step()
     return loss.item()
+
+
+@pytest.mark.parametrize("identity", ["mul1", "add0", "sub0", "div1"])
+def test_a_result_equal_to_the_old_value_of_an_updated_tensor_keeps_the_old_value(identity):
+    # The result is a value the compiler reduces to the tensor's old value itself, which the
+    # step then updates in place: the update must not be written over the memory the result is
+    # read from. PyTorch runs the same program.
+    make = {"mul1": lambda s: s * 1, "add0": lambda s: s + 0, "sub0": lambda s: s - 0, "div1": lambda s: s / 1}[identity]
+    start = np.array([1.0, -2.0, 3.5], dtype=np.float32)
+    s = lr.tensor(start.copy())
+    ts = torch.tensor(start.copy())
+    lr.mark_step()
+
+    def step(x):
+        r = make(s)
+        s.add_(x)
+        return r
+
+    compiled = lr.compile_step(step, (lr.tensor(start),))
+    for i in range(4):
+        x = np.full(3, 10.0 * (i + 1), dtype=np.float32)
+        got = compiled(lr.tensor(x)).numpy().copy()
+        want = make(ts)
+        ts.add_(torch.from_numpy(x))
+        np.testing.assert_array_equal(got, want.numpy(), err_msg=f"call {i}")
+        np.testing.assert_array_equal(s.numpy(), ts.numpy(), err_msg=f"call {i}")
+    assert compiled.traces == 1

@@ -61,12 +61,16 @@ shape that depends on values raises `CaptureError`.
 
 **A call**: the torch tensors are handed to lazyrt without a copy (``lazyrt.from_torch``; a
 tensor still at the same address and contiguous reuses the view handed over on the last call),
-the compiled step runs, and the new value of every tensor the step changed is copied into the
-user's tensor in place: the new values come out of lazyrt packed in one flat tensor per dtype,
-and each is copied (``copy_``, which bumps the tensor's version counter as eager's in-place
-update does) into a flat view of the user's tensor: one copy per changed tensor per step in
-this version. Gradients and state entries the step replaced or created become new
-tensors, as in eager; gradients it set to None are None. Results are new torch tensors, not
+and the compiled step runs. The memory of every tensor the step changes in place (parameters,
+buffers, gradients, optimizer state) is lent to lazyrt for writing: the replay writes the new
+values into the user's tensors themselves (same tensors, same ``data_ptr()``, no copy), and
+each written tensor's version counter is bumped as eager's in-place update bumps it. A value
+that cannot land in place (a tensor that is not contiguous, a gradient that was None, a step
+with graph breaks) is copied in after the run (``copy_``). Gradients and state entries the step
+replaced or created become new tensors, as in eager; gradients it set to None are None. The
+capture treats its inputs as separate values: a call whose inputs share memory, one of them
+written by the step (parameters that are overlapping views of one storage), runs the step in
+PyTorch eager instead, counted in ``lazyrt.metrics.counter("EagerStep")`` and warned about once. Results are new torch tensors, not
 attached to autograd (``loss.item()`` after the call, not inside the step). The compiled
 function keeps the views of the last call's tensors, hence their memory, until its next call.
 

@@ -1,17 +1,19 @@
 """`lazyrt.torch.compile`: the compiled step — guards, the cache of captures, running a capture
 through ``lazyrt.compile_step`` and writing the results back into the user's torch tensors."""
 
+import bisect
 import functools
 import inspect
 import math
+import warnings
 
 import torch
 
 import lazyrt
 from lazyrt.torch import _optim
 from lazyrt.torch._capture import CaptureError, World, capture, quick_key
-from lazyrt import _C
-from lazyrt.torch._lower import LoweredGraph
+from lazyrt import _C, _torch_C
+from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
 
 # dtypes whose write-backs travel packed in one flat output per dtype.
 _PACKABLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
@@ -91,17 +93,22 @@ class _Entry:
             raise CaptureError("lazyrt.torch: the step computes nothing lazyrt could run")
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True)
         self._roots = len(roots)
-        self._plan_calls(roots)
         self._in_sources = [w[1] for w in self.writes if w[1][0] == "in"] + \
             [g[1] for g in self.grads.values() if len(g) == 2 and g[1][0] == "in"] + \
             [v[1] for d in self.states.values() for v in d.values() if v[0] in ("own", "new") and v[1][0] == "in"]
         self._slot_refs = [(slot.kind, slot.ref) for slot in c.slots]
         self._grad_slot = dict(c.grad_slot)
         self._state_slot = {key: dict(d) for key, d in c.state_in.items()}
-        n = len(c.slots)
-        self._held, self._ptrs, self._views, self._flats = [None] * n, [0] * n, [None] * n, [None] * n
+        self._plan_writes(placeholders, roots)
+        self._plan_calls(roots)
+        # Per input (slots, then the graph's constants): the torch tensor last handed over, its
+        # address, its lazyrt view, and whether that view is lent for writing.
+        n = len(c.slots) + len(self.lowered.constants)
+        self._held, self._ptrs, self._views, self._lent = [None] * n, [0] * n, [None] * n, [False] * n
+        self._expect = None  # per in-place item, the address its view must still hold after a call
+        self._written_spans, self._written_starts = [], []  # written slots' memory, sorted: (start, stop, slot)
+        self._wanted = frozenset(self._inplace_slots)
         self._zeros = {}
-        self._plan_writes()
 
         self.exact_grads = c.exact_grads
         self.exact_states = c.exact_states
@@ -150,11 +157,42 @@ class _Entry:
     def traces(self):
         return self.lowered.traces if self._packed is None else self._packed.traces
 
+    def _plan_writes(self, placeholders, roots):
+        """The write-backs as one list of (kind, key, plan): 'w' (slot, source), 'g' (param
+        index, plan), 's' ((optimizer, param index), state key, plan); split into those the
+        compiled step writes into the tensor of the slot that held the old value, in its own
+        memory (`_inplace`: (item, slot, root), a new value of the slot's shape and dtype), and
+        those written after the call (`_items`). Not with graph breaks (their pieces run one by
+        one through lazyrt's own buffers)."""
+        items = [("w", s, src) for s, src in self.writes]
+        items += [("g", i, plan) for i, plan in self.grads.items() if plan[0] != "keep"]
+        items += [("s", key, (k, how)) for key, d in self.states.items() for k, how in d.items() if how[0] != "keep"]
+        self._items, self._inplace = [], []
+        for item in items:
+            kind, key, plan = item
+            slot, src = None, None
+            if kind == "w":
+                slot, src = key, plan
+            elif kind == "g" and plan[0] == "own":
+                slot, src = self._grad_slot.get(key), plan[1]
+            elif kind == "s" and plan[1][0] == "own":
+                s = self._state_slot.get(key, {}).get(plan[0])
+                slot, src = (s if isinstance(s, int) else None), plan[1][1]
+            if self.lowered.pieces is None and slot is not None and src[0] == "out":
+                old, new = placeholders[slot].meta.get("val"), roots[src[1]].meta.get("val")
+                if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and \
+                        old.dtype == new.dtype and old.shape == new.shape and old.dtype in _PACKABLE:
+                    self._inplace.append((item, slot, src[1]))
+                    continue
+            self._items.append(item)
+        self._inplace_slots = [slot for _, slot, _ in self._inplace]
+
     def _plan_calls(self, roots):
-        """Groups the outputs that are only written back by dtype: the compiled step returns
-        each group as one flat tensor (one hand-over per group and call instead of one per
-        output); the results stay outputs of their own. Not with graph breaks (their pieces
-        run one by one)."""
+        """The compiled step's outputs: the roots a result or a write-back after the call reads
+        (roots only written in place are not outputs). Those only written back are grouped by
+        dtype: the compiled step returns each group as one flat tensor (one hand-over per group
+        and call instead of one per output); the results stay outputs of their own. With graph
+        breaks, every root, one output each (their pieces run one by one)."""
         self._packed = None
         self._direct = list(range(len(roots)))
         self._groups = []
@@ -162,16 +200,19 @@ class _Entry:
         if self.lowered.pieces is not None:
             return
         in_result = {r[1][1] for r in self.result if r[0] == "T" and r[1][0] == "out"}
+        needed = set(in_result)
+        for kind, _, plan in self._items:
+            src = _item_source(kind, plan)
+            if src is not None and src[0] == "out":
+                needed.add(src[1])
         groups = {}
-        for k, root in enumerate(roots):
-            val = root.meta.get("val")
+        self._direct = []
+        for k in sorted(needed):
+            val = roots[k].meta.get("val")
             if k in in_result or not isinstance(val, torch.Tensor) or val.dtype not in _PACKABLE:
-                continue
-            groups.setdefault(val.dtype, []).append(k)
-        if not groups:
-            return
-        packed = {k for ks in groups.values() for k in ks}
-        self._direct = [k for k in range(len(roots)) if k not in packed]
+                self._direct.append(k)
+            else:
+                groups.setdefault(val.dtype, []).append(k)
         for dtype, ks in groups.items():
             shapes = [tuple(int(d) for d in roots[k].meta["val"].shape) for k in ks]
             sizes = [math.prod(shape) for shape in shapes]
@@ -181,24 +222,27 @@ class _Entry:
 
     def _packed_fn(self, *inputs):
         vals = self.lowered(*inputs)
+        for _, slot, k in self._inplace:
+            inputs[slot].copy_(vals[k])  # an update of the argument: replays write it in place
         out = [vals[k] for k in self._direct]
         for ks, sizes in self._groups:
             out.append(_C.cat([_C.reshape(vals[k], (n,)) for k, n in zip(ks, sizes)], 0))
         return tuple(out)
 
     def _outputs(self, lazy_inputs):
-        """(direct, flat): per root, its lazyrt value (direct) or a flat torch view of its
-        values inside its group's output (flat); the other entry None."""
-        if self._groups:
-            if self._packed is None:
-                self._packed = lazyrt.compile_step(self._packed_fn, lazy_inputs)
-            outs = self._packed(*lazy_inputs)
-            if isinstance(outs, lazyrt.Tensor):
-                outs = (outs,)
-        else:
-            outs = self.lowered.run(lazy_inputs)
+        """(direct, flat): per root the compiled step returned, its lazyrt value (direct) or a
+        flat torch view of its values inside its group's output (flat); the other entry None."""
         direct = [None] * self._roots
         flat = [None] * self._roots
+        if self.lowered.pieces is not None:
+            for k, v in enumerate(self.lowered.run(lazy_inputs)):
+                direct[k] = v
+            return direct, flat
+        if self._packed is None:
+            self._packed = lazyrt.compile_step(self._packed_fn, lazy_inputs)
+        outs = self._packed(*lazy_inputs)
+        if isinstance(outs, lazyrt.Tensor):
+            outs = (outs,)
         for pos, k in enumerate(self._direct):
             direct[k] = outs[pos]
         base = len(self._direct)
@@ -230,103 +274,154 @@ class _Entry:
                 oi, gi = ref
                 t = float(world.optimizers[oi].param_groups[gi]["lr"])
             inputs.append(t)
-        return inputs
+        return inputs + self.lowered.constants
 
     def _lazy_inputs(self, inputs):
         """lazyrt tensors viewing the inputs' memory. A slot's view is kept from call to call
         while the slot holds the same tensor at the same address, contiguous: its memory, hence
         its values, are then those the view reads (shapes and dtypes are guarded by the
         signature, and the view keeps that memory alive, so no other tensor can take its
-        address). Learning rates: a 0-d float64 tensor per value."""
+        address). Learning rates: a 0-d float64 tensor per value.
+
+        The memory of each slot the compiled step updates in place is lent for writing, so that
+        its new value lands in the torch tensor itself, where that is safe: a contiguous CPU
+        tensor of the caller's (not a stand-in for a missing gradient) whose memory no other
+        input overlaps (the step reads those while it writes). Other views only read their
+        tensor's memory, or a contiguous copy of it."""
         held, ptrs, views = self._held, self._ptrs, self._views
         lazy = []
         for s, t in enumerate(inputs):
             if t.__class__ is float:
-                v = views[s]
-                if v is None or held[s] != t or (t == 0.0 and math.copysign(1.0, t) != math.copysign(1.0, held[s])):
-                    v = views[s] = lazyrt.from_torch(torch.tensor(t, dtype=torch.float64))
-                    held[s] = t
-                lazy.append(v)
-                continue
-            if t is held[s] and t.data_ptr() == ptrs[s] and t.is_contiguous():
+                lazy.append(self._number(s, t))
+            elif t is held[s] and t.data_ptr() == ptrs[s] and t.is_contiguous():
                 lazy.append(views[s])
-                continue
-            v = lazyrt.from_torch(t)
-            if t.device.type == "cpu" and t.is_contiguous():
-                held[s], ptrs[s], views[s] = t, t.data_ptr(), v
-                self._flats[s] = None
             else:
-                held[s] = views[s] = None
-            lazy.append(v)
-        lazy += [lazyrt.from_torch(t) for t in self.lowered.constants]
+                lazy.append(self._view(s, t, inputs))
+        if self._expect is None:
+            self._lent_changed(inputs)
         return lazy
 
-    def _plan_writes(self):
-        """The write-backs as one list of (kind, key, plan): 'w' (slot, source), 'g' (param
-        index, plan), 's' ((optimizer, param index), state key, plan); and, per item, the slot
-        whose tensor it overwrites from a packed output ((slot, root, param index for a
-        gradient) or None): those are copied from the packed output's flat view into the slot
-        tensor's own flat view when the slot still holds the tensor the step read."""
-        items = [("w", s, src) for s, src in self.writes]
-        items += [("g", i, plan) for i, plan in self.grads.items() if plan[0] != "keep"]
-        items += [("s", key, (k, how)) for key, d in self.states.items() for k, how in d.items() if how[0] != "keep"]
-        fast = []
-        for kind, key, plan in items:
-            slot, src, grad_of = None, None, None
-            if kind == "w":
-                slot, src = key, plan
-            elif kind == "g" and plan[0] == "own":
-                slot, src, grad_of = self._grad_slot.get(key), plan[1], key
-            elif kind == "s" and plan[1][0] == "own":
-                s = self._state_slot.get(key, {}).get(plan[0])
-                slot, src = (s if isinstance(s, int) else None), plan[1][1]
-            ok = slot is not None and src[0] == "out" and src[1] in self._where
-            fast.append((slot, src[1], grad_of) if ok else None)
-        self._items = items
-        self._fast = fast
+    def _number(self, s, t):
+        """The view of a learning rate: a 0-d float64 tensor, made anew when the value changes."""
+        held, views = self._held, self._views
+        v = views[s]
+        if v is None or held[s] != t or (t == 0.0 and math.copysign(1.0, t) != math.copysign(1.0, held[s])):
+            v = views[s] = lazyrt.from_torch(torch.tensor(t, dtype=torch.float64))
+            held[s] = t
+        return v
+
+    def _view(self, s, t, inputs):
+        """A new view for slot s, lent or not (see _lazy_inputs), kept for the next calls when t
+        is a contiguous CPU tensor. Raises _AliasedMemory when t's memory overlaps another
+        input's and one of the two is written by the step: the capture treats its inputs as
+        separate values, which they are not then."""
+        held, ptrs, views, lent = self._held, self._ptrs, self._views, self._lent
+        contiguous = t.device.type == "cpu" and t.is_contiguous()
+        span = _span(t) if contiguous else _storage_span(t)
+        written = s in self._wanted
+        if span[0] < span[1] and (self._overlaps_any(span, s, inputs) if written else self._written_overlapping(span, s)):
+            raise _AliasedMemory(s)
+        if not contiguous:
+            held[s] = views[s] = None
+            if lent[s] or written:
+                lent[s] = False
+                self._expect = None
+            return lazyrt.from_torch(t)  # a contiguous copy
+        lend = written and t.dtype in _PACKABLE and span[0] < span[1] and \
+            not any(z is t for z in self._zeros.values())
+        if written:
+            self._expect = None
+        v = lazyrt.from_torch(t, _lend=lend)
+        held[s], ptrs[s], views[s], lent[s] = t, t.data_ptr(), v, lend
+        return v
+
+    def _overlaps_any(self, span, s, inputs):
+        for r, t in enumerate(inputs):
+            if r != s and t.__class__ is not float:
+                other = _span(t) if t.device.type == "cpu" and t.is_contiguous() else _storage_span(t)
+                if other[0] < span[1] and span[0] < other[1]:
+                    return True
+        return False
+
+    def _written_overlapping(self, span, s):
+        """Whether the memory of a written slot other than s, as last handed over, overlaps
+        span. Written slots' spans are disjoint (else the call ran eagerly) and sorted: only the
+        last one starting before span's end can overlap."""
+        starts, spans = self._written_starts, self._written_spans
+        i = bisect.bisect_left(starts, span[1]) - 1
+        while i >= 0 and spans[i][2] == s:
+            i -= 1
+        return i >= 0 and spans[i][1] > span[0]
+
+    def _lent_changed(self, inputs):
+        """Rebuilds, after a written slot got a new view: the sorted spans of the written slots'
+        memory, and per in-place item the address its view must still hold after a call (0
+        where not lent: the new value is then copied after the call)."""
+        spans = []
+        for s in self._wanted:
+            t = inputs[s]
+            if t.device.type == "cpu" and t.is_contiguous():
+                spans.append(_span(t) + (s,))
+            else:
+                spans.append(_storage_span(t) + (s,))
+        spans.sort()
+        self._written_spans = spans
+        self._written_starts = [sp[0] for sp in spans]
+        self._expect = [self._ptrs[s] if self._lent[s] else 0 for s in self._inplace_slots]
 
     def _run(self, world):
         inputs = self._torch_inputs(world)
-        direct, flat = self._outputs(self._lazy_inputs(inputs))
-        where, held, flats, params = self._where, self._held, self._flats, world.params
+        lazy = self._lazy_inputs(inputs)
+        params = world.params
 
+        # Sources that are inputs are read before anything is written (the compiled step
+        # writes some inputs in place).
         snapshots = {}
-
-        def value(src):
-            if src[0] == "out":
-                k = src[1]
-                f = flat[k]
-                return lazyrt.to_torch(direct[k]) if f is None else f.view(where[k][2])
+        for src in self._in_sources:
             s = src[1]
             if s not in snapshots:
                 snapshots[s] = _as_tensor(inputs[s]).detach().clone()
-            return snapshots[s]
 
-        # Sources that are inputs are read before anything is written.
-        for src in self._in_sources:
-            value(src)
+        direct, flat = self._outputs(lazy)
+        where = self._where
+
+        def value(src):
+            if src[0] == "in":
+                return snapshots[src[1]]
+            k = src[1]
+            f = flat[k]
+            return lazyrt.to_torch(direct[k]) if f is None else f.view(where[k][2])
 
         with torch.no_grad():
-            for (kind, key, plan), fast in zip(self._items, self._fast):
-                if fast is not None:
-                    s, k, grad_of = fast
-                    t = inputs[s]
-                    if t is held[s] and (grad_of is None or params[grad_of].grad is t):
-                        f = flats[s]
-                        if f is None:
-                            f = flats[s] = t.detach().view(-1)  # shares t's memory and version counter
-                        f.copy_(flat[k])
-                        continue
+            late = self._items
+            if self._inplace:
+                # Written in place: the slot's view still holds the lent memory. Else (not lent,
+                # or the replay could not write into it) the new value is in the view: copied
+                # after the call like any write-back, and the view is made anew next call.
+                moved = _C._lent_moved(lazy, self._inplace_slots, self._expect)
+                _torch_C.bump_versions(inputs, self._inplace_slots, moved)
+                if moved:
+                    late = list(late)
+                    for j in moved:
+                        item, s, _ = self._inplace[j]
+                        new = lazyrt.to_torch(lazy[s])
+                        self._held[s] = self._views[s] = None
+                        self._expect = None
+                        kind, key, plan = item
+                        late.append(("w", key, ("value", new)) if kind == "w" else
+                                    ("g", key, ("own", ("value", new))) if kind == "g" else
+                                    ("s", key, (plan[0], ("own", ("value", new)))))
+            for kind, key, plan in late:
                 if kind == "w":
-                    inputs[key].copy_(value(plan))
+                    inputs[key].copy_(_value(value, plan))
                 elif kind == "g":
                     p = params[key]
                     if plan[0] == "none":
                         p.grad = None
                     elif plan[0] == "own" and p.grad is not None:
-                        p.grad.copy_(value(plan[1]))
+                        p.grad.copy_(_value(value, plan[1]))
                     else:
-                        p.grad = value(plan[1]).clone()
+                        p.grad = _value(value, plan[1]).clone()
                 else:
                     oi, i = key
                     state = world.optimizers[oi].state[params[i]]
@@ -334,9 +429,9 @@ class _Entry:
                     if how[0] == "C":
                         state[k] = how[1]
                     elif how[0] == "own" and isinstance(state.get(k), torch.Tensor):
-                        state[k].copy_(value(how[1]))
+                        state[k].copy_(_value(value, how[1]))
                     else:
-                        state[k] = value(how[1]).clone()
+                        state[k] = _value(value, how[1]).clone()
 
         leaves = []
         for r in self.result:
@@ -347,6 +442,41 @@ class _Entry:
             else:
                 leaves.append(value(r[1]).clone())
         return torch.utils._pytree.tree_unflatten(leaves, self.result_spec)
+
+
+def _span(t):
+    """The bytes a contiguous CPU tensor occupies: (first, one past the last)."""
+    start = t.data_ptr()
+    return (start, start + t.numel() * t.element_size())
+
+
+def _storage_span(t):
+    """The bytes of a tensor's whole storage (for tensors that are not contiguous: a bound on
+    what they occupy)."""
+    if t.device.type != "cpu":
+        return (0, 0)
+    storage = t.storage()
+    start = storage.data_ptr()
+    return (start, start + storage.nbytes())
+
+
+class _AliasedMemory(Exception):
+    """An input of the step shares memory with another, and the step writes one of them."""
+
+
+def _item_source(kind, plan):
+    """Where a write-back item's new value comes from (see _source), or None (a constant, or
+    no value: a gradient set to None)."""
+    if kind == "w":
+        return plan
+    how = plan if kind == "g" else plan[1]
+    return how[1] if how[0] in ("own", "new") else None
+
+
+def _value(value, src):
+    """A write-back's new value: from the call's outputs or inputs, or given (a value an in-place
+    write could not land in place)."""
+    return src[1] if src[0] == "value" else value(src)
 
 
 @functools.lru_cache(maxsize=256)
@@ -421,6 +551,7 @@ class CompiledFunction:
         self._entries = {}
         self._last = None  # (world, entry, quick key) of the last call that had a quick key
         self.captures = 0
+        self._warned_aliasing = False
         functools.update_wrapper(self, fn, updated=())
 
     def _found(self):
@@ -455,6 +586,8 @@ class CompiledFunction:
                 world.args_leaves = list(args)
                 try:
                     return entry.run(world)
+                except _AliasedMemory as e:
+                    return self._eager(world, entry, e, args, kwargs)
                 finally:
                     world.args_leaves = None  # the world is kept; the arguments are not
         self._last = None
@@ -471,10 +604,25 @@ class CompiledFunction:
         key = None if kwargs else quick_key(world, modules, optimizers, args)
         try:
             return entry.run(world)
+        except _AliasedMemory as e:
+            return self._eager(world, entry, e, args, kwargs)
         finally:
             if key is not None:
                 world.args_leaves = None
                 self._last = (world, entry, key)
+
+    def _eager(self, world, entry, aliased, args, kwargs):
+        """Runs the step in PyTorch eager: its inputs share memory in a way the capture cannot
+        express (see _Entry._view). Counted as EagerStep; warned about once per function."""
+        _C._metrics._increment("EagerStep", 1)
+        if not self._warned_aliasing:
+            self._warned_aliasing = True
+            kind, ref = entry._slot_refs[aliased.args[0]] if aliased.args[0] < len(entry._slot_refs) else ("constant", "")
+            warnings.warn(f"lazyrt.torch: the step's inputs share memory and the step writes one of them ({kind} "
+                          f"{ref} overlaps another input); lazyrt's capture treats inputs as separate values, so "
+                          "this call runs in PyTorch eager (and every call while they share memory)",
+                          GraphBreakWarning, stacklevel=3)
+        return self.fn(*args, **kwargs)
 
     def _capture(self, world):
         exact_grads, exact_states = set(), set()

@@ -249,6 +249,41 @@ TEST(CompileStep, NeverWritesIntoAdoptedMemory) {
   EXPECT_EQ(host, (std::vector<float>{1, 2, 3}));
 }
 
+TEST(CompileStep, WritesUpdatesIntoLentMemoryWhereItLies) {
+  // Memory lent for writing: a replay writes each update into it, whether the executable
+  // computes the value there, the value is a constant (zeros), or it is another lent tensor's
+  // old value passed through (a swap, which must read both old values first). A sync never
+  // writes into it.
+  std::vector<float> wh{1, 2, 3}, zh{7, 7}, ah{1, 2}, bh{-1, -2};
+  auto lend = [](std::vector<float>& h) {
+    return from_blob(h.data(), {static_cast<int64_t>(h.size())}, DType::f32, [] {}, /*writable=*/true);
+  };
+  Tensor w = lend(wh), z = lend(zh), a = lend(ah), b = lend(bh);
+  CompiledStep step = compile_step([&](const std::vector<Tensor>& args) {
+    w.add_(args[0]);
+    z.zero_();
+    Tensor a_new = b * 1.0, b_new = a * 1.0;
+    a.copy_(a_new);
+    b.copy_(b_new);
+    return std::vector<Tensor>{sum(w)};
+  }, {ones({3})});
+  Tensor one = tensor({1, 1, 1}, {3});
+  for (int call = 1; call <= 3; ++call) {
+    zh = {7, 7};
+    EXPECT_EQ(step({one})[0].item(), 6 + 3 * call);
+    EXPECT_EQ(wh, (std::vector<float>{1.0f + call, 2.0f + call, 3.0f + call}));
+    EXPECT_EQ(zh, (std::vector<float>{0, 0}));
+    EXPECT_EQ(ah, (call % 2 ? std::vector<float>{-1, -2} : std::vector<float>{1, 2})) << "call " << call;
+    EXPECT_EQ(bh, (call % 2 ? std::vector<float>{1, 2} : std::vector<float>{-1, -2})) << "call " << call;
+    EXPECT_EQ(w.host_data().get(), static_cast<const void*>(wh.data()));
+  }
+  EXPECT_EQ(step.traces(), 1);
+  w.add_(one);
+  mark_step();
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{5, 6, 7}));
+  EXPECT_EQ(wh, (std::vector<float>{4, 5, 6}));
+}
+
 // ---- bounded variants ---------------------------------------------------------------------
 
 namespace {
