@@ -101,6 +101,16 @@ class _Entry:
         self._state_slot = {key: dict(d) for key, d in c.state_in.items()}
         self._plan_writes(placeholders, roots)
         self._plan_calls(roots)
+        # Results returned as the torch view of their own output: each once among the results,
+        # and an output of its own (no write-back reads it).
+        counts = {}
+        for r in self.result:
+            if r[0] == "T" and r[1][0] == "out":
+                counts[r[1][1]] = counts.get(r[1][1], 0) + 1
+        self._result_roots = {k for k, n in counts.items() if n == 1 and k in self._direct and
+                              not any(_item_source(kind, plan) == ("out", k) for kind, _, plan in self._items)}
+        self._single_result = len(self.result) == 1 and torch.utils._pytree.tree_unflatten(
+            [None], self.result_spec) is None
         # Per input (slots, then the graph's constants): the torch tensor last handed over, its
         # address, its lazyrt view, and whether that view is lent for writing.
         n = len(c.slots) + len(self.lowered.constants)
@@ -115,6 +125,7 @@ class _Entry:
         self.grad_none_ok = c.grad_none_ok
         self.state_empty_ok = c.state_empty_ok
         self.state_keys = set(c.state_in)
+        self._state_creates = None  # (optimizer, group, param index) of state_keys, in order
 
     def accepts(self, world):
         """Whether this capture is right for `world` (which has this capture's signature): the
@@ -141,11 +152,14 @@ class _Entry:
         # Missing state this capture stands in for: create the optimizer's initial state now (the
         # step updates it in place below, as eager's first step creates and updates it).
         created = []
-        for oi, o in enumerate(world.optimizers):
-            for gi, i in world.opt_params[oi]:
-                if (oi, i) in self.state_keys and not world.state_of(oi, i):
-                    o.state[world.params[i]] = _optim.initial_state(o, o.param_groups[gi], world.params[i])
-                    created.append((o, world.params[i]))
+        if self._state_creates is None:
+            self._state_creates = [(oi, gi, i) for oi in range(len(world.optimizers))
+                                   for gi, i in world.opt_params[oi] if (oi, i) in self.state_keys]
+        for oi, gi, i in self._state_creates:
+            if not world.state_of(oi, i):
+                o = world.optimizers[oi]
+                o.state[world.params[i]] = _optim.initial_state(o, o.param_groups[gi], world.params[i])
+                created.append((o, world.params[i]))
         try:
             return self._run(world)
         except BaseException:
@@ -392,8 +406,8 @@ class _Entry:
             f = flat[k]
             return lazyrt.to_torch(direct[k]) if f is None else f.view(where[k][2])
 
-        with torch.no_grad():
-            late = self._items
+        late = self._items
+        with _no_grad_if(late or self._inplace):
             if self._inplace:
                 # Written in place: the slot's view still holds the lent memory. Else (not lent,
                 # or the replay could not write into it) the new value is in the view: copied
@@ -433,15 +447,38 @@ class _Entry:
                     else:
                         state[k] = _value(value, how[1]).clone()
 
+        # A returned value is a torch view of the lazyrt buffer the replay wrote it into: the
+        # view holds that buffer, so lazyrt never writes into it again (the next call's result
+        # goes to another buffer), and it is the caller's alone.
         leaves = []
         for r in self.result:
             if r[0] == "C":
                 leaves.append(r[1])
             elif r[1][0] == "in":
                 leaves.append(_as_tensor(inputs[r[1][1]]))
+            elif r[1][1] in self._result_roots:
+                leaves.append(lazyrt.to_torch(direct[r[1][1]]))
             else:
                 leaves.append(value(r[1]).clone())
+        if self._single_result:
+            return leaves[0]
         return torch.utils._pytree.tree_unflatten(leaves, self.result_spec)
+
+
+class _NoContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_CONTEXT = _NoContext()
+
+
+def _no_grad_if(needed):
+    """torch.no_grad() where torch ops will run, else nothing (it costs a microsecond)."""
+    return torch.no_grad() if needed else _NO_CONTEXT
 
 
 def _span(t):
