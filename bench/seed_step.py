@@ -199,9 +199,9 @@ def run(opts):
         f"{reps} batches per peer, the peers' batches alternating; a batch is about "
         f"{'5' if opts.quick else '30'} ms of steps ({', '.join(f'{c}' for c in calls.values())} steps).\n",
         f"{FRONTEND}: PyTorch's own `nn.Linear` and `optim.AdamW` with the same initial values, the step "
-        "function unchanged; each call replays the captured graph and copies the new weight, bias, gradients and "
-        "AdamW state into the torch tensors (its weight row checks the torch model's own weight); captured and "
-        "traced once, checked after timing.\n",
+        "function unchanged; each call replays the captured graph, which writes the new weight, bias, gradients and "
+        "AdamW state into the torch tensors' own memory (its weight row checks the torch model's own weight); "
+        "captured and traced once, checked after timing.\n",
         lazy_note + cpp_note,
         table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)"], rows),
         "",
