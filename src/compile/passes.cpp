@@ -286,19 +286,23 @@ Graph transposes_into_gemm(const Graph& g) {
   for (const Node& n : g.nodes)
     for (ValueRef v : n.operands) ++uses[v.node];
   for (ValueRef v : g.outputs) ++uses[v.node];
+  // A permute that swaps the last two dims and keeps the others.
   auto is_transpose = [](const Node& n) {
-    return n.op == OpKind::Permute &&
-           ir::NodeAttrs(n.op, n.attrs).ints<"dims">() == std::vector<int64_t>{1, 0};
+    if (n.op != OpKind::Permute) return false;
+    const auto& dims = ir::NodeAttrs(n.op, n.attrs).ints<"dims">();
+    const size_t r = dims.size();
+    if (r < 2 || dims[r - 2] != static_cast<int64_t>(r - 1) || dims[r - 1] != static_cast<int64_t>(r - 2)) return false;
+    for (size_t d = 0; d + 2 < r; ++d)
+      if (dims[d] != static_cast<int64_t>(d)) return false;
+    return true;
   };
   struct Product {
     ValueRef x, y;
     bool tx, ty;
   };
-  // A matmul of matrices as x @ y with transposed operands looked through.
+  // A matmul (batched or not) as x @ y with transposed operands looked through.
   auto product_of = [&](const Node& n) -> std::optional<Product> {
-    if (n.op != OpKind::Matmul || g.type(n.operands[0]).shape.size() != 2 ||
-        g.type(n.operands[1]).shape.size() != 2)
-      return std::nullopt;
+    if (n.op != OpKind::Matmul) return std::nullopt;
     Product p{n.operands[0], n.operands[1], false, false};
     if (is_transpose(g.node(p.x))) p = {g.node(p.x).operands[0], p.y, true, false};
     if (is_transpose(g.node(p.y))) p = {p.x, g.node(p.y).operands[0], p.tx, true};

@@ -20,9 +20,10 @@ ir::Graph constant_folding(const ir::Graph& g);
 /// operand's own type -> x. Only where the result keeps x's exact type.
 ir::Graph algebraic_simplification(const ir::Graph& g);
 
-/// matmul(x, y) of matrices with a transposed operand (permute [1, 0]), or the transpose of a
-/// matrix product used nowhere else, -> one gemm reading the untransposed values. The
-/// transposes and products left unused are for DCE.
+/// matmul(x, y) (batched or not) with an operand transposed in its last two dims (a permute
+/// that swaps them and keeps the others), or such a transpose of a product used nowhere
+/// else, -> one gemm reading the untransposed values. The transposes and products left
+/// unused are for DCE.
 ir::Graph transposes_into_gemm(const ir::Graph& g);
 
 /// Groups of elementwise nodes of one result shape -> one fusion node each (fusion.cpp), within

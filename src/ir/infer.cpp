@@ -222,14 +222,19 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
     case ResultRule::Gemm: {
       const auto& x = ops[0];
       const auto& y = ops[1];
-      LAZYRT_CHECK(x.shape.size() == 2 && y.shape.size() == 2 && x.dtype == y.dtype, name,
-                   ": expects two matrices of one dtype, got ", types_str(ops));
+      LAZYRT_CHECK(x.shape.size() >= 2 && y.shape.size() >= 2 && x.dtype == y.dtype, name,
+                   ": expects two operands of rank >= 2 and one dtype, got ", types_str(ops));
       check_not_bool(name, x);
       const bool tx = at.b<"transpose_x">(), ty = at.b<"transpose_y">();
-      const int64_t n = x.shape[tx ? 1 : 0], k = x.shape[tx ? 0 : 1];
-      const int64_t k2 = y.shape[ty ? 1 : 0], m = y.shape[ty ? 0 : 1];
+      const size_t rx = x.shape.size(), ry = y.shape.size();
+      const int64_t n = x.shape[rx - (tx ? 1 : 2)], k = x.shape[rx - (tx ? 2 : 1)];
+      const int64_t k2 = y.shape[ry - (ty ? 1 : 2)], m = y.shape[ry - (ty ? 2 : 1)];
       LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", types_str(ops), " (", k, " vs ", k2, ")");
-      return {{x.dtype, {n, m}}};
+      Shape bx(x.shape.begin(), x.shape.end() - 2), by(y.shape.begin(), y.shape.end() - 2);
+      Shape out = broadcast_shapes(bx, by, str_cat(name, " batch dims"));
+      out.push_back(n);
+      out.push_back(m);
+      return {{x.dtype, out}};
     }
     case ResultRule::Permute: {
       const auto& perm = at.ints<"dims">();

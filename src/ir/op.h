@@ -86,7 +86,7 @@ enum class ResultRule : uint8_t {
   Scan,            // the carries' operand types, then the stacked outputs of the attributes
   Random,          // the shape and (floating) dtype attributes; operands i64 scalars
   Iota,            // the shape (one dim) and dtype attributes
-  Gemm,            // [n, k] (or [k, n] transposed) x [k, m] (or [m, k]) -> [n, m]
+  Gemm,            // [.., n, k] (or [.., k, n] transposed) x [.., k, m] (or [.., m, k]) -> [.., n, m]
   Fusion,          // one result per dtype attribute, of the shape attribute; operands broadcast to it
 };
 

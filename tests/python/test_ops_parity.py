@@ -218,6 +218,30 @@ def test_matmul(shapes, rng):
         lr.matmul(x, x)
 
 
+@pytest.mark.parametrize("shapes", [((2, 5, 4), (2, 4, 6)), ((2, 3, 5, 4), (3, 4, 6)), ((2, 1, 4, 5), (3, 5, 6)),
+                                    ((4, 5), (2, 5, 6)), ((2, 4, 40), (40, 33)), ((40, 41), (3, 41, 42))], ids=str)
+@pytest.mark.parametrize("tx,ty", [(False, True), (True, False), (True, True)])
+def test_batched_matmul_of_transposed_matrices(shapes, tx, ty, rng):
+    # A @ B with A (tx) and/or B (ty) given as the transpose of a tensor, and the transpose of
+    # the product: the compiler reads the untransposed tensors (gemm); broadcast batch dims;
+    # small products (a loop) and large ones (BLAS).
+    def operand(shape, transposed, dtype):
+        if not transposed:
+            return pair(rng, shape, dtype)
+        x, t = pair(rng, shape[:-2] + (shape[-1], shape[-2]), dtype)
+        return x.transpose(-1, -2), t.transpose(-1, -2)
+
+    for dtype in [lr.float32, lr.float64, lr.bfloat16, lr.int64]:
+        a, ta = operand(shapes[0], tx, dtype)
+        b, tb = operand(shapes[1], ty, dtype)
+        want = torch.matmul(ta.double(), tb.double())
+        tol = {lr.bfloat16: 2e-2, lr.float32: 1e-5}.get(dtype, 1e-12)
+        what = f"{dtype} {shapes} tx={tx} ty={ty}"
+        assert_same(lr.matmul(a, b) + 0, want.to(TORCH_DTYPE[dtype]), rtol=tol, atol=tol * 10, what=what)
+        assert_same(lr.matmul(a, b).transpose(-1, -2) * 1, want.transpose(-1, -2).to(TORCH_DTYPE[dtype]),
+                    rtol=tol, atol=tol * 10, what=what + ", the product transposed")
+
+
 def test_log_softmax(rng):
     for dtype in FLOATS:
         x, t = pair(rng, (3, 5), dtype, -5, 5)

@@ -1,6 +1,6 @@
 // Transposes folded into gemm: the pass on hand-built graphs (golden text), and the gemm
-// kernel for every pair of transpose flags, small (a loop) and large (BLAS), against products
-// the test computes itself in double.
+// kernel for every pair of transpose flags, small (a loop) and large (BLAS), batched or not,
+// against products the test computes itself in double.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,7 +46,29 @@ TEST(TransposesIntoGemm, ATransposedProductSwapsItsOperands) {
             "return %2\n");
 }
 
-TEST(TransposesIntoGemm, LeavesProductsUsedElsewhereAndBatchedOnesAlone) {
+// Batched: a transpose of the last two dims is read by the gemm; a permute that moves batch
+// dims is not a transpose of the matrices and stays.
+TEST(TransposesIntoGemm, BatchedProductsReadTransposedMatrices) {
+  Graph g;
+  ValueRef q = g.add_parameter(f32({2, 4, 3, 5}));
+  ValueRef k = g.add_parameter(f32({2, 4, 6, 5}));
+  ValueRef w = g.add_parameter(f32({4, 5}));
+  ValueRef kt = g.add(OpKind::Permute, {k}, {std::vector<int64_t>{0, 1, 3, 2}});
+  ValueRef scores = g.add(OpKind::Matmul, {q, kt});  // [2, 4, 3, 6]
+  ValueRef moved = g.add(OpKind::Permute, {q}, {std::vector<int64_t>{1, 0, 2, 3}});
+  ValueRef other = g.add(OpKind::Matmul, {moved, g.add(OpKind::Permute, {w}, {std::vector<int64_t>{1, 0}})});
+  g.outputs = {scores, other};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(transposes_into_gemm(g))),
+            "%0 = parameter {index=0} : f32[2, 4, 3, 5]\n"
+            "%1 = parameter {index=1} : f32[2, 4, 6, 5]\n"
+            "%2 = parameter {index=2} : f32[4, 5]\n"
+            "%3 = gemm(%0, %1) {transpose_x=false, transpose_y=true} : f32[2, 4, 3, 6]\n"
+            "%4 = permute(%0) {dims=[1, 0, 2, 3]} : f32[4, 2, 3, 5]\n"
+            "%5 = gemm(%4, %2) {transpose_x=false, transpose_y=true} : f32[4, 2, 3, 4]\n"
+            "return %3, %5\n");
+}
+
+TEST(TransposesIntoGemm, LeavesProductsUsedElsewhereAndPlainOnesAlone) {
   Graph g;
   ValueRef x = g.add_parameter(f32({2, 3}));
   ValueRef y = g.add_parameter(f32({3, 2}));
@@ -84,6 +106,41 @@ TEST_P(GemmKernel, MatchesAPlainProduct) {
 
 // Size 3: 3 x 6 x 4 products (a loop); size 40: 40 x 43 x 41 (BLAS).
 INSTANTIATE_TEST_SUITE_P(Flags, GemmKernel,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(3, 40)));
+
+// Batched, with broadcast batch dims: x [2, 1, .., ..] and y [3, .., ..] give [2, 3, n, m].
+class BatchedGemmKernel : public ::testing::TestWithParam<std::tuple<bool, bool, int64_t>> {};
+
+TEST_P(BatchedGemmKernel, MatchesPlainProductsPerBatch) {
+  const auto [tx, ty, size] = GetParam();
+  const int64_t n = size, k = size + 3, m = size + 1;
+  Graph g;
+  ValueRef x = g.add_parameter(tx ? f32({2, 1, k, n}) : f32({2, 1, n, k}));
+  ValueRef y = g.add_parameter(ty ? f32({3, m, k}) : f32({3, k, m}));
+  g.outputs = {g.add(OpKind::Gemm, {x, y}, {tx, ty})};
+  ASSERT_EQ(g.type(g.outputs[0]).shape, (Shape{2, 3, n, m}));
+  std::vector<float> xs(static_cast<size_t>(2 * n * k)), ys(static_cast<size_t>(3 * k * m));
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7f * static_cast<float>(i));
+  for (size_t i = 0; i < ys.size(); ++i) ys[i] = std::cos(0.3f * static_cast<float>(i));
+  std::vector<float> out(static_cast<size_t>(6 * n * m));
+  const void* in[2] = {xs.data(), ys.data()};
+  void* outs[1] = {out.data()};
+  compile(g)->run(in, outs);
+  for (int64_t a = 0; a < 2; ++a)
+    for (int64_t b = 0; b < 3; ++b)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          const float* xm = xs.data() + a * n * k;
+          const float* ym = ys.data() + b * k * m;
+          double want = 0;
+          for (int64_t p = 0; p < k; ++p)
+            want += static_cast<double>(xm[tx ? p * n + i : i * k + p]) * ym[ty ? j * k + p : p * m + j];
+          EXPECT_NEAR(out[((a * 3 + b) * n + i) * m + j], want, 1e-4 * (1 + std::abs(want)))
+              << a << ", " << b << ", " << i << ", " << j;
+        }
+}
+
+INSTANTIATE_TEST_SUITE_P(Flags, BatchedGemmKernel,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(3, 40)));
 
 }  // namespace lazyrt::compile

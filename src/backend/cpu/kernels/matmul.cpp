@@ -12,15 +12,18 @@
 namespace lazyrt::kernels {
 namespace {
 
+// x @ y over broadcast batch dims; x's matrices stored [k, n] when tx, y's [m, k] when ty.
 struct MatmulLayout {
   int64_t n = 0, k = 0, m = 0;
+  bool tx = false, ty = false;
   std::vector<int64_t> x_off, y_off;  // per batch, element offsets of the operand matrices
-  bool fold_batch = false;            // x's batches are contiguous and y is shared: one GEMM
+  bool fold_batch = false;            // x's batches are contiguous rows and y is shared: one GEMM
 
-  MatmulLayout(const Shape& xs, const Shape& ys, const Shape& os) {
-    n = xs[xs.size() - 2];
-    k = xs.back();
-    m = ys.back();
+  MatmulLayout(const Shape& xs, const Shape& ys, const Shape& os, bool tx_ = false, bool ty_ = false)
+      : tx(tx_), ty(ty_) {
+    n = os[os.size() - 2];
+    m = os.back();
+    k = tx ? xs[xs.size() - 2] : xs.back();
     Shape batch(os.begin(), os.end() - 2);
     auto offsets = [&](const Shape& s) {
       Shape b(s.begin(), s.end() - 2);
@@ -39,8 +42,8 @@ struct MatmulLayout {
     };
     x_off = offsets(xs);
     y_off = offsets(ys);
-    fold_batch = true;
-    for (size_t b = 0; b < x_off.size(); ++b)
+    fold_batch = !tx;
+    for (size_t b = 0; fold_batch && b < x_off.size(); ++b)
       if (x_off[b] != static_cast<int64_t>(b) * n * k || y_off[b] != y_off[0]) fold_batch = false;
   }
   size_t batches() const { return x_off.size(); }
@@ -140,18 +143,17 @@ void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o) {
   }
   if (L.fold_batch) {
     gemm(x, y + (L.batches() ? L.y_off[0] : 0), o,
-         L.n * static_cast<int64_t>(L.batches()), L.k, L.m);
+         L.n * static_cast<int64_t>(L.batches()), L.k, L.m, false, L.ty);
     return;
   }
   for (size_t b = 0; b < L.batches(); ++b)
-    gemm(x + L.x_off[b], y + L.y_off[b], o + static_cast<int64_t>(b) * L.n * L.m, L.n, L.k, L.m);
+    gemm(x + L.x_off[b], y + L.y_off[b], o + static_cast<int64_t>(b) * L.n * L.m, L.n, L.k, L.m, L.tx, L.ty);
 }
 
-}  // namespace
-
-Kernel make_Matmul(const KernelSpec& s) {
+// matmul and gemm: one kernel, gemm's operands read transposed.
+Kernel make_product(const KernelSpec& s, bool tx, bool ty) {
   auto layout = std::make_shared<const MatmulLayout>(s.inputs[0].shape, s.inputs[1].shape,
-                                                     s.outputs[0].shape);
+                                                     s.outputs[0].shape, tx, ty);
   const int64_t xn = s.inputs[0].numel(), yn = s.inputs[1].numel(), on = s.outputs[0].numel();
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
@@ -171,27 +173,13 @@ Kernel make_Matmul(const KernelSpec& s) {
   });
 }
 
+}  // namespace
+
+Kernel make_Matmul(const KernelSpec& s) { return make_product(s, false, false); }
+
 Kernel make_Gemm(const KernelSpec& s) {
   const ir::NodeAttrs a(s.op, s.attrs);
-  const bool tx = a.b<"transpose_x">(), ty = a.b<"transpose_y">();
-  const Shape& xs = s.inputs[0].shape;
-  const int64_t n = s.outputs[0].shape[0], m = s.outputs[0].shape[1], k = xs[tx ? 0 : 1];
-  return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) {
-      LAZYRT_ASSERT(false, "gemm kernel made for b8");
-      return {};
-    } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-      return via_f32<T>(n * k, k * m, n * m, [=](const float* x, const float* y, float* o) {
-        gemm<float>(x, y, o, n, k, m, tx, ty);
-      });
-    } else {
-      return {[=](const void* const* in, void* const* out) {
-        gemm<T>(static_cast<const T*>(in[0]), static_cast<const T*>(in[1]), static_cast<T*>(out[0]), n, k,
-                m, tx, ty);
-      }};
-    }
-  });
+  return make_product(s, a.b<"transpose_x">(), a.b<"transpose_y">());
 }
 
 }  // namespace lazyrt::kernels
