@@ -1214,3 +1214,115 @@ def test_dropout_draws_a_new_mask_every_replay_and_its_gradient_is_exact():
         same_training_state(lazy_model, o_lazy, ref_model, o_ref, f"step {i}")
     assert compiled.traces == 1
     assert not torch.equal(masks[0], masks[1]), "a new mask every call"
+
+
+# ---- the call guard ---------------------------------------------------------------------------
+# A call is checked against the last one by a guard in C++ (_torch_C.Guard) over the facts of
+# the quick key (_capture.quick_key), which decides when there is no guard. The guard must never
+# pass where the quick key differs; it may be stricter, but not on the changes a training loop
+# makes every step (new batch values, a new learning rate).
+
+def _guarded_world():
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 4))
+    opt = torch.optim.AdamW([{"params": model[0].parameters(), "weight_decay": 0.1},
+                             {"params": list(model[1].parameters()) + list(model[3].parameters())}],
+                            lr=1e-2, betas=(0.9, 0.99))
+    def step(x, y):
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def rebind(new_model):
+        nonlocal model
+        model = new_model
+    return model, opt, step, rebind
+
+
+def _swap_param(m):
+    m[0].weight = nn.Parameter(m[0].weight.detach().clone())
+
+
+def _state_of(opt, p):
+    return opt.state[p]
+
+
+GUARD_CHANGES = {  # name: (change(model, opt, args, rebind) -> new args, the same key expected)
+    "nothing": (lambda m, o, a, r: a, True),
+    "new batch values": (lambda m, o, a, r: (a[0] + 1, a[1] * 2), True),
+    "learning rate": (lambda m, o, a, r: o.param_groups[0].__setitem__("lr", 0.5) or a, True),
+    "gradient values": (lambda m, o, a, r: (m[0].weight.grad.fill_(3.0), a)[1], True),
+    "batch size": (lambda m, o, a, r: (a[0][:5], a[1][:5]), False),
+    "argument dtype": (lambda m, o, a, r: (a[0].double(), a[1]), False),
+    "argument requires grad": (lambda m, o, a, r: (a[0].clone().requires_grad_(), a[1]), False),
+    "a parameter as argument": (lambda m, o, a, r: (a[0], m[3].bias), False),
+    "one argument more": (lambda m, o, a, r: a + (a[0],), False),
+    "eval mode": (lambda m, o, a, r: m.eval() and a, False),
+    "a submodule's mode": (lambda m, o, a, r: m[1].eval() and a, False),
+    "parameter replaced": (lambda m, o, a, r: _swap_param(m) or a, False),
+    "parameter frozen": (lambda m, o, a, r: (m[3].bias.requires_grad_(False), a)[1], False),
+    "parameter reshaped": (lambda m, o, a, r: setattr(m[3].bias, "data", torch.zeros(2, 2)) or a, False),
+    "gradient removed": (lambda m, o, a, r: setattr(m[3].bias, "grad", None) or a, False),
+    "buffer replaced": (lambda m, o, a, r: setattr(m[1], "running_mean", torch.zeros(8)) or a, False),
+    "submodule added": (lambda m, o, a, r: m.add_module("extra", nn.Identity()) or a, False),
+    "weight decay": (lambda m, o, a, r: o.param_groups[1].__setitem__("weight_decay", 0.3) or a, False),
+    "betas": (lambda m, o, a, r: o.param_groups[0].__setitem__("betas", (0.8, 0.99)) or a, False),
+    "amsgrad flag": (lambda m, o, a, r: o.param_groups[0].__setitem__("amsgrad", True) or a, False),
+    "a new hyperparameter": (lambda m, o, a, r: o.param_groups[0].__setitem__("extra", 1) or a, False),
+    "state tensor dtype": (lambda m, o, a, r: _state_of(o, m[3].bias).__setitem__(
+        "exp_avg", _state_of(o, m[3].bias)["exp_avg"].double()) or a, False),
+    "state entry a number": (lambda m, o, a, r: _state_of(o, m[3].bias).__setitem__("step", 3.0) or a, False),
+    "state cleared": (lambda m, o, a, r: o.state.pop(m[3].bias) and a, False),
+    "model rebound": (lambda m, o, a, r: r(copy.deepcopy(m)) or a, False),
+}
+
+
+@pytest.mark.parametrize("change", list(GUARD_CHANGES))
+def test_the_call_guard_passes_only_where_the_quick_key_is_the_same(change):
+    from lazyrt.torch._capture import quick_key
+    model, opt, step, rebind = _guarded_world()
+    compiled = lazyrt.torch.compile(step)
+    g = torch.Generator().manual_seed(3)
+    args = (torch.randn(10, 6, generator=g), torch.randn(10, 4, generator=g))
+    compiled(*args)
+    compiled(*args)
+    compiled(*args)
+    world, _, key, guard = compiled._last
+    assert guard is not None
+    make, same = GUARD_CHANGES[change]
+    new_args = make(model, opt, args, rebind)
+    modules, optimizers = compiled._found()
+    try:
+        key_now = quick_key(world, modules, optimizers, new_args)
+    except Exception:  # a change quick_key itself cannot take is a different call
+        key_now = None
+    passes = guard.check(new_args)
+    assert (key_now == key) == same, f"{change}: the test's change did not do what it says"
+    assert passes == same, f"{change}: the guard {'passes' if passes else 'fails'}, the quick key " \
+                           f"{'is the same' if same else 'differs'}"
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "autocast", "default dtype"])
+def test_the_call_guard_sees_the_modes(mode):
+    from lazyrt.torch._capture import quick_key
+    model, opt, step, rebind = _guarded_world()
+    compiled = lazyrt.torch.compile(step)
+    args = (torch.randn(10, 6), torch.randn(10, 4))
+    for _ in range(3):
+        compiled(*args)
+    world, _, key, guard = compiled._last
+    ctx = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}.get(mode)
+    if ctx is None:
+        torch.set_default_dtype(torch.float64)
+        try:
+            assert not guard.check(args)
+            assert quick_key(world, *compiled._found(), args) != key
+        finally:
+            torch.set_default_dtype(torch.float32)
+        return
+    with ctx():
+        assert not guard.check(args)
+        assert quick_key(world, *compiled._found(), args) != key
+    assert guard.check(args)

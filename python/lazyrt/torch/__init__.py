@@ -86,9 +86,10 @@ values the step reads other than these (a global float, a module attribute that 
 tensor), and any Python side effect of the step (it runs only when captured). A call with
 positional tensor arguments on the same modules and optimizers as the last call is checked
 first by a cheaper key over the same facts (identities of the modules' parameters, buffers and
-submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes); any
-difference, or a value that is not a plain number, string or tuple of them, takes the full
-signature.
+submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes), checked in C++
+where the step is a plain function (with what it reaches: its code, closure cells and the
+globals it names, by identity); any difference, or a value that is not a plain number, string
+or tuple of them, takes the full signature.
 """
 
 from lazyrt.torch._capture import CaptureError

@@ -560,6 +560,46 @@ def discover(fn):
     return modules, optimizers
 
 
+def _guard(fn, world, modules, optimizers, args):
+    """A _torch_C.Guard of the facts quick_key(world, modules, optimizers, args) compares, and of
+    what discover(fn) reads (fn's code, closure cells and named globals, by identity); None
+    where fn is not a plain function or a method of one (then the Python path decides)."""
+    f = fn.__func__ if inspect.ismethod(fn) else fn
+    if not inspect.isfunction(f):
+        return None
+    cells = []
+    for cell in f.__closure__ or ():
+        try:
+            cells.append((cell, cell.cell_contents, True))
+        except ValueError:  # an empty cell
+            cells.append((cell, None, False))
+    g = f.__globals__
+    params = world.params
+    spec = {
+        "function": f, "code": f.__code__, "cells": cells, "globals": g,
+        "names": [(n, g.get(n), n in g) for n in _code_names(f.__code__)],
+        "args": list(args), "world_tensors": list(world.params) + list(world.buffers),
+        "submodules": [(sub, sub.training, list(sub._parameters.values()), list(sub._buffers.values()),
+                        list(sub._modules.values())) for sub in world.submodules],
+        "params": list(params), "buffers": list(world.buffers),
+        "modes": (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_cpu_enabled(),
+                  torch.get_autocast_cpu_dtype()),
+    }
+    opts = []
+    for oi, o in enumerate(optimizers):
+        lr_in = _optim.lr_is_input(o)
+        groups = [(list(group["params"]), [(k, v) for k, v in group.items()
+                                           if k not in ("params", "initial_lr") and not (k == "lr" and lr_in)])
+                  for group in o.param_groups]
+        states = []
+        for _, i in world.opt_params[oi]:
+            d = o.state.get(params[i])
+            states.append((params[i], list(d.items()) if d else None))
+        opts.append((o, lr_in, groups, states))
+    spec["optimizers"] = opts
+    return _torch_C.Guard(spec)
+
+
 def _union(given, found):
     seen = {id(v) for v in given}
     return list(given) + [v for v in found if id(v) not in seen]
@@ -586,7 +626,7 @@ class CompiledFunction:
         self._modules = _as_list(model)
         self._optimizers = _as_list(optimizer)
         self._entries = {}
-        self._last = None  # (world, entry, quick key) of the last call that had a quick key
+        self._last = None  # (world, entry, quick key, guard) of the last call that had a quick key
         self.captures = 0
         self._warned_aliasing = False
         functools.update_wrapper(self, fn, updated=())
@@ -613,13 +653,18 @@ class CompiledFunction:
         return sum(e.traces for entries in self._entries.values() for e in entries)
 
     def __call__(self, *args, **kwargs):
-        modules, optimizers = found = self._found()
         last = self._last
         if last is not None and not kwargs:
             # Same modules, optimizers, structure, shapes, dtypes, flags, hyperparameters, state
-            # layout and modes as the last call: its signature and its entry (see quick_key).
-            world, entry, key = last
-            if quick_key(world, modules, optimizers, args) == key:
+            # layout and modes as the last call: its signature and its entry (see quick_key;
+            # the guard checks the same facts in C++, the function's reach included).
+            world, entry, key, guard = last
+            if guard is not None:
+                same = guard.check(args)
+            else:
+                modules, optimizers = self._found()
+                same = quick_key(world, modules, optimizers, args) == key
+            if same:
                 world.args_leaves = list(args)
                 try:
                     return entry.run(world)
@@ -628,6 +673,7 @@ class CompiledFunction:
                 finally:
                     world.args_leaves = None  # the world is kept; the arguments are not
         self._last = None
+        modules, optimizers = found = self._found()
         world = self._world(args, kwargs, found)
         signature = world.signature()
         entries = self._entries.setdefault(signature, [])
@@ -639,6 +685,7 @@ class CompiledFunction:
             entries.append(entry)
             self.captures += 1
         key = None if kwargs else quick_key(world, modules, optimizers, args)
+        guard = None if key is None else _guard(self.fn, world, modules, optimizers, args)
         try:
             return entry.run(world)
         except _AliasedMemory as e:
@@ -646,7 +693,7 @@ class CompiledFunction:
         finally:
             if key is not None:
                 world.args_leaves = None
-                self._last = (world, entry, key)
+                self._last = (world, entry, key, guard)
 
     def _eager(self, world, entry, aliased, args, kwargs):
         """Runs the step in PyTorch eager: its inputs share memory in a way the capture cannot
