@@ -132,12 +132,9 @@ def arange(start=0, end=None, step=1, *, dtype=None, device=None, requires_grad=
     return t
 
 
-def from_torch(t, _lend=False):
+def from_torch(t):
     """A lazyrt tensor with the values of a PyTorch tensor, sharing its memory when it is a
-    contiguous CPU tensor (values only: requires_grad is not carried over).
-
-    _lend (lazyrt.torch's own use): the memory is lent for writing, so that a replay updating
-    the returned tensor in place writes into the torch tensor (runtime/buffer.h)."""
+    contiguous CPU tensor (values only: requires_grad is not carried over)."""
     import torch
     import torch.utils.dlpack
 
@@ -150,8 +147,8 @@ def from_torch(t, _lend=False):
         t = t.contiguous()
     if t.dtype == torch.bool:
         # DLPack in PyTorch 1.13 has no bool: the bytes travel as uint8.
-        return _C._from_dlpack(torch.utils.dlpack.to_dlpack(t.view(torch.uint8)), True, False)
-    return _C._from_dlpack(torch.utils.dlpack.to_dlpack(t), False, _lend)
+        return _C._from_dlpack(torch.utils.dlpack.to_dlpack(t.view(torch.uint8)), True)
+    return _C._from_dlpack(torch.utils.dlpack.to_dlpack(t), False)
 
 
 def to_torch(t):

@@ -189,7 +189,7 @@ py::capsule to_dlpack(const Tensor& t, bool bool_as_uint8) {
   return py::reinterpret_steal<py::capsule>(PyCapsule_New(&e->managed, "dltensor", capsule_destructor));
 }
 
-Tensor from_dlpack(py::object obj, bool uint8_as_bool, bool writable) {
+Tensor from_dlpack(py::object obj, bool uint8_as_bool) {
   py::object capsule = obj;
   if (!PyCapsule_CheckExact(obj.ptr())) {
     if (!py::hasattr(obj, "__dlpack__"))
@@ -233,7 +233,7 @@ Tensor from_dlpack(py::object obj, bool uint8_as_bool, bool writable) {
     m->deleter(m);  // with the GIL held, as here
     return from_blob(nullptr, std::move(shape), *d, nullptr);
   }
-  return from_blob(data, std::move(shape), *d, [m] { with_gil([m] { m->deleter(m); }); }, writable);
+  return from_blob(data, std::move(shape), *d, [m] { with_gil([m] { m->deleter(m); }); });
 }
 
 }  // namespace
@@ -244,23 +244,10 @@ void bind_interop(py::module_& m, py::class_<Tensor>& cls) {
         "lazyrt has), else a copy. lazyrt never writes into shared memory.");
   m.def("_tensor_from_array", [](const py::array& a) { return copy_of(a, "tensor"); },
         "A tensor holding a copy of the array's values.");
-  m.def("from_dlpack", [](py::object o) { return from_dlpack(std::move(o), false, false); }, py::arg("ext_tensor"),
+  m.def("from_dlpack", [](py::object o) { return from_dlpack(std::move(o), false); }, py::arg("ext_tensor"),
         "A tensor sharing the memory of a DLPack-capable CPU tensor (or capsule).");
-  m.def("_from_dlpack", &from_dlpack, py::arg("ext_tensor"), py::arg("uint8_as_bool"), py::arg("writable") = false,
-        "writable: the memory is lent for in-place updates by replays (runtime/buffer.h).");
-  m.def("_lent_moved", [](const py::list& views, const std::vector<int64_t>& slots,
-                          const std::vector<uintptr_t>& expect) {
-    // Per slot, whether views[slot] no longer holds the memory at expect[j] (its new value went
-    // elsewhere: the memory was not lent, or the replay could not write into it).
-    if (slots.size() != expect.size()) throw Error("_lent_moved: slots and expect differ in length");
-    py::list moved;
-    for (size_t j = 0; j < slots.size(); ++j) {
-      const auto& impl = trace::impl_of(views[slots[j]].cast<const Tensor&>());
-      if (impl->is_pending() || !impl->data() || reinterpret_cast<uintptr_t>(impl->data()->data()) != expect[j])
-        moved.append(j);
-    }
-    return moved;
-  }, py::arg("views"), py::arg("slots"), py::arg("expect"));
+  m.def("_from_dlpack", [](py::object o, bool uint8_as_bool) { return from_dlpack(std::move(o), uint8_as_bool); },
+        py::arg("ext_tensor"), py::arg("uint8_as_bool"));
   m.def("_to_dlpack", &to_dlpack, py::arg("tensor"), py::arg("bool_as_uint8"));
   cls.def("numpy", &numpy_view,
           "A read-only NumPy array over the tensor's data, without a copy (syncs the tensor).")

@@ -5,6 +5,7 @@
 // (a guard failed): the step function is Python, so the tracing callback takes the GIL back.
 // The step's own lock is only ever taken without the GIL, so the two cannot deadlock.
 #include "bindings.h"
+#include "compiled_step.h"
 #include "util/check.h"
 
 namespace lazyrt::python {
@@ -12,35 +13,6 @@ namespace lazyrt::python {
 namespace {
 
 std::string hash_repr(const GraphHash& h) { return "GraphHash('" + h.to_string() + "')"; }
-
-// The Python step function, called by the C++ step when it traces.
-struct StepFunction {
-  py::object fn;
-  bool single = false;  // fn returned a lone tensor rather than a tuple
-};
-
-class PyCompiledStep {
- public:
-  PyCompiledStep(std::shared_ptr<StepFunction> fn, CompiledStep step)
-      : fn_(std::move(fn)), step_(std::move(step)) {}
-
-  py::object call(const py::args& args) {
-    std::vector<Tensor> in = tensors_from(args, "compiled step");
-    std::vector<Tensor> out;
-    {
-      py::gil_scoped_release release;
-      out = step_(in);
-    }
-    if (fn_->single) return py::cast(out[0]);
-    return to_tuple(out);
-  }
-  int traces() const { return step_.traces(); }
-  CompiledStep& step() { return step_; }
-
- private:
-  std::shared_ptr<StepFunction> fn_;
-  CompiledStep step_;
-};
 
 // A count or byte setting from Python: a negative value is a lazyrt.Error, not a TypeError.
 uint64_t non_negative(int64_t value, const char* call, const char* what) {
@@ -127,7 +99,11 @@ void bind_replay(py::module_& m) {
         "input the traced code updated in place. Returns every output of the graph.");
 
   py::class_<PyCompiledStep>(m, "CompiledStep", "A step function traced once and replayed.")
-      .def("__call__", &PyCompiledStep::call)
+      .def("__call__", [](PyCompiledStep& s, const py::args& args) -> py::object {
+        std::vector<Tensor> out = s.run(tensors_from(args, "compiled step"));
+        if (s.single()) return py::cast(out[0]);
+        return to_tuple(out);
+      })
       .def_property_readonly("traces", &PyCompiledStep::traces,
                              "How many times the step was traced (1 unless guards forced retraces).")
       // The step's lock is taken without the GIL (a call in another thread may be tracing).

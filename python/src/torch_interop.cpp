@@ -1,13 +1,22 @@
 // lazyrt._torch_C: what lazyrt.torch needs of PyTorch's C++ side (libtorch and its Python
-// bindings). Built when CMake finds Torch; imported by lazyrt.torch only (after torch itself).
+// bindings) and of lazyrt's. Built when CMake finds Torch; imported by lazyrt.torch only (after
+// torch itself and lazyrt._C, whose types it shares).
 //
-// bump_versions: a replay writes the new values of parameters, gradients and optimizer state
-// into the torch tensors' own memory (lent with from_torch(_lend=True)). PyTorch counts every
-// in-place change in the tensor's version counter, and autograd checks that counter before it
-// uses a tensor it saved for backward; bumping it keeps that check: a graph recorded before a
-// compiled step changed a parameter refuses to backpropagate, as it would in eager.
+// Guard: the facts of a call checked against the last call's (see below).
+// Handover: a capture's inputs handed to its compiled step as lazyrt views of the torch
+//   tensors' memory (kept from call to call), the memory of the tensors the step updates in
+//   place lent for writing, and after the call the version counters of the written tensors
+//   bumped (PyTorch counts every in-place change there, and autograd checks the counter before
+//   it uses a tensor it saved for backward: a graph recorded before a compiled step changed a
+//   parameter refuses to backpropagate, as in eager).
+// FastCall: a whole call of the common kind (the guard holds, every input found where it was,
+//   nothing to copy back) without Python: resolve the inputs, hand them over, run the compiled
+//   step, bump, and return the results as torch tensors over lazyrt's result buffers.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
@@ -17,11 +26,19 @@
 #include <c10/core/DefaultDtype.h>
 #include <torch/csrc/Dtype.h>
 
+#include <algorithm>
+#include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "compiled_step.h"
+#include "trace/lazy_tensor.h"
+#include "util/metrics_cells.h"
+
 namespace py = pybind11;
+namespace lz = lazyrt;
 
 namespace {
 
@@ -43,6 +60,30 @@ struct Meta {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   bool requires_grad = false;
 };
+
+// Attribute and key names as interned Python strings (made once; their hashes are cached, and
+// dict keys written as literals in Python are the same objects).
+struct Names {
+  PyObject *training, *parameters, *buffers, *modules, *param_groups, *state, *lr, *params, *initial_lr;
+};
+const Names& names() {
+  static const Names n{PyUnicode_InternFromString("training"),   PyUnicode_InternFromString("_parameters"),
+                       PyUnicode_InternFromString("_buffers"),   PyUnicode_InternFromString("_modules"),
+                       PyUnicode_InternFromString("param_groups"), PyUnicode_InternFromString("state"),
+                       PyUnicode_InternFromString("lr"),         PyUnicode_InternFromString("params"),
+                       PyUnicode_InternFromString("initial_lr")};
+  return n;
+}
+// Whether k is the string `name` (interned: usually the same object).
+bool is_name(PyObject* k, PyObject* name) {
+  return k == name || (PyUnicode_CheckExact(k) && PyUnicode_Compare(k, name) == 0);
+}
+// o.name, or null (no error set).
+py::object attr(const py::object& o, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(o.ptr(), name);
+  if (!v) PyErr_Clear();
+  return py::reinterpret_steal<py::object>(v);
+}
 
 bool is_tensor(py::handle h) { return THPVariable_Check(h.ptr()); }
 const at::Tensor& tensor_of(py::handle h) { return THPVariable_Unpack(h.ptr()); }
@@ -193,7 +234,7 @@ class Guard {
     }
     // Modules.
     for (const Sub& s : subs_) {
-      PyObject* training = PyObject_GetAttrString(s.module.ptr(), "training");
+      PyObject* training = PyObject_GetAttr(s.module.ptr(), names().training);
       if (!training) {
         PyErr_Clear();
         return false;
@@ -201,9 +242,9 @@ class Guard {
       const bool on = training == Py_True, bool_value = training == Py_True || training == Py_False;
       Py_DECREF(training);
       if (!bool_value || on != s.training) return false;
-      if (!same_values(dict_attr(s.module, "_parameters"), s.params) ||
-          !same_values(dict_attr(s.module, "_buffers"), s.buffers) ||
-          !same_values(dict_attr(s.module, "_modules"), s.children))
+      if (!same_values(dict_attr(s.module, names().parameters), s.params) ||
+          !same_values(dict_attr(s.module, names().buffers), s.buffers) ||
+          !same_values(dict_attr(s.module, names().modules), s.children))
         return false;
     }
     for (const Param& p : params_) {
@@ -217,14 +258,14 @@ class Guard {
     // Optimizers.
     for (const Optimizer& o : optimizers_) {
       if (Py_TYPE(o.object.ptr()) != o.type) return false;
-      py::object groups = attr(o.object, "param_groups");
+      py::object groups = attr(o.object, names().param_groups);
       if (!groups || !PyList_CheckExact(groups.ptr()) || PyList_GET_SIZE(groups.ptr()) != static_cast<Py_ssize_t>(o.groups.size()))
         return false;
       for (size_t gi = 0; gi < o.groups.size(); ++gi) {
         PyObject* g = PyList_GET_ITEM(groups.ptr(), static_cast<Py_ssize_t>(gi));
         if (!PyDict_Check(g) || !same_group(g, o.groups[gi], o.lr_input)) return false;
       }
-      py::object state = attr(o.object, "state");
+      py::object state = attr(o.object, names().state);
       if (!state || !PyDict_Check(state.ptr()) || !same_states(state.ptr(), o.states)) return false;
     }
     // Modes.
@@ -269,16 +310,11 @@ class Guard {
     std::vector<State> states;
   };
 
-  static py::object attr(const py::object& o, const char* name) {
-    PyObject* v = PyObject_GetAttrString(o.ptr(), name);
-    if (!v) PyErr_Clear();
-    return py::reinterpret_steal<py::object>(v);
-  }
   // A module's own dict entry (_parameters, _buffers, _modules live in its __dict__).
-  static py::handle dict_attr(const py::object& module, const char* name) {
+  static py::handle dict_attr(const py::object& module, PyObject* name) {
     PyObject** dict = _PyObject_GetDictPtr(module.ptr());
     if (!dict || !*dict) return py::handle();
-    return PyDict_GetItemString(*dict, name);
+    return PyDict_GetItem(*dict, name);
   }
 
   static bool same_group(PyObject* g, const Group& group, bool lr_input) {
@@ -287,15 +323,14 @@ class Guard {
     size_t e = 0;
     bool saw_params = false;
     while (PyDict_Next(g, &pos, &k, &v)) {
-      if (PyUnicode_CheckExact(k) && PyUnicode_CompareWithASCIIString(k, "params") == 0) {
+      if (is_name(k, names().params)) {
         if (!PyList_CheckExact(v) || PyList_GET_SIZE(v) != static_cast<Py_ssize_t>(group.params.size())) return false;
         for (size_t i = 0; i < group.params.size(); ++i)
           if (PyList_GET_ITEM(v, static_cast<Py_ssize_t>(i)) != group.params[i].ptr()) return false;
         saw_params = true;
         continue;
       }
-      if (PyUnicode_CheckExact(k) && (PyUnicode_CompareWithASCIIString(k, "initial_lr") == 0 ||
-                                      (lr_input && PyUnicode_CompareWithASCIIString(k, "lr") == 0)))
+      if (is_name(k, names().initial_lr) || (lr_input && is_name(k, names().lr)))
         continue;
       if (e >= group.entries.size() || !same_plain(k, group.entries[e].first) || !same_plain(v, group.entries[e].second))
         return false;
@@ -351,32 +386,525 @@ class Guard {
   c10::ScalarType default_dtype_, autocast_dtype_;
 };
 
+// ---- Handover ---------------------------------------------------------------------------------
+
+std::optional<lz::DType> lazyrt_dtype(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::Float: return lz::DType::f32;
+    case c10::ScalarType::Double: return lz::DType::f64;
+    case c10::ScalarType::Half: return lz::DType::f16;
+    case c10::ScalarType::BFloat16: return lz::DType::bf16;
+    case c10::ScalarType::Int: return lz::DType::i32;
+    case c10::ScalarType::Long: return lz::DType::i64;
+    case c10::ScalarType::Bool: return lz::DType::b8;
+    default: return std::nullopt;
+  }
+}
+c10::ScalarType torch_dtype(lz::DType d) {
+  switch (d) {
+    case lz::DType::f32: return c10::ScalarType::Float;
+    case lz::DType::f64: return c10::ScalarType::Double;
+    case lz::DType::f16: return c10::ScalarType::Half;
+    case lz::DType::bf16: return c10::ScalarType::BFloat16;
+    case lz::DType::i32: return c10::ScalarType::Int;
+    case lz::DType::i64: return c10::ScalarType::Long;
+    case lz::DType::b8: return c10::ScalarType::Bool;
+  }
+  return c10::ScalarType::Undefined;
+}
+
+// A torch tensor over a lazyrt tensor's values (synced), holding its buffer: lazyrt never writes
+// into a buffer something else holds, so the tensor keeps the values it has now.
+at::Tensor torch_view(const lz::Tensor& t) {
+  std::shared_ptr<const void> host = t.host_data();
+  void* data = const_cast<void*>(host.get());
+  auto* holder = new std::shared_ptr<const void>(std::move(host));
+  return at::from_blob(data, t.shape(), [holder](void*) { delete holder; },
+                       at::TensorOptions().dtype(torch_dtype(t.dtype())));
+}
+
+// dtypes whose memory may be lent (lazyrt._step._PACKABLE).
+bool lendable_dtype(c10::ScalarType t) {
+  return t == c10::ScalarType::Float || t == c10::ScalarType::Double || t == c10::ScalarType::Half ||
+         t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Int || t == c10::ScalarType::Long;
+}
+
+// An input of a call: a torch tensor, or a learning rate (a Python number).
+struct Input {
+  at::Tensor tensor;
+  double number = 0;
+  bool is_number = false;
+};
+
+using Span = std::pair<uintptr_t, uintptr_t>;  // bytes [first, one past the last)
+
+bool contiguous_cpu(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
+// The bytes a contiguous CPU tensor occupies; for others, its whole storage (a bound on what
+// they occupy), or nothing off the CPU.
+Span span_of(const at::Tensor& t) {
+  if (contiguous_cpu(t)) {
+    const auto start = reinterpret_cast<uintptr_t>(t.data_ptr());
+    return {start, start + static_cast<uintptr_t>(t.numel()) * t.element_size()};
+  }
+  if (!t.device().is_cpu()) return {0, 0};
+  const auto start = reinterpret_cast<uintptr_t>(t.storage().data());
+  return {start, start + t.storage().nbytes()};
+}
+
+class Handover {
+ public:
+  // inputs: how many (slots, then the graph's constants); inplace: the slots the compiled step
+  // updates in place (their memory is lent), in the order of the step's in-place items;
+  // aliased: the exception class raised (with the slot) when a written input's memory overlaps
+  // another input's.
+  Handover(size_t inputs, std::vector<int64_t> inplace, py::object aliased)
+      : held_(inputs), written_(inputs, false), inplace_(std::move(inplace)), aliased_(std::move(aliased)) {
+    for (int64_t s : inplace_) {
+      if (s < 0 || static_cast<size_t>(s) >= inputs)
+        throw lz::Error("Handover: in-place slot " + std::to_string(s) + " out of " + std::to_string(inputs));
+      written_[static_cast<size_t>(s)] = true;
+    }
+  }
+
+  // A tensor standing in for a missing gradient: never lent (lazyrt's writes must not land in
+  // it; the call copies the new gradient in).
+  void standin(const at::Tensor& t) { standins_.push_back(t); }
+
+  // The lazyrt views of this call's inputs. A slot's view is kept from call to call while the
+  // slot holds the same tensor at the same address, contiguous: its memory, hence its values,
+  // are then those the view reads (shapes and dtypes are guarded by the signature, and the view
+  // keeps that memory alive, so no other tensor can take its address). A learning rate is a 0-d
+  // float64 tensor, made anew when the value changes. The memory of each slot the step updates
+  // in place is lent for writing, where that is safe: a contiguous CPU tensor of a lendable
+  // dtype, not a stand-in, whose memory no other input overlaps (the step reads those while it
+  // writes). Other views read their tensor's memory, or a contiguous copy of it. Throws the
+  // aliased exception when a written input overlaps another input.
+  const std::vector<lz::Tensor>& views(std::vector<Input> inputs) {
+    if (inputs.size() != held_.size())
+      throw lz::Error("lazyrt.torch: the step takes " + std::to_string(held_.size()) + " inputs, got " +
+                      std::to_string(inputs.size()));
+    current_ = std::move(inputs);
+    lazy_.resize(current_.size());
+    for (size_t s = 0; s < current_.size(); ++s) {
+      const Input& in = current_[s];
+      Held& h = held_[s];
+      if (in.is_number) {
+        lazy_[s] = number_view(h, in.number);
+      } else if (h.view && h.tensor.unsafeGetTensorImpl() == in.tensor.unsafeGetTensorImpl() &&
+                 in.tensor.data_ptr() == h.ptr && in.tensor.is_contiguous()) {
+        lazy_[s] = *h.view;
+      } else {
+        lazy_[s] = new_view(s);
+      }
+    }
+    if (!expect_valid_) lent_changed();
+    return lazy_;
+  }
+
+  // After the step ran on views(): per in-place slot, its new value is in the lent memory (its
+  // view still holds it): count the change in the tensor's version counter. Else (not lent, or
+  // the replay could not write there) the view holds the new value elsewhere: copy it into the
+  // tensor (which counts the change) and make the view anew next call; but not into a stand-in
+  // for a missing gradient: those items' positions are returned, the caller sets the gradient.
+  std::vector<int64_t> finish() {
+    std::vector<int64_t> left;
+    for (size_t j = 0; j < inplace_.size(); ++j) {
+      const auto s = static_cast<size_t>(inplace_[j]);
+      const at::Tensor& t = current_[s].tensor;
+      const auto& impl = lz::trace::impl_of(lazy_[s]);
+      const bool moved = impl->is_pending() || !impl->data() ||
+                         reinterpret_cast<uintptr_t>(impl->data()->data()) != expect_[j];
+      if (!moved) {
+        torch::autograd::impl::bump_version(t);
+        continue;
+      }
+      held_[s] = Held{};
+      expect_valid_ = false;
+      if (is_standin(t.unsafeGetTensorImpl())) {
+        left.push_back(static_cast<int64_t>(j));
+        continue;
+      }
+      c10::AutoGradMode no_grad(false);
+      at::Tensor target = t;
+      target.copy_(torch_view(lazy_[s]));
+    }
+    release();
+    return left;
+  }
+
+  // Drops this call's inputs (not the kept views).
+  void release() {
+    current_.clear();
+    lazy_.clear();
+  }
+
+  size_t inputs() const { return held_.size(); }
+
+ private:
+  struct Held {
+    at::Tensor tensor;  // the tensor the view was made for (keeps its identity unique)
+    void* ptr = nullptr;
+    std::optional<lz::Tensor> view;
+    bool lent = false;
+    double number = 0;  // a learning rate's view: its value
+  };
+
+  lz::Tensor number_view(Held& h, double v) {
+    if (!h.view || std::memcmp(&h.number, &v, sizeof v) != 0) {
+      h.view = lz::from_blob(&v, {}, lz::DType::f64);
+      h.number = v;
+    }
+    return *h.view;
+  }
+
+  bool is_standin(const at::TensorImpl* impl) const {
+    for (const at::Tensor& z : standins_)
+      if (z.unsafeGetTensorImpl() == impl) return true;
+    return false;
+  }
+
+  [[noreturn]] void raise_aliased(size_t s) const {
+    py::object e = aliased_(s);
+    PyErr_SetObject(aliased_.ptr(), e.ptr());
+    throw py::error_already_set();
+  }
+
+  lz::Tensor new_view(size_t s) {
+    const at::Tensor& t = current_[s].tensor;
+    Held& h = held_[s];
+    const bool contiguous = contiguous_cpu(t);
+    const Span span = span_of(t);
+    const bool written = written_[s];
+    if (span.first < span.second && (written ? overlaps_any(span, s) : written_overlapping(span, s)))
+      raise_aliased(s);
+    const std::optional<lz::DType> dtype = lazyrt_dtype(t.scalar_type());
+    if (!dtype)
+      throw lz::Error(std::string("lazyrt.torch: torch dtype ") + c10::toString(t.scalar_type()) +
+                      " has no lazyrt counterpart");
+    if (!contiguous) {
+      if (h.lent || written) expect_valid_ = false;
+      h = Held{};
+      return view_of(t.detach().cpu().contiguous(), *dtype, false);
+    }
+    const bool lend = written && lendable_dtype(t.scalar_type()) && span.first < span.second &&
+                      !is_standin(t.unsafeGetTensorImpl());
+    if (written) expect_valid_ = false;
+    lz::Tensor v = view_of(t, *dtype, lend);
+    h.tensor = t;
+    h.ptr = t.data_ptr();
+    h.view = v;
+    h.lent = lend;
+    return v;
+  }
+
+  static lz::Tensor view_of(const at::Tensor& t, lz::DType dtype, bool lend) {
+    lz::Shape shape(t.sizes().begin(), t.sizes().end());
+    if (t.numel() == 0) return lz::from_blob(nullptr, std::move(shape), dtype, nullptr);
+    auto* owner = new c10::Storage(t.storage());  // the memory, not the tensor's autograd history
+    return lz::from_blob(t.data_ptr(), std::move(shape), dtype, [owner] { delete owner; }, lend);
+  }
+
+  bool overlaps_any(const Span& span, size_t s) const {
+    for (size_t r = 0; r < current_.size(); ++r) {
+      if (r == s || current_[r].is_number) continue;
+      const Span other = span_of(current_[r].tensor);
+      if (other.first < span.second && span.first < other.second) return true;
+    }
+    return false;
+  }
+
+  // Whether the memory of a written slot other than s, as last handed over, overlaps span.
+  // Written slots' spans are disjoint (else the call ran eagerly) and sorted: only the last one
+  // starting before span's end can overlap.
+  bool written_overlapping(const Span& span, size_t s) const {
+    auto it = std::lower_bound(written_spans_.begin(), written_spans_.end(), span.second,
+                               [](const WrittenSpan& w, uintptr_t end) { return w.first < end; });
+    while (it != written_spans_.begin()) {
+      --it;
+      if (it->slot == s) continue;
+      return it->second > span.first;
+    }
+    return false;
+  }
+
+  // After a written slot got a new view: the sorted spans of the written slots' memory, and per
+  // in-place item the address its view must still hold after a call (0 where not lent).
+  void lent_changed() {
+    written_spans_.clear();
+    for (size_t s = 0; s < written_.size(); ++s) {
+      if (!written_[s] || current_[s].is_number) continue;
+      const Span sp = span_of(current_[s].tensor);
+      written_spans_.push_back({sp.first, sp.second, s});
+    }
+    std::sort(written_spans_.begin(), written_spans_.end(),
+              [](const WrittenSpan& a, const WrittenSpan& b) { return a.first < b.first; });
+    expect_.clear();
+    for (int64_t s : inplace_) {
+      const Held& h = held_[static_cast<size_t>(s)];
+      expect_.push_back(h.lent ? reinterpret_cast<uintptr_t>(h.ptr) : 0);
+    }
+    expect_valid_ = true;
+  }
+
+  struct WrittenSpan {
+    uintptr_t first, second;
+    size_t slot;
+  };
+
+  std::vector<Held> held_;
+  std::vector<bool> written_;
+  std::vector<int64_t> inplace_;
+  py::object aliased_;
+  std::vector<at::Tensor> standins_;
+  std::vector<WrittenSpan> written_spans_;
+  std::vector<uintptr_t> expect_;
+  bool expect_valid_ = false;
+  std::vector<Input> current_;  // this call's inputs and views, between views() and finish()
+  std::vector<lz::Tensor> lazy_;
+};
+
+// The inputs of a call as Python gives them: torch tensors and numbers.
+std::vector<Input> inputs_from(const py::sequence& seq) {
+  std::vector<Input> out(static_cast<size_t>(py::len(seq)));
+  for (size_t i = 0; i < out.size(); ++i) {
+    py::object o = seq[i];
+    if (THPVariable_Check(o.ptr())) {
+      out[i].tensor = THPVariable_Unpack(o.ptr());
+    } else if (PyFloat_CheckExact(o.ptr())) {
+      out[i].number = PyFloat_AS_DOUBLE(o.ptr());
+      out[i].is_number = true;
+    } else {
+      throw py::type_error("lazyrt.torch: input " + std::to_string(i) + " is a " +
+                           std::string(py::str(py::type::handle_of(o).attr("__name__"))) +
+                           ", not a torch.Tensor or a float");
+    }
+  }
+  return out;
+}
+
+// ---- FastCall ---------------------------------------------------------------------------------
+
+class FastCall {
+ public:
+  // spec: guard (a Guard), handover (a Handover), step (the compiled step, a lazyrt
+  // CompiledStep), inputs [per input: ("arg", index) | ("tensor", t) | ("grad", parameter) |
+  // ("state", optimizer, parameter, key) | ("lr", optimizer, group index)], results [per leaf:
+  // ("C", value) | ("in", input) | ("out", output position)], spec (the results' pytree spec),
+  // single (one result, returned as is), miss (returned when the guard does not hold), other
+  // (returned when the guard holds but the call is not of this kind; nothing ran).
+  explicit FastCall(const py::dict& spec) {
+    guard_object_ = spec["guard"];
+    guard_ = guard_object_.cast<Guard*>();
+    handover_object_ = spec["handover"];
+    handover_ = handover_object_.cast<Handover*>();
+    step_object_ = spec["step"];
+    step_ = step_object_.cast<lz::python::PyCompiledStep*>();
+    for (py::handle h : spec["inputs"]) {
+      auto t = h.cast<py::tuple>();
+      const std::string kind = t[0].cast<std::string>();
+      Source src;
+      if (kind == "arg") {
+        src.kind = Source::Arg;
+        src.index = t[1].cast<Py_ssize_t>();
+      } else if (kind == "tensor") {
+        src.kind = Source::Fixed;
+        src.tensor = THPVariable_Unpack(t[1].ptr());
+        src.object = py::reinterpret_borrow<py::object>(t[1]);
+      } else if (kind == "grad") {
+        src.kind = Source::Grad;
+        src.tensor = THPVariable_Unpack(t[1].ptr());
+      } else if (kind == "state") {
+        src.kind = Source::State;
+        src.object = py::reinterpret_borrow<py::object>(t[1]);
+        src.param = py::reinterpret_borrow<py::object>(t[2]);
+        src.key = py::reinterpret_borrow<py::object>(t[3]);
+        auto it = std::find_if(states_.begin(), states_.end(),
+                               [&](const OptimizerState& o) { return o.optimizer.ptr() == src.object.ptr(); });
+        src.index = it - states_.begin();
+        if (it == states_.end()) states_.push_back({src.object, {}});
+      } else if (kind == "lr") {
+        src.kind = Source::Lr;
+        src.object = py::reinterpret_borrow<py::object>(t[1]);
+        src.index = t[2].cast<Py_ssize_t>();
+      } else {
+        throw lz::Error("FastCall: unknown input kind " + kind);
+      }
+      sources_.push_back(std::move(src));
+    }
+    if (sources_.size() != handover_->inputs())
+      throw lz::Error("FastCall: " + std::to_string(sources_.size()) + " inputs for a hand-over of " +
+                      std::to_string(handover_->inputs()));
+    for (py::handle h : spec["results"]) {
+      auto t = h.cast<py::tuple>();
+      const std::string kind = t[0].cast<std::string>();
+      Leaf leaf;
+      leaf.kind = kind == "C" ? Leaf::Const : kind == "in" ? Leaf::In : Leaf::Out;
+      if (leaf.kind == Leaf::Const) leaf.value = py::reinterpret_borrow<py::object>(t[1]);
+      else leaf.index = t[1].cast<size_t>();
+      leaves_.push_back(std::move(leaf));
+    }
+    spec_ = spec["spec"];
+    single_ = spec["single"].cast<bool>();
+    miss_ = spec["miss"];
+    other_ = spec["other"];
+    unflatten_ = py::module_::import("torch.utils._pytree").attr("tree_unflatten");
+  }
+
+  py::object call(const py::tuple& args) {
+    if (!guard_->check(args)) return miss_;
+    for (OptimizerState& o : states_)
+      if (!o.read()) return other_;
+    std::vector<Input> inputs(sources_.size());
+    for (size_t i = 0; i < sources_.size(); ++i)
+      if (!resolve(sources_[i], args, inputs[i])) return other_;
+    std::vector<lz::Tensor> outs;
+    try {
+      outs = step_->run(handover_->views(std::move(inputs)));
+    } catch (...) {
+      handover_->release();
+      throw;
+    }
+    if (!handover_->finish().empty())  // resolve() never hands over a stand-in
+      throw lz::Error("lazyrt.torch: a fast call wrote a stand-in");
+    static lz::metrics::detail::CounterCell& calls = lz::metrics::detail::counter_cell("TorchFastCall");
+    calls.add(1);
+    if (single_) return leaf(leaves_[0], args, outs);
+    py::list leaves(leaves_.size());
+    for (size_t i = 0; i < leaves_.size(); ++i) leaves[i] = leaf(leaves_[i], args, outs);
+    return unflatten_(leaves, spec_);
+  }
+
+ private:
+  struct Source {
+    enum Kind { Arg, Fixed, Grad, State, Lr } kind = Arg;
+    Py_ssize_t index = 0;  // Arg: position; State: the optimizer in states_; Lr: the group
+    at::Tensor tensor;  // Fixed: the tensor; Grad: the parameter
+    py::object object, param, key;  // Fixed: the tensor; State: optimizer, parameter, key; Lr: optimizer
+  };
+  struct Leaf {
+    enum Kind { Const, In, Out } kind = Const;
+    py::object value;
+    size_t index = 0;
+  };
+
+  // An optimizer's state dict this call, by parameter identity (a parameter's hash is a Python
+  // call: torch.Tensor.__hash__).
+  struct OptimizerState {
+    py::object optimizer;
+    std::unordered_map<PyObject*, PyObject*> by_param;
+    bool read() {
+      by_param.clear();
+      py::object state = attr(optimizer, names().state);
+      if (!state || !PyDict_Check(state.ptr())) return false;
+      Py_ssize_t pos = 0;
+      PyObject *k, *v;
+      while (PyDict_Next(state.ptr(), &pos, &k, &v)) by_param[k] = v;  // borrowed: the state dict holds them
+      return true;
+    }
+  };
+
+  // Where an input is this call; false where it is not as the Python path would find it usable
+  // here (a missing gradient or state, a learning rate that is not a Python number).
+  bool resolve(const Source& src, const py::tuple& args, Input& in) const {
+    switch (src.kind) {
+      case Source::Arg:
+        in.tensor = THPVariable_Unpack(PyTuple_GET_ITEM(args.ptr(), src.index));  // the guard checked it
+        return true;
+      case Source::Fixed:
+        in.tensor = src.tensor;
+        return true;
+      case Source::Grad:
+        in.tensor = src.tensor.grad();
+        return in.tensor.defined();
+      case Source::State: {
+        const auto& by_param = states_[static_cast<size_t>(src.index)].by_param;
+        auto it = by_param.find(src.param.ptr());
+        if (it == by_param.end() || !PyDict_Check(it->second)) return false;
+        PyObject* v = PyDict_GetItemWithError(it->second, src.key.ptr());
+        if (!v || !THPVariable_Check(v)) return clear();
+        in.tensor = THPVariable_Unpack(v);
+        return true;
+      }
+      case Source::Lr: {
+        py::object groups = attr(src.object, names().param_groups);
+        if (!groups || !PyList_CheckExact(groups.ptr()) || PyList_GET_SIZE(groups.ptr()) <= src.index) return false;
+        PyObject* g = PyList_GET_ITEM(groups.ptr(), src.index);
+        if (!PyDict_Check(g)) return false;
+        PyObject* lr = PyDict_GetItemWithError(g, names().lr);
+        if (!lr) return clear();
+        if (PyFloat_CheckExact(lr)) {
+          in.number = PyFloat_AS_DOUBLE(lr);
+        } else if (PyLong_CheckExact(lr)) {
+          in.number = PyLong_AsDouble(lr);
+          if (in.number == -1.0 && PyErr_Occurred()) return clear();
+        } else {
+          return false;
+        }
+        in.is_number = true;
+        return true;
+      }
+    }
+    return false;
+  }
+  static bool clear() {
+    PyErr_Clear();
+    return false;
+  }
+  py::object leaf(const Leaf& l, const py::tuple& args, const std::vector<lz::Tensor>& outs) const {
+    switch (l.kind) {
+      case Leaf::Const: return l.value;
+      case Leaf::In: {
+        const Source& src = sources_[l.index];
+        if (src.kind == Source::Arg) return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(args.ptr(), src.index));
+        if (src.kind == Source::Fixed) return src.object;
+        at::Tensor t = src.kind == Source::Grad ? src.tensor.grad() : at::Tensor();
+        if (src.kind == Source::State) {
+          Input in;
+          resolve(src, args, in);
+          t = in.tensor;
+        }
+        return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+      }
+      case Leaf::Out: return py::reinterpret_steal<py::object>(THPVariable_Wrap(torch_view(outs.at(l.index))));
+    }
+    return py::none();
+  }
+
+  py::object guard_object_, handover_object_, step_object_;
+  Guard* guard_;
+  Handover* handover_;
+  lz::python::PyCompiledStep* step_;
+  std::vector<Source> sources_;
+  std::vector<OptimizerState> states_;  // of the optimizers whose state is an input
+  std::vector<Leaf> leaves_;
+  py::object spec_, miss_, other_, unflatten_;
+  bool single_ = false;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_torch_C, m) {
   m.doc() = "lazyrt.torch's use of PyTorch's C++ API";
-  m.def(
-      "bump_versions",
-      [](const py::list& tensors, const std::vector<int64_t>& slots, const std::vector<int64_t>& skip) {
-        size_t next_skip = 0;
-        for (size_t j = 0; j < slots.size(); ++j) {
-          if (next_skip < skip.size() && skip[next_skip] == static_cast<int64_t>(j)) {
-            ++next_skip;
-            continue;
-          }
-          py::handle h = tensors[slots[j]];
-          if (!THPVariable_Check(h.ptr()))
-            throw py::type_error("bump_versions: item " + std::to_string(slots[j]) + " is a " +
-                                 std::string(py::str(py::type::handle_of(h).attr("__name__"))) +
-                                 ", not a torch.Tensor");
-          torch::autograd::impl::bump_version(THPVariable_Unpack(h.ptr()));
-        }
-      },
-      py::arg("tensors"), py::arg("slots"), py::arg("skip"),
-      "Counts one in-place change of tensors[s] for every s in slots, except the positions in "
-      "skip (ascending).");
   py::class_<Guard>(m, "Guard", "The facts of a call's quick key, checked on the next call (see the source).")
       .def(py::init<const py::dict&>(), py::arg("spec"))
       .def("check", &Guard::check, py::arg("args"),
            "Whether a call with these positional arguments has the recorded facts.");
+  py::class_<Handover>(m, "Handover", "A capture's inputs handed to its compiled step (see the source).")
+      .def(py::init<size_t, std::vector<int64_t>, py::object>(), py::arg("inputs"), py::arg("inplace"),
+           py::arg("aliased"))
+      .def("standin", &Handover::standin, py::arg("tensor"), "A tensor never lent (a missing gradient's zeros).")
+      .def("views", [](Handover& h, const py::sequence& inputs) {
+        const std::vector<lz::Tensor>& v = h.views(inputs_from(inputs));
+        py::list out(v.size());
+        for (size_t i = 0; i < v.size(); ++i) out[i] = py::cast(v[i]);
+        return out;
+      }, py::arg("inputs"), "The lazyrt views of this call's inputs (torch tensors and floats).")
+      .def("finish", &Handover::finish,
+           "After the step ran on views(): bump or copy in the written tensors; returns the in-place "
+           "items whose tensor is a stand-in (the caller sets the gradient from the view).")
+      .def("release", &Handover::release, "Drops this call's inputs (a step that failed).");
+  py::class_<FastCall>(m, "FastCall", "A whole call of the common kind, without Python (see the source).")
+      .def(py::init<const py::dict&>(), py::arg("spec"))
+      .def("__call__", &FastCall::call, py::arg("args"),
+           "The call's result, or spec's miss (the guard fails) or other (nothing ran).");
 }

@@ -227,6 +227,7 @@ def test_replays_write_into_the_users_memory_without_a_copy(opt_name):
     eager = standard_step(m_eager, o_eager, loss_fn)
     lazy = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn))
     data = batches("mse", n=10, seed=7)
+    fast = lazyrt.metrics.counter("TorchFastCall")
     close(lazy(*data[0]).item(), eager(*data[0]).item(), "loss 0")
     before = _written_tensors(m_lazy, o_lazy)
     places = {k: t.data_ptr() for k, t in before.items()}
@@ -257,6 +258,90 @@ def test_replays_write_into_the_users_memory_without_a_copy(opt_name):
     for i, (loss, want) in enumerate(kept, 1):
         close(loss.item(), want, f"loss {i}, read after the last call")
     assert lazy.captures == 1 and lazy.traces == 1
+    # The first call captures and the second finds gradients and state that did not exist
+    # before: both take the Python path; every later call runs whole in C++ (FastCall).
+    assert lazyrt.metrics.counter("TorchFastCall") - fast == len(data) - 2
+
+
+def test_a_batch_in_a_parameters_memory_runs_in_eager_on_the_fast_path_too():
+    # After calls of the fast kind, a batch that is a view of a weight's memory (the step
+    # writes that weight while it reads the batch): the call runs in eager, as the Python path
+    # runs it, with eager's values; the next ordinary batch goes back to the fast path.
+    m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.Tanh(), seed=12), OPTIMIZERS["adamw"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    lazy = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn))
+    data = batches("mse", n=8, seed=13)
+    eager_steps, fast = lazyrt.metrics.counter("EagerStep"), lazyrt.metrics.counter("TorchFastCall")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i, (x, y) in enumerate(data):
+            if i == 5:  # rows of the first layer's weight [16, 6]: an [8, 6] batch
+                x_lazy, x_eager = m_lazy[0].weight.detach()[:8], m_eager[0].weight.detach()[:8]
+                close(x_lazy, x_eager, "the weight rows")
+            else:
+                x_lazy = x_eager = x
+            close(lazy(x_lazy, y).item(), eager(x_eager, y).item(), f"loss {i}")
+            same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"step {i}")
+    assert lazyrt.metrics.counter("EagerStep") - eager_steps == 1
+    assert lazyrt.metrics.counter("TorchFastCall") - fast == len(data) - 3
+    assert len([w for w in caught if "share memory" in str(w.message)]) == 1
+
+
+_CHANGES = ("new batch", "same buffers", "lr", "rebind weight", "relaid weight", "load state", "grads to none",
+            "eval and back", "weight decay")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_changes_between_calls_give_eager_values(seed):
+    # Between calls, random changes a training loop makes (new batch tensors or the same
+    # buffers refilled, a new learning rate, a weight rebound to a new tensor or to a
+    # non-contiguous one, the optimizer's state loaded, gradients set to None, eval() and back,
+    # a hyperparameter): each call, fast or not, must leave eager's values and return eager's
+    # loss. Both paths are seen (the counters move).
+    rng = np.random.default_rng(seed)
+    m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.GELU(), seed=20 + seed), OPTIMIZERS["adamw"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    lazy = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn))
+    data = batches("mse", n=14, seed=30 + seed)
+    xb, yb = torch.empty_like(data[0][0]), torch.empty_like(data[0][1])
+    fast = lazyrt.metrics.counter("TorchFastCall")
+    done = []
+    for i, (x, y) in enumerate(data):
+        change = _CHANGES[rng.integers(len(_CHANGES))] if i > 2 else "new batch"
+        done.append(change)
+        args = (x, y)
+        if change == "same buffers":
+            xb.copy_(x)
+            yb.copy_(y)
+            args = (xb, yb)
+        elif change == "lr":
+            lr = float(rng.uniform(1e-4, 1e-2))
+            for o in (o_eager, o_lazy):
+                o.param_groups[0]["lr"] = lr
+        elif change == "rebind weight":
+            for m in (m_eager, m_lazy):
+                m[2].weight.data = m[2].weight.data.clone()
+        elif change == "relaid weight":
+            for m in (m_eager, m_lazy):
+                m[2].weight.data = m[2].weight.data.t().contiguous().t()
+        elif change == "load state":
+            o_lazy.load_state_dict(copy.deepcopy(o_eager.state_dict()))
+        elif change == "grads to none":
+            for o in (o_eager, o_lazy):
+                o.zero_grad(set_to_none=True)
+        elif change == "eval and back":
+            for m in (m_eager, m_lazy):
+                m.eval()
+                m.train()
+        elif change == "weight decay":
+            decay = float(rng.choice([0.0, 1e-2]))
+            for o in (o_eager, o_lazy):
+                o.param_groups[0]["weight_decay"] = decay
+        close(lazy(*args).item(), eager(x, y).item(), f"loss {i} after {done}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"step {i} after {done}")
+    assert lazyrt.metrics.counter("TorchFastCall") - fast > 0, done
 
 
 def test_a_graph_recorded_before_a_step_refuses_backward_as_in_eager():
@@ -1289,7 +1374,7 @@ def test_the_call_guard_passes_only_where_the_quick_key_is_the_same(change):
     compiled(*args)
     compiled(*args)
     compiled(*args)
-    world, _, key, guard = compiled._last
+    world, _, key, guard, _ = compiled._last
     assert guard is not None
     make, same = GUARD_CHANGES[change]
     new_args = make(model, opt, args, rebind)
@@ -1312,7 +1397,7 @@ def test_the_call_guard_sees_the_modes(mode):
     args = (torch.randn(10, 6), torch.randn(10, 4))
     for _ in range(3):
         compiled(*args)
-    world, _, key, guard = compiled._last
+    world, _, key, guard, _ = compiled._last
     ctx = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}.get(mode)
     if ctx is None:
         torch.set_default_dtype(torch.float64)

@@ -1,7 +1,6 @@
 """`lazyrt.torch.compile`: the compiled step — guards, the cache of captures, running a capture
 through ``lazyrt.compile_step`` and writing the results back into the user's torch tensors."""
 
-import bisect
 import functools
 import inspect
 import math
@@ -111,13 +110,10 @@ class _Entry:
                               not any(_item_source(kind, plan) == ("out", k) for kind, _, plan in self._items)}
         self._single_result = len(self.result) == 1 and torch.utils._pytree.tree_unflatten(
             [None], self.result_spec) is None
-        # Per input (slots, then the graph's constants): the torch tensor last handed over, its
-        # address, its lazyrt view, and whether that view is lent for writing.
-        n = len(c.slots) + len(self.lowered.constants)
-        self._held, self._ptrs, self._views, self._lent = [None] * n, [0] * n, [None] * n, [False] * n
-        self._expect = None  # per in-place item, the address its view must still hold after a call
-        self._written_spans, self._written_starts = [], []  # written slots' memory, sorted: (start, stop, slot)
-        self._wanted = frozenset(self._inplace_slots)
+        # The hand-over of the inputs to the compiled step (views kept from call to call, memory
+        # lent to the step's in-place updates, version counters bumped after it).
+        self._handover = _torch_C.Handover(len(c.slots) + len(self.lowered.constants), self._inplace_slots,
+                                           _AliasedMemory)
         self._zeros = {}
 
         self.exact_grads = c.exact_grads
@@ -170,6 +166,47 @@ class _Entry:
     @property
     def traces(self):
         return self.lowered.traces if self._packed is None else self._packed.traces
+
+    def fast_call(self, world, guard):
+        """A _torch_C.FastCall of this capture in `world` (whose facts `guard` checks): calls where
+        nothing is copied back after the step and every result is a constant, an input or a
+        result of its own; None for other captures, which take the Python path every call."""
+        if guard is None or self._packed is None or self._items or self._in_sources:
+            return None
+        leaves = []
+        for r in self.result:
+            if r[0] == "C":
+                leaves.append(("C", r[1]))
+            elif r[1][0] == "in":
+                s = r[1][1]
+                if s < len(self._slot_refs) and self._slot_refs[s][0] == "lr":
+                    return None  # returned as a new tensor every call
+                leaves.append(("in", s))
+            elif r[1][0] == "out" and r[1][1] in self._result_roots:
+                leaves.append(("out", self._direct.index(r[1][1])))
+            else:
+                return None
+        inputs = []
+        for kind, ref in self._slot_refs:
+            if kind == "arg":
+                inputs.append(("arg", ref))
+            elif kind == "param":
+                inputs.append(("tensor", world.params[ref]))
+            elif kind == "buffer":
+                inputs.append(("tensor", world.buffers[ref]))
+            elif kind == "grad":
+                inputs.append(("grad", world.params[ref]))
+            elif kind == "state":
+                oi, i, k = ref
+                inputs.append(("state", world.optimizers[oi], world.params[i], k))
+            else:
+                oi, gi = ref
+                inputs.append(("lr", world.optimizers[oi], gi))
+        inputs += [("tensor", t) for t in self.lowered.constants]
+        return _torch_C.FastCall({
+            "guard": guard, "handover": self._handover, "step": self._packed, "inputs": inputs,
+            "results": leaves, "spec": self.result_spec, "single": self._single_result,
+            "miss": _MISS, "other": _OTHER})
 
     def _plan_writes(self, placeholders, roots):
         """The write-backs as one list of (kind, key, plan): 'w' (slot, source), 'g' (param
@@ -281,6 +318,7 @@ class _Entry:
                     if t is None:
                         p = world.params[ref]
                         t = self._zeros[s] = torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
+                        self._handover.standin(t)
             elif kind == "state":
                 oi, i, k = ref
                 t = world.state_of(oi, i)[k]
@@ -290,113 +328,22 @@ class _Entry:
             inputs.append(t)
         return inputs + self.lowered.constants
 
-    def _lazy_inputs(self, inputs):
-        """lazyrt tensors viewing the inputs' memory. A slot's view is kept from call to call
-        while the slot holds the same tensor at the same address, contiguous: its memory, hence
-        its values, are then those the view reads (shapes and dtypes are guarded by the
-        signature, and the view keeps that memory alive, so no other tensor can take its
-        address). Learning rates: a 0-d float64 tensor per value.
-
-        The memory of each slot the compiled step updates in place is lent for writing, so that
-        its new value lands in the torch tensor itself, where that is safe: a contiguous CPU
-        tensor of the caller's (not a stand-in for a missing gradient) whose memory no other
-        input overlaps (the step reads those while it writes). Other views only read their
-        tensor's memory, or a contiguous copy of it."""
-        held, ptrs, views = self._held, self._ptrs, self._views
-        lazy = []
-        for s, t in enumerate(inputs):
-            if t.__class__ is float:
-                lazy.append(self._number(s, t))
-            elif t is held[s] and t.data_ptr() == ptrs[s] and t.is_contiguous():
-                lazy.append(views[s])
-            else:
-                lazy.append(self._view(s, t, inputs))
-        if self._expect is None:
-            self._lent_changed(inputs)
-        return lazy
-
-    def _number(self, s, t):
-        """The view of a learning rate: a 0-d float64 tensor, made anew when the value changes."""
-        held, views = self._held, self._views
-        v = views[s]
-        if v is None or held[s] != t or (t == 0.0 and math.copysign(1.0, t) != math.copysign(1.0, held[s])):
-            v = views[s] = lazyrt.from_torch(torch.tensor(t, dtype=torch.float64))
-            held[s] = t
-        return v
-
-    def _view(self, s, t, inputs):
-        """A new view for slot s, lent or not (see _lazy_inputs), kept for the next calls when t
-        is a contiguous CPU tensor. Raises _AliasedMemory when t's memory overlaps another
-        input's and one of the two is written by the step: the capture treats its inputs as
-        separate values, which they are not then."""
-        held, ptrs, views, lent = self._held, self._ptrs, self._views, self._lent
-        contiguous = t.device.type == "cpu" and t.is_contiguous()
-        span = _span(t) if contiguous else _storage_span(t)
-        written = s in self._wanted
-        if span[0] < span[1] and (self._overlaps_any(span, s, inputs) if written else self._written_overlapping(span, s)):
-            raise _AliasedMemory(s)
-        if not contiguous:
-            held[s] = views[s] = None
-            if lent[s] or written:
-                lent[s] = False
-                self._expect = None
-            return lazyrt.from_torch(t)  # a contiguous copy
-        lend = written and t.dtype in _PACKABLE and span[0] < span[1] and \
-            not any(z is t for z in self._zeros.values())
-        if written:
-            self._expect = None
-        v = lazyrt.from_torch(t, _lend=lend)
-        held[s], ptrs[s], views[s], lent[s] = t, t.data_ptr(), v, lend
-        return v
-
-    def _overlaps_any(self, span, s, inputs):
-        for r, t in enumerate(inputs):
-            if r != s and t.__class__ is not float:
-                other = _span(t) if t.device.type == "cpu" and t.is_contiguous() else _storage_span(t)
-                if other[0] < span[1] and span[0] < other[1]:
-                    return True
-        return False
-
-    def _written_overlapping(self, span, s):
-        """Whether the memory of a written slot other than s, as last handed over, overlaps
-        span. Written slots' spans are disjoint (else the call ran eagerly) and sorted: only the
-        last one starting before span's end can overlap."""
-        starts, spans = self._written_starts, self._written_spans
-        i = bisect.bisect_left(starts, span[1]) - 1
-        while i >= 0 and spans[i][2] == s:
-            i -= 1
-        return i >= 0 and spans[i][1] > span[0]
-
-    def _lent_changed(self, inputs):
-        """Rebuilds, after a written slot got a new view: the sorted spans of the written slots'
-        memory, and per in-place item the address its view must still hold after a call (0
-        where not lent: the new value is then copied after the call)."""
-        spans = []
-        for s in self._wanted:
-            t = inputs[s]
-            if t.device.type == "cpu" and t.is_contiguous():
-                spans.append(_span(t) + (s,))
-            else:
-                spans.append(_storage_span(t) + (s,))
-        spans.sort()
-        self._written_spans = spans
-        self._written_starts = [sp[0] for sp in spans]
-        self._expect = [self._ptrs[s] if self._lent[s] else 0 for s in self._inplace_slots]
-
     def _run(self, world):
         inputs = self._torch_inputs(world)
-        lazy = self._lazy_inputs(inputs)
+        lazy = self._handover.views(inputs)
         params = world.params
-
-        # Sources that are inputs are read before anything is written (the compiled step
-        # writes some inputs in place).
-        snapshots = {}
-        for src in self._in_sources:
-            s = src[1]
-            if s not in snapshots:
-                snapshots[s] = _as_tensor(inputs[s]).detach().clone()
-
-        direct, flat = self._outputs(lazy)
+        try:
+            # Sources that are inputs are read before anything is written (the compiled step
+            # writes some inputs in place).
+            snapshots = {}
+            for src in self._in_sources:
+                s = src[1]
+                if s not in snapshots:
+                    snapshots[s] = _as_tensor(inputs[s]).detach().clone()
+            direct, flat = self._outputs(lazy)
+        except BaseException:
+            self._handover.release()
+            raise
         where = self._where
 
         def value(src):
@@ -406,36 +353,25 @@ class _Entry:
             f = flat[k]
             return lazyrt.to_torch(direct[k]) if f is None else f.view(where[k][2])
 
+        # Written in place: the new values are in the torch tensors' memory (the hand-over
+        # bumps their version counters), or copied in where they could not land there.
+        for j in self._handover.finish():  # a missing gradient, written into a stand-in's view
+            (kind, key, _), s, _ = self._inplace[j]
+            assert kind == "g", kind
+            params[key].grad = lazyrt.to_torch(lazy[s]).clone()
         late = self._items
-        with _no_grad_if(late or self._inplace):
-            if self._inplace:
-                # Written in place: the slot's view still holds the lent memory. Else (not lent,
-                # or the replay could not write into it) the new value is in the view: copied
-                # after the call like any write-back, and the view is made anew next call.
-                moved = _C._lent_moved(lazy, self._inplace_slots, self._expect)
-                _torch_C.bump_versions(inputs, self._inplace_slots, moved)
-                if moved:
-                    late = list(late)
-                    for j in moved:
-                        item, s, _ = self._inplace[j]
-                        new = lazyrt.to_torch(lazy[s])
-                        self._held[s] = self._views[s] = None
-                        self._expect = None
-                        kind, key, plan = item
-                        late.append(("w", key, ("value", new)) if kind == "w" else
-                                    ("g", key, ("own", ("value", new))) if kind == "g" else
-                                    ("s", key, (plan[0], ("own", ("value", new)))))
+        with _no_grad_if(late):
             for kind, key, plan in late:
                 if kind == "w":
-                    inputs[key].copy_(_value(value, plan))
+                    inputs[key].copy_(value(plan))
                 elif kind == "g":
                     p = params[key]
                     if plan[0] == "none":
                         p.grad = None
                     elif plan[0] == "own" and p.grad is not None:
-                        p.grad.copy_(_value(value, plan[1]))
+                        p.grad.copy_(value(plan[1]))
                     else:
-                        p.grad = _value(value, plan[1]).clone()
+                        p.grad = value(plan[1]).clone()
                 else:
                     oi, i = key
                     state = world.optimizers[oi].state[params[i]]
@@ -443,9 +379,9 @@ class _Entry:
                     if how[0] == "C":
                         state[k] = how[1]
                     elif how[0] == "own" and isinstance(state.get(k), torch.Tensor):
-                        state[k].copy_(_value(value, how[1]))
+                        state[k].copy_(value(how[1]))
                     else:
-                        state[k] = _value(value, how[1]).clone()
+                        state[k] = value(how[1]).clone()
 
         # A returned value is a torch view of the lazyrt buffer the replay wrote it into: the
         # view holds that buffer, so lazyrt never writes into it again (the next call's result
@@ -481,20 +417,8 @@ def _no_grad_if(needed):
     return torch.no_grad() if needed else _NO_CONTEXT
 
 
-def _span(t):
-    """The bytes a contiguous CPU tensor occupies: (first, one past the last)."""
-    start = t.data_ptr()
-    return (start, start + t.numel() * t.element_size())
-
-
-def _storage_span(t):
-    """The bytes of a tensor's whole storage (for tensors that are not contiguous: a bound on
-    what they occupy)."""
-    if t.device.type != "cpu":
-        return (0, 0)
-    storage = t.storage()
-    start = storage.data_ptr()
-    return (start, start + storage.nbytes())
+# What a FastCall returns where the guard fails (_MISS) or the call is not of its kind (_OTHER).
+_MISS, _OTHER = object(), object()
 
 
 class _AliasedMemory(Exception):
@@ -508,12 +432,6 @@ def _item_source(kind, plan):
         return plan
     how = plan if kind == "g" else plan[1]
     return how[1] if how[0] in ("own", "new") else None
-
-
-def _value(value, src):
-    """A write-back's new value: from the call's outputs or inputs, or given (a value an in-place
-    write could not land in place)."""
-    return src[1] if src[0] == "value" else value(src)
 
 
 @functools.lru_cache(maxsize=256)
@@ -626,7 +544,7 @@ class CompiledFunction:
         self._modules = _as_list(model)
         self._optimizers = _as_list(optimizer)
         self._entries = {}
-        self._last = None  # (world, entry, quick key, guard) of the last call that had a quick key
+        self._last = None  # (world, entry, quick key, guard, fast call) of the last call that had a quick key
         self.captures = 0
         self._warned_aliasing = False
         functools.update_wrapper(self, fn, updated=())
@@ -657,9 +575,18 @@ class CompiledFunction:
         if last is not None and not kwargs:
             # Same modules, optimizers, structure, shapes, dtypes, flags, hyperparameters, state
             # layout and modes as the last call: its signature and its entry (see quick_key;
-            # the guard checks the same facts in C++, the function's reach included).
-            world, entry, key, guard = last
-            if guard is not None:
+            # the guard checks the same facts in C++, the function's reach included). The fast
+            # call checks the guard and runs the whole call in C++ where it can.
+            world, entry, key, guard, fast = last
+            if fast is not None:
+                try:
+                    r = fast(args)
+                except _AliasedMemory as e:
+                    return self._eager(world, entry, e, args, kwargs)
+                if r is not _MISS and r is not _OTHER:
+                    return r
+                same = r is _OTHER
+            elif guard is not None:
                 same = guard.check(args)
             else:
                 modules, optimizers = self._found()
@@ -687,13 +614,16 @@ class CompiledFunction:
         key = None if kwargs else quick_key(world, modules, optimizers, args)
         guard = None if key is None else _guard(self.fn, world, modules, optimizers, args)
         try:
-            return entry.run(world)
+            result = entry.run(world)
         except _AliasedMemory as e:
             return self._eager(world, entry, e, args, kwargs)
         finally:
             if key is not None:
                 world.args_leaves = None
-                self._last = (world, entry, key, guard)
+                self._last = (world, entry, key, guard, None)
+        if key is not None:
+            self._last = (world, entry, key, guard, entry.fast_call(world, guard))
+        return result
 
     def _eager(self, world, entry, aliased, args, kwargs):
         """Runs the step in PyTorch eager: its inputs share memory in a way the capture cannot
