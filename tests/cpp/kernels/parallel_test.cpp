@@ -90,4 +90,43 @@ TEST(Parallel, RandomDrawsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(one, many);
 }
 
+// Pooling splits its planes across threads: every value, index and gradient must be the one
+// the single-threaded kernel gives (ties and NaNs included, where the window order decides).
+TEST(Parallel, PoolingDoesNotDependOnTheThreadCount) {
+  const Shape shape{6, 40, 19, 21};  // 240 planes: several chunks for 3x3 and 2x2 windows
+  std::vector<float> x(static_cast<size_t>(shape_numel(shape)));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 31) - 15;  // many ties
+  for (size_t i = 0; i < x.size(); i += 997) x[i] = std::nanf("");
+  auto run = [&](int threads) {
+    kernels::set_num_threads(threads);
+    std::vector<std::vector<float>> f;
+    std::vector<int64_t> places;
+    Tensor t = tensor(x, shape);
+    t.requires_grad_();
+    auto [mx, idx] = max_pool2d_with_indices(t, {3, 3}, {2, 2}, {1, 1}, {1, 1}, true);
+    Tensor av = avg_pool2d(t, {3, 2}, {2, 1}, {1, 1}, true, false);
+    Tensor weights = tensor(std::vector<float>(static_cast<size_t>(shape_numel(mx.shape())), 0.5f), mx.shape());
+    ((mx * weights).sum() + av.sum()).backward();
+    f.push_back(mx.to_vector<float>());
+    f.push_back(av.to_vector<float>());
+    f.push_back(max_pool2d(t, {2, 2}).to_vector<float>());
+    f.push_back(t.grad().to_vector<float>());
+    places = idx.to_vector<int64_t>();
+    return std::make_pair(f, places);
+  };
+  const int before = kernels::num_threads();
+  auto one = run(1);
+  auto many = run(std::max(2, before));
+  kernels::set_num_threads(before);
+  ASSERT_EQ(one.second, many.second);
+  ASSERT_EQ(one.first.size(), many.first.size());
+  for (size_t k = 0; k < one.first.size(); ++k) {
+    ASSERT_EQ(one.first[k].size(), many.first[k].size()) << k;
+    for (size_t i = 0; i < one.first[k].size(); ++i) {
+      const float a = one.first[k][i], b = many.first[k][i];
+      ASSERT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << "result " << k << " at " << i << ": " << a << " vs " << b;
+    }
+  }
+}
+
 }  // namespace lazyrt

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
+#include "backend/cpu/kernels/parallel.h"
 
 namespace lazyrt::kernels {
 namespace {
@@ -82,69 +83,88 @@ int64_t argmax(const T* plane, const PoolGeom& g, int64_t oh, int64_t ow) {
   return best;
 }
 
+// fn(first plane, end plane) over the planes, split across threads where there is enough work
+// (planes are independent).
+template <class F>
+void for_planes(const PoolGeom& g, const F& fn) {
+  const int64_t work = std::max<int64_t>(1, g.OH * g.OW * g.kh * g.kw);
+  parallel_for(g.planes, std::max<int64_t>(1, kParallelGrain / work), fn);
+}
+
 template <class T>
 void max_pool(const PoolGeom& g, const T* x, T* out) {
-  for (int64_t p = 0; p < g.planes; ++p) {
-    const T* plane = x + p * g.H * g.W;
-    for (int64_t oh = 0; oh < g.OH; ++oh)
-      for (int64_t ow = 0; ow < g.OW; ++ow) *out++ = plane[argmax(plane, g, oh, ow)];
-  }
+  for_planes(g, [&](int64_t p0, int64_t p1) {
+    T* o = out + p0 * g.OH * g.OW;
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* plane = x + p * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh)
+        for (int64_t ow = 0; ow < g.OW; ++ow) *o++ = plane[argmax(plane, g, oh, ow)];
+    }
+  });
 }
 
 template <class T>
 void max_pool_backward(const PoolGeom& g, const T* gout, const T* x, T* dx) {
   using C = compute_t<T>;
-  std::fill(dx, dx + g.planes * g.H * g.W, convert<T>(0));
-  for (int64_t p = 0; p < g.planes; ++p) {
-    const T* plane = x + p * g.H * g.W;
-    T* dplane = dx + p * g.H * g.W;
-    for (int64_t oh = 0; oh < g.OH; ++oh) {
-      for (int64_t ow = 0; ow < g.OW; ++ow) {
-        T& d = dplane[argmax(plane, g, oh, ow)];
-        d = convert<T>(static_cast<C>(convert<C>(d) + convert<C>(*gout++)));
+  for_planes(g, [&](int64_t p0, int64_t p1) {
+    std::fill(dx + p0 * g.H * g.W, dx + p1 * g.H * g.W, convert<T>(0));
+    const T* go = gout + p0 * g.OH * g.OW;
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* plane = x + p * g.H * g.W;
+      T* dplane = dx + p * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          T& d = dplane[argmax(plane, g, oh, ow)];
+          d = convert<T>(static_cast<C>(convert<C>(d) + convert<C>(*go++)));
+        }
       }
     }
-  }
+  });
 }
 
 template <class T>
 void avg_pool(const PoolGeom& g, const T* x, T* out) {
   using C = compute_t<T>;
-  for (int64_t p = 0; p < g.planes; ++p) {
-    const T* plane = x + p * g.H * g.W;
-    for (int64_t oh = 0; oh < g.OH; ++oh) {
-      for (int64_t ow = 0; ow < g.OW; ++ow) {
-        int64_t h0, h1, w0, w1;
-        const int64_t divide = g.avg_window(oh, ow, &h0, &h1, &w0, &w1);
-        C sum = 0;
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t w = w0; w < w1; ++w) sum = static_cast<C>(sum + convert<C>(plane[h * g.W + w]));
-        *out++ = h0 < h1 && w0 < w1 ? convert<T>(static_cast<C>(sum / static_cast<C>(divide)))
-                                    : convert<T>(0);
+  for_planes(g, [&](int64_t p0, int64_t p1) {
+    T* o = out + p0 * g.OH * g.OW;
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* plane = x + p * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          int64_t h0, h1, w0, w1;
+          const int64_t divide = g.avg_window(oh, ow, &h0, &h1, &w0, &w1);
+          C sum = 0;
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) sum = static_cast<C>(sum + convert<C>(plane[h * g.W + w]));
+          *o++ = h0 < h1 && w0 < w1 ? convert<T>(static_cast<C>(sum / static_cast<C>(divide))) : convert<T>(0);
+        }
       }
     }
-  }
+  });
 }
 
 template <class T>
 void avg_pool_backward(const PoolGeom& g, const T* gout, T* dx) {
   using C = compute_t<T>;
-  std::fill(dx, dx + g.planes * g.H * g.W, convert<T>(0));
-  for (int64_t p = 0; p < g.planes; ++p) {
-    T* dplane = dx + p * g.H * g.W;
-    for (int64_t oh = 0; oh < g.OH; ++oh) {
-      for (int64_t ow = 0; ow < g.OW; ++ow) {
-        int64_t h0, h1, w0, w1;
-        const int64_t divide = g.avg_window(oh, ow, &h0, &h1, &w0, &w1);
-        const C delta = static_cast<C>(convert<C>(*gout++) / static_cast<C>(divide));
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t w = w0; w < w1; ++w) {
-            T& d = dplane[h * g.W + w];
-            d = convert<T>(static_cast<C>(convert<C>(d) + delta));
-          }
+  for_planes(g, [&](int64_t p0, int64_t p1) {
+    std::fill(dx + p0 * g.H * g.W, dx + p1 * g.H * g.W, convert<T>(0));
+    const T* go = gout + p0 * g.OH * g.OW;
+    for (int64_t p = p0; p < p1; ++p) {
+      T* dplane = dx + p * g.H * g.W;
+      for (int64_t oh = 0; oh < g.OH; ++oh) {
+        for (int64_t ow = 0; ow < g.OW; ++ow) {
+          int64_t h0, h1, w0, w1;
+          const int64_t divide = g.avg_window(oh, ow, &h0, &h1, &w0, &w1);
+          const C delta = static_cast<C>(convert<C>(*go++) / static_cast<C>(divide));
+          for (int64_t h = h0; h < h1; ++h)
+            for (int64_t w = w0; w < w1; ++w) {
+              T& d = dplane[h * g.W + w];
+              d = convert<T>(static_cast<C>(convert<C>(d) + delta));
+            }
+        }
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -202,12 +222,15 @@ Kernel make_MaxPool2dIndices(const KernelSpec& s) {
     using T = decltype(tag);
     return {[g](const void* const* in, void* const* out) {
       const T* x = static_cast<const T*>(in[0]);
-      int64_t* o = static_cast<int64_t*>(out[0]);
-      for (int64_t p = 0; p < g.planes; ++p) {
-        const T* plane = x + p * g.H * g.W;
-        for (int64_t oh = 0; oh < g.OH; ++oh)
-          for (int64_t ow = 0; ow < g.OW; ++ow) *o++ = argmax(plane, g, oh, ow);
-      }
+      int64_t* indices = static_cast<int64_t*>(out[0]);
+      for_planes(g, [&](int64_t p0, int64_t p1) {
+        int64_t* o = indices + p0 * g.OH * g.OW;
+        for (int64_t p = p0; p < p1; ++p) {
+          const T* plane = x + p * g.H * g.W;
+          for (int64_t oh = 0; oh < g.OH; ++oh)
+            for (int64_t ow = 0; ow < g.OW; ++ow) *o++ = argmax(plane, g, oh, ow);
+        }
+      });
     }};
   });
 }
