@@ -5,6 +5,7 @@
 #include "lazyrt/backend.h"
 #include "lazyrt/cache.h"
 #include "lazyrt/debug.h"
+#include "lazyrt/distributed.h"
 #include "lazyrt/loops.h"
 #include "lazyrt/random.h"
 #include "lazyrt/replay.h"

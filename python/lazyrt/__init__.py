@@ -25,7 +25,7 @@ globals().update(_FACTORIES)  # zeros, ones, ... taking PyTorch's device= as wel
 from lazyrt._autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401
 from lazyrt._replay import GraphInputMatcher  # noqa: F401
 from lazyrt._loops import while_loop, fori_loop, scan, scan_layers  # noqa: F401  (pytrees over _C's loops)
-from lazyrt import nn, optim, metrics, cache, debug  # noqa: F401
+from lazyrt import nn, optim, metrics, cache, debug, distributed  # noqa: F401
 
 __version__ = "0.1.0"
 from lazyrt._extra import *  # noqa: F401,F403,E402  (torch functions written in Python)

@@ -104,6 +104,7 @@ void bind_replay(py::module_& m);
 void bind_nn(py::module_& m);
 void bind_optim(py::module_& m);
 void bind_metrics_cache(py::module_& m);
+void bind_distributed(py::module_& m);
 
 }  // namespace lazyrt::python
 

@@ -19,4 +19,5 @@ PYBIND11_MODULE(_C, m) {
   bind_nn(m);
   bind_optim(m);
   bind_metrics_cache(m);
+  bind_distributed(m);
 }

@@ -442,6 +442,12 @@ constexpr GradRule grad_Iota = nullptr;
 constexpr GradRule grad_Check = nullptr;  // checks detached values (bernoulli's probabilities)
 constexpr GradRule grad_ArgMax = nullptr;  // integer results
 constexpr GradRule grad_ArgMin = nullptr;
+// Collectives are not differentiated: gradients are reduced across ranks after backward
+// (distributed::reduce_gradients), as PyTorch/XLA does.
+constexpr GradRule grad_AllReduce = nullptr;
+constexpr GradRule grad_AllGather = nullptr;
+constexpr GradRule grad_ReduceScatter = nullptr;
+constexpr GradRule grad_Broadcast = nullptr;
 
 constexpr std::array<GradRule, ir::kNumOps> kRules = {
 #define OP(Enum, name, operands, rule, flags, attrs) grad_##Enum,

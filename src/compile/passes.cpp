@@ -68,7 +68,9 @@ Graph common_subexpression_elimination(const Graph& g) {
   std::map<std::pair<uint64_t, uint64_t>, std::vector<int32_t>> seen;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
-    if (n.op == OpKind::Parameter || !n.regions.empty()) {
+    // A collective is a communication every rank takes part in, once per node: never merged
+    // (two take different tokens anyway).
+    if (n.op == OpKind::Parameter || !n.regions.empty() || ir::has_flag(n.op, ir::kCollective)) {
       rw.copy(static_cast<int32_t>(i));
       continue;
     }

@@ -369,6 +369,39 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       }
       return out;
     }
+    case ResultRule::Collective: {
+      const TensorType token{DType::b8, Shape{}};
+      LAZYRT_CHECK(ops[1] == token, name, ": operand 1 must be the ordering token, a b8 scalar, got ",
+                   type_str(ops[1]));
+      const int64_t world = at.i<"world">();
+      LAZYRT_CHECK(world >= 1, name, ": the group's size must be at least 1, got ", world);
+      LAZYRT_CHECK(at.i<"group">() >= 0, name, ": bad group id ", at.i<"group">());
+      TensorType out = ops[0];
+      if (op == OpKind::AllReduce || op == OpKind::ReduceScatter) {
+        const std::string_view reduce = reduce_op_name(at.i<"reduce">());
+        LAZYRT_CHECK(ops[0].dtype != DType::b8, name, ": does not take b8 tensors, got ", type_str(ops[0]));
+        if (static_cast<ReduceOp>(at.i<"reduce">()) == ReduceOp::Mean)
+          LAZYRT_CHECK(is_floating(ops[0].dtype), name, ": op=\"", reduce,
+                       "\" expects a floating tensor (f32, f64, bf16, f16), got ", type_str(ops[0]));
+      }
+      if (op == OpKind::AllGather || op == OpKind::ReduceScatter) {
+        LAZYRT_CHECK(!ops[0].shape.empty(), name, ": works along dim 0 and takes a tensor of rank >= 1, got ",
+                     type_str(ops[0]));
+        if (op == OpKind::AllGather) {
+          LAZYRT_CHECK(ops[0].shape[0] <= std::numeric_limits<int64_t>::max() / world, name, ": ",
+                       type_str(ops[0]), " gathered from ", world, " ranks is too large");
+          out.shape[0] = ops[0].shape[0] * world;
+        } else {
+          LAZYRT_CHECK(ops[0].shape[0] % world == 0, name, ": dim 0 of ", type_str(ops[0]),
+                       " must divide into the group's ", world, " ranks");
+          out.shape[0] = ops[0].shape[0] / world;
+        }
+      }
+      if (op == OpKind::Broadcast)
+        LAZYRT_CHECK(at.i<"src">() >= 0 && at.i<"src">() < world, name, ": src ", at.i<"src">(),
+                     " is not a rank of a group of size ", world);
+      return {out, token};
+    }
   }
   LAZYRT_ASSERT(false, "unhandled result rule for ", name);
 }

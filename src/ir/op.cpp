@@ -61,6 +61,17 @@ std::string_view check_message(int64_t what) {
   throw Error(detail::str_cat("check: unknown check kind ", what));
 }
 
+std::string_view reduce_op_name(int64_t op) {
+  switch (static_cast<ReduceOp>(op)) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Mean: return "mean";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+    case ReduceOp::kCount: break;
+  }
+  throw Error(detail::str_cat("collective: unknown reduction ", op, " (expected sum, mean, max or min)"));
+}
+
 bool may_fail(const Node& n) {
   if (has_flag(n.op, kChecked)) return true;
   for (const auto& region : n.regions)

@@ -27,6 +27,7 @@ enum OpFlags : uint32_t {
   kCommutative = 1u << 1,
   kInPlace = 1u << 2,
   kChecked = 1u << 3,
+  kCollective = 1u << 4,
 };
 
 /// Each row's flags, for checks at compile time (has_flag() reads the same values).
@@ -88,6 +89,8 @@ enum class ResultRule : uint8_t {
   Iota,            // the shape (one dim) and dtype attributes
   Gemm,            // [.., n, k] (or [.., k, n] transposed) x [.., k, m] (or [.., m, k]) -> [.., n, m]
   Fusion,          // one result per dtype attribute, of the shape attribute; operands broadcast to it
+  Collective,      // the tensor's type (all_gather: dim 0 times world; reduce_scatter: divided
+                   // by it), then the b8 scalar token; operand 1 such a token
 };
 
 enum class AttrKind : uint8_t { Int, Float, Bool, DType, Ints };
@@ -113,6 +116,11 @@ enum class CheckKind : int32_t {
   IndexInBounds,         // every (wrapped) index of x[idx] is in [0, size) of the dim it indexes
   kCount,
 };
+/// The reduction of all_reduce and reduce_scatter (their `reduce` attribute).
+enum class ReduceOp : int32_t { Sum, Mean, Max, Min, kCount };
+/// "sum", "mean", "max", "min"; throws lazyrt::Error for a value that is not a ReduceOp.
+std::string_view reduce_op_name(int64_t op);
+
 /// The message of a failed check of this kind; throws lazyrt::Error for a value that is not one.
 std::string_view check_message(int64_t what);
 

@@ -13,6 +13,7 @@ from conftest import REPO
 NAMESPACES = {
     "tensor.h": lr, "random.h": lr, "backend.h": lr, "loops.h": lr, "replay.h": lr, "types.h": lr,
     "nn.h": lr.nn.functional, "metrics.h": lr.metrics, "cache.h": lr.cache, "debug.h": lr.debug,
+    "distributed.h": lr.distributed,
 }
 # Functions whose Python form has another shape, and why.
 PYTHON_FORM = {

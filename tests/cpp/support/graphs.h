@@ -176,6 +176,15 @@ inline ir::Graph every_op_graph() {
   const ir::ValueRef f = add_scale_shift_fusion(g, a, g.add_parameter(f32({3})));
   outs.push_back(f);
   outs.push_back({f.node, 1});
+  // Collectives over a group of 2, chained by their tokens.
+  const ir::ValueRef token = g.add_full(0, {}, DType::b8);
+  const ir::ValueRef reduced = g.add(OpKind::AllReduce, {a, token}, {int64_t{1}, int64_t{2}, int64_t{0}});
+  const ir::ValueRef gathered = g.add(OpKind::AllGather, {reduced, {reduced.node, 1}}, {int64_t{2}, int64_t{0}});
+  const ir::ValueRef scattered =
+      g.add(OpKind::ReduceScatter, {gathered, {gathered.node, 1}}, {int64_t{2}, int64_t{2}, int64_t{0}});
+  const ir::ValueRef broadcast = g.add(OpKind::Broadcast, {scattered, {scattered.node, 1}}, {int64_t{1}, int64_t{2}, int64_t{0}});
+  for (ir::ValueRef v : {reduced, gathered, scattered, broadcast}) outs.push_back(v);
+  outs.push_back({broadcast.node, 1});
   g.outputs = outs;
   return g;
 }

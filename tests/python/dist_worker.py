@@ -1,0 +1,165 @@
+"""One process of a test of lazyrt.distributed (tests/python/test_distributed.py starts several).
+
+    dist_worker.py SCENARIO OUT_DIR
+
+reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as the launcher sets them, runs the scenario
+and writes what it saw to OUT_DIR/rank<r>.npz (arrays) and OUT_DIR/rank<r>.json (facts); the
+test compares them with closed-form results.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import lazyrt as lr
+import lazyrt.distributed as dist
+
+SCENARIO, OUT = sys.argv[1], sys.argv[2]
+TIMEOUT = float(os.environ.get("DIST_TEST_TIMEOUT", "20"))
+
+
+def contribution(rank, shape, dtype=np.float32):
+    """Rank r's tensor: known values, distinct per rank and element."""
+    n = int(np.prod(shape))
+    return ((np.arange(n) % 7 - 3) * (rank + 1) + 0.25 * rank).reshape(shape).astype(dtype)
+
+
+def save(rank, arrays, facts):
+    np.savez(os.path.join(OUT, f"rank{rank}.npz"), **arrays)
+    with open(os.path.join(OUT, f"rank{rank}.json"), "w") as f:
+        json.dump(facts, f)
+
+
+def collectives():
+    t0 = time.perf_counter()
+    dist.init_process_group(timeout=TIMEOUT)
+    join_ms = (time.perf_counter() - t0) * 1e3
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out, facts = {}, {"rank": rank, "world": world, "local_rank": dist.get_local_rank(), "join_ms": join_ms}
+    x = lr.tensor(contribution(rank, (4 * world, 3)))
+    for op in ("sum", "mean", "max", "min"):
+        out[f"all_reduce_{op}"] = dist.all_reduce(x, op=op)
+        out[f"reduce_scatter_{op}"] = dist.reduce_scatter(x, op=op)
+    out["all_gather"] = dist.all_gather(x)
+    out["broadcast"] = dist.broadcast(x, src=world - 1)
+    xi = lr.tensor(contribution(rank, (5,), np.int64))
+    out["all_reduce_sum_i64"] = dist.all_reduce(xi)
+    # 16-bit floats reduce in f32 and round once per addition; these sums are exact in bf16.
+    out["all_reduce_sum_bf16"] = dist.all_reduce(lr.tensor(contribution(rank, (6,))).to(lr.bfloat16)).float()
+    out["all_reduce_max_f64"] = dist.all_reduce(lr.tensor(contribution(rank, (2, 2), np.float64)), op="max")
+    # A pending input: the collective joins the graph that computes it.
+    out["all_reduce_pending"] = dist.all_reduce(x * 2 + 1)
+    facts["graph_hash"] = str(lr.graph_hash(list(out.values())))
+    lr.mark_step()
+    before = lr.metrics.counter("UncachedCompile")
+    # The same program again: one graph, found in the cache.
+    again = dist.all_reduce(x * 2 + 1)
+    facts["again_equal"] = bool(np.array_equal(again.numpy(), out["all_reduce_pending"].numpy()))
+    facts["token_chain_compiles"] = lr.metrics.counter("UncachedCompile") - before
+    try:
+        dist.reduce_scatter(lr.zeros(4 * world + 1, 3))
+        facts["rs_error"] = None
+    except lr.Error as e:
+        facts["rs_error"] = str(e)
+    dist.barrier()
+    arrays = {k: v.numpy() for k, v in out.items()}
+    dist.destroy_process_group()
+    save(rank, arrays, facts)
+
+
+def dead_peer():
+    dist.init_process_group(timeout=TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == world - 1:
+        time.sleep(float(os.environ.get("DIST_TEST_DIE_AFTER", "0")))
+        os._exit(7)  # dies without a word
+    x = lr.tensor(contribution(rank, (1000 * world,)))
+    op = getattr(dist, os.environ.get("DIST_TEST_OP", "all_reduce"))
+    t0 = time.perf_counter()
+    facts = {"rank": rank}
+    try:
+        op(x).numpy()
+        facts["error"] = None
+    except lr.Error as e:
+        facts["error"] = str(e)
+    facts["seconds"] = time.perf_counter() - t0
+    # This rank lives on a while: the others must learn of the failure from it now, not when
+    # its connections close at its exit.
+    time.sleep(4)
+    try:
+        dist.barrier()
+        facts["after"] = None
+    except lr.Error as e:
+        facts["after"] = str(e)
+    dist.destroy_process_group()
+    save(rank, {}, facts)
+
+
+def dp_model():
+    return lr.nn.Sequential(lr.nn.Linear(6, 8), lr.nn.Tanh(), lr.nn.Linear(8, 3))
+
+
+GLOBAL_BATCH, STEPS = 8, 6
+
+
+def global_batch(k):
+    """Step k's whole batch, the same on every rank (each takes its rows)."""
+    rng = np.random.default_rng(100 + k)
+    return (rng.standard_normal((GLOBAL_BATCH, 6)).astype(np.float32),
+            rng.standard_normal((GLOBAL_BATCH, 3)).astype(np.float32))
+
+
+def dp_train():
+    """Data-parallel SGD with momentum: rank 0's initial weights broadcast, each rank's rows of
+    each step's batch, gradients averaged by reduce_gradients; the first half traced (mark_step),
+    the second half replayed by compile_step."""
+    dist.init_process_group(timeout=TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    lr.manual_seed(1234 + rank)  # a different start on every rank, until the broadcast
+    model = dp_model()
+    dist.broadcast_parameters(model)
+    arrays = {f"init.{n}": p.numpy().copy() for n, p in model.named_parameters()}
+    opt = lr.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    share = GLOBAL_BATCH // world
+    bucket = int(os.environ.get("DIST_TEST_BUCKET", "100"))
+
+    def step(x, y):
+        loss = lr.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        dist.reduce_gradients(opt, bucket_bytes=bucket)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def local(k):
+        x, y = global_batch(k)
+        return lr.tensor(x[rank * share:(rank + 1) * share]), lr.tensor(y[rank * share:(rank + 1) * share])
+
+    facts = {"rank": rank}
+    half = STEPS // 2
+    for k in range(half):
+        step(*local(k))
+        lr.mark_step()
+    compiled = lr.compile_step(step, local(half))
+    compiles, replays, times = [], [], []
+    for k in range(half, STEPS):
+        before = (lr.metrics.counter("UncachedCompile"), lr.metrics.counter("ReplayGraph"))
+        t0 = time.perf_counter()
+        compiled(*local(k))
+        times.append(time.perf_counter() - t0)
+        compiles.append(lr.metrics.counter("UncachedCompile") - before[0])
+        replays.append(lr.metrics.counter("ReplayGraph") - before[1])
+    facts.update(traces=compiled.traces, compiles=compiles, replays=replays, step_seconds=times)
+    for n, p in model.named_parameters():
+        arrays[f"final.{n}"] = p.numpy().copy()
+    dist.destroy_process_group()
+    save(rank, arrays, facts)
+
+
+SCENARIOS = {"collectives": collectives, "dead_peer": dead_peer, "dp_train": dp_train}
+
+if __name__ == "__main__":
+    SCENARIOS[SCENARIO]()

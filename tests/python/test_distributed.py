@@ -1,0 +1,256 @@
+"""lazyrt.distributed: process groups and collectives across real processes (2 and 4 on this
+host, started by the launcher), each result against its closed form; errors of bad calls; a
+rank that dies makes the others fail with a clear error within the timeout. Every process
+start has a hard timeout: a hang fails the test instead of blocking the suite."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import lazyrt as lr
+import lazyrt.distributed as dist
+from conftest import REPO
+
+WORKER = os.path.join(REPO, "tests", "python", "dist_worker.py")
+HARD_TIMEOUT = 120  # seconds for a whole launch
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(scenario, nproc, tmp_path, timeout_s=20, expect_ok=True):
+    """Runs the scenario on nproc processes through the launcher; returns each rank's
+    (arrays, facts)."""
+    out = tmp_path / scenario
+    out.mkdir()
+    env = dict(os.environ, DIST_TEST_TIMEOUT=str(timeout_s))
+    cmd = [sys.executable, "-m", "lazyrt.distributed.run", "--nproc", str(nproc), "--master_port", str(free_port()),
+           "--grace", "30", WORKER, scenario, str(out)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=HARD_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{scenario} on {nproc} processes hung for {HARD_TIMEOUT} s:\n{e.stdout}\n{e.stderr}")
+    if expect_ok:
+        assert proc.returncode == 0, f"{scenario} failed:\n{proc.stdout}\n{proc.stderr}"
+    results = {}
+    for r in range(nproc):
+        facts_file = out / f"rank{r}.json"
+        if not facts_file.exists():
+            continue
+        arrays = dict(np.load(out / f"rank{r}.npz"))
+        results[r] = (arrays, json.loads(facts_file.read_text()))
+    return results, proc
+
+
+def contribution(rank, shape, dtype=np.float32):
+    n = int(np.prod(shape))
+    return ((np.arange(n) % 7 - 3) * (rank + 1) + 0.25 * rank).reshape(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_collectives_closed_form(world, tmp_path):
+    results, _ = launch("collectives", world, tmp_path)
+    assert sorted(results) == list(range(world))
+    xs = [contribution(r, (4 * world, 3)) for r in range(world)]
+    total = np.sum(xs, axis=0, dtype=np.float64)
+    expect = {
+        "sum": total, "mean": total / world, "max": np.max(xs, axis=0), "min": np.min(xs, axis=0),
+    }
+    hashes = set()
+    for r, (a, facts) in results.items():
+        assert (facts["rank"], facts["world"], facts["local_rank"]) == (r, world, r)
+        for op, full in expect.items():
+            np.testing.assert_allclose(a[f"all_reduce_{op}"], full, rtol=1e-6, err_msg=op)
+            np.testing.assert_allclose(a[f"reduce_scatter_{op}"], full[4 * r:4 * r + 4], rtol=1e-6, err_msg=op)
+            assert a[f"all_reduce_{op}"].dtype == np.float32
+        np.testing.assert_array_equal(a["all_gather"], np.concatenate(xs, axis=0))
+        np.testing.assert_array_equal(a["broadcast"], xs[world - 1])
+        ints = [contribution(q, (5,), np.int64) for q in range(world)]
+        np.testing.assert_array_equal(a["all_reduce_sum_i64"], np.sum(ints, axis=0))
+        assert a["all_reduce_sum_i64"].dtype == np.int64
+        np.testing.assert_array_equal(a["all_reduce_sum_bf16"],
+                                      np.sum([contribution(q, (6,)) for q in range(world)], axis=0))
+        np.testing.assert_array_equal(a["all_reduce_max_f64"],
+                                      np.max([contribution(q, (2, 2), np.float64) for q in range(world)], axis=0))
+        np.testing.assert_allclose(a["all_reduce_pending"], np.sum([x * 2 + 1 for x in xs], axis=0), rtol=1e-6)
+        assert facts["again_equal"]
+        assert facts["token_chain_compiles"] == 1  # the second program is a graph of its own
+        assert facts["rs_error"] == (f"reduce_scatter: dim 0 of f32[{4 * world + 1}, 3] must divide into the "
+                                     f"group's {world} ranks")
+        hashes.add(facts["graph_hash"])
+    # The rank is not part of the graph: every rank traced the same one.
+    assert len(hashes) == 1
+    # All ranks hold bitwise-identical reductions.
+    for op in expect:
+        first = results[0][0][f"all_reduce_{op}"]
+        for r in range(1, world):
+            np.testing.assert_array_equal(results[r][0][f"all_reduce_{op}"], first)
+
+
+# The ring of reduce_scatter on 4 ranks: rank 1 waits on rank 0, not on the rank that died; it
+# learns of the failure at once because rank 0 closes its connections when it fails.
+# die_after: the rank dies while the others already wait for it inside the collective.
+@pytest.mark.parametrize("op,world,die_after", [("all_reduce", 2, 0), ("all_reduce", 4, 0), ("reduce_scatter", 4, 0),
+                                                ("all_reduce", 3, 1.0)])
+def test_dead_peer_is_an_error_on_every_other_rank(op, world, die_after, tmp_path, monkeypatch):
+    timeout_s = 10
+    monkeypatch.setenv("DIST_TEST_OP", op)
+    monkeypatch.setenv("DIST_TEST_DIE_AFTER", str(die_after))
+    t0 = time.perf_counter()
+    results, proc = launch("dead_peer", world, tmp_path, timeout_s=timeout_s, expect_ok=False)
+    assert proc.returncode == 7, proc.stderr  # the launcher reports the rank that died
+    assert sorted(results) == list(range(world - 1)), proc.stderr
+    for r, (_, facts) in results.items():
+        assert facts["error"] is not None, f"rank {r} did not notice"
+        assert f"{op} on rank {r} of {world}" in facts["error"], facts["error"]
+        assert "peer process died" in facts["error"], facts["error"]
+        # Not the timeout, nor a survivor's exit: the failure spreads at once.
+        assert facts["seconds"] < die_after + 3, facts
+        assert "failed earlier" in facts["after"], facts["after"]
+    assert time.perf_counter() - t0 < HARD_TIMEOUT
+
+
+# ---- one process: a group of size 1 through a file store, and the errors of bad calls --------
+
+@pytest.fixture
+def single(tmp_path):
+    dist.init_process_group(init_method=f"file://{tmp_path}/store", rank=0, world_size=1, timeout=10)
+    yield
+    dist.destroy_process_group()
+
+
+def test_group_of_one(single):
+    assert dist.is_initialized() and dist.get_rank() == 0 and dist.get_world_size() == 1
+    x = lr.tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(dist.all_reduce(x, op="mean").numpy(), x.numpy())
+    np.testing.assert_array_equal(dist.all_gather(x).numpy(), x.numpy())
+    np.testing.assert_array_equal(dist.reduce_scatter(x).numpy(), x.numpy())
+    np.testing.assert_array_equal(dist.broadcast(x).numpy(), x.numpy())
+    dist.barrier()
+
+
+def test_bad_calls_name_what_is_wrong(single, tmp_path):
+    x = lr.zeros(3, 2)
+    with pytest.raises(lr.Error, match=r"all_reduce: op='prod' is not a reduction"):
+        dist.all_reduce(x, op="prod")
+    with pytest.raises(lr.Error, match=r"all_reduce: does not take b8 tensors, got b8\[3\]"):
+        dist.all_reduce(lr.zeros(3, dtype=lr.bool))
+    with pytest.raises(lr.Error, match=r"all_reduce: op=\"mean\" expects a floating tensor .* got i64\[3\]"):
+        dist.all_reduce(lr.zeros(3, dtype=lr.int64), op="mean")
+    with pytest.raises(lr.Error, match=r"all_gather: works along dim 0 and takes a tensor of rank >= 1, got f32\[\]"):
+        dist.all_gather(lr.tensor(1.0))
+    with pytest.raises(lr.Error, match=r"broadcast: src 1 is not a rank of a group of size 1"):
+        dist.broadcast(x, src=1)
+    with pytest.raises(lr.Error, match=r"init_process_group: a process group is already initialized"):
+        dist.init_process_group(init_method=f"file://{tmp_path}/other", rank=0, world_size=1)
+    with pytest.raises(lr.Error, match=r"collectives cannot be traced inside a while_loop"):
+        lr.fori_loop(0, 2, lambda i, c: dist.all_reduce(c), x)
+
+
+def test_without_a_group():
+    assert not dist.is_initialized()
+    for call in (dist.get_rank, dist.get_world_size, dist.barrier, dist.destroy_process_group):
+        with pytest.raises(lr.Error, match=r"no process group is initialized in this process"):
+            call()
+    with pytest.raises(lr.Error, match=r"all_reduce: no process group is initialized"):
+        dist.all_reduce(lr.zeros(2))
+
+
+def test_env_errors(monkeypatch):
+    for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(lr.Error, match=r"init_process_group: RANK is not set"):
+        dist.init_process_group()
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(lr.Error, match=r"init_process_group: rank 2 is not in \[0, 2\)"):
+        dist.init_process_group()
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(lr.Error, match=r"MASTER_ADDR is not set"):
+        dist.init_process_group()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    t0 = time.perf_counter()
+    # Nobody serves the store: rank 1 gives up after its timeout, naming the store.
+    with pytest.raises(lr.Error, match=r"cannot reach the rendezvous store at 127.0.0.1:\d+"):
+        dist.init_process_group(timeout=1)
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(lr.Error, match=r"backend='nccl' is not available"):
+        dist.init_process_group(backend="nccl")
+    assert not dist.is_initialized()
+
+
+# ---- data-parallel training ---------------------------------------------------------------
+
+def torch_whole_batch_training(init):
+    """The oracle: PyTorch, one process, every step on the whole batch, from the same weights."""
+    import torch
+    sys.path.insert(0, os.path.dirname(WORKER))
+    import dist_worker  # noqa: E402  (the batches the workers trained on)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.from_numpy(init[f"init.{n}"]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for k in range(dist_worker.STEPS):
+        x, y = dist_worker.global_batch(k)
+        loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: p.detach().numpy() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_data_parallel_training_equals_one_process_on_the_whole_batch(world, tmp_path):
+    results, _ = launch("dp_train", world, tmp_path)
+    assert sorted(results) == list(range(world))
+    arrays0 = results[0][0]
+    expect = torch_whole_batch_training(arrays0)
+    for r, (a, facts) in results.items():
+        # Rank 0's weights reached every rank, and every rank ends with the same bits.
+        for name in expect:
+            np.testing.assert_array_equal(a[f"init.{name}"], arrays0[f"init.{name}"])
+            np.testing.assert_array_equal(a[f"final.{name}"], arrays0[f"final.{name}"])
+            np.testing.assert_allclose(a[f"final.{name}"], expect[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        # The replayed steps: traced once, compiled at most on the first call, never after, and
+        # every call one replay.
+        assert facts["traces"] == 1
+        assert facts["compiles"][1:] == [0] * (len(facts["compiles"]) - 1), facts
+        assert facts["replays"] == [1] * len(facts["replays"]), facts
+
+
+def test_distributed_sampler_shares():
+    for size, world, drop_last in [(10, 3, False), (10, 3, True), (8, 4, False), (5, 2, False)]:
+        shares = [dist.DistributedSampler(size, num_replicas=world, rank=r, seed=3, drop_last=drop_last)
+                  for r in range(world)]
+        idx = [list(s) for s in shares]
+        n = size // world if drop_last else -(-size // world)
+        assert all(len(i) == n == len(s) for i, s in zip(idx, shares))
+        flat = [j for i in idx for j in i]
+        if drop_last:
+            assert len(set(flat)) == len(flat) == n * world  # disjoint
+        else:
+            assert set(flat) == set(range(size))  # every item, the padding repeats a few
+        # One permutation for all ranks, a new one per epoch.
+        again = [list(dist.DistributedSampler(size, num_replicas=world, rank=r, seed=3, drop_last=drop_last))
+                 for r in range(world)]
+        assert again == idx
+        shares[0].set_epoch(1)
+        assert list(shares[0]) != idx[0] or size <= 5
+    unshuffled = list(dist.DistributedSampler(10, num_replicas=3, rank=1, shuffle=False))
+    assert unshuffled == [1, 4, 7, 0]  # torch's order: every 3rd of 0..9 padded with 0, 1
+    import torch.utils.data
+    assert unshuffled == list(torch.utils.data.DistributedSampler(range(10), num_replicas=3, rank=1, shuffle=False))
+    with pytest.raises(lr.Error, match=r"DistributedSampler: rank 3 is not in \[0, 3\)"):
+        dist.DistributedSampler(10, num_replicas=3, rank=3)
+
