@@ -254,3 +254,20 @@ def test_distributed_sampler_shares():
     with pytest.raises(lr.Error, match=r"DistributedSampler: rank 3 is not in \[0, 3\)"):
         dist.DistributedSampler(10, num_replicas=3, rank=3)
 
+
+def accuracy_of(output):
+    line = [ln for ln in output.splitlines() if ln.startswith("held-out accuracy:")]
+    assert line, output
+    return float(line[0].split()[2].rstrip("%"))
+
+
+def test_digits_demo_on_two_processes_matches_one():
+    demo = os.path.join(REPO, "examples", "distributed", "digits_dp.py")
+    acc = {}
+    for nproc in (1, 2):
+        cmd = [sys.executable, "-m", "lazyrt.distributed.run", "--nproc", str(nproc), "--master_port",
+               str(free_port()), demo, "--epochs", "4"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HARD_TIMEOUT)
+        acc[nproc] = accuracy_of(proc.stdout)
+        assert "(replayed, " in proc.stdout
+    assert acc[1] > 85 and abs(acc[1] - acc[2]) <= 1.0, acc
