@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -479,10 +480,28 @@ class Handover {
   // dtype, not a stand-in, whose memory no other input overlaps (the step reads those while it
   // writes). Other views read their tensor's memory, or a contiguous copy of it. Throws the
   // aliased exception when a written input overlaps another input.
+  //
+  // A call holds the hand-over from views() to finish() or release(): calls of one step from
+  // several threads (the step runs without the GIL) take turns, waiting without the GIL.
   const std::vector<lz::Tensor>& views(std::vector<Input> inputs) {
     if (inputs.size() != held_.size())
       throw lz::Error("lazyrt.torch: the step takes " + std::to_string(held_.size()) + " inputs, got " +
                       std::to_string(inputs.size()));
+    if (!turn_.try_lock()) {
+      py::gil_scoped_release release;
+      turn_.lock();
+    }
+    held_turn_ = true;
+    try {
+      return make_views(std::move(inputs));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+ private:
+  const std::vector<lz::Tensor>& make_views(std::vector<Input> inputs) {
     current_ = std::move(inputs);
     lazy_.resize(current_.size());
     for (size_t s = 0; s < current_.size(); ++s) {
@@ -501,12 +520,18 @@ class Handover {
     return lazy_;
   }
 
+ public:
+
   // After the step ran on views(): per in-place slot, its new value is in the lent memory (its
   // view still holds it): count the change in the tensor's version counter. Else (not lent, or
   // the replay could not write there) the view holds the new value elsewhere: copy it into the
   // tensor (which counts the change) and make the view anew next call; but not into a stand-in
   // for a missing gradient: those items' positions are returned, the caller sets the gradient.
   std::vector<int64_t> finish() {
+    struct Done {
+      Handover* h;
+      ~Done() { h->release(); }
+    } done{this};
     std::vector<int64_t> left;
     for (size_t j = 0; j < inplace_.size(); ++j) {
       const auto s = static_cast<size_t>(inplace_[j]);
@@ -528,7 +553,6 @@ class Handover {
       at::Tensor target = t;
       target.copy_(torch_view(lazy_[s]));
     }
-    release();
     return left;
   }
 
@@ -536,6 +560,10 @@ class Handover {
   void release() {
     current_.clear();
     lazy_.clear();
+    if (held_turn_) {
+      held_turn_ = false;
+      turn_.unlock();
+    }
   }
 
   size_t inputs() const { return held_.size(); }
@@ -661,6 +689,8 @@ class Handover {
   bool expect_valid_ = false;
   std::vector<Input> current_;  // this call's inputs and views, between views() and finish()
   std::vector<lz::Tensor> lazy_;
+  std::mutex turn_;  // held by the call between views() and finish() or release()
+  bool held_turn_ = false;
 };
 
 // The inputs of a call as Python gives them: torch tensors and numbers.

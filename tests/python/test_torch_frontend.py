@@ -288,6 +288,39 @@ def test_a_batch_in_a_parameters_memory_runs_in_eager_on_the_fast_path_too():
     assert len([w for w in caught if "share memory" in str(w.message)]) == 1
 
 
+def test_calls_from_several_threads_take_turns():
+    # One compiled step called from two threads at once (the replay runs without the GIL):
+    # calls take turns, so each is a whole step. With the same batch every step is the same
+    # function of the state, so after 3 x 20 calls the state is eager's after 60 steps.
+    import threading
+    m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.Tanh(), seed=14), OPTIMIZERS["adamw"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    lazy = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn))
+    (x, y), = batches("mse", n=1, batch=512, seed=15)
+    lazy(x, y)
+    eager(x, y)
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(20):
+                lazy(x.clone(), y.clone())
+        except BaseException as e:  # noqa: B902 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for _ in range(60):
+        eager(x, y)
+    same_training_state(m_lazy, o_lazy, m_eager, o_eager, "after 60 threaded steps")
+    assert o_lazy.state[m_lazy[0].weight]["step"].item() == 61
+
+
 _CHANGES = ("new batch", "same buffers", "lr", "rebind weight", "relaid weight", "load state", "grads to none",
             "eval and back", "weight decay")
 
