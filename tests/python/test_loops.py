@@ -1,8 +1,12 @@
 """while_loop and fori_loop with Python callables: the seed scenario, graphs that stay flat,
-one compile for any trip count, errors, and the GIL released while loops run."""
+one compile for any trip count, errors, the GIL released while loops run, and pytree carries
+(namedtuples included; scan too): a body result of another structure or kind (a float for an
+integer carry, a tuple for a list) is refused, naming the leaf, and changes nothing."""
 
+import re
 import threading
 import time
+from collections import namedtuple
 
 import numpy as np
 import pytest
@@ -37,7 +41,7 @@ def test_fori_loop_passes_the_carry_in_inits_structure():
     assert isinstance(total, lr.Tensor) and total.item() == 45
     a, b = lr.fori_loop(2, 5, lambda i, c: (c[0] + i, c[1] * 2), (lr.tensor(0), lr.tensor([1.0, 2.0])))
     assert a.item() == 2 + 3 + 4 and b.tolist() == [8.0, 16.0]
-    (same,) = lr.fori_loop(5, 5, lambda i, c: (c[0] + 1,), [lr.tensor(7.0)])
+    (same,) = lr.fori_loop(5, 5, lambda i, c: [c[0] + 1], [lr.tensor(7.0)])
     assert same.item() == 7.0
 
 
@@ -218,3 +222,179 @@ def test_a_body_result_of_another_structure_names_the_leaf(body, message):
     init = ({"h": lr.zeros(4), "n": lr.tensor(0)},)
     with pytest.raises(lr.Error, match=message):
         lr.while_loop(lambda c: c["n"] < 2, body, init)
+
+
+# ---- namedtuples, and results of another kind ----------------------------------------------
+
+State = namedtuple("State", "n h")
+Pair = namedtuple("Pair", ["a", "b"])
+Solo = namedtuple("Solo", "x")
+
+
+def test_namedtuple_carries_in_while_fori_and_scan_match_torch():
+    import torch
+
+    def step(ops, s, k):
+        return State(s.n + 1, Pair(ops.tanh(s.h.a * 0.5 + k), s.h.b * 2.0))
+
+    h0 = ([0.5, -1.0], [1.0, 3.0])
+    # The same steps in torch eager, the oracle for all three forms.
+    ts = State(torch.tensor(0), Pair(*(torch.tensor(v) for v in h0)))
+    for k in range(4):
+        ts = step(torch, ts, float(k))
+
+    def check(s):
+        assert type(s) is State and type(s.h) is Pair
+        assert s.n.item() == 4
+        np.testing.assert_allclose(s.h.a.numpy(), ts.h.a.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(s.h.b.numpy(), ts.h.b.numpy(), rtol=1e-6)
+
+    def init():
+        return State(lr.tensor(0), Pair(*(lr.tensor(v) for v in h0)))
+
+    # while_loop: a namedtuple among the carries, and the body reads it by field.
+    seen = []
+    (s,) = lr.while_loop(lambda s: seen.append(type(s)) or s.n < 4,
+                         lambda s: step(lr, s, s.n.to(lr.float32)), (init(),))
+    assert seen == [State]
+    check(s)
+    # A namedtuple as the whole carried_inputs is the argument list, as for a tuple.
+    n, h = lr.while_loop(lambda n, h: n < 4, lambda n, h: tuple(step(lr, State(n, h), n.to(lr.float32))), init())
+    check(State(n, h))
+    # fori_loop: the carry is a namedtuple, so is the result.
+    check(lr.fori_loop(0, 4, lambda i, s: step(lr, s, i.to(lr.float32)), init()))
+    # scan: namedtuple carry, rows and ys.
+    xs = Solo(lr.arange(4).to(lr.float32))
+    s, ys = lr.scan(lambda s, x: (step(lr, s, x.x), Pair(s.n, x.x * 2)), init(), xs)
+    check(s)
+    assert type(ys) is Pair and ys.a.tolist() == [0, 1, 2, 3] and ys.b.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_a_lone_one_field_namedtuple_or_1_tuple_carry():
+    (s,) = lr.while_loop(lambda s: s.x < 3, lambda s: Solo(s.x + 1), (Solo(lr.tensor(0)),))
+    assert type(s) is Solo and s.x.item() == 3
+    (s,) = lr.while_loop(lambda s: s.x < 3, lambda s: (Solo(s.x + 1),), (Solo(lr.tensor(0)),))
+    assert type(s) is Solo and s.x.item() == 3
+    # A carry that is itself a 1-tuple: returned bare, or wrapped as the one carry.
+    (t,) = lr.while_loop(lambda t: t[0] < 3, lambda t: (t[0] + 1,), ((lr.tensor(0),),))
+    assert type(t) is tuple and t[0].item() == 3
+    (t,) = lr.while_loop(lambda t: t[0] < 3, lambda t: ((t[0] + 1,),), ((lr.tensor(0),),))
+    assert type(t) is tuple and t[0].item() == 3
+
+
+def test_namedtuple_carry_gradients_match_torch_autograd():
+    import torch
+    w0, h0 = np.array([0.3, -0.7, 1.1]), np.array([0.5, 0.25, -1.0])
+
+    def run(lib, loop):
+        w, h = lib.tensor(w0, requires_grad=True), lib.tensor(h0, requires_grad=True)
+
+        def body(i, s):
+            return State(s.n + 1, Pair(lib.sin(s.h.a * w) + s.h.b, s.h.b * 0.5))
+        init = State(lib.tensor(0), Pair(h, h * 2.0))
+        if loop == "torch":
+            s = init
+            for i in range(5):
+                s = body(i, s)
+        elif loop == "fori":
+            s = lr.fori_loop(0, 5, body, init, snapshots=2)
+        else:
+            s, _ = lr.scan(lambda s, x: (body(x, s), None), init, None, length=5)
+        ((s.h.a ** 2).sum() + s.h.b.sum()).backward()
+        return s.n.item(), w.grad.numpy(), h.grad.numpy()
+
+    want = run(torch, "torch")
+    for loop in ("fori", "scan"):
+        n, gw, gh = run(lr, loop)
+        assert n == want[0] == 5
+        np.testing.assert_allclose(gw, want[1], rtol=1e-10, err_msg=loop)
+        np.testing.assert_allclose(gh, want[2], rtol=1e-10, err_msg=loop)
+
+
+def _message_of_refusal(fail):
+    """Runs fail() (whose body draws random numbers, then returns a result lazyrt must refuse)
+    between a seed and a draw: returns the lazyrt.Error's message, and checks that the draw is
+    the one without fail(): the refused loop left the generator as it was."""
+    lr.manual_seed(7)
+    want = lr.rand(3).numpy()
+    lr.manual_seed(7)
+    with pytest.raises(lr.Error) as info:
+        fail()
+    np.testing.assert_array_equal(lr.rand(3).numpy(), want)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("form", ["while", "fori", "scan"])
+@pytest.mark.parametrize("value, carry, message", [
+    (2.7, 0, r"\['c'\]: a Python float vs i64\[\] \(the carry's\)"),
+    (2.0, lr.tensor(1, dtype=lr.int32), r"\['c'\]: a Python float vs i32\[\]"),
+    (0.5, True, r"\['c'\]: a Python float vs b8\[\]"),
+    (2, False, r"\['c'\]: a Python int vs b8\[\]"),
+    (True, 3, r"\['c'\]: a Python bool vs i64\[\]"),
+    (1, 1.5, r"\['c'\]: a Python int vs f32\[\]"),
+    (2 ** 40, lr.tensor(1, dtype=lr.int32), r"\['c'\]: the Python int 1099511627776 does not fit in i32"),
+    (3.0, lr.zeros(2), r"\['c'\]: a number vs f32\[2\]"),
+])
+def test_a_number_of_another_kind_is_refused_not_truncated(form, value, carry, message):
+    def body(c):
+        lr.rand(2)  # a draw before the refusal
+        return {"c": value, "k": c["k"] + 1}
+
+    def fail():
+        init = {"c": carry, "k": lr.tensor(0)}
+        if form == "while":
+            lr.while_loop(lambda c: c["k"] < 3, body, (init,))
+        elif form == "fori":
+            lr.fori_loop(0, 3, lambda i, c: body(c), init)
+        else:
+            lr.scan(lambda c, x: (body(c), None), init, None, length=3)
+
+    got = _message_of_refusal(fail)
+    # while_loop's carries are its arguments: the dict is carry[0] there.
+    prefix = {"while": r"while_loop: body_fn result: carry\[0\]", "fori": "fori_loop: body_fn result: carry",
+              "scan": "scan: fn result: carry"}[form]
+    assert re.search(prefix + message, got), got
+
+
+def test_a_number_of_the_carrys_kind_takes_its_dtype():
+    i, f, b, h = lr.while_loop(lambda i, f, b, h: i < 3, lambda i, f, b, h: (i + 1, 2.5, False, 7),
+                               (lr.tensor(0, dtype=lr.int32), lr.zeros((), dtype=lr.float64), True,
+                                lr.tensor(0, dtype=lr.int32)))
+    assert (i.dtype, f.dtype, b.dtype, h.dtype) == (lr.int32, lr.float64, lr.bool, lr.int32)
+    assert (i.item(), f.item(), b.item(), h.item()) == (3, 2.5, False, 7)
+    assert lr.fori_loop(0, 2, lambda i, c: -2 ** 31, lr.tensor(5, dtype=lr.int32)).item() == -2 ** 31
+    with pytest.raises(lr.Error, match=r"carry: the Python int 1180591620717411303424 does not fit in i64"):
+        lr.fori_loop(0, 2, lambda i, c: c, 2 ** 70)
+
+
+@pytest.mark.parametrize("body, init, message", [
+    (lambda c: (c[0] + 1, (c[1][0], c[1][1])), (0, [lr.zeros(2), lr.zeros(2)]),
+     r"while_loop: body_fn result: carry\[1\]: a tuple vs a list of 2 \(the carry's\)"),
+    (lambda c: (c[0] + 1, [c[1][0], c[1][1]]), (0, (lr.zeros(2), lr.zeros(2))),
+     r"carry\[1\]: a list vs a tuple of 2"),
+    (lambda c: (c[0] + 1, {"p": (c[1]["p"].a, c[1]["p"].b)}), (0, {"p": Pair(lr.zeros(2), lr.zeros(2))}),
+     r"carry\[1\]\['p'\]: a tuple vs a Pair of 2"),
+    (lambda c: (c[0] + 1, {"p": State(*c[1]["p"])}), (0, {"p": Pair(lr.zeros(2), lr.zeros(2))}),
+     r"carry\[1\]\['p'\]: a State vs a Pair of 2"),
+    (lambda c: (c[0] + 1, [c[1][0]]), (0, [lr.zeros(2), lr.zeros(2)]),
+     r"carry\[1\]: 1 values vs 2 values"),
+])
+def test_a_sequence_of_another_kind_is_refused(body, init, message):
+    def drawing(c):
+        lr.rand(1)  # a draw before the refusal
+        return body(c)
+
+    got = _message_of_refusal(lambda: lr.while_loop(lambda *c: c[0] < 3, lambda *c: drawing(c), init))
+    assert re.search(message, got), got
+    # fori_loop and scan refuse the same results at the same paths (their carry is the tuple).
+    got = _message_of_refusal(lambda: lr.fori_loop(0, 3, lambda i, c: drawing(c), init))
+    assert re.search(message.replace("while_loop: body_fn", "fori_loop: body_fn"), got), got
+    got = _message_of_refusal(lambda: lr.scan(lambda c, x: (drawing(c), None), init, None, length=2))
+    assert re.search(message.replace("while_loop: body_fn", "scan: fn"), got), got
+
+
+def test_while_loops_carries_are_its_arguments_returned_as_a_tuple_or_a_list():
+    out = lr.while_loop(lambda i, x: i < 3, lambda i, x: [i + 1, x * 2], [0, lr.ones(2)])
+    assert isinstance(out, tuple) and out[0].item() == 3 and out[1].tolist() == [8.0, 8.0]
+    out = lr.while_loop(lambda i, x: i < 3, lambda i, x: Pair(i + 1, x * 2), Pair(0, lr.ones(2)))
+    assert out[0].item() == 3 and out[1].tolist() == [8.0, 8.0]
