@@ -384,6 +384,34 @@ def test_while_loop_gradients_through_captures_integer_carries_and_pytrees():
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-12)
 
 
+@pytest.mark.parametrize("n, snapshots", [(23, 0), (23, 1), (23, 2), (23, 5), (100, 3), (7, 7), (7, 50)])
+def test_checkpointed_fori_loop_rebuilds_griewanks_number_of_carries(n, snapshots):
+    """A checkpointed fori_loop's backward evaluates the body r*N - C(s+r, s+1) times to
+    rebuild the carries it did not keep (r the least with C(s+r, s) >= N; N - 1 when s >= N);
+    snapshots=0 keeps every carry and evaluates it no more. Gradients as torch's."""
+    g = rng(31)
+    arrays = [g.standard_normal((4, 4)) * 0.4, g.standard_normal((2, 4))]
+
+    def run(lib):
+        W, h = vals = leaves(lib, *arrays)
+        step = lambda c: lib.tanh(c @ W) + c * 0.5  # noqa: E731
+        if lib is lr:
+            lr.metrics.reset()
+            out = lr.fori_loop(0, n, lambda i, c: step(c), h, snapshots=snapshots)
+        else:
+            out = h
+            for _ in range(n):
+                out = step(out)
+        (out * out).sum().backward()
+        return vals
+
+    got = run(lr)
+    for a, b in zip(got, run(torch)):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-10, atol=1e-12)
+    want = revolve_steps(n, min(snapshots, n)) if snapshots else 0
+    assert lr.metrics.counter("CheckpointForwardSteps") == want
+
+
 def _grads_after(n, snapshots, form):
     w = lr.tensor(np.full((16, 16), 0.01, np.float32), requires_grad=True)
     x0 = lr.tensor(np.ones((4, 16), np.float32))
@@ -629,6 +657,37 @@ def test_random_numbers_in_bodies_are_the_unrolled_loops(form):
         want = [want[0], want[2]]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("form", ["fori", "while", "scan", "scan_ck"])
+def test_bernoulli_in_bodies_draws_as_the_unrolled_loop(form):
+    """bernoulli of per-element probabilities (read from the carry) and of one p, in the body
+    of each loop form: the same draws, the same final generator state and the same gradients
+    (through the masked product) as the unrolled loop under the same seed."""
+    def run(form):
+        lr.manual_seed(31)
+        w = lr.tensor([0.9, -0.4, 1.3, 0.2, -1.1, 0.6], requires_grad=True)
+        masks = []
+
+        def body(i, c):
+            keep = lr.bernoulli(lr.sigmoid(c * 2.0))  # no gradient flows through a draw
+            coin = lr.bernoulli([6], 0.3)
+            masks.append(keep)
+            return lr.tanh(c * w * keep + coin * 0.5 + 0.1)
+        c = unrolled_or_looped(form, body, 9, lr.tensor([0.2, -0.1, 0.4, 1.0, -0.7, 0.05]))
+        c.sum().backward()
+        return c.numpy(), w.grad.numpy(), lr.rand(4).numpy(), len(masks)
+
+    got, want = run(form), run("unrolled")
+    assert got[3] == 1 and want[3] == 9  # the loop traced its body once, the host loop ran it 9 times
+    for g, w in zip(got[:3], want[:3]):
+        np.testing.assert_array_equal(g, w)
+    assert got[1].any(), "some draws kept a path to w"
+
+    if form == "scan":  # nine rows draw nine different masks (a loop replaying one draw would not)
+        lr.manual_seed(31)
+        _, ys = lr.scan(lambda c, x: (c, lr.bernoulli([16], 0.5)), lr.zeros(1), None, length=9)
+        assert len({tuple(r) for r in ys.numpy()}) == 9
 
 
 def test_each_iteration_draws_new_numbers_and_modules_can_be_built_in_a_body():
