@@ -13,9 +13,16 @@ Ported: every program of `_while_loop_tests()` -- "simple", "simple_with_mutatio
 
 Differences from upstream, where lazyrt's model needs them:
 - Linear layers are lazyrt.nn.Linear; torch.nn.Linear gets their weights, so both sides compute
-  from the same values. The loops run under lazyrt.no_grad(), as upstream's; in addition the
-  two Linear programs are differentiated (not upstream: the weights' gradients through the
-  while loops, nested included, against torch autograd through the same Python loop).
+  from the same values. The value checks run under lazyrt.no_grad() and torch.no_grad().
+- Gradients. Newer upstream revisions make the inputs of "int_carry", "pytree_int_carry" and
+  "const_and_symint_output" require grad (torch.randn(2, 3, requires_grad=True)). Here those
+  three programs run with inputs that require grad on both sides (test_gradients_match_torch_
+  autograd): which outputs require grad must agree (a carry that stays an integer never does),
+  and the input's gradient through lazyrt.while_loop must equal torch autograd's through the
+  Python loop, for a weighted sum of every output that requires grad (weights drawn at random
+  rather than ones: a gradient that lost or swapped rows would still pass with ones in
+  int_carry). Not upstream: the two Linear programs are differentiated too (the weights'
+  gradients through the while loops, nested included).
 - "int_carry": upstream writes `x_clone.select(0, it).copy_(...)` with a Python-int carry that
   becomes a SymInt; here the row is read and written with the carried 0-d int64 tensor as an
   index (`x[it] = x[it] + it`), the way lazyrt's model expresses it. The output
@@ -43,9 +50,6 @@ Left out, and why:
 - test_two_hops_not_sharing_code_obj: counts torch.compile recompilations (dynamo internals).
 - test_associative_scan_loop_in_combine_fn: upstream only instantiates its "for" variant (the
   while_loop variant is an expected failure), inside associative_scan, which lazyrt lacks.
-- Gradients: upstream's inputs to "int_carry", "pytree_int_carry" and "const_and_symint_output"
-  require grad, and torch.while_loop's autograd is exercised in later PyTorch versions; lazyrt
-  does not differentiate through loops yet, so only forward values are checked.
 """
 
 import numpy as np
@@ -354,6 +358,44 @@ def test_const_and_symint_output():
     assert_tree_close(got, want)
     # Two iterations: (a, b, c1, c2, c3) = (2, 3, 1, 1, 1) -> (3, 1, 1, 1, 2) -> (1, 1, 1, 2, 3).
     assert [v.item() for v in got[0][:5]] == [2, 2, 2, 3, 4]
+
+
+def detached(tree):
+    return tree_map(lambda v: v.detach() if isinstance(v, torch.Tensor) else v, tree)
+
+
+def flat_leaves(tree):
+    if isinstance(tree, (tuple, list)):
+        return [leaf for v in tree for leaf in flat_leaves(v)]
+    if isinstance(tree, dict):
+        return [leaf for k in tree for leaf in flat_leaves(tree[k])]
+    return [tree]
+
+
+@pytest.mark.parametrize("program, shape", [(int_carry, (2, 3)), (int_carry, (5, 2, 3)),
+                                            (pytree_int_carry, (2, 3)), (pytree_int_carry, (4, 5)),
+                                            (const_and_symint_output, (2, 3))],
+                         ids=["int_carry", "int_carry_5_rows", "pytree_int_carry", "pytree_int_carry_one_iteration",
+                              "const_and_symint_output"])
+def test_gradients_match_torch_autograd(program, shape):
+    # Upstream's inputs of shape (2, 3), requiring grad; and the shapes the value tests use too.
+    a = randn(11, *shape) * 4
+    x, tx = lr.tensor(a, requires_grad=True), torch.tensor(a, requires_grad=True)
+    got, want = program(LAZY, x), program(EAGER, tx)
+    assert_tree_close(got, detached(want))
+    rng = np.random.default_rng(12)
+    loss, tloss = 0, 0
+    for k, (g, w) in enumerate(zip(flat_leaves(got), flat_leaves(want))):
+        w_grad = isinstance(w, torch.Tensor) and w.requires_grad
+        assert g.requires_grad == w_grad, f"output {k}: requires_grad {g.requires_grad}, torch's {w_grad}"
+        if w_grad:
+            weights = rng.uniform(-1, 1, tuple(w.shape)).astype(np.float32)
+            loss = loss + (g * lr.tensor(weights)).sum()
+            tloss = tloss + (w * torch.tensor(weights)).sum()
+    assert isinstance(tloss, torch.Tensor), "no output requires grad"
+    loss.backward()
+    tloss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=RTOL, atol=ATOL)
 
 
 def test_op_mismatch_in_meta():
