@@ -55,6 +55,19 @@ Differences from upstream, where lazyrt's model needs them:
 - test_scan_computation_cache: upstream counts fn's traces across 10 scans with is_fn_pure (no
   such flag here). The lazyrt counterpart: fn is traced once per scan call whatever the number
   of rows, and 10 scans of the same fn and shapes compile one graph.
+- test_scan_input_in_place_mutation: upstream expects an autograd error ("in-place
+  operation") when fn modifies its own carry argument in place, as PyTorch eager raises for the
+  Python loop (an in-place op on a leaf that requires grad). In lazyrt an in-place op rebinds
+  the tensor handle to a new value (docs/design.md, "Tensors and sync"), so inside fn it is a
+  functional update of fn's own carry: init stays as it was, and the carry, ys and gradients
+  are those of torch's functional equivalent (carry = carry + x), which is the oracle. Not
+  upstream: fn modifying its row x in place leaves xs as it was.
+- test_scan_computation_cache_by_fn_and_partition_fn and test_scan_layers_cache: their
+  compile-count halves. Upstream counts entries of its trace caches; lazyrt's counterpart is
+  the UncachedCompile counter: a scan of another fn (carry * x after carry + x) compiles a
+  graph of its own, and scanning either again compiles nothing; scan_layers over 10 identical
+  Linear(64, 64) layers, called three times (with the backward through it), compiles once.
+  The values and gradients are compared with PyTorch's.
 - test_tree_flatten_none tests torch_xla's helper for pytrees with None; lazyrt has no such
   public helper, so its tree ((a, b), (None, c), None) is used as fn's y: the ys keep the
   None positions.
@@ -86,13 +99,12 @@ Left out, and why:
 - The partition_fn half of test_scan_with_rematerialization (min-cut rematerialization and HLO
   sine counts), and the value_and_grad_partitioned split itself: lazyrt has no partition_fn
   or rematerialization control.
-- test_scan_input_in_place_mutation: upstream expects an autograd error when fn modifies its
-  own carry argument in place. lazyrt's in-place ops rebind the handle to a new value (tensors
-  are immutable), so inside fn that is an ordinary functional update, not an error.
-- test_scan_computation_cache_by_fn_and_partition_fn,
-  test_scan_computation_cache_disabled_when_fn_is_not_pure, test_scan_layers_cache,
-  test_scan_layers_cache_non_pure, and the is_fn_pure / is_layer_pure parametrizations: they
-  inspect torch_xla's per-function trace cache and its partition_fn keys; lazyrt has neither.
+- The partition_fn halves of test_scan_computation_cache_by_fn_and_partition_fn and
+  test_scan_layers_cache (a new cache entry per partition_fn), and
+  test_scan_computation_cache_disabled_when_fn_is_not_pure, test_scan_layers_cache_non_pure
+  and the is_fn_pure / is_layer_pure parametrizations: they inspect torch_xla's per-function
+  trace cache and its purity flag; lazyrt has neither (it traces fn on every call and caches
+  the compiled graph by its structure).
 - assert_different_tensor in test_scan_layers.py (the scanned output and gradients are not the
   loop's objects): always true here, where the loop runs in another library.
 - The other files of test/scan/ (test_scan_spmd.py, test_scan_pallas.py, test_scan_debug.py) are
@@ -372,6 +384,45 @@ def test_scan_external_in_place_mutation():
     assert weird_global.tolist() == [0.0, 0.0], "a scan that failed changed the outer tensor"
 
 
+def test_scan_input_in_place_mutation():
+    def step(lazy):
+        def fn(carry, x):
+            if lazy:
+                carry.add_(x)  # rebinds fn's carry handle to carry + x
+            else:
+                carry = carry + x  # torch's functional equivalent
+            y = x.clone()
+            y.add_(42)
+            return carry, y
+        return fn
+
+    # As upstream: PyTorch eager refuses the in-place update of a carry that requires grad.
+    with pytest.raises(RuntimeError, match="in-place operation"):
+        loopy_scan(lambda c, x: (c.add_(x), x), torch.tensor([0.0, 0.0], requires_grad=True), torch.tensor(XS3))
+
+    init, xs = lr.tensor(f32([0.0, 0.0]), requires_grad=True), lr.tensor(XS3, requires_grad=True)
+    carry, ys = lr.scan(step(True), init, xs)
+    t_init, t_xs = torch.tensor([0.0, 0.0], requires_grad=True), torch.tensor(XS3, requires_grad=True)
+    want = loopy_scan(step(False), t_init, t_xs)
+    (carry.sum() + ys.sum()).backward()
+    (want[0].sum() + want[1].sum()).backward()
+    assert init.tolist() == [0.0, 0.0] and xs.tolist() == XS3.tolist(), "fn's in-place update reached its inputs"
+    assert_tree_close((carry, ys), want)
+    assert_grad_close(init.grad, t_init.grad, "init.grad")
+    assert_grad_close(xs.grad, t_xs.grad, "xs.grad")
+
+    # Not upstream: fn modifying its row in place, which is functional too.
+    def scale_row(c, x):
+        x.mul_(2.0)
+        return c + x, x
+
+    xs = lr.tensor(XS3)
+    carry, ys = lr.scan(scale_row, lr.zeros(2), xs)
+    assert xs.tolist() == XS3.tolist()
+    want = loopy_scan(lambda c, x: (c + x * 2.0, x * 2.0), torch.zeros(2), torch.tensor(XS3))
+    assert_tree_close((carry, ys), want)
+
+
 XS_27 = f32([[2.0, 3.0], [4.0, 5.0], [6.0, 7.0]])
 
 
@@ -552,6 +603,45 @@ def test_scan_computation_cache():
     for carry, ys in results:
         np.testing.assert_allclose(carry, want[0].numpy(), rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(ys, want[1].numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_scan_computation_cache_by_fn():
+    # Upstream's fn half: two fns over the same init and xs (which require grad) each get a
+    # cache entry of their own. Here: each compiles a graph of its own, and a scan of either
+    # again compiles nothing. Each call differentiates through the scan as well.
+    def fn1(carry, x):
+        return carry + x, x
+
+    def fn2(carry, x):
+        return carry * x, x
+
+    init = lr.tensor(f32([0.0, 0.0]))
+    xs = lr.tensor(XS3, requires_grad=True)
+    lr.sync([init, xs])
+
+    def run(fn):
+        carry, ys = lr.scan(fn, init, xs)
+        (carry.sum() + ys.sum()).backward()
+        grad, xs.grad = xs.grad, None
+        lr.sync([carry, ys, grad])
+        return carry, ys, grad
+
+    def expected(fn):
+        t_xs = torch.tensor(XS3, requires_grad=True)
+        carry, ys = loopy_scan(fn, torch.tensor([0.0, 0.0]), t_xs)
+        (carry.sum() + ys.sum()).backward()
+        return carry, ys, t_xs.grad
+
+    lr.cache.clear_memory()
+    lr.metrics.reset()
+    assert_tree_close(run(fn1), expected(fn1))
+    assert lr.metrics.counter("UncachedCompile") == 1
+    assert_tree_close(run(fn2), expected(fn2))
+    assert lr.metrics.counter("UncachedCompile") == 2, "fn2 ran fn1's executable"
+    for fn in (fn1, fn2, fn1):
+        assert_tree_close(run(fn), expected(fn))
+    assert lr.metrics.counter("UncachedCompile") == 2
+    assert lr.metrics.counter("CachedCompile") == 3
 
 
 def test_scan_reverse():
@@ -772,6 +862,34 @@ def test_linear_layers_run_as_one_scan_node():
         return forward[0][1], backward[1][1]
 
     assert graphs(10) == graphs(3)
+
+
+def test_scan_layers_cache():
+    # Upstream: 10 Linear(64, 64) layers, scan_layers called three times; its one-layer cache
+    # then holds one entry. Here: the three calls, each with the backward through it, compile
+    # one graph, and give PyTorch's values and parameter gradients every time.
+    layers, torch_layers = linear_layers(10)
+    x = randn(13, 64)
+    l_x = lr.tensor(x)
+    params = [p for layer in layers for p in layer.parameters()]
+    lr.sync([l_x] + params)
+    want = torch.tensor(x)
+    for layer in torch_layers:
+        want = layer(want)
+    want.sum().backward()
+
+    lr.cache.clear_memory()
+    lr.metrics.reset()
+    for _ in range(3):
+        for p in params:
+            p.grad = None
+        output = lr.scan_layers(layers, l_x.clone())
+        output.sum().backward()
+        lr.sync([output] + [p.grad for p in params])
+        assert_tree_close(output, want)
+        assert assert_param_grads(layers, torch_layers) == 20
+    assert lr.metrics.counter("UncachedCompile") == 1
+    assert lr.metrics.counter("CachedCompile") == 2
 
 
 def tuple_module_class(lib):
