@@ -4,8 +4,9 @@
 
 For each size (f32 elements) rank 0 prints the median time of one all_reduce (sum) and the
 rate in GB/s of the tensor's bytes: lazyrt's as a replayed compiled step (the collective inside
-the executable, its result a new tensor), and torch.distributed.all_reduce on a CPU tensor in
-place with the gloo backend. It also prints how long joining the group took.
+the executable) whose result is a new tensor, and one that writes the result back into the
+tensor's own buffer (as gradients are reduced); and torch.distributed.all_reduce on a CPU tensor
+in place with the gloo backend. It also prints how long joining the group took.
 """
 
 import argparse
@@ -46,8 +47,20 @@ def main():
         step = lr.compile_step(lambda t: dist.all_reduce(t), (x,))
         check = step(x)
         assert float(check[0].item()) == world * (world + 1) / 2
-        rows.append([n, median_seconds(lambda: step(x), args.reps)])
+        fresh = median_seconds(lambda: step(x), args.reps)
         del step, check
+        # In place, as gradients are reduced: the result goes back into the tensor's own buffer.
+        buf = lr.full((n,), 1.0 / world)  # lazyrt's own memory (a NumPy array's is never written)
+        lr.mark_step()
+
+        def inplace():
+            buf.copy_(dist.all_reduce(buf))
+            return buf
+        step = lr.compile_step(inplace, ())
+        step()
+        assert float(buf[0].item()) == 1.0
+        rows.append([n, fresh, median_seconds(step, args.reps)])
+        del step, buf
 
     import torch
     import torch.distributed as tdist
@@ -55,16 +68,17 @@ def main():
     tdist.init_process_group("gloo")
     torch.set_num_threads(1)
     for row in rows:
-        t = torch.full((row[0],), float(rank + 1))
+        t = torch.full((row[0],), 1.0 / world)
         row.append(median_seconds(lambda: tdist.all_reduce(t), args.reps))
     tdist.destroy_process_group()
     dist.destroy_process_group()
     if rank == 0:
         print(f"{world} processes; joining the group took {join_ms:.0f} ms")
-        print(f"{'elements':>10} {'lazyrt ms':>10} {'GB/s':>6} {'torch.distributed ms':>21} {'GB/s':>6}")
-        for n, ours, theirs in rows:
+        print(f"{'elements':>10} {'lazyrt, new tensor':>22} {'lazyrt, in place':>22} {'torch.distributed':>22}")
+        print(f"{'':>10}" + f"{'(ms, GB/s)':>23}" * 3)
+        for n, *times in rows:
             gb = 4 * n / 1e9
-            print(f"{n:>10} {1e3 * ours:>10.2f} {gb / ours:>6.2f} {1e3 * theirs:>21.2f} {gb / theirs:>6.2f}")
+            print(f"{n:>10}" + "".join(f"{1e3 * t:>10.2f} ms {gb / t:>5.2f} GB/s" for t in times))
 
 
 if __name__ == "__main__":

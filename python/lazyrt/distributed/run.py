@@ -37,6 +37,8 @@ def parse(argv):
     if a.nproc < 1 or a.nnodes < 1 or not 0 <= a.node_rank < a.nnodes:
         p.error(f"need --nproc >= 1, --nnodes >= 1 and 0 <= --node_rank < --nnodes "
                 f"(got {a.nproc}, {a.nnodes}, {a.node_rank})")
+    if not 1 <= a.master_port <= 65535:
+        p.error(f"--master_port {a.master_port} is not a port")
     return a
 
 

@@ -30,6 +30,10 @@ bool can_alias(const Graph& g, const Node& node, size_t k) {
   const ir::TensorType& in = g.type(node.operands[k]);
   // A fused kernel stores a block's results after reading its operands (fused.cpp).
   if (node.op == OpKind::Fusion) return in.shape == node.results[0].shape;
+  // all_reduce and broadcast reduce (or receive) into their result; their kernel skips the
+  // copy of the operand when the result is the operand's buffer (a gradient bucket that dies
+  // there). Result 1 is the ordering token, a slot of its own.
+  if (node.op == OpKind::AllReduce || node.op == OpKind::Broadcast) return k == 0 && in == node.results[0];
   if (!ir::has_flag(node.op, ir::kInPlace) || node.results.size() != 1) return false;
   if (ir::has_flag(node.op, ir::kElementwise)) return in == node.results[0];
   // Other in-place kernels (scatter, index_add) still read their other operands while they

@@ -23,6 +23,7 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "compile/compile.h"
 #include "ir/graph.h"
 #include "trace/lazy_tensor.h"
 
@@ -300,6 +301,39 @@ TEST(ProcessGroup, CollectiveGraphsDoNotDependOnTheRank) {
   EXPECT_EQ(read(0), read(1));
   EXPECT_EQ(read(0).size(), 32u);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lazyrt
+
+namespace lazyrt {
+namespace {
+
+// A gradient bucket that dies at its all_reduce is reduced where it lies: the collective's
+// result takes its operand's arena slot (no copy), while its token gets a slot of its own.
+TEST(ProcessGroup, AllReduceReducesADyingOperandInPlace) {
+  ir::Graph g;
+  const ir::ValueRef a = g.add_parameter({DType::f32, {1024}});
+  const ir::ValueRef b = g.add_parameter({DType::f32, {1024}});
+  const ir::ValueRef bucket = g.add(ir::OpKind::Concat, {a, b}, {int64_t{0}});
+  const ir::ValueRef reduced =
+      g.add(ir::OpKind::AllReduce, {bucket, g.add_full(0, {}, DType::b8)}, {int64_t{1}, int64_t{2}, int64_t{0}});
+  g.outputs = {g.add(ir::OpKind::Slice, {reduced}, {std::vector<int64_t>{0}, std::vector<int64_t>{1024},
+                                                    std::vector<int64_t>{1}})};
+  const std::string text = compile::compile(g)->to_text();
+  std::string line;
+  for (size_t at = 0, end; at < text.size(); at = end + 1) {
+    end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    if (text.substr(at, end - at).find("all_reduce(") != std::string::npos) line = text.substr(at, end - at);
+  }
+  ASSERT_FALSE(line.empty()) << text;
+  // "5: all_reduce(arena+X, ...) -> arena+X, arena+Y"
+  const size_t open = line.find('(') + 1, arrow = line.find("-> ") + 3;
+  const std::string in = line.substr(open, line.find(',', open) - open);
+  const std::string out = line.substr(arrow, line.find(',', arrow) - arrow);
+  EXPECT_EQ(in.rfind("arena", 0), 0u) << line;
+  EXPECT_EQ(in, out) << line;
 }
 
 }  // namespace
