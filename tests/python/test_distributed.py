@@ -271,3 +271,19 @@ def test_digits_demo_on_two_processes_matches_one():
         acc[nproc] = accuracy_of(proc.stdout)
         assert "(replayed, " in proc.stdout
     assert acc[1] > 85 and abs(acc[1] - acc[2]) <= 1.0, acc
+
+
+def test_launcher_sets_torchrun_variables_for_each_host():
+    from lazyrt.distributed import run
+    a = run.parse(["--nproc", "2", "--nnodes", "3", "--node_rank", "1", "--master_addr", "h0", "--master_port", "1234",
+                   "train.py", "--lr", "0.1"])
+    assert (a.target, a.args, a.module) == ("train.py", ["--lr", "0.1"], False)
+    env = run.worker_env(a, 1)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                                "MASTER_PORT")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+        "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}
+    assert run.parse(["-m", "pkg.train"]).module
+    for bad in (["--nnodes", "2", "--node_rank", "2", "t.py"], ["--nproc", "0", "t.py"], ["--master_port", "70000", "t.py"]):
+        with pytest.raises(SystemExit):
+            run.parse(bad)
