@@ -567,6 +567,8 @@ class Handover {
   }
 
   size_t inputs() const { return held_.size(); }
+  /// Whether the step updates input s in place.
+  bool written(size_t s) const { return s < written_.size() && written_[s]; }
 
  private:
   struct Held {
@@ -717,9 +719,11 @@ std::vector<Input> inputs_from(const py::sequence& seq) {
 class FastCall {
  public:
   // spec: guard (a Guard), handover (a Handover), step (the compiled step, a lazyrt
-  // CompiledStep), inputs [per input: ("arg", index) | ("tensor", t) | ("grad", parameter) |
+  // CompiledStep), inputs [per input: ("arg", index) | ("tensor", t) | ("grad", parameter,
+  // stand-in or None) |
   // ("state", optimizer, parameter, key) | ("lr", optimizer, group index)], results [per leaf:
-  // ("C", value) | ("in", input) | ("out", output position)], spec (the results' pytree spec),
+  // ("C", value) | ("in", input) | ("out", output position)], clear_grads (parameters whose
+  // .grad the step sets to None), spec (the results' pytree spec),
   // single (one result, returned as is), miss (returned when the guard does not hold), other
   // (returned when the guard holds but the call is not of this kind; nothing ran).
   explicit FastCall(const py::dict& spec) {
@@ -743,6 +747,9 @@ class FastCall {
       } else if (kind == "grad") {
         src.kind = Source::Grad;
         src.tensor = THPVariable_Unpack(t[1].ptr());
+        // The stand-in for a missing gradient, used where the step only reads the slot.
+        if (t.size() > 2 && !t[2].is_none() && !handover_->written(sources_.size()))
+          src.standin = THPVariable_Unpack(t[2].ptr());
       } else if (kind == "state") {
         src.kind = Source::State;
         src.object = py::reinterpret_borrow<py::object>(t[1]);
@@ -773,6 +780,7 @@ class FastCall {
       else leaf.index = t[1].cast<size_t>();
       leaves_.push_back(std::move(leaf));
     }
+    for (py::handle p : spec["clear_grads"]) clear_grads_.push_back(THPVariable_Unpack(p.ptr()));
     spec_ = spec["spec"];
     single_ = spec["single"].cast<bool>();
     miss_ = spec["miss"];
@@ -796,6 +804,7 @@ class FastCall {
     }
     if (!handover_->finish().empty())  // resolve() never hands over a stand-in
       throw lz::Error("lazyrt.torch: a fast call wrote a stand-in");
+    for (at::Tensor& p : clear_grads_) p.mutable_grad().reset();  // p.grad = None, as the step left it
     static lz::metrics::detail::CounterCell& calls = lz::metrics::detail::counter_cell("TorchFastCall");
     calls.add(1);
     if (single_) return leaf(leaves_[0], args, outs);
@@ -809,6 +818,7 @@ class FastCall {
     enum Kind { Arg, Fixed, Grad, State, Lr } kind = Arg;
     Py_ssize_t index = 0;  // Arg: position; State: the optimizer in states_; Lr: the group
     at::Tensor tensor;  // Fixed: the tensor; Grad: the parameter
+    at::Tensor standin;  // Grad: what stands for a missing gradient (undefined: none)
     py::object object, param, key;  // Fixed: the tensor; State: optimizer, parameter, key; Lr: optimizer
   };
   struct Leaf {
@@ -845,6 +855,7 @@ class FastCall {
         return true;
       case Source::Grad:
         in.tensor = src.tensor.grad();
+        if (!in.tensor.defined()) in.tensor = src.standin;
         return in.tensor.defined();
       case Source::State: {
         const auto& by_param = states_[static_cast<size_t>(src.index)].by_param;
@@ -887,8 +898,8 @@ class FastCall {
         const Source& src = sources_[l.index];
         if (src.kind == Source::Arg) return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(args.ptr(), src.index));
         if (src.kind == Source::Fixed) return src.object;
-        at::Tensor t = src.kind == Source::Grad ? src.tensor.grad() : at::Tensor();
-        if (src.kind == Source::State) {
+        at::Tensor t;
+        if (src.kind == Source::Grad || src.kind == Source::State) {
           Input in;
           resolve(src, args, in);
           t = in.tensor;
@@ -905,6 +916,7 @@ class FastCall {
   Handover* handover_;
   lz::python::PyCompiledStep* step_;
   std::vector<Source> sources_;
+  std::vector<at::Tensor> clear_grads_;  // parameters whose .grad the step leaves None
   std::vector<OptimizerState> states_;  // of the optimizers whose state is an input
   std::vector<Leaf> leaves_;
   py::object spec_, miss_, other_, unflatten_;

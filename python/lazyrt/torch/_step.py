@@ -169,10 +169,16 @@ class _Entry:
 
     def fast_call(self, world, guard):
         """A _torch_C.FastCall of this capture in `world` (whose facts `guard` checks): calls where
-        nothing is copied back after the step and every result is a constant, an input or a
-        result of its own; None for other captures, which take the Python path every call."""
-        if guard is None or self._packed is None or self._items or self._in_sources:
+        nothing is copied back after the step (gradients it sets to None aside) and every result
+        is a constant, an input or a result of its own; None for other captures, which take the
+        Python path every call."""
+        if guard is None or self._packed is None or self._in_sources:
             return None
+        clear_grads = []
+        for kind, key, plan in self._items:
+            if kind != "g" or plan[0] != "none":
+                return None
+            clear_grads.append(world.params[key])
         leaves = []
         for r in self.result:
             if r[0] == "C":
@@ -195,7 +201,7 @@ class _Entry:
             elif kind == "buffer":
                 inputs.append(("tensor", world.buffers[ref]))
             elif kind == "grad":
-                inputs.append(("grad", world.params[ref]))
+                inputs.append(("grad", world.params[ref], self._zeros.get(len(inputs))))
             elif kind == "state":
                 oi, i, k = ref
                 inputs.append(("state", world.optimizers[oi], world.params[i], k))
@@ -205,7 +211,7 @@ class _Entry:
         inputs += [("tensor", t) for t in self.lowered.constants]
         return _torch_C.FastCall({
             "guard": guard, "handover": self._handover, "step": self._packed, "inputs": inputs,
-            "results": leaves, "spec": self.result_spec, "single": self._single_result,
+            "results": leaves, "clear_grads": clear_grads, "spec": self.result_spec, "single": self._single_result,
             "miss": _MISS, "other": _OTHER})
 
     def _plan_writes(self, placeholders, roots):
