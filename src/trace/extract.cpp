@@ -13,19 +13,17 @@ Flattener::Flattener(std::function<bool(const LazyNode&)> expand,
     : expand_(std::move(expand)), leaf_(std::move(leaf)) {}
 
 ir::ValueRef Flattener::value_of(const LazyValue& v) {
-  const LazyNode* n = v.node.get();
-  const int32_t p = pos_.at(n);
+  const int32_t p = *pos_.find(v.node.get());
   if (node_of_[p] >= 0) return {node_of_[p], v.index};
   // A leaf: one graph value per result used.
-  auto& vals = leaf_values_[n];
-  if (vals.size() <= static_cast<size_t>(v.index)) vals.resize(v.index + 1, {-1, 0});
-  if (vals[v.index].node < 0) vals[v.index] = leaf_(v, graph_);
-  return vals[v.index];
+  ir::ValueRef& val = v.index == 0 ? leaf0_[p] : leaf_values_.try_emplace((int64_t{p} << 32) | v.index, ir::ValueRef{-1, 0}).first->second;
+  if (val.node < 0) val = leaf_(v, graph_);
+  return val;
 }
 
 ir::ValueRef Flattener::add_root(const LazyValue& root) {
   std::vector<std::pair<const std::shared_ptr<LazyNode>*, size_t>> stack;
-  if (!pos_.count(root.node.get())) stack.push_back({&root.node, 0});
+  if (!pos_.contains(root.node.get())) stack.push_back({&root.node, 0});
   while (!stack.empty()) {
     auto [ref, k] = stack.back();
     const LazyNode* n = ref->get();
@@ -33,29 +31,30 @@ ir::ValueRef Flattener::add_root(const LazyValue& root) {
     if (expanded && k < n->operands.size()) {
       stack.back().second++;
       const auto& child = n->operands[k].node;
-      if (!pos_.count(child.get())) stack.push_back({&child, 0});
+      if (!pos_.contains(child.get())) stack.push_back({&child, 0});
       continue;
     }
     stack.pop_back();
-    if (pos_.count(n)) continue;
     const auto p = static_cast<int32_t>(visited_.size());
-    pos_[n] = p;
+    if (!pos_.emplace(n, p).second) continue;
     visited_.push_back({ref, 0});
     node_of_.push_back(-1);
+    leaf0_.push_back({-1, 0});
     if (!expanded) continue;
     ir::Node node;
     node.op = n->op;
     node.attrs = n->attrs;
     node.results = n->types;
     node.regions = n->regions;
+    node.operands.reserve(n->operands.size());
     for (const LazyValue& v : n->operands) {
-      visited_[pos_.at(v.node.get())].internal_refs++;
+      visited_[*pos_.find(v.node.get())].internal_refs++;
       node.operands.push_back(value_of(v));
     }
     graph_.nodes.push_back(std::move(node));
     node_of_[p] = static_cast<int32_t>(graph_.nodes.size() - 1);
   }
-  visited_[pos_.at(root.node.get())].internal_refs++;
+  visited_[*pos_.find(root.node.get())].internal_refs++;
   return value_of(root);
 }
 
@@ -66,7 +65,7 @@ ir::ValueRef Flattener::add_root(const LazyValue& root) {
 // the tensor it came from, so an in-place update (w.add_(g)) writes into w's own buffer.
 Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
   Extracted ex;
-  std::unordered_map<const runtime::Buffer*, int32_t> param_of_buffer;
+  util::PtrMap<int32_t> param_of_buffer;
   std::vector<int64_t>& source = ex.param_sources;
   // Another tensor on a parameter's buffer (a detached copy of a state tensor, or the tensor
   // it was detached from): the oldest stands for the parameter (state outlives the
@@ -91,17 +90,18 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
       [&](const LazyValue& v, ir::Graph& g) {
         LAZYRT_ASSERT(v.node->data, "a loop placeholder reached a sync");
         // All leaves of one buffer are one parameter.
-        auto [it, fresh] = param_of_buffer.emplace(v.node->data.get(), static_cast<int32_t>(ex.params.size()));
+        auto [param, fresh] = param_of_buffer.emplace(v.node->data.get(), static_cast<int32_t>(ex.params.size()));
+        const int32_t p = *param;
         if (fresh) {
           ex.param_nodes.push_back(g.add_parameter(v.type()).node);
           ex.params.push_back(v.node->data);
           source.push_back(v.node->source_tensor);
           ex.param_tensors.push_back(v.node->source);
         } else {
-          note_source(it->second, v.node->source, v.node->source_tensor);
+          note_source(p, v.node->source, v.node->source_tensor);
         }
-        if (v.node->also_tensor >= 0) note_source(it->second, v.node->also, v.node->also_tensor);
-        return ir::ValueRef{ex.param_nodes[it->second], 0};
+        if (v.node->also_tensor >= 0) note_source(p, v.node->also, v.node->also_tensor);
+        return ir::ValueRef{ex.param_nodes[p], 0};
       });
   std::vector<ir::ValueRef> outputs;
   for (const auto& t : tensors) outputs.push_back(flat.add_root(t->pending()));
@@ -121,7 +121,7 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
   for (size_t p = 0; p < visited.size(); ++p) {
     const LazyNode& n = **visited[p].ref;
     if (n.op != ir::OpKind::Parameter) continue;
-    const int32_t param = param_of_buffer.at(n.data.get());
+    const int32_t param = *param_of_buffer.find(n.data.get());
     leaves[param]++;
     if (survives[p]) donatable[param] = false;
   }

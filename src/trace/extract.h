@@ -14,6 +14,7 @@
 
 #include "ir/graph.h"
 #include "trace/lazy_tensor.h"
+#include "util/ptr_map.h"
 
 namespace lazyrt::trace {
 
@@ -37,7 +38,7 @@ class Flattener {
     int64_t internal_refs;
   };
   const std::vector<Visited>& visited() const { return visited_; }
-  int32_t position(const LazyNode* n) const { return pos_.at(n); }
+  int32_t position(const LazyNode* n) { return *pos_.find(n); }
 
  private:
   ir::ValueRef value_of(const LazyValue& v);
@@ -46,9 +47,12 @@ class Flattener {
   std::function<ir::ValueRef(const LazyValue&, ir::Graph&)> leaf_;
   ir::Graph graph_;
   std::vector<Visited> visited_;
-  std::unordered_map<const LazyNode*, int32_t> pos_;
-  std::vector<int32_t> node_of_;                                // position -> graph node
-  std::unordered_map<const LazyNode*, std::vector<ir::ValueRef>> leaf_values_;
+  util::PtrMap<int32_t> pos_;     // node -> position
+  std::vector<int32_t> node_of_;  // position -> graph node
+  // A leaf's graph values: result 0 by position (most leaves have one result), the others by
+  // (position, result).
+  std::vector<ir::ValueRef> leaf0_;
+  std::unordered_map<int64_t, ir::ValueRef> leaf_values_;
 };
 
 }  // namespace lazyrt::trace

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <unordered_set>
 #include <utility>
 
 #include "util/check.h"
@@ -18,12 +17,41 @@ thread_local std::vector<int64_t> scope_stack;
 thread_local std::vector<std::vector<std::shared_ptr<TensorImpl>>> scope_grad_captures;
 thread_local RebindJournal* active_journal = nullptr;
 
+}  // namespace
+
 // Pending tensors, for mark_step. Tensors enter when they get IR and leave when they are
-// materialized or destroyed.
+// materialized or destroyed: a doubly linked list through the tensors (no allocation per
+// op), under `mu`.
 struct PendingRegistry {
   std::mutex mu;
-  std::unordered_set<TensorImpl*> set;
+  TensorImpl* head = nullptr;
+  size_t size = 0;
+
+  void insert(TensorImpl* t) {
+    if (t->registered_) return;
+    t->registered_ = true;
+    t->pending_prev_ = nullptr;
+    t->pending_next_ = head;
+    if (head) head->pending_prev_ = t;
+    head = t;
+    ++size;
+  }
+  void erase(TensorImpl* t) {
+    if (!t->registered_) return;
+    t->registered_ = false;
+    (t->pending_prev_ ? t->pending_prev_->pending_next_ : head) = t->pending_next_;
+    if (t->pending_next_) t->pending_next_->pending_prev_ = t->pending_prev_;
+    t->pending_prev_ = t->pending_next_ = nullptr;
+    --size;
+  }
+  template <class F>
+  void for_each(F&& f) const {
+    for (TensorImpl* t = head; t; t = t->pending_next_) f(t);
+  }
 };
+
+namespace {
+
 PendingRegistry& pending_registry() {
   static PendingRegistry* r = new PendingRegistry();
   return *r;
@@ -77,7 +105,7 @@ TensorImpl::~TensorImpl() {
   if (ir) {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.set.erase(this);
+    r.erase(this);
   }
   // A base that dies leaves its views. One alone is a tensor of its own from now on; several
   // still alias each other, so a stand-in with the base's value and history takes its place.
@@ -95,7 +123,7 @@ TensorImpl::~TensorImpl() {
     stand_in->origin_ = ir.node;
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.set.insert(stand_in.get());
+    r.insert(stand_in.get());
   } else {
     stand_in->data_ = data_;
   }
@@ -139,7 +167,7 @@ void TensorImpl::set_ir(LazyValue v) {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
     if (!ir) {
-      r.set.insert(this);
+      r.insert(this);
       origin_ = v.node;
       from_data_ = data_ != nullptr;
     }
@@ -156,7 +184,7 @@ void TensorImpl::set_data(std::shared_ptr<runtime::Buffer> buffer) {
   if (ir) {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    r.set.erase(this);
+    r.erase(this);
     old = std::exchange(ir, {});
   }
   leaf_ = {};
@@ -170,7 +198,7 @@ void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue 
       auto& r = pending_registry();
       std::lock_guard<std::mutex> lock(r.mu);
       if (!ir) {
-        r.set.insert(this);
+        r.insert(this);
         origin_ = value.node;
       }
       old = std::exchange(ir, std::move(value));
@@ -307,11 +335,12 @@ std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
   {
     auto& r = pending_registry();
     std::lock_guard<std::mutex> lock(r.mu);
-    out.reserve(r.set.size());
+    out.reserve(r.size);
     // Tensors of a loop body being traced (or leaked from one) are symbolic: not synced.
-    for (TensorImpl* t : r.set)
+    r.for_each([&](TensorImpl* t) {
       if (t->scope == 0)
         if (auto sp = t->weak_from_this().lock()) out.push_back(std::move(sp));
+    });
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->id < b->id; });
   return out;
@@ -321,9 +350,10 @@ void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)
   auto& r = pending_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   std::vector<TensorImpl*> live;
-  live.reserve(r.set.size());
-  for (TensorImpl* t : r.set)
+  live.reserve(r.size);
+  r.for_each([&](TensorImpl* t) {
     if (t->scope == 0) live.push_back(t);
+  });
   std::sort(live.begin(), live.end(), [](const TensorImpl* a, const TensorImpl* b) { return a->id < b->id; });
   fn(live);
 }

@@ -146,6 +146,12 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   uint64_t grad_mark_ = 0;
   std::weak_ptr<TensorImpl> grad_at_mark_;
   bool had_grad_at_mark_ = false;
+  // The registry of pending tensors (lazy_tensor.cpp) is a list through the tensors
+  // themselves: entering and leaving it allocates nothing. Guarded by the registry's lock.
+  friend struct PendingRegistry;
+  TensorImpl* pending_prev_ = nullptr;
+  TensorImpl* pending_next_ = nullptr;
+  bool registered_ = false;
 };
 
 /// The runtime's way between a public Tensor handle and its state (the public header keeps
