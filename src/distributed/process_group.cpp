@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <csignal>
 #include <mutex>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -269,6 +270,11 @@ void init_process_group(const InitOptions& options) {
                  "' does not exist and cannot be made");
     store = std::make_unique<gloo::rendezvous::FileStore>(dir);
   }
+  // A write to a peer that died raises SIGPIPE, whose default action ends the process: the
+  // ranks that survive must see an error instead (Python ignores SIGPIPE already; a handler
+  // the program installed is left as it is).
+  struct sigaction pipe_action {};
+  if (::sigaction(SIGPIPE, nullptr, &pipe_action) == 0 && pipe_action.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   gloo::transport::tcp::attr attr;
   if (const char* iface = env("GLOO_SOCKET_IFNAME")) attr.iface = iface;
   else attr.hostname = host;
