@@ -723,7 +723,8 @@ class FastCall {
   // stand-in or None) |
   // ("state", optimizer, parameter, key) | ("lr", optimizer, group index)], results [per leaf:
   // ("C", value) | ("in", input) | ("out", output position)], clear_grads (parameters whose
-  // .grad the step sets to None), spec (the results' pytree spec),
+  // .grad the step sets to None), set_grads [(parameter, output position) of gradients the
+  // step makes anew], spec (the results' pytree spec),
   // single (one result, returned as is), miss (returned when the guard does not hold), other
   // (returned when the guard holds but the call is not of this kind; nothing ran).
   explicit FastCall(const py::dict& spec) {
@@ -781,6 +782,10 @@ class FastCall {
       leaves_.push_back(std::move(leaf));
     }
     for (py::handle p : spec["clear_grads"]) clear_grads_.push_back(THPVariable_Unpack(p.ptr()));
+    for (py::handle h : spec["set_grads"]) {
+      auto t = h.cast<py::tuple>();
+      set_grads_.emplace_back(THPVariable_Unpack(t[0].ptr()), t[1].cast<size_t>());
+    }
     spec_ = spec["spec"];
     single_ = spec["single"].cast<bool>();
     miss_ = spec["miss"];
@@ -805,6 +810,9 @@ class FastCall {
     if (!handover_->finish().empty())  // resolve() never hands over a stand-in
       throw lz::Error("lazyrt.torch: a fast call wrote a stand-in");
     for (at::Tensor& p : clear_grads_) p.mutable_grad().reset();  // p.grad = None, as the step left it
+    // A gradient the step made anew: the torch view of its output (it holds the buffer, so no
+    // later replay writes there), as p.grad = tensor would set it.
+    for (auto& [p, pos] : set_grads_) p.mutable_grad() = torch_view(outs.at(pos));
     static lz::metrics::detail::CounterCell& calls = lz::metrics::detail::counter_cell("TorchFastCall");
     calls.add(1);
     if (single_) return leaf(leaves_[0], args, outs);
@@ -917,6 +925,7 @@ class FastCall {
   lz::python::PyCompiledStep* step_;
   std::vector<Source> sources_;
   std::vector<at::Tensor> clear_grads_;  // parameters whose .grad the step leaves None
+  std::vector<std::pair<at::Tensor, size_t>> set_grads_;  // (parameter, output) of gradients made anew
   std::vector<OptimizerState> states_;  // of the optimizers whose state is an input
   std::vector<Leaf> leaves_;
   py::object spec_, miss_, other_, unflatten_;

@@ -709,11 +709,28 @@ def test_zero_grad_placement_matches_eager(where, set_to_none):
         close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
         same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
     assert step.captures == 1
-    # Gradients zeroed or accumulated in place, or set to None at the end: every call after
-    # the first two runs whole in C++. Gradients made anew by each call (None at its start)
-    # are handed to the tensors afterwards, on the Python path.
-    fast_calls = 0 if (where, set_to_none) == ("start", True) else STEPS - 2
-    assert lazyrt.metrics.counter("TorchFastCall") - fast == fast_calls
+    # Gradients zeroed or accumulated in place, set to None at the end, or made anew by each
+    # call (None at its start): every call after the first two runs whole in C++.
+    assert lazyrt.metrics.counter("TorchFastCall") - fast == STEPS - 2
+
+
+def test_gradients_made_anew_each_call_are_new_tensors_that_keep_their_values():
+    # zero_grad(set_to_none=True) first, so every call makes new gradients: each call's .grad
+    # tensors are new ones (as eager's are), and a later call leaves earlier ones as they were.
+    m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.GELU(), seed=18), OPTIMIZERS["adamw"])
+    loss_fn = nn.MSELoss()
+    eager = step_with_zero_grad(m_eager, o_eager, loss_fn, "start", True)
+    step = lazyrt.torch.compile(step_with_zero_grad(m_lazy, o_lazy, loss_fn, "start", True))
+    kept = []
+    for k, (x, y) in enumerate(batches("mse", n=6, seed=19)):
+        close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+        kept.append(([p.grad for p in m_lazy.parameters()], [p.grad.clone() for p in m_eager.parameters()]))
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+    for k, (grads, want) in enumerate(kept):
+        for g, w in zip(grads, want):
+            close(g.numpy(), w.numpy(), f"gradient of step {k}, read after the last step")
+    ids = [id(g) for grads, _ in kept for g in grads]
+    assert len(set(ids)) == len(ids)
 
 
 def test_gradients_made_between_calls_are_left_none_as_the_step_leaves_them():

@@ -169,16 +169,29 @@ class _Entry:
 
     def fast_call(self, world, guard):
         """A _torch_C.FastCall of this capture in `world` (whose facts `guard` checks): calls where
-        nothing is copied back after the step (gradients it sets to None aside) and every result
-        is a constant, an input or a result of its own; None for other captures, which take the
-        Python path every call."""
+        nothing is copied back after the step (gradients it sets to None or makes anew aside)
+        and every result is a constant, an input or a result of its own; None for other
+        captures, which take the Python path every call."""
         if guard is None or self._packed is None or self._in_sources:
             return None
-        clear_grads = []
+        clear_grads, set_grads = [], []
+        uses = {}
+        for r in self.result:
+            if r[0] == "T" and r[1][0] == "out":
+                uses[r[1][1]] = uses.get(r[1][1], 0) + 1
+        for kind, _, plan in self._items:
+            src = _item_source(kind, plan)
+            if src is not None and src[0] == "out":
+                uses[src[1]] = uses.get(src[1], 0) + 1
         for kind, key, plan in self._items:
-            if kind != "g" or plan[0] != "none":
+            if kind == "g" and plan[0] == "none":
+                clear_grads.append(world.params[key])
+            elif kind == "g" and plan[0] == "new" and plan[1][0] == "out" and uses[plan[1][1]] == 1 and \
+                    plan[1][1] in self._direct:
+                # A gradient made anew: .grad becomes the torch view of its own output.
+                set_grads.append((world.params[key], self._direct.index(plan[1][1])))
+            else:
                 return None
-            clear_grads.append(world.params[key])
         leaves = []
         for r in self.result:
             if r[0] == "C":
@@ -211,7 +224,8 @@ class _Entry:
         inputs += [("tensor", t) for t in self.lowered.constants]
         return _torch_C.FastCall({
             "guard": guard, "handover": self._handover, "step": self._packed, "inputs": inputs,
-            "results": leaves, "clear_grads": clear_grads, "spec": self.result_spec, "single": self._single_result,
+            "results": leaves, "clear_grads": clear_grads, "set_grads": set_grads, "spec": self.result_spec,
+            "single": self._single_result,
             "miss": _MISS, "other": _OTHER})
 
     def _plan_writes(self, placeholders, roots):
@@ -258,15 +272,18 @@ class _Entry:
             return
         in_result = {r[1][1] for r in self.result if r[0] == "T" and r[1][0] == "out"}
         needed = set(in_result)
+        own = set(in_result)  # outputs of their own: results, and gradients made anew
         for kind, _, plan in self._items:
             src = _item_source(kind, plan)
             if src is not None and src[0] == "out":
                 needed.add(src[1])
+                if kind == "g" and plan[0] == "new":
+                    own.add(src[1])
         groups = {}
         self._direct = []
         for k in sorted(needed):
             val = roots[k].meta.get("val")
-            if k in in_result or not isinstance(val, torch.Tensor) or val.dtype not in _PACKABLE:
+            if k in own or not isinstance(val, torch.Tensor) or val.dtype not in _PACKABLE:
                 self._direct.append(k)
             else:
                 groups.setdefault(val.dtype, []).append(k)
