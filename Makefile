@@ -49,12 +49,14 @@ test: setup build
 # bench/suite.py runs every benchmark binary of build/bench (*_bench) and the Python workloads
 # side by side with PyTorch, and writes bench/results.md and bench/plots/*.png. It builds only
 # what the benchmarks run. Kept out of `make test`: timings are not tests. BENCH_THREADS: the
-# thread count of every peer.
+# thread count of every peer; at another count than 1 the report goes to
+# bench/results-<n>-threads.md, without plots.
 BENCH_THREADS ?= 1
+BENCH_OUT = $(if $(filter 1,$(BENCH_THREADS)),--out $(ROOT)/bench/results.md --plots $(ROOT)/bench/plots,--out $(ROOT)/bench/results-$(BENCH_THREADS)-threads.md)
 bench: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j$(JOBS) --target lazyrt_benchmarks
 	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 $(PYTHON) $(ROOT)/bench/suite.py --build $(BUILD) \
-	  --threads $(BENCH_THREADS) --out $(ROOT)/bench/results.md --plots $(ROOT)/bench/plots
+	  --threads $(BENCH_THREADS) $(BENCH_OUT)
 
 # Two libFuzzer targets, with ASan and UBSan, in their own build tree (clang, everything
 # instrumented), one after the other, each for FUZZ_RUNS inputs or FUZZ_SECONDS, whichever
