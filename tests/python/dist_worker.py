@@ -73,6 +73,9 @@ def collectives():
 def dead_peer():
     dist.init_process_group(timeout=TIMEOUT)
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Every rank has joined before one dies: a rank's init_process_group can return while a
+    # peer's connections to it are still being made, and a death then fails that peer's join.
+    dist.barrier()
     if rank == world - 1:
         time.sleep(float(os.environ.get("DIST_TEST_DIE_AFTER", "0")))
         os._exit(7)  # dies without a word
