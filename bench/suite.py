@@ -7,7 +7,11 @@ lazyrt's before timing anything, and writes one markdown report with a summary t
 plots of the scaling studies. `make bench` runs it:
 
     PYTHONPATH=build/python /usr/bin/python3 bench/suite.py --build build \\
-        --out bench/results.md --plots bench/plots [--threads 1] [--quick] [--only NAME ...]
+        --out bench/results.md --plots bench/plots [--threads 1] [--quick] [--only NAME ...] [--merge]
+
+With --merge, the parts run (--only) replace their own sections, summary rows and times in the
+report at --out, and the others stay as they were measured (bench/report.py); the header names
+what was re-measured, and when.
 
 Every peer gets the same thread count (--threads, default 1: the CPUs of a shared machine
 stay comparable between runs): LAZYRT_NUM_THREADS, OPENBLAS_NUM_THREADS and OMP_NUM_THREADS
@@ -41,6 +45,9 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=1, help="threads for every peer (default 1)")
     p.add_argument("--quick", action="store_true", help="few repetitions, no C++ benchmarks: a smoke run")
     p.add_argument("--only", nargs="+", choices=WORKLOADS + ("cpp",), help="run only these parts")
+    p.add_argument("--merge", action="store_true",
+                   help="with --out: replace only the parts run in the report there (their sections, summary rows "
+                        "and times), keeping the others, and say in its header what was re-measured when")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # a workload's child process
     return p.parse_args(argv)
 
@@ -73,13 +80,17 @@ def machine_line():
     return f"{cpu}, {os.cpu_count()} hardware threads"
 
 
+def cpp_binaries(build):
+    """The C++ benchmark binaries of the build tree not run by a workload: the "cpp" part."""
+    return [os.path.basename(exe) for exe in sorted(glob.glob(os.path.join(build, "bench", "*_bench")))
+            if os.path.basename(exe) not in CPP_USED_BY_WORKLOADS and os.access(exe, os.X_OK)]
+
+
 def run_cpp(build):
-    """[(name, markdown)] of every C++ benchmark binary not run by a workload."""
+    """[(name, markdown, seconds)] of every C++ benchmark binary not run by a workload."""
     out = []
-    for exe in sorted(glob.glob(os.path.join(build, "bench", "*_bench"))):
-        name = os.path.basename(exe)
-        if name in CPP_USED_BY_WORKLOADS or not os.access(exe, os.X_OK):
-            continue
+    for name in cpp_binaries(build):
+        exe = os.path.join(build, "bench", name)
         print(f"running {exe}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         r = subprocess.run([exe], capture_output=True, text=True)
@@ -92,13 +103,16 @@ def run_cpp(build):
 
 def main(argv):
     args = parse_args(argv)
+    if args.merge and not (args.out and os.path.exists(args.out)):
+        raise SystemExit("--merge needs --out naming an existing report")
     pin_threads(args.threads)
     import_lazyrt(args.build)
     sys.path.insert(0, HERE)
     import numpy as np
     import torch
     import lazyrt as lr
-    from harness import BenchmarkError, load_average, table, thread_settings
+    import report
+    from harness import BenchmarkError, load_average, thread_settings
     torch.set_num_threads(args.threads)
 
     if args.child:
@@ -121,7 +135,7 @@ def main(argv):
         args.plots = os.path.abspath(args.plots)
     started = datetime.datetime.now(datetime.timezone.utc)
     load_start = load_average()
-    sections, summary, durations = [], [], []
+    results, durations = [], []
     for name in WORKLOADS:
         if name not in parts:
             continue
@@ -132,37 +146,43 @@ def main(argv):
         except BenchmarkError as e:
             print(f"{name}: {e}", file=sys.stderr)
             return 1
-        durations.append(f"{name} {time.perf_counter() - t0:.0f} s")
-        sections.append(result["markdown"])
-        summary += result["summary"]
+        durations.append((name, f"{time.perf_counter() - t0:.0f} s"))
+        results.append((name, result["summary"], result["markdown"]))
     cpp = run_cpp(args.build) if "cpp" in parts else []
-    durations += [f"{name} {seconds:.0f} s" for name, _, seconds in cpp]
+    durations += [(name, f"{seconds:.0f} s") for name, _, seconds in cpp]
 
-    header = [
-        "# Benchmarks: lazyrt against PyTorch and the machine's limits\n",
-        f"Written by `make bench` (bench/suite.py) on {started:%Y-%m-%d %H:%M} UTC. Machine: {machine_line()}; "
-        f"load average {load_start} at the start, {load_average()} at the end (other processes share the CPUs: "
-        "read the spreads). "
-        f"Python {platform.python_version()}, PyTorch {torch.__version__}, NumPy {np.__version__}, "
-        f"lazyrt {lr.__version__}.\n",
-        f"Threads, equal for every peer: {thread_settings()}, torch.set_num_threads({torch.get_num_threads()}). "
-        "Every peer starts from lazyrt's initial values and its results are checked against lazyrt's (stated "
-        "per section) before it is timed; a mismatch fails the run. Warm-up runs are never counted. Cells: "
-        "median [min, max] of repeated runs.\n",
-        f"Time per part: {', '.join(durations)}.\n",
-        "## Summary\n",
-        "ratio = peer / lazyrt (for a limit: the limit's time over lazyrt's, the share of the limit reached).\n",
-        table(["workload", "lazyrt path", "lazyrt", "unit", "peer or limit", "peer", "ratio"], summary,
-              "lllllrr"),
-        "",
-    ]
-    report = "\n".join(header + sections + [md for _, md, _ in cpp]).rstrip() + "\n"
+    title = "# Benchmarks: lazyrt against PyTorch and the machine's limits"
+    measured = (f"on {started:%Y-%m-%d %H:%M} UTC. Machine: {machine_line()}; load average {load_start} at the start, "
+                f"{load_average()} at the end (other processes share the CPUs: read the spreads). Python "
+                f"{platform.python_version()}, PyTorch {torch.__version__}, NumPy {np.__version__}, lazyrt "
+                f"{lr.__version__}.")
+    threads = (f"Threads, equal for every peer: {thread_settings()}, torch.set_num_threads({torch.get_num_threads()}). "
+               "Every peer starts from lazyrt's initial values and its results are checked against lazyrt's (stated "
+               "per section) before it is timed; a mismatch fails the run. Warm-up runs are never counted. Cells: "
+               "median [min, max] of repeated runs.")
+    new_parts = [(name, report.summary_lines(rows), md) for name, rows, md in results]
+    if cpp:
+        new_parts.append(("cpp", [], "\n".join(md.rstrip() + "\n" for _, md, _ in cpp)))
+    if args.merge:
+        with open(args.out) as f:
+            old = f.read()
+        try:
+            text = report.merge(old, WORKLOADS + ("cpp",),
+                                f"Re-measured: {', '.join(f'`{n}`' for n, _, _ in new_parts)} (`bench/suite.py "
+                                f"--only {' '.join(parts)} --merge`) " + measured, threads, durations, new_parts,
+                                binaries=cpp_binaries(args.build))
+        except report.ReportError as e:
+            print(f"--merge: {args.out}: {e}", file=sys.stderr)
+            return 1
+    else:
+        text = report.render(title, ["Written by `make bench` (bench/suite.py) " + measured], threads, durations,
+                             new_parts)
     if args.out:
         with open(args.out, "w") as f:
-            f.write(report)
+            f.write(text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
-        sys.stdout.write(report)
+        sys.stdout.write(text)
     return 0
 
 

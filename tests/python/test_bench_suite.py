@@ -1,11 +1,15 @@
 """bench/suite.py runs end to end in its quick mode: the peers agree with lazyrt and a report
-comes out. A smoke test of the benchmark code, not a measurement."""
+comes out, and --merge replaces only the parts it ran. A smoke test of the benchmark code, not a
+measurement."""
 
 import os
 import subprocess
 import sys
 
-SUITE = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "suite.py")
+import pytest
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+SUITE = os.path.join(BENCH, "suite.py")
 
 
 def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
@@ -19,6 +23,62 @@ def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
     assert "PyTorch eager (Python)" in report
     assert "TorchScript scripted loop" in report
     assert (tmp_path / "plots" / "while_loop_scaling.png").stat().st_size > 0
+
+
+def test_merge_replaces_only_the_parts_run_and_refuses_other_threads():
+    sys.path.insert(0, BENCH)
+    try:
+        import report
+    finally:
+        sys.path.remove(BENCH)
+    threads = "Threads, equal for every peer: LAZYRT_NUM_THREADS=1."
+    row = ("w", "lazyrt", "1.00", "ms", "peer", "2.00", "2.00x")
+    old = report.render("# Title", ["Written by `make bench` on day 1."], threads,
+                        [("a", "3 s"), ("b", "4 s"), ("x_bench", "5 s")],
+                        [("a", report.summary_lines([row, row]), "## A\n\nold a"),
+                         ("b", report.summary_lines([row]), "## B\n\nold b"),
+                         ("cpp", [], "## X\n\nold x")])
+    order = ("a", "b", "c", "cpp")
+    new_row = ("w", "lazyrt", "9.00", "ms", "peer", "8.00", "0.89x")
+    merged = report.merge(old, order, "Re-measured: `b`, `c` (`--only b c --merge`) on day 2.", threads,
+                          [("b", "6 s"), ("c", "7 s")],
+                          [("b", report.summary_lines([new_row]), "## B\n\nnew b"),
+                           ("c", report.summary_lines([new_row, new_row]), "## C\n\nnew c")])
+    assert "old a" in merged and "old x" in merged and "new b" in merged and "new c" in merged
+    assert "old b" not in merged
+    assert merged.index("## A") < merged.index("## B") < merged.index("## C") < merged.index("## X")
+    assert merged.count("| 1.00 |") == 2 and merged.count("| 9.00 |") == 3
+    assert "Time per part: a 3 s, b 6 s, c 7 s, x_bench 5 s." in merged
+    assert "Written by `make bench` on day 1.\n\nRe-measured: `b`, `c`" in merged
+    title, measured, _, _, parts = report.parse(merged)
+    assert [name for name, _, _ in parts] == ["a", "b", "c", "cpp"]
+    assert [len(rows) for _, rows, _ in parts] == [2, 1, 2, 0]
+    # A later re-measurement of c alone leaves b named in the earlier one.
+    again = report.merge(merged, order, "Re-measured: `c` (`--only c --merge`) on day 3.", threads, [("c", "1 s")],
+                         [("c", [], "## C\n\nnewer c")])
+    assert "Re-measured: `b` (`--only b c --merge`) on day 2." in again and "on day 3." in again
+    assert report.parse(again)[4][2] == ("c", [], "## C\n\nnewer c")
+    with pytest.raises(report.ReportError, match="other threads"):
+        report.merge(old, order, "Re-measured: `b` on day 2.", threads.replace("=1", "=2"), [], [])
+    with pytest.raises(report.ReportError, match="before reports could be merged"):
+        report.merge(old.replace("<!-- bench/suite.py summary rows", "<!-- "), order, "x", threads, [], [])
+    # The committed reports can be merged into, and parse into the suite's parts.
+    for name in ("results.md", "results-2-threads.md"):
+        with open(os.path.join(BENCH, name)) as f:
+            text = f.read()
+        if name == "results.md" or report.ROWS_MARK.split(":")[0] in text:
+            parts = report.parse(text)[4]
+            assert [p for p, _, _ in parts] == [p for p in suite_parts() if p in {q for q, _, _ in parts}], name
+            assert report.render(*report.parse(text)) == text
+
+
+def suite_parts():
+    sys.path.insert(0, BENCH)
+    try:
+        import suite
+    finally:
+        sys.path.remove(BENCH)
+    return suite.WORKLOADS + ("cpp",)
 
 
 def test_quick_torch_frontend_reports_a_torch_lazy_row_whether_or_not_it_runs(tmp_path):
