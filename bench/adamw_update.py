@@ -1,52 +1,63 @@
-"""The AdamW update alone, against PyTorch's two implementations and the memory bandwidth.
+"""The AdamW update alone, against PyTorch's two implementations and the machine's limits.
 
 Workload: 10 f32 parameters of 1,000,000 elements each (10M in all), values uniform in [-1, 1)
 and fixed gradients standard normal (numpy default_rng(2)), the same in every peer;
 AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2).step(), nothing else: no
 forward, no backward, no zero_grad (the gradients stay).
 
-The bandwidth limit: a STREAM-style triad a[i] = b[i] + s * c[i] on f32 arrays of 2^25
-elements (128 MiB each, far beyond any cache), through torch.add(b, c, alpha=s, out=a), one
-pass. It moves 12 bytes per element (two reads, one write; as STREAM, the write's
-read-for-ownership is not counted). AdamW must read parameter, gradient and both moments and
-write parameter and both moments: 28 bytes per parameter, counted the same way; at the triad's
-rate that is its least possible time.
+The limits (bench/limits.c, gcc -O3 -march=native, one thread; bench/limits.py): the AdamW
+update itself written once in C, torch's arithmetic in torch's order on the same 10 tensors
+(read parameter, gradient and both moments, write parameter and both moments: 28 bytes per
+parameter), checked against torch.optim.AdamW before timing; its time is the least a step can
+take, and its time over a peer's is the share of the limit the peer reaches. STREAM's copy and
+triad over f32[2^25] arrays (128 MiB each, beyond the last-level cache) give the machine's
+plain bandwidth beside it. All three run in turn with the peers' steps, so they see the same
+machine load.
 """
+
+import glob
+import os
 
 import numpy as np
 import torch
 
 import lazyrt as lr
-from harness import BenchmarkError, Samples, check_close, ratio, table, time_side_by_side
+import limits
+from harness import BenchmarkError, Samples, check_close, num, ratio, table, time_side_by_side
 
 TENSORS, NUMEL = 10, 1_000_000
-BYTES_PER_PARAM = 7 * 4
-TRIAD_NUMEL = 2 ** 25
+QUICK_NUMEL = 100_000  # --quick: a smoke run on 10 tensors of 100,000
+BYTES_PER_PARAM = limits.ADAMW_BYTES
 STEPS_CHECKED = 3
+C_ADAMW = "AdamW's update in C (the limit)"
+C_ADAMW_RATE = "AdamW's update"
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
 
 
-def values():
+def llc_bytes():
+    """The last-level cache's size (Linux sysfs), or nan."""
+    best = float("nan")
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(os.path.join(index, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        best = float(text.rstrip("KMG")) * scale
+    return best
+
+
+def values(numel):
     rng = np.random.default_rng(2)
-    params = [rng.uniform(-1, 1, NUMEL).astype(np.float32) for _ in range(TENSORS)]
-    grads = [rng.standard_normal(NUMEL, dtype=np.float32) for _ in range(TENSORS)]
+    params = [rng.uniform(-1, 1, numel).astype(np.float32) for _ in range(TENSORS)]
+    grads = [rng.standard_normal(numel, dtype=np.float32) for _ in range(TENSORS)]
     return params, grads
 
 
-def triad():
-    """A function doing one triad pass, checked once."""
-    b = torch.rand(TRIAD_NUMEL)
-    c = torch.rand(TRIAD_NUMEL)
-    a = torch.empty(TRIAD_NUMEL)
-    s = 3.0
-    torch.add(b, c, alpha=s, out=a)
-    idx = torch.randint(0, TRIAD_NUMEL, (1000,))
-    check_close("triad", a[idx].numpy(), (b[idx] + s * c[idx]).numpy(), rtol=1e-6, atol=1e-6)
-    return lambda: torch.add(b, c, alpha=s, out=a)
-
-
 def run(opts):
-    params_np, grads_np = values()
+    numel = QUICK_NUMEL if opts.quick else NUMEL
+    params_np, grads_np = values(numel)
 
     def lazyrt_peer():
         ps = [lr.tensor(p, requires_grad=True) for p in params_np]
@@ -93,35 +104,66 @@ def run(opts):
         check_close(f"AdamW, {name}: parameters after {STEPS_CHECKED} steps", np.concatenate(get()), ref,
                     rtol=1e-5, atol=1e-6)
 
+    # The limits, checked before anything is timed.
+    lib = limits.library(opts.build)
+    c_adamw = limits.checked_adamw(lib, params_np, grads_np, HYPER, STEPS_CHECKED)
+    stream = limits.Stream(lib, 2 ** 22 if opts.quick else limits.STREAM_NUMEL)
+
     reps = 3 if opts.quick else 9
     fns = {n: fn for n, (fn, _) in peers.items()}
-    fns["triad"] = triad()  # in turn with the steps: the limit sees the same machine load
+    # In turn with the steps: the limits see the same machine load.
+    fns[C_ADAMW] = c_adamw.step
+    fns["copy"] = stream.copy
+    fns["triad"] = stream.triad
     ms = {name: s.scaled(1e3) for name, s in time_side_by_side(fns, 1, reps, warmup=2).items()}
     if replayed.traces != 1:
         raise BenchmarkError("AdamW: compile_step retraced")
-    bandwidth = Samples(3 * 4 * TRIAD_NUMEL / (t * 1e-3) / 1e9 for t in ms.pop("triad").values)
-    must_move = BYTES_PER_PARAM * TENSORS * NUMEL
-    best_ms = must_move / (bandwidth.median * 1e9) * 1e3
+    must_move = BYTES_PER_PARAM * TENSORS * numel
+    if c_adamw.bytes != must_move:
+        raise BenchmarkError(f"AdamW: the C limit moves {c_adamw.bytes} bytes a step, not {must_move}")
+
+    def gbps(nbytes, samples_ms):
+        return Samples(nbytes / (t * 1e-3) / 1e9 for t in samples_ms.values)
+    rates = {"copy": (gbps(stream.copy_bytes, ms.pop("copy")), limits.COPY_BYTES, "`a[i] = b[i]`"),
+             "triad": (gbps(stream.triad_bytes, ms.pop("triad")), limits.TRIAD_BYTES, "`a[i] = b[i] + s * c[i]`")}
+    limit_ms = ms[C_ADAMW]
+    rates[C_ADAMW_RATE] = (gbps(must_move, limit_ms), BYTES_PER_PARAM,
+                               f"torch's AdamW arithmetic over the {TENSORS} tensors")
 
     base = "lazyrt replayed (compile_step)"
     rows = [(name, s.cell(), ratio(s.median / ms[base].median), f"{must_move / (s.median * 1e-3) / 1e9:.1f}",
-             f"{best_ms / s.median:.0%}") for name, s in ms.items()]
-    md = ["## AdamW update alone: 10M parameters (10 tensors of 1M f32)\n",
+             f"{limit_ms.median / s.median:.0%}", f"{must_move / (s.median * 1e-3) / 1e9 / rates['triad'][0].median:.0%}")
+            for name, s in ms.items()]
+    size = f"{TENSORS * numel / 1e6:g}M params"
+    md = [f"## AdamW update alone: {TENSORS * numel / 1e6:g}M parameters ({TENSORS} tensors of {numel / 1e6:g}M f32)\n",
           "Parameters uniform [-1, 1), fixed gradients standard normal (numpy `default_rng(2)`), the same in every "
           "peer; AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2).step() only. Every peer's "
           f"parameters after {STEPS_CHECKED} steps are checked against lazyrt's traced steps (rtol 1e-5, atol "
-          f"1e-6) before timing. After 2 warm-up steps (not counted), {reps} single steps per peer, alternating.\n",
+          f"1e-6), and the C limit's against `torch.optim.AdamW(foreach=False)` (parameters and second moments), "
+          f"before timing. After 2 warm-up steps (not counted), {reps} single steps per peer and limit, "
+          "alternating.\n",
           table(["peer", "ms per step, median [min, max]", "vs lazyrt replayed", "effective GB/s",
-                 "share of the bandwidth limit"], rows), "",
-          f"Bandwidth limit: triad `a = b + s * c` over f32[2^25] arrays (`torch.add(b, c, alpha=s, out=a)`), "
-          f"{reps} passes after 2 warm-up, in turn with the steps: {bandwidth.cell()} GB/s (12 bytes per element). AdamW must move "
-          f"{BYTES_PER_PARAM} bytes per parameter = {must_move / 1e6:.0f} MB per step, hence at least "
-          f"**{best_ms:.1f} ms** per step at the median triad rate. effective GB/s = {must_move / 1e6:.0f} MB / "
-          "step time.\n"]
+                 "share of the AdamW limit", "GB/s over the triad's"], rows), "",
+          f"Limits: `{os.path.basename(lib.path)}` (bench/limits.c, gcc -O3 -march=native, one thread), each pass "
+          f"timed in turn with the steps. The AdamW limit is torch's update (`_single_tensor_adamw`: the same f32 "
+          f"operations in the same order) written once as one loop over each of the same {TENSORS} tensors: "
+          f"{BYTES_PER_PARAM} bytes per parameter must move (read parameter, gradient, both moments; write "
+          f"parameter and both moments), {must_move / 1e6:.0f} MB a step, so it takes at least "
+          f"**{limit_ms.median:.1f} ms** (median) here. share of the AdamW limit = its time over the peer's (medians); "
+          f"effective GB/s = {must_move / 1e6:.0f} MB / step time; GB/s over the triad's = effective GB/s over "
+          f"STREAM's triad rate (AdamW's update, four streams read and three written, need not run at the "
+          f"triad's rate). The step's state ({4 * must_move / 7 / 1e6:.0f} MB: parameters, gradients, moments) is "
+          f"{4 * must_move / 7 / llc_bytes():.1f} times the last-level cache ({llc_bytes() / 2**20:.0f} MiB). "
+          "Rates count the bytes the pattern must move, as STREAM does (not the "
+          "read-for-ownership of written lines):\n",
+          table(["pattern", "bytes per element", "GB/s, median [min, max]", "what it does"],
+                [(name, nbytes, samples.cell(), what) for name, (samples, nbytes, what) in rates.items()], "lrrl"), "",
+          f"copy and triad run over f32[{stream.numel}] arrays ({stream.numel * 4 // 2**20} MiB each).\n"]
     summary = []
     for peer in ("PyTorch AdamW(foreach=True)", "PyTorch AdamW(foreach=False), the for-loop"):
-        summary.append(("AdamW update, 10M params", "lazyrt replayed", ms[base].cell(), "ms", peer, ms[peer].cell(),
+        summary.append((f"AdamW update, {size}", "lazyrt replayed", ms[base].cell(), "ms", peer, ms[peer].cell(),
                         ratio(ms[peer].median / ms[base].median)))
     summary.append(("AdamW update: bandwidth limit", "lazyrt replayed", ms[base].cell(), "ms",
-                    "28 bytes/param at the triad's GB/s", f"{best_ms:.1f}", ratio(best_ms / ms[base].median)))
+                    f"AdamW's update in C (28 bytes/param, {num(rates[C_ADAMW_RATE][0].median)} GB/s)",
+                    limit_ms.cell(), ratio(limit_ms.median / ms[base].median)))
     return {"markdown": "\n".join(md), "summary": summary}

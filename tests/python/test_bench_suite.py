@@ -8,8 +8,12 @@ import sys
 
 import pytest
 
+import lazyrt
+
 BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
 SUITE = os.path.join(BENCH, "suite.py")
+# The build tree of the lazyrt under test (its bench/ holds the C limits and Gloo's benchmark).
+BUILD = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(lazyrt.__file__))))
 
 
 def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
@@ -23,6 +27,22 @@ def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
     assert "PyTorch eager (Python)" in report
     assert "TorchScript scripted loop" in report
     assert (tmp_path / "plots" / "while_loop_scaling.png").stat().st_size > 0
+
+    # The C limits (tiny sizes), merged into that report.
+    if not os.path.exists(os.path.join(BUILD, "bench", "liblazyrt_limits.so")):
+        pytest.skip(f"the benchmarks are not built in {BUILD} (LAZYRT_BUILD_BENCH=OFF)")
+    r = subprocess.run([sys.executable, SUITE, "--build", BUILD, "--quick", "--only", "adamw_update",
+                        "--merge", "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    merged = out.read_text()
+    assert merged.startswith(report.split("## Summary")[0].split("\n\nThreads")[0])  # the first run's header
+    assert "Re-measured: `adamw_update` (`bench/suite.py --only adamw_update --merge`)" in merged
+    for kept in ("## Seed step", "## while_loop, unrolled host loop", "| seed step (Python) |"):
+        assert merged.count(kept) == report.count(kept) >= 1, kept
+    assert "| AdamW's update in C (the limit) |" in merged
+    assert "| triad | 12 |" in merged and "| copy | 8 |" in merged
+    assert "| AdamW update: bandwidth limit | lazyrt replayed |" in merged
+    assert "Time per part: seed_step" in merged and "adamw_update" in merged.split("Time per part:")[1].split("\n")[0]
 
 
 def test_merge_replaces_only_the_parts_run_and_refuses_other_threads():
