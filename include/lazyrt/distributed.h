@@ -67,12 +67,17 @@ Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::Sum);
 /// Rank `src`'s `t`, on every rank.
 Tensor broadcast(const Tensor& t, int src = 0);
 
-/// The gradients of `params` replaced in place by their mean (or `op`) across the ranks:
-/// gradients of one dtype are flattened into buffers of at most `bucket_bytes` (a larger
-/// gradient is a bucket of its own), one all_reduce each, and split back. Parameters without a
+/// The reduction of each of `tensors` across the ranks, as new tensors: tensors of one dtype
+/// are flattened into buffers of at most `bucket_bytes` (a larger tensor is a bucket of its
+/// own), one all_reduce each, and split back into the tensors' shapes. Every rank must pass
+/// tensors of the same shapes and dtypes in the same order.
+inline constexpr size_t kDefaultBucketBytes = size_t{25} << 20;
+std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::Sum,
+                                         size_t bucket_bytes = kDefaultBucketBytes);
+/// The gradients of `params` replaced in place by their mean (or `op`) across the ranks, in
+/// buckets as all_reduce_coalesced makes them. Parameters without a
 /// gradient are skipped (every rank must have the same ones). Records lazily: call it between
 /// backward() and the optimizer's step(), in a traced or a compiled step alike.
-inline constexpr size_t kDefaultBucketBytes = size_t{25} << 20;
 void all_reduce_gradients(const std::vector<Tensor>& params, ReduceOp op = ReduceOp::Mean,
                           size_t bucket_bytes = kDefaultBucketBytes);
 /// all_reduce_gradients over the optimizer's parameters (PyTorch/XLA's reduce_gradients).

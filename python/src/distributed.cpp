@@ -48,6 +48,10 @@ void bind_distributed(py::module_& m) {
     return distributed::reduce_scatter(t, reduce_op(op, "reduce_scatter"));
   }, py::arg("tensor"), py::arg("op") = "sum");
   d.def("broadcast", &distributed::broadcast, py::arg("tensor"), py::arg("src") = 0);
+  d.def("all_reduce_coalesced", [](const std::vector<Tensor>& tensors, const std::string& op, int64_t bucket_bytes) {
+    LAZYRT_CHECK(bucket_bytes > 0, "all_reduce_coalesced: bucket_bytes must be positive, got ", bucket_bytes);
+    return distributed::all_reduce_coalesced(tensors, reduce_op(op, "all_reduce_coalesced"), static_cast<size_t>(bucket_bytes));
+  }, py::arg("tensors"), py::arg("op") = "sum", py::arg("bucket_bytes") = static_cast<int64_t>(distributed::kDefaultBucketBytes));
   d.def("all_reduce_gradients", [](const std::vector<Tensor>& params, const std::string& op, int64_t bucket_bytes) {
     LAZYRT_CHECK(bucket_bytes > 0, "all_reduce_gradients: bucket_bytes must be positive, got ", bucket_bytes);
     distributed::all_reduce_gradients(params, reduce_op(op, "all_reduce_gradients"), static_cast<size_t>(bucket_bytes));

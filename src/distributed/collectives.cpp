@@ -68,50 +68,65 @@ Tensor broadcast(const Tensor& t, int src) {
   return collective(OpKind::Broadcast, "broadcast", t, {int64_t{src}});
 }
 
-void all_reduce_gradients(const std::vector<Tensor>& params, ReduceOp op, size_t bucket_bytes) {
-  LAZYRT_CHECK(bucket_bytes > 0, "all_reduce_gradients: bucket_bytes must be positive");
+std::vector<Tensor> all_reduce_coalesced(const std::vector<Tensor>& tensors, ReduceOp op, size_t bucket_bytes) {
+  LAZYRT_CHECK(bucket_bytes > 0, "all_reduce_coalesced: bucket_bytes must be positive");
   NoGradGuard no_grad;
-  // Open buckets, one per dtype, in the order their first gradient came.
+  std::vector<Tensor> out(tensors.size());
+  // Open buckets, one per dtype, in the order their first tensor came: the indices of their
+  // tensors and their bytes.
   struct Bucket {
     DType dtype;
-    std::vector<Tensor> grads;
+    std::vector<size_t> members;
     size_t bytes = 0;
   };
   std::vector<Bucket> open;
   auto flush = [&](Bucket& b) {
-    if (b.grads.empty()) return;
-    if (b.grads.size() == 1) {
-      b.grads[0].copy_(all_reduce(b.grads[0], op));
+    if (b.members.empty()) return;
+    if (b.members.size() == 1) {
+      out[b.members[0]] = all_reduce(tensors[b.members[0]], op);
     } else {
       std::vector<Tensor> flat;
-      for (const Tensor& g : b.grads) flat.push_back(reshape(g, {-1}));
+      for (size_t i : b.members) flat.push_back(reshape(tensors[i], {-1}));
       const Tensor reduced = all_reduce(cat(flat, 0), op);
       int64_t offset = 0;
-      for (Tensor& g : b.grads) {
-        g.copy_(reshape(narrow(reduced, 0, offset, g.numel()), g.shape()));
-        offset += g.numel();
+      for (size_t i : b.members) {
+        const Tensor& t = tensors[i];
+        out[i] = reshape(narrow(reduced, 0, offset, t.numel()), t.shape());
+        offset += t.numel();
       }
     }
-    b.grads.clear();
+    b.members.clear();
     b.bytes = 0;
   };
-  for (const Tensor& p : params) {
-    LAZYRT_CHECK(p.defined(), "all_reduce_gradients: a parameter is undefined");
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    const size_t bytes = static_cast<size_t>(g.numel()) * dtype_size(g.dtype());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    LAZYRT_CHECK(t.defined(), "all_reduce_coalesced: tensor ", i, " is undefined");
+    const size_t bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
     Bucket* b = nullptr;
     for (Bucket& o : open)
-      if (o.dtype == g.dtype()) b = &o;
+      if (o.dtype == t.dtype()) b = &o;
     if (!b) {
-      open.push_back({g.dtype(), {}, 0});
+      open.push_back({t.dtype(), {}, 0});
       b = &open.back();
     }
-    if (!b->grads.empty() && b->bytes + bytes > bucket_bytes) flush(*b);
-    b->grads.push_back(g);
+    if (!b->members.empty() && b->bytes + bytes > bucket_bytes) flush(*b);
+    b->members.push_back(i);
     b->bytes += bytes;
   }
   for (Bucket& b : open) flush(b);
+  return out;
+}
+
+void all_reduce_gradients(const std::vector<Tensor>& params, ReduceOp op, size_t bucket_bytes) {
+  LAZYRT_CHECK(bucket_bytes > 0, "all_reduce_gradients: bucket_bytes must be positive");
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    LAZYRT_CHECK(p.defined(), "all_reduce_gradients: a parameter is undefined");
+    if (Tensor g = p.grad(); g.defined()) grads.push_back(std::move(g));
+  }
+  const std::vector<Tensor> reduced = all_reduce_coalesced(grads, op, bucket_bytes);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i].copy_(reduced[i]);
 }
 
 void reduce_gradients(const optim::Optimizer& optimizer, size_t bucket_bytes) {

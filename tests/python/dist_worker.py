@@ -162,7 +162,115 @@ def dp_train():
     save(rank, arrays, facts)
 
 
-SCENARIOS = {"collectives": collectives, "dead_peer": dead_peer, "dp_train": dp_train}
+def torch_dp_model():
+    import torch
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def torch_dp_train():
+    """A plain PyTorch step compiled by lazyrt.torch, data-parallel: each rank trains on its rows
+    of each step's batch from its own random weights, which the compiled step replaces by rank
+    0's before its first run; the gradients are averaged inside the step. DIST_TEST_SPELLING:
+    'optimizer_step' (PyTorch/XLA's xm.optimizer_step) or 'all_reduce' (torch.distributed's
+    in-place all_reduce of each gradient, summed, then divided; the loss averaged too)."""
+    import torch
+    import lazyrt.torch
+    import lazyrt.torch.distributed as ldist
+    from torch.distributed import ReduceOp
+
+    ldist.init_process_group(timeout=TIMEOUT)
+    rank, world = ldist.get_rank(), ldist.get_world_size()
+    # Each rank's own persistent cache: its entries' names are the graphs' keys.
+    lr.cache.set_persistent_dir(os.path.join(OUT, f"cache{rank}"))
+    torch.manual_seed(1234 + rank)  # a different start on every rank
+    model = torch_dp_model()
+    arrays = {f"local_init.{n}": p.detach().numpy().copy() for n, p in model.named_parameters()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    spelling = os.environ.get("DIST_TEST_SPELLING", "optimizer_step")
+    bucket = int(os.environ.get("DIST_TEST_BUCKET", str(ldist.DEFAULT_BUCKET_BYTES)))
+
+    if spelling == "optimizer_step":
+        @lazyrt.torch.compile
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            ldist.optimizer_step(opt, bucket_bytes=bucket)
+            opt.zero_grad()
+            return loss
+    else:
+        @lazyrt.torch.compile
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            for p in model.parameters():
+                ldist.all_reduce(p.grad, op=ReduceOp.SUM)
+                p.grad /= world
+            opt.step()
+            opt.zero_grad()
+            mean_loss = loss.detach().clone()
+            ldist.all_reduce(mean_loss, op=ReduceOp.AVG)
+            return mean_loss
+
+    share = GLOBAL_BATCH // world
+    counters = ("UncachedCompile", "TorchFastCall", "ReplayGraph", "GraphBreak", "EagerStep")
+    facts = {"rank": rank, "calls": []}
+    losses = []
+    for k in range(STEPS):
+        x, y = global_batch(k)
+        x, y = torch.from_numpy(x[rank * share:(rank + 1) * share]), torch.from_numpy(y[rank * share:(rank + 1) * share])
+        before = {c: lr.metrics.counter(c) for c in counters}
+        loss = step(x, y)
+        facts["calls"].append({c: lr.metrics.counter(c) - before[c] for c in counters})
+        losses.append(float(loss))
+    facts.update(captures=step.captures, traces=step.traces, losses=losses,
+                 cache_entries=sorted(os.listdir(os.path.join(OUT, f"cache{rank}"))))
+    for n, p in model.named_parameters():
+        arrays[f"final.{n}"] = p.detach().numpy().copy()
+    ldist.destroy_process_group()
+    save(rank, arrays, facts)
+
+
+def torch_eager_collectives():
+    """lazyrt.torch.distributed's calls on torch tensors outside a compiled step: they
+    communicate at once, in place as torch.distributed's do."""
+    import torch
+    import lazyrt.torch.distributed as ldist
+    from torch.distributed import ReduceOp
+
+    ldist.init_process_group(timeout=TIMEOUT)
+    rank, world = ldist.get_rank(), ldist.get_world_size()
+    out = {}
+    for name, op in (("sum", ReduceOp.SUM), ("avg", ReduceOp.AVG), ("max", "max"), ("min", ReduceOp.MIN)):
+        t = torch.from_numpy(contribution(rank, (4, 3)))
+        ptr = t.data_ptr()
+        ldist.all_reduce(t, op=op)
+        assert t.data_ptr() == ptr  # in place
+        out[f"all_reduce_{name}"] = t.numpy().copy()
+    # Mixed dtypes in buckets of 16 bytes: every tensor its own shape and dtype back.
+    xs = [torch.from_numpy(contribution(rank, (3,))), torch.from_numpy(contribution(rank, (2, 2), np.int64)),
+          torch.from_numpy(contribution(rank, (2,), np.float64)), torch.from_numpy(contribution(rank, (5,)))]
+    for k, r in enumerate(ldist.all_reduce_coalesced(xs, op="sum", bucket_bytes=16)):
+        assert r.shape == xs[k].shape and r.dtype == xs[k].dtype
+        out[f"coalesced_{k}"] = r.numpy().copy()
+    torch.manual_seed(rank)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    with torch.no_grad():
+        model[1].running_mean.fill_(rank + 1.0)
+    ldist.broadcast_parameters(model, src=world - 1)
+    for n, v in model.state_dict().items():
+        out[f"bcast.{n}"] = v.numpy().copy()
+    # reduce_gradients in eager: the mean of every rank's gradient, in place.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float(rank + 1))
+    ldist.reduce_gradients(opt)
+    out["grad_mean"] = model[0].weight.grad.numpy().copy()
+    ldist.destroy_process_group()
+    save(rank, out, {"rank": rank})
+
+
+SCENARIOS = {"collectives": collectives, "dead_peer": dead_peer, "dp_train": dp_train, "torch_dp_train": torch_dp_train,
+             "torch_eager_collectives": torch_eager_collectives}
 
 if __name__ == "__main__":
     SCENARIOS[SCENARIO]()

@@ -287,3 +287,104 @@ def test_launcher_sets_torchrun_variables_for_each_host():
     for bad in (["--nnodes", "2", "--node_rank", "2", "t.py"], ["--nproc", "0", "t.py"], ["--master_port", "70000", "t.py"]):
         with pytest.raises(SystemExit):
             run.parse(bad)
+
+
+# ---- data-parallel PyTorch steps compiled by lazyrt.torch ------------------------------------
+
+def torch_whole_batch_losses_and_weights(init):
+    """The oracle: PyTorch eager, one process, every step on the whole batch from `init`."""
+    import torch
+    sys.path.insert(0, os.path.dirname(WORKER))
+    import dist_worker  # noqa: E402
+    model = dist_worker.torch_dp_model()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.from_numpy(init[f"local_init.{n}"]))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for k in range(dist_worker.STEPS):
+        x, y = dist_worker.global_batch(k)
+        loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, {n: p.detach().numpy() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("spelling,bucket", [("optimizer_step", None), ("optimizer_step", 100), ("all_reduce", None)])
+def test_torch_data_parallel_step_equals_one_process_on_the_whole_batch(spelling, bucket, tmp_path, monkeypatch):
+    """lazyrt.torch.compile of a plain PyTorch step whose gradients are averaged over 2 ranks
+    (lazyrt.torch.distributed): rank 0's weights reach every rank at the first call, every rank
+    ends with the same bits as the others and with eager PyTorch's weights for the whole batch,
+    and every call after the first is one fast call of one executable, compiled once, whose
+    graph (its cache key) is the same on both ranks."""
+    world = 2
+    monkeypatch.setenv("DIST_TEST_SPELLING", spelling)
+    if bucket is not None:
+        monkeypatch.setenv("DIST_TEST_BUCKET", str(bucket))  # one bucket per gradient or two
+    results, _ = launch("torch_dp_train", world, tmp_path)
+    assert sorted(results) == list(range(world))
+    arrays0, facts0 = results[0]
+    # The ranks started from different weights.
+    assert not np.array_equal(arrays0["local_init.0.weight"], results[1][0]["local_init.0.weight"])
+    losses, expect = torch_whole_batch_losses_and_weights(arrays0)
+    for r, (a, facts) in results.items():
+        for name in expect:
+            np.testing.assert_array_equal(a[f"final.{name}"], arrays0[f"final.{name}"], err_msg=f"rank {r} {name}")
+            np.testing.assert_allclose(a[f"final.{name}"], expect[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        if spelling == "all_reduce":  # the step returns the loss averaged over the ranks
+            np.testing.assert_allclose(facts["losses"], losses, rtol=1e-5)
+        assert facts["captures"] == 1 and facts["traces"] == 1, facts
+        calls = facts["calls"]
+        assert calls[0]["UncachedCompile"] >= 1, calls
+        for c in calls:
+            assert c["GraphBreak"] == 0 and c["EagerStep"] == 0, calls
+        for c in calls[1:]:
+            assert c["UncachedCompile"] == 0 and c["ReplayGraph"] == 1, calls
+        for c in calls[2:]:
+            assert c["TorchFastCall"] == 1, calls
+        # One graph for every rank: the same cache keys.
+        assert facts["cache_entries"] and facts["cache_entries"] == facts0["cache_entries"], (facts, facts0)
+
+
+def test_torch_collectives_in_eager(tmp_path):
+    """lazyrt.torch.distributed outside a compiled step, against closed forms."""
+    world = 2
+    results, _ = launch("torch_eager_collectives", world, tmp_path)
+    assert sorted(results) == list(range(world))
+    xs = [contribution(r, (4, 3)) for r in range(world)]
+    expect = {"sum": np.sum(xs, axis=0), "avg": np.mean(xs, axis=0), "max": np.max(xs, axis=0),
+              "min": np.min(xs, axis=0)}
+    coalesced = [np.sum([contribution(r, shape, dtype) for r in range(world)], axis=0)
+                 for shape, dtype in (((3,), np.float32), ((2, 2), np.int64), ((2,), np.float64), ((5,), np.float32))]
+    for r, (a, _) in results.items():
+        for name, value in expect.items():
+            np.testing.assert_allclose(a[f"all_reduce_{name}"], value, rtol=1e-6, err_msg=name)
+        for k, value in enumerate(coalesced):
+            np.testing.assert_array_equal(a[f"coalesced_{k}"], value)
+            assert a[f"coalesced_{k}"].dtype == value.dtype
+        for n in ("0.weight", "0.bias", "1.weight", "1.running_mean"):
+            np.testing.assert_array_equal(a[f"bcast.{n}"], results[world - 1][0][f"bcast.{n}"], err_msg=n)
+        np.testing.assert_array_equal(a["bcast.1.running_mean"], np.full(2, float(world), np.float32))
+        np.testing.assert_array_equal(a["grad_mean"], np.full((2, 3), (world + 1) / 2, np.float32))
+
+
+def test_torch_distributed_collective_in_a_compiled_step_names_the_lazyrt_spelling():
+    """torch.distributed's all_reduce runs in torch's process group, outside any graph: a step
+    calling it is refused when captured, naming lazyrt.torch.distributed's spelling."""
+    import torch
+    import torch.distributed as tdist
+    import lazyrt.torch
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @lazyrt.torch.compile
+    def step(x):
+        model(x).sum().backward()
+        for p in model.parameters():
+            tdist.all_reduce(p.grad)
+        opt.step()
+
+    with pytest.raises(lazyrt.torch.CaptureError, match=r"lazyrt.torch.distributed.all_reduce, reduce_gradients"):
+        step(torch.ones(4, 3))

@@ -90,12 +90,19 @@ submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes)
 where the step is a plain function (with what it reaches: its code, closure cells and the
 globals it names, by identity); any difference, or a value that is not a plain number, string
 or tuple of them, takes the full signature.
+
+**Data-parallel training** (`lazyrt.torch.distributed`): a step that calls
+``lazyrt.torch.distributed.reduce_gradients(optimizer)`` (or ``optimizer_step(optimizer)``, or
+``all_reduce(p.grad)``) between ``backward()`` and ``optimizer.step()`` averages the gradients
+over the processes of lazyrt's process group inside the compiled graph; such a step gives
+every rank rank 0's parameters and buffers before its first run.
 """
 
 from lazyrt.torch._capture import CaptureError
 from lazyrt.torch._loops import fori_loop, scan, while_loop
 from lazyrt.torch._lower import LOWERINGS as _LOWERINGS, GraphBreakWarning, UnsupportedOperatorError
 from lazyrt.torch._step import CompiledFunction, compile, discover
+from lazyrt.torch import distributed  # noqa: F401  (lazyrt.torch.distributed)
 
 
 def supported_ops():
@@ -105,4 +112,4 @@ def supported_ops():
 
 
 __all__ = ["compile", "CompiledFunction", "CaptureError", "UnsupportedOperatorError", "GraphBreakWarning",
-           "supported_ops", "discover", "while_loop", "fori_loop", "scan"]
+           "supported_ops", "discover", "while_loop", "fori_loop", "scan", "distributed"]

@@ -9,7 +9,7 @@ import warnings
 import torch
 
 import lazyrt
-from lazyrt.torch import _optim
+from lazyrt.torch import _optim, distributed as _distributed
 from lazyrt.torch._capture import CaptureError, World, capture, quick_key
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
@@ -91,6 +91,10 @@ class _Entry:
         if not roots:
             raise CaptureError("lazyrt.torch: the step computes nothing lazyrt could run")
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True)
+        # Whether the step communicates (lazyrt.torch.distributed): the ranks start it from rank
+        # 0's weights.
+        self.collectives = any(n.op == "call_function" and n.target in _distributed.COLLECTIVE_OPS
+                               for n in self.lowered.nodes)
         self._roots = len(roots)
         self._in_sources = [w[1] for w in self.writes if w[1][0] == "in"] + \
             [g[1] for g in self.grads.values() if len(g) == 2 and g[1][0] == "in"] + \
@@ -634,6 +638,8 @@ class CompiledFunction:
             entry = self._capture(world)
             entries.append(entry)
             self.captures += 1
+            if entry.collectives:
+                _distributed._before_first_run(world)
         key = None if kwargs else quick_key(world, modules, optimizers, args)
         guard = None if key is None else _guard(self.fn, world, modules, optimizers, args)
         try:
