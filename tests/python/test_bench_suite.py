@@ -28,21 +28,28 @@ def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
     assert "TorchScript scripted loop" in report
     assert (tmp_path / "plots" / "while_loop_scaling.png").stat().st_size > 0
 
-    # The C limits (tiny sizes), merged into that report.
+    # The C limits and the distributed workload (tiny sizes), merged into that report.
     if not os.path.exists(os.path.join(BUILD, "bench", "liblazyrt_limits.so")):
         pytest.skip(f"the benchmarks are not built in {BUILD} (LAZYRT_BUILD_BENCH=OFF)")
-    r = subprocess.run([sys.executable, SUITE, "--build", BUILD, "--quick", "--only", "adamw_update",
+    r = subprocess.run([sys.executable, SUITE, "--build", BUILD, "--quick", "--only", "adamw_update", "distributed",
                         "--merge", "--out", str(out)], capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     merged = out.read_text()
     assert merged.startswith(report.split("## Summary")[0].split("\n\nThreads")[0])  # the first run's header
-    assert "Re-measured: `adamw_update` (`bench/suite.py --only adamw_update --merge`)" in merged
+    assert "Re-measured: `adamw_update`, `distributed` (`bench/suite.py --only adamw_update distributed --merge`)" \
+        in merged
     for kept in ("## Seed step", "## while_loop, unrolled host loop", "| seed step (Python) |"):
         assert merged.count(kept) == report.count(kept) >= 1, kept
     assert "| AdamW's update in C (the limit) |" in merged
     assert "| triad | 12 |" in merged and "| copy | 8 |" in merged
     assert "| AdamW update: bandwidth limit | lazyrt replayed |" in merged
-    assert "Time per part: seed_step" in merged and "adamw_update" in merged.split("Time per part:")[1].split("\n")[0]
+    assert "| Gloo directly (C++) |" in merged and "| torch.distributed (gloo) |" in merged
+    assert "| all-reduce of 100,000 f32, 2 processes | lazyrt in place (replayed) |" in merged
+    # A row for 1 and 2 processes in the step table and in the table of where the added time goes.
+    assert "| processes | step without all-reduce, ms |" in merged and "| processes | added (median above), ms |" in merged
+    dp_rows = [line for line in merged.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(dp_rows) == 4, merged
+    assert "Time per part: seed_step" in merged and "distributed" in merged.split("Time per part:")[1].split("\n")[0]
 
 
 def test_merge_replaces_only_the_parts_run_and_refuses_other_threads():
