@@ -53,12 +53,17 @@ def main():
         buf = lr.full((n,), 1.0 / world)  # lazyrt's own memory (a NumPy array's is never written)
         lr.mark_step()
 
+        # The step returns a one-element slice, not buf itself: a replay that returns a state
+        # tensor it updates writes the update into a fresh buffer (of n elements) every call.
         def inplace():
             buf.copy_(dist.all_reduce(buf))
-            return buf
+            return buf[:1] * 1.0
         step = lr.compile_step(inplace, ())
         step()
         assert float(buf[0].item()) == 1.0
+        ptr = buf.data_ptr()
+        step()
+        assert buf.data_ptr() == ptr, "the in-place all_reduce did not write into the tensor's own buffer"
         rows.append([n, fresh, median_seconds(step, args.reps)])
         del step, buf
 

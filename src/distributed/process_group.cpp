@@ -64,6 +64,15 @@ void divide(T* data, size_t n, int by) {
     for (size_t i = 0; i < n; ++i) data[i] = convert<T>(convert<C>(data[i]) / static_cast<C>(by));
 }
 
+// fn(T{}) for the element type T of a dtype the reductions take (every one but bool: the op
+// rows refuse b8 operands).
+template <class Fn>
+void visit_reducible(DType dtype, Fn&& fn) {
+  visit_dtype(dtype, [&](auto tag) {
+    if constexpr (!std::is_same_v<decltype(tag), bool>) fn(tag);
+  });
+}
+
 class GlooGroup final : public runtime::Communicator {
  public:
   GlooGroup(std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
@@ -71,21 +80,25 @@ class GlooGroup final : public runtime::Communicator {
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
 
-  void all_reduce(void* data, size_t count, DType dtype, ir::ReduceOp op) override {
+  void all_reduce(const void* in, void* out, size_t count, DType dtype, ir::ReduceOp op) override {
     guarded("all_reduce", [&] {
-      if (ctx_->size == 1) return;
-      visit_dtype(dtype, [&](auto tag) {
+      if (ctx_->size == 1) {
+        if (in != out) std::memcpy(out, in, count * dtype_size(dtype));
+        return;
+      }
+      visit_reducible(dtype, [&](auto tag) {
         using T = decltype(tag);
-        if constexpr (!std::is_same_v<T, bool>) {
-          gloo::AllreduceOptions opts(ctx_);
-          opts.setOutput<T>(static_cast<T*>(data), count);
-          opts.setReduceFunction([op](void* c, const void* a, const void* b, size_t n) {
-            reduce_into<T>(op, static_cast<T*>(c), static_cast<const T*>(a), static_cast<const T*>(b), n);
-          });
-          opts.setTimeout(timeout_);
-          gloo::allreduce(opts);
-          if (op == ir::ReduceOp::Mean) divide(static_cast<T*>(data), count, ctx_->size);
-        }
+        gloo::AllreduceOptions opts(ctx_);
+        // An input apart from the output: Gloo's ring reads it segment by segment as it sends
+        // (no copy of the whole operand first), and writes only the output.
+        if (in != out) opts.setInput<T>(static_cast<T*>(const_cast<void*>(in)), count);
+        opts.setOutput<T>(static_cast<T*>(out), count);
+        opts.setReduceFunction([op](void* c, const void* a, const void* b, size_t n) {
+          reduce_into<T>(op, static_cast<T*>(c), static_cast<const T*>(a), static_cast<const T*>(b), n);
+        });
+        opts.setTimeout(timeout_);
+        gloo::allreduce(opts);
+        if (op == ir::ReduceOp::Mean) divide(static_cast<T*>(out), count, ctx_->size);
       });
     });
   }
@@ -123,21 +136,17 @@ class GlooGroup final : public runtime::Communicator {
           recv->recv(left, slot, 0, part);
           if (!recv->waitRecv(timeout_)) throw Error("the receive was aborted");
           char* mine = static_cast<char*>(data) + static_cast<size_t>(recv_part) * part;
-          visit_dtype(dtype, [&](auto tag) {
+          visit_reducible(dtype, [&](auto tag) {
             using T = decltype(tag);
-            if constexpr (!std::is_same_v<T, bool>)
-              reduce_into<T>(op, reinterpret_cast<T*>(mine), reinterpret_cast<const T*>(mine),
-                             reinterpret_cast<const T*>(scratch_.data()), count);
+            reduce_into<T>(op, reinterpret_cast<T*>(mine), reinterpret_cast<const T*>(mine),
+                           reinterpret_cast<const T*>(scratch_.data()), count);
           });
           if (!send->waitSend(timeout_)) throw Error("the send was aborted");
         }
       }
       std::memcpy(out, static_cast<char*>(data) + static_cast<size_t>(r) * part, part);
       if (op == ir::ReduceOp::Mean)
-        visit_dtype(dtype, [&](auto tag) {
-          using T = decltype(tag);
-          if constexpr (!std::is_same_v<T, bool>) divide(static_cast<T*>(out), count, n);
-        });
+        visit_reducible(dtype, [&](auto tag) { divide(static_cast<decltype(tag)*>(out), count, n); });
     });
   }
 

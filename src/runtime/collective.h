@@ -18,9 +18,10 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  /// `count` elements of `dtype` at data, reduced in place across the ranks (mean: the sum
-  /// divided by the size, in the dtype's compute type).
-  virtual void all_reduce(void* data, size_t count, DType dtype, ir::ReduceOp op) = 0;
+  /// `count` elements of `dtype` at in, reduced across the ranks into out (mean: the sum
+  /// divided by the size, in the dtype's compute type). in may be out (reduced in place);
+  /// otherwise in is only read, and nothing but out is written.
+  virtual void all_reduce(const void* in, void* out, size_t count, DType dtype, ir::ReduceOp op) = 0;
   /// Every rank's `bytes` at in, in rank order, at out (size() * bytes).
   virtual void all_gather(const void* in, void* out, size_t bytes) = 0;
   /// data holds size() parts of `count` elements; out gets part rank() reduced across the
