@@ -41,6 +41,16 @@ std::string fresh_dir(const std::string& name) {
   return dir.string();
 }
 
+// The options of rank `rank` of `world` meeting in the store directory `dir`.
+dist::InitOptions file_store(const std::string& dir, int rank, int world, std::chrono::seconds timeout) {
+  dist::InitOptions o;
+  o.init_method = "file://" + dir;
+  o.rank = rank;
+  o.world_size = world;
+  o.timeout = timeout;
+  return o;
+}
+
 // A port nobody listens on now (rank 0 binds it again).
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -157,12 +167,7 @@ TEST(ProcessGroup, CollectivesOverAFileStore) {
   for (int world : {2, 3}) {
     const std::string dir = fresh_dir("file");
     const auto status = run_ranks(world, [&](int r) {
-      dist::InitOptions o;
-      o.init_method = "file://" + dir;
-      o.rank = r;
-      o.world_size = world;
-      o.timeout = std::chrono::seconds(20);
-      return collectives_body(r, world, o);
+      return collectives_body(r, world, file_store(dir, r, world, std::chrono::seconds(20)));
     });
     for (int r = 0; r < world; ++r) EXPECT_EQ(status[r], 0) << "rank " << r << " of " << world;
     std::filesystem::remove_all(dir);
@@ -192,12 +197,7 @@ TEST(ProcessGroup, ADeadRankIsAnErrorOnTheOthers) {
   const std::string dir = fresh_dir("dead");
   const auto t0 = Clock::now();
   const auto status = run_ranks(world, [&](int r) {
-    dist::InitOptions o;
-    o.init_method = "file://" + dir;
-    o.rank = r;
-    o.world_size = world;
-    o.timeout = std::chrono::seconds(10);
-    dist::init_process_group(o);
+    dist::init_process_group(file_store(dir, r, world, std::chrono::seconds(10)));
     dist::barrier();  // every rank has joined
     if (r == 1) ::_exit(9);
     const Tensor y = dist::all_reduce(tensor(contribution(r, 100), {100}));
@@ -231,14 +231,9 @@ TEST(ProcessGroup, ADeadRankIsAnErrorOnTheOthers) {
 TEST(ProcessGroup, ARankThatNeverJoinsTimesOut) {
   const std::string dir = fresh_dir("absent");
   const auto t0 = Clock::now();
-  const auto status = run_ranks(1, [&](int r) {
-    dist::InitOptions o;
-    o.init_method = "file://" + dir;
-    o.rank = 0;
-    o.world_size = 2;
-    o.timeout = std::chrono::seconds(2);
+  const auto status = run_ranks(1, [&](int) {
     try {
-      dist::init_process_group(o);
+      dist::init_process_group(file_store(dir, 0, 2, std::chrono::seconds(2)));
       return 2;
     } catch (const Error& e) {
       RANK_CHECK(std::string(e.what()).find("init_process_group: rank 0 of 2 could not") != std::string::npos);
@@ -259,12 +254,7 @@ TEST(ProcessGroup, CollectiveGraphsDoNotDependOnTheRank) {
   const std::string out = dir + "/hashes";
   std::filesystem::create_directories(out);
   const auto status = run_ranks(world, [&](int r) {
-    dist::InitOptions o;
-    o.init_method = "file://" + dir;
-    o.rank = r;
-    o.world_size = world;
-    o.timeout = std::chrono::seconds(20);
-    dist::init_process_group(o);
+    dist::init_process_group(file_store(dir, r, world, std::chrono::seconds(20)));
     const Tensor x = tensor(contribution(r, 8), {8});
     const Tensor a = dist::all_reduce(x);
     const Tensor b = dist::all_gather(a * 2.0);
