@@ -27,6 +27,10 @@ collectives by a token); the graphs hash alike on every rank (the rank is not pa
 the cache holds one entry for all. A peer that dies or stops answering makes every collective
 and barrier of the others raise lazyrt.Error within the group's timeout instead of hanging.
 Collectives are not differentiated, and cannot run inside loop bodies.
+
+For PyTorch steps compiled by lazyrt.torch, ``lazyrt.torch.distributed`` has the same calls for
+torch tensors (``reduce_gradients(optimizer)``, ``optimizer_step(optimizer)``, an in-place
+``all_reduce``), captured into the compiled graph, over this same process group.
 """
 
 import datetime as _datetime
