@@ -9,8 +9,8 @@ every peer sees the same machine load.
 
 (a) All-reduce (sum, f32, in place) on 2 processes at several sizes:
 - lazyrt: all_reduce inside a replayed compiled step, the result written back into the
-  tensor (`buf.copy_(all_reduce(buf))`, as gradients are reduced), and returned as a new
-  tensor (`all_reduce(x)`);
+  tensor's own buffer (`buf.copy_(all_reduce(buf))`, as gradients are reduced; checked), and
+  returned as a new tensor (`all_reduce(x)`);
 - Gloo used directly from C++ (bench/gloo_allreduce_bench.cpp, gloo::allreduce with
   gloo::sum<float>, the library lazyrt links), loaded with ctypes;
 - torch.distributed.all_reduce with the gloo backend (the same libgloo), on a CPU tensor.
@@ -144,8 +144,9 @@ def run(opts):
           "load. Times are rank 0's. Goals: collectives within 10% of Gloo's own rate; a replayed data-parallel "
           "step adds no more than the all-reduce's own time.\n",
           "### All-reduce (sum, f32, in place) on 2 processes\n",
-          "lazyrt in place: `buf.copy_(all_reduce(buf))` replayed by `compile_step`, written back into the tensor "
-          "as gradients are; new tensor: `all_reduce(x)` replayed, a new result each call. Gloo directly: "
+          "lazyrt in place: `buf.copy_(all_reduce(buf))` replayed by `compile_step`, written back into the tensor's "
+          "own buffer as gradients are (checked; the step returns a one-element copy, not the tensor, which would "
+          "make every replay write into a fresh buffer); new tensor: `all_reduce(x)` replayed, a new result each call. Gloo directly: "
           "`gloo::allreduce` with `gloo::sum<float>` from C++ (bench/gloo_allreduce_bench.cpp, the libgloo "
           "lazyrt links). torch.distributed: `all_reduce` on a CPU tensor, gloo backend (the same libgloo). "
           "Every peer's first result is checked (each element the sum of the ranks' values) before timing. "
@@ -269,6 +270,7 @@ def check_sum(what, values, world, base):
 
 
 def worker_collectives(a, rank, world):
+    from harness import BenchmarkError
     import lazyrt as lr
     import lazyrt.distributed as dist
     dist.init_process_group(init_method="file://" + os.path.join(a.store, "lazyrt"), rank=rank, world_size=world,
@@ -288,14 +290,22 @@ def worker_collectives(a, rank, world):
         buf = lr.full((n,), base(rank))
         lr.mark_step()
 
+        # It returns a one-element slice, not buf: a replay that returns a state tensor it updates
+        # writes the update into a fresh buffer every call.
         def in_place():
             buf.copy_(dist.all_reduce(buf))
-            return buf
+            return buf[:1] * 1.0
         step_in_place = lr.compile_step(in_place, ())
         step_in_place()
         check_sum(f"lazyrt all_reduce in place, {n} floats", np.array(buf.numpy()), world, base)
         buf.zero_()  # zeros from here on: repeated sums stay finite
         lr.mark_step()
+        step_in_place()
+        ptr = buf.data_ptr()
+        step_in_place()
+        if buf.data_ptr() != ptr:
+            raise BenchmarkError(f"lazyrt all_reduce in place, {n} floats: the result is not written into the "
+                                 "tensor's own buffer")
 
         x = lr.full((n,), base(rank))
         lr.mark_step()
@@ -392,7 +402,7 @@ def worker_dp_step(a, rank, world):
 
     def all_reduce_alone():
         g.copy_(dist.all_reduce(g, "mean"))
-        return g
+        return g[:1] * 1.0  # not g: a replay returning it would write into a fresh buffer every call
     dp_step = lr.compile_step(dp.step, (x, y))
     plain_step = lr.compile_step(plain.step, (x, y))
     ar_step = lr.compile_step(all_reduce_alone, ())
