@@ -31,7 +31,9 @@ class Optimizer;
 namespace lazyrt::distributed {
 
 struct InitOptions {
-  /// "env://" (torchrun's variables) or "file:///a/directory" (a store in files there).
+  /// "env://" (torchrun's variables), "tcp://host:port" (rank 0 serves the store on that port
+  /// of host; RANK and WORLD_SIZE as for env://) or "file:///a/directory" (a store in files
+  /// there).
   std::string init_method = "env://";
   /// -1: from RANK and WORLD_SIZE.
   int rank = -1;

@@ -247,9 +247,10 @@ void init_process_group(const InitOptions& options) {
                options.timeout.count(), " ms");
   const std::string& method = options.init_method;
   const bool from_env = method.empty() || method == "env://";
-  const std::string file_prefix = "file://";
-  LAZYRT_CHECK(from_env || method.rfind(file_prefix, 0) == 0, "init_process_group: init_method '", method,
-               "' is not supported (expected 'env://' or 'file:///a/directory')");
+  const std::string file_prefix = "file://", tcp_prefix = "tcp://";
+  const bool from_tcp = method.rfind(tcp_prefix, 0) == 0;
+  LAZYRT_CHECK(from_env || from_tcp || method.rfind(file_prefix, 0) == 0, "init_process_group: init_method '", method,
+               "' is not supported (expected 'env://', 'tcp://host:port' or 'file:///a/directory')");
   auto st = std::make_unique<State>();
   st->rank = options.rank >= 0 ? options.rank : env_int("RANK", "this process's rank");
   st->size = options.world_size >= 0 ? options.world_size : env_int("WORLD_SIZE", "the number of processes");
@@ -259,11 +260,26 @@ void init_process_group(const InitOptions& options) {
 
   std::unique_ptr<gloo::rendezvous::Store> store;
   std::string host = "127.0.0.1";
-  if (from_env) {
-    const char* addr = env("MASTER_ADDR");
-    LAZYRT_CHECK(addr, "init_process_group: MASTER_ADDR is not set (the host of rank 0, which serves the rendezvous)");
-    const int port = env_int("MASTER_PORT", "the port rank 0 serves the rendezvous on");
-    LAZYRT_CHECK(port >= 1 && port <= 65535, "init_process_group: MASTER_PORT=", port, " is not a port");
+  if (from_env || from_tcp) {
+    // env://: MASTER_ADDR and MASTER_PORT; tcp://host:port names them (as torch's init_method).
+    std::string addr;
+    int port = 0;
+    if (from_tcp) {
+      const std::string rest = method.substr(tcp_prefix.size());
+      const size_t colon = rest.rfind(':');
+      char* end = nullptr;
+      const long p = colon == std::string::npos ? -1 : std::strtol(rest.c_str() + colon + 1, &end, 10);
+      LAZYRT_CHECK(colon != std::string::npos && colon > 0 && end && *end == 0 && p >= 1 && p <= 65535,
+                   "init_process_group: init_method '", method, "' is not 'tcp://host:port'");
+      addr = rest.substr(0, colon);
+      port = static_cast<int>(p);
+    } else {
+      const char* a = env("MASTER_ADDR");
+      LAZYRT_CHECK(a, "init_process_group: MASTER_ADDR is not set (the host of rank 0, which serves the rendezvous)");
+      addr = a;
+      port = env_int("MASTER_PORT", "the port rank 0 serves the rendezvous on");
+      LAZYRT_CHECK(port >= 1 && port <= 65535, "init_process_group: MASTER_PORT=", port, " is not a port");
+    }
     if (st->rank == 0) st->server = std::make_unique<TcpStoreServer>(port);
     store = std::make_unique<TcpStore>(addr, port, options.timeout);
     if (!loopback(addr)) {

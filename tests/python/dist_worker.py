@@ -171,14 +171,22 @@ def torch_dp_train():
     """A plain PyTorch step compiled by lazyrt.torch, data-parallel: each rank trains on its rows
     of each step's batch from its own random weights, which the compiled step replaces by rank
     0's before its first run; the gradients are averaged inside the step. DIST_TEST_SPELLING:
-    'optimizer_step' (PyTorch/XLA's xm.optimizer_step) or 'all_reduce' (torch.distributed's
-    in-place all_reduce of each gradient, summed, then divided; the loss averaged too)."""
+    'optimizer_step' (PyTorch/XLA's xm.optimizer_step), 'all_reduce' (lazyrt.torch.distributed's
+    in-place all_reduce of each gradient, summed, then divided; the loss averaged too) or
+    'torch.distributed' (the same with torch.distributed.all_reduce over the "lazyrt" backend)."""
     import torch
     import lazyrt.torch
     import lazyrt.torch.distributed as ldist
     from torch.distributed import ReduceOp
 
-    ldist.init_process_group(timeout=TIMEOUT)
+    spelling = os.environ.get("DIST_TEST_SPELLING", "optimizer_step")
+    if spelling == "torch.distributed":  # torch.distributed's calls, over lazyrt's backend
+        import datetime
+        import torch.distributed as tdist
+        tdist.init_process_group("lazyrt", timeout=datetime.timedelta(seconds=TIMEOUT))
+        assert tdist.get_backend() == "lazyrt"
+    else:
+        ldist.init_process_group(timeout=TIMEOUT)
     rank, world = ldist.get_rank(), ldist.get_world_size()
     # Each rank's own persistent cache: its entries' names are the graphs' keys.
     lr.cache.set_persistent_dir(os.path.join(OUT, f"cache{rank}"))
@@ -186,7 +194,6 @@ def torch_dp_train():
     model = torch_dp_model()
     arrays = {f"local_init.{n}": p.detach().numpy().copy() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    spelling = os.environ.get("DIST_TEST_SPELLING", "optimizer_step")
     bucket = int(os.environ.get("DIST_TEST_BUCKET", str(ldist.DEFAULT_BUCKET_BYTES)))
 
     if spelling == "optimizer_step":
@@ -198,17 +205,19 @@ def torch_dp_train():
             opt.zero_grad()
             return loss
     else:
+        all_reduce = tdist.all_reduce if spelling == "torch.distributed" else ldist.all_reduce
+
         @lazyrt.torch.compile
         def step(x, y):
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             for p in model.parameters():
-                ldist.all_reduce(p.grad, op=ReduceOp.SUM)
+                all_reduce(p.grad, op=ReduceOp.SUM)
                 p.grad /= world
             opt.step()
             opt.zero_grad()
             mean_loss = loss.detach().clone()
-            ldist.all_reduce(mean_loss, op=ReduceOp.AVG)
+            all_reduce(mean_loss, op=ReduceOp.AVG)
             return mean_loss
 
     share = GLOBAL_BATCH // world

@@ -184,6 +184,10 @@ def test_env_errors(monkeypatch):
     with pytest.raises(lr.Error, match=r"cannot reach the rendezvous store at 127.0.0.1:\d+"):
         dist.init_process_group(timeout=1)
     assert time.perf_counter() - t0 < 5
+    with pytest.raises(lr.Error, match=r"init_method 'tcp://127.0.0.1' is not 'tcp://host:port'"):
+        dist.init_process_group(init_method="tcp://127.0.0.1")
+    with pytest.raises(lr.Error, match=r"init_method 'udp://x' is not supported"):
+        dist.init_process_group(init_method="udp://x")
     with pytest.raises(lr.Error, match=r"backend='nccl' is not available"):
         dist.init_process_group(backend="nccl")
     assert not dist.is_initialized()
@@ -312,7 +316,8 @@ def torch_whole_batch_losses_and_weights(init):
     return losses, {n: p.detach().numpy() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("spelling,bucket", [("optimizer_step", None), ("optimizer_step", 100), ("all_reduce", None)])
+@pytest.mark.parametrize("spelling,bucket", [("optimizer_step", None), ("optimizer_step", 100), ("all_reduce", None),
+                                             ("torch.distributed", None)])
 def test_torch_data_parallel_step_equals_one_process_on_the_whole_batch(spelling, bucket, tmp_path, monkeypatch):
     """lazyrt.torch.compile of a plain PyTorch step whose gradients are averaged over 2 ranks
     (lazyrt.torch.distributed): rank 0's weights reach every rank at the first call, every rank
@@ -333,7 +338,7 @@ def test_torch_data_parallel_step_equals_one_process_on_the_whole_batch(spelling
         for name in expect:
             np.testing.assert_array_equal(a[f"final.{name}"], arrays0[f"final.{name}"], err_msg=f"rank {r} {name}")
             np.testing.assert_allclose(a[f"final.{name}"], expect[name], rtol=1e-5, atol=1e-6, err_msg=name)
-        if spelling == "all_reduce":  # the step returns the loss averaged over the ranks
+        if spelling != "optimizer_step":  # the step returns the loss averaged over the ranks
             np.testing.assert_allclose(facts["losses"], losses, rtol=1e-5)
         assert facts["captures"] == 1 and facts["traces"] == 1, facts
         calls = facts["calls"]
@@ -371,8 +376,8 @@ def test_torch_collectives_in_eager(tmp_path):
 
 
 def test_torch_distributed_collective_in_a_compiled_step_names_the_lazyrt_spelling():
-    """torch.distributed's all_reduce runs in torch's process group, outside any graph: a step
-    calling it is refused when captured, naming lazyrt.torch.distributed's spelling."""
+    """torch.distributed's all_reduce without a process group of the "lazyrt" backend cannot be
+    captured: the capture is refused, naming the backend and lazyrt.torch.distributed's calls."""
     import torch
     import torch.distributed as tdist
     import lazyrt.torch
@@ -386,7 +391,7 @@ def test_torch_distributed_collective_in_a_compiled_step_names_the_lazyrt_spelli
             tdist.all_reduce(p.grad)
         opt.step()
 
-    with pytest.raises(lazyrt.torch.CaptureError, match=r"lazyrt.torch.distributed.all_reduce, reduce_gradients"):
+    with pytest.raises(lazyrt.torch.CaptureError, match=r"backend 'lazyrt' .*lazyrt.torch.distributed.all_reduce"):
         step(torch.ones(4, 3))
 
 

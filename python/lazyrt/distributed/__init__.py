@@ -63,7 +63,7 @@ def init_process_group(backend="gloo", init_method=None, rank=None, world_size=N
                        timeout=_datetime.timedelta(minutes=5)):
     """Joins the process group. ``init_method``: ``"env://"`` (the default: MASTER_ADDR,
     MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK as torchrun sets them; rank 0 serves the
-    rendezvous) or ``"file:///a/directory"``. ``rank`` and ``world_size`` override RANK and
+    rendezvous), ``"tcp://host:port"`` (rank 0 serves it there) or ``"file:///a/directory"``. ``rank`` and ``world_size`` override RANK and
     WORLD_SIZE. ``timeout`` (a timedelta or seconds) bounds joining, every barrier and every
     collective."""
     if backend not in (None, "gloo"):

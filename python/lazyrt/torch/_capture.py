@@ -517,9 +517,10 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
             hint = (" (the step reads a tensor's value: .item(), float(), bool() or an `if` on a tensor; a captured "
                     "step cannot yet — return the tensor and read it after the call)")
         elif "ProcessGroup" in str(e) or "process group" in str(e):
-            hint = (" (torch.distributed's collectives cannot be captured: they run in torch's own process group, "
-                    "outside the graph; call lazyrt.torch.distributed.all_reduce, reduce_gradients or optimizer_step "
-                    "instead, which are ops of the compiled graph)")
+            hint = (" (torch.distributed's collectives over its own backends run outside the graph and cannot be "
+                    "captured: initialize torch.distributed with backend 'lazyrt' (import lazyrt.torch.distributed), "
+                    "or call lazyrt.torch.distributed.all_reduce, reduce_gradients or optimizer_step, which are ops "
+                    "of the compiled graph)")
         raise CaptureError(f"lazyrt.torch: capturing the step failed{hint}: {type(e).__name__}: {e}") from e
 
     # Stand-in checks on pass 1 (in-place ops still visible there).

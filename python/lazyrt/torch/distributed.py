@@ -46,6 +46,14 @@ DistributedDataParallel's constructor does), once per tensor; ``broadcast_parame
 explicitly (again after a checkpoint loaded on one rank only). Optimizer state is not
 broadcast: load it on every rank.
 
+**torch.distributed's spelling.** ``torch.distributed.init_process_group("lazyrt")`` (this
+module registers the backend) makes torch.distributed's default group lazyrt's (joining it
+through torch's rendezvous, or taking the one already joined): then
+``torch.distributed.all_reduce(p.grad)`` inside a compiled step is captured as the op above, and
+``broadcast`` and ``barrier`` run at once. torch.distributed's own backends ("gloo") run outside
+the graph and cannot be captured; DistributedDataParallel, whose reducer runs inside autograd's
+engine, cannot either.
+
 Every rank must make the same calls in the same order, on tensors of the same shapes and
 dtypes. Collectives are not differentiated: call them after ``backward()``.
 """
@@ -64,7 +72,7 @@ from lazyrt.distributed import (  # noqa: F401  (the process group is lazyrt's, 
 __all__ = [
     "init_process_group", "is_initialized", "get_rank", "get_world_size", "get_local_rank", "barrier",
     "destroy_process_group", "all_reduce", "all_reduce_coalesced", "reduce_gradients", "optimizer_step",
-    "broadcast_parameters", "DistributedSampler", "DEFAULT_BUCKET_BYTES",
+    "broadcast_parameters", "DistributedSampler", "DEFAULT_BUCKET_BYTES", "ProcessGroupLazyrt",
 ]
 
 # ---- the op the capture records ------------------------------------------------------------
@@ -236,3 +244,75 @@ def _before_first_run(world):
     tensors = [t for t in list(world.params) + list(world.buffers) if not _was_broadcast(t)]
     if tensors:
         broadcast_parameters(tensors, 0)
+
+
+# ---- torch.distributed's backend "lazyrt" --------------------------------------------------
+
+def _completed(result=None):
+    fut = torch.futures.Future()
+    fut.set_result(result)
+    return torch._C._distributed_c10d._create_work_from_future(fut)
+
+
+def _register_backend():
+    """``torch.distributed.init_process_group("lazyrt")``: torch.distributed's calls over lazyrt's
+    process group, so ``torch.distributed.all_reduce(p.grad)`` in a step compiled by
+    lazyrt.torch is captured as the all_reduce above (as PyTorch/XLA's "xla" backend does)."""
+    import torch.distributed as tdist
+    if not tdist.is_available():
+        return None
+    from torch._C._distributed_c10d import ProcessGroup
+
+    class ProcessGroupLazyrt(ProcessGroup):
+        """torch.distributed's process group over lazyrt's: allreduce (captured inside a step
+        compiled by lazyrt.torch; at once outside), broadcast and barrier (at once). Operations
+        run in order, so every Work is complete when returned."""
+
+        def __init__(self, rank, size):
+            super().__init__(rank, size)
+
+        def getBackendName(self):
+            return "lazyrt"
+
+        def allreduce(self, tensors, opts=None):
+            op = opts.reduceOp if opts is not None else tdist.ReduceOp.SUM
+            reduced = all_reduce_coalesced(tensors, op)
+            with torch.no_grad():
+                for t, r in zip(tensors, reduced):
+                    t.copy_(r)
+            return _completed(tensors)
+
+        def allreduce_coalesced(self, tensors, opts=None):
+            return self.allreduce(tensors, opts)
+
+        def broadcast(self, tensors, opts=None):
+            broadcast_parameters(list(tensors), opts.rootRank if opts is not None else 0)
+            return _completed(tensors)
+
+        def barrier(self, opts=None):
+            barrier()
+            return _completed()
+
+    def create(store, rank, size, timeout):
+        if is_initialized():
+            if (get_rank(), get_world_size()) != (rank, size):
+                raise _C.Error(f"init_process_group('lazyrt'): lazyrt's process group is rank {get_rank()} of "
+                               f"{get_world_size()}, torch.distributed asks for rank {rank} of {size}")
+        else:
+            # Rank 0 serves lazyrt's rendezvous on a port of its own, published in torch's store.
+            import os
+            import socket
+            if rank == 0:
+                with socket.socket() as s:
+                    s.bind(("", 0))
+                    port = s.getsockname()[1]
+                store.set("lazyrt/rendezvous", f"{os.environ.get('MASTER_ADDR') or socket.gethostname()}:{port}")
+            where = store.get("lazyrt/rendezvous").decode()
+            init_process_group(init_method=f"tcp://{where}", rank=rank, world_size=size, timeout=timeout)
+        return ProcessGroupLazyrt(rank, size)
+
+    tdist.Backend.register_backend("lazyrt", create)
+    return ProcessGroupLazyrt
+
+
+ProcessGroupLazyrt = _register_backend()
