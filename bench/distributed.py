@@ -94,7 +94,8 @@ def run(opts):
 
     # (a)
     gloo = "Gloo directly (C++)"
-    peers = ("lazyrt, in place (replayed)", "lazyrt, new tensor (replayed)", gloo, "torch.distributed (gloo)")
+    peers = ("lazyrt, in place (replayed)", "lazyrt, new tensor (replayed)", gloo,
+             "Gloo directly, input into output (C++)", "torch.distributed (gloo)")
     rows, summary, goal_a, kernel_rows = [], [], [], []
     for n in sizes:
         ms = {p: Samples(coll["seconds"][str(n)][p]).scaled(1e3) for p in peers}
@@ -148,7 +149,8 @@ def run(opts):
           "own buffer as gradients are (checked; the step returns a one-element copy, not the tensor, which would "
           "make every replay write into a fresh buffer); new tensor: `all_reduce(x)` replayed, a new result each call. Gloo directly: "
           "`gloo::allreduce` with `gloo::sum<float>` from C++ (bench/gloo_allreduce_bench.cpp, the libgloo "
-          "lazyrt links). torch.distributed: `all_reduce` on a CPU tensor, gloo backend (the same libgloo). "
+          "lazyrt links), in place, and from an input buffer into another (as lazyrt's kernel calls it when its "
+          "operand and result are apart). torch.distributed: `all_reduce` on a CPU tensor, gloo backend (the same libgloo). "
           "Every peer's first result is checked (each element the sum of the ranks' values) before timing. "
           "GB/s: the tensor's bytes over the time of one all-reduce; share: Gloo's time over the peer's. "
           f"Batches of {', '.join(str(coll['calls'][str(n)]) for n in sizes)} all-reduces for the sizes in order.\n",
@@ -189,7 +191,7 @@ def run(opts):
 
 def gloo_direct(build, store, rank, world):
     """Gloo's own all-reduce (bench/gloo_allreduce_bench.cpp), joined in `store`: a function
-    (float32 array, calls) -> seconds per call."""
+    (float32 array, calls[, into]) -> seconds per call."""
     import ctypes
     lib = ctypes.CDLL(os.path.join(build, "bench", GLOO_LIBRARY))
     lib.lazyrt_gloo_bench_init.restype = ctypes.c_void_p
@@ -203,8 +205,15 @@ def gloo_direct(build, store, rank, world):
     if not group:
         raise RuntimeError(f"Gloo's group: {error.value.decode()}")
 
-    def allreduce(array, calls):
-        s = lib.lazyrt_gloo_bench_allreduce(group, array.ctypes.data, array.size, calls, error, len(error))
+    lib.lazyrt_gloo_bench_allreduce_into.restype = ctypes.c_double
+    lib.lazyrt_gloo_bench_allreduce_into.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                     ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+
+    def allreduce(array, calls, into=None):
+        """In place, or from array into `into` (an array of its size)."""
+        out = array if into is None else into
+        s = lib.lazyrt_gloo_bench_allreduce_into(group, array.ctypes.data, out.ctypes.data, array.size, calls, error,
+                                                 len(error))
         if s < 0:
             raise RuntimeError(f"Gloo's all-reduce: {error.value.decode()}")
         return s
@@ -316,6 +325,10 @@ def worker_collectives(a, rank, world):
         gloo(g, 1)
         check_sum(f"Gloo's allreduce, {n} floats", g, world, base)
         g[:] = 0
+        g_in, g_out = np.full(n, base(rank), dtype=np.float32), np.zeros(n, dtype=np.float32)
+        gloo(g_in, 1, into=g_out)
+        check_sum(f"Gloo's allreduce into another buffer, {n} floats", g_out, world, base)
+        check_sum(f"Gloo's allreduce into another buffer, {n} floats: its input", g_in, 1, lambda r: base(rank))
 
         t = torch.full((n,), base(rank))
         tdist.all_reduce(t)
@@ -326,6 +339,7 @@ def worker_collectives(a, rank, world):
             "lazyrt, in place (replayed)": lambda calls: timed(step_in_place, calls),
             "lazyrt, new tensor (replayed)": lambda calls: timed(lambda: step_new(x), calls),
             "Gloo directly (C++)": lambda calls: gloo(g, calls),
+            "Gloo directly, input into output (C++)": lambda calls: gloo(g_in, calls, into=g_out),
             "torch.distributed (gloo)": lambda calls: timed(lambda: tdist.all_reduce(t), calls),
         }
         seconds = in_turn(fns, a.calls or calls_for(n), a.reps)

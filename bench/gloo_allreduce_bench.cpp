@@ -7,7 +7,8 @@
 //
 // Built twice from this file (bench/CMakeLists.txt):
 // - libgloo_allreduce_bench.so, a C interface that bench/distributed.py loads with ctypes, so
-//   that one process times lazyrt's all-reduce and Gloo's in turn, under the same load;
+//   that one process times lazyrt's all-reduce and Gloo's in turn, under the same load (in place,
+//   and from an input buffer into an output buffer);
 // - gloo_allreduce, a program to run by hand, one process per rank:
 //     gloo_allreduce --store DIR --rank R --size N [--count 1000000] [--calls 10] [--reps 5]
 //   every rank prints the median seconds per all-reduce and the rate of the tensor's bytes.
@@ -71,15 +72,18 @@ void* lazyrt_gloo_bench_init(const char* store_dir, int rank, int size, double t
   }
 }
 
-// `calls` all-reduces (sum) of data[0, count) in place, one after the other; the seconds per
-// call, or -1 on failure (the reason in error).
-double lazyrt_gloo_bench_allreduce(void* group, float* data, size_t count, int calls, char* error, size_t error_len) {
+// `calls` all-reduces (sum) of in[0, count) into out[0, count), one after the other: in place
+// when in is out (or null), else Gloo's ring reads in and writes out. The seconds per call, or -1
+// on failure (the reason in error).
+double lazyrt_gloo_bench_allreduce_into(void* group, float* in, float* out, size_t count, int calls, char* error,
+                                        size_t error_len) {
   auto* g = static_cast<Group*>(group);
   try {
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < calls; ++i) {
       gloo::AllreduceOptions opts(g->ctx);
-      opts.setOutput<float>(data, count);
+      if (in && in != out) opts.setInput<float>(in, count);
+      opts.setOutput<float>(out, count);
       opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
       opts.setTimeout(g->timeout);
       gloo::allreduce(opts);
@@ -89,6 +93,11 @@ double lazyrt_gloo_bench_allreduce(void* group, float* data, size_t count, int c
     set_error(error, error_len, e.what());
     return -1;
   }
+}
+
+// `calls` all-reduces (sum) of data[0, count) in place.
+double lazyrt_gloo_bench_allreduce(void* group, float* data, size_t count, int calls, char* error, size_t error_len) {
+  return lazyrt_gloo_bench_allreduce_into(group, data, data, count, calls, error, error_len);
 }
 
 int lazyrt_gloo_bench_barrier(void* group, char* error, size_t error_len) {
