@@ -219,7 +219,14 @@ def gloo_direct(build, store, rank, world):
         return s
     lib.lazyrt_gloo_bench_destroy.argtypes = [ctypes.c_void_p]
     lib.lazyrt_gloo_bench_destroy.restype = None
-    allreduce.close = lambda: lib.lazyrt_gloo_bench_destroy(group)
+    lib.lazyrt_gloo_bench_barrier.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.lazyrt_gloo_bench_barrier.restype = ctypes.c_int
+
+    def close():  # once every rank is done with the group
+        if lib.lazyrt_gloo_bench_barrier(group, error, len(error)) != 0:
+            raise RuntimeError(f"Gloo's barrier: {error.value.decode()}")
+        lib.lazyrt_gloo_bench_destroy(group)
+    allreduce.close = close
     return allreduce
 
 

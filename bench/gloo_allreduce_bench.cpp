@@ -169,7 +169,10 @@ int main(int argc, char** argv) {
   const double median = seconds[seconds.size() / 2];
   std::printf("rank %d of %d: %zu floats, %.3f ms per all-reduce (median of %d x %d), %.2f GB/s\n", rank, size, count,
               median * 1e3, reps, calls, 4.0 * static_cast<double>(count) / median / 1e9);
+  // No rank closes its connections while another still reads from them.
+  const int rc = lazyrt_gloo_bench_barrier(g, error, sizeof error);
+  if (rc != 0) std::fprintf(stderr, "rank %d: %s\n", rank, error);
   lazyrt_gloo_bench_destroy(g);
-  return 0;
+  return rc == 0 ? 0 : 1;
 }
 #endif
