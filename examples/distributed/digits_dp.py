@@ -30,18 +30,25 @@ def load_digits():
     return data[:, :64] / 16.0, data[:, 64].astype(np.int64)
 
 
-def main():
+def arguments_and_group(port):
+    """The command line (--epochs, --batch), and the process group joined (a group of one, its
+    store on `port`, when no launcher started this process): (args, rank, world size, this
+    rank's share of the batch)."""
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=25)
     p.add_argument("--batch", type=int, default=64, help="the global batch (all ranks together)")
     args = p.parse_args()
     if "RANK" not in os.environ:  # a plain run: a group of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.batch % world:
         raise SystemExit(f"the global batch {args.batch} must divide into {world} processes")
-    local = args.batch // world
+    return args, rank, world, args.batch // world
+
+
+def main():
+    args, rank, world, local = arguments_and_group(29511)
 
     x, y = load_digits()
     order = np.random.default_rng(2024).permutation(len(x))

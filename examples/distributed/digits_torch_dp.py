@@ -12,7 +12,6 @@ weights: the compiled step gives every rank rank 0's before its first run. The g
 1 below the 95% goal. --epochs changes the length (default 25).
 """
 
-import argparse
 import os
 import sys
 import time
@@ -25,21 +24,11 @@ import lazyrt.torch
 import lazyrt.torch.distributed as ldist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from digits_dp import load_digits  # noqa: E402
+from digits_dp import arguments_and_group, load_digits  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--epochs", type=int, default=25)
-    p.add_argument("--batch", type=int, default=64, help="the global batch (all ranks together)")
-    args = p.parse_args()
-    if "RANK" not in os.environ:  # a plain run: a group of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29512")
-    ldist.init_process_group()
-    rank, world = ldist.get_rank(), ldist.get_world_size()
-    if args.batch % world:
-        raise SystemExit(f"the global batch {args.batch} must divide into {world} processes")
-    local = args.batch // world
+    args, rank, world, local = arguments_and_group(29512)  # lazyrt's process group, as digits_dp.py's
     torch.set_num_threads(1)
 
     x, y = load_digits()

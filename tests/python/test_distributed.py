@@ -195,23 +195,26 @@ def test_env_errors(monkeypatch):
 
 # ---- data-parallel training ---------------------------------------------------------------
 
-def torch_whole_batch_training(init):
-    """The oracle: PyTorch, one process, every step on the whole batch, from the same weights."""
+def torch_whole_batch_training(init, prefix="init."):
+    """The oracle: PyTorch, one process, every step on the whole batch, from the weights
+    init[prefix + name]. Returns each step's loss and the final weights."""
     import torch
     sys.path.insert(0, os.path.dirname(WORKER))
     import dist_worker  # noqa: E402  (the batches the workers trained on)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model = dist_worker.torch_dp_model()
     with torch.no_grad():
         for n, p in model.named_parameters():
-            p.copy_(torch.from_numpy(init[f"init.{n}"]))
+            p.copy_(torch.from_numpy(init[f"{prefix}{n}"]))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = []
     for k in range(dist_worker.STEPS):
         x, y = dist_worker.global_batch(k)
         loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
         loss.backward()
         opt.step()
         opt.zero_grad()
-    return {n: p.detach().numpy() for n, p in model.named_parameters()}
+        losses.append(loss.item())
+    return losses, {n: p.detach().numpy() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -219,7 +222,7 @@ def test_data_parallel_training_equals_one_process_on_the_whole_batch(world, tmp
     results, _ = launch("dp_train", world, tmp_path)
     assert sorted(results) == list(range(world))
     arrays0 = results[0][0]
-    expect = torch_whole_batch_training(arrays0)
+    _, expect = torch_whole_batch_training(arrays0)
     for r, (a, facts) in results.items():
         # Rank 0's weights reached every rank, and every rank ends with the same bits.
         for name in expect:
@@ -265,16 +268,22 @@ def accuracy_of(output):
     return float(line[0].split()[2].rstrip("%"))
 
 
-def test_digits_demo_on_two_processes_matches_one():
-    demo = os.path.join(REPO, "examples", "distributed", "digits_dp.py")
+def check_digits_demo_on_one_and_two_processes(script, expect_in_output):
+    """Runs examples/distributed/<script> for 4 epochs on 1 and 2 processes: the same held-out
+    accuracy (within a point), and `expect_in_output` in what each run prints."""
+    demo = os.path.join(REPO, "examples", "distributed", script)
     acc = {}
     for nproc in (1, 2):
         cmd = [sys.executable, "-m", "lazyrt.distributed.run", "--nproc", str(nproc), "--master_port",
                str(free_port()), demo, "--epochs", "4"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HARD_TIMEOUT)
         acc[nproc] = accuracy_of(proc.stdout)
-        assert "(replayed, " in proc.stdout
+        assert expect_in_output in proc.stdout, proc.stdout
     assert acc[1] > 85 and abs(acc[1] - acc[2]) <= 1.0, acc
+
+
+def test_digits_demo_on_two_processes_matches_one():
+    check_digits_demo_on_one_and_two_processes("digits_dp.py", "(replayed, ")
 
 
 def test_launcher_sets_torchrun_variables_for_each_host():
@@ -295,27 +304,6 @@ def test_launcher_sets_torchrun_variables_for_each_host():
 
 # ---- data-parallel PyTorch steps compiled by lazyrt.torch ------------------------------------
 
-def torch_whole_batch_losses_and_weights(init):
-    """The oracle: PyTorch eager, one process, every step on the whole batch from `init`."""
-    import torch
-    sys.path.insert(0, os.path.dirname(WORKER))
-    import dist_worker  # noqa: E402
-    model = dist_worker.torch_dp_model()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(torch.from_numpy(init[f"local_init.{n}"]))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for k in range(dist_worker.STEPS):
-        x, y = dist_worker.global_batch(k)
-        loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses, {n: p.detach().numpy() for n, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("spelling,bucket", [("optimizer_step", None), ("optimizer_step", 100), ("all_reduce", None),
                                              ("torch.distributed", None)])
 def test_torch_data_parallel_step_equals_one_process_on_the_whole_batch(spelling, bucket, tmp_path, monkeypatch):
@@ -333,7 +321,7 @@ def test_torch_data_parallel_step_equals_one_process_on_the_whole_batch(spelling
     arrays0, facts0 = results[0]
     # The ranks started from different weights.
     assert not np.array_equal(arrays0["local_init.0.weight"], results[1][0]["local_init.0.weight"])
-    losses, expect = torch_whole_batch_losses_and_weights(arrays0)
+    losses, expect = torch_whole_batch_training(arrays0, prefix="local_init.")
     for r, (a, facts) in results.items():
         for name in expect:
             np.testing.assert_array_equal(a[f"final.{name}"], arrays0[f"final.{name}"], err_msg=f"rank {r} {name}")
@@ -399,12 +387,4 @@ def test_torch_digits_demo_on_two_processes_matches_one():
     """examples/distributed/digits_torch_dp.py: a plain PyTorch step with optimizer_step, compiled
     by lazyrt.torch: the same held-out accuracy on 1 and 2 processes, every call after the first
     a fast call."""
-    demo = os.path.join(REPO, "examples", "distributed", "digits_torch_dp.py")
-    acc = {}
-    for nproc in (1, 2):
-        cmd = [sys.executable, "-m", "lazyrt.distributed.run", "--nproc", str(nproc), "--master_port",
-               str(free_port()), demo, "--epochs", "4"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=HARD_TIMEOUT)
-        acc[nproc] = accuracy_of(proc.stdout)
-        assert "(1 capture, 86 fast calls)" in proc.stdout, proc.stdout
-    assert acc[1] > 85 and abs(acc[1] - acc[2]) <= 1.0, acc
+    check_digits_demo_on_one_and_two_processes("digits_torch_dp.py", "(1 capture, 86 fast calls)")
