@@ -223,6 +223,11 @@ def torch_dp_train():
     share = GLOBAL_BATCH // world
     counters = ("UncachedCompile", "TorchFastCall", "ReplayGraph", "GraphBreak", "EagerStep")
     facts = {"rank": rank, "calls": []}
+    if spelling == "torch.distributed":  # the backend's other calls, at once
+        t = torch.full((3,), float(rank))
+        tdist.broadcast(t, src=world - 1)
+        tdist.barrier()
+        facts["broadcast"] = t.tolist()
     losses = []
     for k in range(STEPS):
         x, y = global_batch(k)

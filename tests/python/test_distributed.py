@@ -326,6 +326,8 @@ def test_torch_data_parallel_step_equals_one_process_on_the_whole_batch(spelling
         for name in expect:
             np.testing.assert_array_equal(a[f"final.{name}"], arrays0[f"final.{name}"], err_msg=f"rank {r} {name}")
             np.testing.assert_allclose(a[f"final.{name}"], expect[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        if spelling == "torch.distributed":
+            assert facts["broadcast"] == [world - 1.0] * 3, facts
         if spelling != "optimizer_step":  # the step returns the loss averaged over the ranks
             np.testing.assert_allclose(facts["losses"], losses, rtol=1e-5)
         assert facts["captures"] == 1 and facts["traces"] == 1, facts
