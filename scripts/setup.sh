@@ -11,7 +11,7 @@ PACKAGES=(
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   python3-torch python3-sklearn python3-matplotlib
-  clang libtorch-dev libgloo-dev
+  clang libtorch-dev libgloo-dev llvm-16-dev
 )
 
 missing=()

@@ -14,7 +14,13 @@ runs it. Structured loops (``while_loop``, ``fori_loop``, ``scan``) trace their 
 Errors from lazyrt raise ``lazyrt.Error``, a ``RuntimeError``.
 """
 
+import atexit as _atexit
+
 from lazyrt import _C
+
+# Generated kernels compile on a thread of their own: it must be done before the interpreter
+# finalizes and the C++ statics it uses are destroyed.
+_atexit.register(_C._jit.shutdown)
 # Every public name of the extension is public here: Tensor, Error, the dtypes (float32, ...,
 # with PyTorch's aliases float, long, ...), and every op bound in python/src/ops.cpp, so an op
 # added there needs nothing here.

@@ -1,6 +1,8 @@
-// lazyrt._C._metrics, _cache and _debug: counters and timings, the compile cache's settings,
-// and looking at pending graphs and memory; the backend choice (backend.h). All thread-safe in C++; nothing here syncs.
+// lazyrt._C._metrics, _cache, _jit and _debug: counters and timings, the compile cache's
+// settings, generated kernels' compiler thread, and looking at pending graphs and memory; the
+// backend choice (backend.h). All thread-safe in C++; nothing here syncs.
 #include "bindings.h"
+#include "jit/jit.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
 
@@ -21,6 +23,12 @@ void bind_metrics_cache(py::module_& m) {
   // Recording is the package's own business (its Python layers count what they do), not the API's.
   mt.def("_increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
          py::arg("by") = 1);
+
+  py::module_ j = m.def_submodule("_jit", "Generated kernels' compiler thread (src/jit/jit.h).");
+  j.def("wait_idle", &jit::wait_idle, py::call_guard<py::gil_scoped_release>(),
+        "Waits until every module handed to the compiler thread so far is compiled.");
+  j.def("shutdown", &jit::shutdown, py::call_guard<py::gil_scoped_release>(),
+        "Generation off for the rest of the process; waits for the module being compiled.");
 
   py::module_ c = m.def_submodule("_cache", "The compile cache's settings (cache.h).");
   // Counts and bytes from Python: a negative value is a lazyrt.Error, not a TypeError.

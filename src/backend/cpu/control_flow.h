@@ -2,16 +2,19 @@
 // sub-executables that the step's kernel runs; a fusion's region becomes one fused kernel.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
 #include "ir/graph.h"
 #include "backend/cpu/kernels/kernel.h"
+#include "jit/jit.h"
 
 namespace lazyrt::backend::cpu {
 
-/// Regions that are graphs of their own (loop bodies) are compiled for `backend`.
+/// Regions that are graphs of their own (loop bodies) are compiled for `backend`. A fusion's
+/// region goes into `generated` (the graph's module of generated kernels) when there is one.
 kernels::Kernel lower_control_flow(const ir::Node& node, const std::vector<ir::TensorType>& operands,
-                                   const Backend& backend);
+                                   const Backend& backend, const std::shared_ptr<jit::Module>& generated);
 
 }  // namespace lazyrt::backend::cpu

@@ -6,6 +6,7 @@
 #include "backend/cpu/control_flow.h"
 #include "compile/memory_plan.h"
 #include "backend/cpu/kernels/ops.h"
+#include "jit/jit.h"
 #include "util/check.h"
 #include "util/dtype_dispatch.h"
 
@@ -194,6 +195,8 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   std::map<ValueRef, int32_t> req_of;
   std::map<ValueRef, Slot> slot_of;
   std::vector<kernels::Kernel> made(g.nodes.size());
+  // The graph's generated kernels: its fusion regions, compiled as one module (jit/jit.h).
+  const std::shared_ptr<jit::Module> generated = backend.capabilities().fuses() ? jit::new_module() : nullptr;
   std::vector<int32_t> workspace_req(g.nodes.size(), -1);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
@@ -209,7 +212,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     std::vector<ir::TensorType> in_types;
     for (ValueRef v : n.operands) in_types.push_back(g.type(v));
     made[i] = n.regions.empty() ? kernels::make_kernel({n.op, n.attrs, in_types, n.results, backend.capabilities().library_kernels})
-                                : lower_control_flow(n, in_types, backend);
+                                : lower_control_flow(n, in_types, backend, generated);
     const int32_t s = step_of[i];
     for (size_t r = 0; r < n.results.size(); ++r) {
       const ValueRef v{node, static_cast<int32_t>(r)};
@@ -238,6 +241,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       reqs.push_back({made[i].workspace_bytes, s, s, -1});
     }
   }
+  jit::Module::finish(generated);
   MemoryPlan plan = plan_memory(reqs);
   parts.arena_bytes = plan.arena_bytes;
   parts.arena_blocks = plan.distinct_blocks;

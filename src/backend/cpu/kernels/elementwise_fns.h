@@ -308,23 +308,34 @@ decltype(auto) resolve_form(const GeluForm& f, K&& k) {
   return f.tanh_form ? k(GeluF<true>{}) : k(GeluF<false>{});
 }
 
-/// Calls v(ElementwiseFn<...>{functor}) for an op of LAZYRT_ELEMENTWISE_FNS. Asserts on others.
+/// Calls v(ElementwiseFn<F, ...>{f}) for an op of LAZYRT_ELEMENTWISE_FNS, with F the row's own
+/// functor (for a row that selects a form by attribute, the functor that carries the attribute:
+/// resolve_form picks the form). Asserts on other ops.
 template <class V>
-decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& attrs, V&& v) {
+decltype(auto) visit_elementwise_row(ir::OpKind op, const ir::Attrs& attrs, V&& v) {
   using D = Domain;
   [[maybe_unused]] const ir::NodeAttrs a(op, attrs);
   switch (op) {
-#define LAZYRT_CASE(Op, F, arity, domain, to_bool, ...)                                  \
-  case ir::OpKind::Op:                                                                   \
-    return resolve_form(F{__VA_ARGS__}, [&](const auto& f) -> decltype(auto) {            \
-      return v(ElementwiseFn<std::decay_t<decltype(f)>, arity, D::domain, to_bool>{f}); \
-    });
+#define LAZYRT_CASE(Op, F, arity, domain, to_bool, ...) \
+  case ir::OpKind::Op: return v(ElementwiseFn<F, arity, D::domain, to_bool>{F{__VA_ARGS__}});
     LAZYRT_ELEMENTWISE_FNS(LAZYRT_CASE)
 #undef LAZYRT_CASE
     default: break;
   }
   LAZYRT_ASSERT(false, ir::op_name(op), " has no elementwise function");
   return v(ElementwiseFn<NegF, 1, D::NotBool, false>{});
+}
+
+/// Calls v(ElementwiseFn<...>{functor}) for an op of LAZYRT_ELEMENTWISE_FNS, with the functor
+/// a loop runs (its form resolved). Asserts on others.
+template <class V>
+decltype(auto) visit_elementwise(ir::OpKind op, const ir::Attrs& attrs, V&& v) {
+  return visit_elementwise_row(op, attrs, [&](const auto& row) -> decltype(auto) {
+    using Row = std::decay_t<decltype(row)>;
+    return resolve_form(row.f, [&](const auto& f) -> decltype(auto) {
+      return v(ElementwiseFn<std::decay_t<decltype(f)>, Row::arity, Row::domain, Row::to_bool>{f});
+    });
+  });
 }
 
 /// Rounds a compute value to what storing it as T and reading it back gives: the 16-bit

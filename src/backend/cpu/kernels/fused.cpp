@@ -16,12 +16,18 @@
 // Results are stored after all instructions of a block have run, and a block only reads the
 // operand elements at its own positions, so a result may be written over an operand of the
 // same shape (in place, or into a donated buffer).
+//
+// Where the graph's lowering gives a jit::Module, the region is also handed to the code
+// generator (jit/jit.h): once the module is compiled, each run of the layout calls the
+// generated loop instead of interpreting; until then, each run counts toward compiling it.
+// Layouts with repeated operands stay interpreted.
 #include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "backend/cpu/kernels/elementwise_fns.h"
 #include "backend/cpu/kernels/ops.h"
+#include "jit/jit.h"
 
 namespace lazyrt::kernels {
 namespace {
@@ -163,11 +169,20 @@ struct Program {
   std::vector<std::pair<int16_t, const void*>> constants;
   std::unique_ptr<double[]> constant_blocks;         // kBlock compute values per constant
   int num_values = 0;
+  std::shared_ptr<jit::Module> generated;            // with the region's index in it, or null
+  int generated_index = -1;
 
   void run(const void* const* in, void* const* out) const;
 };
 
 void Program::run(const void* const* in, void* const* out) const {
+  if (generated) {
+    if (jit::FusedFn fn = generated->fn(generated_index)) {
+      layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t*, int64_t oo) { fn(in, off, out, oo, n); });
+      return;
+    }
+    generated->ran_interpreted(generated, generated_index, layout->numel * static_cast<int64_t>(code.size()));
+  }
   const int64_t run = layout->shape.empty() ? 1 : layout->shape.back();
   const bool repeats = !layout->repeat.empty();
   layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t* st, int64_t oo) {
@@ -229,7 +244,7 @@ Instr make_instr(const ir::Graph& region, const ir::Node& n, int16_t dst) {
 }  // namespace
 
 Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
-                  const std::vector<ir::TensorType>& outputs) {
+                  const std::vector<ir::TensorType>& outputs, const std::shared_ptr<jit::Module>& module) {
   LAZYRT_ASSERT(!outputs.empty() && inputs.size() <= static_cast<size_t>(kMaxFusedInputs) &&
                     region.nodes.size() <= static_cast<size_t>(kMaxValues),
                 "fusion region too large: ", inputs.size(), " operands, ", region.nodes.size(), " nodes");
@@ -277,6 +292,13 @@ Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& in
     visit_dtype(region.type(v).dtype, [&](auto tag) {
       p->results.push_back({static_cast<int16_t>(v.node), &store<decltype(tag)>});
     });
+  if (module && p->layout->repeat.empty()) {
+    const size_t rank = p->layout->shape.size();
+    jit::FusedRegion r{region, {}};
+    for (const auto& st : p->layout->strides) r.inner_strides.push_back(rank ? st[rank - 1] : 0);
+    p->generated_index = module->add(std::move(r));
+    if (p->generated_index >= 0) p->generated = module;
+  }
   return {[p](const void* const* in, void* const* out) { p->run(in, out); }};
 }
 

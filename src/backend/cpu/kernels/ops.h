@@ -1,7 +1,13 @@
 // One kernel maker per row of ops.def. A row without a maker is a link error.
 #pragma once
 
+#include <memory>
+
 #include "backend/cpu/kernels/kernel.h"
+
+namespace lazyrt::jit {
+class Module;
+}
 
 namespace lazyrt::kernels {
 
@@ -14,9 +20,10 @@ namespace lazyrt::kernels {
 inline constexpr int kMaxFusedOps = 24;
 inline constexpr int kMaxFusedInputs = 8;
 
-/// The kernel of a fusion node with this region (see fused.cpp).
+/// The kernel of a fusion node with this region (see fused.cpp); with a module, its region is
+/// generated as machine code there where the generator takes it.
 Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
-                  const std::vector<ir::TensorType>& outputs);
+                  const std::vector<ir::TensorType>& outputs, const std::shared_ptr<jit::Module>& module = nullptr);
 
 /// The range check of an indexing node (index_select, gather, the scatter family, index_add)
 /// on its own: a kernel that reads only the node's index (in[0]) and throws as the node's

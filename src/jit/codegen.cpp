@@ -1,0 +1,453 @@
+// The code generator (liblazyrt_jit.so): fusion regions to machine code through LLVM.
+//
+// LLVM 16 (Debian's llvm-16-dev), the newest LLVM in Debian 12: ORC's LLJIT with per-module
+// resource trackers (code freed when its graph is), the new pass manager's O2 pipeline with the
+// loop and SLP vectorizers, and the host CPU's features (AVX2, AVX-512 where present).
+//
+// Each region becomes one function (jit.h's FusedFn). Its loop walks the run in blocks of
+// kBlock elements: for each element it loads the operands (strides fixed when the kernel is
+// made: 0 for a broadcast operand, 1 for a contiguous one), runs the region's ops, and stores
+// the results into stack buffers; at the end of the block the buffers are copied to the
+// results. So every operand element of a block is read before any result of the block is
+// written: a result may share its buffer with an operand, as in the interpreter.
+//
+// The per-element work is calls into the kernel library (kernel_lib.cpp: loads, stores, every
+// op on every dtype, compiled from the interpreter's own source to bitcode at build time and
+// embedded), which is linked into each module, made internal and always inlined, then
+// vectorized with the loop. No fast-math flags and no contraction (AllowFPOpFusion = Strict,
+// the library built with -ffp-contract=off), so each value is the interpreter's, bit for bit.
+#include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/Config/llvm-config.h>
+#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LegacyPassManager.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IR/Verifier.h>
+#include <llvm/Linker/Linker.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/raw_ostream.h>
+#include <llvm/Target/TargetMachine.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "backend/cpu/kernels/elementwise_fns.h"
+#include "ir/hash.h"
+#include "ir/serialize.h"
+#include "jit/jit.h"
+#include "jit/object_cache.h"
+#include "util/metrics_cells.h"
+#include "util/check.h"
+#include "util/dtype_dispatch.h"
+
+// The kernel library's bitcode, embedded by the build (kernel_lib_blob.cpp).
+extern "C" const char lazyrt_jit_kernel_lib[];
+extern "C" const char lazyrt_jit_kernel_lib_end[];
+
+namespace lazyrt::jit {
+namespace {
+
+// Raised when generated code changes what it computes, so that object code cached on disk by
+// another version is never loaded.
+constexpr int kGeneratorVersion = 1;
+constexpr int64_t kBlock = 256;
+
+std::string message(llvm::Error e) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  os << e;
+  return os.str();
+}
+template <class T>
+T take(llvm::Expected<T> v, const char* what) {
+  if (!v) throw Error(std::string("generated kernels: ") + what + ": " + message(v.takeError()));
+  return std::move(*v);
+}
+void check(llvm::Error e, const char* what) {
+  if (e) throw Error(std::string("generated kernels: ") + what + ": " + message(std::move(e)));
+}
+
+// The enum identifier of an elementwise row (the kernel library's function names).
+const char* row_name(ir::OpKind op) {
+  switch (op) {
+#define LAZYRT_ROW_NAME(Op, ...) \
+  case ir::OpKind::Op: return #Op;
+    LAZYRT_ELEMENTWISE_FNS(LAZYRT_ROW_NAME)
+#undef LAZYRT_ROW_NAME
+    default: break;
+  }
+  LAZYRT_ASSERT(false, ir::op_name(op), " has no generated form");
+  return "";
+}
+
+// The LLVM type of a dtype's compute value, as the kernel library passes it.
+llvm::Type* compute_type(llvm::LLVMContext& c, DType d) {
+  switch (d) {
+    case DType::f32:
+    case DType::bf16:
+    case DType::f16: return llvm::Type::getFloatTy(c);
+    case DType::f64: return llvm::Type::getDoubleTy(c);
+    case DType::i32: return llvm::Type::getInt32Ty(c);
+    case DType::i64: return llvm::Type::getInt64Ty(c);
+    case DType::b8: return llvm::Type::getInt1Ty(c);
+  }
+  LAZYRT_ASSERT(false, "bad dtype");
+  return nullptr;
+}
+
+// A constant's compute value: what the interpreter's constant block holds.
+llvm::Constant* constant_value(llvm::LLVMContext& c, DType d, double value) {
+  return visit_dtype(d, [&](auto tag) -> llvm::Constant* {
+    using T = decltype(tag);
+    const compute_t<T> v = convert<compute_t<T>>(convert<T>(value));
+    if constexpr (std::is_same_v<compute_t<T>, float>) return llvm::ConstantFP::get(llvm::Type::getFloatTy(c), v);
+    else if constexpr (std::is_same_v<compute_t<T>, double>) return llvm::ConstantFP::get(llvm::Type::getDoubleTy(c), v);
+    else if constexpr (std::is_same_v<T, bool>) return llvm::ConstantInt::get(llvm::Type::getInt1Ty(c), v ? 1 : 0);
+    else return llvm::ConstantInt::get(compute_type(c, d), static_cast<uint64_t>(v), true);
+  });
+}
+
+class Emitter {
+ public:
+  Emitter(llvm::Module& m) : m_(m), c_(m.getContext()), b_(c_) {}
+
+  llvm::Function* library(const std::string& name) {
+    llvm::Function* f = m_.getFunction(name);
+    if (!f) {
+      // Declared here; the kernel library's definition is linked in afterwards.
+      llvm::Function* def = lib_declarations_->getFunction(name);
+      LAZYRT_ASSERT(def, "the kernel library has no ", name);
+      f = llvm::Function::Create(def->getFunctionType(), llvm::Function::ExternalLinkage, name, m_);
+      f->setAttributes(def->getAttributes());
+    }
+    return f;
+  }
+  llvm::Value* call(const std::string& name, std::vector<llvm::Value*> args) {
+    llvm::Function* f = library(name);
+    llvm::FunctionType* ft = f->getFunctionType();
+    while (args.size() < ft->getNumParams()) args.push_back(llvm::Constant::getNullValue(ft->getParamType(static_cast<unsigned>(args.size()))));
+    llvm::CallInst* ci = b_.CreateCall(f, args);
+    ci->setAttributes(f->getAttributes());
+    return ci;
+  }
+
+  // The bytes of a row's functor (its attributes), as a constant the library reads.
+  llvm::Value* row_bytes(const ir::Node& n) {
+    std::string bytes;
+    kernels::visit_elementwise_row(n.op, n.attrs, [&](const auto& row) {
+      bytes.assign(reinterpret_cast<const char*>(&row.f), sizeof(row.f));
+    });
+    auto* init = llvm::ConstantDataArray::getRaw(bytes, bytes.size(), llvm::Type::getInt8Ty(c_));
+    auto* g = new llvm::GlobalVariable(m_, init->getType(), true, llvm::GlobalValue::PrivateLinkage, init);
+    g->setAlignment(llvm::Align(8));
+    return g;
+  }
+
+  void emit(const FusedRegion& r, const std::string& name, const llvm::Module* lib) {
+    lib_declarations_ = lib;
+    const ir::Graph& g = r.region;
+    auto* i64 = llvm::Type::getInt64Ty(c_);
+    auto* ptr = llvm::PointerType::get(c_, 0);
+    auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(c_), {ptr, ptr, ptr, i64, i64}, false);
+    llvm::Function* f = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+    llvm::Argument* in = f->getArg(0);
+    llvm::Argument* off = f->getArg(1);
+    llvm::Argument* out = f->getArg(2);
+    llvm::Argument* oo = f->getArg(3);
+    llvm::Argument* n = f->getArg(4);
+    for (int a = 0; a < 3; ++a) {
+      f->addParamAttr(a, llvm::Attribute::NoCapture);
+      f->addParamAttr(a, llvm::Attribute::ReadOnly);
+    }
+
+    auto* entry = llvm::BasicBlock::Create(c_, "entry", f);
+    auto* outer = llvm::BasicBlock::Create(c_, "block", f);
+    auto* body = llvm::BasicBlock::Create(c_, "element", f);
+    auto* copy = llvm::BasicBlock::Create(c_, "store", f);
+    auto* done = llvm::BasicBlock::Create(c_, "done", f);
+
+    // Entry: operand pointers and offsets, result pointers, one stack buffer per result.
+    b_.SetInsertPoint(entry);
+    const size_t num_in = r.inner_strides.size();
+    std::vector<llvm::Value*> in_ptr(num_in), in_off(num_in);
+    for (size_t k = 0; k < num_in; ++k) {
+      in_ptr[k] = b_.CreateLoad(ptr, b_.CreateConstInBoundsGEP1_64(ptr, in, k));
+      in_off[k] = b_.CreateLoad(i64, b_.CreateConstInBoundsGEP1_64(i64, off, k));
+    }
+    std::vector<llvm::Value*> out_ptr, buf;
+    std::vector<DType> out_dtype;
+    for (size_t j = 0; j < g.outputs.size(); ++j) {
+      const DType d = g.type(g.outputs[j]).dtype;
+      out_dtype.push_back(d);
+      out_ptr.push_back(b_.CreateLoad(ptr, b_.CreateConstInBoundsGEP1_64(ptr, out, j)));
+      auto* a = b_.CreateAlloca(llvm::ArrayType::get(llvm::Type::getInt8Ty(c_), kBlock * dtype_size(d)));
+      a->setAlignment(llvm::Align(64));
+      buf.push_back(a);
+    }
+    // Constants and attributes, once.
+    std::vector<llvm::Value*> value(g.nodes.size(), nullptr), row(g.nodes.size(), nullptr);
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const ir::Node& node = g.nodes[i];
+      if (node.op == ir::OpKind::Full)
+        value[i] = constant_value(c_, node.results[0].dtype, ir::NodeAttrs(node.op, node.attrs).f<"value">());
+      else if (kernels::has_elementwise_fn(node.op))
+        row[i] = row_bytes(node);
+    }
+    b_.CreateCondBr(b_.CreateICmpSGT(n, b_.getInt64(0)), outer, done);
+
+    // Block: start s, m = min(kBlock, n - s) elements.
+    b_.SetInsertPoint(outer);
+    llvm::PHINode* s = b_.CreatePHI(i64, 2, "s");
+    s->addIncoming(b_.getInt64(0), entry);
+    llvm::Value* left = b_.CreateSub(n, s);
+    llvm::Value* m = b_.CreateSelect(b_.CreateICmpSLT(left, b_.getInt64(kBlock)), left, b_.getInt64(kBlock));
+    b_.CreateBr(body);
+
+    // Element i of the block.
+    b_.SetInsertPoint(body);
+    llvm::PHINode* i = b_.CreatePHI(i64, 2, "i");
+    i->addIncoming(b_.getInt64(0), outer);
+    llvm::Value* at = b_.CreateAdd(s, i);
+    for (size_t k = 0; k < g.nodes.size(); ++k) {
+      const ir::Node& node = g.nodes[k];
+      if (node.op == ir::OpKind::Full) continue;
+      auto operand = [&](size_t o) { return value[static_cast<size_t>(node.operands[o].node)]; };
+      const std::string dt = dtype_name(node.op == ir::OpKind::Parameter || node.operands.empty()
+                                            ? node.results[0].dtype
+                                            : g.type(node.operands[node.op == ir::OpKind::Where ? 1 : 0]).dtype);
+      if (node.op == ir::OpKind::Parameter) {
+        const auto p = static_cast<size_t>(ir::NodeAttrs(node.op, node.attrs).i<"index">());
+        const int64_t st = r.inner_strides[p];
+        llvm::Value* e = st == 0 ? in_off[p] : b_.CreateAdd(in_off[p], st == 1 ? at : b_.CreateMul(at, b_.getInt64(st)));
+        value[k] = call("lazyrt_jit_load_" + dt, {in_ptr[p], e});
+      } else if (node.op == ir::OpKind::Cast) {
+        value[k] = call("lazyrt_jit_cast_" + dt + "_" + dtype_name(node.results[0].dtype), {operand(0)});
+      } else if (node.op == ir::OpKind::Where) {
+        value[k] = call("lazyrt_jit_where_" + dt, {operand(0), operand(1), operand(2)});
+      } else {
+        std::vector<llvm::Value*> args{row[k]};
+        for (size_t o = 0; o < node.operands.size(); ++o) args.push_back(operand(o));
+        value[k] = call(std::string("lazyrt_jit_op_") + row_name(node.op) + "_" + dt, args);
+      }
+    }
+    for (size_t j = 0; j < g.outputs.size(); ++j)
+      call(std::string("lazyrt_jit_store_") + dtype_name(out_dtype[j]), {buf[j], i, value[static_cast<size_t>(g.outputs[j].node)]});
+    llvm::Value* next_i = b_.CreateAdd(i, b_.getInt64(1));
+    i->addIncoming(next_i, body);
+    b_.CreateCondBr(b_.CreateICmpSLT(next_i, m), body, copy);
+
+    // The block's results, copied out once every operand of the block was read.
+    b_.SetInsertPoint(copy);
+    for (size_t j = 0; j < g.outputs.size(); ++j) {
+      const int64_t size = static_cast<int64_t>(dtype_size(out_dtype[j]));
+      llvm::Value* dst = b_.CreateGEP(llvm::Type::getInt8Ty(c_), out_ptr[j], b_.CreateMul(b_.CreateAdd(oo, s), b_.getInt64(size)));
+      b_.CreateMemCpy(dst, llvm::MaybeAlign(1), buf[j], llvm::MaybeAlign(64), b_.CreateMul(m, b_.getInt64(size)));
+    }
+    llvm::Value* next_s = b_.CreateAdd(s, b_.getInt64(kBlock));
+    s->addIncoming(next_s, copy);
+    b_.CreateCondBr(b_.CreateICmpSLT(next_s, n), outer, done);
+
+    b_.SetInsertPoint(done);
+    b_.CreateRetVoid();
+  }
+
+ private:
+  llvm::Module& m_;
+  llvm::LLVMContext& c_;
+  llvm::IRBuilder<> b_;
+  const llvm::Module* lib_declarations_ = nullptr;
+};
+
+// Set when the process exits, before LLVM's own statics are destroyed (the handler is
+// registered after they were made): code still held by caches then is left to the OS.
+std::atomic<bool> exiting{false};
+
+// Frees a module's code when the last kernel using it is gone.
+struct Code {
+  llvm::orc::ExecutionSession* session = nullptr;
+  llvm::orc::JITDylib* dylib = nullptr;
+  ~Code() {
+    if (dylib && !exiting.load()) llvm::consumeError(session->removeJITDylib(*dylib));
+  }
+};
+
+std::string kernel_name(size_t k) { return "lazyrt_k" + std::to_string(k); }
+
+class LlvmGenerator final : public Generator {
+ public:
+  LlvmGenerator() {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    jtmb_ = std::make_unique<llvm::orc::JITTargetMachineBuilder>(take(llvm::orc::JITTargetMachineBuilder::detectHost(), "host"));
+    jtmb_->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
+    jtmb_->setRelocationModel(llvm::Reloc::PIC_);
+    jtmb_->getOptions().AllowFPOpFusion = llvm::FPOpFusion::Strict;
+    tm_ = take(jtmb_->createTargetMachine(), "target machine");
+    jit_ = take(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(*jtmb_).create(), "LLJIT");
+    // libm's functions (log, sin, pow, ...) and memcpy, from the process.
+    jit_->getMainJITDylib().addGenerator(take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+                                                  jit_->getDataLayout().getGlobalPrefix()),
+                                              "process symbols"));
+    std::atexit([] { exiting.store(true); });
+    fingerprint_ = "lazyrt-jit " + std::to_string(kGeneratorVersion) + "; LLVM " LLVM_VERSION_STRING "; " +
+                   tm_->getTargetTriple().str() + "; " + tm_->getTargetCPU().str() + "; " +
+                   tm_->getTargetFeatureString().str();
+    warm_up();
+    // Registered after the warm-up, so it runs at exit before the statics LLVM made for it are
+    // destroyed: a module compiling then finishes first (jit::shutdown).
+    std::atexit([] { shutdown(); });
+  }
+
+  std::string fingerprint() const override { return fingerprint_; }
+
+  std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string key = module_key(regions);
+    const std::string name = "lazyrt_kernels_" + std::to_string(next_module_++);
+    std::unique_ptr<llvm::MemoryBuffer> object = objects_.load(key);
+    if (object) {
+      metrics::increment("JitObjectCacheHits", 1);
+    } else {
+      object = emit_object(regions, name);
+      objects_.store(key, *object);
+    }
+    // Each module in a library of its own: the same names in every module, and freed as one.
+    auto code = std::make_shared<Code>();
+    code->session = &jit_->getExecutionSession();
+    llvm::Expected<llvm::orc::JITDylib&> dylib = code->session->createJITDylib(name);
+    if (!dylib) throw Error("generated kernels: a library for the module: " + message(dylib.takeError()));
+    code->dylib = &*dylib;
+    code->dylib->addToLinkOrder(jit_->getMainJITDylib());
+    check(jit_->addObjectFile(*code->dylib, std::move(object)), "adding the module");
+    fns.clear();
+    for (size_t k = 0; k < regions.size(); ++k)
+      fns.push_back(take(jit_->lookup(*code->dylib, kernel_name(k)), "loading the module").toPtr<FusedFn>());
+    return code;
+  }
+
+ private:
+  // One small module through every stage, so that the statics LLVM makes on first use exist
+  // before shutdown() is registered with std::atexit.
+  void warm_up() {
+    FusedRegion r;
+    const ir::TensorType f{DType::f32, {8}};
+    auto x = r.region.add_parameter(f);
+    auto y = r.region.add_parameter(f);
+    auto e = r.region.add(ir::OpKind::Exp, {r.region.add(ir::OpKind::Mul, {x, y})});
+    auto w = r.region.add(ir::OpKind::Where, {r.region.add(ir::OpKind::Gt, {x, y}), e, y});
+    r.region.outputs = {r.region.add(ir::OpKind::Cast, {w}, {DType::bf16}), w};
+    r.inner_strides = {1, 0};
+    (void)emit_object({r}, "lazyrt_warm_up");
+  }
+
+  // The module's key in the object cache: the generator's fingerprint (its version, LLVM's,
+  // the target and the CPU's features) and every region with its operands' strides.
+  std::string module_key(const std::vector<FusedRegion>& regions) const {
+    ir::Hasher h;
+    h.add_string(fingerprint_);
+    h.add(regions.size());
+    for (const FusedRegion& r : regions) {
+      h.add_string(ir::serialize_graph(r.region));
+      h.add(r.inner_strides.size());
+      for (int64_t st : r.inner_strides) h.add(static_cast<uint64_t>(st));
+    }
+    return h.finish().to_string();
+  }
+
+  // The regions as one LLVM module, optimized and compiled to a relocatable object.
+  std::unique_ptr<llvm::MemoryBuffer> emit_object(const std::vector<FusedRegion>& regions, const std::string& name) {
+    llvm::LLVMContext ctx;
+    auto m = std::make_unique<llvm::Module>(name, ctx);
+    m->setDataLayout(tm_->createDataLayout());
+    m->setTargetTriple(tm_->getTargetTriple().str());
+    std::unique_ptr<llvm::Module> lib = load_library(ctx);
+    {
+      Emitter e(*m);
+      for (size_t k = 0; k < regions.size(); ++k) e.emit(regions[k], kernel_name(k), lib.get());
+    }
+    lib->setDataLayout(m->getDataLayout());
+    lib->setTargetTriple(m->getTargetTriple());
+    if (llvm::Linker::linkModules(*m, std::move(lib), llvm::Linker::Flags::LinkOnlyNeeded))
+      throw Error("generated kernels: linking the kernel library failed");
+    const std::string cpu = tm_->getTargetCPU().str(), features = tm_->getTargetFeatureString().str();
+    for (llvm::Function& f : *m) {
+      if (f.isDeclaration()) continue;
+      if (!f.getName().startswith("lazyrt_k")) {
+        f.setLinkage(llvm::GlobalValue::InternalLinkage);
+        f.removeFnAttr(llvm::Attribute::NoInline);
+        f.removeFnAttr(llvm::Attribute::OptimizeNone);
+        f.addFnAttr(llvm::Attribute::AlwaysInline);
+      }
+      f.addFnAttr("target-cpu", cpu);
+      f.addFnAttr("target-features", features);
+      f.removeFnAttr("tune-cpu");
+    }
+    std::string err;
+    llvm::raw_string_ostream es(err);
+    if (llvm::verifyModule(*m, &es)) throw Error("generated kernels: invalid module: " + es.str());
+    optimize(*m);
+    if (const char* dir = std::getenv("LAZYRT_JIT_DUMP"); dir && *dir) dump(*m, std::string(dir) + "/" + name + ".ll");
+    llvm::SmallVector<char, 0> bytes;
+    llvm::raw_svector_ostream os(bytes);
+    llvm::legacy::PassManager pm;
+    if (tm_->addPassesToEmitFile(pm, os, nullptr, llvm::CGFT_ObjectFile))
+      throw Error("generated kernels: the target cannot emit object files");
+    pm.run(*m);
+    return llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(bytes.data(), bytes.size()), name);
+  }
+
+  std::unique_ptr<llvm::Module> load_library(llvm::LLVMContext& ctx) {
+    const size_t size = static_cast<size_t>(lazyrt_jit_kernel_lib_end - lazyrt_jit_kernel_lib);
+    auto buf = llvm::MemoryBuffer::getMemBuffer(llvm::StringRef(lazyrt_jit_kernel_lib, size), "kernel_lib", false);
+    return take(llvm::getOwningLazyBitcodeModule(std::move(buf), ctx), "reading the kernel library");
+  }
+
+  static void dump(const llvm::Module& m, const std::string& path) {
+    std::error_code ec;
+    llvm::raw_fd_ostream os(path, ec);
+    if (!ec) m.print(os, nullptr);
+  }
+
+  void optimize(llvm::Module& m) {
+    llvm::LoopAnalysisManager lam;
+    llvm::FunctionAnalysisManager fam;
+    llvm::CGSCCAnalysisManager cgam;
+    llvm::ModuleAnalysisManager mam;
+    llvm::PipelineTuningOptions pto;
+    pto.LoopVectorization = true;
+    pto.SLPVectorization = true;
+    llvm::PassBuilder pb(tm_.get(), pto);
+    pb.registerModuleAnalyses(mam);
+    pb.registerCGSCCAnalyses(cgam);
+    pb.registerFunctionAnalyses(fam);
+    pb.registerLoopAnalyses(lam);
+    pb.crossRegisterProxies(lam, fam, cgam, mam);
+    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
+    mpm.run(m, mam);
+  }
+
+  std::mutex mu_;
+  std::unique_ptr<llvm::orc::JITTargetMachineBuilder> jtmb_;
+  std::unique_ptr<llvm::TargetMachine> tm_;
+  std::unique_ptr<llvm::orc::LLJIT> jit_;
+  std::string fingerprint_;
+  uint64_t next_module_ = 0;
+  ObjectCache objects_;
+};
+
+}  // namespace
+}  // namespace lazyrt::jit
+
+extern "C" lazyrt::jit::Generator* lazyrt_jit_generator() {
+  static lazyrt::jit::LlvmGenerator* g = new lazyrt::jit::LlvmGenerator();
+  return g;
+}

@@ -1,0 +1,245 @@
+// Modules of generated kernels, the background compiler thread, and loading the generator
+// library (see jit.h).
+#include "jit/jit.h"
+
+#include <dlfcn.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backend/cpu/kernels/elementwise_fns.h"
+#include "lazyrt/metrics.h"
+#include "util/check.h"
+#include "util/metrics_cells.h"
+
+namespace lazyrt::jit {
+namespace {
+
+Mode mode_from_env() {
+  const char* env = std::getenv("LAZYRT_JIT");
+  if (!env || !*env || std::strcmp(env, "1") == 0 || std::strcmp(env, "on") == 0) return Mode::Tiered;
+  if (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0) return Mode::Off;
+  if (std::strcmp(env, "sync") == 0) return Mode::Sync;
+  std::fprintf(stderr, "lazyrt: LAZYRT_JIT=%s is not one of 0, off, 1, on, sync; generated kernels are on\n", env);
+  return Mode::Tiered;
+}
+
+std::atomic<Mode>& mode_cell() {
+  static std::atomic<Mode> m{mode_from_env()};
+  return m;
+}
+
+bool generated_form(const ir::Node& n) {
+  switch (n.op) {
+    case ir::OpKind::Parameter:
+    case ir::OpKind::Full:
+    case ir::OpKind::Cast:
+    case ir::OpKind::Where: return true;
+    default: return kernels::has_elementwise_fn(n.op);
+  }
+}
+
+// The library of the generator: liblazyrt_jit.so beside the library holding this function.
+struct Loaded {
+  Generator* gen = nullptr;
+  std::string error;
+};
+
+const Loaded& loaded() {
+  static const Loaded l = [] {
+    Loaded r;
+    Dl_info info{};
+    std::string path = "liblazyrt_jit.so";
+    if (dladdr(reinterpret_cast<void*>(&loaded), &info) && info.dli_fname) {
+      std::string self = info.dli_fname;
+      const size_t slash = self.rfind('/');
+      if (slash != std::string::npos) path = self.substr(0, slash + 1) + path;
+    }
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      r.error = dlerror();
+      return r;
+    }
+    using Entry = Generator* (*)();
+    auto entry = reinterpret_cast<Entry>(dlsym(h, "lazyrt_jit_generator"));
+    if (!entry) {
+      r.error = path + " has no lazyrt_jit_generator";
+      return r;
+    }
+    try {
+      r.gen = entry();
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+    return r;
+  }();
+  return l;
+}
+
+// The background compiler: one thread, modules in the order they became hot.
+class Compiler {
+ public:
+  void submit(std::shared_ptr<Module> m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;  // shut down: the interpreter keeps running the module
+    queue_.push_back(std::move(m));
+    ++pending_;
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    wake_.notify_one();
+  }
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [&] { return pending_ == 0; });
+  }
+  // Drops what waits, lets the module being compiled finish, and ends the thread.
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      pending_ -= static_cast<int>(queue_.size());
+      queue_.clear();
+      wake_.notify_one();
+    }
+    if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+    std::lock_guard<std::mutex> lock(mu_);
+    idle_.notify_all();
+  }
+  ~Compiler() { shutdown(); }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      std::shared_ptr<Module> m = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      // A module whose graph is gone (only the queue holds it) needs no code.
+      if (m.use_count() > 1) {
+        try {
+          compile_now(*m);
+        } catch (const std::exception& e) {
+          metrics::increment("JitFailures", 1);
+          static std::once_flag warned;
+          std::call_once(warned, [&] {
+            std::fprintf(stderr, "lazyrt: generating kernels failed, the interpreter runs them: %s\n", e.what());
+          });
+        }
+      }
+      m.reset();
+      lock.lock();
+      if (--pending_ == 0) idle_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::shared_ptr<Module>> queue_;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+std::atomic<Compiler*> the_compiler{nullptr};
+
+// Made after the generator library is loaded, so destroyed (its thread joined) at exit before
+// the statics the library made while loading.
+Compiler& compiler() {
+  (void)loaded();
+  static Compiler c;
+  the_compiler.store(&c);
+  return c;
+}
+
+}  // namespace
+
+std::atomic<int64_t> threshold{int64_t{1} << 22};
+
+Mode mode() { return mode_cell().load(std::memory_order_relaxed); }
+int64_t compile_threshold() { return threshold.load(std::memory_order_relaxed); }
+void set_compile_threshold(int64_t element_ops) { threshold.store(element_ops, std::memory_order_relaxed); }
+void set_mode(Mode m) { mode_cell().store(m, std::memory_order_relaxed); }
+
+Generator* generator() {
+  if (mode() == Mode::Off) return nullptr;
+  const Loaded& l = loaded();
+  if (!l.gen) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr, "lazyrt: no generated kernels (%s); the interpreter runs them\n", l.error.c_str());
+    });
+  }
+  return l.gen;
+}
+
+std::shared_ptr<Module> new_module() {
+  if (mode() == Mode::Off) return nullptr;
+  return std::make_shared<Module>();
+}
+
+int Module::add(FusedRegion r) {
+  for (const ir::Node& n : r.region.nodes)
+    if (!generated_form(n)) return -1;
+  regions_.push_back(std::move(r));
+  fns_.push_back(std::make_unique<std::atomic<FusedFn>>(nullptr));
+  return static_cast<int>(regions_.size()) - 1;
+}
+
+void Module::finish(const std::shared_ptr<Module>& m) {
+  if (!m || m->empty() || mode() != Mode::Sync) return;
+  m->submitted_.store(true);
+  try {
+    compile_now(*m);
+  } catch (const std::exception& e) {
+    metrics::increment("JitFailures", 1);
+    std::fprintf(stderr, "lazyrt: generating kernels failed, the interpreter runs them: %s\n", e.what());
+  }
+}
+
+void Module::ran_interpreted(const std::shared_ptr<Module>& self, int k, int64_t work) {
+  if (submitted_.load(std::memory_order_relaxed)) return;
+  const int runs = k == 0 ? runs_.fetch_add(1, std::memory_order_relaxed) + 1 : runs_.load(std::memory_order_relaxed);
+  const int64_t total = work_.fetch_add(work, std::memory_order_relaxed) + work;
+  if (runs < kCompileAfterRuns || total < compile_threshold()) return;
+  if (submitted_.exchange(true)) return;
+  if (mode() == Mode::Off) return;
+  compiler().submit(self);
+}
+
+void Module::install(std::shared_ptr<void> code, const std::vector<FusedFn>& fns) {
+  LAZYRT_ASSERT(fns.size() == fns_.size(), "generated ", fns.size(), " loops for ", fns_.size(), " regions");
+  code_ = std::move(code);
+  for (size_t k = 0; k < fns.size(); ++k) fns_[k]->store(fns[k], std::memory_order_release);
+}
+
+void compile_now(Module& m) {
+  Generator* gen = generator();
+  if (!gen) throw Error("generated kernels: " + (mode() == Mode::Off ? std::string("LAZYRT_JIT is off") : loaded().error));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<FusedFn> fns;
+  std::shared_ptr<void> code = gen->compile(m.regions(), fns);
+  m.install(std::move(code), fns);
+  metrics::increment("JitModules", 1);
+  metrics::increment("JitKernels", static_cast<int64_t>(fns.size()));
+  metrics::record_timing("JitCompileTime",
+                                 std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void wait_idle() {
+  if (Compiler* c = the_compiler.load()) c->wait_idle();
+}
+
+void shutdown() {
+  set_mode(Mode::Off);
+  if (Compiler* c = the_compiler.load()) c->shutdown();
+}
+
+}  // namespace lazyrt::jit

@@ -1,0 +1,118 @@
+// Generated kernels: the fusion regions of a graph compiled to machine code (LLVM, in-process),
+// tiered behind the fused interpreter (backend/cpu/kernels/fused.cpp).
+//
+// Lowering a graph for the cpu backend gives its fused kernels one Module. Each fusion region
+// the code generator takes is added to it; the fused kernel runs the interpreter until the
+// module's code is ready, then the generated loop. A module is compiled as one LLVM module,
+// all of its kernels together, on a background thread, once it is hot: its graph has run at
+// least twice and its kernels have interpreted at least compile_threshold() element-ops
+// (elements times ops; 2^22 by default, a few milliseconds of interpreting, against ~30 ms to
+// compile a module). A graph run once, or a small graph run a few times (most tests, one-off
+// code), never pays for compilation. The interpreter stays as the fallback (a region the
+// generator does not take, a failed compilation) and as the reference the generated code is
+// tested against.
+//
+// LAZYRT_JIT (read once): 0 or off: no generated code; sync: a module is compiled when its
+// graph is lowered, before the first run (tests, benchmarks that time steady state from the
+// first call); unset, 1 or on: tiered, as above. LAZYRT_JIT_DUMP=dir writes each module's
+// optimized LLVM IR there (lazyrt_kernels_<n>.ll).
+//
+// The code generator lives in its own library, liblazyrt_jit.so (codegen.cpp, linking LLVM),
+// next to liblazyrt.so, and is loaded on first use: a process that never compiles a module
+// never loads LLVM. If it cannot be loaded, generation is off (one warning on stderr).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace lazyrt::jit {
+
+enum class Mode { Off, Tiered, Sync };
+/// LAZYRT_JIT's mode, or set_mode()'s.
+Mode mode();
+/// For the whole process, for modules lowered from now on.
+void set_mode(Mode m);
+
+/// A fusion region's loop over one innermost run of its BroadcastLayout: for i < n, element
+/// i of the run reads operand k at element off[k] + i * inner_strides[k] of in[k] and writes
+/// result j at element out_offset + i of out[j]. Results are stored after the operands they
+/// may overwrite are read (a result may share an operand's buffer, as in the interpreter).
+using FusedFn = void (*)(const void* const* in, const int64_t* off, void* const* out, int64_t out_offset,
+                         int64_t n);
+
+/// What a generated loop is made from.
+struct FusedRegion {
+  ir::Graph region;                    // the fusion node's region: parameters, full, elementwise ops
+  std::vector<int64_t> inner_strides;  // per operand, its element stride within a run
+};
+
+/// The generated kernels of one lowered graph.
+class Module {
+ public:
+  static constexpr int kCompileAfterRuns = 2;
+
+  /// Whether the generator takes this region (parameters, constants, casts, where and the ops
+  /// of the elementwise table: the kernel library has a function for each); if so, adds it and
+  /// returns its index, else -1.
+  int add(FusedRegion r);
+  /// Called once lowering has added every region: compiles now in Sync mode.
+  static void finish(const std::shared_ptr<Module>& m);
+
+  /// The loop of region k once compiled, else null.
+  FusedFn fn(int k) const { return fns_[static_cast<size_t>(k)]->load(std::memory_order_acquire); }
+  /// A kernel of the module ran interpreted, `work` element-ops: counts toward compilation.
+  /// Region 0's kernel counts the graph's runs.
+  void ran_interpreted(const std::shared_ptr<Module>& self, int k, int64_t work);
+  bool empty() const { return regions_.empty(); }
+
+  const std::vector<FusedRegion>& regions() const { return regions_; }
+  /// Installs the compiled code: fns[k] for region k; `code` owns their memory.
+  void install(std::shared_ptr<void> code, const std::vector<FusedFn>& fns);
+
+ private:
+  std::vector<FusedRegion> regions_;
+  std::vector<std::unique_ptr<std::atomic<FusedFn>>> fns_;
+  std::shared_ptr<void> code_;
+  std::atomic<int> runs_{0};
+  std::atomic<int64_t> work_{0};
+  std::atomic<bool> submitted_{false};
+};
+
+/// Element-ops a module's kernels interpret before it is compiled (tiered mode).
+int64_t compile_threshold();
+void set_compile_threshold(int64_t element_ops);
+
+/// A new module for a graph being lowered, or null where generation is off.
+std::shared_ptr<Module> new_module();
+
+/// Compiles `m` on the calling thread; throws lazyrt::Error if the generator fails or is absent.
+void compile_now(Module& m);
+/// Waits until every module handed to the background thread so far is compiled (or failed).
+void wait_idle();
+/// Generation off for the rest of the process: drops the modules waiting to be compiled and
+/// waits for the one being compiled. Must run at exit before LLVM's statics are destroyed
+/// (while one is compiling, LLVM would use them from the compiler thread): the generator
+/// registers it with std::atexit once it is warmed up (see codegen.cpp), and the Python
+/// package calls it from its atexit hook, before the interpreter finalizes.
+void shutdown();
+
+/// The code generator, as liblazyrt_jit.so provides it (entry point lazyrt_jit_generator).
+class Generator {
+ public:
+  virtual ~Generator() = default;
+  /// Compiles the regions as one module; fns receives one loop per region. The result owns the
+  /// code. Throws lazyrt::Error.
+  virtual std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) = 0;
+  /// The generator's version, the LLVM version, target triple, CPU name and features.
+  virtual std::string fingerprint() const = 0;
+};
+
+/// The loaded generator, or null (generation off, or the library missing).
+Generator* generator();
+
+}  // namespace lazyrt::jit

@@ -1,0 +1,107 @@
+// Tiers: a graph's fused kernels run interpreted until the graph is hot (two runs and enough
+// interpreted work), then its module is compiled in the background and the generated loops
+// take over; the values never change (expected values worked out in plain C++ arithmetic,
+// independently of lazyrt). With generation off nothing is compiled; a graph that runs once,
+// or that has done too little work, is never compiled.
+#include <gtest/gtest.h>
+
+#include <lazyrt/lazyrt.h>
+
+#include <cmath>
+
+#include "jit/jit.h"
+
+namespace lazyrt {
+namespace {
+
+// Restores the process's mode when a test ends.
+struct ModeScope {
+  jit::Mode saved = jit::mode();
+  explicit ModeScope(jit::Mode m) { jit::set_mode(m); }
+  ~ModeScope() { jit::set_mode(saved); }
+};
+
+constexpr int64_t kN = 5000;
+
+std::vector<float> input(float scale) {
+  std::vector<float> v(kN);
+  for (int64_t i = 0; i < kN; ++i) v[i] = scale * static_cast<float>(i % 97 - 48) / 16.0f;
+  return v;
+}
+
+// A fused chain with a broadcast operand; x * 0.5 + sigmoid-free arithmetic so that the
+// expected value is exact in float.
+std::vector<float> program(const Tensor& x, const Tensor& row) { return ((x * 0.5 + row) * x - 1.0).to_vector<float>(); }
+
+std::vector<float> expected(const std::vector<float>& x, float r) {
+  std::vector<float> e(kN);
+  for (int64_t i = 0; i < kN; ++i) e[i] = (x[i] * 0.5f + r) * x[i] - 1.0f;
+  return e;
+}
+
+TEST(Tiers, AGraphSwitchesToGeneratedCodeAfterItsSecondRunWithTheSameValues) {
+  ModeScope on(jit::Mode::Tiered);
+  // The program fuses 3 ops (mul, add, mul; the final sub too: 4) over kN elements a run.
+  const int64_t saved_threshold = jit::compile_threshold();
+  jit::set_compile_threshold(kN * 5);
+  jit::wait_idle();
+  const int64_t modules = metrics::counter("JitModules");
+  // A shape no other test uses: a graph of its own.
+  const std::vector<float> xs = input(1.0f);
+  Tensor x = tensor(xs, {kN});
+  Tensor row = tensor({0.25f}, {1});
+  EXPECT_EQ(program(x, row), expected(xs, 0.25f));
+  jit::wait_idle();
+  EXPECT_EQ(metrics::counter("JitModules"), modules) << "one run compiles nothing";
+  EXPECT_EQ(program(x, row), expected(xs, 0.25f));
+  jit::wait_idle();
+  EXPECT_EQ(metrics::counter("JitModules"), modules + 1) << "the second run hands the module to the compiler";
+  for (int r = 0; r < 3; ++r) {
+    const std::vector<float> ys = input(1.0f + static_cast<float>(r));
+    EXPECT_EQ(program(tensor(ys, {kN}), tensor({-0.75f}, {1})), expected(ys, -0.75f)) << "generated run " << r;
+  }
+  EXPECT_EQ(metrics::counter("JitModules"), modules + 1) << "compiled once";
+  EXPECT_EQ(metrics::counter("JitFailures"), 0);
+  jit::set_compile_threshold(saved_threshold);
+}
+
+TEST(Tiers, AGraphThatDidLittleWorkIsNotCompiled) {
+  ModeScope on(jit::Mode::Tiered);
+  jit::wait_idle();
+  const int64_t modules = metrics::counter("JitModules");
+  const std::vector<float> xs = input(0.5f);
+  Tensor x = tensor(xs, {kN / 2, 2});
+  Tensor row = tensor({0.375f}, {1, 1});
+  // 4 runs of ~20k element-ops, far below the default threshold.
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(((x * 0.5 + row) * x - 1.0).to_vector<float>(), expected(xs, 0.375f));
+  jit::wait_idle();
+  EXPECT_EQ(metrics::counter("JitModules"), modules);
+}
+
+TEST(Tiers, WithGenerationOffNothingIsCompiled) {
+  ModeScope off(jit::Mode::Off);
+  jit::wait_idle();
+  const int64_t modules = metrics::counter("JitModules");
+  const std::vector<float> xs = input(2.0f);
+  Tensor x = tensor(xs, {kN, 1});
+  Tensor row = tensor({0.5f}, {1, 1});
+  for (int r = 0; r < 4; ++r) {
+    std::vector<float> got = ((x * 0.5 + row) * x - 1.0).to_vector<float>();
+    EXPECT_EQ(got, expected(xs, 0.5f));
+  }
+  jit::wait_idle();
+  EXPECT_EQ(metrics::counter("JitModules"), modules);
+}
+
+TEST(Tiers, SyncModeCompilesWhenTheGraphIsLowered) {
+  ModeScope sync(jit::Mode::Sync);
+  const int64_t modules = metrics::counter("JitModules");
+  const std::vector<float> xs = input(3.0f);
+  Tensor x = tensor(xs, {kN / 5, 5});
+  Tensor row = tensor({0.125f}, {1, 1});
+  EXPECT_EQ(((x * 0.5 + row) * x - 1.0).to_vector<float>(), expected(xs, 0.125f));
+  EXPECT_EQ(metrics::counter("JitModules"), modules + 1);
+}
+
+}  // namespace
+}  // namespace lazyrt
