@@ -301,13 +301,14 @@ class LlvmGenerator final : public Generator {
     fingerprint_ = "lazyrt-jit " + std::to_string(kGeneratorVersion) + "; LLVM " LLVM_VERSION_STRING "; " +
                    tm_->getTargetTriple().str() + "; " + tm_->getTargetCPU().str() + "; " +
                    tm_->getTargetFeatureString().str();
-    warm_up();
-    // Registered after the warm-up, so it runs at exit before the statics LLVM made for it are
-    // destroyed: a module compiling then finishes first (jit::shutdown).
-    std::atexit([] { shutdown(); });
   }
 
   std::string fingerprint() const override { return fingerprint_; }
+
+  void prepare() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    prepare_locked();
+  }
 
   std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -317,6 +318,7 @@ class LlvmGenerator final : public Generator {
     if (object) {
       metrics::increment("JitObjectCacheHits", 1);
     } else {
+      prepare_locked();
       object = emit_object(regions, name);
       objects_.store(key, *object);
     }
@@ -335,6 +337,15 @@ class LlvmGenerator final : public Generator {
   }
 
  private:
+  void prepare_locked() {
+    if (warmed_up_) return;
+    warm_up();
+    warmed_up_ = true;
+    // Registered after the warm-up, so it runs at exit before the statics LLVM made for it are
+    // destroyed: a module compiling then finishes first (jit::shutdown).
+    std::atexit([] { shutdown(); });
+  }
+
   // One small module through every stage, so that the statics LLVM makes on first use exist
   // before shutdown() is registered with std::atexit.
   void warm_up() {
@@ -441,6 +452,7 @@ class LlvmGenerator final : public Generator {
   std::unique_ptr<llvm::orc::LLJIT> jit_;
   std::string fingerprint_;
   uint64_t next_module_ = 0;
+  bool warmed_up_ = false;
   ObjectCache objects_;
 };
 

@@ -211,7 +211,19 @@ void Module::ran_interpreted(const std::shared_ptr<Module>& self, int k, int64_t
   if (runs < kCompileAfterRuns || total < compile_threshold()) return;
   if (submitted_.exchange(true)) return;
   if (mode() == Mode::Off) return;
-  compiler().submit(self);
+  // The compiler thread compiles only once the generator is ready for it (see shutdown()).
+  static const bool prepared = [] {
+    Generator* gen = generator();
+    if (!gen) return false;
+    try {
+      gen->prepare();
+      return true;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "lazyrt: generated kernels are off: %s\n", e.what());
+      return false;
+    }
+  }();
+  if (prepared) compiler().submit(self);
 }
 
 void Module::install(std::shared_ptr<void> code, const std::vector<FusedFn>& fns) {

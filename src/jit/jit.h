@@ -97,8 +97,9 @@ void wait_idle();
 /// Generation off for the rest of the process: drops the modules waiting to be compiled and
 /// waits for the one being compiled. Must run at exit before LLVM's statics are destroyed
 /// (while one is compiling, LLVM would use them from the compiler thread): the generator
-/// registers it with std::atexit once it is warmed up (see codegen.cpp), and the Python
-/// package calls it from its atexit hook, before the interpreter finalizes.
+/// registers it with std::atexit once it is warmed up (Generator::prepare, which runs on the
+/// thread that hands the first module to the compiler thread), and the Python package calls
+/// it from its atexit hook, before the interpreter finalizes.
 void shutdown();
 
 /// The code generator, as liblazyrt_jit.so provides it (entry point lazyrt_jit_generator).
@@ -108,6 +109,11 @@ class Generator {
   /// Compiles the regions as one module; fns receives one loop per region. The result owns the
   /// code. Throws lazyrt::Error.
   virtual std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) = 0;
+  /// Readies the generator to compile on another thread than the caller's: LLVM's statics made
+  /// (a small module compiled) and jit::shutdown registered with std::atexit after them.
+  /// compile() does it too where it compiles; a process that only loads stored objects on the
+  /// calling thread never pays for it.
+  virtual void prepare() = 0;
   /// The generator's version, the LLVM version, target triple, CPU name and features.
   virtual std::string fingerprint() const = 0;
 };
