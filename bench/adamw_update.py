@@ -140,8 +140,8 @@ def run(opts):
           "peer; AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2).step() only. Every peer's "
           f"parameters after {STEPS_CHECKED} steps are checked against lazyrt's traced steps (rtol 1e-5, atol "
           f"1e-6), and the C limit's against `torch.optim.AdamW(foreach=False)` (parameters and second moments), "
-          f"before timing. After 2 warm-up steps (not counted), {reps} single steps per peer and limit, "
-          "alternating.\n",
+          f"before timing. After 2 warm-up steps (not counted) and lazyrt's generated kernels compiled, {reps} single "
+          "steps per peer and limit, alternating.\n",
           table(["peer", "ms per step, median [min, max]", "vs lazyrt replayed", "effective GB/s",
                  "share of the AdamW limit", "GB/s over the triad's"], rows), "",
           f"Limits: `{os.path.basename(lib.path)}` (bench/limits.c, gcc -O3 -march=native, one thread), each pass "

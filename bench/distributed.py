@@ -89,7 +89,7 @@ def run(opts):
     reps = 2 if opts.quick else 7
     coll = launch(opts, 2, "collectives", "--sizes", ",".join(map(str, sizes)), "--reps", reps,
                   *(("--calls", 5) if opts.quick else ()))
-    dp = {n: launch(opts, n, "dp-step", "--reps", reps, "--calls", 2 if opts.quick else 10)
+    dp = {n: launch(opts, n, "dp-step", "--reps", 2 if opts.quick else 15, "--calls", 2 if opts.quick else 10)
           for n in (QUICK_PROCS if opts.quick else PROCS)}
 
     # (a)
@@ -141,8 +141,9 @@ def run(opts):
           f"Every process of this machine ({os.cpu_count()} hardware threads), started by lazyrt's launcher "
           "(`python3 -m lazyrt.distributed.run`); each group meets in a fresh directory (FileStore) and talks over "
           "Gloo's TCP transport on the loopback interface. One process holds each peer's group and runs their "
-          f"batches in turn (after 2 warm-up batches each, {reps} batches per peer), so the peers see the same "
-          "load. Times are rank 0's. Goals: collectives within 10% of Gloo's own rate; a replayed data-parallel "
+          f"batches in turn (after 2 warm-up batches each and lazyrt's generated kernels compiled, {reps} batches "
+          f"per peer for the all-reduces, {dp[min(dp)]['reps']} for the steps), so the peers see the same load. Times "
+          "are rank 0's. Goals: collectives within 10% of Gloo's own rate; a replayed data-parallel "
           "step adds no more than the all-reduce's own time.\n",
           "### All-reduce (sum, f32, in place) on 2 processes\n",
           "lazyrt in place: `buf.copy_(all_reduce(buf))` replayed by `compile_step`, written back into the tensor's "
@@ -238,11 +239,14 @@ def timed(fn, calls):
 
 
 def in_turn(fns, calls, reps, warmup=2):
-    """{name: [seconds per call]} of batches of `calls` calls, the peers in turn."""
+    """{name: [seconds per call]} of batches of `calls` calls, the peers in turn, after `warmup`
+    batches of each and lazyrt's generated kernels compiled (harness.settle)."""
     import gc
+    from harness import settle
     for _ in range(warmup):
         for fn in fns.values():
             fn(calls)
+    settle()
     out = {name: [] for name in fns}
     gc.collect()
     gc.disable()
@@ -456,7 +460,7 @@ def worker_dp_step(a, rank, world):
         raise RuntimeError("a compiled step retraced")
     gloo.close()
     dist.destroy_process_group()
-    return {"seconds": seconds, "grad_numel": grad_numel, "calls": calls, "kernels": kernels}
+    return {"seconds": seconds, "grad_numel": grad_numel, "calls": calls, "reps": a.reps, "kernels": kernels}
 
 
 def worker_main(argv):

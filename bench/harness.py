@@ -2,9 +2,11 @@
 measurement and markdown cells. Nothing here knows a workload.
 
 Method, once for all: a measurement is a list of samples, each the mean time per call over one
-batch of calls; warm-up batches run first and are not kept; peers compared side by side run
-their batches in turn (a, b, a, b, ...) so that both see the same machine load. A cell shows
-the median and the spread [min, max] of the samples.
+batch of calls; warm-up batches run first and are not kept, and timing starts once lazyrt's
+background compilation of generated kernels (src/jit) started by them is done (settle()), so
+lazyrt is timed in its steady state and no compiler thread takes CPU from the samples; peers
+compared side by side run their batches in turn (a, b, a, b, ...) so that both see the same
+machine load. A cell shows the median and the spread [min, max] of the samples.
 """
 
 import ctypes
@@ -77,16 +79,26 @@ def _batch_seconds(fn, calls):
     return (time.perf_counter() - start) / calls
 
 
+def settle():
+    """Waits until lazyrt's generated kernels handed to its compiler thread so far are compiled
+    (nothing to wait for when lazyrt is not loaded, or has no generated kernels)."""
+    lazyrt = sys.modules.get("lazyrt")
+    wait = getattr(getattr(getattr(lazyrt, "_C", None), "_jit", None), "wait_idle", None)
+    if wait is not None:
+        wait()
+
+
 def time_side_by_side(fns, calls, reps, warmup=1):
     """{name: Samples of seconds per call} for each callable of the dict fns, batches of
     `calls` calls (a number, or {name: number}) alternating between them; `warmup` batches of
-    each first, not kept. The garbage collector is off while timing (Python peers would
-    otherwise pay for lazyrt's garbage, and the other way round)."""
+    each first, not kept, then settle(). The garbage collector is off while timing (Python
+    peers would otherwise pay for lazyrt's garbage, and the other way round)."""
     if not isinstance(calls, dict):
         calls = {name: calls for name in fns}
     for _ in range(warmup):
         for name, fn in fns.items():
             _batch_seconds(fn, calls[name])
+    settle()
     seconds = {name: [] for name in fns}
     gc.collect()
     gc.disable()
