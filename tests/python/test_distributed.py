@@ -135,6 +135,10 @@ def test_group_of_one(single):
     np.testing.assert_array_equal(dist.all_gather(x).numpy(), x.numpy())
     np.testing.assert_array_equal(dist.reduce_scatter(x).numpy(), x.numpy())
     np.testing.assert_array_equal(dist.broadcast(x).numpy(), x.numpy())
+    xs = [x, lr.tensor(np.arange(3, dtype=np.int64)), x[0] * 2]
+    for r, t in zip(dist.all_reduce_coalesced(xs, op="sum", bucket_bytes=16), xs):
+        assert r.shape == t.shape and r.dtype == t.dtype
+        np.testing.assert_array_equal(r.numpy(), t.numpy())
     dist.barrier()
 
 

@@ -41,7 +41,8 @@ from lazyrt.distributed.sampler import DistributedSampler  # noqa: F401
 
 __all__ = [
     "init_process_group", "is_initialized", "get_rank", "get_world_size", "get_local_rank", "barrier",
-    "destroy_process_group", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_reduce_gradients",
+    "destroy_process_group", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_reduce_coalesced",
+    "all_reduce_gradients",
     "reduce_gradients", "broadcast_parameters", "DistributedSampler", "DEFAULT_BUCKET_BYTES",
 ]
 
@@ -86,6 +87,13 @@ def _tensors(params, call):
         if not isinstance(t, _C.Tensor):
             raise _C.Error(f"{call}: expects lazyrt tensors (or a module), got {type(t).__name__}")
     return out
+
+
+def all_reduce_coalesced(tensors, op="sum", bucket_bytes=DEFAULT_BUCKET_BYTES):
+    """The reduction of each of ``tensors`` over the ranks, as new tensors: the tensors of one
+    dtype travel together in flat buffers of at most ``bucket_bytes`` (one all_reduce each) and
+    come back in their own shapes. Lazy, as all_reduce."""
+    return _d.all_reduce_coalesced(_tensors(tensors, "all_reduce_coalesced"), op, int(bucket_bytes))
 
 
 def all_reduce_gradients(params, op="mean", bucket_bytes=DEFAULT_BUCKET_BYTES):
