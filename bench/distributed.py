@@ -12,17 +12,20 @@ every peer sees the same machine load.
   tensor's own buffer (`buf.copy_(all_reduce(buf))`, as gradients are reduced; checked), and
   returned as a new tensor (`all_reduce(x)`);
 - Gloo used directly from C++ (bench/gloo_allreduce_bench.cpp, gloo::allreduce with
-  gloo::sum<float>, the library lazyrt links), loaded with ctypes;
+  gloo::sum<float>, the library lazyrt links), loaded with ctypes: in place, and from an input
+  buffer into another (as lazyrt's kernel calls it when its operand and result are apart);
 - torch.distributed.all_reduce with the gloo backend (the same libgloo), on a CPU tensor.
 Each is checked once (every element equals the sum of the ranks' values) before timing. The
-rate is the tensor's bytes over the time of one all-reduce.
+rate is the tensor's bytes over the time of one all-reduce. lazyrt's own kernel timings, over
+one more batch, show where its in-place all-reduce spends the time.
 
 (b) A replayed data-parallel training step of a small MLP, 784-256-256-10, batch 64 per
 process, cross-entropy, AdamW(lr 1e-3), at 1, 2 and 4 processes: the same step with
 reduce_gradients (one bucket: the mean of the 269,322 gradient values) and without it, both
 compiled (lazyrt.compile_step), and the all-reduce of as many floats alone (mean, lazyrt in
 place; sum, Gloo directly), in turn. What data parallelism adds to a step is the data-parallel
-step's time minus the step's without the all-reduce. Before timing, the parameters after 3
+step's time minus the step's without the all-reduce; the kernels it adds, by lazyrt's kernel
+timings, show where that time goes. Before timing, the parameters after 3
 data-parallel steps are checked against one process training on all processes' batches
 together (the mean of the shards' gradients is the gradient of the whole batch).
 """
