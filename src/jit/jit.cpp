@@ -3,6 +3,7 @@
 #include "jit/jit.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -113,6 +115,23 @@ class Compiler {
   }
   ~Compiler() { shutdown(); }
 
+  // fork(): the child has no compiler thread, and the generator's lock may have been held by
+  // it. The child drops the thread's handle and what was queued, and runs the interpreter only
+  // (generation off), so it never waits on either.
+  void before_fork() { mu_.lock(); }
+  void after_fork_in_parent() { mu_.unlock(); }
+  void after_fork_in_child() {
+    new (&thread_) std::thread();  // the parent's handle: not joinable here, never destroyed
+    // The parent's thread may have been waiting on them: their state counts a waiter the child
+    // does not have (destroying them would wait for it forever).
+    new (&wake_) std::condition_variable();
+    new (&idle_) std::condition_variable();
+    queue_.clear();
+    pending_ = 0;
+    stop_ = true;
+    mu_.unlock();
+  }
+
  private:
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -155,7 +174,16 @@ std::atomic<Compiler*> the_compiler{nullptr};
 Compiler& compiler() {
   (void)loaded();
   static Compiler c;
-  the_compiler.store(&c);
+  static const bool registered = [] {
+    the_compiler.store(&c);
+    pthread_atfork([] { c.before_fork(); }, [] { c.after_fork_in_parent(); },
+                   [] {
+                     c.after_fork_in_child();
+                     set_mode(Mode::Off);
+                   });
+    return true;
+  }();
+  (void)registered;
   return c;
 }
 

@@ -17,6 +17,9 @@
 // first call); unset, 1 or on: tiered, as above. LAZYRT_JIT_DUMP=dir writes each module's
 // optimized LLVM IR there (lazyrt_kernels_<n>.ll).
 //
+// fork(): a child has no compiler thread; it drops the parent's queue and runs the interpreter
+// only (generation off), so it never waits on a lock or thread of the parent's.
+//
 // The code generator lives in its own library, liblazyrt_jit.so (codegen.cpp, linking LLVM),
 // next to liblazyrt.so, and is loaded on first use: a process that never compiles a module
 // never loads LLVM. If it cannot be loaded, generation is off (one warning on stderr).

@@ -1,5 +1,6 @@
-"""Generated kernels from Python: values equal to PyTorch's whichever tier runs a graph, and a
-process that exits while its compiler thread is compiling exits cleanly."""
+"""Generated kernels from Python: values equal to PyTorch's whichever tier runs a graph; a
+process that exits while its compiler thread is compiling exits cleanly, and so does a child
+forked after its parent compiled (it has no compiler thread)."""
 
 import os
 import subprocess
@@ -55,3 +56,28 @@ def test_a_process_that_exits_while_compiling_exits_cleanly():
     for _ in range(4):
         r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+
+
+FORK_CHILD = r"""
+import os, sys, numpy as np, lazyrt as lr
+x = lr.tensor(np.ones(1 << 21, dtype=np.float32))
+def hot():
+    return ((x * 0.5 + 1.0) * x - 2.0).exp().numpy()
+for _ in range(3):
+    hot()
+lr._C._jit.wait_idle()
+assert lr.metrics.counter("JitModules") == 1
+pid = os.fork()
+if pid == 0:
+    # The child has no compiler thread: it exits through the normal exit path (atexit hooks,
+    # static destructors) without waiting for one.
+    sys.exit(0 if lr.metrics.counter("JitModules") == 1 else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_exits_after_its_parent_compiled():
+    r = subprocess.run([sys.executable, "-c", FORK_CHILD], env=dict(os.environ, LAZYRT_JIT="1"), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
