@@ -101,6 +101,45 @@ def dead_peer():
     save(rank, {}, facts)
 
 
+def dead_peer_replay():
+    """A replayed step with two collectives: w is updated from the first one's result, t is
+    reduced in place by the second (the last). Two calls on every rank; then the last rank
+    takes part in the third call's first collective only and dies, so the others fail in the
+    second collective, after w's new value was computed."""
+    dist.init_process_group(timeout=TIMEOUT)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = 1000 * world
+    w = lr.tensor(contribution(rank, (n,)))
+    t = lr.tensor(contribution(rank, (n,)) * 2)
+    lr.mark_step()
+
+    def step():
+        r = dist.all_reduce(w * 1.0, "mean")
+        w.sub_(r * 0.5)
+        t.copy_(dist.all_reduce(t))
+        return w[:1] * 2.0
+
+    compiled = lr.compile_step(step, ())
+    for _ in range(2):
+        compiled()
+    arrays = {"w": w.numpy().copy(), "t": t.numpy().copy()}
+    facts = {"rank": rank, "traces": compiled.traces}
+    dist.barrier()
+    if rank == world - 1:
+        dist.all_reduce(w * 1.0, "mean").numpy()  # the survivors' first collective of the call
+        os._exit(7)
+    w_ptr = w.data_ptr()
+    try:
+        compiled()
+        facts["error"] = None
+    except lr.Error as e:
+        facts["error"] = str(e)
+    facts["w_same_buffer"] = w.data_ptr() == w_ptr
+    arrays["w_after"] = w.numpy().copy()
+    dist.destroy_process_group()
+    save(rank, arrays, facts)
+
+
 def dp_model():
     return lr.nn.Sequential(lr.nn.Linear(6, 8), lr.nn.Tanh(), lr.nn.Linear(8, 3))
 
@@ -283,7 +322,7 @@ def torch_eager_collectives():
     save(rank, out, {"rank": rank})
 
 
-SCENARIOS = {"collectives": collectives, "dead_peer": dead_peer, "dp_train": dp_train, "torch_dp_train": torch_dp_train,
+SCENARIOS = {"collectives": collectives, "dead_peer": dead_peer, "dead_peer_replay": dead_peer_replay, "dp_train": dp_train, "torch_dp_train": torch_dp_train,
              "torch_eager_collectives": torch_eager_collectives}
 
 if __name__ == "__main__":

@@ -119,6 +119,28 @@ def test_dead_peer_is_an_error_on_every_other_rank(op, world, die_after, tmp_pat
     assert time.perf_counter() - t0 < HARD_TIMEOUT
 
 
+# A collective that fails inside a replayed step leaves the parameters as they were, even those
+# updated from an earlier collective of the same step that succeeded; the tensor the step's last
+# collective reduces in place (in its own buffer, with no copy) is the one left undefined.
+@pytest.mark.parametrize("world", [2, 3])
+def test_replayed_step_whose_collective_fails_leaves_parameters_unchanged(world, tmp_path):
+    results, proc = launch("dead_peer_replay", world, tmp_path, timeout_s=10, expect_ok=False)
+    assert proc.returncode == 7, proc.stderr
+    assert sorted(results) == list(range(world - 1)), proc.stderr
+    w0 = [contribution(r, (1000 * world,)) for r in range(world)]
+    m0 = np.mean(w0, axis=0, dtype=np.float64)
+    t0 = np.sum([2 * contribution(r, (1000 * world,)) for r in range(world)], axis=0, dtype=np.float64)
+    for r, (a, facts) in results.items():
+        assert facts["traces"] == 1
+        # Two steps: w - 0.5 m, then - 0.25 m (the mean of w halves); t summed twice.
+        np.testing.assert_allclose(a["w"], w0[r] - 0.75 * m0, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(a["t"], world * t0, rtol=1e-6)
+        assert facts["error"] is not None and "peer process died" in facts["error"], facts["error"]
+        assert f"all_reduce on rank {r} of {world}" in facts["error"], facts["error"]
+        np.testing.assert_array_equal(a["w_after"], a["w"])
+        assert facts["w_same_buffer"]
+
+
 # ---- one process: a group of size 1 through a file store, and the errors of bad calls --------
 
 @pytest.fixture

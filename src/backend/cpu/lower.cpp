@@ -125,6 +125,8 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   // runs before any output is written: an indexing node whose index is a parameter of the
   // graph has its index checked by a step of its own ahead of all others; every output
   // produced at or before the last other such step is computed aside and copied in at the end.
+  // One exception (collective_in_place below): a tensor that the last such step, a collective,
+  // updates in place.
   std::vector<int32_t> checked_ahead;
   int32_t last_failing = -1;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -147,6 +149,20 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     const Node& n = g.node(g.outputs[k]);
     if (n.op == OpKind::Parameter) param_returned[param_index(n)] = true;
   }
+  // A collective that is the last step that may fail writes the new value of a tensor it
+  // updates in place (its result is an output donated the buffer of a parameter the graph
+  // reads: `t.copy_(all_reduce(t))`, a gradient reduced in place) straight into that buffer,
+  // where all_reduce and broadcast reduce or receive in place: no copy of the whole tensor
+  // aside and back. Nothing visible is written before it (every other output at or before it
+  // is still computed aside, and the outputs after it run only once it succeeded); if it
+  // fails, the tensor it was reducing holds a partial result, as after a failed
+  // torch.distributed.all_reduce, and every other output, parameters updated from the
+  // reduced values among them, is unchanged.
+  auto collective_in_place = [&](ValueRef v, int32_t p) {
+    const OpKind op = g.nodes[v.node].op;
+    return (op == OpKind::AllReduce || op == OpKind::Broadcast) && v.index == 0 && step_of[v.node] == last_failing &&
+           p >= 0 && !param_returned[p];
+  };
   for (size_t k = 0; k < num_outputs; ++k) {
     ValueRef v = g.outputs[k];
     const Node& n = g.node(v);
@@ -162,9 +178,9 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     } else {
       parts.outputs[k] = {OutputSource::Kind::Computed, 0};
       claimed[v] = static_cast<int32_t>(k);
-      const bool aside = step_of[v.node] <= last_failing;
-      if (aside) copy_out_of.push_back(static_cast<int32_t>(k));
       const int32_t p = donations[k];
+      const bool aside = step_of[v.node] <= last_failing && !collective_in_place(v, p);
+      if (aside) copy_out_of.push_back(static_cast<int32_t>(k));
       if (p >= 0 && !param_returned[p]) {
         parts.donation_accepted[k] = true;
         if (aside) continue;

@@ -326,5 +326,68 @@ TEST(ProcessGroup, AllReduceReducesADyingOperandInPlace) {
   EXPECT_EQ(in, out) << line;
 }
 
+// The steps of an executable, one line each.
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t at = 0, end; at < text.size(); at = end + 1) {
+    end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(at, end - at));
+  }
+  return out;
+}
+
+ir::ValueRef add_all_reduce(ir::Graph& g, ir::ValueRef x, ir::ValueRef token) {
+  return g.add(ir::OpKind::AllReduce, {x, token}, {int64_t{0}, int64_t{2}, int64_t{0}});
+}
+
+// A tensor reduced in place (`t.copy_(all_reduce(t))`, its buffer donated to the result) by the
+// last collective of the graph is reduced in its own buffer: the step writes the output, and no
+// copy of the whole tensor follows. A tensor reduced by an earlier collective, a result no
+// parameter is donated to, and the other outputs computed before the last collective are still
+// computed aside and copied in after it, so a failed collective leaves them as they were.
+TEST(ProcessGroup, TheLastCollectiveReducesADonatedTensorInItsOwnBuffer) {
+  {
+    ir::Graph g;
+    const ir::ValueRef t = g.add_parameter({DType::f32, {4096}});
+    const ir::ValueRef reduced = add_all_reduce(g, t, g.add_full(0, {}, DType::b8));
+    g.outputs = {reduced};
+    const auto exe = compile::compile(g, {0});
+    EXPECT_TRUE(exe->donation_accepted(0));
+    const std::vector<std::string> steps = lines_of(exe->to_text());
+    ASSERT_EQ(steps.size(), 1u) << exe->to_text();
+    EXPECT_EQ(steps[0].rfind("0: all_reduce(param 0, ", 0), 0u) << steps[0];
+    EXPECT_NE(steps[0].find("-> out 0, arena"), std::string::npos) << steps[0];
+    // Not donated: the output buffer may be any tensor's, so the result is copied in after.
+    const std::string fresh = compile::compile(g)->to_text();
+    EXPECT_NE(fresh.find("all_reduce(param 0, const+0) -> arena"), std::string::npos) << fresh;
+    EXPECT_NE(fresh.find("reshape(arena"), std::string::npos) << fresh;
+  }
+  {
+    // Two tensors reduced in place, one collective each, and a value computed before them.
+    ir::Graph g;
+    const ir::ValueRef a = g.add_parameter({DType::f32, {4096}});
+    const ir::ValueRef b = g.add_parameter({DType::f32, {4096}});
+    const ir::ValueRef before = g.add(ir::OpKind::Neg, {a});
+    const ir::ValueRef first = add_all_reduce(g, a, g.add_full(0, {}, DType::b8));
+    const ir::ValueRef second = add_all_reduce(g, b, {first.node, 1});
+    g.outputs = {first, second, before};
+    const auto exe = compile::compile(g, {0, 1, -1});
+    const std::string text = exe->to_text();
+    std::string first_line, second_line;
+    int copies = 0;
+    for (const std::string& l : lines_of(text)) {
+      if (l.find("all_reduce(param 0") != std::string::npos) first_line = l;
+      if (l.find("all_reduce(param 1") != std::string::npos) second_line = l;
+      if (l.find("reshape(") != std::string::npos) ++copies;
+    }
+    EXPECT_NE(second_line.find("-> out 1, arena"), std::string::npos) << text;
+    EXPECT_NE(first_line.find("-> arena"), std::string::npos) << text;
+    EXPECT_NE(text.find("-> out 0\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("-> out 2\n"), std::string::npos) << text;
+    EXPECT_EQ(copies, 2) << text;  // outputs 0 and 2, copied in after the last collective
+  }
+}
+
 }  // namespace
 }  // namespace lazyrt
