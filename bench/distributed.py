@@ -12,8 +12,9 @@ every peer sees the same machine load.
   tensor's own buffer (`buf.copy_(all_reduce(buf))`, as gradients are reduced; checked), and
   returned as a new tensor (`all_reduce(x)`);
 - Gloo used directly from C++ (bench/gloo_allreduce_bench.cpp, gloo::allreduce with
-  gloo::sum<float>, the library lazyrt links), loaded with ctypes: in place, and from an input
-  buffer into another (as lazyrt's kernel calls it when its operand and result are apart);
+  gloo::sum<float>, the library lazyrt links), loaded with ctypes: in place (a batch of calls
+  in one C++ loop, and one call per Python call, as a replay or torch.distributed makes them),
+  and from an input buffer into another;
 - torch.distributed.all_reduce with the gloo backend (the same libgloo), on a CPU tensor.
 Each is checked once (every element equals the sum of the ranks' values) before timing. The
 rate is the tensor's bytes over the time of one all-reduce. lazyrt's own kernel timings, over
@@ -23,7 +24,7 @@ one more batch, show where its in-place all-reduce spends the time.
 process, cross-entropy, AdamW(lr 1e-3), at 1, 2 and 4 processes: the same step with
 reduce_gradients (one bucket: the mean of the 269,322 gradient values) and without it, both
 compiled (lazyrt.compile_step), and the all-reduce of as many floats alone (mean, lazyrt in
-place; sum, Gloo directly), in turn. What data parallelism adds to a step is the data-parallel
+place; sum, Gloo directly, in a C++ loop and one call per Python call), in turn. What data parallelism adds to a step is the data-parallel
 step's time minus the step's without the all-reduce; the kernels it adds, by lazyrt's kernel
 timings, show where that time goes. Before timing, the parameters after 3
 data-parallel steps are checked against one process training on all processes' batches
@@ -98,7 +99,8 @@ def run(opts):
     # (a)
     gloo = "Gloo directly (C++)"
     peers = ("lazyrt, in place (replayed)", "lazyrt, new tensor (replayed)", gloo,
-             "Gloo directly, input into output (C++)", "torch.distributed (gloo)")
+             "Gloo directly, one call per Python call (C++)", "Gloo directly, input into output (C++)",
+             "torch.distributed (gloo)")
     rows, summary, goal_a, kernel_rows = [], [], [], []
     for n in sizes:
         ms = {p: Samples(coll["seconds"][str(n)][p]).scaled(1e3) for p in peers}
@@ -126,7 +128,7 @@ def run(opts):
         added = ms["dp"].median - ms["plain"].median
         own = ms["gloo"].median
         dp_rows.append((n, ms["plain"].cell(), ms["dp"].cell(), num(added), ms["lazyrt_ar"].cell(), ms["gloo"].cell(),
-                        "-" if n == 1 else f"{added / own:.2f}x"))
+                        ms["gloo_1"].cell(), "-" if n == 1 else f"{added / own:.2f}x"))
         kd, kp = res["kernels"]["dp"], res["kernels"]["plain"]
         diff = sorted(((kd.get(op, 0.0) - kp.get(op, 0.0), op) for op in set(kd) | set(kp) if op != "(execute)"),
                       reverse=True)
@@ -153,8 +155,10 @@ def run(opts):
           "own buffer as gradients are (checked; the step returns a one-element copy, not the tensor, which would "
           "make every replay write into a fresh buffer); new tensor: `all_reduce(x)` replayed, a new result each call. Gloo directly: "
           "`gloo::allreduce` with `gloo::sum<float>` from C++ (bench/gloo_allreduce_bench.cpp, the libgloo "
-          "lazyrt links), in place, and from an input buffer into another (as lazyrt's kernel calls it when its "
-          "operand and result are apart). torch.distributed: `all_reduce` on a CPU tensor, gloo backend (the same libgloo). "
+          "lazyrt links), in place (the batch's calls in one C++ loop, and one call per Python call, as a replay "
+          "or torch.distributed makes them: on this machine a call that follows other work often waits for an "
+          "idle CPU to wake, which back-to-back calls rarely do), and from an input buffer into another. "
+          "torch.distributed: `all_reduce` on a CPU tensor, gloo backend (the same libgloo). "
           "Every peer's first result is checked (each element the sum of the ranks' values) before timing. "
           "GB/s: the tensor's bytes over the time of one all-reduce; share: Gloo's time over the peer's. "
           f"Batches of {', '.join(str(coll['calls'][str(n)]) for n in sizes)} all-reduces for the sizes in order.\n",
@@ -175,11 +179,12 @@ def run(opts):
           "`reduce_gradients(opt)` between backward and the optimizer (one bucket: the mean of the "
           f"{grad_numel:,} gradient values, {grad_mb:.2f} MB). Both replayed by `compile_step`. All-reduce "
           "alone: that many floats, lazyrt's `copy_(all_reduce(g, 'mean'))` replayed, and Gloo's sum directly "
-          f"(C++). Batches of {dp[min(dp)]['calls']} calls. Before timing, the parameters after {STEPS_CHECKED} "
+          "(C++; the batch's calls in one C++ loop, and one call per Python call). Batches of {dp[min(dp)]['calls']} calls. Before timing, the parameters after {STEPS_CHECKED} "
           "data-parallel steps are checked against one process training on all the processes' batches together "
           "(each weight within lr a step, 99% within 1e-4). Added = data-parallel - without all-reduce (medians).\n",
           table(["processes", "step without all-reduce, ms", "data-parallel step, ms", "added, ms",
-                 "lazyrt all-reduce alone, ms", "Gloo all-reduce alone, ms", "added / Gloo all-reduce"], dp_rows), "",
+                 "lazyrt all-reduce alone, ms", "Gloo all-reduce alone, ms",
+                 "Gloo alone, one call per Python call, ms", "added / Gloo all-reduce"], dp_rows), "",
           f"Time added against the all-reduce's own time (Gloo's): {'; '.join(goal_b) or 'one process only'}. "
           f"With more processes than the machine's {os.cpu_count()} hardware threads, ranks share cores: every "
           "rank's step and each all-reduce wait for the slowest rank.\n",
@@ -353,6 +358,7 @@ def worker_collectives(a, rank, world):
             "lazyrt, in place (replayed)": lambda calls: timed(step_in_place, calls),
             "lazyrt, new tensor (replayed)": lambda calls: timed(lambda: step_new(x), calls),
             "Gloo directly (C++)": lambda calls: gloo(g, calls),
+            "Gloo directly, one call per Python call (C++)": lambda calls: timed(lambda: gloo(g, 1), calls),
             "Gloo directly, input into output (C++)": lambda calls: gloo(g_in, calls, into=g_out),
             "torch.distributed (gloo)": lambda calls: timed(lambda: tdist.all_reduce(t), calls),
         }
@@ -455,6 +461,7 @@ def worker_dp_step(a, rank, world):
         "dp": lambda calls: timed(lambda: dp_step(x, y), calls),
         "lazyrt_ar": lambda calls: timed(ar_step, calls),
         "gloo": lambda calls: gloo(g_np, calls),
+        "gloo_1": lambda calls: timed(lambda: gloo(g_np, 1), calls),
     }
     calls = a.calls or 10
     seconds = in_turn(fns, calls, a.reps)
