@@ -125,8 +125,8 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   // runs before any output is written: an indexing node whose index is a parameter of the
   // graph has its index checked by a step of its own ahead of all others; every output
   // produced at or before the last other such step is computed aside and copied in at the end.
-  // One exception (collective_in_place below): a tensor that the last such step, a collective,
-  // updates in place.
+  // One exception (last_collective_result below): the result of the last such step when it
+  // is a collective.
   std::vector<int32_t> checked_ahead;
   int32_t last_failing = -1;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -149,19 +149,16 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     const Node& n = g.node(g.outputs[k]);
     if (n.op == OpKind::Parameter) param_returned[param_index(n)] = true;
   }
-  // A collective that is the last step that may fail writes the new value of a tensor it
-  // updates in place (its result is an output donated the buffer of a parameter the graph
-  // reads: `t.copy_(all_reduce(t))`, a gradient reduced in place) straight into that buffer,
-  // where all_reduce and broadcast reduce or receive in place: no copy of the whole tensor
-  // aside and back. Nothing visible is written before it (every other output at or before it
-  // is still computed aside, and the outputs after it run only once it succeeded); if it
-  // fails, the tensor it was reducing holds a partial result, as after a failed
-  // torch.distributed.all_reduce, and every other output, parameters updated from the
-  // reduced values among them, is unchanged.
-  auto collective_in_place = [&](ValueRef v, int32_t p) {
-    const OpKind op = g.nodes[v.node].op;
-    return (op == OpKind::AllReduce || op == OpKind::Broadcast) && v.index == 0 && step_of[v.node] == last_failing &&
-           p >= 0 && !param_returned[p];
+  // The result of a collective that is the last step that may fail is written straight into
+  // its output: the tensor that collective updates (`t.copy_(all_reduce(t))`, a gradient
+  // reduced in place: a donated parameter's buffer, reduced there by Gloo's in-place ring) or
+  // the new tensor it makes, instead of aside and copied back whole. Nothing visible is written
+  // before it (every other output at or before it is still computed aside, and the outputs
+  // after it, parameters updated from the reduced values among them, run only once it
+  // succeeded); if it fails, the tensor receiving its result holds a partial one, as after a
+  // failed torch.distributed.all_reduce, and every other output is unchanged.
+  auto last_collective_result = [&](ValueRef v) {
+    return ir::has_flag(g.nodes[v.node].op, ir::kCollective) && v.index == 0 && step_of[v.node] == last_failing;
   };
   for (size_t k = 0; k < num_outputs; ++k) {
     ValueRef v = g.outputs[k];
@@ -179,7 +176,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       parts.outputs[k] = {OutputSource::Kind::Computed, 0};
       claimed[v] = static_cast<int32_t>(k);
       const int32_t p = donations[k];
-      const bool aside = step_of[v.node] <= last_failing && !collective_in_place(v, p);
+      const bool aside = step_of[v.node] <= last_failing && !last_collective_result(v);
       if (aside) copy_out_of.push_back(static_cast<int32_t>(k));
       if (p >= 0 && !param_returned[p]) {
         parts.donation_accepted[k] = true;

@@ -341,12 +341,12 @@ ir::ValueRef add_all_reduce(ir::Graph& g, ir::ValueRef x, ir::ValueRef token) {
   return g.add(ir::OpKind::AllReduce, {x, token}, {int64_t{0}, int64_t{2}, int64_t{0}});
 }
 
-// A tensor reduced in place (`t.copy_(all_reduce(t))`, its buffer donated to the result) by the
-// last collective of the graph is reduced in its own buffer: the step writes the output, and no
-// copy of the whole tensor follows. A tensor reduced by an earlier collective, a result no
-// parameter is donated to, and the other outputs computed before the last collective are still
-// computed aside and copied in after it, so a failed collective leaves them as they were.
-TEST(ProcessGroup, TheLastCollectiveReducesADonatedTensorInItsOwnBuffer) {
+// The result of the graph's last collective is written straight into its output: a tensor
+// reduced in place (`t.copy_(all_reduce(t))`, its buffer donated to the result) is reduced in
+// its own buffer, a new result in the output's, and no copy of the whole tensor follows. The
+// result of an earlier collective and the other outputs computed before the last collective are
+// still computed aside and copied in after it, so a failed collective leaves them as they were.
+TEST(ProcessGroup, TheLastCollectiveWritesItsResultStraightIntoItsOutput) {
   {
     ir::Graph g;
     const ir::ValueRef t = g.add_parameter({DType::f32, {4096}});
@@ -358,13 +358,14 @@ TEST(ProcessGroup, TheLastCollectiveReducesADonatedTensorInItsOwnBuffer) {
     ASSERT_EQ(steps.size(), 1u) << exe->to_text();
     EXPECT_EQ(steps[0].rfind("0: all_reduce(param 0, ", 0), 0u) << steps[0];
     EXPECT_NE(steps[0].find("-> out 0, arena"), std::string::npos) << steps[0];
-    // Not donated: the output buffer may be any tensor's, so the result is copied in after.
+    // Not donated: a new tensor, written where the caller puts it (the ring reads the parameter).
     const std::string fresh = compile::compile(g)->to_text();
-    EXPECT_NE(fresh.find("all_reduce(param 0, const+0) -> arena"), std::string::npos) << fresh;
-    EXPECT_NE(fresh.find("reshape(arena"), std::string::npos) << fresh;
+    EXPECT_EQ(fresh.rfind("0: all_reduce(param 0, const+0) -> out 0, arena", 0), 0u) << fresh;
+    EXPECT_EQ(fresh.find("reshape("), std::string::npos) << fresh;
   }
   {
-    // Two tensors reduced in place, one collective each, and a value computed before them.
+    // Two tensors reduced in place, one collective each, and a value computed before them; and
+    // the same with the second collective's result a new tensor (no donation).
     ir::Graph g;
     const ir::ValueRef a = g.add_parameter({DType::f32, {4096}});
     const ir::ValueRef b = g.add_parameter({DType::f32, {4096}});
@@ -372,20 +373,25 @@ TEST(ProcessGroup, TheLastCollectiveReducesADonatedTensorInItsOwnBuffer) {
     const ir::ValueRef first = add_all_reduce(g, a, g.add_full(0, {}, DType::b8));
     const ir::ValueRef second = add_all_reduce(g, b, {first.node, 1});
     g.outputs = {first, second, before};
-    const auto exe = compile::compile(g, {0, 1, -1});
-    const std::string text = exe->to_text();
-    std::string first_line, second_line;
-    int copies = 0;
-    for (const std::string& l : lines_of(text)) {
-      if (l.find("all_reduce(param 0") != std::string::npos) first_line = l;
-      if (l.find("all_reduce(param 1") != std::string::npos) second_line = l;
-      if (l.find("reshape(") != std::string::npos) ++copies;
+    for (const std::vector<int32_t>& donations : {std::vector<int32_t>{0, 1, -1}, std::vector<int32_t>{0, -1, -1}}) {
+      const std::string text = compile::compile(g, donations)->to_text();
+      const std::vector<std::string> steps = lines_of(text);
+      std::string first_line, second_line;
+      size_t second_at = 0, first_copy_at = 0;
+      int copies = 0;
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const std::string& l = steps[i];
+        if (l.find("all_reduce(param 0") != std::string::npos) first_line = l;
+        if (l.find("all_reduce(param 1") != std::string::npos) second_line = l, second_at = i;
+        if (l.find("reshape(") != std::string::npos && !copies++) first_copy_at = i;
+      }
+      EXPECT_NE(second_line.find("-> out 1, arena"), std::string::npos) << text;
+      EXPECT_NE(first_line.find("-> arena"), std::string::npos) << text;
+      EXPECT_NE(text.find("-> out 0\n"), std::string::npos) << text;
+      EXPECT_NE(text.find("-> out 2\n"), std::string::npos) << text;
+      EXPECT_EQ(copies, 2) << text;  // outputs 0 and 2
+      EXPECT_GT(first_copy_at, second_at) << text;  // copied in after the last collective
     }
-    EXPECT_NE(second_line.find("-> out 1, arena"), std::string::npos) << text;
-    EXPECT_NE(first_line.find("-> arena"), std::string::npos) << text;
-    EXPECT_NE(text.find("-> out 0\n"), std::string::npos) << text;
-    EXPECT_NE(text.find("-> out 2\n"), std::string::npos) << text;
-    EXPECT_EQ(copies, 2) << text;  // outputs 0 and 2, copied in after the last collective
   }
 }
 

@@ -5,9 +5,9 @@
 // operand's buffer for their result (lowering's can_alias: an operand that dies there); else
 // the communicator reads the operand where it lies and writes the result aside, so no kernel
 // copies its operand first. Lowering keeps every output of the graph aside until the
-// collective is done (kChecked), so a failed run writes no output, except the tensor the
-// graph's last collective updates in place: that one is reduced in its own buffer (in[0] is
-// out[0], the donated parameter), and a failure leaves it partly reduced (lower.cpp).
+// collective is done (kChecked), so a failed run writes no output, except the result of the
+// graph's last collective, written straight into its output (a tensor reduced in place gets
+// in[0] == out[0], its donated buffer), which a failure leaves partly written (lower.cpp).
 #include <cstring>
 
 #include "backend/cpu/kernels/ops.h"
