@@ -1,8 +1,8 @@
 """The benchmark suite: lazyrt side by side with PyTorch and with the machine's limits.
 
 Runs the C++ benchmarks of the build tree (build/bench/*_bench) and the Python workloads of this
-folder (seed_step, torch_frontend, mlp_step, adamw_update, conv_layers, resnet_step, gpt_step, loop_scaling,
-loop_grad, distributed), checks every peer's results against
+folder (seed_step, torch_frontend, mlp_step, adamw_update, fused_rows, conv_layers, resnet_step, gpt_step,
+loop_scaling, loop_grad, distributed), checks every peer's results against
 lazyrt's before timing anything, and writes one markdown report with a summary table, and PNG
 plots of the scaling studies. `make bench` runs it:
 
@@ -31,8 +31,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-WORKLOADS = ("seed_step", "torch_frontend", "mlp_step", "adamw_update", "conv_layers", "resnet_step", "gpt_step",
-             "loop_scaling", "loop_grad", "distributed")
+WORKLOADS = ("seed_step", "torch_frontend", "mlp_step", "adamw_update", "fused_rows", "conv_layers", "resnet_step",
+             "gpt_step", "loop_scaling", "loop_grad", "distributed")
 # Run by the workloads themselves (seed_step reads replay_bench --json), not reported alone.
 CPP_USED_BY_WORKLOADS = ("replay_bench",)
 

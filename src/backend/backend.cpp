@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
     h.add(static_cast<uint64_t>(caps_.max_fused_inputs));
     h.add(static_cast<uint64_t>(caps_.gemm));
     h.add(static_cast<uint64_t>(caps_.library_kernels));
+    h.add(static_cast<uint64_t>(caps_.fuses_reductions));
     fingerprint_ = h.finish().lo;
   }
   const std::string& name() const override { return name_; }
@@ -56,10 +57,18 @@ class CpuBackend final : public Backend {
   uint64_t fingerprint_ = 0;
 };
 
+// LAZYRT_FUSE_REDUCTIONS=0 (or off), read once: the cpu backend fuses no reductions (to compare
+// with, or to rule fused reductions out); its fingerprint tells the two apart.
+bool fuse_reductions_setting() {
+  const char* env = std::getenv("LAZYRT_FUSE_REDUCTIONS");
+  const std::string_view v = env ? env : "";
+  return v != "0" && v != "off";
+}
+
 const std::vector<const Backend*>& registry() {
   static const auto* all = new std::vector<const Backend*>{
-      new CpuBackend("cpu", {kernels::kMaxFusedOps, kernels::kMaxFusedInputs, true, true}),
-      new CpuBackend("reference", {0, 0, false, false}),
+      new CpuBackend("cpu", {kernels::kMaxFusedOps, kernels::kMaxFusedInputs, true, true, fuse_reductions_setting()}),
+      new CpuBackend("reference", {0, 0, false, false, false}),
   };
   return *all;
 }

@@ -35,6 +35,9 @@ struct Capabilities {
   /// Library kernels where they serve an op (oneDNN's convolutions); the hand-written kernel
   /// otherwise.
   bool library_kernels = false;
+  /// Fusion groups may hold reductions over the trailing dims of their values, and the ops
+  /// that read them per row (ops.def, fusion).
+  bool fuses_reductions = false;
 
   bool fuses() const { return max_fused_ops > 1 && max_fused_inputs > 0; }
 };

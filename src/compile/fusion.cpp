@@ -3,13 +3,20 @@
 // and one intermediate buffer per op. An optimizer update (~20 ops per parameter) becomes one
 // step.
 //
-// Grouping is greedy in graph order. A node joins the groups of its operands that have its
-// result shape, merging them, when the merged group
+// Where the backend fuses reductions, a group may also hold reductions over the trailing dims
+// of values of its shape, and elementwise nodes over one value per row that use their results
+// (its Space; ops.def, fusion): a layer norm, or a bias-add and the sum of its result, become
+// one kernel (fused_rows.cpp).
+//
+// Grouping is greedy in graph order. A node joins the groups of its operands that it shares a
+// space with, merging them, when the merged group
 //   - stays within the backend's limits (max_fused_ops ops, max_fused_inputs operands),
+//   - reads a value per row with the row's dims kept only (so broadcasting means per row),
 //   - and no operand from outside the group depends on a member. Only nodes from the group's
 //     first member on can, so that search is short.
 // Otherwise it joins the first of those groups alone if that passes, or starts its own.
-// Groups of one node stay as they are. Two groups can still wait on each other through a
+// Groups of one node stay as they are (unless a constant of more than one element becomes a
+// scalar in the region). Two groups can still wait on each other through a
 // third node (each depends on the other as a unit); such groups are found afterwards as
 // cycles of the graph of groups and undone.
 //
@@ -18,6 +25,7 @@
 // with fusion nodes and the other nodes as units, each as early as its operands allow after
 // the units the old order put before it.
 #include <algorithm>
+#include <optional>
 #include <queue>
 
 #include "compile/passes.h"
@@ -36,49 +44,119 @@ bool fusible(const Node& n) {
   return ir::has_flag(n.op, ir::kElementwise) && n.regions.empty() && n.results.size() == 1;
 }
 
+// The space a group's nodes share: the shape of its elementwise nodes, and the trailing dims
+// its reductions reduce (0: none; ops.def, fusion).
+struct Space {
+  Shape shape;
+  int64_t reduced = 0;
+};
+
+// Rows of at least this many elements, or spaces of at most kSmallSpace elements, are worth a
+// fused reduction: its kernel makes its passes row by row.
+constexpr int64_t kMinFusedRow = 32;
+constexpr int64_t kSmallSpace = int64_t{1} << 16;
+
 class Grouping {
  public:
   Grouping(const Graph& g, const backend::Capabilities& caps)
       : g_(g), caps_(caps), group_of_(g.nodes.size(), -1), member_(g.nodes.size(), 0), seen_(g.nodes.size(), 0) {
-    for (size_t i = 0; i < g_.nodes.size(); ++i)
-      if (fusible(g_.nodes[i])) place(static_cast<int32_t>(i));
+    for (size_t i = 0; i < g_.nodes.size(); ++i) place(static_cast<int32_t>(i));
   }
   int32_t group_of(size_t node) const { return group_of_[node]; }
   const std::vector<std::vector<int32_t>>& groups() const { return groups_; }
+  const Space& space(int32_t group) const { return spaces_[static_cast<size_t>(group)]; }
 
  private:
+  // k > 0: node i is a reduction over its last k dims that a group may hold.
+  int64_t reduction_dims(int32_t i) const {
+    return caps_.fuses_reductions ? ir::row_reduction_dims(g_, g_.nodes[i]) : 0;
+  }
+
+  // Whether node i has a place in a group of space `sp`.
+  bool fits(int32_t i, const Space& sp) const {
+    const Node& n = g_.nodes[i];
+    if (const int64_t k = reduction_dims(i))
+      return k == sp.reduced && g_.type(n.operands[0]).shape == sp.shape;
+    if (!fusible(n)) return false;
+    const Shape& s = n.results[0].shape;
+    if (s == sp.shape) return true;
+    if (sp.reduced == 0) return false;
+    const ir::FusionRows rows = ir::fusion_rows(sp.shape, sp.reduced);
+    return s == rows.keep || s == rows.drop;
+  }
+
+  // The space of node i with the groups `joined`, if they can share one.
+  std::optional<Space> merged_space(const std::vector<int32_t>& joined, int32_t i) const {
+    std::optional<Space> sp;
+    if (const int64_t k = reduction_dims(i)) sp = Space{g_.type(g_.nodes[i].operands[0]).shape, k};
+    for (int32_t gr : joined)
+      if (spaces_[gr].reduced > 0 && !sp) sp = spaces_[gr];
+    if (!sp) sp = Space{g_.nodes[i].results[0].shape, 0};
+    if (!fits(i, *sp)) return std::nullopt;
+    for (int32_t gr : joined) {
+      if (spaces_[gr].reduced > 0 && (spaces_[gr].reduced != sp->reduced || spaces_[gr].shape != sp->shape))
+        return std::nullopt;
+      for (int32_t m : groups_[gr])
+        if (!fits(m, *sp)) return std::nullopt;
+    }
+    return sp;
+  }
+
+  // A space whose reductions are worth fusing.
+  static bool worth_fusing(const Space& sp) {
+    if (sp.reduced == 0) return true;
+    const int64_t numel = shape_numel(sp.shape);
+    return numel <= kSmallSpace || ir::fusion_rows(sp.shape, sp.reduced).row >= kMinFusedRow;
+  }
+
   void place(int32_t i) {
     const Node& n = g_.nodes[i];
+    const int64_t k = reduction_dims(i);
+    if (k == 0 && !fusible(n)) return;
     std::vector<int32_t> joined;
     for (ValueRef v : n.operands) {
       const int32_t gr = group_of_[v.node];
-      if (gr >= 0 && g_.nodes[v.node].results[0].shape == n.results[0].shape &&
-          std::find(joined.begin(), joined.end(), gr) == joined.end())
+      if (gr >= 0 && std::find(joined.begin(), joined.end(), gr) == joined.end() && merged_space({gr}, i))
         joined.push_back(gr);
     }
     // All of them, else the first alone, else none.
     while (!joined.empty()) {
       std::vector<int32_t> merged{i};
       for (int32_t gr : joined) merged.insert(merged.end(), groups_[gr].begin(), groups_[gr].end());
-      if (acceptable(merged)) {
+      const std::optional<Space> sp = merged_space(joined, i);
+      if (sp && worth_fusing(*sp) && acceptable(merged, *sp)) {
         std::sort(merged.begin(), merged.end());
         const int32_t into = joined[0];
         for (int32_t gr : joined) groups_[gr].clear();
         for (int32_t m : merged) group_of_[m] = into;
         groups_[into] = std::move(merged);
+        spaces_[into] = *sp;
         return;
       }
       if (joined.size() > 1) joined.erase(joined.begin() + 1, joined.end());
       else joined.clear();
     }
+    const Space sp = k ? Space{g_.type(n.operands[0]).shape, k} : Space{n.results[0].shape, 0};
+    if (!worth_fusing(sp)) return;
     group_of_[i] = static_cast<int32_t>(groups_.size());
     groups_.push_back({i});
+    spaces_.push_back(sp);
   }
 
-  bool acceptable(const std::vector<int32_t>& members) {
+  bool acceptable(const std::vector<int32_t>& members, const Space& sp) {
     if (members.size() > static_cast<size_t>(caps_.max_fused_ops)) return false;
     ++epoch_;
     for (int32_t m : members) member_[m] = epoch_;
+    // A value per row reaches the elements of its row only with the row's dims kept as 1.
+    if (sp.reduced > 0) {
+      const Shape drop = ir::fusion_rows(sp.shape, sp.reduced).drop;
+      for (int32_t m : members) {
+        const Node& n = g_.nodes[m];
+        if (reduction_dims(m) || n.results[0].shape != sp.shape) continue;
+        for (ValueRef v : n.operands)
+          if (member_[v.node] == epoch_ && g_.type(v).shape == drop) return false;
+      }
+    }
     std::vector<ValueRef> outside;
     for (int32_t m : members)
       for (ValueRef v : g_.nodes[m].operands)
@@ -114,13 +192,14 @@ class Grouping {
   const backend::Capabilities& caps_;
   std::vector<int32_t> group_of_;
   std::vector<std::vector<int32_t>> groups_;
+  std::vector<Space> spaces_;
   std::vector<uint32_t> member_, seen_;  // epoch marks: in the group checked, visited
   uint32_t epoch_ = 0;
 };
 
 // Appends the fusion node of group `members` to rw's graph and maps their values to its
 // results. read_outside[i]: node i's value is read outside its group or is an output.
-void emit_fusion(GraphRewriter& rw, const std::vector<int32_t>& members,
+void emit_fusion(GraphRewriter& rw, const std::vector<int32_t>& members, const Space& sp,
                  const std::vector<bool>& read_outside) {
   const Graph& g = rw.source();
   Graph region;
@@ -154,17 +233,20 @@ void emit_fusion(GraphRewriter& rw, const std::vector<int32_t>& members,
   }
   Node fusion;
   fusion.op = OpKind::Fusion;
-  std::vector<int64_t> dtypes;
+  std::vector<int64_t> dtypes, per_row;
   std::vector<int32_t> results;
+  const ir::FusionRows rows = ir::fusion_rows(sp.shape, sp.reduced);
   for (int32_t m : members)
     if (read_outside[m]) {
+      const ir::TensorType& t = g.nodes[m].results[0];
       region.outputs.push_back(*find({m, 0}));
       results.push_back(m);
-      dtypes.push_back(static_cast<int64_t>(g.nodes[m].results[0].dtype));
-      fusion.results.push_back(g.nodes[m].results[0]);
+      dtypes.push_back(static_cast<int64_t>(t.dtype));
+      per_row.push_back(t.shape == sp.shape ? 0 : t.shape == rows.keep ? 1 : 2);
+      fusion.results.push_back(t);
     }
   for (ValueRef v : operands) fusion.operands.push_back(rw.map(v));
-  fusion.attrs = {g.nodes[members[0]].results[0].shape, std::move(dtypes)};
+  fusion.attrs = {sp.shape, std::move(dtypes), sp.reduced, std::move(per_row)};
   fusion.regions.push_back(std::make_shared<const Graph>(std::move(region)));
   rw.graph().nodes.push_back(std::move(fusion));
   const auto idx = static_cast<int32_t>(rw.graph().nodes.size() - 1);
@@ -252,8 +334,22 @@ Graph fuse_elementwise(const Graph& g, const backend::Capabilities& caps) {
   if (!caps.fuses()) return g;
   const Grouping grouping(g, caps);
   std::vector<std::vector<int32_t>> groups;
-  for (const auto& members : grouping.groups())
-    if (members.size() > 1) groups.push_back(members);
+  std::vector<Space> spaces;
+  // A group of one elementwise node stays as it is, unless it reads a constant of more than one
+  // element: in a region the constant is a scalar, not a buffer filled and read on every run
+  // (a relu's gradient, where(mask, 0, g), reads zeros of its whole shape).
+  auto reads_filled_constant = [&](int32_t i) {
+    if (!fusible(g.nodes[i])) return false;
+    for (ValueRef v : g.nodes[i].operands)
+      if (g.nodes[v.node].op == OpKind::Full && shape_numel(g.type(v).shape) > 1) return true;
+    return false;
+  };
+  for (size_t k = 0; k < grouping.groups().size(); ++k)
+    if (grouping.groups()[k].size() > 1 ||
+        (grouping.groups()[k].size() == 1 && reads_filled_constant(grouping.groups()[k][0]))) {
+      groups.push_back(grouping.groups()[k]);
+      spaces.push_back(grouping.space(static_cast<int32_t>(k)));
+    }
   if (groups.empty()) return g;
   Units units = make_units(g, groups);
   // Groups that wait on each other through other groups: undone, their nodes left single.
@@ -262,9 +358,14 @@ Graph fuse_elementwise(const Graph& g, const backend::Capabilities& caps) {
   if (std::find(cyclic.begin(), cyclic.begin() + static_cast<std::ptrdiff_t>(groups.size()), true) !=
       cyclic.begin() + static_cast<std::ptrdiff_t>(groups.size())) {
     std::vector<std::vector<int32_t>> kept;
+    std::vector<Space> kept_spaces;
     for (size_t k = 0; k < groups.size(); ++k)
-      if (!cyclic[k]) kept.push_back(std::move(groups[k]));
+      if (!cyclic[k]) {
+        kept.push_back(std::move(groups[k]));
+        kept_spaces.push_back(std::move(spaces[k]));
+      }
     groups = std::move(kept);
+    spaces = std::move(kept_spaces);
     if (groups.empty()) return g;
     units = make_units(g, groups);
   }
@@ -292,8 +393,8 @@ Graph fuse_elementwise(const Graph& g, const backend::Capabilities& caps) {
     const int32_t k = ready.top().second;
     ready.pop();
     ++emitted;
-    if (units.members[k].size() == 1) rw.copy(units.members[k][0]);
-    else emit_fusion(rw, units.members[k], read_outside);
+    if (static_cast<size_t>(k) >= groups.size()) rw.copy(units.members[k][0]);
+    else emit_fusion(rw, units.members[k], spaces[static_cast<size_t>(k)], read_outside);
     for (int32_t user : users[k])
       if (--pending[user] == 0) ready.push({units.members[user].back(), user});
   }

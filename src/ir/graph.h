@@ -104,6 +104,21 @@ std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& op
 /// NumPy broadcasting of two shapes; throws lazyrt::Error naming `what` on a mismatch.
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what);
 
+/// Whether `a` broadcasts to `to` (NumPy rules, `to` unchanged).
+bool broadcasts_to(const Shape& a, const Shape& to);
+
+/// The per-row shapes of a fusion over `shape` whose last `reduced` dims form a row (ops.def):
+/// `shape` with those dims kept as 1, and with them dropped; `row`: the elements of a row.
+struct FusionRows {
+  Shape keep, drop;
+  int64_t row = 1;
+};
+FusionRows fusion_rows(const Shape& shape, int64_t reduced);
+/// k > 0 when `n` is a reduction a fusion may hold: sum, mean, amax, amin, var or std of a
+/// floating dtype over exactly the last k dims of its operand, forming at least 2 elements;
+/// else 0.
+int64_t row_reduction_dims(const Graph& g, const Node& n);
+
 /// Checks every invariant of the graph: topological order, operand counts, attribute kinds,
 /// result types equal to what the op's rule infers, parameter indices, outputs in range.
 /// Throws lazyrt::Error describing the first violation.
@@ -120,6 +135,6 @@ std::string to_dot(const Graph& g);
 GraphHash hash_graph(const Graph& g);
 
 /// Bumped whenever the meaning of a graph or its hash changes.
-inline constexpr uint32_t kIrFormatVersion = 1;
+inline constexpr uint32_t kIrFormatVersion = 2;
 
 }  // namespace lazyrt::ir

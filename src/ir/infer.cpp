@@ -94,6 +94,50 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) {
   return out;
 }
 
+bool broadcasts_to(const Shape& a, const Shape& to) {
+  if (a.size() > to.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const int64_t d = a[a.size() - 1 - i];
+    if (d != 1 && d != to[to.size() - 1 - i]) return false;
+  }
+  return true;
+}
+
+FusionRows fusion_rows(const Shape& shape, int64_t reduced) {
+  FusionRows r;
+  const auto lead = static_cast<int64_t>(shape.size()) - reduced;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    if (d < lead) {
+      r.keep.push_back(shape[d]);
+      r.drop.push_back(shape[d]);
+    } else {
+      r.keep.push_back(1);
+      r.row *= shape[d];
+    }
+  }
+  return r;
+}
+
+int64_t row_reduction_dims(const Graph& g, const Node& n) {
+  switch (n.op) {
+    case OpKind::Sum:
+    case OpKind::Mean:
+    case OpKind::Amax:
+    case OpKind::Amin:
+    case OpKind::Var:
+    case OpKind::Std: break;
+    default: return 0;
+  }
+  const TensorType& in = g.type(n.operands[0]);
+  if (!is_floating(in.dtype)) return 0;
+  const std::vector<int64_t>& dims = NodeAttrs(n.op, n.attrs).ints<"dims">();
+  const auto rank = static_cast<int64_t>(in.shape.size());
+  const auto k = static_cast<int64_t>(dims.size());
+  for (int64_t j = 0; j < k; ++j)
+    if (dims[static_cast<size_t>(j)] != rank - k + j) return 0;
+  return k > 0 && fusion_rows(in.shape, k).row >= 2 ? k : 0;
+}
+
 namespace {
 
 std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops, const Attrs& a) {
@@ -359,13 +403,27 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
     }
     case ResultRule::Fusion: {
       const Shape& shape = at.ints<"shape">();
+      const int64_t reduced = at.i<"reduced">();
+      LAZYRT_CHECK(reduced >= 0 && reduced <= static_cast<int64_t>(shape.size()), name, ": reduced ", reduced,
+                   " out of range for ", shape_str(shape));
+      const FusionRows rows = fusion_rows(shape, reduced);
+      LAZYRT_CHECK(reduced == 0 || rows.row >= 2, name, ": a row of ", rows.row, " elements (", shape_str(shape),
+                   ", reduced ", reduced, "); it needs at least 2");
       for (const TensorType& t : ops)
-        LAZYRT_CHECK(broadcast_shapes(t.shape, shape, name) == shape, name, ": operand ",
-                     type_str(t), " does not broadcast to ", shape_str(shape));
+        LAZYRT_CHECK(broadcasts_to(t.shape, shape) || (reduced > 0 && broadcasts_to(t.shape, rows.drop)), name,
+                     ": operand ", type_str(t), " does not broadcast to ", shape_str(shape),
+                     reduced > 0 ? str_cat(" or to ", shape_str(rows.drop)) : std::string());
+      const std::vector<int64_t>& dtypes = at.ints<"dtypes">();
+      const std::vector<int64_t>& per_row = at.ints<"per_row">();
+      LAZYRT_CHECK(per_row.size() == dtypes.size(), name, ": ", per_row.size(), " per_row forms for ",
+                   dtypes.size(), " results");
       std::vector<TensorType> out;
-      for (int64_t d : at.ints<"dtypes">()) {
+      for (size_t j = 0; j < dtypes.size(); ++j) {
+        const int64_t d = dtypes[j], form = per_row[j];
         LAZYRT_CHECK(d >= 0 && d <= static_cast<int64_t>(DType::b8), name, ": bad dtype ", d);
-        out.push_back({static_cast<DType>(d), shape});
+        LAZYRT_CHECK(form == 0 || (reduced > 0 && (form == 1 || form == 2)), name, ": bad per_row form ", form,
+                     " (reduced ", reduced, ")");
+        out.push_back({static_cast<DType>(d), form == 0 ? shape : form == 1 ? rows.keep : rows.drop});
       }
       return out;
     }

@@ -134,19 +134,35 @@ void verify_scan_vjp(size_t i, const Node& n, const std::vector<TensorType>& ope
                          type_str(state(k))));
 }
 
-// The region computes the results elementwise over `shape`: parameters (the operands, which
-// broadcast to it), constants, and elementwise nodes of that shape.
+// The region computes the results over `shape` (ops.def): parameters (the operands),
+// constants, elementwise nodes of `shape` or (with reduced dims) of a per-row shape, and
+// reductions over the row.
 void verify_fusion(size_t i, const Node& n, const std::vector<TensorType>& operands) {
   if (n.regions.size() != 1) fail(i, n, "a fusion needs one region");
   const Graph& r = *n.regions[0];
   verify(r);
   verify_region_params(i, n, r, "fusion", operands);
-  const Shape& shape = NodeAttrs(n.op, n.attrs).ints<"shape">();
+  const NodeAttrs a(n.op, n.attrs);
+  const Shape& shape = a.ints<"shape">();
+  const int64_t reduced = a.i<"reduced">();
+  const FusionRows rows = fusion_rows(shape, reduced);
+  auto per_row = [&](const Shape& s) { return reduced > 0 && (s == rows.keep || s == rows.drop); };
   for (const Node& rn : r.nodes) {
     if (rn.op == OpKind::Parameter || rn.op == OpKind::Full) continue;
-    if (!has_flag(rn.op, kElementwise) || rn.results.size() != 1 || rn.results[0].shape != shape)
-      fail(i, n, str_cat("region node ", op_name(rn.op), " : ", types_str(rn.results),
-                         " is not elementwise over ", shape_str(shape)));
+    const Shape& s = rn.results.size() == 1 ? rn.results[0].shape : shape;
+    if (reduced > 0 && row_reduction_dims(r, rn) == reduced && r.type(rn.operands[0]).shape == shape) continue;
+    if (!has_flag(rn.op, kElementwise) || rn.results.size() != 1 || (s != shape && !per_row(s)))
+      fail(i, n, str_cat("region node ", op_name(rn.op), " : ", types_str(rn.results), " is not elementwise over ",
+                         shape_str(shape), reduced > 0 ? " or one value per row" : "",
+                         reduced > 0 ? ", nor a reduction over its row" : ""));
+    // A value per row reaches the elements of its row with the row's dims kept as 1.
+    if (s == shape && reduced > 0)
+      for (ValueRef v : rn.operands) {
+        const Node& src = r.node(v);
+        if (src.op != OpKind::Parameter && src.op != OpKind::Full && r.type(v).shape == rows.drop)
+          fail(i, n, str_cat("region node ", op_name(rn.op), " reads a value per row of ", shape_str(rows.drop),
+                             " without the row's dims"));
+      }
   }
   if (r.outputs.size() != n.results.size())
     fail(i, n, str_cat("region returns ", r.outputs.size(), " values for ", n.results.size(), " results"));

@@ -122,3 +122,15 @@ def test_quick_torch_frontend_reports_a_torch_lazy_row_whether_or_not_it_runs(tm
     assert "failed" in row[-1] or row[-1].split("|")[2].strip()[0].isdigit(), row
     if "failed" in row[-1]:
         assert "no figures, it failed on this step" in report
+
+
+def test_quick_fused_rows_reports_each_workload_against_its_limit(tmp_path):
+    out = tmp_path / "fused_rows.md"
+    r = subprocess.run([sys.executable, SUITE, "--build", BUILD, "--quick", "--only", "fused_rows", "--out", str(out)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    for workload in ("layer norm", "softmax, written out", "row MSE"):
+        assert f"| {workload} | " in text and f"| {workload}: bandwidth limit | lazyrt replayed |" in text, workload
+    assert text.count("| the limit: a C copy of the same bytes |") == 3
+    assert "| workload | modules | kernels | compile ms | ms per kernel |" in text

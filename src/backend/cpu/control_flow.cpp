@@ -421,7 +421,7 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
 
 kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands,
                                    const Backend& backend, const std::shared_ptr<jit::Module>& generated) {
-  if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results, generated);
+  if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results, n.attrs, generated);
   if (n.op == ir::OpKind::Scan) return lower_scan(n, operands, backend);
   if (n.op == ir::OpKind::ScanVjp) return lower_scan_vjp(n, operands, backend);
   LAZYRT_ASSERT(n.op == ir::OpKind::While, "no lowering for ", ir::op_name(n.op));

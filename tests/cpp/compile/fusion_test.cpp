@@ -62,7 +62,7 @@ TEST(FuseElementwise, AChainOfOneShapeBecomesOneNodeWithItsConstantsInside) {
   EXPECT_EQ(ir::to_text(dead_code_elimination(fuse_elementwise(g, cpu().capabilities()))),
             "%0 = parameter {index=0} : f32[2, 3]\n"
             "%1 = parameter {index=1} : f32[3]\n"
-            "%2 = fusion(%0, %1) {shape=[2, 3], dtypes=[0, 0]} : f32[2, 3], f32[2, 3] {\n"
+            "%2 = fusion(%0, %1) {shape=[2, 3], dtypes=[0, 0], reduced=0, per_row=[0, 0]} : f32[2, 3], f32[2, 3] {\n"
             "  region 0:\n"
             "    %0 = parameter {index=0} : f32[2, 3]\n"
             "    %1 = full {value=2, shape=[], dtype=f32} : f32[]\n"
@@ -78,19 +78,54 @@ TEST(FuseElementwise, AChainOfOneShapeBecomesOneNodeWithItsConstantsInside) {
 
 TEST(FuseElementwise, LoneOpsAndOtherShapesStayAsTheyAre) {
   Graph g;
-  ValueRef x = g.add_parameter(f32({4}));
+  ValueRef x = g.add_parameter(f32({4, 3}));
+  // A sum over dim 0 (not the trailing dims) is no row of a fused reduction.
   ValueRef s = g.add(OpKind::Sum, {g.add(OpKind::Exp, {x})}, {std::vector<int64_t>{0}, false});
-  g.outputs = {g.add(OpKind::Neg, {s})};  // [] from [4]: not the exp's shape
+  g.outputs = {g.add(OpKind::Neg, {s})};  // [3] from [4, 3]: not the exp's shape
   EXPECT_EQ(ir::to_text(fuse_elementwise(g, cpu().capabilities())), ir::to_text(g));
 }
 
-// exp(x) - max(exp(x)): the subtraction reads the exp directly and through the reduction, so
-// putting it in the exp's group would make the group wait for itself.
+// A reduction over the trailing dims takes the elementwise ops that make its operand and those
+// that use its result, per row ([2]) and over the whole shape ([2, 3], reading the result with
+// the row's dims kept).
+TEST(FuseElementwise, AReductionOverRowsTakesItsProducersAndConsumers) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef e = g.add(OpKind::Exp, {x});
+  ValueRef m = g.add(OpKind::Sum, {e}, {std::vector<int64_t>{1}, true});
+  ValueRef r = g.add(OpKind::Neg, {m});
+  g.outputs = {g.add(OpKind::Div, {e, r}), g.add(OpKind::Sum, {e}, {std::vector<int64_t>{1}, false})};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(fuse_elementwise(g, cpu().capabilities()))),
+            "%0 = parameter {index=0} : f32[2, 3]\n"
+            "%1 = fusion(%0) {shape=[2, 3], dtypes=[0, 0], reduced=1, per_row=[0, 2]} : f32[2, 3], f32[2] {\n"
+            "  region 0:\n"
+            "    %0 = parameter {index=0} : f32[2, 3]\n"
+            "    %1 = exp(%0) : f32[2, 3]\n"
+            "    %2 = sum(%1) {dims=[1], keepdim=true} : f32[2, 1]\n"
+            "    %3 = neg(%2) : f32[2, 1]\n"
+            "    %4 = div(%1, %3) : f32[2, 3]\n"
+            "    %5 = sum(%1) {dims=[1], keepdim=false} : f32[2]\n"
+            "    return %4, %5\n"
+            "}\n"
+            "return %1, %1.1\n");
+  const std::vector<float> xs = {0, 1, -1, 0.5f, 2, -2};
+  const auto out = run_f32(g, {xs});
+  for (int i = 0; i < 2; ++i) {
+    double row = 0;
+    for (int j = 0; j < 3; ++j) row += std::exp(static_cast<double>(xs[i * 3 + j]));
+    for (int j = 0; j < 3; ++j) EXPECT_NEAR(out[0][i * 3 + j], -std::exp(static_cast<double>(xs[i * 3 + j])) / row, 1e-6);
+    EXPECT_NEAR(out[1][i], row, 1e-5);
+  }
+}
+
+// exp(x) - max(exp(x)) over dim 0: the subtraction reads the exp directly and through the
+// reduction (over a leading dim, so no fused reduction holds it), so putting it in the exp's
+// group would make the group wait for itself.
 TEST(FuseElementwise, NeverGroupsAcrossAPathThroughAnotherOp) {
   Graph g;
   ValueRef x = g.add_parameter(f32({2, 3}));
   ValueRef e = g.add(OpKind::Exp, {x});
-  ValueRef m = g.add(OpKind::Amax, {e}, {std::vector<int64_t>{1}, true});
+  ValueRef m = g.add(OpKind::Amax, {e}, {std::vector<int64_t>{0}, true});
   ValueRef d = g.add(OpKind::Sub, {e, m});
   g.outputs = {g.add(OpKind::Tanh, {d})};
   const Graph f = fuse_elementwise(g, cpu().capabilities());
@@ -100,24 +135,24 @@ TEST(FuseElementwise, NeverGroupsAcrossAPathThroughAnotherOp) {
   const auto out = run_f32(g, {{0, 1, 2, -1, 0, 1}})[0];
   const double ex[6] = {1, std::exp(1.0), std::exp(2.0), std::exp(-1.0), 1, std::exp(1.0)};
   for (int i = 0; i < 6; ++i) {
-    const double row_max = i < 3 ? ex[2] : ex[5];
-    EXPECT_NEAR(out[i], std::tanh(ex[i] - row_max), 1e-6) << i;
+    const double column_max = std::max(ex[i % 3], ex[i % 3 + 3]);
+    EXPECT_NEAR(out[i], std::tanh(ex[i] - column_max), 1e-6) << i;
   }
 }
 
 // Group A = {exp(x), exp(x) * expand(-y)} and group B = {-y, sum(exp(x)) + -y}: no node
 // depends on itself, but A waits on B (through the expand of -y) and B on A (through the sum
-// of exp(x)). Such groups are undone, and the graph computes what it did.
+// of exp(x) over dim 0). Such groups are undone, and the graph computes what it did.
 TEST(FuseElementwise, GroupsThatWaitOnEachOtherAreUndone) {
   Graph g;
-  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef x = g.add_parameter(f32({3, 2}));
   ValueRef y = g.add_parameter(f32({2}));
   ValueRef a1 = g.add(OpKind::Exp, {x});
   ValueRef b2 = g.add(OpKind::Neg, {y});
-  ValueRef n1 = g.add(OpKind::Sum, {a1}, {std::vector<int64_t>{1}, false});
+  ValueRef n1 = g.add(OpKind::Sum, {a1}, {std::vector<int64_t>{0}, false});
   ValueRef b1 = g.add(OpKind::Add, {n1, b2});
-  ValueRef r2 = g.add(OpKind::Reshape, {b2}, {std::vector<int64_t>{2, 1}});
-  ValueRef n2 = g.add(OpKind::Expand, {r2}, {std::vector<int64_t>{2, 3}});
+  ValueRef r2 = g.add(OpKind::Reshape, {b2}, {std::vector<int64_t>{1, 2}});
+  ValueRef n2 = g.add(OpKind::Expand, {r2}, {std::vector<int64_t>{3, 2}});
   ValueRef a2 = g.add(OpKind::Mul, {a1, n2});
   g.outputs = {a2, b1};
   const Graph f = fuse_elementwise(g, cpu().capabilities());
@@ -125,14 +160,38 @@ TEST(FuseElementwise, GroupsThatWaitOnEachOtherAreUndone) {
   EXPECT_EQ(count_ops(f, OpKind::Fusion), 0);
   const std::vector<float> xs = {0, 1, -1, 0.5f, 2, -2}, ys = {3, -4};
   const auto out = run_f32(g, {xs, ys});
-  for (int i = 0; i < 2; ++i) {
-    double row = 0;
-    for (int j = 0; j < 3; ++j) {
-      row += std::exp(static_cast<double>(xs[i * 3 + j]));
-      EXPECT_NEAR(out[0][i * 3 + j], std::exp(static_cast<double>(xs[i * 3 + j])) * -ys[i], 1e-5);
+  for (int j = 0; j < 2; ++j) {
+    double column = 0;
+    for (int i = 0; i < 3; ++i) {
+      column += std::exp(static_cast<double>(xs[i * 2 + j]));
+      EXPECT_NEAR(out[0][i * 2 + j], std::exp(static_cast<double>(xs[i * 2 + j])) * -ys[j], 1e-5);
     }
-    EXPECT_NEAR(out[1][i], row - ys[i], 1e-5);
+    EXPECT_NEAR(out[1][j], column - ys[j], 1e-5);
   }
+}
+
+// A lone op reading a constant of its whole shape (a relu's gradient: where(mask, 0, g)) is
+// a fusion of one, its constant a scalar in the region, so no buffer of zeros is filled and
+// read on every run.
+TEST(FuseElementwise, ALoneOpTakesItsFilledConstantIn) {
+  Graph g;
+  ValueRef m = g.add_parameter({DType::b8, {4, 300}});
+  ValueRef x = g.add_parameter(f32({4, 300}));
+  g.outputs = {g.add(OpKind::Where, {m, g.add_full(0, {4, 300}, DType::f32), x})};
+  const Graph f = dead_code_elimination(fuse_elementwise(g, cpu().capabilities()));
+  EXPECT_EQ(count_ops(f, OpKind::Fusion), 1);
+  EXPECT_EQ(count_ops(f, OpKind::Full), 0);
+  auto exe = compile(g, {}, cpu());
+  std::vector<char> mask(1200);
+  std::vector<float> xs(1200), out(1200);
+  for (int i = 0; i < 1200; ++i) {
+    mask[i] = i % 3 == 0;
+    xs[i] = static_cast<float>(i) - 600.5f;
+  }
+  const void* in[] = {mask.data(), xs.data()};
+  void* o[] = {out.data()};
+  exe->run(in, o);
+  for (int i = 0; i < 1200; ++i) EXPECT_EQ(out[i], i % 3 == 0 ? 0.0f : xs[i]) << i;
 }
 
 TEST(FuseElementwise, GroupsStayWithinTheKernelLimits) {

@@ -15,6 +15,7 @@
 #include "backend/cpu/kernels/elementwise_fns.h"
 #include "backend/cpu/kernels/ops.h"
 #include "jit/jit.h"
+#include "support/graphs.h"
 #include "lazyrt/metrics.h"
 
 namespace lazyrt {
@@ -87,8 +88,8 @@ std::string compare(const Case& c, std::mt19937_64& rng, bool in_place = false) 
   }
   auto module = jit::new_module();
   if (!module) return "generation is off";
-  kernels::Kernel interp = kernels::make_fused(c.region, c.inputs, c.outputs);
-  kernels::Kernel gen = kernels::make_fused(c.region, c.inputs, c.outputs, module);
+  kernels::Kernel interp = kernels::make_fused(c.region, c.inputs, c.outputs, testing::plain_fusion(c.outputs));
+  kernels::Kernel gen = kernels::make_fused(c.region, c.inputs, c.outputs, testing::plain_fusion(c.outputs), module);
   if (module->empty()) return "the generator did not take the region";
   jit::compile_now(*module);
   if (!module->fn(0)) return "no generated loop";

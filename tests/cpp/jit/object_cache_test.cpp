@@ -13,6 +13,7 @@
 
 #include "backend/cpu/kernels/ops.h"
 #include "jit/jit.h"
+#include "support/graphs.h"
 
 namespace lazyrt {
 namespace {
@@ -50,7 +51,7 @@ struct Region {
   // Compiles the region as a module of its own; returns its kernel's result on fixed operands.
   std::vector<float> run() const {
     auto module = jit::new_module();
-    kernels::Kernel k = kernels::make_fused(g, inputs, outputs, module);
+    kernels::Kernel k = kernels::make_fused(g, inputs, outputs, testing::plain_fusion(outputs), module);
     jit::compile_now(*module);
     EXPECT_NE(module->fn(0), nullptr);
     std::vector<float> x(300), y(300), out(300);

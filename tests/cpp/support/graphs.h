@@ -62,6 +62,14 @@ inline ir::ValueRef add_scan_vjp(ir::Graph& g, ir::ValueRef g0, ir::ValueRef xs,
   return s;
 }
 
+/// The attributes of an elementwise fusion (no reduced dims) with these results.
+inline ir::Attrs plain_fusion(const std::vector<ir::TensorType>& results) {
+  std::vector<int64_t> dtypes;
+  for (const auto& t : results) dtypes.push_back(static_cast<int64_t>(t.dtype));
+  const std::vector<int64_t> per_row(results.size(), 0);
+  return {results.at(0).shape, std::move(dtypes), int64_t{0}, per_row};
+}
+
 /// A fusion node over [2, 3]: p = x * 2 and s = p + b with b f32[3] broadcast; results p, s.
 inline ir::ValueRef add_scale_shift_fusion(ir::Graph& g, ir::ValueRef x, ir::ValueRef b) {
   using ir::OpKind;
@@ -70,8 +78,7 @@ inline ir::ValueRef add_scale_shift_fusion(ir::Graph& g, ir::ValueRef x, ir::Val
   const ir::ValueRef rb = region->add_parameter(f32({3}));
   const ir::ValueRef p = region->add(OpKind::Mul, {rx, region->add_full(2, {}, DType::f32)});
   region->outputs = {p, region->add(OpKind::Add, {p, rb})};
-  const auto f32_code = static_cast<int64_t>(DType::f32);
-  ir::ValueRef f = g.add(OpKind::Fusion, {x, b}, {Shape{2, 3}, std::vector<int64_t>{f32_code, f32_code}});
+  ir::ValueRef f = g.add(OpKind::Fusion, {x, b}, plain_fusion({f32({2, 3}), f32({2, 3})}));
   g.nodes[f.node].regions = {region};
   return f;
 }

@@ -21,22 +21,20 @@
 // generator (jit/jit.h): once the module is compiled, each run of the layout calls the
 // generated loop instead of interpreting; until then, each run counts toward compiling it.
 // Layouts with repeated operands stay interpreted.
+//
+// The interpreter is ElementwiseProgram (fused_program.h): fused reductions (fusion nodes with
+// reduced dims, fused_rows.cpp) run their elementwise parts with it too.
 #include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "backend/cpu/kernels/elementwise_fns.h"
+#include "backend/cpu/kernels/fused_program.h"
 #include "backend/cpu/kernels/ops.h"
 #include "jit/jit.h"
 
 namespace lazyrt::kernels {
-namespace {
 
-constexpr int64_t kBlock = 128;
-constexpr size_t kSlotBytes = kBlock * 8;  // a block of the widest compute type
-constexpr int kMaxValues = 160;            // region nodes: operands, constants and ops
-
-struct Instr;
 using MicroFn = void (*)(const Instr& ins, void* const* r, int64_t n);
 
 // One op over a block: r[dst][i] = f(r[src[0]][i], ...), i < n.
@@ -46,6 +44,12 @@ struct Instr {
   int16_t src[3] = {0, 0, 0};
   alignas(8) unsigned char state[16] = {};  // the functor, with its attributes
 };
+
+namespace {
+
+constexpr int64_t kBlock = 128;
+constexpr size_t kSlotBytes = kBlock * 8;  // a block of the widest compute type
+constexpr int kMaxValues = 160;            // region nodes: operands, constants and ops
 
 template <class F>
 const F& functor(const Instr& ins) {
@@ -147,7 +151,9 @@ void store(const void* src, void* base, int64_t at, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = convert<T>(s[i]);
 }
 
-struct Operand {
+}  // namespace
+
+struct ElementwiseProgram::Operand {
   int16_t value;
   bool in_place;  // compute type == storage type: a contiguous run is read where it lies
   int64_t elem_bytes;
@@ -155,21 +161,47 @@ struct Operand {
   RepeatFn load_repeat;
 };
 
-struct Result {
+struct ElementwiseProgram::Result {
   int16_t value;
   StoreFn store;
 };
 
+void ElementwiseProgram::run(const void* const* in, const int64_t* off, const int64_t* st, int64_t n,
+                             void* const* out, int64_t oo, const BroadcastLayout* repeats, int64_t run_pos) const {
+  alignas(64) unsigned char slots[kMaxFusedOps + kMaxFusedInputs][kSlotBytes];
+  void* r[kMaxValues];
+  for (size_t t = 0; t < temps_.size(); ++t) r[temps_[t]] = slots[t];
+  for (const auto& [v, block] : constants_) r[v] = const_cast<void*>(block);
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t m = std::min(kBlock, n - b);
+    for (size_t k = 0; k < operands_.size(); ++k) {
+      const Operand& o = operands_[k];
+      if (repeats && repeats->repeat[k] > 1) {
+        r[o.value] = slots[temps_.size() + k];
+        o.load_repeat(in[k], off[k], repeats->group_stride[k], repeats->repeat[k], run_pos + b, m, r[o.value]);
+      } else if (o.in_place && st[k] == 1) {
+        r[o.value] = const_cast<char*>(static_cast<const char*>(in[k])) + (off[k] + b) * o.elem_bytes;
+      } else {
+        r[o.value] = slots[temps_.size() + k];
+        o.load(in[k], off[k] + b * st[k], st[k], m, r[o.value]);
+      }
+    }
+    for (const Instr& ins : code_) ins.fn(ins, r, m);
+    for (size_t j = 0; j < results_.size(); ++j) results_[j].store(r[results_[j].value], out[j], oo + b, m);
+  }
+}
+
+ElementwiseProgram::~ElementwiseProgram() = default;
+size_t ElementwiseProgram::num_ops() const { return code_.size(); }
+
+namespace {
+
+// The fusion kernel: the program over the layout of its operands against its shape, or the
+// generated loop once there is one.
 struct Program {
   std::unique_ptr<BroadcastLayout> layout;
-  std::vector<Operand> operands;
-  std::vector<Result> results;
-  std::vector<Instr> code;
-  std::vector<int16_t> temps;                        // values computed into stack slots
-  std::vector<std::pair<int16_t, const void*>> constants;
-  std::unique_ptr<double[]> constant_blocks;         // kBlock compute values per constant
-  int num_values = 0;
-  std::shared_ptr<jit::Module> generated;            // with the region's index in it, or null
+  std::unique_ptr<ElementwiseProgram> program;
+  std::shared_ptr<jit::Module> generated;  // with the region's index in it, or null
   int generated_index = -1;
 
   void run(const void* const* in, void* const* out) const;
@@ -181,32 +213,12 @@ void Program::run(const void* const* in, void* const* out) const {
       layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t*, int64_t oo) { fn(in, off, out, oo, n); });
       return;
     }
-    generated->ran_interpreted(generated, generated_index, layout->numel * static_cast<int64_t>(code.size()));
+    generated->ran_interpreted(generated, generated_index, layout->numel * static_cast<int64_t>(program->num_ops()));
   }
   const int64_t run = layout->shape.empty() ? 1 : layout->shape.back();
-  const bool repeats = !layout->repeat.empty();
+  const BroadcastLayout* repeats = layout->repeat.empty() ? nullptr : layout.get();
   layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t* st, int64_t oo) {
-    alignas(64) unsigned char slots[kMaxFusedOps + kMaxFusedInputs][kSlotBytes];
-    void* r[kMaxValues];
-    for (size_t t = 0; t < temps.size(); ++t) r[temps[t]] = slots[t];
-    for (const auto& [v, block] : constants) r[v] = const_cast<void*>(block);
-    for (int64_t b = 0; b < n; b += kBlock) {
-      const int64_t m = std::min(kBlock, n - b);
-      for (size_t k = 0; k < operands.size(); ++k) {
-        const Operand& o = operands[k];
-        if (repeats && layout->repeat[k] > 1) {
-          r[o.value] = slots[temps.size() + k];
-          o.load_repeat(in[k], off[k], layout->group_stride[k], layout->repeat[k], oo % run + b, m, r[o.value]);
-        } else if (o.in_place && st[k] == 1) {
-          r[o.value] = const_cast<char*>(static_cast<const char*>(in[k])) + (off[k] + b) * o.elem_bytes;
-        } else {
-          r[o.value] = slots[temps.size() + k];
-          o.load(in[k], off[k] + b * st[k], st[k], m, r[o.value]);
-        }
-      }
-      for (const Instr& ins : code) ins.fn(ins, r, m);
-      for (size_t j = 0; j < results.size(); ++j) results[j].store(r[results[j].value], out[j], oo + b, m);
-    }
+    program->run(in, off, st, n, out, oo, repeats, oo % run);
   });
 }
 
@@ -243,18 +255,10 @@ Instr make_instr(const ir::Graph& region, const ir::Node& n, int16_t dst) {
 
 }  // namespace
 
-Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
-                  const std::vector<ir::TensorType>& outputs, const std::shared_ptr<jit::Module>& module) {
-  LAZYRT_ASSERT(!outputs.empty() && inputs.size() <= static_cast<size_t>(kMaxFusedInputs) &&
-                    region.nodes.size() <= static_cast<size_t>(kMaxValues),
-                "fusion region too large: ", inputs.size(), " operands, ", region.nodes.size(), " nodes");
-  auto p = std::make_shared<Program>();
-  std::vector<Shape> shapes;
-  for (const auto& t : inputs) shapes.push_back(t.shape);
-  // Short runs (a per-channel operand against small planes) are merged across channels, so
-  // blocks stay kBlock long instead of one short run each.
-  p->layout = std::make_unique<BroadcastLayout>(outputs[0].shape, shapes, kBlock);
-  p->operands.resize(inputs.size());
+ElementwiseProgram::ElementwiseProgram(const ir::Graph& region) {
+  LAZYRT_ASSERT(region.nodes.size() <= static_cast<size_t>(kMaxValues), "fusion region too large: ",
+                region.nodes.size(), " nodes");
+  operands_.resize(static_cast<size_t>(region.num_params));
   std::vector<std::pair<int16_t, const ir::Node*>> constants;
   for (size_t i = 0; i < region.nodes.size(); ++i) {
     const ir::Node& n = region.nodes[i];
@@ -264,34 +268,53 @@ Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& in
       const int64_t index = ir::NodeAttrs(n.op, n.attrs).i<"index">();
       visit_dtype(dtype, [&](auto tag) {
         using T = decltype(tag);
-        p->operands[index] = {v, std::is_same_v<T, compute_t<T>>, static_cast<int64_t>(sizeof(T)),
-                              &load<T>, &load_repeat<T>};
+        operands_[index] = {v, std::is_same_v<T, compute_t<T>>, static_cast<int64_t>(sizeof(T)), &load<T>,
+                            &load_repeat<T>};
       });
     } else if (n.op == ir::OpKind::Full) {
       constants.emplace_back(v, &n);
     } else {
-      p->temps.push_back(v);
-      p->code.push_back(make_instr(region, n, v));
+      temps_.push_back(v);
+      code_.push_back(make_instr(region, n, v));
     }
   }
-  LAZYRT_ASSERT(p->temps.size() <= static_cast<size_t>(kMaxFusedOps), "fusion of ", p->temps.size(),
-                " ops exceeds ", kMaxFusedOps);
-  p->constant_blocks = std::make_unique<double[]>(constants.size() * kBlock);
+  // Every op and operand has a block of the stack (run): a fusion node has at most
+  // kMaxFusedOps ops and kMaxFusedInputs operands, and a fused reduction's programs no more
+  // values than its group.
+  LAZYRT_ASSERT(temps_.size() + operands_.size() <= static_cast<size_t>(kMaxFusedOps + kMaxFusedInputs),
+                "fused program of ", temps_.size(), " ops and ", operands_.size(), " operands exceeds ",
+                kMaxFusedOps + kMaxFusedInputs, " values");
+  constant_blocks_ = std::make_unique<double[]>(constants.size() * kBlock);
   for (size_t c = 0; c < constants.size(); ++c) {
     const ir::Node& n = *constants[c].second;
-    double* block = p->constant_blocks.get() + c * kBlock;
+    double* block = constant_blocks_.get() + c * kBlock;
     const double value = ir::NodeAttrs(n.op, n.attrs).f<"value">();
     visit_dtype(n.results[0].dtype, [&](auto tag) {
       using T = decltype(tag);
-      std::fill_n(reinterpret_cast<compute_t<T>*>(block), kBlock,
-                  convert<compute_t<T>>(convert<T>(value)));
+      std::fill_n(reinterpret_cast<compute_t<T>*>(block), kBlock, convert<compute_t<T>>(convert<T>(value)));
     });
-    p->constants.emplace_back(constants[c].first, block);
+    constants_.emplace_back(constants[c].first, block);
   }
   for (ir::ValueRef v : region.outputs)
     visit_dtype(region.type(v).dtype, [&](auto tag) {
-      p->results.push_back({static_cast<int16_t>(v.node), &store<decltype(tag)>});
+      results_.push_back({static_cast<int16_t>(v.node), &store<decltype(tag)>});
     });
+}
+
+Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
+                  const std::vector<ir::TensorType>& outputs, const ir::Attrs& attrs,
+                  const std::shared_ptr<jit::Module>& module) {
+  LAZYRT_ASSERT(!outputs.empty() && inputs.size() <= static_cast<size_t>(kMaxFusedInputs),
+                "fusion of ", inputs.size(), " operands");
+  const ir::NodeAttrs a(ir::OpKind::Fusion, attrs);
+  if (a.i<"reduced">() > 0) return make_fused_rows(region, inputs, outputs, attrs, module);
+  auto p = std::make_shared<Program>();
+  std::vector<Shape> shapes;
+  for (const auto& t : inputs) shapes.push_back(t.shape);
+  // Short runs (a per-channel operand against small planes) are merged across channels, so
+  // blocks stay kBlock long instead of one short run each.
+  p->layout = std::make_unique<BroadcastLayout>(a.ints<"shape">(), shapes, kBlock);
+  p->program = std::make_unique<ElementwiseProgram>(region);
   if (module && p->layout->repeat.empty()) {
     const size_t rank = p->layout->shape.size();
     jit::FusedRegion r{region, {}};

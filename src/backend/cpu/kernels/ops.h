@@ -20,10 +20,15 @@ namespace lazyrt::kernels {
 inline constexpr int kMaxFusedOps = 24;
 inline constexpr int kMaxFusedInputs = 8;
 
-/// The kernel of a fusion node with this region (see fused.cpp); with a module, its region is
-/// generated as machine code there where the generator takes it.
+/// The kernel of a fusion node with this region and attributes (fused.cpp; with reduced dims,
+/// fused_rows.cpp); with a module, its elementwise loops are generated as machine code there
+/// where the generator takes them.
 Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
-                  const std::vector<ir::TensorType>& outputs, const std::shared_ptr<jit::Module>& module = nullptr);
+                  const std::vector<ir::TensorType>& outputs, const ir::Attrs& attrs,
+                  const std::shared_ptr<jit::Module>& module = nullptr);
+Kernel make_fused_rows(const ir::Graph& region, const std::vector<ir::TensorType>& inputs,
+                       const std::vector<ir::TensorType>& outputs, const ir::Attrs& attrs,
+                       const std::shared_ptr<jit::Module>& module);
 
 /// The range check of an indexing node (index_select, gather, the scatter family, index_add)
 /// on its own: a kernel that reads only the node's index (in[0]) and throws as the node's

@@ -31,9 +31,7 @@ inline void fold_body(Acc* acc, const T* x, int64_t n, bool first) {
     } else if constexpr (K == Kind::Sum || K == Kind::Mean) {
       acc[k] += v;
     } else {
-      // nan sticks: a nan is taken, and nothing replaces one.
-      const bool take = (v != v) | ((acc[k] == acc[k]) & (K == Kind::Max ? v > acc[k] : v < acc[k]));
-      acc[k] = first | take ? v : acc[k];
+      acc[k] = sums::fold_extreme<K == Kind::Max>(acc[k], v, first);
     }
   }
 }

@@ -2,6 +2,10 @@
 // interleaved elements, added in order at the end (one running sum would wait on each
 // addition), in loops cloned per ISA (vmath.h). The order is fixed, so results do not depend
 // on the CPU.
+//
+// A run may be given in pieces (the fused reductions see a row a chunk at a time): Lanes
+// takes pieces whose lengths are multiples of kLanes, then the last piece, and gives the sum
+// run_sum would give over the whole run.
 #pragma once
 
 #include <cstdint>
@@ -14,37 +18,66 @@ namespace sums {
 
 constexpr int kLanes = 16;
 
-/// The sum of x[0, n), each element read as its compute type C.
+/// part[k] += x[i + k] (or its squared deviation from `mean`) for each whole group of kLanes
+/// elements of x[0, n); n is a multiple of kLanes.
 template <class C, class T>
-LAZYRT_ISA_CLONES double run_sum(const T* x, int64_t n) {
-  double part[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
+LAZYRT_ISA_CLONES void add_groups(double* part, const T* x, int64_t n) {
+  for (int64_t i = 0; i + kLanes <= n; i += kLanes)
     for (int k = 0; k < kLanes; ++k) part[k] += static_cast<double>(convert<C>(x[i + k]));
-  double sum = 0;
-  for (int k = 0; k < kLanes; ++k) sum += part[k];
-  for (; i < n; ++i) sum += static_cast<double>(convert<C>(x[i]));
-  return sum;
 }
-
-/// The sum of (x[i] - mean)^2 over x[0, n).
 template <class C, class T>
-LAZYRT_ISA_CLONES double run_squared_deviations(const T* x, int64_t n, double mean) {
-  double part[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
+LAZYRT_ISA_CLONES void add_squared_groups(double* part, const T* x, int64_t n, double mean) {
+  for (int64_t i = 0; i + kLanes <= n; i += kLanes) {
     for (int k = 0; k < kLanes; ++k) {
       const double d = static_cast<double>(convert<C>(x[i + k])) - mean;
       part[k] += d * d;
     }
   }
-  double sum = 0;
-  for (int k = 0; k < kLanes; ++k) sum += part[k];
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(convert<C>(x[i])) - mean;
-    sum += d * d;
+}
+
+/// The running sum of one run, given in pieces.
+struct Lanes {
+  double part[kLanes] = {};
+
+  /// A piece that is not the last: n a multiple of kLanes.
+  template <class C, class T>
+  void add(const T* x, int64_t n, double mean = 0, bool squares = false) {
+    if (squares) add_squared_groups<C>(part, x, n, mean);
+    else add_groups<C>(part, x, n);
   }
-  return sum;
+  /// The last piece (any length); the run's sum.
+  template <class C, class T>
+  double finish(const T* x, int64_t n, double mean = 0, bool squares = false) {
+    const int64_t whole = n / kLanes * kLanes;
+    add<C>(x, whole, mean, squares);
+    double sum = 0;
+    for (int k = 0; k < kLanes; ++k) sum += part[k];
+    for (int64_t i = whole; i < n; ++i) {
+      const double v = static_cast<double>(convert<C>(x[i]));
+      sum += squares ? (v - mean) * (v - mean) : v;
+    }
+    return sum;
+  }
+};
+
+/// acc folded with v into a maximum (kMax) or a minimum: a nan is taken, and nothing replaces
+/// one; `first`: v is the first element, taken as it is.
+template <bool kMax, class Acc>
+inline Acc fold_extreme(Acc acc, Acc v, bool first) {
+  const bool take = (v != v) | ((acc == acc) & (kMax ? v > acc : v < acc));
+  return first | take ? v : acc;
+}
+
+/// The sum of x[0, n), each element read as its compute type C.
+template <class C, class T>
+double run_sum(const T* x, int64_t n) {
+  return Lanes{}.finish<C>(x, n);
+}
+
+/// The sum of (x[i] - mean)^2 over x[0, n).
+template <class C, class T>
+double run_squared_deviations(const T* x, int64_t n, double mean) {
+  return Lanes{}.finish<C>(x, n, mean, true);
 }
 
 }  // namespace sums
