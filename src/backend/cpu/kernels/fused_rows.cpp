@@ -68,11 +68,10 @@ void fold(Fold f, Acc& acc, const void* xv, int64_t n, bool last) {
     }
     case Fold::Max:
     case Fold::Min:
-      for (int64_t i = 0; i < n; ++i, acc.first = false) {
-        const auto v = static_cast<double>(convert<C>(x[i]));
-        acc.value = f == Fold::Max ? sums::fold_extreme<true>(acc.value, v, acc.first)
-                                   : sums::fold_extreme<false>(acc.value, v, acc.first);
-      }
+      if (n == 0) return;
+      acc.value = f == Fold::Max ? sums::fold_extreme<true>(acc.value, sums::run_extreme<true, C>(x, n), acc.first)
+                                 : sums::fold_extreme<false>(acc.value, sums::run_extreme<false, C>(x, n), acc.first);
+      acc.first = false;
       return;
   }
 }
@@ -115,6 +114,9 @@ struct Sink {
   int operand = -1;   // or this fusion operand, of `shape`, read in place
   bool completes;     // the reduction's value is known after this sink
   int acc;            // its state (a variance's two sinks share one)
+  int input;          // the region value it folds
+  int same_as = -1;   // the state of an earlier sink of the pass with the same fold of the
+                      // same value (a mean and a variance of one row): copied, not folded again
   int64_t elem_bytes;
   FoldFn fold_fn;
   FinishFn finish_fn;
@@ -134,6 +136,7 @@ struct Part {
   std::vector<Out> outs;
   std::unique_ptr<BroadcastLayout> layout;  // passes: the row against the operands
   int generated = -1;
+  bool folds = false;  // passes: some outputs are folded (walked in chunks of kChunk)
 
   // A parameter's stride along dim d of the layout (0 for a value per row).
   int64_t stride(const Binding& b, size_t d) const {
@@ -184,7 +187,7 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
       base[b] = bd.operand >= 0 ? in[bd.operand] : static_cast<const void*>(slots[bd.slot]);
     }
   };
-  const int64_t zero[kMaxBindings] = {};
+  static constexpr int64_t zero[kMaxBindings] = {};
   for (size_t level = 0; level <= passes.size(); ++level) {
     const Part& rp = row_programs[level];
     if (rp.program) {
@@ -197,7 +200,7 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
     const std::vector<Sink>& ss = sinks[level];
     for (const Sink& s : ss) {
       Acc& a = accs[s.acc];
-      a.lanes = {};
+      std::fill(a.lanes.part, a.lanes.part + sums::kLanes, 0.0);
       a.first = true;
       if (s.fold != Fold::Squares) a.value = 0;
     }
@@ -218,7 +221,7 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
           for (size_t d = 0; d + 1 < rank; ++d) at[b] += idx[d] * pass.stride(pass.params[b], d);
         }
         for (int64_t done = 0; done < run;) {
-          const int64_t take = std::min(run - done, kChunk - fill);
+          const int64_t take = pass.folds ? std::min(run - done, kChunk - fill) : run - done;
           int64_t o[kMaxBindings];
           for (size_t b = 0; b < nb; ++b) o[b] = at[b] + done * st[b];
           for (size_t j = 0; j < pass.outs.size(); ++j) {
@@ -230,7 +233,7 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
           else pass.program->run(base, o, st, take, dst, 0);
           fill += take;
           done += take;
-          if (fill == kChunk && pos + done < row) {
+          if (pass.folds && fill == kChunk && pos + done < row) {
             for (const Sink& s : ss)
               if (s.output >= 0) s.fold_fn(s.fold, accs[s.acc], scratch[pass.outs[s.output].scratch], fill, false);
             fill = 0;
@@ -246,7 +249,8 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
         if (s.output >= 0) s.fold_fn(s.fold, accs[s.acc], scratch[pass.outs[s.output].scratch], fill, true);
     }
     for (const Sink& s : ss) {
-      if (s.operand >= 0)
+      if (s.same_as >= 0) accs[s.acc].value = accs[s.same_as].value;
+      else if (s.operand >= 0)
         s.fold_fn(s.fold, accs[s.acc], static_cast<const char*>(in[s.operand]) + r * row * s.elem_bytes, row, true);
       Acc& a = accs[s.acc];
       if (s.completes) s.finish_fn(s.op, a, static_cast<double>(row), s.correction, slots[s.node]);
@@ -367,7 +371,12 @@ class Builder {
         t.fold = f;
         t.pass = pass;
         t.completes = completes;
-        if (kind_[in.node] == Kind::Param) {
+        t.input = in.node;
+        for (const Sink& e : k->sinks[static_cast<size_t>(pass)])
+          if (e.input == in.node && e.fold == f && f == Fold::Sum && e.same_as < 0) t.same_as = e.acc;
+        if (t.same_as >= 0) {
+          // Folded by the earlier sink.
+        } else if (kind_[in.node] == Kind::Param) {
           t.operand = static_cast<int>(ir::NodeAttrs(OpKind::Parameter, region_.nodes[in.node].attrs).i<"index">());
         } else {
           auto& targets = pass_targets[static_cast<size_t>(pass)];
@@ -412,6 +421,7 @@ class Builder {
         }
         part.outs.push_back(o);
       }
+      part.folds = scratch_outputs > 0;
       LAZYRT_ASSERT(scratch_outputs <= static_cast<size_t>(kMaxFusedOps), "fused reduction pass of ",
                     scratch_outputs, " folded values");
       // The row against the operands; values per row stay put along it.
@@ -422,7 +432,7 @@ class Builder {
           shapes.push_back(row_part(inputs_[static_cast<size_t>(b.operand)].shape));
         }
       part.layout = std::make_unique<BroadcastLayout>(Shape(shape_.begin() + static_cast<std::ptrdiff_t>(lead_rank_), shape_.end()), shapes);
-      k->work += rows_.row * static_cast<int64_t>(part.program->num_ops());
+      k->work += shape_numel(shape_) * static_cast<int64_t>(part.program->num_ops());
       if (module) {
         jit::FusedRegion fr{*part_regions_.back(), {}};
         for (const Binding& b : part.params) fr.inner_strides.push_back(part.stride(b, part.layout->shape.size() - 1));

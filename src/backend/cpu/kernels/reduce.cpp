@@ -4,7 +4,8 @@
 // gradient), a chunk of up to kColumns neighbouring outputs accumulates together, row after
 // row of the input: the same sums in the same order, read along memory instead of down its
 // columns, in a loop that vectorizes (cloned per ISA for floating types, vmath.h). A floating
-// sum over a contiguous run adds sixteen interleaved partial sums.
+// sum over a contiguous run adds sixteen interleaved partial sums; a floating extreme over one
+// keeps sixteen running extremes and gives what folding element by element gives (sums.h).
 #include <algorithm>
 #include <cmath>
 
@@ -97,6 +98,12 @@ Kernel reduce(const KernelSpec& s) {
             if constexpr ((K == Kind::Sum || K == Kind::Mean) && std::is_floating_point_v<C>) {
               if (istride == 1) {
                 acc += sums::run_sum<C>(base + ioff, in_n);
+                return;
+              }
+            } else if constexpr (std::is_floating_point_v<C>) {
+              if (istride == 1) {
+                acc = sums::fold_extreme<K == Kind::Max>(acc, sums::run_extreme<K == Kind::Max, C>(base + ioff, in_n), first);
+                first = false;
                 return;
               }
             }

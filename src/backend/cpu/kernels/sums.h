@@ -68,6 +68,55 @@ inline Acc fold_extreme(Acc acc, Acc v, bool first) {
   return first | take ? v : acc;
 }
 
+/// The maximum (kMax) or minimum of x[0, n), n > 0, as fold_extreme gives it folding x[0],
+/// x[1], ... in order: the first nan if there is one, else the first element equal to the
+/// extreme (which, of -0 and +0, is the one met first). Sixteen running extremes, then a scan
+/// for the first nan or zero where there is one.
+template <bool kMax, class C, class T>
+LAZYRT_ISA_CLONES double run_extreme(const T* x, int64_t n) {
+  auto at = [&](int64_t i) { return static_cast<double>(convert<C>(x[i])); };
+  auto better = [](double v, double m) { return kMax ? v > m : v < m; };
+  double m = at(0);
+  // Nonzero (or nan) once a nan or an infinity was met: v - v is 0 for every other v. Plain
+  // arithmetic in independent lanes; an infinity only costs the scan below.
+  double odd = m - m;
+  int64_t i = 1;
+  if (n >= 2 * kLanes) {
+    double part[kLanes], lane_odd[kLanes];
+    for (int k = 0; k < kLanes; ++k) {
+      part[k] = at(k);
+      lane_odd[k] = part[k] - part[k];
+    }
+    for (i = kLanes; i + kLanes <= n; i += kLanes)
+      for (int k = 0; k < kLanes; ++k) {
+        const double v = at(i + k);
+        lane_odd[k] += v - v;
+        part[k] = better(v, part[k]) ? v : part[k];
+      }
+    m = part[0];
+    for (int k = 0; k < kLanes; ++k) {
+      odd += lane_odd[k];
+      m = better(part[k], m) ? part[k] : m;
+    }
+  }
+  for (; i < n; ++i) {
+    const double v = at(i);
+    odd += v - v;
+    m = better(v, m) ? v : m;
+  }
+  if (odd != 0)
+    for (int64_t j = 0; j < n; ++j) {
+      const double v = at(j);
+      if (v != v) return v;
+    }
+  if (m == 0)
+    for (int64_t j = 0; j < n; ++j) {
+      const double v = at(j);
+      if (v == 0) return v;
+    }
+  return m;
+}
+
 /// The sum of x[0, n), each element read as its compute type C.
 template <class C, class T>
 double run_sum(const T* x, int64_t n) {
