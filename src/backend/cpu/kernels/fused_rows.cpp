@@ -7,8 +7,9 @@
 // Each row is made in passes: pass p computes the elementwise values that need only what
 // passes before p made, folds those its reductions read, and the last pass stores the results
 // of `shape`. Between passes, the ops over one value per row run on the reductions' results
-// (one value each). A value needed by two passes is computed again in each: elementwise work
-// is cheap against a trip to memory. Variance takes two passes, as its kernel does (the mean,
+// (one value each). A value two passes need is kept by the first in a row buffer (rows of up
+// to kKeepRow elements, up to kMaxKept values) or else computed again: elementwise work is
+// cheap against a trip to memory. Variance takes two passes, as its kernel does (the mean,
 // then the squared deviations).
 //
 // Values are those of the unfused kernels, bit for bit: the elementwise parts run the fusion
@@ -40,6 +41,10 @@ constexpr int64_t kChunk = 256;  // elements of a row folded at once
 static_assert(kChunk % sums::kLanes == 0);
 constexpr int kMaxValues = 160;  // region nodes
 constexpr int kMaxBindings = 32;
+// Values two passes need are kept in a row buffer by the first (not computed again) where a
+// row has at most kKeepRow elements; at most kMaxKept of them.
+constexpr int64_t kKeepRow = 2048;
+constexpr int kMaxKept = 4;
 
 enum class Fold { Sum, Max, Min, Squares };
 
@@ -102,6 +107,7 @@ struct Binding {
   int slot = -1;
   std::vector<int64_t> lead_strides;
   int layout_index = -1;  // passes: the operand's place in the row's layout
+  int kept = -1;          // or a value an earlier pass kept: its row buffer
 };
 
 // A reduction: the region node it computes, its input and how it folds it.
@@ -132,6 +138,7 @@ struct Part {
   struct Out {
     int scratch = -1, result = -1, slot = -1;
     int64_t elem_bytes = 0;
+    int kept = -1;  // passes: a value later passes read, into its row buffer
   };
   std::vector<Out> outs;
   std::unique_ptr<BroadcastLayout> layout;  // passes: the row against the operands
@@ -160,7 +167,8 @@ struct RowKernel {
 
   void run(const void* const* in, void* const* out) const;
   void run_row(int64_t r, const void* const* in, void* const* out, unsigned char (*slots)[8],
-               unsigned char (*scratch)[kChunk * 8], Acc* accs, bool compiled) const;
+               unsigned char (*scratch)[kChunk * 8], unsigned char (*kept)[kKeepRow * 8], Acc* accs,
+               bool compiled) const;
 };
 
 // The offsets of every binding of `part` for row r.
@@ -176,7 +184,8 @@ void lead_offsets(const Part& part, const Shape& lead, int64_t r, int64_t* off) 
 }
 
 void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsigned char (*slots)[8],
-                        unsigned char (*scratch)[kChunk * 8], Acc* accs, bool compiled) const {
+                        unsigned char (*scratch)[kChunk * 8], unsigned char (*kept)[kKeepRow * 8], Acc* accs,
+                        bool compiled) const {
   const void* base[kMaxBindings];
   int64_t off[kMaxBindings];
   void* dst[kMaxBindings];
@@ -184,7 +193,9 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
     lead_offsets(part, lead, r, off);
     for (size_t b = 0; b < part.params.size(); ++b) {
       const Binding& bd = part.params[b];
-      base[b] = bd.operand >= 0 ? in[bd.operand] : static_cast<const void*>(slots[bd.slot]);
+      base[b] = bd.operand >= 0 ? in[bd.operand]
+                : bd.kept >= 0  ? static_cast<const void*>(kept[bd.kept])
+                                : static_cast<const void*>(slots[bd.slot]);
     }
   };
   static constexpr int64_t zero[kMaxBindings] = {};
@@ -211,14 +222,16 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
       const size_t rank = L.shape.size(), nb = pass.params.size();
       const int64_t run = L.shape[rank - 1];
       int64_t st[kMaxBindings], idx[kMaxRank] = {};
-      for (size_t b = 0; b < nb; ++b) st[b] = pass.stride(pass.params[b], rank - 1);
+      for (size_t b = 0; b < nb; ++b) st[b] = pass.params[b].kept >= 0 ? 1 : pass.stride(pass.params[b], rank - 1);
       int64_t fill = 0;
       for (int64_t pos = 0; pos < row;) {
         // The run starting at pos: the offsets of its first element.
         int64_t at[kMaxBindings];
         for (size_t b = 0; b < nb; ++b) {
           at[b] = off[b];
-          for (size_t d = 0; d + 1 < rank; ++d) at[b] += idx[d] * pass.stride(pass.params[b], d);
+          if (pass.params[b].kept >= 0) at[b] = pos;  // a kept value's buffer is in row order
+          else
+            for (size_t d = 0; d + 1 < rank; ++d) at[b] += idx[d] * pass.stride(pass.params[b], d);
         }
         for (int64_t done = 0; done < run;) {
           const int64_t take = pass.folds ? std::min(run - done, kChunk - fill) : run - done;
@@ -227,6 +240,7 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
           for (size_t j = 0; j < pass.outs.size(); ++j) {
             const Part::Out& t = pass.outs[j];
             dst[j] = t.scratch >= 0 ? static_cast<void*>(scratch[t.scratch] + fill * t.elem_bytes)
+                     : t.kept >= 0  ? static_cast<void*>(kept[t.kept] + (pos + done) * t.elem_bytes)
                                     : static_cast<char*>(out[t.result]) + (r * row + pos + done) * t.elem_bytes;
           }
           if (fn) fn(base, o, dst, 0, take);
@@ -281,8 +295,9 @@ void RowKernel::run(const void* const* in, void* const* out) const {
   parallel_for(rows, std::max<int64_t>(1, kParallelGrain / per_row), [&](int64_t b, int64_t e) {
     alignas(64) unsigned char slots[kMaxValues][8];
     alignas(64) unsigned char scratch[kMaxFusedOps][kChunk * 8];
+    alignas(64) unsigned char kept[kMaxKept][kKeepRow * 8];
     Acc accs[kMaxFusedOps];
-    for (int64_t r = b; r < e; ++r) run_row(r, in, out, slots, scratch, accs, compiled);
+    for (int64_t r = b; r < e; ++r) run_row(r, in, out, slots, scratch, kept, accs, compiled);
   });
 }
 
@@ -403,18 +418,49 @@ class Builder {
     for (ir::ValueRef v : region_.outputs)
       if (kind_[v.node] == Kind::Elem && std::find(full_results.begin(), full_results.end(), v.node) == full_results.end())
         full_results.push_back(v.node);
-    for (int p = 0; p < num_passes; ++p) {
+    auto pass_targets_of = [&](int p) {
       std::vector<int32_t> targets = pass_targets[static_cast<size_t>(p)];
-      const size_t scratch_outputs = targets.size();
       if (p == num_passes - 1) targets.insert(targets.end(), full_results.begin(), full_results.end());
+      return targets;
+    };
+    // Values two passes would compute: kept by the first, where rows are short enough.
+    std::vector<int> kept_pass(n, -1);
+    kept_index_.assign(n, -1);
+    if (rows_.row <= kKeepRow) {
+      std::vector<int> first(n, -1);
+      int kept = 0;
+      for (int p = 0; p < num_passes; ++p) {
+        const std::vector<char> in_pass =
+            closure(pass_targets_of(p), [&](int32_t v) { return kind_[v] == Kind::Row || kind_[v] == Kind::Reduce; });
+        for (size_t v = 0; v < n; ++v) {
+          if (!in_pass[v] || kind_[v] != Kind::Elem) continue;
+          if (first[v] < 0) first[v] = p;
+          else if (kept_pass[v] < 0 && kept < kMaxKept &&
+                   std::none_of(region_.outputs.begin(), region_.outputs.end(),
+                                [&](ir::ValueRef o) { return o.node == static_cast<int32_t>(v); })) {
+            kept_pass[v] = first[v];
+            kept_index_[v] = kept++;
+          }
+        }
+      }
+    }
+    for (int p = 0; p < num_passes; ++p) {
+      std::vector<int32_t> targets = pass_targets_of(p);
+      const size_t scratch_outputs = pass_targets[static_cast<size_t>(p)].size();
+      for (size_t v = 0; v < n; ++v)
+        if (kept_pass[v] == p) targets.push_back(static_cast<int32_t>(v));
       if (targets.empty()) continue;
       Part& part = k->passes[static_cast<size_t>(p)];
-      extract(part, targets, [&](int32_t v) { return kind_[v] == Kind::Row || kind_[v] == Kind::Reduce; }, kFull);
+      extract(part, targets, [&](int32_t v) {
+        return kind_[v] == Kind::Row || kind_[v] == Kind::Reduce || (kept_pass[v] >= 0 && kept_pass[v] < p);
+      }, kFull);
       for (size_t j = 0; j < targets.size(); ++j) {
         Part::Out o;
         o.elem_bytes = static_cast<int64_t>(dtype_size(region_.type({targets[j], 0}).dtype));
         if (j < scratch_outputs) {
           o.scratch = static_cast<int>(j);
+        } else if (kept_pass[targets[j]] == p) {
+          o.kept = kept_index_[targets[j]];
         } else {
           for (size_t r = 0; r < region_.outputs.size(); ++r)
             if (region_.outputs[r].node == targets[j]) o.result = static_cast<int>(r);
@@ -435,7 +481,8 @@ class Builder {
       k->work += shape_numel(shape_) * static_cast<int64_t>(part.program->num_ops());
       if (module) {
         jit::FusedRegion fr{*part_regions_.back(), {}};
-        for (const Binding& b : part.params) fr.inner_strides.push_back(part.stride(b, part.layout->shape.size() - 1));
+        for (const Binding& b : part.params)
+          fr.inner_strides.push_back(b.kept >= 0 ? 1 : part.stride(b, part.layout->shape.size() - 1));
         part.generated = module->add(std::move(fr));
       }
     }
@@ -480,10 +527,11 @@ class Builder {
   // takes (and the region's parameters) as its parameters, bound to their slots (or
   // operands), and the targets as its outputs. `form`: the nodes read parameters of the
   // region as values of `shape` (kFull) or one per row, against their own shape (kPerRow).
+  // The region values `targets` need, down to the region's parameters and the values `leaf`
+  // takes.
   template <class Leaf>
-  void extract(Part& part, const std::vector<int32_t>& targets, Leaf&& leaf, Form form) {
-    const size_t n = region_.nodes.size();
-    std::vector<char> needed(n, 0);
+  std::vector<char> closure(const std::vector<int32_t>& targets, Leaf&& leaf) const {
+    std::vector<char> needed(region_.nodes.size(), 0);
     std::vector<int32_t> stack(targets.begin(), targets.end());
     while (!stack.empty()) {
       const int32_t v = stack.back();
@@ -493,6 +541,13 @@ class Builder {
       if (kind_[v] == Kind::Param || leaf(v)) continue;
       for (ir::ValueRef o : region_.nodes[v].operands) stack.push_back(o.node);
     }
+    return needed;
+  }
+
+  template <class Leaf>
+  void extract(Part& part, const std::vector<int32_t>& targets, Leaf&& leaf, Form form) {
+    const size_t n = region_.nodes.size();
+    const std::vector<char> needed = closure(targets, leaf);
     auto g = std::make_shared<ir::Graph>();
     std::vector<ir::ValueRef> local(n, ir::ValueRef{-1, 0});
     // Parameters per (value, shape read against): the same operand may be read per row in
@@ -507,6 +562,8 @@ class Builder {
       if (kind_[v] == Kind::Param) {
         b.operand = static_cast<int>(ir::NodeAttrs(OpKind::Parameter, region_.nodes[v].attrs).i<"index">());
         b.lead_strides = lead_strides_of(inputs_[static_cast<size_t>(b.operand)].shape, against, lead_rank_);
+      } else if (form == kFull && kept_index_[v] >= 0) {
+        b.kept = kept_index_[v];
       } else {
         b.slot = v;
       }
@@ -529,7 +586,9 @@ class Builder {
       }
       local[i] = g->add(nd.op, std::move(ops), nd.attrs);
     }
-    for (int32_t t : targets) g->outputs.push_back(local[t]);
+    // A target a later pass reads where an earlier one kept it (a sink's input) is its buffer,
+    // copied out.
+    for (int32_t t : targets) g->outputs.push_back(local[t].node >= 0 ? local[t] : param(t, shape_));
     LAZYRT_ASSERT(part.params.size() <= static_cast<size_t>(kMaxBindings), "fused reduction program of ",
                   part.params.size(), " parameters");
     part.program = std::make_unique<ElementwiseProgram>(*g);
@@ -544,6 +603,7 @@ class Builder {
   const size_t lead_rank_;
   std::vector<Kind> kind_;
   std::vector<int> level_;
+  std::vector<int> kept_index_;  // per region value: its row buffer, if a pass keeps it
   std::vector<std::shared_ptr<ir::Graph>> part_regions_;
 };
 
