@@ -122,21 +122,31 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   }
 
   // A failed run changes nothing. A step that may throw on the values it meets (ir::may_fail)
-  // runs before any output is written: an indexing node whose index is a parameter of the
-  // graph has its index checked by a step of its own ahead of all others; every output
-  // produced at or before the last other such step is computed aside and copied in at the end.
-  // One exception (last_collective_result below): the result of the last such step when it
-  // is a collective.
+  // runs before any output is written. An indexing node has its index checked by a step of
+  // its own: ahead of all others where the index is a parameter of the graph (or a constant),
+  // else right after the step that computes the index (a cross-entropy's labels reshaped:
+  // early, while the indexing node itself may come late); the node then fails where that check
+  // runs. Every output produced at or before the last place a run may fail is computed aside
+  // and copied in at the end. One exception (last_collective_result below): the result of the
+  // last such step when it is a collective.
   std::vector<int32_t> checked_ahead;
+  std::vector<std::pair<int32_t, int32_t>> checked_after;  // (indexing node, step computing its index)
   int32_t last_failing = -1;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (step_of[i] < 0 || !ir::may_fail(g.nodes[i])) continue;
     const Node& n = g.nodes[i];
     const int idx = index_operand(n.op);
-    if (idx >= 0 && g.node(n.operands[static_cast<size_t>(idx)]).op == OpKind::Parameter)
-      checked_ahead.push_back(static_cast<int32_t>(i));
-    else
+    if (idx < 0) {
       last_failing = std::max(last_failing, step_of[i]);
+      continue;
+    }
+    const int32_t producer = step_of[n.operands[static_cast<size_t>(idx)].node];
+    if (producer < 0) {
+      checked_ahead.push_back(static_cast<int32_t>(i));
+    } else {
+      checked_after.emplace_back(static_cast<int32_t>(i), producer);
+      last_failing = std::max(last_failing, producer);
+    }
   }
 
   // Output sources and donations.
@@ -260,6 +270,15 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   parts.arena_blocks = plan.distinct_blocks;
   for (const auto& [v, r] : req_of) slot_of[v] = {SlotKind::Arena, 0, plan.offsets[r]};
 
+  // The index check of indexing node i, reading the index's slot (live from the step that
+  // computes it to the indexing node's).
+  auto index_check = [&](int32_t i) -> runtime::Step {
+    const Node& n = g.nodes[static_cast<size_t>(i)];
+    std::vector<ir::TensorType> in_types;
+    for (ValueRef v : n.operands) in_types.push_back(g.type(v));
+    const ValueRef index = n.operands[static_cast<size_t>(index_operand(n.op))];
+    return {n.op, kernels::make_index_check({n.op, n.attrs, in_types, n.results}), {slot_of.at(index)}, {}};
+  };
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (step_of[i] < 0) continue;
     const Node& n = g.nodes[i];
@@ -269,15 +288,11 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       st.out.push_back(slot_of.at({static_cast<int32_t>(i), static_cast<int32_t>(r)}));
     if (workspace_req[i] >= 0) st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
     parts.steps.push_back(std::move(st));
+    for (const auto& [node, producer] : checked_after)
+      if (producer == step_of[i]) parts.steps.push_back(index_check(node));
   }
   std::vector<runtime::Step> checks;
-  for (int32_t i : checked_ahead) {
-    const Node& n = g.nodes[static_cast<size_t>(i)];
-    std::vector<ir::TensorType> in_types;
-    for (ValueRef v : n.operands) in_types.push_back(g.type(v));
-    const ValueRef index = n.operands[static_cast<size_t>(index_operand(n.op))];
-    checks.push_back({n.op, kernels::make_index_check({n.op, n.attrs, in_types, n.results}), {slot_of.at(index)}, {}});
-  }
+  for (int32_t i : checked_ahead) checks.push_back(index_check(i));
   parts.steps.insert(parts.steps.begin(), std::make_move_iterator(checks.begin()), std::make_move_iterator(checks.end()));
   for (int32_t k : copy_out_of) {
     ValueRef v = g.outputs[k];

@@ -210,4 +210,40 @@ TEST(Executable, LargeConstantsAreFilledWhenItRunsNotKept) {
   }
 }
 
+// An index computed in the graph (labels reshaped, as a cross-entropy does) is checked right
+// after the step that computes it, not where the indexing op runs: an update produced after
+// that check is written straight into its donated buffer instead of aside and copied in; a bad
+// index still changes nothing.
+TEST(Executable, AComputedIndexIsCheckedWhereItIsComputed) {
+  Graph g;
+  ValueRef labels = g.add_parameter({DType::i64, {3}});
+  ValueRef logits = g.add_parameter(f32({3, 4}));
+  ValueRef w = g.add_parameter(f32({4}));
+  ValueRef idx = g.add(OpKind::Reshape, {labels}, {std::vector<int64_t>{3, 1}});
+  ValueRef w2 = g.add(OpKind::Sub, {w, g.add_full(1, {}, DType::f32)});
+  ValueRef picked = g.add(OpKind::Gather, {logits, idx}, {int64_t{1}});
+  g.outputs = {w2, picked};
+  auto exe = compile::compile(g, {2, -1});
+  ASSERT_TRUE(exe->donation_accepted(0));
+  const std::string text = exe->to_text();
+  EXPECT_EQ(exe->stats().steps, 4u) << text;  // reshape, its index check, sub, gather: no copies
+  EXPECT_NE(text.find("sub(param 2, const+0) -> out 0"), std::string::npos) << text;
+
+  auto lb = allocate(3 * sizeof(int64_t));
+  auto logit = floats({0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23});
+  auto wb = floats({1, 2, 3, 4});
+  auto out = allocate(3 * sizeof(float));
+  const void* params[] = {lb->data(), logit->data(), wb->data()};
+  void* outs[] = {wb->data(), out->data()};
+  const int64_t bad[] = {0, 7, 1};
+  std::memcpy(lb->data(), bad, sizeof bad);
+  EXPECT_THROW(exe->run(params, outs), Error);
+  EXPECT_EQ(read(*wb, 4), (std::vector<float>{1, 2, 3, 4})) << "a bad index changes nothing";
+  const int64_t good[] = {3, 0, 2};
+  std::memcpy(lb->data(), good, sizeof good);
+  exe->run(params, outs);
+  EXPECT_EQ(read(*wb, 4), (std::vector<float>{0, 1, 2, 3}));
+  EXPECT_EQ(read(*out, 3), (std::vector<float>{3, 10, 22}));
+}
+
 }  // namespace lazyrt::runtime
