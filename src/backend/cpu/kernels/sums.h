@@ -82,21 +82,25 @@ LAZYRT_ISA_CLONES double run_extreme(const T* x, int64_t n) {
   double odd = m - m;
   int64_t i = 1;
   if (n >= 2 * kLanes) {
-    double part[kLanes], lane_odd[kLanes];
+    // Lanes in the compute type, which holds every element exactly (its compares agree with
+    // double's), and the lane loop kept whole rather than unrolled: so it vectorizes, the
+    // select as maxps/minps (v > p ? v : p is their rule).
+    C part[kLanes], lane_odd[kLanes];
     for (int k = 0; k < kLanes; ++k) {
-      part[k] = at(k);
+      part[k] = convert<C>(x[k]);
       lane_odd[k] = part[k] - part[k];
     }
     for (i = kLanes; i + kLanes <= n; i += kLanes)
+#pragma GCC unroll 1
       for (int k = 0; k < kLanes; ++k) {
-        const double v = at(i + k);
+        const C v = convert<C>(x[i + k]);
         lane_odd[k] += v - v;
-        part[k] = better(v, part[k]) ? v : part[k];
+        part[k] = (kMax ? v > part[k] : v < part[k]) ? v : part[k];
       }
-    m = part[0];
+    m = static_cast<double>(part[0]);
     for (int k = 0; k < kLanes; ++k) {
-      odd += lane_odd[k];
-      m = better(part[k], m) ? part[k] : m;
+      odd += static_cast<double>(lane_odd[k]);
+      m = better(static_cast<double>(part[k]), m) ? static_cast<double>(part[k]) : m;
     }
   }
   for (; i < n; ++i) {
