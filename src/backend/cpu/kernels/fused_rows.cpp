@@ -217,7 +217,8 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
     }
     if (pass.program) {
       bind(pass);
-      const jit::FusedFn fn = compiled ? generated->fn(pass.generated) : nullptr;
+      // A pass the generator did not take (index -1) stays interpreted.
+      const jit::FusedFn fn = compiled && pass.generated >= 0 ? generated->fn(pass.generated) : nullptr;
       const BroadcastLayout& L = *pass.layout;
       const size_t rank = L.shape.size(), nb = pass.params.size();
       const int64_t run = L.shape[rank - 1];
