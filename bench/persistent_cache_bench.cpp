@@ -7,7 +7,10 @@
 // loss being available (trace, compile or load, execute), then one more step as the
 // in-memory-cache floor. The parent runs, per round, a child without a persistent cache (the
 // baseline), a cold child on a new directory and a warm child on the directory the cold one
-// filled, and prints medians and the cold/warm ratio. Children run OpenBLAS single-threaded
+// filled, and prints medians and the cold/warm ratio. Then the same with generated kernels
+// compiled before the first run (LAZYRT_JIT=sync): the cold child starts the compiler process
+// and compiles the step's kernels, the warm child loads them from the directory without
+// starting it. Children run OpenBLAS single-threaded
 // (unless OPENBLAS_NUM_THREADS is set) so that thread start-up and contention on a busy
 // machine do not drown the difference.
 //
@@ -102,20 +105,23 @@ int child(const std::string& dir) {
   std::printf("compile_us %.1f\n", compile_ns / 1e3);
   std::printf("execute_us %.1f\n", execute_ns / 1e3);
   std::printf("loss %.9g %.9g\n", first_loss, second_loss);
-  for (const char* c : {"UncachedCompile", "CachedCompile", "PersistentCacheHit",
-                        "PersistentCacheMiss", "PersistentCacheDeserializeFailure"})
+  std::printf("jit_us %.1f\n", static_cast<double>(metrics::timing_total_ns("JitCompileTime")) / 1e3);
+  for (const char* c : {"UncachedCompile", "CachedCompile", "PersistentCacheHit", "PersistentCacheMiss",
+                        "PersistentCacheDeserializeFailure", "JitModules", "JitObjectCacheHits", "JitCompilerStarts",
+                        "JitFailures"})
     std::printf("counter %s %lld\n", c, static_cast<long long>(metrics::counter(c)));
   return 0;
 }
 
 struct Sample {
-  double first_us = 0, second_us = 0, compile_us = 0, execute_us = 0;
+  double first_us = 0, second_us = 0, compile_us = 0, execute_us = 0, jit_us = 0;
   std::string loss;
   std::map<std::string, long long> counters;
 };
 
-Sample run_child(const std::string& self, const std::string& dir) {
-  const std::string cmd = "'" + self + "' --child '" + dir + "'";
+// jit: LAZYRT_JIT for the child ("" leaves it as it is).
+Sample run_child(const std::string& self, const std::string& dir, const std::string& jit = "") {
+  const std::string cmd = (jit.empty() ? "" : "LAZYRT_JIT=" + jit + " ") + "'" + self + "' --child '" + dir + "'";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) {
     std::perror("popen");
@@ -139,6 +145,7 @@ Sample run_child(const std::string& self, const std::string& dir) {
     else if (key == "second_step_us") in >> s.second_us;
     else if (key == "compile_us") in >> s.compile_us;
     else if (key == "execute_us") in >> s.execute_us;
+    else if (key == "jit_us") in >> s.jit_us;
     else if (key == "loss") s.loss = line.substr(5);
     else if (key == "counter") {
       std::string name;
@@ -161,6 +168,60 @@ void row(const char* what, const std::vector<double>& v) {
               *std::max_element(v.begin(), v.end()));
 }
 
+std::string new_dir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "lazyrt-bench-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) {
+    std::perror("mkdtemp");
+    std::exit(1);
+  }
+  return tmpl;
+}
+
+// The same rounds with generated kernels compiled before the first run (LAZYRT_JIT=sync).
+int generated(const std::string& self, int runs) {
+  std::vector<double> cold_first, warm_first, cold_jit, warm_jit, second;
+  long long modules = 0;
+  for (int r = 0; r < runs; ++r) {
+    const std::string dir = new_dir();
+    Sample cold = run_child(self, dir, "sync");
+    Sample warm = run_child(self, dir, "sync");
+    std::filesystem::remove_all(dir);
+    modules = cold.counters["JitModules"];
+    if (modules < 1 || cold.counters["JitObjectCacheHits"] != 0 || cold.counters["JitCompilerStarts"] != 1 ||
+        warm.counters["JitModules"] != modules || warm.counters["JitObjectCacheHits"] != modules ||
+        warm.counters["JitCompilerStarts"] != 0 || cold.counters["JitFailures"] != 0 ||
+        warm.counters["JitFailures"] != 0 || cold.loss != warm.loss) {
+      std::fprintf(stderr, "unexpected run with generated kernels: cold modules %lld hits %lld starts %lld, "
+                   "warm modules %lld hits %lld starts %lld, losses '%s' and '%s'\n", cold.counters["JitModules"],
+                   cold.counters["JitObjectCacheHits"], cold.counters["JitCompilerStarts"],
+                   warm.counters["JitModules"], warm.counters["JitObjectCacheHits"],
+                   warm.counters["JitCompilerStarts"], cold.loss.c_str(), warm.loss.c_str());
+      return 1;
+    }
+    cold_first.push_back(cold.first_us);
+    warm_first.push_back(warm.first_us);
+    cold_jit.push_back(cold.jit_us);
+    warm_jit.push_back(warm.jit_us);
+    second.push_back(cold.second_us);
+    second.push_back(warm.second_us);
+  }
+  std::printf("\n### With generated kernels compiled before the first run (LAZYRT_JIT=sync)\n\n");
+  std::printf("The same rounds, without the run lacking a persistent cache. The cold process starts the compiler "
+              "process (lazyrt-jitc, which loads LLVM) and compiles the step's %lld module(s) of kernels; the warm "
+              "one loads their shared objects from the directory and starts no compiler. Every round checks the "
+              "counters (cold: %lld module(s) compiled, no hit, one compiler started; warm: every module a hit, "
+              "no compiler) and that the losses are equal.\n\n", modules, modules);
+  std::printf("| measure | us |\n|---|---:|\n");
+  row("cold process: first step", cold_first);
+  row("&nbsp;&nbsp;of which generating kernels (compiler start, compile, link, load)", cold_jit);
+  row("**warm process: first step**", warm_first);
+  row("&nbsp;&nbsp;of which loading generated kernels", warm_jit);
+  row("any process: second step (in-memory cache)", second);
+  std::printf("\ncold / warm first-step ratio with generated kernels (medians): **%.2fx**.\n",
+              median(cold_first) / median(warm_first));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,11 +241,7 @@ int main(int argc, char** argv) {
     }
     off_first.push_back(off.first_us);
     off_compile.push_back(off.compile_us);
-    std::string tmpl = (std::filesystem::temp_directory_path() / "lazyrt-bench-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) {
-      std::perror("mkdtemp");
-      return 1;
-    }
+    const std::string tmpl = new_dir();
     Sample cold = run_child(self, tmpl);
     Sample warm = run_child(self, tmpl);
     std::filesystem::remove_all(tmpl);
@@ -228,5 +285,5 @@ int main(int argc, char** argv) {
   row("any process: second step (in-memory cache)", second);
   std::printf("\ncold / warm first-step ratio (medians): **%.2fx**; no cache / warm: %.2fx.\n",
               median(cold_first) / median(warm_first), median(off_first) / median(warm_first));
-  return 0;
+  return generated(self, runs);
 }

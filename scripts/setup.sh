@@ -5,9 +5,10 @@ set -euo pipefail
 
 # ocl-icd-opencl-dev: Debian's oneDNN is built with its OpenCL runtime, and its CMake package
 # config looks for OpenCL (only recommended by libdnnl-dev, which we install without
-# recommends).
+# recommends). binutils: its ld links generated kernels into shared objects at run time (g++
+# depends on it too; named for that use).
 PACKAGES=(
-  cmake ninja-build g++ make pkg-config
+  cmake ninja-build g++ binutils make pkg-config
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   python3-torch python3-sklearn python3-matplotlib

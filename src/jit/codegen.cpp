@@ -1,8 +1,10 @@
-// The code generator (liblazyrt_jit.so): fusion regions to machine code through LLVM.
+// The code generator (codegen.h), run in the compiler process lazyrt-jitc: fusion regions to
+// machine code through LLVM.
 //
-// LLVM 16 (Debian's llvm-16-dev), the newest LLVM in Debian 12: ORC's LLJIT with per-module
-// resource trackers (code freed when its graph is), the new pass manager's O2 pipeline with the
-// loop and SLP vectorizers, and the host CPU's features (AVX2, AVX-512 where present).
+// LLVM 16 (Debian's llvm-16-dev), the newest LLVM in Debian 12: the new pass manager's O2
+// pipeline with the loop and SLP vectorizers, and the host CPU's features (AVX2, AVX-512 where
+// present, as ORC's host detection finds them), emitted as a relocatable object and linked
+// into a shared object by the system linker.
 //
 // Each region becomes one function (jit.h's FusedFn). Its loop walks the run in blocks of
 // kBlock elements: for each element it loads the operands (strides fixed when the kernel is
@@ -18,10 +20,7 @@
 // the library built with -ffp-contract=off), so each value is the interpreter's, bit for bit.
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/Config/llvm-config.h>
-#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
-#include <llvm/ExecutionEngine/Orc/LLJIT.h>
-#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/LLVMContext.h>
@@ -35,30 +34,32 @@
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 
-#include <atomic>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
-#include <mutex>
+#include <cstring>
 #include <string>
 
 #include "backend/cpu/kernels/elementwise_fns.h"
 #include "ir/hash.h"
 #include "ir/serialize.h"
-#include "jit/jit.h"
-#include "jit/object_cache.h"
-#include "util/metrics_cells.h"
+#include "jit/code_server.h"
+#include "jit/codegen.h"
 #include "util/check.h"
 #include "util/dtype_dispatch.h"
 
 // The kernel library's bitcode, embedded by the build (kernel_lib_blob.cpp).
 extern "C" const char lazyrt_jit_kernel_lib[];
 extern "C" const char lazyrt_jit_kernel_lib_end[];
+extern char** environ;
 
 namespace lazyrt::jit {
 namespace {
 
-// Raised when generated code changes what it computes, so that object code cached on disk by
-// another version is never loaded.
-constexpr int kGeneratorVersion = 1;
 constexpr int64_t kBlock = 256;
 
 std::string message(llvm::Error e) {
@@ -72,8 +73,32 @@ T take(llvm::Expected<T> v, const char* what) {
   if (!v) throw Error(std::string("generated kernels: ") + what + ": " + message(v.takeError()));
   return std::move(*v);
 }
-void check(llvm::Error e, const char* what) {
-  if (e) throw Error(std::string("generated kernels: ") + what + ": " + message(std::move(e)));
+void write_file(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  size_t put = 0;
+  while (fd >= 0 && put < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    put += static_cast<size_t>(w);
+  }
+  if (fd >= 0) ::close(fd);
+  if (fd < 0 || put != bytes.size()) throw Error("generated kernels: cannot write " + path);
+}
+std::string read_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("generated kernels: cannot read " + path);
+  std::string bytes;
+  char buf[1 << 16];
+  ssize_t r;
+  while ((r = ::read(fd, buf, sizeof buf)) != 0) {
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    bytes.append(buf, static_cast<size_t>(r));
+  }
+  ::close(fd);
+  if (r != 0 || bytes.empty()) throw Error("generated kernels: cannot read " + path);
+  return bytes;
 }
 
 // The enum identifier of an elementwise row (the kernel library's function names).
@@ -267,199 +292,117 @@ class Emitter {
   const llvm::Module* lib_declarations_ = nullptr;
 };
 
-// Set when the process exits, before LLVM's own statics are destroyed (the handler is
-// registered after they were made): code still held by caches then is left to the OS.
-std::atomic<bool> exiting{false};
-
-// Frees a module's code when the last kernel using it is gone.
-struct Code {
-  llvm::orc::ExecutionSession* session = nullptr;
-  llvm::orc::JITDylib* dylib = nullptr;
-  ~Code() {
-    if (dylib && !exiting.load()) llvm::consumeError(session->removeJITDylib(*dylib));
-  }
-};
-
-std::string kernel_name(size_t k) { return "lazyrt_k" + std::to_string(k); }
-
-class LlvmGenerator final : public Generator {
- public:
-  LlvmGenerator() {
-    llvm::InitializeNativeTarget();
-    llvm::InitializeNativeTargetAsmPrinter();
-    jtmb_ = std::make_unique<llvm::orc::JITTargetMachineBuilder>(take(llvm::orc::JITTargetMachineBuilder::detectHost(), "host"));
-    jtmb_->setCodeGenOptLevel(llvm::CodeGenOpt::Default);
-    jtmb_->setRelocationModel(llvm::Reloc::PIC_);
-    jtmb_->getOptions().AllowFPOpFusion = llvm::FPOpFusion::Strict;
-    tm_ = take(jtmb_->createTargetMachine(), "target machine");
-    jit_ = take(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(*jtmb_).create(), "LLJIT");
-    // libm's functions (log, sin, pow, ...) and memcpy, from the process.
-    jit_->getMainJITDylib().addGenerator(take(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
-                                                  jit_->getDataLayout().getGlobalPrefix()),
-                                              "process symbols"));
-    std::atexit([] { exiting.store(true); });
-    fingerprint_ = "lazyrt-jit " + std::to_string(kGeneratorVersion) + "; LLVM " LLVM_VERSION_STRING "; " +
-                   tm_->getTargetTriple().str() + "; " + tm_->getTargetCPU().str() + "; " +
-                   tm_->getTargetFeatureString().str();
-  }
-
-  std::string fingerprint() const override { return fingerprint_; }
-
-  void prepare() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    prepare_locked();
-  }
-
-  std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    const std::string key = module_key(regions);
-    const std::string name = "lazyrt_kernels_" + std::to_string(next_module_++);
-    std::unique_ptr<llvm::MemoryBuffer> object = objects_.load(key);
-    if (object) {
-      metrics::increment("JitObjectCacheHits", 1);
-    } else {
-      prepare_locked();
-      object = emit_object(regions, name);
-      objects_.store(key, *object);
-    }
-    // Each module in a library of its own: the same names in every module, and freed as one.
-    auto code = std::make_shared<Code>();
-    code->session = &jit_->getExecutionSession();
-    llvm::Expected<llvm::orc::JITDylib&> dylib = code->session->createJITDylib(name);
-    if (!dylib) throw Error("generated kernels: a library for the module: " + message(dylib.takeError()));
-    code->dylib = &*dylib;
-    code->dylib->addToLinkOrder(jit_->getMainJITDylib());
-    check(jit_->addObjectFile(*code->dylib, std::move(object)), "adding the module");
-    fns.clear();
-    for (size_t k = 0; k < regions.size(); ++k)
-      fns.push_back(take(jit_->lookup(*code->dylib, kernel_name(k)), "loading the module").toPtr<FusedFn>());
-    return code;
-  }
-
- private:
-  void prepare_locked() {
-    if (warmed_up_) return;
-    warm_up();
-    warmed_up_ = true;
-    // Registered after the warm-up, so it runs at exit before the statics LLVM made for it are
-    // destroyed: a module compiling then finishes first (jit::shutdown).
-    std::atexit([] { shutdown(); });
-  }
-
-  // One small module through every stage, so that the statics LLVM makes on first use exist
-  // before shutdown() is registered with std::atexit.
-  void warm_up() {
-    FusedRegion r;
-    const ir::TensorType f{DType::f32, {8}};
-    auto x = r.region.add_parameter(f);
-    auto y = r.region.add_parameter(f);
-    auto e = r.region.add(ir::OpKind::Exp, {r.region.add(ir::OpKind::Mul, {x, y})});
-    auto w = r.region.add(ir::OpKind::Where, {r.region.add(ir::OpKind::Gt, {x, y}), e, y});
-    r.region.outputs = {r.region.add(ir::OpKind::Cast, {w}, {DType::bf16}), w};
-    r.inner_strides = {1, 0};
-    (void)emit_object({r}, "lazyrt_warm_up");
-  }
-
-  // The module's key in the object cache: the generator's fingerprint (its version, LLVM's,
-  // the target and the CPU's features) and every region with its operands' strides.
-  std::string module_key(const std::vector<FusedRegion>& regions) const {
-    ir::Hasher h;
-    h.add_string(fingerprint_);
-    h.add(regions.size());
-    for (const FusedRegion& r : regions) {
-      h.add_string(ir::serialize_graph(r.region));
-      h.add(r.inner_strides.size());
-      for (int64_t st : r.inner_strides) h.add(static_cast<uint64_t>(st));
-    }
-    return h.finish().to_string();
-  }
-
-  // The regions as one LLVM module, optimized and compiled to a relocatable object.
-  std::unique_ptr<llvm::MemoryBuffer> emit_object(const std::vector<FusedRegion>& regions, const std::string& name) {
-    llvm::LLVMContext ctx;
-    auto m = std::make_unique<llvm::Module>(name, ctx);
-    m->setDataLayout(tm_->createDataLayout());
-    m->setTargetTriple(tm_->getTargetTriple().str());
-    std::unique_ptr<llvm::Module> lib = load_library(ctx);
-    {
-      Emitter e(*m);
-      for (size_t k = 0; k < regions.size(); ++k) e.emit(regions[k], kernel_name(k), lib.get());
-    }
-    lib->setDataLayout(m->getDataLayout());
-    lib->setTargetTriple(m->getTargetTriple());
-    if (llvm::Linker::linkModules(*m, std::move(lib), llvm::Linker::Flags::LinkOnlyNeeded))
-      throw Error("generated kernels: linking the kernel library failed");
-    const std::string cpu = tm_->getTargetCPU().str(), features = tm_->getTargetFeatureString().str();
-    for (llvm::Function& f : *m) {
-      if (f.isDeclaration()) continue;
-      if (!f.getName().startswith("lazyrt_k")) {
-        f.setLinkage(llvm::GlobalValue::InternalLinkage);
-        f.removeFnAttr(llvm::Attribute::NoInline);
-        f.removeFnAttr(llvm::Attribute::OptimizeNone);
-        f.addFnAttr(llvm::Attribute::AlwaysInline);
-      }
-      f.addFnAttr("target-cpu", cpu);
-      f.addFnAttr("target-features", features);
-      f.removeFnAttr("tune-cpu");
-    }
-    std::string err;
-    llvm::raw_string_ostream es(err);
-    if (llvm::verifyModule(*m, &es)) throw Error("generated kernels: invalid module: " + es.str());
-    optimize(*m);
-    if (const char* dir = std::getenv("LAZYRT_JIT_DUMP"); dir && *dir) dump(*m, std::string(dir) + "/" + name + ".ll");
-    llvm::SmallVector<char, 0> bytes;
-    llvm::raw_svector_ostream os(bytes);
-    llvm::legacy::PassManager pm;
-    if (tm_->addPassesToEmitFile(pm, os, nullptr, llvm::CGFT_ObjectFile))
-      throw Error("generated kernels: the target cannot emit object files");
-    pm.run(*m);
-    return llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(bytes.data(), bytes.size()), name);
-  }
-
-  std::unique_ptr<llvm::Module> load_library(llvm::LLVMContext& ctx) {
-    const size_t size = static_cast<size_t>(lazyrt_jit_kernel_lib_end - lazyrt_jit_kernel_lib);
-    auto buf = llvm::MemoryBuffer::getMemBuffer(llvm::StringRef(lazyrt_jit_kernel_lib, size), "kernel_lib", false);
-    return take(llvm::getOwningLazyBitcodeModule(std::move(buf), ctx), "reading the kernel library");
-  }
-
-  static void dump(const llvm::Module& m, const std::string& path) {
-    std::error_code ec;
-    llvm::raw_fd_ostream os(path, ec);
-    if (!ec) m.print(os, nullptr);
-  }
-
-  void optimize(llvm::Module& m) {
-    llvm::LoopAnalysisManager lam;
-    llvm::FunctionAnalysisManager fam;
-    llvm::CGSCCAnalysisManager cgam;
-    llvm::ModuleAnalysisManager mam;
-    llvm::PipelineTuningOptions pto;
-    pto.LoopVectorization = true;
-    pto.SLPVectorization = true;
-    llvm::PassBuilder pb(tm_.get(), pto);
-    pb.registerModuleAnalyses(mam);
-    pb.registerCGSCCAnalyses(cgam);
-    pb.registerFunctionAnalyses(fam);
-    pb.registerLoopAnalyses(lam);
-    pb.crossRegisterProxies(lam, fam, cgam, mam);
-    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
-    mpm.run(m, mam);
-  }
-
-  std::mutex mu_;
-  std::unique_ptr<llvm::orc::JITTargetMachineBuilder> jtmb_;
-  std::unique_ptr<llvm::TargetMachine> tm_;
-  std::unique_ptr<llvm::orc::LLJIT> jit_;
-  std::string fingerprint_;
-  uint64_t next_module_ = 0;
-  bool warmed_up_ = false;
-  ObjectCache objects_;
-};
-
 }  // namespace
-}  // namespace lazyrt::jit
 
-extern "C" lazyrt::jit::Generator* lazyrt_jit_generator() {
-  static lazyrt::jit::LlvmGenerator* g = new lazyrt::jit::LlvmGenerator();
-  return g;
+Compiler::Compiler() {
+  llvm::InitializeNativeTarget();
+  llvm::InitializeNativeTargetAsmPrinter();
+  llvm::orc::JITTargetMachineBuilder jtmb = take(llvm::orc::JITTargetMachineBuilder::detectHost(), "host");
+  jtmb.setCodeGenOptLevel(llvm::CodeGenOpt::Default);
+  jtmb.setRelocationModel(llvm::Reloc::PIC_);
+  jtmb.getOptions().AllowFPOpFusion = llvm::FPOpFusion::Strict;
+  tm_ = take(jtmb.createTargetMachine(), "target machine");
+  std::string tmpl = (std::getenv("TMPDIR") && *std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") +
+                     "/lazyrt-jitc-XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw Error("generated kernels: a directory to link in: " + std::string(std::strerror(errno)));
+  dir_ = tmpl;
 }
+
+Compiler::~Compiler() {
+  ::unlink((dir_ + "/m.o").c_str());
+  ::unlink((dir_ + "/m.so").c_str());
+  ::rmdir(dir_.c_str());
+}
+
+std::string Compiler::shared_object(const std::vector<FusedRegion>& regions) {
+  const std::string name = "lazyrt_kernels_" + std::to_string(next_module_++);
+  const std::string object = emit_object(regions, name);
+  const std::string o = dir_ + "/m.o", so = dir_ + "/m.so";
+  write_file(o, object);
+  // The system linker (binutils' ld, found when lazyrt was built): a shared object that needs
+  // libm for the math functions the loops call.
+  const char* argv[] = {LAZYRT_LINKER, "-shared", "--as-needed", "-o", so.c_str(), o.c_str(), "-lm", nullptr};
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, LAZYRT_LINKER, nullptr, nullptr, const_cast<char**>(argv), environ);
+  if (rc != 0) throw Error(std::string("generated kernels: running " LAZYRT_LINKER ": ") + std::strerror(rc));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw Error("generated kernels: " LAZYRT_LINKER " failed to link " + name);
+  return read_file(so);
+}
+
+// The regions as one LLVM module, optimized and compiled to a relocatable object.
+std::string Compiler::emit_object(const std::vector<FusedRegion>& regions, const std::string& name) {
+  llvm::LLVMContext ctx;
+  auto m = std::make_unique<llvm::Module>(name, ctx);
+  m->setDataLayout(tm_->createDataLayout());
+  m->setTargetTriple(tm_->getTargetTriple().str());
+  std::unique_ptr<llvm::Module> lib = load_library(ctx);
+  {
+    Emitter e(*m);
+    for (size_t k = 0; k < regions.size(); ++k) e.emit(regions[k], kernel_name(k), lib.get());
+  }
+  lib->setDataLayout(m->getDataLayout());
+  lib->setTargetTriple(m->getTargetTriple());
+  if (llvm::Linker::linkModules(*m, std::move(lib), llvm::Linker::Flags::LinkOnlyNeeded))
+    throw Error("generated kernels: linking the kernel library failed");
+  const std::string cpu = tm_->getTargetCPU().str(), features = tm_->getTargetFeatureString().str();
+  for (llvm::Function& f : *m) {
+    if (f.isDeclaration()) continue;
+    if (!f.getName().startswith("lazyrt_k")) {
+      f.setLinkage(llvm::GlobalValue::InternalLinkage);
+      f.removeFnAttr(llvm::Attribute::NoInline);
+      f.removeFnAttr(llvm::Attribute::OptimizeNone);
+      f.addFnAttr(llvm::Attribute::AlwaysInline);
+    }
+    f.addFnAttr("target-cpu", cpu);
+    f.addFnAttr("target-features", features);
+    f.removeFnAttr("tune-cpu");
+  }
+  std::string err;
+  llvm::raw_string_ostream es(err);
+  if (llvm::verifyModule(*m, &es)) throw Error("generated kernels: invalid module: " + es.str());
+  optimize(*m);
+  if (const char* dir = std::getenv("LAZYRT_JIT_DUMP"); dir && *dir) dump(*m, std::string(dir) + "/" + name + ".ll");
+  llvm::SmallVector<char, 0> bytes;
+  llvm::raw_svector_ostream os(bytes);
+  llvm::legacy::PassManager pm;
+  if (tm_->addPassesToEmitFile(pm, os, nullptr, llvm::CGFT_ObjectFile))
+    throw Error("generated kernels: the target cannot emit object files");
+  pm.run(*m);
+  return std::string(bytes.data(), bytes.size());
+}
+
+std::unique_ptr<llvm::Module> Compiler::load_library(llvm::LLVMContext& ctx) {
+  const size_t size = static_cast<size_t>(lazyrt_jit_kernel_lib_end - lazyrt_jit_kernel_lib);
+  auto buf = llvm::MemoryBuffer::getMemBuffer(llvm::StringRef(lazyrt_jit_kernel_lib, size), "kernel_lib", false);
+  return take(llvm::getOwningLazyBitcodeModule(std::move(buf), ctx), "reading the kernel library");
+}
+
+void Compiler::dump(const llvm::Module& m, const std::string& path) {
+  std::error_code ec;
+  llvm::raw_fd_ostream os(path, ec);
+  if (!ec) m.print(os, nullptr);
+}
+
+void Compiler::optimize(llvm::Module& m) {
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PipelineTuningOptions pto;
+  pto.LoopVectorization = true;
+  pto.SLPVectorization = true;
+  llvm::PassBuilder pb(tm_.get(), pto);
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
+  mpm.run(m, mam);
+}
+
+}  // namespace lazyrt::jit

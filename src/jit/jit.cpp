@@ -1,8 +1,6 @@
-// Modules of generated kernels, the background compiler thread, and loading the generator
-// library (see jit.h).
+// Modules of generated kernels and the background compiler thread (see jit.h).
 #include "jit/jit.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 
 #include <chrono>
@@ -17,6 +15,7 @@
 #include <thread>
 
 #include "backend/cpu/kernels/elementwise_fns.h"
+#include "jit/code_server.h"
 #include "lazyrt/metrics.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
@@ -48,7 +47,7 @@ bool generated_form(const ir::Node& n) {
   }
 }
 
-// The library of the generator: liblazyrt_jit.so beside the library holding this function.
+// The generator: the compiler process's client (code_server.h).
 struct Loaded {
   Generator* gen = nullptr;
   std::string error;
@@ -57,29 +56,7 @@ struct Loaded {
 const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
-    Dl_info info{};
-    std::string path = "liblazyrt_jit.so";
-    if (dladdr(reinterpret_cast<void*>(&loaded), &info) && info.dli_fname) {
-      std::string self = info.dli_fname;
-      const size_t slash = self.rfind('/');
-      if (slash != std::string::npos) path = self.substr(0, slash + 1) + path;
-    }
-    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-      r.error = dlerror();
-      return r;
-    }
-    using Entry = Generator* (*)();
-    auto entry = reinterpret_cast<Entry>(dlsym(h, "lazyrt_jit_generator"));
-    if (!entry) {
-      r.error = path + " has no lazyrt_jit_generator";
-      return r;
-    }
-    try {
-      r.gen = entry();
-    } catch (const std::exception& e) {
-      r.error = e.what();
-    }
+    r.gen = process_generator(r.error);
     return r;
   }();
   return l;
@@ -169,8 +146,6 @@ class Compiler {
 
 std::atomic<Compiler*> the_compiler{nullptr};
 
-// Made after the generator library is loaded, so destroyed (its thread joined) at exit before
-// the statics the library made while loading.
 Compiler& compiler() {
   (void)loaded();
   static Compiler c;

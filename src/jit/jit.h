@@ -1,4 +1,5 @@
-// Generated kernels: the fusion regions of a graph compiled to machine code (LLVM, in-process),
+// Generated kernels: the fusion regions of a graph compiled to machine code (LLVM, in a compiler
+// process of its own: code_server.h),
 // tiered behind the fused interpreter (backend/cpu/kernels/fused.cpp).
 //
 // Lowering a graph for the cpu backend gives its fused kernels one Module. Each fusion region
@@ -20,9 +21,9 @@
 // fork(): a child has no compiler thread; it drops the parent's queue and runs the interpreter
 // only (generation off), so it never waits on a lock or thread of the parent's.
 //
-// The code generator lives in its own library, liblazyrt_jit.so (codegen.cpp, linking LLVM),
-// next to liblazyrt.so, and is loaded on first use: a process that never compiles a module
-// never loads LLVM. If it cannot be loaded, generation is off (one warning on stderr).
+// The code generator runs in a process of its own, lazyrt-jitc, beside liblazyrt.so, started
+// when the first module is compiled (code_server.h): this process never loads LLVM. If it
+// cannot be run, generation is off (one warning on stderr).
 #pragma once
 
 #include <atomic>
@@ -98,30 +99,25 @@ void compile_now(Module& m);
 /// Waits until every module handed to the background thread so far is compiled (or failed).
 void wait_idle();
 /// Generation off for the rest of the process: drops the modules waiting to be compiled and
-/// waits for the one being compiled. Must run at exit before LLVM's statics are destroyed
-/// (while one is compiling, LLVM would use them from the compiler thread): the generator
-/// registers it with std::atexit once it is warmed up (Generator::prepare, which runs on the
-/// thread that hands the first module to the compiler thread), and the Python package calls
-/// it from its atexit hook, before the interpreter finalizes.
+/// waits for the one being compiled. The Python package calls it from its atexit hook, before
+/// the interpreter finalizes; the compiler thread's own static ends it at exit otherwise.
 void shutdown();
 
-/// The code generator, as liblazyrt_jit.so provides it (entry point lazyrt_jit_generator).
+/// The code generator (code_server.h's process_generator).
 class Generator {
  public:
   virtual ~Generator() = default;
   /// Compiles the regions as one module; fns receives one loop per region. The result owns the
   /// code. Throws lazyrt::Error.
   virtual std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) = 0;
-  /// Readies the generator to compile on another thread than the caller's: LLVM's statics made
-  /// (a small module compiled) and jit::shutdown registered with std::atexit after them.
-  /// compile() does it too where it compiles; a process that only loads stored objects on the
-  /// calling thread never pays for it.
+  /// Checks that the generator can compile before modules are handed to the compiler thread.
+  /// Throws lazyrt::Error.
   virtual void prepare() = 0;
-  /// The generator's version, the LLVM version, target triple, CPU name and features.
+  /// The generator's version, the LLVM version and the CPU's (code_fingerprint()).
   virtual std::string fingerprint() const = 0;
 };
 
-/// The loaded generator, or null (generation off, or the library missing).
+/// The generator, or null (generation off, or the compiler missing).
 Generator* generator();
 
 }  // namespace lazyrt::jit

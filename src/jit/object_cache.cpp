@@ -19,7 +19,7 @@
 namespace lazyrt::jit {
 namespace {
 
-constexpr char kMagic[8] = {'L', 'Z', 'R', 'T', 'O', 'B', 'J', '1'};
+constexpr char kMagic[8] = {'L', 'Z', 'R', 'T', 'C', 'O', 'D', '2'};
 constexpr size_t kHeaderBytes = 8 + 8 + 16;  // magic, u64 size, checksum hi and lo
 
 GraphHash checksum(const char* data, size_t n) {
@@ -65,12 +65,12 @@ std::string objects_dir(bool for_writing) {
 
 }  // namespace
 
-std::unique_ptr<llvm::MemoryBuffer> ObjectCache::load(const std::string& key) {
+std::string ObjectCache::load(const std::string& key) {
   const std::string dir = objects_dir(false);
-  if (dir.empty()) return nullptr;
-  const std::string path = dir + "/" + key + ".o";
+  if (dir.empty()) return "";
+  const std::string path = dir + "/" + key + ".so";
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return nullptr;
+  if (fd < 0) return "";
   struct stat st {};
   std::string bytes;
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & (S_IWGRP | S_IWOTH)) &&
@@ -85,28 +85,28 @@ std::unique_ptr<llvm::MemoryBuffer> ObjectCache::load(const std::string& key) {
     if (got != bytes.size()) bytes.clear();
   }
   ::close(fd);
-  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0) return nullptr;
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0) return "";
   uint64_t size, hi, lo;
   std::memcpy(&size, bytes.data() + 8, 8);
   std::memcpy(&hi, bytes.data() + 16, 8);
   std::memcpy(&lo, bytes.data() + 24, 8);
-  if (size != bytes.size() - kHeaderBytes) return nullptr;
+  if (size == 0 || size != bytes.size() - kHeaderBytes) return "";
   const GraphHash sum = checksum(bytes.data() + kHeaderBytes, size);
-  if (sum.hi != hi || sum.lo != lo) return nullptr;
-  return llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(bytes.data() + kHeaderBytes, size), path);
+  if (sum.hi != hi || sum.lo != lo) return "";
+  return bytes.substr(kHeaderBytes);
 }
 
-void ObjectCache::store(const std::string& key, const llvm::MemoryBuffer& object) {
+void ObjectCache::store(const std::string& key, const std::string& code) {
   if (cache::persistent_readonly()) return;
   const std::string dir = objects_dir(true);
   if (dir.empty()) return;
   std::string file(kMagic, 8);
-  const uint64_t size = object.getBufferSize();
-  const GraphHash sum = checksum(object.getBufferStart(), size);
+  const uint64_t size = code.size();
+  const GraphHash sum = checksum(code.data(), size);
   file.append(reinterpret_cast<const char*>(&size), 8);
   file.append(reinterpret_cast<const char*>(&sum.hi), 8);
   file.append(reinterpret_cast<const char*>(&sum.lo), 8);
-  file.append(object.getBufferStart(), size);
+  file += code;
   static thread_local std::mt19937_64 rng(std::random_device{}());
   const std::string tmp = dir + "/." + key + "." + std::to_string(::getpid()) + "." + std::to_string(rng()) + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -118,7 +118,7 @@ void ObjectCache::store(const std::string& key, const llvm::MemoryBuffer& object
     put += static_cast<size_t>(w);
   }
   ::close(fd);
-  if (put != file.size() || ::rename(tmp.c_str(), (dir + "/" + key + ".o").c_str()) != 0) ::unlink(tmp.c_str());
+  if (put != file.size() || ::rename(tmp.c_str(), (dir + "/" + key + ".so").c_str()) != 0) ::unlink(tmp.c_str());
   else metrics::increment("JitObjectCacheStores", 1);
 }
 

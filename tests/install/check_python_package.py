@@ -1,8 +1,11 @@
 """Run by run_install_test.cmake: the installed lazyrt package imports from the install prefix,
-loads the installed library, and works. Arguments: the prefix and its library directory."""
+loads the installed library, and works, generated kernels included (compiled by the installed
+compiler process). Arguments: the prefix and its library directory."""
 
 import os
 import sys
+
+os.environ["LAZYRT_JIT"] = "sync"  # read when the first graph is lowered
 
 prefix, libdir = (os.path.realpath(p) for p in sys.argv[1:3])
 
@@ -18,4 +21,20 @@ assert all(os.path.realpath(p).startswith(libdir + os.sep) for p in libraries), 
 step = lr.compile_step(lambda x: (x * 2).sum(), (lr.ones(3),))
 assert step(lr.tensor([1.0, 2.0, 3.0])).item() == 12.0
 assert lr.nn.Linear(2, 2)(lr.ones(1, 2)).shape == (1, 2)
+x = lr.tensor([0.25 * i for i in range(1000)])
+y = ((x * 0.5 + 1.0).tanh() * x).sum().item()
+assert lr.metrics.counter("JitModules") >= 1 and lr.metrics.counter("JitFailures") == 0, "no generated kernels"
+compilers = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        if "(lazyrt-jitc)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+            compilers.append(os.path.realpath(f"/proc/{pid}/exe"))
+    except (OSError, ValueError):
+        pass
+assert compilers and all(c.startswith(libdir + os.sep) for c in compilers), compilers
+import math  # noqa: E402
+expected = sum(math.tanh(0.125 * i + 1.0) * 0.25 * i for i in range(1000))
+assert abs(y - expected) <= 1e-4 * abs(expected), (y, expected)
 print("installed package OK:", package)

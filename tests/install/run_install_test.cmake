@@ -35,6 +35,7 @@ foreach(f
     ${libdir}/cmake/lazyrt/lazyrtConfig.cmake
     ${libdir}/cmake/lazyrt/lazyrtConfigVersion.cmake
     ${libdir}/cmake/lazyrt/lazyrtTargets.cmake
+    ${libdir}/lazyrt-jitc
     ${prefix}/include/lazyrt/lazyrt.h)
   if(NOT EXISTS ${f})
     message(FATAL_ERROR "install test: ${f} was not installed")

@@ -1,15 +1,22 @@
-// Generated code in the persistent cache: a module compiled once is stored, and the next
-// compilation of the same regions loads it instead of compiling (and computes the same
-// values); a corrupt file is a miss; a directory writable by others is refused, for loading
-// and storing alike.
+// Generated code in the persistent cache, and the compiler process: a module compiled once is
+// stored, and the next compilation of the same regions loads it without asking the compiler
+// (and computes the same values); a corrupt file is a miss; a directory writable by others is
+// refused, for loading and storing alike. The compiler runs in a process of its own: this
+// process never maps LLVM, and a compiler that was killed is replaced.
 #include <gtest/gtest.h>
 
 #include <lazyrt/lazyrt.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
+#include <vector>
 
 #include "backend/cpu/kernels/ops.h"
 #include "jit/jit.h"
@@ -49,7 +56,7 @@ struct Region {
     outputs.push_back(g.type(g.outputs[0]));
   }
   // Compiles the region as a module of its own; returns its kernel's result on fixed operands.
-  std::vector<float> run() const {
+  std::vector<float> run(const std::function<void()>& while_loaded = {}) const {
     auto module = jit::new_module();
     kernels::Kernel k = kernels::make_fused(g, inputs, outputs, testing::plain_fusion(outputs), module);
     jit::compile_now(*module);
@@ -62,6 +69,7 @@ struct Region {
     const void* in[] = {x.data(), y.data()};
     void* o[] = {out.data()};
     k.run(in, o);
+    if (while_loaded) while_loaded();
     return out;
   }
 };
@@ -76,7 +84,7 @@ std::vector<fs::path> objects(const std::string& dir) {
   std::vector<fs::path> out;
   if (!fs::exists(dir + "/jit")) return out;
   for (const auto& e : fs::directory_iterator(dir + "/jit"))
-    if (e.path().extension() == ".o") out.push_back(e.path());
+    if (e.path().extension() == ".so") out.push_back(e.path());
   return out;
 }
 
@@ -94,8 +102,10 @@ TEST(ObjectCache, ASecondCompilationLoadsTheStoredObject) {
   EXPECT_EQ(r.run(), expected());
   ASSERT_EQ(objects(dir.path).size(), 1u) << "the compiled module is stored";
   EXPECT_EQ(metrics::counter("JitObjectCacheHits"), hits);
+  const int64_t starts = metrics::counter("JitCompilerStarts");
   EXPECT_EQ(r.run(), expected());
   EXPECT_EQ(metrics::counter("JitObjectCacheHits"), hits + 1) << "loaded, not compiled";
+  EXPECT_EQ(metrics::counter("JitCompilerStarts"), starts);
   EXPECT_EQ(objects(dir.path).size(), 1u);
 }
 
@@ -137,6 +147,75 @@ TEST(ObjectCache, ADirectoryOthersMayWriteIsRefused) {
   EXPECT_EQ(metrics::counter("JitObjectCacheHits"), hits) << "not loaded from a world-writable directory";
   EXPECT_EQ(metrics::counter("JitObjectCacheStores"), stores) << "nothing stored there either";
   EXPECT_GE(metrics::counter("JitObjectCacheRefused"), refused + 1);
+}
+
+// The pids of this process's children named lazyrt-jitc.
+std::vector<pid_t> compilers() {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  while (dirent* e = d ? readdir(d) : nullptr) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::string(e->d_name) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    // pid (comm) state ppid ...
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos || line.find("(lazyrt-jitc)") == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == getpid() && state != 'Z') out.push_back(pid);
+  }
+  if (d) closedir(d);
+  return out;
+}
+
+TEST(CompilerProcess, CompilesOutsideThisProcessWhichNeverMapsLlvm) {
+  SyncMode mode;
+  TempCacheDir dir;  // empty: compiled, not loaded
+  const Region r;
+  // What this process maps: LLVM, and the code of a module from its private directory.
+  auto mapped = [](const char* what) {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line))
+      if (line.find(what) != std::string::npos) return true;
+    return false;
+  };
+  bool code_while_loaded = false;
+  EXPECT_EQ(r.run([&] { code_while_loaded = mapped("lazyrt-code-"); }), expected());
+  EXPECT_TRUE(code_while_loaded) << "the module's code is mapped from its private directory";
+  EXPECT_FALSE(mapped("lazyrt-code-")) << "and unmapped with its kernels";
+  EXPECT_FALSE(mapped("libLLVM")) << "libLLVM is mapped in the process running the kernels";
+  EXPECT_EQ(compilers().size(), 1u) << "one compiler process, a child of this one";
+}
+
+TEST(CompilerProcess, AKilledCompilerIsReplaced) {
+  SyncMode mode;
+  TempCacheDir dir;
+  // The killed compiler cannot remove its linking directory: it goes under this one.
+  TempCacheDir scratch;
+  const char* saved_tmpdir = std::getenv("TMPDIR");
+  const std::string saved = saved_tmpdir ? saved_tmpdir : "";
+  setenv("TMPDIR", scratch.path.c_str(), 1);
+  const Region r;
+  EXPECT_EQ(r.run(), expected());
+  const std::vector<pid_t> before = compilers();
+  ASSERT_EQ(before.size(), 1u);
+  ASSERT_EQ(kill(before[0], SIGKILL), 0);
+  const int64_t starts = metrics::counter("JitCompilerStarts");
+  const int64_t failures = metrics::counter("JitFailures");
+  TempCacheDir other;  // so that the module is compiled again
+  EXPECT_EQ(r.run(), expected());
+  EXPECT_EQ(metrics::counter("JitCompilerStarts"), starts + 1);
+  EXPECT_EQ(metrics::counter("JitFailures"), failures);
+  const std::vector<pid_t> after = compilers();
+  ASSERT_EQ(after.size(), 1u) << "the killed one reaped, one running";
+  EXPECT_NE(after[0], before[0]);
+  if (saved_tmpdir) setenv("TMPDIR", saved.c_str(), 1);
+  else unsetenv("TMPDIR");
 }
 
 }  // namespace
