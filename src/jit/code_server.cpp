@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -228,27 +229,75 @@ CodeDir& code_dir() {
   return *d;
 }
 
-// A shared object's bytes, loaded: its loops into fns; the result unloads it when released.
-std::shared_ptr<void> load_code(const std::string& bytes, size_t n, std::vector<FusedFn>& fns) {
-  const std::string path = code_dir().path_for_next();
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) throw Error(detail::str_cat("generated kernels: cannot write ", path, ": ", std::strerror(errno)));
+bool write_all(int fd, const std::string& bytes) {
   size_t put = 0;
   while (put < bytes.size()) {
     const ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
+    if (w <= 0) return false;
     put += static_cast<size_t>(w);
   }
+  return true;
+}
+
+std::atomic<bool> memory_only{false};
+
+// Loaded from a file of the private directory, unlinked once loaded; or null, why set.
+std::shared_ptr<void> open_from_dir(const std::string& bytes, std::string& why) {
+  std::string path;
+  try {
+    path = code_dir().path_for_next();
+  } catch (const Error& e) {
+    why = e.what();
+    return nullptr;
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    why = "cannot write " + path + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  const bool written = write_all(fd, bytes);
   ::close(fd);
-  void* handle = put == bytes.size() ? dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
-  const std::string why = put != bytes.size() ? std::string("cannot write ") + path : handle ? "" : dlerror();
+  void* handle = written ? dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL) : nullptr;
+  if (!handle) why = written ? dlerror() : "cannot write " + path;
   ::unlink(path.c_str());
-  if (!handle) throw Error(detail::str_cat("generated kernels: loading the module: ", why));
-  std::shared_ptr<void> code(handle, [](void* h) { dlclose(h); });
+  if (!handle) return nullptr;
+  return std::shared_ptr<void>(handle, [](void* h) { dlclose(h); });
+}
+
+// Where no directory allows executable mappings: an anonymous memory file, loaded through
+// /proc/self/fd. Its descriptor stays open while the code is loaded, so that its name is
+// never that of another loaded module.
+std::shared_ptr<void> open_from_memory(const std::string& bytes, std::string& why) {
+  const int fd = ::memfd_create("lazyrt-kernels", MFD_CLOEXEC);
+  if (fd < 0) {
+    why = std::string("memfd_create: ") + std::strerror(errno);
+    return nullptr;
+  }
+  void* handle = nullptr;
+  if (!write_all(fd, bytes)) why = "cannot write a memory file";
+  else if (!(handle = dlopen(("/proc/self/fd/" + std::to_string(fd)).c_str(), RTLD_NOW | RTLD_LOCAL))) why = dlerror();
+  if (!handle) {
+    ::close(fd);
+    return nullptr;
+  }
+  return std::shared_ptr<void>(handle, [fd](void* h) {
+    dlclose(h);
+    ::close(fd);
+  });
+}
+
+// A shared object's bytes, loaded: its loops into fns; the result unloads it when released.
+std::shared_ptr<void> load_code(const std::string& bytes, size_t n, std::vector<FusedFn>& fns) {
+  std::string why_dir = "not tried", why_memory;
+  std::shared_ptr<void> code = memory_only.load() ? nullptr : open_from_dir(bytes, why_dir);
+  if (!code) code = open_from_memory(bytes, why_memory);
+  if (!code)
+    throw Error(detail::str_cat("generated kernels: loading the module: from a file: ", why_dir, "; from memory: ",
+                                why_memory));
   fns.clear();
   for (size_t k = 0; k < n; ++k) {
-    void* f = dlsym(handle, kernel_name(k).c_str());
+    void* f = dlsym(code.get(), kernel_name(k).c_str());
     if (!f) throw Error(detail::str_cat("generated kernels: the module has no ", kernel_name(k)));
     fns.push_back(reinterpret_cast<FusedFn>(f));
   }
@@ -389,6 +438,8 @@ class ProcessGenerator final : public Generator {
 };
 
 }  // namespace
+
+void load_code_from_memory_only(bool on) { memory_only.store(on); }
 
 Generator* process_generator(std::string& error) {
   const std::string program = beside_this_library("lazyrt-jitc");

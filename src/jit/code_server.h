@@ -7,7 +7,8 @@
 // modules from a socket, compiles each with LLVM (codegen.cpp) into a relocatable object,
 // links that with the system linker into a shared object, and sends its bytes back. The
 // running process writes them to a private directory, loads them with dlopen and unlinks the
-// file; dlclose frees the code with its graph. The persistent cache stores the shared object
+// file (where no directory allows executable mappings, from a memory file: memfd_create);
+// dlclose frees the code with its graph. The persistent cache stores the shared object
 // (object_cache.h), so a warm process loads code without starting the compiler at all.
 //
 // Wire format on the socket (integers little-endian): a frame is u64 n, then n bytes. A request
@@ -42,6 +43,9 @@ std::string kernel_name(size_t k);
 /// The generator of this process (jit.h): code from the persistent cache, else from the
 /// compiler process; null, with error set, where lazyrt-jitc is missing.
 Generator* process_generator(std::string& error);
+
+/// Loads code from memory files only, as where no directory allows executable mappings.
+void load_code_from_memory_only(bool on);
 
 /// What generated code depends on besides its regions: the generator's version, LLVM's, and
 /// this CPU (its vendor, family, model, stepping and every feature flag cpuid reports, with

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/cpu/kernels/ops.h"
+#include "jit/code_server.h"
 #include "jit/jit.h"
 #include "support/graphs.h"
 
@@ -190,6 +191,29 @@ TEST(CompilerProcess, CompilesOutsideThisProcessWhichNeverMapsLlvm) {
   EXPECT_FALSE(mapped("lazyrt-code-")) << "and unmapped with its kernels";
   EXPECT_FALSE(mapped("libLLVM")) << "libLLVM is mapped in the process running the kernels";
   EXPECT_EQ(compilers().size(), 1u) << "one compiler process, a child of this one";
+}
+
+TEST(CompilerProcess, CodeLoadsFromMemoryFilesWhereNoDirectoryMayHoldIt) {
+  SyncMode mode;
+  TempCacheDir dir;
+  jit::load_code_from_memory_only(true);
+  // Two modules loaded at once (the second a different region, so compiled): each its own
+  // memory file, neither mistaken for the other.
+  const Region r;
+  Region r2;
+  r2.g.nodes[static_cast<size_t>(r2.g.outputs[0].node)].op = ir::OpKind::Sub;
+  std::vector<float> second, expected2(300);
+  for (int i = 0; i < 300; ++i) expected2[i] = static_cast<float>(i) * 0.25f * 3.0f - static_cast<float>(300 - i);
+  bool memory_file = false;
+  EXPECT_EQ(r.run([&] {
+    second = r2.run();
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line)) memory_file = memory_file || line.find("memfd:lazyrt-kernels") != std::string::npos;
+  }), expected());
+  jit::load_code_from_memory_only(false);
+  EXPECT_EQ(second, expected2);
+  EXPECT_TRUE(memory_file) << "the code is mapped from a memory file";
 }
 
 TEST(CompilerProcess, AKilledCompilerIsReplaced) {
