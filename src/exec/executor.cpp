@@ -52,8 +52,11 @@ void dump(const GraphHash& key, const runtime::Executable& exe) {
 }  // namespace
 
 GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations) {
+  return cache_key(ir::hash_graph(graph), donations);
+}
+
+GraphHash cache_key(const GraphHash& gh, const std::vector<int32_t>& donations) {
   ir::Hasher h;
-  GraphHash gh = ir::hash_graph(graph);
   h.add(gh.hi);
   h.add(gh.lo);
   h.add(backend::current().fingerprint());
@@ -90,13 +93,18 @@ std::shared_ptr<runtime::Executable> load_from_disk(const cache::PersistentCache
 
 }  // namespace
 
-std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
-                                                    const std::vector<int32_t>& donations) {
-  if (std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key)) {
+std::shared_ptr<runtime::Executable> cached_executable(const GraphHash& key) {
+  std::shared_ptr<runtime::Executable> exe = cache::memory_cache().get(key);
+  if (exe) {
     static auto& cached_compile = metrics::detail::counter_cell("CachedCompile");
     cached_compile.add(1);
-    return exe;
   }
+  return exe;
+}
+
+std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,
+                                                    const std::vector<int32_t>& donations) {
+  if (std::shared_ptr<runtime::Executable> exe = cached_executable(key)) return exe;
   static auto& compile_time = metrics::detail::timing_cell("CompileTime");
   detail::ScopedTimer timer(compile_time);
   const std::shared_ptr<const cache::PersistentCache> disk = cache::persistent_cache();

@@ -28,9 +28,13 @@ namespace lazyrt::exec {
 
 using BufferPtr = std::shared_ptr<runtime::Buffer>;
 
-/// The cache key of a graph compiled with these donation offers by the current backend.
+/// The cache key of a graph compiled with these donation offers by the current backend; from
+/// the graph's hash_graph where the graph itself was never built.
 GraphHash cache_key(const ir::Graph& graph, const std::vector<int32_t>& donations);
+GraphHash cache_key(const GraphHash& graph_hash, const std::vector<int32_t>& donations);
 
+/// The executable for `key` from the in-memory cache (counted), or null.
+std::shared_ptr<runtime::Executable> cached_executable(const GraphHash& key);
 /// The executable for `key`: from the in-memory cache, the disk cache, or compiled by the
 /// current backend (counted).
 std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const ir::Graph& graph,

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -24,7 +25,7 @@ struct TensorType {
   bool operator!=(const TensorType& o) const { return !(*this == o); }
 };
 std::string type_str(const TensorType& t);  // "f32[2, 3]"
-std::string types_str(const std::vector<TensorType>& ts);  // "f32[2, 3], i64[4]"
+std::string types_str(std::span<const TensorType> ts);  // "f32[2, 3], i64[4]"
 
 using AttrValue = std::variant<int64_t, double, bool, DType, std::vector<int64_t>>;
 
@@ -98,8 +99,17 @@ bool may_fail(const Node& n);
 
 /// Result types of `op` applied to operands of these types; throws lazyrt::Error naming the op
 /// and the types when they do not fit. The one shape rule, used by tracing and by passes.
-std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& operands,
+std::vector<TensorType> infer_types(OpKind op, std::span<const TensorType> operands,
                                     const Attrs& attrs);
+
+/// A result rule's one result (the shape moved in, not copied twice as a braced list would).
+inline std::vector<TensorType> single_result(DType dtype, Shape shape) {
+  std::vector<TensorType> r(1);
+  r[0].dtype = dtype;
+  r[0].shape = std::move(shape);
+  return r;
+}
+inline std::vector<TensorType> single_result(const TensorType& t) { return single_result(t.dtype, t.shape); }
 
 /// NumPy broadcasting of two shapes; throws lazyrt::Error naming `what` on a mismatch.
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what);
@@ -133,6 +143,16 @@ std::string to_dot(const Graph& g);
 /// parameter sequence, outputs and regions, and the IR format version. Never pointer values
 /// or tensor contents.
 GraphHash hash_graph(const Graph& g);
+
+class Hasher;
+/// One node's part of a graph's hash: hash_graph feeds every node of g.nodes through it, in
+/// order, into a hasher of its own, and finish_graph_hash makes the graph's hash of that and
+/// the rest. Extraction at a sync hashes pending IR through the same two without building
+/// the graph (trace/extract.h), so both give one key for one graph.
+void hash_node(Hasher& h, OpKind op, const std::vector<ValueRef>& operands, const Attrs& attrs,
+               const std::vector<TensorType>& results, const std::vector<std::shared_ptr<const Graph>>& regions);
+GraphHash finish_graph_hash(const Hasher& nodes, size_t num_nodes, int64_t num_params,
+                            const std::vector<ValueRef>& outputs);
 
 /// Bumped whenever the meaning of a graph or its hash changes.
 inline constexpr uint32_t kIrFormatVersion = 2;

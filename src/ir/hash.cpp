@@ -21,42 +21,54 @@ void hash_attr(Hasher& h, const AttrValue& v) {
   }
 }
 
-void hash_into(Hasher& h, const Graph& g) {
-  h.add(g.nodes.size());
-  h.add(static_cast<uint64_t>(g.num_params));
-  for (const Node& n : g.nodes) {
-    // Ops hash by name, so that the hash survives reordering of the op table.
-    h.add_string(op_name(n.op));
-    h.add(n.operands.size());
-    for (ValueRef v : n.operands) {
-      h.add(static_cast<uint64_t>(v.node));
-      h.add(static_cast<uint64_t>(v.index));
-    }
-    h.add(n.attrs.values.size());
-    for (const AttrValue& a : n.attrs.values) hash_attr(h, a);
-    h.add(n.results.size());
-    for (const TensorType& t : n.results) {
-      h.add(static_cast<uint64_t>(t.dtype));
-      h.add(t.shape.size());
-      for (int64_t d : t.shape) h.add(static_cast<uint64_t>(d));
-    }
-    h.add(n.regions.size());
-    for (const auto& r : n.regions) hash_into(h, *r);
-  }
-  h.add(g.outputs.size());
-  for (ValueRef v : g.outputs) {
+}  // namespace
+
+void hash_node(Hasher& h, OpKind op, const std::vector<ValueRef>& operands, const Attrs& attrs,
+               const std::vector<TensorType>& results, const std::vector<std::shared_ptr<const Graph>>& regions) {
+  // Ops hash by name, so that the hash survives reordering of the op table.
+  h.add_string(op_name(op));
+  h.add(operands.size());
+  for (ValueRef v : operands) {
     h.add(static_cast<uint64_t>(v.node));
     h.add(static_cast<uint64_t>(v.index));
   }
+  h.add(attrs.values.size());
+  for (const AttrValue& a : attrs.values) hash_attr(h, a);
+  h.add(results.size());
+  for (const TensorType& t : results) {
+    h.add(static_cast<uint64_t>(t.dtype));
+    h.add(t.shape.size());
+    for (int64_t d : t.shape) h.add(static_cast<uint64_t>(d));
+  }
+  h.add(regions.size());
+  for (const auto& r : regions) {
+    const GraphHash rh = hash_graph(*r);
+    h.add(rh.hi);
+    h.add(rh.lo);
+  }
 }
 
-}  // namespace
-
-GraphHash hash_graph(const Graph& g) {
+GraphHash finish_graph_hash(const Hasher& nodes, size_t num_nodes, int64_t num_params,
+                            const std::vector<ValueRef>& outputs) {
   Hasher h;
   h.add(kIrFormatVersion);
-  hash_into(h, g);
+  h.add(num_nodes);
+  h.add(static_cast<uint64_t>(num_params));
+  const GraphHash body = nodes.finish();
+  h.add(body.hi);
+  h.add(body.lo);
+  h.add(outputs.size());
+  for (ValueRef v : outputs) {
+    h.add(static_cast<uint64_t>(v.node));
+    h.add(static_cast<uint64_t>(v.index));
+  }
   return h.finish();
+}
+
+GraphHash hash_graph(const Graph& g) {
+  Hasher nodes;
+  for (const Node& n : g.nodes) hash_node(nodes, n.op, n.operands, n.attrs, n.results, n.regions);
+  return finish_graph_hash(nodes, g.nodes.size(), g.num_params, g.outputs);
 }
 
 }  // namespace lazyrt::ir

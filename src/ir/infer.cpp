@@ -13,7 +13,7 @@ namespace {
 
 using lazyrt::detail::str_cat;
 
-void check_same_dtype(std::string_view op, const std::vector<TensorType>& ts) {
+void check_same_dtype(std::string_view op, std::span<const TensorType> ts) {
   for (const auto& t : ts)
     LAZYRT_CHECK(t.dtype == ts[0].dtype, op, ": operands must have one dtype, got ",
                  types_str(ts));
@@ -62,16 +62,16 @@ std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in,
     if (!reduced) out.push_back(in.shape[d]);
     else if (keepdim) out.push_back(1);
   }
-  return {{in.dtype, out}};
+  return single_result(in.dtype, std::move(out));
 }
 
 }  // namespace
 
 // The rules of the data-movement, indexing and NN ops (infer_nn.cpp).
-std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<TensorType>& ops,
+std::vector<TensorType> infer_nn_types(const OpInfo& info, std::span<const TensorType> ops,
                                        const NodeAttrs& at);
 
-std::string types_str(const std::vector<TensorType>& ts) {
+std::string types_str(std::span<const TensorType> ts) {
   std::string s;
   for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + type_str(ts[i]);
   return s;
@@ -140,7 +140,7 @@ int64_t row_reduction_dims(const Graph& g, const Node& n) {
 
 namespace {
 
-std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops, const Attrs& a) {
+std::vector<TensorType> rule_types(OpKind op, std::span<const TensorType> ops, const Attrs& a) {
   const OpInfo& info = op_info(op);
   const NodeAttrs at(op, a);
   const std::string_view name = info.name;
@@ -152,20 +152,20 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
     case ResultRule::Full: {
       check_shape_valid(name, at.ints<"shape">());
       check_value_fits(name, at.f<"value">(), at.dtype<"dtype">());
-      return {{at.dtype<"dtype">(), at.ints<"shape">()}};
+      return single_result(at.dtype<"dtype">(), at.ints<"shape">());
     }
     case ResultRule::Unary:
-      return {ops[0]};
+      return single_result(ops[0]);
     case ResultRule::UnaryNumeric:
       check_not_bool(name, ops[0]);
-      return {ops[0]};
+      return single_result(ops[0]);
     case ResultRule::UnaryFloat:
       check_float(name, ops[0]);
-      return {ops[0]};
+      return single_result(ops[0]);
     case ResultRule::UnaryToBool:
-      return {{DType::b8, ops[0].shape}};
+      return single_result(DType::b8, ops[0].shape);
     case ResultRule::Cast:
-      return {{at.dtype<"dtype">(), ops[0].shape}};
+      return single_result(at.dtype<"dtype">(), ops[0].shape);
     case ResultRule::Binary:
     case ResultRule::BinaryNumeric:
     case ResultRule::BinaryFloat:
@@ -174,7 +174,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       if (info.rule == ResultRule::BinaryNumeric) check_not_bool(name, ops[0]);
       if (info.rule == ResultRule::BinaryFloat) check_float(name, ops[0]);
       Shape s = broadcast_shapes(ops[0].shape, ops[1].shape, name);
-      return {{info.rule == ResultRule::Compare ? DType::b8 : ops[0].dtype, s}};
+      return single_result(info.rule == ResultRule::Compare ? DType::b8 : ops[0].dtype, std::move(s));
     }
     case ResultRule::Where: {
       LAZYRT_CHECK(ops[0].dtype == DType::b8, name, ": condition must be b8, got ",
@@ -183,14 +183,14 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
                    type_str(ops[1]), " and ", type_str(ops[2]));
       Shape s = broadcast_shapes(broadcast_shapes(ops[0].shape, ops[1].shape, name),
                                  ops[2].shape, name);
-      return {{ops[1].dtype, s}};
+      return single_result(ops[1].dtype, std::move(s));
     }
     case ResultRule::Clamp: {
       check_same_dtype(name, ops);
       check_not_bool(name, ops[0]);
       Shape s = broadcast_shapes(broadcast_shapes(ops[0].shape, ops[1].shape, name),
                                  ops[2].shape, name);
-      return {{ops[0].dtype, s}};
+      return single_result(ops[0].dtype, std::move(s));
     }
     case ResultRule::Reduce:
       return reduce_types(name, ops[0], at.ints<"dims">(), at.b<"keepdim">(), false);
@@ -219,7 +219,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       const int64_t dim = at.i<"dim">();
       LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
                    " out of range for ", type_str(ops[0]));
-      return {ops[0]};
+      return single_result(ops[0]);
     }
     case ResultRule::Cumulative: {
       check_not_bool(name, ops[0]);
@@ -231,7 +231,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       const int64_t dim = at.i<"dim">();
       LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
                    " out of range for ", type_str(ops[0]));
-      return {ops[0]};
+      return single_result(ops[0]);
     }
     case ResultRule::Sort: {
       const auto rank = static_cast<int64_t>(ops[0].shape.size());
@@ -243,7 +243,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
                    type_str(ops[0]), " along dim ", dim);
       Shape out = ops[0].shape;
       if (rank) out[dim] = k;
-      return {{DType::i64, out}};
+      return single_result(DType::i64, std::move(out));
     }
     case ResultRule::Matmul: {
       const auto& x = ops[0];
@@ -261,7 +261,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       Shape out = broadcast_shapes(bx, by, str_cat(name, " batch dims"));
       out.push_back(n);
       out.push_back(m);
-      return {{x.dtype, out}};
+      return single_result(x.dtype, std::move(out));
     }
     case ResultRule::Gemm: {
       const auto& x = ops[0];
@@ -278,7 +278,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       Shape out = broadcast_shapes(bx, by, str_cat(name, " batch dims"));
       out.push_back(n);
       out.push_back(m);
-      return {{x.dtype, out}};
+      return single_result(x.dtype, std::move(out));
     }
     case ResultRule::Permute: {
       const auto& perm = at.ints<"dims">();
@@ -293,14 +293,14 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
         seen[perm[i]] = true;
         out[i] = ops[0].shape[perm[i]];
       }
-      return {{ops[0].dtype, out}};
+      return single_result(ops[0].dtype, std::move(out));
     }
     case ResultRule::Reshape: {
       const auto& s = at.ints<"shape">();
       check_shape_valid(name, s);
       LAZYRT_CHECK(shape_numel(s) == ops[0].numel(), name, ": cannot reshape ",
                    type_str(ops[0]), " to ", shape_str(s), " (element counts differ)");
-      return {{ops[0].dtype, s}};
+      return single_result(ops[0].dtype, std::move(s));
     }
     case ResultRule::Expand: {
       const auto& s = at.ints<"shape">();
@@ -313,7 +313,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
                      " to ", shape_str(s));
       }
       check_shape_valid(name, s);
-      return {{ops[0].dtype, s}};
+      return single_result(ops[0].dtype, std::move(s));
     }
     case ResultRule::Random: {
       for (const auto& t : ops)
@@ -327,13 +327,13 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
       LAZYRT_CHECK(is_floating(dtype), name, ": random values must be floating, got ",
                    dtype_name(dtype));
       check_shape_valid(name, shape);
-      return {{dtype, shape}};
+      return single_result(dtype, std::move(shape));
     }
     case ResultRule::Iota: {
       const Shape& shape = at.ints<"shape">();
       LAZYRT_CHECK(shape.size() == 1, name, ": the shape must have one dim, got ", shape_str(shape));
       check_shape_valid(name, shape);
-      return {{at.dtype<"dtype">(), shape}};
+      return single_result(at.dtype<"dtype">(), std::move(shape));
     }
     case ResultRule::Slice:
     case ResultRule::Pad:
@@ -355,7 +355,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
     case ResultRule::Check:
       LAZYRT_CHECK(ops[1].dtype == DType::b8, name, ": the condition must be b8, got ", type_str(ops[1]));
       check_message(at.i<"what">());
-      return {ops[0]};
+      return single_result(ops[0]);
     case ResultRule::While: {
       const int64_t carries = at.i<"carries">();
       LAZYRT_CHECK(carries >= 0 && carries <= static_cast<int64_t>(ops.size()), name, ": ",
@@ -466,7 +466,7 @@ std::vector<TensorType> rule_types(OpKind op, const std::vector<TensorType>& ops
 
 }  // namespace
 
-std::vector<TensorType> infer_types(OpKind op, const std::vector<TensorType>& ops, const Attrs& a) {
+std::vector<TensorType> infer_types(OpKind op, std::span<const TensorType> ops, const Attrs& a) {
   std::vector<TensorType> types = rule_types(op, ops, a);
   // Every result must be addressable: its byte count a checked product (TensorType::bytes()).
   for (const TensorType& t : types) {

@@ -78,7 +78,7 @@ std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, co
     const int64_t span = ends[d] - starts[d];  // ceil(span / step), without overflowing
     out[d] = span / steps[d] + (span % steps[d] != 0 ? 1 : 0);
   }
-  return {{x.dtype, out}};
+  return single_result(x.dtype, std::move(out));
 }
 
 std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
@@ -98,7 +98,7 @@ std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, cons
     LAZYRT_CHECK(out[d] >= 0, op, ": padding (", low[d], ", ", high[d], ") of dim ", d,
                  " of ", type_str(x), " gives a negative size ", out[d]);
   }
-  return {{x.dtype, out}};
+  return single_result(x.dtype, std::move(out));
 }
 
 std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
@@ -111,7 +111,7 @@ std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, con
   return {x};
 }
 
-std::vector<TensorType> concat_types(std::string_view op, const std::vector<TensorType>& ops,
+std::vector<TensorType> concat_types(std::string_view op, std::span<const TensorType> ops,
                                      const NodeAttrs& a) {
   LAZYRT_CHECK(!ops.empty(), op, ": expects at least one operand");
   const int64_t dim = a.i<"dim">();
@@ -128,12 +128,12 @@ std::vector<TensorType> concat_types(std::string_view op, const std::vector<Tens
                  ": operand 0 is ", type_str(first), ", operand ", k, " is ", type_str(t));
     out[dim] += t.shape[dim];
   }
-  return {{first.dtype, out}};
+  return single_result(first.dtype, std::move(out));
 }
 
 // ---- indexing --------------------------------------------------------------------------------
 
-std::vector<TensorType> index_select_types(std::string_view op, const std::vector<TensorType>& ops,
+std::vector<TensorType> index_select_types(std::string_view op, std::span<const TensorType> ops,
                                            const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
@@ -143,10 +143,10 @@ std::vector<TensorType> index_select_types(std::string_view op, const std::vecto
   LAZYRT_CHECK(index.shape.size() <= 1, op, ": the index must be a vector, got ", type_str(index));
   Shape out = x.shape;
   out[dim] = index.numel();
-  return {{x.dtype, out}};
+  return single_result(x.dtype, std::move(out));
 }
 
-std::vector<TensorType> gather_types(std::string_view op, const std::vector<TensorType>& ops,
+std::vector<TensorType> gather_types(std::string_view op, std::span<const TensorType> ops,
                                      const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
@@ -159,10 +159,10 @@ std::vector<TensorType> gather_types(std::string_view op, const std::vector<Tens
     LAZYRT_CHECK(static_cast<int64_t>(d) == dim || index.shape[d] <= x.shape[d], op,
                  ": expected index ", shape_str(index.shape), " to be no larger than input ",
                  shape_str(x.shape), " apart from dim ", dim);
-  return {{x.dtype, index.shape}};
+  return single_result(x.dtype, index.shape);
 }
 
-std::vector<TensorType> scatter_types(std::string_view op, const std::vector<TensorType>& ops,
+std::vector<TensorType> scatter_types(std::string_view op, std::span<const TensorType> ops,
                                       const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
@@ -183,7 +183,7 @@ std::vector<TensorType> scatter_types(std::string_view op, const std::vector<Ten
   return {x};
 }
 
-std::vector<TensorType> index_add_types(std::string_view op, const std::vector<TensorType>& ops,
+std::vector<TensorType> index_add_types(std::string_view op, std::span<const TensorType> ops,
                                         const NodeAttrs& a) {
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
@@ -318,7 +318,7 @@ void check_grad(std::string_view op, const TensorType& grad, const Shape& want, 
 
 }  // namespace
 
-std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<TensorType>& ops,
+std::vector<TensorType> infer_nn_types(const OpInfo& info, std::span<const TensorType> ops,
                                        const NodeAttrs& a) {
   const std::string_view op = info.name;
   switch (info.rule) {
@@ -347,20 +347,20 @@ std::vector<TensorType> infer_nn_types(const OpInfo& info, const std::vector<Ten
     }
     case ResultRule::MaxPool2d:
       check_float(op, ops[0]);
-      return {{ops[0].dtype, pool_result(op, ops[0], max_pool_attrs(a))}};
+      return single_result(ops[0].dtype, pool_result(op, ops[0], max_pool_attrs(a)));
     case ResultRule::MaxPool2dIndices:
       check_float(op, ops[0]);
-      return {{DType::i64, pool_result(op, ops[0], max_pool_attrs(a))}};
+      return single_result(DType::i64, pool_result(op, ops[0], max_pool_attrs(a)));
     case ResultRule::MaxPool2dBackward:
       check_float(op, ops[1]);
       check_grad(op, ops[0], pool_result(op, ops[1], max_pool_attrs(a)), ops[1].dtype);
-      return {ops[1]};
+      return single_result(ops[1]);
     case ResultRule::AvgPool2d:
       LAZYRT_CHECK(is_floating(ops[0].dtype) || ops[0].dtype == DType::i64, op,
                    ": expects a floating or i64 tensor, got ", type_str(ops[0]));
       LAZYRT_CHECK(a.i<"divisor">() >= 0, op, ": divisor_override must be positive, got ",
                    a.i<"divisor">());
-      return {{ops[0].dtype, pool_result(op, ops[0], avg_pool_attrs(a))}};
+      return single_result(ops[0].dtype, pool_result(op, ops[0], avg_pool_attrs(a)));
     case ResultRule::AvgPool2dBackward: {
       const TensorType input{ops[0].dtype, a.ints<"input_size">()};
       check_grad(op, ops[0], pool_result(op, input, avg_pool_attrs(a)), input.dtype);

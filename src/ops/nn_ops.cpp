@@ -123,7 +123,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   ir::Attrs attrs{stride, padding, dilation, groups};
   // The conv's own checks (channels, groups, sizes), then the bias's, before recording.
   const ir::TensorType out_type =
-      ir::infer_types(OpKind::Conv2d, {impl_of(x).type, impl_of(weight).type}, attrs)[0];
+      ir::infer_types(OpKind::Conv2d, std::vector<ir::TensorType>{impl_of(x).type, impl_of(weight).type}, attrs)[0];
   if (bias.defined()) {
     const int64_t channels = out_type.shape[1];
     LAZYRT_CHECK(impl_of(bias).type.shape == Shape{channels}, "conv2d: given weight ",

@@ -429,7 +429,7 @@ Tensor index_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor
   impl_of(source, "index_add");
   dim = wrap_dim(dim, a.shape(), "index_add");
   // Checked here, before alpha's multiplication is recorded.
-  ir::infer_types(OpKind::IndexAdd, {impl_of(a).type, impl_of(index).type, impl_of(source).type},
+  ir::infer_types(OpKind::IndexAdd, std::vector<ir::TensorType>{impl_of(a).type, impl_of(index).type, impl_of(source).type},
                   {dim});
   Tensor src = source;
   // alpha in source's dtype (an integer tensor truncates it, as torch does).

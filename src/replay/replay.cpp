@@ -223,7 +223,7 @@ GraphInputs graph_inputs(const std::vector<Tensor>& outputs) {
   for (size_t p = 0; p < ex.params.size(); ++p) {
     ImplPtr t = ex.param_tensors[p].lock();
     if (!t) {
-      t = trace::make_data(ex.graph.nodes[ex.param_nodes[p]].results[0], ex.params[p]);
+      t = trace::make_data(ex.param_types[p], ex.params[p]);
     } else if (t->is_pending()) {
       // Updated in place by the trace: back to the value the graph reads (its views too).
       t->restore_value(ex.params[p], {});

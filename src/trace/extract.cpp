@@ -9,15 +9,31 @@
 namespace lazyrt::trace {
 
 Flattener::Flattener(std::function<bool(const LazyNode&)> expand,
-                     std::function<ir::ValueRef(const LazyValue&, ir::Graph&)> leaf)
-    : expand_(std::move(expand)), leaf_(std::move(leaf)) {}
+                     std::function<ir::ValueRef(const LazyValue&, Flattener&)> leaf, Mode mode)
+    : expand_(std::move(expand)), leaf_(std::move(leaf)), mode_(mode) {}
+
+ir::ValueRef Flattener::emit_parameter(int64_t index, ir::TensorType type) {
+  if (mode_ == Mode::Build) {
+    graph_.nodes.push_back({ir::OpKind::Parameter, {}, {index}, {std::move(type)}, {}});
+  } else {
+    static const std::vector<ir::ValueRef> none;
+    static const std::vector<std::shared_ptr<const ir::Graph>> no_regions;
+    ir::hash_node(hasher_, ir::OpKind::Parameter, none, ir::Attrs{index}, {std::move(type)}, no_regions);
+  }
+  return {emitted_++, 0};
+}
+
+GraphHash Flattener::graph_hash(const std::vector<ir::ValueRef>& outputs, int64_t num_params) const {
+  LAZYRT_ASSERT(mode_ == Mode::HashOnly, "graph_hash of a built graph: use ir::hash_graph");
+  return ir::finish_graph_hash(hasher_, static_cast<size_t>(emitted_), num_params, outputs);
+}
 
 ir::ValueRef Flattener::value_of(const LazyValue& v) {
   const int32_t p = *pos_.find(v.node.get());
   if (node_of_[p] >= 0) return {node_of_[p], v.index};
   // A leaf: one graph value per result used.
   ir::ValueRef& val = v.index == 0 ? leaf0_[p] : leaf_values_.try_emplace((int64_t{p} << 32) | v.index, ir::ValueRef{-1, 0}).first->second;
-  if (val.node < 0) val = leaf_(v, graph_);
+  if (val.node < 0) val = leaf_(v, *this);
   return val;
 }
 
@@ -41,18 +57,23 @@ ir::ValueRef Flattener::add_root(const LazyValue& root) {
     node_of_.push_back(-1);
     leaf0_.push_back({-1, 0});
     if (!expanded) continue;
-    ir::Node node;
-    node.op = n->op;
-    node.attrs = n->attrs;
-    node.results = n->types;
-    node.regions = n->regions;
-    node.operands.reserve(n->operands.size());
+    operands_.clear();
     for (const LazyValue& v : n->operands) {
       visited_[*pos_.find(v.node.get())].internal_refs++;
-      node.operands.push_back(value_of(v));
+      operands_.push_back(value_of(v));
     }
-    graph_.nodes.push_back(std::move(node));
-    node_of_[p] = static_cast<int32_t>(graph_.nodes.size() - 1);
+    if (mode_ == Mode::Build) {
+      ir::Node node;
+      node.op = n->op;
+      node.attrs = n->attrs;
+      node.results = n->types;
+      node.regions = n->regions;
+      node.operands = operands_;
+      graph_.nodes.push_back(std::move(node));
+    } else {
+      ir::hash_node(hasher_, n->op, operands_, n->attrs, n->types, n->regions);
+    }
+    node_of_[p] = emitted_++;
   }
   visited_[*pos_.find(root.node.get())].internal_refs++;
   return value_of(root);
@@ -63,7 +84,7 @@ ir::ValueRef Flattener::add_root(const LazyValue& root) {
 // Donation: a parameter buffer that nothing outside this sync can still reach (no live tensor
 // holds it, and no pending value that survives the sync reads it) is offered to the output of
 // the tensor it came from, so an in-place update (w.add_(g)) writes into w's own buffer.
-Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
+Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors, bool hash_only) {
   Extracted ex;
   util::PtrMap<int32_t> param_of_buffer;
   std::vector<int64_t>& source = ex.param_sources;
@@ -87,13 +108,14 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
                      "from the body as part of the carry instead");
         return n.op != ir::OpKind::Parameter;
       },
-      [&](const LazyValue& v, ir::Graph& g) {
+      [&](const LazyValue& v, Flattener& f) {
         LAZYRT_ASSERT(v.node->data, "a loop placeholder reached a sync");
         // All leaves of one buffer are one parameter.
         auto [param, fresh] = param_of_buffer.emplace(v.node->data.get(), static_cast<int32_t>(ex.params.size()));
         const int32_t p = *param;
         if (fresh) {
-          ex.param_nodes.push_back(g.add_parameter(v.type()).node);
+          ex.param_nodes.push_back(f.emit_parameter(p, v.type()).node);
+          ex.param_types.push_back(v.type());
           ex.params.push_back(v.node->data);
           source.push_back(v.node->source_tensor);
           ex.param_tensors.push_back(v.node->source);
@@ -102,7 +124,8 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
         }
         if (v.node->also_tensor >= 0) note_source(p, v.node->also, v.node->also_tensor);
         return ir::ValueRef{ex.param_nodes[p], 0};
-      });
+      },
+      hash_only ? Flattener::Mode::HashOnly : Flattener::Mode::Build);
   std::vector<ir::ValueRef> outputs;
   for (const auto& t : tensors) outputs.push_back(flat.add_root(t->pending()));
 
@@ -131,14 +154,19 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors)
     // Adopted memory (NumPy, DLPack) belongs to someone else and is never written.
     if (!donatable[i] || ex.params[i]->is_adopted() || ex.params[i].use_count() != leaves[i] + 1) continue;
     for (size_t k = 0; k < tensors.size(); ++k)
-      if (tensors[k]->id == source[i] && tensors[k]->type == flat.graph().nodes[ex.param_nodes[i]].results[0] &&
+      if (tensors[k]->id == source[i] && tensors[k]->type == ex.param_types[i] &&
           ex.donations[k] < 0) {
         ex.donations[k] = static_cast<int32_t>(i);
         break;
       }
   }
-  ex.graph = std::move(flat.graph());
-  ex.graph.outputs = std::move(outputs);
+  if (hash_only) {
+    ex.graph_hash = flat.graph_hash(outputs, static_cast<int64_t>(ex.params.size()));
+  } else {
+    ex.graph = std::move(flat.graph());
+    ex.graph.outputs = std::move(outputs);
+    ex.graph.num_params = static_cast<int64_t>(ex.params.size());
+  }
   return ex;
 }
 }  // namespace lazyrt::trace

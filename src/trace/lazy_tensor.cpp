@@ -293,11 +293,13 @@ void RebindJournal::undo() {
 }
 
 LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs) {
-  std::vector<ir::TensorType> in;
-  in.reserve(operands.size());
-  for (const LazyValue& v : operands) in.push_back(v.type());
+  // The operands' types, copied into storage kept for the thread: assigning a shape into one
+  // of equal or larger capacity allocates nothing.
+  thread_local std::vector<ir::TensorType> in;
+  if (in.size() < operands.size()) in.resize(operands.size());
+  for (size_t k = 0; k < operands.size(); ++k) in[k] = operands[k].type();
   auto n = std::make_shared<LazyNode>();
-  n->types = ir::infer_types(op, in, attrs);
+  n->types = ir::infer_types(op, std::span<const ir::TensorType>(in.data(), operands.size()), attrs);
   n->op = op;
   n->operands = std::move(operands);
   n->attrs = std::move(attrs);

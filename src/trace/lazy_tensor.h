@@ -268,9 +268,11 @@ void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)
 
 /// The flattened pending graph of some pending tensors (one output per tensor, in order).
 struct Extracted {
-  ir::Graph graph;
+  ir::Graph graph;                                       // empty where only hashed
+  GraphHash graph_hash;                                  // where only hashed: hash_graph(graph)
   std::vector<int32_t> donations;                        // per output, the parameter offered
   std::vector<std::shared_ptr<runtime::Buffer>> params;  // per parameter, its buffer
+  std::vector<ir::TensorType> param_types;               // per parameter, its type
   std::vector<int32_t> param_nodes;                      // per parameter, its graph node
   std::vector<int64_t> param_sources;                    // per parameter, the tensor it came from
   std::vector<std::weak_ptr<TensorImpl>> param_tensors;  // per parameter, that tensor
@@ -278,7 +280,9 @@ struct Extracted {
   // (parameter, tensor). A parameter's tensor above is the oldest of them.
   std::vector<std::pair<int32_t, std::weak_ptr<TensorImpl>>> param_aliases;
 };
-Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& pending);
+/// The graph of the pending tensors, with its parameters and donations; with hash_only, all
+/// of it but the graph, and graph_hash instead.
+Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& pending, bool hash_only = false);
 /// The pending tensors among `requested`, each once, in order.
 std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::shared_ptr<TensorImpl>>& requested);
 /// While alive (per thread), any sync throws lazyrt::Error with `reason`.

@@ -54,7 +54,7 @@ ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope, int
                      "a value traced inside another while_loop body is used outside of it");
         return n.scope == scope && n.op != ir::OpKind::Parameter;
       },
-      [&](const LazyValue& v, ir::Graph& g) -> ir::ValueRef {
+      [&](const LazyValue& v, trace::Flattener& f) -> ir::ValueRef {
         const LazyNode& n = *v.node;
         int64_t index;
         ir::TensorType type = v.type();
@@ -66,8 +66,7 @@ ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope, int
           if (fresh) captures.values.push_back(v);
           index = placeholders + it->second;
         }
-        g.nodes.push_back({ir::OpKind::Parameter, {}, {index}, {std::move(type)}, {}});
-        return {static_cast<int32_t>(g.nodes.size() - 1), 0};
+        return f.emit_parameter(index, std::move(type));
       });
   std::vector<ir::ValueRef> outs;
   for (const LazyValue& r : roots) outs.push_back(flat.add_root(r));

@@ -47,15 +47,22 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 
+  // Hashed first, without building the graph; built only where no executable is cached.
   Extracted ex;
   GraphHash key;
+  std::shared_ptr<runtime::Executable> exe;
   {
     static auto& trace_time = metrics::detail::timing_cell("TraceTime");
     detail::ScopedTimer timer(trace_time);
-    ex = extract_graph(tensors);
-    key = exec::cache_key(ex.graph, ex.donations);
+    ex = extract_graph(tensors, /*hash_only=*/true);
+    key = exec::cache_key(ex.graph_hash, ex.donations);
+    exe = exec::cached_executable(key);
+    if (!exe) {
+      ex = {};  // its buffer references first: donation counts who else holds a buffer
+      ex = extract_graph(tensors);
+    }
   }
-  std::shared_ptr<runtime::Executable> exe = exec::executable_for(key, ex.graph, ex.donations);
+  if (!exe) exe = exec::executable_for(key, ex.graph, ex.donations);
   exec::Frame frame;
   frame.size_for(*exe);
   for (size_t i = 0; i < ex.params.size(); ++i) frame.params[i] = ex.params[i]->data();
