@@ -332,10 +332,7 @@ class ProcessGenerator final : public Generator {
 
   std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) override {
     const std::string request = encode_regions(regions);
-    ir::Hasher h;
-    h.add_string(code_fingerprint());
-    h.add_string(request);
-    const std::string key = h.finish().to_string();
+    const std::string key = key_of(request);
     std::string code = objects_.load(key);
     if (!code.empty()) {
       metrics::increment("JitObjectCacheHits", 1);
@@ -346,8 +343,22 @@ class ProcessGenerator final : public Generator {
     return load_code(code, regions.size(), fns);
   }
 
+  std::shared_ptr<void> load_cached(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) override {
+    const std::string code = objects_.load(key_of(encode_regions(regions)));
+    if (code.empty()) return nullptr;
+    metrics::increment("JitObjectCacheHits", 1);
+    return load_code(code, regions.size(), fns);
+  }
+
  private:
   // One request to the compiler process, started if it is not running.
+  static std::string key_of(const std::string& request) {
+    ir::Hasher h;
+    h.add_string(code_fingerprint());
+    h.add_string(request);
+    return h.finish().to_string();
+  }
+
   // A compiler that ended since its last answer (killed, say) is replaced once; one that
   // ends on this request is an error for this module only.
   std::string remote(const std::string& request) {

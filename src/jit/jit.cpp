@@ -16,6 +16,7 @@
 
 #include "backend/cpu/kernels/elementwise_fns.h"
 #include "jit/code_server.h"
+#include "lazyrt/cache.h"
 #include "lazyrt/metrics.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
@@ -197,7 +198,24 @@ int Module::add(FusedRegion r) {
 }
 
 void Module::finish(const std::shared_ptr<Module>& m) {
-  if (!m || m->empty() || mode() != Mode::Sync) return;
+  if (!m || m->empty()) return;
+  if (mode() == Mode::Tiered && !cache::persistent_dir().empty()) {
+    Generator* gen = generator();
+    if (!gen) return;
+    try {
+      std::vector<FusedFn> fns;
+      if (std::shared_ptr<void> code = gen->load_cached(m->regions(), fns)) {
+        m->submitted_.store(true);
+        m->install(std::move(code), fns);
+        metrics::increment("JitModules", 1);
+        metrics::increment("JitKernels", static_cast<int64_t>(fns.size()));
+      }
+    } catch (const std::exception&) {  // not loaded: compiled once hot, as without a cache
+      metrics::increment("JitFailures", 1);
+    }
+    return;
+  }
+  if (mode() != Mode::Sync) return;
   m->submitted_.store(true);
   try {
     compile_now(*m);

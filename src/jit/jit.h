@@ -64,7 +64,9 @@ class Module {
   /// of the elementwise table: the kernel library has a function for each); if so, adds it and
   /// returns its index, else -1.
   int add(FusedRegion r);
-  /// Called once lowering has added every region: compiles now in Sync mode.
+  /// Called once lowering has added every region: compiles now in Sync mode; in tiered mode,
+  /// loads the module's code now where the persistent cache holds it (a warm process runs
+  /// generated code from the first step, and never starts the compiler for it).
   static void finish(const std::shared_ptr<Module>& m);
 
   /// The loop of region k once compiled, else null.
@@ -110,6 +112,9 @@ class Generator {
   /// Compiles the regions as one module; fns receives one loop per region. The result owns the
   /// code. Throws lazyrt::Error.
   virtual std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) = 0;
+  /// The regions' code where the persistent cache holds it (fns filled, as compile does), else
+  /// null: nothing is compiled.
+  virtual std::shared_ptr<void> load_cached(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) = 0;
   /// Checks that the generator can compile before modules are handed to the compiler thread.
   /// Throws lazyrt::Error.
   virtual void prepare() = 0;

@@ -110,6 +110,35 @@ TEST(ObjectCache, ASecondCompilationLoadsTheStoredObject) {
   EXPECT_EQ(objects(dir.path).size(), 1u);
 }
 
+TEST(ObjectCache, ATieredModuleLoadsStoredCodeWhenItIsLoweredBeforeAnyRun) {
+  TempCacheDir dir;
+  const Region r;
+  {
+    SyncMode mode;
+    EXPECT_EQ(r.run(), expected());  // compiled and stored
+  }
+  const jit::Mode saved = jit::mode();
+  jit::set_mode(jit::Mode::Tiered);
+  const int64_t hits = metrics::counter("JitObjectCacheHits");
+  const int64_t starts = metrics::counter("JitCompilerStarts");
+  auto module = jit::new_module();
+  kernels::Kernel k = kernels::make_fused(r.g, r.inputs, r.outputs, testing::plain_fusion(r.outputs), module);
+  EXPECT_EQ(module->fn(0), nullptr);
+  jit::Module::finish(module);
+  jit::set_mode(saved);
+  EXPECT_NE(module->fn(0), nullptr) << "generated code from the first run";
+  EXPECT_EQ(metrics::counter("JitObjectCacheHits"), hits + 1);
+  EXPECT_EQ(metrics::counter("JitCompilerStarts"), starts);
+  // And with an empty cache, nothing until the module is hot.
+  TempCacheDir empty;
+  jit::set_mode(jit::Mode::Tiered);
+  auto cold = jit::new_module();
+  kernels::Kernel k2 = kernels::make_fused(r.g, r.inputs, r.outputs, testing::plain_fusion(r.outputs), cold);
+  jit::Module::finish(cold);
+  jit::set_mode(saved);
+  EXPECT_EQ(cold->fn(0), nullptr);
+}
+
 TEST(ObjectCache, ACorruptObjectIsAMissAndIsReplaced) {
   SyncMode mode;
   TempCacheDir dir;
