@@ -36,6 +36,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -302,10 +303,24 @@ Compiler::Compiler() {
   jtmb.setRelocationModel(llvm::Reloc::PIC_);
   jtmb.getOptions().AllowFPOpFusion = llvm::FPOpFusion::Strict;
   tm_ = take(jtmb.createTargetMachine(), "target machine");
-  std::string tmpl = (std::getenv("TMPDIR") && *std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") +
-                     "/lazyrt-jitc-XXXXXX";
-  if (!mkdtemp(tmpl.data())) throw Error("generated kernels: a directory to link in: " + std::string(std::strerror(errno)));
-  dir_ = tmpl;
+  make_dir();
+}
+
+// A private directory to link in, under TMPDIR or else /tmp, named with this process's id (so
+// that what a killed compiler leaves can be told apart); made again when it is gone (a
+// temporary-file cleaner, say).
+void Compiler::make_dir() {
+  std::string why;
+  for (const char* base : {static_cast<const char*>(std::getenv("TMPDIR")), "/tmp"}) {
+    if (!base || !*base) continue;
+    std::string tmpl = std::string(base) + "/lazyrt-jitc-" + std::to_string(::getpid()) + "-XXXXXX";
+    if (mkdtemp(tmpl.data())) {
+      dir_ = tmpl;
+      return;
+    }
+    why += std::string(" ") + base + ": " + std::strerror(errno) + ";";
+  }
+  throw Error("generated kernels: no directory to link in:" + why);
 }
 
 Compiler::~Compiler() {
@@ -317,6 +332,8 @@ Compiler::~Compiler() {
 std::string Compiler::shared_object(const std::vector<FusedRegion>& regions) {
   const std::string name = "lazyrt_kernels_" + std::to_string(next_module_++);
   const std::string object = emit_object(regions, name);
+  struct stat st {};
+  if (::stat(dir_.c_str(), &st) != 0) make_dir();
   const std::string o = dir_ + "/m.o", so = dir_ + "/m.so";
   write_file(o, object);
   // The system linker (binutils' ld, found when lazyrt was built): a shared object that needs

@@ -26,6 +26,7 @@ class Compiler {
   std::string shared_object(const std::vector<FusedRegion>& regions);
 
  private:
+  void make_dir();
   std::string emit_object(const std::vector<FusedRegion>& regions, const std::string& name);
   std::unique_ptr<llvm::Module> load_library(llvm::LLVMContext& ctx);
   void optimize(llvm::Module& m);

@@ -258,6 +258,14 @@ TEST(CompilerProcess, AKilledCompilerIsReplaced) {
   const std::vector<pid_t> before = compilers();
   ASSERT_EQ(before.size(), 1u);
   ASSERT_EQ(kill(before[0], SIGKILL), 0);
+  // What it leaves (its linking directory, named with its pid) is removed here.
+  const std::string leftover = "lazyrt-jitc-" + std::to_string(before[0]) + "-";
+  for (const std::string& base : {scratch.path, std::string("/tmp")})
+    for (const auto& e : fs::directory_iterator(base))
+      if (e.path().filename().string().rfind(leftover, 0) == 0) {
+        std::error_code ec;
+        fs::remove_all(e.path(), ec);
+      }
   const int64_t starts = metrics::counter("JitCompilerStarts");
   const int64_t failures = metrics::counter("JitFailures");
   TempCacheDir other;  // so that the module is compiled again
@@ -267,6 +275,16 @@ TEST(CompilerProcess, AKilledCompilerIsReplaced) {
   const std::vector<pid_t> after = compilers();
   ASSERT_EQ(after.size(), 1u) << "the killed one reaped, one running";
   EXPECT_NE(after[0], before[0]);
+  // The running compiler's directory removed under it (as a temporary-file cleaner may): it
+  // makes another.
+  for (const auto& e : fs::directory_iterator(scratch.path))
+    if (e.path().filename().string().rfind("lazyrt-jitc-", 0) == 0) fs::remove_all(e.path());
+  {
+    TempCacheDir third;
+    EXPECT_EQ(r.run(), expected());
+    EXPECT_EQ(metrics::counter("JitFailures"), failures);
+    EXPECT_EQ(metrics::counter("JitCompilerStarts"), starts + 1);
+  }
   if (saved_tmpdir) setenv("TMPDIR", saved.c_str(), 1);
   else unsetenv("TMPDIR");
 }
