@@ -125,6 +125,17 @@ bool read_frame(int fd, std::string& bytes) {
   return read_exact(fd, bytes.data(), bytes.size());
 }
 
+bool write_all(int fd, std::string_view bytes) {
+  size_t put = 0;
+  while (put < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    put += static_cast<size_t>(w);
+  }
+  return true;
+}
+
 std::string kernel_name(size_t k) { return "lazyrt_k" + std::to_string(k); }
 
 const std::string& code_fingerprint() {
@@ -227,17 +238,6 @@ class CodeDir {
 CodeDir& code_dir() {
   static CodeDir* d = new CodeDir();  // never destroyed: used by the compiler thread until exit
   return *d;
-}
-
-bool write_all(int fd, const std::string& bytes) {
-  size_t put = 0;
-  while (put < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    put += static_cast<size_t>(w);
-  }
-  return true;
 }
 
 std::atomic<bool> memory_only{false};

@@ -37,6 +37,9 @@ std::vector<FusedRegion> decode_regions(std::string_view bytes);
 bool write_frame(int fd, std::string_view bytes);
 bool read_frame(int fd, std::string& bytes);
 
+/// Writes all of bytes to a file descriptor (retrying short writes); false on an error.
+bool write_all(int fd, std::string_view bytes);
+
 /// The name of region k's loop in a module.
 std::string kernel_name(size_t k);
 

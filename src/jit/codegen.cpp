@@ -76,15 +76,9 @@ T take(llvm::Expected<T> v, const char* what) {
 }
 void write_file(const std::string& path, const std::string& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  size_t put = 0;
-  while (fd >= 0 && put < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + put, bytes.size() - put);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break;
-    put += static_cast<size_t>(w);
-  }
+  const bool written = fd >= 0 && write_all(fd, bytes);
   if (fd >= 0) ::close(fd);
-  if (fd < 0 || put != bytes.size()) throw Error("generated kernels: cannot write " + path);
+  if (!written) throw Error("generated kernels: cannot write " + path);
 }
 std::string read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "ir/hash.h"
+#include "jit/code_server.h"
 #include "lazyrt/cache.h"
 #include "util/metrics_cells.h"
 
@@ -111,14 +112,9 @@ void ObjectCache::store(const std::string& key, const std::string& code) {
   const std::string tmp = dir + "/." + key + "." + std::to_string(::getpid()) + "." + std::to_string(rng()) + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return;
-  size_t put = 0;
-  while (put < file.size()) {
-    const ssize_t w = ::write(fd, file.data() + put, file.size() - put);
-    if (w <= 0) break;
-    put += static_cast<size_t>(w);
-  }
+  const bool written = write_all(fd, file);
   ::close(fd);
-  if (put != file.size() || ::rename(tmp.c_str(), (dir + "/" + key + ".so").c_str()) != 0) ::unlink(tmp.c_str());
+  if (!written || ::rename(tmp.c_str(), (dir + "/" + key + ".so").c_str()) != 0) ::unlink(tmp.c_str());
   else metrics::increment("JitObjectCacheStores", 1);
 }
 
