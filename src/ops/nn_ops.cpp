@@ -189,12 +189,9 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, std::vect
   Tensor x = batched(input, "max_pool2d_with_indices");
   ir::Attrs a = max_pool_attrs(std::move(kernel_size), std::move(stride), std::move(padding),
                                std::move(dilation), ceil_mode, "max_pool2d_with_indices");
+  // Two nodes, so that a graph that never reads the indices (inference) drops their pass.
+  Tensor out = apply(OpKind::MaxPool2d, {x}, a);
   Tensor indices = apply(OpKind::MaxPool2dIndices, {x}, std::move(a));
-  // The maxima read at their places: one pass over the windows, not a second pooling.
-  const Shape& xs = x.shape();
-  const Shape& is = indices.shape();
-  const int64_t planes = xs[0] * xs[1];
-  Tensor out = reshape(gather(reshape(x, {planes, xs[2] * xs[3]}), 1, reshape(indices, {planes, is[2] * is[3]})), is);
   return {unbatched_like(out, input), unbatched_like(indices, input)};
 }
 

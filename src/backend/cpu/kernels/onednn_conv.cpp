@@ -123,7 +123,7 @@ std::optional<Kernel> make(const KernelSpec& s) {
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const auto algo = dnnl::algorithm::convolution_direct;
     const auto fwd_kind =
-        kPass == Pass::Forward ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
+        dnnl::prop_kind::forward_training;
     const dnnl::convolution_forward::desc fwd(fwd_kind, algo, any(xd), any(wd), any(yd), strides, dilates, pad, pad);
     const dnnl::convolution_forward::primitive_desc fwd_pd(fwd, attr, engine());
     memory::desc scratch;

@@ -8,8 +8,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <new>
+#include <vector>
 
 #include "backend/cpu/kernels/loops.h"
+#include "backend/cpu/kernels/vmath.h"
 #include "backend/cpu/kernels/ops.h"
 #include "backend/cpu/kernels/parallel.h"
 
@@ -62,9 +65,11 @@ PoolGeom make_geom(const Shape& x, const Shape& out, const std::vector<int64_t>&
   return g;
 }
 
-// Index (within the plane) of the max of window (oh, ow).
+// Index (within the plane) of the max of window (oh, ow), and the max into *value. A window
+// with no element in the input (dilation stepping over it all) has the lowest value and the
+// index of its first place, past the plane's end, as PyTorch gives them.
 template <class T>
-int64_t argmax(const T* plane, const PoolGeom& g, int64_t oh, int64_t ow) {
+int64_t argmax(const T* plane, const PoolGeom& g, int64_t oh, int64_t ow, compute_t<T>* value) {
   using C = compute_t<T>;
   int64_t h0, h1, w0, w1;
   g.window(oh, ow, &h0, &h1, &w0, &w1);
@@ -80,8 +85,114 @@ int64_t argmax(const T* plane, const PoolGeom& g, int64_t oh, int64_t ow) {
       }
     }
   }
+  *value = best_value;
   return best;
 }
+
+// One tap of every window of a plane: `rows` rows of n outputs, n a multiple of kLanes, rows
+// of m and t 64-byte aligned; output (r, i)'s element at tap `tap` is x[r * x_row + i]. It
+// takes the running maximum m[r * n + i] (and t[...] its tap) when greater, or a nan. Selects
+// over arrays in whole vectors, which become blends: no branch on the data (a branch
+// mispredicts on every new maximum).
+constexpr int64_t kLanes = 16;
+template <class C>
+LAZYRT_ISA_CLONES void max_tap(const C* __restrict x, int64_t x_row, int64_t rows, int64_t n, int32_t tap,
+                               C* __restrict m, int32_t* __restrict t) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const C* xr = x + r * x_row;
+    C* mr = static_cast<C*>(__builtin_assume_aligned(m + r * n, 64));
+    int32_t* tr = static_cast<int32_t*>(__builtin_assume_aligned(t + r * n, 64));
+    for (int64_t i0 = 0; i0 < n; i0 += kLanes) {
+      for (int64_t i = i0; i < i0 + kLanes; ++i) {  // a fixed trip count: whole vectors
+        const C v = xr[i];
+        const bool take = (v > mr[i]) | (v != v);
+        mr[i] = take ? v : mr[i];
+        tr[i] = take ? tap : tr[i];
+      }
+    }
+  }
+}
+
+// A buffer of n T, 64-byte aligned.
+template <class T>
+struct Aligned {
+  explicit Aligned(int64_t n) : p(static_cast<T*>(::operator new(static_cast<size_t>(n) * sizeof(T), std::align_val_t{64}))) {}
+  ~Aligned() { ::operator delete(p, std::align_val_t{64}); }
+  Aligned(const Aligned&) = delete;
+  Aligned& operator=(const Aligned&) = delete;
+  T* p;
+};
+
+// The argmax (index within the plane) and the maximum of every window of a plane, as argmax()
+// gives them, with the scratch it needs. The plane is copied (in its compute type) into a
+// buffer padded with the lowest value on every side a window reaches past, where no element
+// is ever taken, so that every window is whole; each padded row is stored as sw phases
+// (columns w with w % sw == q, in order), so that one tap of consecutive windows reads
+// consecutive elements. Then the windows are done a tap at a time over all of them
+// (max_tap), in window order, so that ties and nans resolve as in argmax(); rows of outputs
+// kLanes at a time (the padding covers the extra ones). A window where nothing was taken
+// (every element the lowest value, or none in the plane) gets argmax()'s own answer.
+template <class T>
+struct PlaneArgmax {
+  using C = compute_t<T>;
+  explicit PlaneArgmax(const PoolGeom& g)
+      : pitch((g.OW + kLanes - 1) / kLanes * kLanes), Hp((g.OH - 1) * g.sh + (g.kh - 1) * g.dh + 1),
+        Wp((pitch - 1) * g.sw + (g.kw - 1) * g.dw + 1), Wq((Wp + g.sw - 1) / g.sw), row_pitch(Wq * g.sw),
+        padded(Hp * row_pitch), best(g.OH * pitch), taps(g.OH * pitch) {
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) tap_offset.push_back(i * g.dh * g.W + j * g.dw);
+  }
+  const int64_t pitch, Hp, Wp, Wq, row_pitch;
+  Aligned<C> padded, best;
+  Aligned<int32_t> taps;
+  std::vector<int64_t> tap_offset;  // per tap, its place in the plane from the window's corner
+
+  // The plane's windows: their indices into idx (OH * OW), then fn(output, maximum) for each.
+  template <class Fn>
+  void run(const T* plane, const PoolGeom& g, int64_t* idx, const Fn& fn) {
+    const C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
+                                                          : std::numeric_limits<C>::lowest();
+    const int64_t sw = g.sw;
+    for (int64_t hp = 0; hp < Hp; ++hp) {
+      C* row = padded.p + hp * row_pitch;
+      const int64_t h = hp - g.ph;
+      if (h < 0 || h >= g.H) {
+        std::fill(row, row + row_pitch, lowest);
+        continue;
+      }
+      const T* in = plane + h * g.W;
+      for (int64_t q = 0; q < sw; ++q) {
+        // phase[k] is column k * sw + q - pw of the input row: inside it for k in [k0, k1).
+        C* phase = row + q * Wq;
+        const int64_t first = q - g.pw;  // the column of k = 0
+        const int64_t k0 = std::min(Wq, first >= 0 ? 0 : (-first + sw - 1) / sw);
+        const int64_t k1 = std::max(k0, std::min(Wq, g.W - first <= 0 ? 0 : (g.W - first + sw - 1) / sw));
+        std::fill(phase, phase + k0, lowest);
+        const T* src = in + first;
+        for (int64_t k = k0; k < k1; ++k) phase[k] = convert<C>(src[k * sw]);
+        std::fill(phase + k1, phase + Wq, lowest);
+      }
+    }
+    std::fill(best.p, best.p + g.OH * pitch, lowest);
+    std::fill(taps.p, taps.p + g.OH * pitch, -1);
+    int32_t tap = 0;
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j, ++tap) {
+        const int64_t col = j * g.dw;
+        const C* x = padded.p + i * g.dh * row_pitch + col % sw * Wq + col / sw;
+        max_tap(x, g.sh * row_pitch, g.OH, pitch, tap, best.p, taps.p);
+      }
+    for (int64_t oh = 0, o = 0; oh < g.OH; ++oh) {
+      const int64_t corner = (oh * g.sh - g.ph) * g.W - g.pw;  // of window (oh, 0) in the plane
+      for (int64_t ow = 0; ow < g.OW; ++ow, ++o) {
+        const int32_t k = taps.p[oh * pitch + ow];
+        C value = best.p[oh * pitch + ow];
+        idx[o] = k < 0 ? argmax(plane, g, oh, ow, &value) : corner + ow * g.sw + tap_offset[static_cast<size_t>(k)];
+        fn(o, value);
+      }
+    }
+  }
+};
 
 // fn(first plane, end plane) over the planes, split across threads where there is enough work
 // (planes are independent).
@@ -94,11 +205,11 @@ void for_planes(const PoolGeom& g, const F& fn) {
 template <class T>
 void max_pool(const PoolGeom& g, const T* x, T* out) {
   for_planes(g, [&](int64_t p0, int64_t p1) {
-    T* o = out + p0 * g.OH * g.OW;
+    PlaneArgmax<T> windows(g);
+    std::vector<int64_t> idx(static_cast<size_t>(g.OH * g.OW));
     for (int64_t p = p0; p < p1; ++p) {
-      const T* plane = x + p * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh)
-        for (int64_t ow = 0; ow < g.OW; ++ow) *o++ = plane[argmax(plane, g, oh, ow)];
+      T* o = out + p * g.OH * g.OW;
+      windows.run(x + p * g.H * g.W, g, idx.data(), [&](int64_t k, compute_t<T> v) { o[k] = convert<T>(v); });
     }
   });
 }
@@ -107,16 +218,18 @@ template <class T>
 void max_pool_backward(const PoolGeom& g, const T* gout, const T* x, T* dx) {
   using C = compute_t<T>;
   for_planes(g, [&](int64_t p0, int64_t p1) {
+    PlaneArgmax<T> windows(g);
+    std::vector<int64_t> idx(static_cast<size_t>(g.OH * g.OW));
     std::fill(dx + p0 * g.H * g.W, dx + p1 * g.H * g.W, convert<T>(0));
     const T* go = gout + p0 * g.OH * g.OW;
     for (int64_t p = p0; p < p1; ++p) {
-      const T* plane = x + p * g.H * g.W;
       T* dplane = dx + p * g.H * g.W;
-      for (int64_t oh = 0; oh < g.OH; ++oh) {
-        for (int64_t ow = 0; ow < g.OW; ++ow) {
-          T& d = dplane[argmax(plane, g, oh, ow)];
-          d = convert<T>(static_cast<C>(convert<C>(d) + convert<C>(*go++)));
-        }
+      windows.run(x + p * g.H * g.W, g, idx.data(), [](int64_t, C) {});
+      for (const int64_t at : idx) {
+        const T grad = *go++;
+        if (at >= g.H * g.W) continue;  // an empty window: its value depends on no element
+        T& d = dplane[at];
+        d = convert<T>(static_cast<C>(convert<C>(d) + convert<C>(grad)));
       }
     }
   });
@@ -224,12 +337,9 @@ Kernel make_MaxPool2dIndices(const KernelSpec& s) {
       const T* x = static_cast<const T*>(in[0]);
       int64_t* indices = static_cast<int64_t*>(out[0]);
       for_planes(g, [&](int64_t p0, int64_t p1) {
-        int64_t* o = indices + p0 * g.OH * g.OW;
-        for (int64_t p = p0; p < p1; ++p) {
-          const T* plane = x + p * g.H * g.W;
-          for (int64_t oh = 0; oh < g.OH; ++oh)
-            for (int64_t ow = 0; ow < g.OW; ++ow) *o++ = argmax(plane, g, oh, ow);
-        }
+        PlaneArgmax<T> windows(g);
+        for (int64_t p = p0; p < p1; ++p)
+          windows.run(x + p * g.H * g.W, g, indices + p * g.OH * g.OW, [](int64_t, compute_t<T>) {});
       });
     }};
   });
