@@ -190,8 +190,8 @@ std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& input, std::vect
   ir::Attrs a = max_pool_attrs(std::move(kernel_size), std::move(stride), std::move(padding),
                                std::move(dilation), ceil_mode, "max_pool2d_with_indices");
   // Two nodes, so that a graph that never reads the indices (inference) drops their pass.
-  Tensor out = apply(OpKind::MaxPool2d, {x}, a);
-  Tensor indices = apply(OpKind::MaxPool2dIndices, {x}, std::move(a));
+  Tensor indices = apply(OpKind::MaxPool2dIndices, {x}, a);
+  Tensor out = apply(OpKind::MaxPool2d, {x}, std::move(a));
   return {unbatched_like(out, input), unbatched_like(indices, input)};
 }
 

@@ -90,6 +90,23 @@ def test_max_pool_16_bit(dtype):
         np.testing.assert_array_equal(lv.float().numpy(), tv.float().numpy())
 
 
+def test_max_pool_large_planes_split_across_threads():
+    # Enough planes and windows that the kernel runs them in pieces, on the pool's threads.
+    rng = np.random.default_rng(9)
+    x = data((4, 16, 40, 41), rng, True).astype(np.float32)
+    for kw in (dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=(2, 3), stride=(1, 3), dilation=(2, 1))):
+        tx = torch.from_numpy(x.copy()).requires_grad_()
+        tv, ti = TF.max_pool2d(tx, return_indices=True, **kw)
+        gy = rng.standard_normal(tuple(tv.shape)).astype(np.float32)
+        tv.backward(torch.from_numpy(gy))
+        lx = lr.tensor(x, requires_grad=True)
+        lv, li = lr.nn.functional.max_pool2d(lx, return_indices=True, **kw)
+        np.testing.assert_array_equal(li.numpy(), ti.numpy())
+        np.testing.assert_array_equal(lv.numpy(), tv.detach().numpy())
+        lv.backward(lr.tensor(gy))
+        np.testing.assert_array_equal(lx.grad.numpy(), tx.grad.numpy())
+
+
 class Pool(torch.nn.Module):
     def __init__(self):
         super().__init__()

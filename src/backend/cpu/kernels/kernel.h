@@ -19,8 +19,8 @@ struct KernelSpec {
   const ir::Attrs& attrs;
   std::vector<ir::TensorType> inputs;
   std::vector<ir::TensorType> outputs;
-  /// The backend takes library kernels (oneDNN's convolutions) where they serve the op; the
-  /// reference backend does not, and runs the hand-written ones.
+  /// The backend takes library kernels (oneDNN's convolutions and f32 GEMMs) where they serve
+  /// the op; the reference backend does not, and runs the hand-written ones.
   bool library = false;
 };
 

@@ -18,9 +18,6 @@
 #include "util/check.h"
 #include "util/metrics_cells.h"
 
-extern "C" int omp_get_max_threads();
-extern "C" void omp_set_num_threads(int n);
-
 namespace lazyrt::kernels {
 namespace {
 
@@ -66,22 +63,6 @@ void execute(const dnnl::primitive& p, const dnnl::stream& s, std::initializer_l
   const dnnl_status_t st = dnnl_primitive_execute(p.get(), s.get(), static_cast<int>(args.size()), args.begin());
   LAZYRT_ASSERT(st == dnnl_success, "oneDNN primitive failed with status ", static_cast<int>(st));
 }
-
-// oneDNN's OpenMP team at `n` threads for a scope, then as it was.
-class ThreadsFor {
- public:
-  explicit ThreadsFor(int n) : before_(omp_get_max_threads()) {
-    if (n != before_) omp_set_num_threads(n);
-  }
-  ~ThreadsFor() {
-    if (omp_get_max_threads() != before_) omp_set_num_threads(before_);
-  }
-  ThreadsFor(const ThreadsFor&) = delete;
-  ThreadsFor& operator=(const ThreadsFor&) = delete;
-
- private:
-  int before_;
-};
 
 // Sets operand k up for the primitive's chosen format `chosen`, reserving workspace for a copy.
 void place(Conv& c, size_t k, int arg, const memory::desc& user, const memory::desc& chosen, bool is_result) {
@@ -168,7 +149,7 @@ std::optional<Kernel> make(const KernelSpec& s) {
                     if (o.reorder) o.inner.set_data_handle(work + o.offset);
                   }
                   c->scratch.set_data_handle(c->scratch.get_desc().get_size() ? work + scratch_offset : nullptr);
-                  const ThreadsFor team(num_threads());
+                  const OmpTeam team(num_threads());
                   for (size_t k = 0; k < 2; ++k)
                     if (const Operand& o = c->ops[k]; o.reorder)
                       execute(*o.reorder, c->stream, {{DNNL_ARG_FROM, o.user.get()}, {DNNL_ARG_TO, o.inner.get()}});

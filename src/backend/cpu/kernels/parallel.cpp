@@ -8,6 +8,9 @@
 #include <thread>
 #include <vector>
 
+extern "C" int omp_get_max_threads();
+extern "C" void omp_set_num_threads(int n);
+
 namespace lazyrt::kernels {
 namespace {
 
@@ -117,6 +120,13 @@ Pool& pool() {
 
 int num_threads() { return pool().size(); }
 void set_num_threads(int n) { pool().resize(n); }
+
+OmpTeam::OmpTeam(int n) : before_(omp_get_max_threads()) {
+  if (n != before_) omp_set_num_threads(n);
+}
+OmpTeam::~OmpTeam() {
+  if (omp_get_max_threads() != before_) omp_set_num_threads(before_);
+}
 
 namespace detail {
 void run_parallel(int64_t n, int64_t grain, ChunkFn fn, const void* ctx) {

@@ -17,6 +17,19 @@ inline constexpr int64_t kParallelGrain = 32768;
 int num_threads();
 void set_num_threads(int n);
 
+/// While alive, the OpenMP team that oneDNN's kernels run on has n threads; then it is as it
+/// was, so that the process's own OpenMP setting (PyTorch's, for one) is left alone.
+class OmpTeam {
+ public:
+  explicit OmpTeam(int n);
+  ~OmpTeam();
+  OmpTeam(const OmpTeam&) = delete;
+  OmpTeam& operator=(const OmpTeam&) = delete;
+
+ private:
+  int before_;
+};
+
 namespace detail {
 using ChunkFn = void (*)(const void* ctx, int64_t begin, int64_t end);
 void run_parallel(int64_t n, int64_t grain, ChunkFn fn, const void* ctx);

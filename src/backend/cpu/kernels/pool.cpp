@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <new>
+#include <cstdint>
 #include <vector>
 
 #include "backend/cpu/kernels/loops.h"
@@ -113,48 +113,66 @@ LAZYRT_ISA_CLONES void max_tap(const C* __restrict x, int64_t x_row, int64_t row
   }
 }
 
-// A buffer of n T, 64-byte aligned.
-template <class T>
-struct Aligned {
-  explicit Aligned(int64_t n) : p(static_cast<T*>(::operator new(static_cast<size_t>(n) * sizeof(T), std::align_val_t{64}))) {}
-  ~Aligned() { ::operator delete(p, std::align_val_t{64}); }
-  Aligned(const Aligned&) = delete;
-  Aligned& operator=(const Aligned&) = delete;
-  T* p;
-};
-
 // The argmax (index within the plane) and the maximum of every window of a plane, as argmax()
-// gives them, with the scratch it needs. The plane is copied (in its compute type) into a
-// buffer padded with the lowest value on every side a window reaches past, where no element
-// is ever taken, so that every window is whole; each padded row is stored as sw phases
-// (columns w with w % sw == q, in order), so that one tap of consecutive windows reads
-// consecutive elements. Then the windows are done a tap at a time over all of them
-// (max_tap), in window order, so that ties and nans resolve as in argmax(); rows of outputs
-// kLanes at a time (the padding covers the extra ones). A window where nothing was taken
-// (every element the lowest value, or none in the plane) gets argmax()'s own answer.
+// gives them, over scratch that the kernel's workspace holds (bytes(g) a piece of planes run
+// at once). The plane is copied (in its compute type) into a buffer padded with the lowest
+// value on every side a window reaches past, where no element is ever taken, so that every
+// window is whole; each padded row is stored as sw phases (columns w with w % sw == q, in
+// order), so that one tap of consecutive windows reads consecutive elements. Then the windows
+// are done a tap at a time over all of them (max_tap), in window order, so that ties and nans
+// resolve as in argmax(); rows of outputs kLanes at a time (the padding covers the extra
+// ones). A window where nothing was taken (every element the lowest value, or none in the
+// plane) gets argmax()'s own answer.
 template <class T>
 struct PlaneArgmax {
   using C = compute_t<T>;
-  explicit PlaneArgmax(const PoolGeom& g)
-      : pitch((g.OW + kLanes - 1) / kLanes * kLanes), Hp((g.OH - 1) * g.sh + (g.kh - 1) * g.dh + 1),
-        Wp((pitch - 1) * g.sw + (g.kw - 1) * g.dw + 1), Wq((Wp + g.sw - 1) / g.sw), row_pitch(Wq * g.sw),
-        padded(Hp * row_pitch), best(g.OH * pitch), taps(g.OH * pitch) {
-    for (int64_t i = 0; i < g.kh; ++i)
-      for (int64_t j = 0; j < g.kw; ++j) tap_offset.push_back(i * g.dh * g.W + j * g.dw);
+  struct Dims {
+    int64_t pitch, Hp, Wp, Wq, row_pitch;
+    explicit Dims(const PoolGeom& g)
+        : pitch((g.OW + kLanes - 1) / kLanes * kLanes), Hp((g.OH - 1) * g.sh + (g.kh - 1) * g.dh + 1),
+          Wp((pitch - 1) * g.sw + (g.kw - 1) * g.dw + 1), Wq((Wp + g.sw - 1) / g.sw), row_pitch(Wq * g.sw) {}
+  };
+  static size_t round64(size_t n) { return (n + 63) / 64 * 64; }
+  // Scratch bytes: padded plane, maxima, taps, a plane of indices and the taps' offsets, each
+  // 64-byte aligned, and 64 bytes to align the start.
+  static size_t bytes(const PoolGeom& g) {
+    const Dims d(g);
+    return 64 + round64(static_cast<size_t>(d.Hp * d.row_pitch) * sizeof(C)) +
+           round64(static_cast<size_t>(g.OH * d.pitch) * sizeof(C)) +
+           round64(static_cast<size_t>(g.OH * d.pitch) * sizeof(int32_t)) +
+           round64(static_cast<size_t>(g.OH * g.OW) * sizeof(int64_t)) +
+           round64(static_cast<size_t>(g.kh * g.kw) * sizeof(int64_t));
   }
-  const int64_t pitch, Hp, Wp, Wq, row_pitch;
-  Aligned<C> padded, best;
-  Aligned<int32_t> taps;
-  std::vector<int64_t> tap_offset;  // per tap, its place in the plane from the window's corner
+  PlaneArgmax(const PoolGeom& g, void* scratch) : d(g) {
+    char* p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(scratch) + 63) / 64 * 64);
+    padded = reinterpret_cast<C*>(p);
+    p += round64(static_cast<size_t>(d.Hp * d.row_pitch) * sizeof(C));
+    best = reinterpret_cast<C*>(p);
+    p += round64(static_cast<size_t>(g.OH * d.pitch) * sizeof(C));
+    taps = reinterpret_cast<int32_t*>(p);
+    p += round64(static_cast<size_t>(g.OH * d.pitch) * sizeof(int32_t));
+    idx = reinterpret_cast<int64_t*>(p);
+    p += round64(static_cast<size_t>(g.OH * g.OW) * sizeof(int64_t));
+    tap_offset = reinterpret_cast<int64_t*>(p);
+    for (int64_t i = 0, k = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j, ++k) tap_offset[k] = i * g.dh * g.W + j * g.dw;
+  }
+  const Dims d;
+  C* padded;
+  C* best;
+  int32_t* taps;
+  int64_t* idx;         // a plane's indices, for callers that keep them nowhere else
+  int64_t* tap_offset;  // per tap, its place in the plane from the window's corner
 
-  // The plane's windows: their indices into idx (OH * OW), then fn(output, maximum) for each.
+  // The plane's windows: their indices into out_idx (OH * OW), then fn(output, maximum) for each.
   template <class Fn>
-  void run(const T* plane, const PoolGeom& g, int64_t* idx, const Fn& fn) {
+  void run(const T* plane, const PoolGeom& g, int64_t* out_idx, const Fn& fn) {
     const C lowest = std::numeric_limits<C>::has_infinity ? -std::numeric_limits<C>::infinity()
                                                           : std::numeric_limits<C>::lowest();
     const int64_t sw = g.sw;
+    const int64_t pitch = d.pitch, Hp = d.Hp, Wq = d.Wq, row_pitch = d.row_pitch;
     for (int64_t hp = 0; hp < Hp; ++hp) {
-      C* row = padded.p + hp * row_pitch;
+      C* row = padded + hp * row_pitch;
       const int64_t h = hp - g.ph;
       if (h < 0 || h >= g.H) {
         std::fill(row, row + row_pitch, lowest);
@@ -173,21 +191,21 @@ struct PlaneArgmax {
         std::fill(phase + k1, phase + Wq, lowest);
       }
     }
-    std::fill(best.p, best.p + g.OH * pitch, lowest);
-    std::fill(taps.p, taps.p + g.OH * pitch, -1);
+    std::fill(best, best + g.OH * pitch, lowest);
+    std::fill(taps, taps + g.OH * pitch, -1);
     int32_t tap = 0;
     for (int64_t i = 0; i < g.kh; ++i)
       for (int64_t j = 0; j < g.kw; ++j, ++tap) {
         const int64_t col = j * g.dw;
-        const C* x = padded.p + i * g.dh * row_pitch + col % sw * Wq + col / sw;
-        max_tap(x, g.sh * row_pitch, g.OH, pitch, tap, best.p, taps.p);
+        const C* x = padded + i * g.dh * row_pitch + col % sw * Wq + col / sw;
+        max_tap(x, g.sh * row_pitch, g.OH, pitch, tap, best, taps);
       }
     for (int64_t oh = 0, o = 0; oh < g.OH; ++oh) {
       const int64_t corner = (oh * g.sh - g.ph) * g.W - g.pw;  // of window (oh, 0) in the plane
       for (int64_t ow = 0; ow < g.OW; ++ow, ++o) {
-        const int32_t k = taps.p[oh * pitch + ow];
-        C value = best.p[oh * pitch + ow];
-        idx[o] = k < 0 ? argmax(plane, g, oh, ow, &value) : corner + ow * g.sw + tap_offset[static_cast<size_t>(k)];
+        const int32_t k = taps[oh * pitch + ow];
+        C value = best[oh * pitch + ow];
+        out_idx[o] = k < 0 ? argmax(plane, g, oh, ow, &value) : corner + ow * g.sw + tap_offset[k];
         fn(o, value);
       }
     }
@@ -202,30 +220,45 @@ void for_planes(const PoolGeom& g, const F& fn) {
   parallel_for(g.planes, std::max<int64_t>(1, kParallelGrain / work), fn);
 }
 
-template <class T>
-void max_pool(const PoolGeom& g, const T* x, T* out) {
-  for_planes(g, [&](int64_t p0, int64_t p1) {
-    PlaneArgmax<T> windows(g);
-    std::vector<int64_t> idx(static_cast<size_t>(g.OH * g.OW));
-    for (int64_t p = p0; p < p1; ++p) {
-      T* o = out + p * g.OH * g.OW;
-      windows.run(x + p * g.H * g.W, g, idx.data(), [&](int64_t k, compute_t<T> v) { o[k] = convert<T>(v); });
+// fn(first plane, end plane, scratch) over the planes in pieces, each with its own slice of
+// `workspace` (pieces_for(g) slices of PlaneArgmax<T>::bytes(g)), the pieces split across
+// threads where there is enough work.
+int64_t pieces_for(const PoolGeom& g) {
+  const int64_t work = std::max<int64_t>(1, g.OH * g.OW * g.kh * g.kw);
+  return std::max<int64_t>(1, std::min<int64_t>({g.planes, num_threads(), g.planes * work / kParallelGrain}));
+}
+template <class T, class F>
+void for_plane_pieces(const PoolGeom& g, int64_t pieces, void* workspace, const F& fn) {
+  const size_t slice = PlaneArgmax<T>::bytes(g);
+  parallel_for(pieces, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      PlaneArgmax<T> windows(g, static_cast<char*>(workspace) + static_cast<size_t>(c) * slice);
+      fn(g.planes * c / pieces, g.planes * (c + 1) / pieces, windows);
     }
   });
 }
 
 template <class T>
-void max_pool_backward(const PoolGeom& g, const T* gout, const T* x, T* dx) {
+void max_pool(const PoolGeom& g, int64_t pieces, const T* x, T* out, void* workspace) {
+  for_plane_pieces<T>(g, pieces, workspace, [&](int64_t p0, int64_t p1, PlaneArgmax<T>& windows) {
+    for (int64_t p = p0; p < p1; ++p) {
+      T* o = out + p * g.OH * g.OW;
+      windows.run(x + p * g.H * g.W, g, windows.idx, [&](int64_t k, compute_t<T> v) { o[k] = convert<T>(v); });
+    }
+  });
+}
+
+template <class T>
+void max_pool_backward(const PoolGeom& g, int64_t pieces, const T* gout, const T* x, T* dx, void* workspace) {
   using C = compute_t<T>;
-  for_planes(g, [&](int64_t p0, int64_t p1) {
-    PlaneArgmax<T> windows(g);
-    std::vector<int64_t> idx(static_cast<size_t>(g.OH * g.OW));
+  for_plane_pieces<T>(g, pieces, workspace, [&](int64_t p0, int64_t p1, PlaneArgmax<T>& windows) {
     std::fill(dx + p0 * g.H * g.W, dx + p1 * g.H * g.W, convert<T>(0));
     const T* go = gout + p0 * g.OH * g.OW;
     for (int64_t p = p0; p < p1; ++p) {
       T* dplane = dx + p * g.H * g.W;
-      windows.run(x + p * g.H * g.W, g, idx.data(), [](int64_t, C) {});
-      for (const int64_t at : idx) {
+      windows.run(x + p * g.H * g.W, g, windows.idx, [](int64_t, C) {});
+      for (int64_t o = 0; o < g.OH * g.OW; ++o) {
+        const int64_t at = windows.idx[o];
         const T grad = *go++;
         if (at >= g.H * g.W) continue;  // an empty window: its value depends on no element
         T& d = dplane[at];
@@ -308,40 +341,53 @@ PoolGeom max_pool_geom(const KernelSpec& s, const Shape& x, const Shape& out) {
 
 }  // namespace
 
+// A max pooling kernel over geometry g: run(g, pieces, in, out, workspace), with the workspace
+// its pieces of planes need (none where there is no window).
+template <class Run>
+Kernel max_pool_kernel(const KernelSpec& s, const PoolGeom& g, DType dtype, Run&& run) {
+  return pool_kernel(s, dtype, [&](auto tag) -> Kernel {
+    using T = decltype(tag);
+    const bool empty = g.planes == 0 || g.OH == 0 || g.OW == 0;
+    const int64_t pieces = empty ? 0 : pieces_for(g);
+    return {[g, pieces, run](const void* const* in, void* const* out) {
+              run(T{}, g, pieces, in, out, pieces ? out[1] : nullptr);
+            },
+            empty ? 0 : static_cast<size_t>(pieces) * PlaneArgmax<T>::bytes(g)};
+  });
+}
+
 Kernel make_MaxPool2d(const KernelSpec& s) {
   const PoolGeom g = max_pool_geom(s, s.inputs[0].shape, s.outputs[0].shape);
-  return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
+  return max_pool_kernel(s, g, s.inputs[0].dtype, [](auto tag, const PoolGeom& g, int64_t pieces,
+                                                      const void* const* in, void* const* out, void* ws) {
     using T = decltype(tag);
-    return {[g](const void* const* in, void* const* out) {
-      max_pool(g, static_cast<const T*>(in[0]), static_cast<T*>(out[0]));
-    }};
+    if (pieces) max_pool(g, pieces, static_cast<const T*>(in[0]), static_cast<T*>(out[0]), ws);
   });
 }
 
 Kernel make_MaxPool2dBackward(const KernelSpec& s) {
   const PoolGeom g = max_pool_geom(s, s.inputs[1].shape, s.inputs[0].shape);
-  return pool_kernel(s, s.inputs[1].dtype, [&](auto tag) -> Kernel {
+  return max_pool_kernel(s, g, s.inputs[1].dtype, [](auto tag, const PoolGeom& g, int64_t pieces,
+                                                      const void* const* in, void* const* out, void* ws) {
     using T = decltype(tag);
-    return {[g](const void* const* in, void* const* out) {
-      max_pool_backward(g, static_cast<const T*>(in[0]), static_cast<const T*>(in[1]),
-                        static_cast<T*>(out[0]));
-    }};
+    T* dx = static_cast<T*>(out[0]);
+    if (!pieces) std::fill(dx, dx + g.planes * g.H * g.W, convert<T>(0));  // no window: no gradient
+    else max_pool_backward(g, pieces, static_cast<const T*>(in[0]), static_cast<const T*>(in[1]), dx, ws);
   });
 }
 
 Kernel make_MaxPool2dIndices(const KernelSpec& s) {
   const PoolGeom g = max_pool_geom(s, s.inputs[0].shape, s.outputs[0].shape);
-  return pool_kernel(s, s.inputs[0].dtype, [&](auto tag) -> Kernel {
+  return max_pool_kernel(s, g, s.inputs[0].dtype, [](auto tag, const PoolGeom& g, int64_t pieces,
+                                                      const void* const* in, void* const* out, void* ws) {
     using T = decltype(tag);
-    return {[g](const void* const* in, void* const* out) {
-      const T* x = static_cast<const T*>(in[0]);
-      int64_t* indices = static_cast<int64_t*>(out[0]);
-      for_planes(g, [&](int64_t p0, int64_t p1) {
-        PlaneArgmax<T> windows(g);
-        for (int64_t p = p0; p < p1; ++p)
-          windows.run(x + p * g.H * g.W, g, indices + p * g.OH * g.OW, [](int64_t, compute_t<T>) {});
-      });
-    }};
+    const T* x = static_cast<const T*>(in[0]);
+    int64_t* indices = static_cast<int64_t*>(out[0]);
+    if (!pieces) return;
+    for_plane_pieces<T>(g, pieces, ws, [&](int64_t p0, int64_t p1, PlaneArgmax<T>& windows) {
+      for (int64_t p = p0; p < p1; ++p)
+        windows.run(x + p * g.H * g.W, g, indices + p * g.OH * g.OW, [](int64_t, compute_t<T>) {});
+    });
   });
 }
 
