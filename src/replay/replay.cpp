@@ -458,11 +458,15 @@ bool matches(const Variant& v, const std::vector<Tensor>& args) {
   return true;
 }
 
-// A copy of an argument for the trace: a tensor of its own with its own buffer, so that the
+// A stand-in for an argument in the trace: a tensor of its own with its own buffer, so that the
 // graph tells reads of the argument from reads of captured state, whatever the argument is.
+// Its buffer is never read: tracing only records (a sync while tracing is refused) and every
+// run binds the argument itself in its place. So it is allocated, not filled: a step over
+// large state (a model's parameters and optimizer state passed as arguments) does not copy
+// it all when it is traced, and large buffers left untouched take no resident memory.
 Tensor proxy_of(const Tensor& a) {
   const std::shared_ptr<Buffer>& src = trace::impl_of(a)->data();
-  auto t = trace::make_data({a.dtype(), a.shape()}, backend::current().copy(*src));
+  auto t = trace::make_data({a.dtype(), a.shape()}, backend::current().allocate(src->bytes()));
   t->requires_grad = a.requires_grad();
   return trace::tensor_of(std::move(t));
 }
