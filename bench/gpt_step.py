@@ -26,8 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness import (BenchmarkError, check_same_training, compiled_inference, ratio, table, time_side_by_side,
-                     training_step)
+from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, BenchmarkError, check_same_training,
+                     child_model_peak_memory, compiled_inference, model_peak_memory, model_step_rows, table,
+                     time_side_by_side, training_step)
 
 LAYERS, HEADS, WIDTH, CONTEXT, VOCAB, BATCH = 6, 6, 384, 256, 65, 8
 LR = 1e-3
@@ -120,6 +121,29 @@ def infer_step_of(model):
     return infer_step
 
 
+LABELS = {"train": "training step (AdamW)", "infer": "inference step (eval, no_grad)"}
+
+
+def memory_child(peer, mode, steps):
+    """In a child process: the peak memory of `steps` steps of `peer` ("lazyrt" or "PyTorch
+    eager") in `mode` ("train" or "infer")."""
+    idx, targets = data()
+
+    def make():
+        import lazyrt.torch
+        torch.manual_seed(0)
+        model = GPT()
+        if mode == "train":
+            step, args = training_step(model, optimizer(model), loss_fn), (idx, targets)
+        else:
+            model.eval()
+            step, args = infer_step_of(model), (idx,)
+        if peer == "lazyrt":
+            step = lazyrt.torch.compile(step)
+        return lambda: step(*args)
+    child_model_peak_memory(make, steps)
+
+
 def state(model, opt):
     out = {k: v.detach().numpy().copy() for k, v in model.state_dict().items() if v.dtype.is_floating_point}
     for i, p in enumerate(model.parameters()):
@@ -163,14 +187,10 @@ def run(opts):
         {"train lazyrt": lambda: compiled(idx, targets), "train eager": lambda: eager(idx, targets)}, 1, reps,
         warmup=1).items()})
 
-    rows, summary = [], []
-    for what in ("train", "infer"):
-        lazy, peer = ms[f"{what} lazyrt"], ms[f"{what} eager"]
-        label = "training step (AdamW)" if what == "train" else "inference step (eval, no_grad)"
-        rows.append((label, lazy.cell(), peer.cell(), ratio(peer.median / lazy.median)))
-        summary.append((f"GPT ({LAYERS} layers, {WIDTH} wide, context {CONTEXT}) {label}, batch {BATCH}",
-                        "lazyrt.torch.compile", lazy.cell(), "ms", "PyTorch eager", peer.cell(),
-                        ratio(peer.median / lazy.median)))
+    mem_steps = 2
+    mem = model_peak_memory(opts, "gpt_step", mem_steps)
+    rows, summary = model_step_rows(f"GPT ({LAYERS} layers, {WIDTH} wide, context {CONTEXT}), batch {BATCH},", LABELS,
+                                    ms, mem)
     n_params = sum(p.numel() for p in m_lazy.parameters())
     md = [f"## GPT (nanoGPT's architecture), batch {BATCH} x {CONTEXT} tokens: unmodified PyTorch through "
           "lazyrt.torch.compile\n",
@@ -182,5 +202,5 @@ def run(opts):
           "every parameter and AdamW moment after them (all within 2 lr per step, AdamW's bound where a gradient "
           "is rounding noise; all but 1e-5 of them within rtol 1e-3, atol 1e-4) and the eval-mode logits (rtol "
           f"1e-3, atol 1e-4) are checked against eager's. {reps} steps per peer after 1 warm-up, alternating.\n",
-          table(["step", "lazyrt.torch.compile ms", "PyTorch eager ms", "eager / lazyrt"], rows), ""]
+          table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), ""]
     return {"markdown": "\n".join(md), "summary": summary}

@@ -205,6 +205,55 @@ def run_child(opts, *child_args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def child_model_peak_memory(make_step, steps):
+    """Runs in a child process: make_step() builds a model and whatever its step needs and
+    returns the step (a callable without arguments); prints JSON with the process's peak
+    resident bytes above the start, from before make_step() to the end of `steps` steps."""
+    import lazyrt as lr
+    lr.mark_step()
+    gc.collect()
+    before = reset_peak_rss()
+    step = make_step()
+    for _ in range(steps):
+        step()
+    print(json.dumps({"peak_rss": peak_rss() - before}))
+
+
+def model_peak_memory(opts, module, steps):
+    """{(peer, mode): peak MiB} of module's steps ("lazyrt" through lazyrt.torch.compile, "PyTorch
+    eager"; "train" and "infer"), each peer and mode in a child process of its own
+    (module.memory_child(peer, mode, steps), through child_model_peak_memory)."""
+    return {(peer, mode): run_child(opts, "model-memory", module, peer, mode, steps)["peak_rss"] / 2**20
+            for peer in ("lazyrt", "PyTorch eager") for mode in ("train", "infer")}
+
+
+MODEL_STEP_HEADER = ["step", "lazyrt.torch.compile ms", "PyTorch eager ms", "eager / lazyrt", "lazyrt peak MiB",
+                     "PyTorch eager peak MiB", "eager / lazyrt peak"]
+
+
+def model_step_rows(model, labels, ms, mem):
+    """(table rows under MODEL_STEP_HEADER, summary rows) of a whole-model benchmark: per mode
+    ("train", "infer", named by labels[mode]), the step's time (ms["<mode> lazyrt"], ms["<mode>
+    eager"], Samples) and peak memory (mem, as model_peak_memory gives it) of lazyrt.torch.compile
+    against PyTorch eager."""
+    rows, summary = [], []
+    for mode in ("train", "infer"):
+        lazy, peer = ms[f"{mode} lazyrt"], ms[f"{mode} eager"]
+        lazy_mib, peer_mib = mem[("lazyrt", mode)], mem[("PyTorch eager", mode)]
+        rows.append((labels[mode], lazy.cell(), peer.cell(), ratio(peer.median / lazy.median), f"{lazy_mib:.1f}",
+                     f"{peer_mib:.1f}", ratio(peer_mib / max(lazy_mib, 1e-9))))
+        summary.append((f"{model} {labels[mode]}", "lazyrt.torch.compile", lazy.cell(), "ms", "PyTorch eager",
+                        peer.cell(), ratio(peer.median / lazy.median)))
+        summary.append((f"{model} {labels[mode]}: peak memory", "lazyrt.torch.compile", f"{lazy_mib:.1f}", "MiB",
+                        "PyTorch eager", f"{peer_mib:.1f}", ratio(peer_mib / max(lazy_mib, 1e-9))))
+    return rows, summary
+
+
+MODEL_MEMORY_NOTE = ("Peak memory: each peer and step in a child process of its own; the process's peak resident "
+                     "size grows from just before the model, optimizer and compiled step are built (input data "
+                     "made) to the end of {steps} steps (Linux VmHWM, reset through /proc/self/clear_refs).")
+
+
 def _status_kib(field):
     with open("/proc/self/status") as f:
         for line in f:

@@ -19,7 +19,8 @@ import copy
 import torch
 import torch.nn as nn
 
-from harness import check_same_training, compiled_inference, ratio, table, time_side_by_side, training_step
+from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, check_same_training, compiled_inference, model_peak_memory,
+                     model_step_rows, table, time_side_by_side, training_step, child_model_peak_memory)
 
 BATCH, SIZE, CLASSES = 16, 64, 10
 STEPS_CHECKED = 3
@@ -81,6 +82,29 @@ def infer_step_of(model):
     return infer_step
 
 
+LABELS = {"train": "training step (SGD momentum)", "infer": "inference step (eval, no_grad)"}
+
+
+def memory_child(peer, mode, steps):
+    """In a child process: the peak memory of `steps` steps of `peer` ("lazyrt" or "PyTorch
+    eager") in `mode` ("train" or "infer")."""
+    x, y = data()
+
+    def make():
+        import lazyrt.torch
+        torch.manual_seed(0)
+        model = ResNet18()
+        if mode == "train":
+            step, args = train_step_of(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)), (x, y)
+        else:
+            model.eval()
+            step, args = infer_step_of(model), (x,)
+        if peer == "lazyrt":
+            step = lazyrt.torch.compile(step)
+        return lambda: step(*args)
+    child_model_peak_memory(make, steps)
+
+
 def state(model):
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items() if v.dtype.is_floating_point}
 
@@ -114,13 +138,9 @@ def run(opts):
     m_eager.train()
     m_lazy.train()
 
-    rows, summary = [], []
-    for what in ("train", "infer"):
-        lazy, peer = ms[f"{what} lazyrt"], ms[f"{what} eager"]
-        label = "training step (SGD momentum)" if what == "train" else "inference step (eval, no_grad)"
-        rows.append((label, lazy.cell(), peer.cell(), ratio(peer.median / lazy.median)))
-        summary.append((f"ResNet-18 {label}, batch {BATCH} at {SIZE}x{SIZE}", "lazyrt.torch.compile", lazy.cell(), "ms",
-                        "PyTorch eager", peer.cell(), ratio(peer.median / lazy.median)))
+    mem_steps = 2 if opts.quick else 3
+    mem = model_peak_memory(opts, "resnet_step", mem_steps)
+    rows, summary = model_step_rows(f"ResNet-18, batch {BATCH} at {SIZE}x{SIZE},", LABELS, ms, mem)
     md = [f"## ResNet-18, batch {BATCH} at {SIZE}x{SIZE}: unmodified PyTorch through lazyrt.torch.compile\n",
           "torch.nn ResNet-18 (BasicBlocks [2, 2, 2, 2], BatchNorm, 10 classes), cross-entropy, SGD(lr 0.01, "
           "momentum 0.9), written once and run by both peers from the same state_dict. The compiled step writes "
@@ -128,5 +148,5 @@ def run(opts):
           f"Before timing: the losses of {STEPS_CHECKED} training steps (rtol 1e-4), every floating state tensor "
           "after them (rtol 1e-3, atol 1e-4) and the eval-mode logits (rtol 1e-3, atol 1e-4) are checked against "
           f"eager's. {reps} steps per peer after 2 warm-up, alternating.\n",
-          table(["step", "lazyrt.torch.compile ms", "PyTorch eager ms", "eager / lazyrt"], rows), ""]
+          table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), ""]
     return {"markdown": "\n".join(md), "summary": summary}

@@ -120,6 +120,9 @@ def main(argv):
             import mlp_step
             mlp_step.child_peak_memory(args.child[1], int(args.child[2]))
             return 0
+        if args.child[0] == "model-memory":
+            importlib.import_module(args.child[1]).memory_child(args.child[2], args.child[3], int(args.child[4]))
+            return 0
         if args.child[0] == "loop-grad":
             import loop_grad
             loop_grad.child(args.child[1], int(args.child[2]))
