@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, BenchmarkError, check_same_training,
-                     child_model_peak_memory, compiled_inference, model_peak_memory, model_step_rows, table,
+                     child_model_memory, compiled_inference, model_peak_memory, model_step_rows, table,
                      time_side_by_side, training_step)
 
 LAYERS, HEADS, WIDTH, CONTEXT, VOCAB, BATCH = 6, 6, 384, 256, 65, 8
@@ -125,23 +125,14 @@ LABELS = {"train": "training step (AdamW)", "infer": "inference step (eval, no_g
 
 
 def memory_child(peer, mode, steps):
-    """In a child process: the peak memory of `steps` steps of `peer` ("lazyrt" or "PyTorch
-    eager") in `mode` ("train" or "infer")."""
+    """In a child process: the peak memory of `steps` steps of `peer` in `mode` (harness)."""
     idx, targets = data()
 
-    def make():
-        import lazyrt.torch
+    def make_model():
         torch.manual_seed(0)
-        model = GPT()
-        if mode == "train":
-            step, args = training_step(model, optimizer(model), loss_fn), (idx, targets)
-        else:
-            model.eval()
-            step, args = infer_step_of(model), (idx,)
-        if peer == "lazyrt":
-            step = lazyrt.torch.compile(step)
-        return lambda: step(*args)
-    child_model_peak_memory(make, steps)
+        return GPT()
+    child_model_memory(peer, mode, steps, make_model, lambda m: training_step(m, optimizer(m), loss_fn), infer_step_of,
+                       (idx, targets), (idx,))
 
 
 def state(model, opt):

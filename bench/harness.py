@@ -219,6 +219,25 @@ def child_model_peak_memory(make_step, steps):
     print(json.dumps({"peak_rss": peak_rss() - before}))
 
 
+def child_model_memory(peer, mode, steps, make_model, train_step_of, infer_step_of, train_args, infer_args):
+    """In a child process: child_model_peak_memory of `steps` steps of `peer` ("lazyrt", through
+    lazyrt.torch.compile, or "PyTorch eager") in `mode`: "train" (train_step_of(model) on
+    train_args) or "infer" (the model in eval mode, infer_step_of(model) on infer_args); the
+    model is make_model()'s."""
+    def make():
+        import lazyrt.torch
+        model = make_model()
+        if mode == "train":
+            step, args = train_step_of(model), train_args
+        else:
+            model.eval()
+            step, args = infer_step_of(model), infer_args
+        if peer == "lazyrt":
+            step = lazyrt.torch.compile(step)
+        return lambda: step(*args)
+    child_model_peak_memory(make, steps)
+
+
 def model_peak_memory(opts, module, steps):
     """{(peer, mode): peak MiB} of module's steps ("lazyrt" through lazyrt.torch.compile, "PyTorch
     eager"; "train" and "infer"), each peer and mode in a child process of its own

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, check_same_training, compiled_inference, model_peak_memory,
-                     model_step_rows, table, time_side_by_side, training_step, child_model_peak_memory)
+                     model_step_rows, table, time_side_by_side, training_step, child_model_memory)
 
 BATCH, SIZE, CLASSES = 16, 64, 10
 STEPS_CHECKED = 3
@@ -86,23 +86,15 @@ LABELS = {"train": "training step (SGD momentum)", "infer": "inference step (eva
 
 
 def memory_child(peer, mode, steps):
-    """In a child process: the peak memory of `steps` steps of `peer` ("lazyrt" or "PyTorch
-    eager") in `mode` ("train" or "infer")."""
+    """In a child process: the peak memory of `steps` steps of `peer` in `mode` (harness)."""
     x, y = data()
 
-    def make():
-        import lazyrt.torch
+    def make_model():
         torch.manual_seed(0)
-        model = ResNet18()
-        if mode == "train":
-            step, args = train_step_of(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)), (x, y)
-        else:
-            model.eval()
-            step, args = infer_step_of(model), (x,)
-        if peer == "lazyrt":
-            step = lazyrt.torch.compile(step)
-        return lambda: step(*args)
-    child_model_peak_memory(make, steps)
+        return ResNet18()
+    child_model_memory(peer, mode, steps, make_model,
+                       lambda m: train_step_of(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)),
+                       infer_step_of, (x, y), (x,))
 
 
 def state(model):
