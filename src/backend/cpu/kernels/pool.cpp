@@ -186,8 +186,7 @@ struct PlaneArgmax {
         const int64_t k0 = std::min(Wq, first >= 0 ? 0 : (-first + sw - 1) / sw);
         const int64_t k1 = std::max(k0, std::min(Wq, g.W - first <= 0 ? 0 : (g.W - first + sw - 1) / sw));
         std::fill(phase, phase + k0, lowest);
-        const T* src = in + first;
-        for (int64_t k = k0; k < k1; ++k) phase[k] = convert<C>(src[k * sw]);
+        for (int64_t k = k0; k < k1; ++k) phase[k] = convert<C>(in[k * sw + first]);
         std::fill(phase + k1, phase + Wq, lowest);
       }
     }
