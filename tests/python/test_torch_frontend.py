@@ -31,9 +31,27 @@ def close(a, b, what):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL, err_msg=what)
 
 
+def close_parameter(a, b, opt, what):
+    """Parameters after optimizer steps. Adam's step divides the first moment by the root of
+    the second plus eps, so where a gradient is a near-zero difference of larger terms, its
+    last bits (which differ with the order a product sums in) move that element's step by a
+    good part of lr. Such elements are few: at most 2% of a tensor may differ beyond the
+    tolerance, each by less than half of lr; a stale or wrong step moves nearly every element
+    by about lr."""
+    a, b = np.asarray(a), np.asarray(b)
+    adaptive = opt is not None and isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
+    if not adaptive:
+        close(a, b, what)
+        return
+    lr = max(g["lr"] for g in opt.param_groups)
+    off = ~np.isclose(a, b, rtol=RTOL, atol=ATOL)
+    assert off.sum() <= int(0.02 * a.size), f"{what}: {off.sum()} of {a.size} elements differ: {a[off]} vs {b[off]}"
+    np.testing.assert_allclose(a, b, rtol=0, atol=0.5 * lr, err_msg=what)
+
+
 def same_training_state(m1, o1, m2, o2, what=""):
     for (name, p1), (_, p2) in zip(m1.named_parameters(), m2.named_parameters()):
-        close(p1.detach().numpy(), p2.detach().numpy(), f"{what} parameter {name}")
+        close_parameter(p1.detach().numpy(), p2.detach().numpy(), o2, f"{what} parameter {name}")
         assert (p1.grad is None) == (p2.grad is None), f"{what} {name}.grad: {p1.grad} vs {p2.grad}"
         if p1.grad is not None:
             close(p1.grad.numpy(), p2.grad.numpy(), f"{what} {name}.grad")
