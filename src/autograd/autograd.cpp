@@ -6,6 +6,7 @@
 #include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
+#include "util/pool.h"
 
 namespace lazyrt::autograd {
 namespace {
@@ -53,15 +54,15 @@ BodyTrace::~BodyTrace() { body_trace = previous_; }
 bool recording() { return enabled && body_trace == 0; }
 bool in_recorded_body() { return body_trace == 2; }
 
-bool should_record(ir::OpKind op, const std::vector<Tensor>& inputs) {
+bool should_record(ir::OpKind op, std::span<const Tensor> inputs) {
   if (!recording() || !grad_rule(op)) return false;
   for (const Tensor& t : inputs)
     if (t.requires_grad()) return true;
   return false;
 }
 
-void record(const Tensor& output, ir::OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
-  auto node = std::make_shared<GradNode>();
+void record(const Tensor& output, ir::OpKind op, std::span<const Tensor> inputs, ir::Attrs attrs) {
+  auto node = util::make_pooled<GradNode>();
   node->op = op;
   node->attrs = std::move(attrs);
   node->inputs.reserve(inputs.size());
@@ -148,7 +149,7 @@ void run_engine(std::shared_ptr<GradNode> root, std::vector<Tensor> seeds) {
 // A node that passes the gradients it receives on to its edges, one for one: the root of a
 // run over several outputs, and the node of each result of a multi-result op.
 std::shared_ptr<GradNode> pass_through(ir::OpKind op, std::vector<Edge> next) {
-  auto n = std::make_shared<GradNode>();
+  auto n = util::make_pooled<GradNode>();
   n->op = op;
   n->slots = static_cast<int32_t>(next.size());
   n->next = std::move(next);
@@ -208,7 +209,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 
 void record_multi(const std::vector<Tensor>& outputs, ir::OpKind op, const std::vector<Tensor>& inputs,
                   BackwardFn fn) {
-  auto node = std::make_shared<GradNode>();
+  auto node = util::make_pooled<GradNode>();
   node->op = op;
   node->slots = static_cast<int32_t>(outputs.size());
   for (const Tensor& t : inputs) node->next.push_back(edge_to(t));

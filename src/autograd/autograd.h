@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "ir/graph.h"
@@ -87,9 +88,9 @@ bool recording();
 bool in_recorded_body();
 
 /// Whether an application of `op` to `inputs` must be recorded for backward.
-bool should_record(ir::OpKind op, const std::vector<Tensor>& inputs);
+bool should_record(ir::OpKind op, std::span<const Tensor> inputs);
 /// Records it: `output` gets a grad node and requires grad.
-void record(const Tensor& output, ir::OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs);
+void record(const Tensor& output, ir::OpKind op, std::span<const Tensor> inputs, ir::Attrs attrs);
 
 /// Records an op of several results: `fn` gets one gradient per result (undefined where none
 /// flowed) and returns one per input. Every floating output gets a grad node and requires grad.

@@ -3,7 +3,9 @@
 // of the public API.
 #pragma once
 
+#include <initializer_list>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "ir/graph.h"
@@ -21,7 +23,10 @@ trace::LazyValue value_of(const Tensor& t);
 
 /// Records one op of the table over these tensors, and for autograd when it must. Every IR op
 /// a public op builds goes through here.
-Tensor apply(ir::OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs = {});
+Tensor apply(ir::OpKind op, std::span<const Tensor> inputs, ir::Attrs attrs = {});
+inline Tensor apply(ir::OpKind op, std::initializer_list<Tensor> inputs, ir::Attrs attrs = {}) {
+  return apply(op, std::span<const Tensor>(inputs.begin(), inputs.size()), std::move(attrs));
+}
 
 /// What an in-place op does to `self` once it has its new value `v` (of self's type): self holds
 /// v's value and history (a leaf stays a leaf; a non-leaf given an untracked value loses its).

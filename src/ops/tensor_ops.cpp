@@ -44,7 +44,7 @@ LazyValue value_of(const Tensor& t) {
 }
 Tensor wrap(LazyValue v) { return trace::tensor_of(trace::make_pending(std::move(v))); }
 
-Tensor apply(OpKind op, const std::vector<Tensor>& inputs, ir::Attrs attrs) {
+Tensor apply(OpKind op, std::span<const Tensor> inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));

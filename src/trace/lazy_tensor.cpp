@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "util/check.h"
+#include "util/pool.h"
 
 namespace lazyrt::trace {
 namespace {
@@ -115,7 +116,7 @@ TensorImpl::~TensorImpl() {
     if (auto v = w.lock(); v && v->view_of) live.push_back(std::move(v));
   if (live.size() == 1) live[0]->view_of.reset();
   if (live.size() < 2) return;
-  auto stand_in = std::make_shared<TensorImpl>(type, scope);
+  auto stand_in = util::make_pooled<TensorImpl>(type, scope);
   stand_in->requires_grad = requires_grad;
   stand_in->grad_fn = grad_fn;
   if (ir) {
@@ -138,7 +139,7 @@ LazyValue TensorImpl::value() {
   if (ir) return ir;
   if (!leaf_) {
     LAZYRT_ASSERT(data_, "tensor ", id, " holds neither data nor IR");
-    auto n = std::make_shared<LazyNode>();
+    auto n = util::make_pooled<LazyNode>();
     n->op = ir::OpKind::Parameter;
     n->types = {type};
     n->data = data_;
@@ -298,7 +299,7 @@ LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs
   thread_local std::vector<ir::TensorType> in;
   if (in.size() < operands.size()) in.resize(operands.size());
   for (size_t k = 0; k < operands.size(); ++k) in[k] = operands[k].type();
-  auto n = std::make_shared<LazyNode>();
+  auto n = util::make_pooled<LazyNode>();
   n->types = ir::infer_types(op, std::span<const ir::TensorType>(in.data(), operands.size()), attrs);
   n->op = op;
   n->operands = std::move(operands);
@@ -312,19 +313,19 @@ LazyValue constant(double value, DType dtype, Shape shape) {
 }
 
 std::shared_ptr<TensorImpl> make_data(ir::TensorType type, std::shared_ptr<runtime::Buffer> data) {
-  auto t = std::make_shared<TensorImpl>(std::move(type));
+  auto t = util::make_pooled<TensorImpl>(std::move(type));
   t->set_data(std::move(data));
   return t;
 }
 
 std::shared_ptr<TensorImpl> make_pending(LazyValue v) {
-  auto t = std::make_shared<TensorImpl>(v.type());
+  auto t = util::make_pooled<TensorImpl>(v.type());
   t->set_ir(std::move(v));
   return t;
 }
 
 std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index) {
-  auto n = std::make_shared<LazyNode>();
+  auto n = util::make_pooled<LazyNode>();
   n->op = ir::OpKind::Parameter;
   n->types = {type};
   n->scope = current_scope();

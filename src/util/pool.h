@@ -1,0 +1,105 @@
+// Free lists for the objects that tracing makes and drops by the dozen every step: a tensor's
+// state, a pending node, an autograd node. Each thread keeps, per object size, a list of
+// blocks freed on it (up to kMaxBlocks; more go back to the heap), so a step that records the
+// same ops as the last one takes its objects from that list instead of the heap. glibc keeps
+// only seven blocks per size in its per-thread cache, so a step's worth of these objects, all
+// freed at its end, went through its slower bins every step.
+//
+// A block may be freed on another thread than the one that made it: it joins that thread's
+// list. A thread's blocks go back to the heap when it exits. Sanitized builds use the heap
+// directly, so that a use after free is still caught.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <new>
+#include <utility>
+
+namespace lazyrt::util {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kPoolBlocks = false;
+#else
+inline constexpr bool kPoolBlocks = true;
+#endif
+
+template <size_t Size, size_t Align>
+class BlockPool {
+ public:
+  static constexpr size_t kMaxBlocks = 4096;
+
+  static void* get() {
+    List& l = list();
+    if (kPoolBlocks && l.head) {
+      Free* f = l.head;
+      l.head = f->next;
+      --l.count;
+      return f;
+    }
+    return ::operator new(Size, std::align_val_t(Align));
+  }
+  static void put(void* p) noexcept {
+    List& l = list();
+    if (!kPoolBlocks || l.closed || l.count >= kMaxBlocks) {
+      ::operator delete(p, std::align_val_t(Align));
+      return;
+    }
+    auto* f = static_cast<Free*>(p);
+    f->next = l.head;
+    l.head = f;
+    ++l.count;
+  }
+
+ private:
+  struct Free {
+    Free* next;
+  };
+  static_assert(Size >= sizeof(Free));
+  struct List {
+    Free* head = nullptr;
+    size_t count = 0;
+    bool closed = false;  // the thread is exiting: blocks freed from now on go to the heap
+    ~List() {
+      closed = true;
+      while (head) {
+        Free* f = head;
+        head = f->next;
+        ::operator delete(f, std::align_val_t(Align));
+      }
+      count = 0;
+    }
+  };
+  static List& list() {
+    thread_local List l;
+    return l;
+  }
+};
+
+/// An allocator over BlockPool for single objects (what allocate_shared asks for).
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  PoolAllocator() = default;
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>&) noexcept {}
+  T* allocate(size_t n) {
+    if (n == 1) return static_cast<T*>(BlockPool<sizeof(T), alignof(T)>::get());
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n == 1) BlockPool<sizeof(T), alignof(T)>::put(p);
+    else std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  bool operator==(const PoolAllocator<U>&) const noexcept {
+    return true;
+  }
+};
+
+/// std::make_shared, the object and its count in one pooled block.
+template <class T, class... Args>
+std::shared_ptr<T> make_pooled(Args&&... args) {
+  return std::allocate_shared<T>(PoolAllocator<T>(), std::forward<Args>(args)...);
+}
+
+}  // namespace lazyrt::util
