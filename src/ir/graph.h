@@ -149,8 +149,8 @@ class Hasher;
 /// order, into a hasher of its own, and finish_graph_hash makes the graph's hash of that and
 /// the rest. Extraction at a sync hashes pending IR through the same two without building
 /// the graph (trace/extract.h), so both give one key for one graph.
-void hash_node(Hasher& h, OpKind op, const std::vector<ValueRef>& operands, const Attrs& attrs,
-               const std::vector<TensorType>& results, const std::vector<std::shared_ptr<const Graph>>& regions);
+void hash_node(Hasher& h, OpKind op, std::span<const ValueRef> operands, const Attrs& attrs,
+               std::span<const TensorType> results, std::span<const std::shared_ptr<const Graph>> regions);
 GraphHash finish_graph_hash(const Hasher& nodes, size_t num_nodes, int64_t num_params,
                             const std::vector<ValueRef>& outputs);
 

@@ -23,8 +23,8 @@ void hash_attr(Hasher& h, const AttrValue& v) {
 
 }  // namespace
 
-void hash_node(Hasher& h, OpKind op, const std::vector<ValueRef>& operands, const Attrs& attrs,
-               const std::vector<TensorType>& results, const std::vector<std::shared_ptr<const Graph>>& regions) {
+void hash_node(Hasher& h, OpKind op, std::span<const ValueRef> operands, const Attrs& attrs,
+               std::span<const TensorType> results, std::span<const std::shared_ptr<const Graph>> regions) {
   // Ops hash by name, so that the hash survives reordering of the op table.
   h.add_string(op_name(op));
   h.add(operands.size());

@@ -10,15 +10,30 @@ namespace lazyrt::trace {
 
 Flattener::Flattener(std::function<bool(const LazyNode&)> expand,
                      std::function<ir::ValueRef(const LazyValue&, Flattener&)> leaf, Mode mode)
-    : expand_(std::move(expand)), leaf_(std::move(leaf)), mode_(mode) {}
+    : expand_(std::move(expand)), leaf_(std::move(leaf)), mode_(mode) {
+  // Sized for as many nodes as the last flattening on this thread visited: a step synced
+  // again visits as many, and its vectors then grow without reallocating.
+  const size_t n = last_visited();
+  visited_.reserve(n);
+  node_of_.reserve(n);
+  leaf0_.reserve(n);
+}
+
+Flattener::~Flattener() { last_visited() = visited_.size(); }
+
+size_t& Flattener::last_visited() {
+  thread_local size_t n = 0;
+  return n;
+}
 
 ir::ValueRef Flattener::emit_parameter(int64_t index, ir::TensorType type) {
   if (mode_ == Mode::Build) {
     graph_.nodes.push_back({ir::OpKind::Parameter, {}, {index}, {std::move(type)}, {}});
   } else {
-    static const std::vector<ir::ValueRef> none;
-    static const std::vector<std::shared_ptr<const ir::Graph>> no_regions;
-    ir::hash_node(hasher_, ir::OpKind::Parameter, none, ir::Attrs{index}, {std::move(type)}, no_regions);
+    // The attributes in storage kept for the thread: hashing a parameter allocates nothing.
+    thread_local ir::Attrs attrs{int64_t{0}};
+    attrs.values[0] = index;
+    ir::hash_node(hasher_, ir::OpKind::Parameter, {}, attrs, std::span<const ir::TensorType>(&type, 1), {});
   }
   return {emitted_++, 0};
 }
@@ -38,7 +53,8 @@ ir::ValueRef Flattener::value_of(const LazyValue& v) {
 }
 
 ir::ValueRef Flattener::add_root(const LazyValue& root) {
-  std::vector<std::pair<const std::shared_ptr<LazyNode>*, size_t>> stack;
+  auto& stack = stack_;
+  stack.clear();
   if (!pos_.contains(root.node.get())) stack.push_back({&root.node, 0});
   while (!stack.empty()) {
     auto [ref, k] = stack.back();

@@ -32,6 +32,9 @@ class Flattener {
   /// emit_parameter).
   Flattener(std::function<bool(const LazyNode&)> expand,
             std::function<ir::ValueRef(const LazyValue&, Flattener&)> leaf, Mode mode = Mode::Build);
+  ~Flattener();
+  Flattener(const Flattener&) = delete;
+  Flattener& operator=(const Flattener&) = delete;
 
   /// Flattens everything `root` depends on; returns the graph value standing for it.
   ir::ValueRef add_root(const LazyValue& root);
@@ -56,6 +59,7 @@ class Flattener {
 
  private:
   ir::ValueRef value_of(const LazyValue& v);
+  static size_t& last_visited();
 
   std::function<bool(const LazyNode&)> expand_;
   std::function<ir::ValueRef(const LazyValue&, Flattener&)> leaf_;
@@ -71,6 +75,7 @@ class Flattener {
   // (position, result).
   std::vector<ir::ValueRef> leaf0_;
   std::unordered_map<int64_t, ir::ValueRef> leaf_values_;
+  std::vector<std::pair<const std::shared_ptr<LazyNode>*, size_t>> stack_;  // add_root's walk
 };
 
 }  // namespace lazyrt::trace
