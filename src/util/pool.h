@@ -6,8 +6,8 @@
 // freed at its end, went through its slower bins every step.
 //
 // A block may be freed on another thread than the one that made it: it joins that thread's
-// list. A thread's blocks go back to the heap when it exits. Sanitized builds use the heap
-// directly, so that a use after free is still caught.
+// list. A thread's blocks go back to the heap when it exits. Under AddressSanitizer a block on
+// a list is poisoned past its link, so a use after free is still reported.
 #pragma once
 
 #include <cstddef>
@@ -15,13 +15,16 @@
 #include <new>
 #include <utility>
 
-namespace lazyrt::util {
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kPoolBlocks = false;
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define LAZYRT_POOL_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define LAZYRT_POOL_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
 #else
-inline constexpr bool kPoolBlocks = true;
+#define LAZYRT_POOL_POISON(p, n) ((void)(p), (void)(n))
+#define LAZYRT_POOL_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
+
+namespace lazyrt::util {
 
 template <size_t Size, size_t Align>
 class BlockPool {
@@ -30,8 +33,9 @@ class BlockPool {
 
   static void* get() {
     List& l = list();
-    if (kPoolBlocks && l.head) {
+    if (l.head) {
       Free* f = l.head;
+      LAZYRT_POOL_UNPOISON(f, Size);
       l.head = f->next;
       --l.count;
       return f;
@@ -40,12 +44,13 @@ class BlockPool {
   }
   static void put(void* p) noexcept {
     List& l = list();
-    if (!kPoolBlocks || l.closed || l.count >= kMaxBlocks) {
+    if (l.closed || l.count >= kMaxBlocks) {
       ::operator delete(p, std::align_val_t(Align));
       return;
     }
     auto* f = static_cast<Free*>(p);
     f->next = l.head;
+    LAZYRT_POOL_POISON(static_cast<char*>(p) + sizeof(Free), Size - sizeof(Free));
     l.head = f;
     ++l.count;
   }
@@ -64,6 +69,7 @@ class BlockPool {
       while (head) {
         Free* f = head;
         head = f->next;
+        LAZYRT_POOL_UNPOISON(f, Size);
         ::operator delete(f, std::align_val_t(Align));
       }
       count = 0;
