@@ -1,5 +1,6 @@
 #include "trace/extract.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "trace/lazy_tensor.h"
@@ -11,9 +12,10 @@ namespace lazyrt::trace {
 Flattener::Flattener(std::function<bool(const LazyNode&)> expand,
                      std::function<ir::ValueRef(const LazyValue&, Flattener&)> leaf, Mode mode)
     : expand_(std::move(expand)), leaf_(std::move(leaf)), mode_(mode) {
-  // Sized for as many nodes as the last flattening on this thread visited: a step synced
-  // again visits as many, and its vectors then grow without reallocating.
-  const size_t n = last_visited();
+  // Sized for as many nodes as the last flattening on this thread visited (at most 2^16, so
+  // one huge graph does not make every later sync reserve as much): a step synced again
+  // visits as many, and its vectors then grow without reallocating.
+  const size_t n = std::min<size_t>(last_visited(), size_t{1} << 16);
   visited_.reserve(n);
   node_of_.reserve(n);
   leaf0_.reserve(n);
