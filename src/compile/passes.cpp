@@ -212,13 +212,74 @@ Graph constant_folding(const Graph& g) {
   return rw.finish();
 }
 
+namespace {
+
+// Elementwise node n (operands `ops` in the new graph ng) read through reshapes: when every
+// operand of n's result shape S is a reshape of a value of one other shape S' made by an
+// elementwise node (with which n may then fuse; moving n away from other values of S would
+// only split its group there), and every other
+// operand broadcasts alike against S and S' (after its leading 1s, it spans only trailing dims
+// that S and S' share), n can run in S' on the reshapes' operands, followed by one reshape to
+// S. A linear layer over [batch, tokens, features] is a product over [batch * tokens,
+// features], a bias-add there, and a reshape back: its activation then joins the bias-add's
+// fusion group, and the reshape back to the product's shape cancels. Returns the operands in
+// S' (leading 1s dropped from the broadcast ones by reshapes added to ng), or nothing.
+std::optional<std::vector<ValueRef>> operands_before_reshape(Graph& ng, const Node& n, const std::vector<ValueRef>& ops) {
+  if (!ir::has_flag(n.op, ir::kElementwise) || n.results.size() != 1 || !n.regions.empty()) return std::nullopt;
+  const Shape& s = n.results[0].shape;
+  const Shape* from = nullptr;
+  for (ValueRef v : ops) {
+    if (ng.type(v).shape != s) continue;
+    const Node& def = ng.node(v);
+    if (def.op != OpKind::Reshape || !ir::has_flag(ng.node(def.operands[0]).op, ir::kElementwise)) return std::nullopt;
+    const Shape& src = ng.type(def.operands[0]).shape;
+    if (from && *from != src) return std::nullopt;
+    from = &src;
+  }
+  if (!from || *from == s) return std::nullopt;
+  const Shape before = *from;  // ng grows below
+  size_t shared = 0;  // trailing dims s and before have in common
+  while (shared < s.size() && shared < before.size() && s[s.size() - 1 - shared] == before[before.size() - 1 - shared])
+    ++shared;
+  std::vector<ValueRef> out;
+  for (ValueRef v : ops) {
+    const ir::TensorType t = ng.type(v);
+    if (t.shape == s) {
+      out.push_back(ng.node(v).operands[0]);
+      continue;
+    }
+    size_t lead = 0;  // leading 1s
+    while (lead < t.shape.size() && t.shape[lead] == 1) ++lead;
+    if (t.shape.size() - lead > shared) return std::nullopt;
+    if (t.shape.size() <= before.size()) {
+      out.push_back(v);
+    } else {
+      const Shape trimmed(t.shape.begin() + static_cast<std::ptrdiff_t>(lead), t.shape.end());
+      out.push_back(ng.add(OpKind::Reshape, {v}, {trimmed}));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 Graph algebraic_simplification(const Graph& g) {
+  std::vector<bool> is_output(g.nodes.size(), false);
+  for (ValueRef v : g.outputs) is_output[v.node] = true;
   GraphRewriter rw(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const Graph& ng = rw.graph();
     std::vector<ValueRef> ops;
     for (ValueRef v : n.operands) ops.push_back(rw.map(v));
+    // An output stays in its own shape: it is written straight into the output's buffer.
+    if (!is_output[i]) {
+      if (auto before = operands_before_reshape(rw.graph(), n, ops)) {
+        const ValueRef computed = rw.graph().add(n.op, std::move(*before), n.attrs);
+        rw.set(static_cast<int32_t>(i), 0, rw.graph().add(OpKind::Reshape, {computed}, {n.results[0].shape}));
+        continue;
+      }
+    }
     const ir::TensorType* out = n.results.size() == 1 ? &n.results[0] : nullptr;
     auto keeps_type = [&](ValueRef v) { return out && ng.type(v) == *out; };
     std::optional<ValueRef> same;  // the op is the identity on this operand
@@ -249,9 +310,12 @@ Graph algebraic_simplification(const Graph& g) {
       case OpKind::Cast:
         if (keeps_type(ops[0])) same = ops[0];
         else if (n.op == OpKind::Reshape && ng.node(ops[0]).op == OpKind::Reshape) {
-          rw.set(static_cast<int32_t>(i), 0,
-                 rw.graph().add(OpKind::Reshape, {ng.node(ops[0]).operands[0]}, n.attrs));
-          continue;
+          const ValueRef inner = ng.node(ops[0]).operands[0];
+          if (keeps_type(inner)) same = inner;
+          else {
+            rw.set(static_cast<int32_t>(i), 0, rw.graph().add(OpKind::Reshape, {inner}, n.attrs));
+            continue;
+          }
         }
         break;
       case OpKind::Permute: {

@@ -17,7 +17,9 @@ ir::Graph common_subexpression_elimination(const ir::Graph& g);
 ir::Graph constant_folding(const ir::Graph& g);
 /// x*1, 1*x, x/1, x+0, 0+x, x-0, x**1 -> x; neg(neg(x)) -> x; permute of permute -> one
 /// permute (identity -> x); reshape of reshape -> one reshape; reshape, expand or cast to the
-/// operand's own type -> x. Only where the result keeps x's exact type.
+/// operand's own type -> x. Only where the result keeps x's exact type. An elementwise node
+/// (not an output) whose operands of its shape are all reshapes of values of one other shape,
+/// the others broadcasting alike in both shapes -> the node in that shape, then one reshape.
 ir::Graph algebraic_simplification(const ir::Graph& g);
 
 /// matmul(x, y) (batched or not) with an operand transposed in its last two dims (a permute

@@ -212,6 +212,42 @@ TEST(FuseElementwise, GroupsStayWithinTheKernelLimits) {
   }
 }
 
+// A linear layer over tokens (a product over [batch * tokens, features], bias-add, reshape to
+// the tokens) followed by an activation: the bias-add and the activation are one kernel, and
+// the values are those of a plain evaluation.
+TEST(FuseElementwise, ABiasAddAndTheActivationAfterAReshapeAreOneKernel) {
+  const int64_t batch = 2, tokens = 3, in = 4, out = 5;
+  Graph g;
+  ValueRef x = g.add_parameter(f32({batch * tokens, in}));
+  ValueRef w = g.add_parameter(f32({in, out}));
+  ValueRef b = g.add_parameter(f32({out}));
+  ValueRef h = g.add(OpKind::Add, {g.add(OpKind::Matmul, {x, w}), b});
+  ValueRef act = g.add(OpKind::Gelu, {g.add(OpKind::Reshape, {h}, {Shape{batch, tokens, out}})}, {false});
+  g.outputs = {g.add(OpKind::Sum, {act}, {std::vector<int64_t>{1}, false})};
+  const Graph o = optimize(g, cpu().capabilities());
+  EXPECT_EQ(count_ops(o, OpKind::Fusion), 1);
+  EXPECT_EQ(count_ops(o, OpKind::Gelu), 0);
+  EXPECT_EQ(count_ops(o, OpKind::Add), 0);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<std::vector<float>> params{std::vector<float>(batch * tokens * in), std::vector<float>(in * out),
+                                         std::vector<float>(out)};
+  for (auto& p : params)
+    for (float& v : p) v = u(rng);
+  const std::vector<float> got = run_f32(g, params)[0];
+  ASSERT_EQ(got.size(), static_cast<size_t>(batch * out));
+  for (int64_t bi = 0; bi < batch; ++bi)
+    for (int64_t j = 0; j < out; ++j) {
+      double want = 0;
+      for (int64_t t = 0; t < tokens; ++t) {
+        double z = params[2][j];
+        for (int64_t k = 0; k < in; ++k) z += double(params[0][(bi * tokens + t) * in + k]) * params[1][k * out + j];
+        want += 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
+      }
+      EXPECT_NEAR(got[bi * out + j], want, 1e-5) << bi << ", " << j;
+    }
+}
+
 // The fused kernel over a broadcast operand, a result read outside, and more elements than
 // one block: y = x * 2 + b, out = [y, exp(y)], checked element by element.
 TEST(FusedKernel, BroadcastsOperandsAcrossBlocks) {
