@@ -14,7 +14,8 @@
 //   - reads a value per row with the row's dims kept only (so broadcasting means per row),
 //   - and no operand from outside the group depends on a member. Only nodes from the group's
 //     first member on can, so that search is short.
-// Otherwise it joins the first of those groups alone if that passes, or starts its own.
+// Otherwise it joins as many of those groups as pass, taken in operand order (a backward
+// node reading a forward group and a backward one joins the backward one), or starts its own.
 // Groups of one node stay as they are (unless a constant of more than one element becomes a
 // scalar in the region). Two groups can still wait on each other through a
 // third node (each depends on the other as a unit); such groups are found afterwards as
@@ -119,22 +120,33 @@ class Grouping {
       if (gr >= 0 && std::find(joined.begin(), joined.end(), gr) == joined.end() && merged_space({gr}, i))
         joined.push_back(gr);
     }
-    // All of them, else the first alone, else none.
-    while (!joined.empty()) {
+    // All of them, else as many as can join, in operand order, else none.
+    auto merge = [&](const std::vector<int32_t>& with) -> std::optional<std::pair<std::vector<int32_t>, Space>> {
       std::vector<int32_t> merged{i};
-      for (int32_t gr : joined) merged.insert(merged.end(), groups_[gr].begin(), groups_[gr].end());
-      const std::optional<Space> sp = merged_space(joined, i);
-      if (sp && worth_fusing(*sp) && acceptable(merged, *sp)) {
-        std::sort(merged.begin(), merged.end());
-        const int32_t into = joined[0];
-        for (int32_t gr : joined) groups_[gr].clear();
-        for (int32_t m : merged) group_of_[m] = into;
-        groups_[into] = std::move(merged);
-        spaces_[into] = *sp;
-        return;
+      for (int32_t gr : with) merged.insert(merged.end(), groups_[gr].begin(), groups_[gr].end());
+      const std::optional<Space> sp = merged_space(with, i);
+      if (sp && worth_fusing(*sp) && acceptable(merged, *sp)) return std::make_pair(std::move(merged), *sp);
+      return std::nullopt;
+    };
+    auto best = joined.empty() ? std::nullopt : merge(joined);
+    if (!best && joined.size() > 1) {
+      std::vector<int32_t> chosen;
+      for (int32_t gr : joined) {
+        chosen.push_back(gr);
+        if (auto m = merge(chosen)) best = std::move(m);
+        else chosen.pop_back();
       }
-      if (joined.size() > 1) joined.erase(joined.begin() + 1, joined.end());
-      else joined.clear();
+      joined = std::move(chosen);
+    }
+    if (best) {
+      auto& [merged, sp] = *best;
+      std::sort(merged.begin(), merged.end());
+      const int32_t into = joined[0];
+      for (int32_t gr : joined) groups_[gr].clear();
+      for (int32_t m : merged) group_of_[m] = into;
+      groups_[into] = std::move(merged);
+      spaces_[into] = sp;
+      return;
     }
     const Space sp = k ? Space{g_.type(n.operands[0]).shape, k} : Space{n.results[0].shape, 0};
     if (!worth_fusing(sp)) return;

@@ -248,6 +248,36 @@ TEST(FuseElementwise, ABiasAddAndTheActivationAfterAReshapeAreOneKernel) {
     }
 }
 
+// A layer norm's backward reads the forward's normalized values and reciprocal deviations (a
+// group of their own) and the gradient, which depends on that group through a product. Each
+// backward node reading a forward value and a backward one joins the backward group (merging
+// with the forward group would make the groups wait on each other): the whole backward is one
+// kernel, not two and three lone ops.
+TEST(FuseElementwise, ANodeJoinsTheGroupsItCanWhenAllOfThemTogetherWouldWaitOnEachOther) {
+  const Shape s{4, 8, 16};
+  const std::vector<int64_t> rows{2};
+  Graph g;
+  ValueRef x = g.add_parameter(f32(s));
+  ValueRef w = g.add_parameter(f32({16}));
+  ValueRef proj = g.add_parameter(f32({16, 16}));
+  ValueRef d = g.add(OpKind::Sub, {x, g.add(OpKind::Mean, {x}, {rows, true})});
+  ValueRef var = g.add(OpKind::Mean, {g.add(OpKind::Mul, {d, d})}, {rows, true});
+  ValueRef rstd = g.add(OpKind::Rsqrt, {g.add(OpKind::Add, {var, g.add_full(1e-5, {}, DType::f32)})});
+  ValueRef xh = g.add(OpKind::Mul, {d, rstd});
+  ValueRef y = g.add(OpKind::Mul, {xh, w});
+  ValueRef h = g.add(OpKind::Matmul, {g.add(OpKind::Reshape, {y}, {Shape{32, 16}}), proj});
+  ValueRef grad = g.add(OpKind::Reshape, {h}, {s});
+  ValueRef a = g.add(OpKind::Mul, {w, grad});
+  ValueRef centered = g.add(OpKind::Sub, {a, g.add(OpKind::Mean, {a}, {rows, true})});
+  ValueRef m2 = g.add(OpKind::Mean, {g.add(OpKind::Mul, {xh, a})}, {rows, true});
+  ValueRef dx = g.add(OpKind::Mul, {rstd, g.add(OpKind::Sub, {centered, g.add(OpKind::Mul, {xh, m2})})});
+  g.outputs = {h, dx};
+  const Graph o = dead_code_elimination(fuse_elementwise(g, cpu().capabilities()));
+  EXPECT_EQ(count_ops(o, OpKind::Fusion), 2) << ir::to_text(o);
+  for (OpKind op : {OpKind::Mul, OpKind::Sub, OpKind::Mean}) EXPECT_EQ(count_ops(o, op), 0) << ir::to_text(o);
+  EXPECT_NO_THROW(ir::verify(o));
+}
+
 // The fused kernel over a broadcast operand, a result read outside, and more elements than
 // one block: y = x * 2 + b, out = [y, exp(y)], checked element by element.
 TEST(FusedKernel, BroadcastsOperandsAcrossBlocks) {
