@@ -106,6 +106,9 @@ struct Binding {
   int operand = -1;
   int slot = -1;
   std::vector<int64_t> lead_strides;
+  // Where the offset is r * row_stride (every lead dim of more than one element strides alike:
+  // an operand of the whole shape, or one broadcast over every row), else -1.
+  int64_t row_stride = 0;
   int layout_index = -1;  // passes: the operand's place in the row's layout
   int kept = -1;          // or a value an earlier pass kept: its row buffer
 };
@@ -166,6 +169,13 @@ struct RowKernel {
   int64_t work = 0;  // element-ops per run, for the module's tiers
 
   void run(const void* const* in, void* const* out) const;
+  // The module index of the first pass or row program the generator took, or -1.
+  int first_generated() const {
+    for (const auto* parts : {&passes, &row_programs})
+      for (const Part& p : *parts)
+        if (p.program && p.generated >= 0) return p.generated;
+    return -1;
+  }
   void run_row(int64_t r, const void* const* in, void* const* out, unsigned char (*slots)[8],
                unsigned char (*scratch)[kChunk * 8], unsigned char (*kept)[kKeepRow * 8], Acc* accs,
                bool compiled) const;
@@ -173,14 +183,32 @@ struct RowKernel {
 
 // The offsets of every binding of `part` for row r.
 void lead_offsets(const Part& part, const Shape& lead, int64_t r, int64_t* off) {
-  for (size_t b = 0; b < part.params.size(); ++b) off[b] = 0;
+  bool strided = false;
+  for (size_t b = 0; b < part.params.size(); ++b) {
+    const int64_t st = part.params[b].row_stride;
+    off[b] = st >= 0 ? r * st : 0;
+    strided |= st < 0;
+  }
+  if (!strided) return;
   for (size_t d = lead.size(); d-- > 0;) {
     const int64_t i = r % lead[d];
     r /= lead[d];
     if (i == 0) continue;
     for (size_t b = 0; b < part.params.size(); ++b)
-      if (!part.params[b].lead_strides.empty()) off[b] += i * part.params[b].lead_strides[d];
+      if (part.params[b].row_stride < 0) off[b] += i * part.params[b].lead_strides[d];
   }
+}
+
+// A binding's row_stride for lead dims `lead`.
+int64_t row_stride_of(const std::vector<int64_t>& lead_strides, const Shape& lead) {
+  if (lead_strides.empty()) return 0;
+  const int64_t st = lead_strides.back();
+  int64_t rows_inside = 1;  // rows within one step along dim d
+  for (size_t d = lead.size(); d-- > 0;) {
+    if (lead[d] != 1 && lead_strides[d] != st * rows_inside) return -1;
+    rows_inside *= lead[d];
+  }
+  return st;
 }
 
 void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsigned char (*slots)[8],
@@ -204,7 +232,9 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
     if (rp.program) {
       bind(rp);
       for (size_t j = 0; j < rp.outs.size(); ++j) dst[j] = slots[rp.outs[j].slot];
-      rp.program->run(base, off, zero, 1, dst, 0);
+      const jit::FusedFn fn = compiled && rp.generated >= 0 ? generated->fn(rp.generated) : nullptr;
+      if (fn) fn(base, off, dst, 0, 1);
+      else rp.program->run(base, off, zero, 1, dst, 0);
     }
     if (level == passes.size()) break;
     const Part& pass = passes[level];
@@ -222,7 +252,8 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
       const BroadcastLayout& L = *pass.layout;
       const size_t rank = L.shape.size(), nb = pass.params.size();
       const int64_t run = L.shape[rank - 1];
-      int64_t st[kMaxBindings], idx[kMaxRank] = {};
+      int64_t st[kMaxBindings], idx[kMaxRank];
+      std::fill(idx, idx + rank, int64_t{0});
       for (size_t b = 0; b < nb; ++b) st[b] = pass.params[b].kept >= 0 ? 1 : pass.stride(pass.params[b], rank - 1);
       int64_t fill = 0;
       for (int64_t pos = 0; pos < row;) {
@@ -237,7 +268,9 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
         for (int64_t done = 0; done < run;) {
           const int64_t take = pass.folds ? std::min(run - done, kChunk - fill) : run - done;
           int64_t o[kMaxBindings];
-          for (size_t b = 0; b < nb; ++b) o[b] = at[b] + done * st[b];
+          if (done == 0) std::copy(at, at + nb, o);  // a run within one chunk: the common case
+          else
+            for (size_t b = 0; b < nb; ++b) o[b] = at[b] + done * st[b];
           for (size_t j = 0; j < pass.outs.size(); ++j) {
             const Part::Out& t = pass.outs[j];
             dst[j] = t.scratch >= 0 ? static_cast<void*>(scratch[t.scratch] + fill * t.elem_bytes)
@@ -281,16 +314,10 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
 void RowKernel::run(const void* const* in, void* const* out) const {
   bool compiled = false;
   if (generated) {
-    compiled = true;
-    for (const Part& p : passes)
-      if (p.program && p.generated >= 0 && !generated->fn(p.generated)) compiled = false;
-    if (!compiled) {
-      for (const Part& p : passes)
-        if (p.generated >= 0) {
-          generated->ran_interpreted(generated, p.generated, work);
-          break;
-        }
-    }
+    // The module's loops arrive together; the first generated part tells.
+    const int first = first_generated();
+    compiled = generated->fn(first) != nullptr;
+    if (!compiled) generated->ran_interpreted(generated, first, work);
   }
   const int64_t per_row = std::max<int64_t>(1, row * static_cast<int64_t>(std::max<size_t>(passes.size(), 1)));
   parallel_for(rows, std::max<int64_t>(1, kParallelGrain / per_row), [&](int64_t b, int64_t e) {
@@ -498,6 +525,7 @@ class Builder {
         return kind_[v] == Kind::Reduce || (kind_[v] == Kind::Row && static_cast<size_t>(level_[v]) < level);
       }, kPerRow);
       for (int32_t t : targets) part.outs.push_back({-1, -1, static_cast<int>(t), 0});
+      if (module) part.generated = module->add({*part_regions_.back(), std::vector<int64_t>(part.params.size(), 0)});
     }
     k->result_slot.assign(outputs.size(), -1);
     k->result_bytes.assign(outputs.size(), 0);
@@ -506,11 +534,7 @@ class Builder {
       k->result_bytes[r] = static_cast<int64_t>(dtype_size(outputs[r].dtype));
       if (kind_[v] != Kind::Elem) k->result_slot[r] = v;
     }
-    if (module) {
-      bool any = false;
-      for (const Part& p : k->passes) any |= p.generated >= 0;
-      if (any) k->generated = module;
-    }
+    if (module && k->first_generated() >= 0) k->generated = module;
     return k;
   }
 
@@ -563,6 +587,7 @@ class Builder {
       if (kind_[v] == Kind::Param) {
         b.operand = static_cast<int>(ir::NodeAttrs(OpKind::Parameter, region_.nodes[v].attrs).i<"index">());
         b.lead_strides = lead_strides_of(inputs_[static_cast<size_t>(b.operand)].shape, against, lead_rank_);
+        b.row_stride = row_stride_of(b.lead_strides, Shape(shape_.begin(), shape_.begin() + static_cast<std::ptrdiff_t>(lead_rank_)));
       } else if (form == kFull && kept_index_[v] >= 0) {
         b.kept = kept_index_[v];
       } else {
