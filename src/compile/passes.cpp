@@ -214,51 +214,83 @@ Graph constant_folding(const Graph& g) {
 
 namespace {
 
+// The operands of elementwise node n (result shape s) for running it in shape `to` instead:
+// those of shape s given by full(v), the others as they are, unless one would read other
+// elements broadcast against `to` (after its leading 1s it must span only trailing dims s and
+// `to` share; its leading 1s are dropped where it has more dims than `to`).
+template <class Full>
+std::optional<std::vector<ValueRef>> operands_in(Graph& ng, const std::vector<ValueRef>& ops, const Shape& s,
+                                                 const Shape& to, Full&& full) {
+  size_t shared = 0;  // trailing dims s and `to` have in common
+  while (shared < s.size() && shared < to.size() && s[s.size() - 1 - shared] == to[to.size() - 1 - shared]) ++shared;
+  auto leading_ones = [](const Shape& t) {
+    size_t lead = 0;
+    while (lead < t.size() && t[lead] == 1) ++lead;
+    return lead;
+  };
+  for (ValueRef v : ops) {
+    const Shape& t = ng.type(v).shape;
+    if (t != s && t.size() - leading_ones(t) > shared) return std::nullopt;
+  }
+  std::vector<ValueRef> out;
+  for (ValueRef v : ops) {
+    const Shape t = ng.type(v).shape;  // ng grows below
+    if (t == s) out.push_back(full(v));
+    else if (t.size() <= to.size()) out.push_back(v);
+    else out.push_back(ng.add(OpKind::Reshape, {v}, {Shape(t.begin() + static_cast<std::ptrdiff_t>(leading_ones(t)), t.end())}));
+  }
+  return out;
+}
+
+bool plain_elementwise(const Node& n) {
+  return ir::has_flag(n.op, ir::kElementwise) && n.results.size() == 1 && n.regions.empty();
+}
+
 // Elementwise node n (operands `ops` in the new graph ng) read through reshapes: when every
 // operand of n's result shape S is a reshape of a value of one other shape S' made by an
 // elementwise node (with which n may then fuse; moving n away from other values of S would
-// only split its group there), and every other
-// operand broadcasts alike against S and S' (after its leading 1s, it spans only trailing dims
-// that S and S' share), n can run in S' on the reshapes' operands, followed by one reshape to
-// S. A linear layer over [batch, tokens, features] is a product over [batch * tokens,
-// features], a bias-add there, and a reshape back: its activation then joins the bias-add's
-// fusion group, and the reshape back to the product's shape cancels. Returns the operands in
-// S' (leading 1s dropped from the broadcast ones by reshapes added to ng), or nothing.
+// only split its group there), n can run in S' on the reshapes' operands, followed by one
+// reshape to S. A linear layer over [batch, tokens, features] is a product over [batch *
+// tokens, features], a bias-add there, and a reshape back: its activation then joins the
+// bias-add's fusion group, and the reshape back to the product's shape cancels. Returns the
+// operands in S', or nothing.
 std::optional<std::vector<ValueRef>> operands_before_reshape(Graph& ng, const Node& n, const std::vector<ValueRef>& ops) {
-  if (!ir::has_flag(n.op, ir::kElementwise) || n.results.size() != 1 || !n.regions.empty()) return std::nullopt;
+  if (!plain_elementwise(n)) return std::nullopt;
   const Shape& s = n.results[0].shape;
-  const Shape* from = nullptr;
+  std::optional<Shape> from;
   for (ValueRef v : ops) {
     if (ng.type(v).shape != s) continue;
     const Node& def = ng.node(v);
     if (def.op != OpKind::Reshape || !ir::has_flag(ng.node(def.operands[0]).op, ir::kElementwise)) return std::nullopt;
     const Shape& src = ng.type(def.operands[0]).shape;
     if (from && *from != src) return std::nullopt;
-    from = &src;
+    from = src;
   }
   if (!from || *from == s) return std::nullopt;
-  const Shape before = *from;  // ng grows below
-  size_t shared = 0;  // trailing dims s and before have in common
-  while (shared < s.size() && shared < before.size() && s[s.size() - 1 - shared] == before[before.size() - 1 - shared])
-    ++shared;
-  std::vector<ValueRef> out;
+  return operands_in(ng, ops, s, *from, [&](ValueRef v) { return ng.node(v).operands[0]; });
+}
+
+// Elementwise node n whose only reader is a reshape to `to`, and none of whose operands of its
+// own shape is made by an elementwise node (it has nothing to fuse with in its shape): n can
+// run in `to` on reshapes of those operands, and the reshape goes. A bias-add after a product
+// over [batch * tokens, features] then joins the ops over the tokens that read it (a residual
+// add and the layer norm after it). Returns the operands in `to`, or nothing.
+std::optional<std::vector<ValueRef>> operands_after_reshape(Graph& ng, const Node& n, const std::vector<ValueRef>& ops,
+                                                            const Shape& to) {
+  if (!plain_elementwise(n)) return std::nullopt;
+  const Shape& s = n.results[0].shape;
+  if (s == to) return std::nullopt;
+  bool any = false;
   for (ValueRef v : ops) {
-    const ir::TensorType t = ng.type(v);
-    if (t.shape == s) {
-      out.push_back(ng.node(v).operands[0]);
-      continue;
-    }
-    size_t lead = 0;  // leading 1s
-    while (lead < t.shape.size() && t.shape[lead] == 1) ++lead;
-    if (t.shape.size() - lead > shared) return std::nullopt;
-    if (t.shape.size() <= before.size()) {
-      out.push_back(v);
-    } else {
-      const Shape trimmed(t.shape.begin() + static_cast<std::ptrdiff_t>(lead), t.shape.end());
-      out.push_back(ng.add(OpKind::Reshape, {v}, {trimmed}));
-    }
+    if (ng.type(v).shape != s) continue;
+    if (ir::has_flag(ng.node(v).op, ir::kElementwise)) return std::nullopt;
+    any = true;
   }
-  return out;
+  if (!any) return std::nullopt;
+  return operands_in(ng, ops, s, to, [&](ValueRef v) {
+    const ValueRef src = ng.node(v).op == OpKind::Reshape ? ng.node(v).operands[0] : v;
+    return ng.type(src).shape == to ? src : ng.add(OpKind::Reshape, {src}, {to});
+  });
 }
 
 }  // namespace
@@ -266,6 +298,15 @@ std::optional<std::vector<ValueRef>> operands_before_reshape(Graph& ng, const No
 Graph algebraic_simplification(const Graph& g) {
   std::vector<bool> is_output(g.nodes.size(), false);
   for (ValueRef v : g.outputs) is_output[v.node] = true;
+  // Per node: the reshape that is its only reader, or -1.
+  std::vector<int32_t> sole_reshape(g.nodes.size(), -1), reads(g.nodes.size(), 0);
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (ValueRef v : g.nodes[i].operands) {
+      ++reads[v.node];
+      sole_reshape[v.node] = g.nodes[i].op == OpKind::Reshape ? static_cast<int32_t>(i) : -1;
+    }
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (reads[i] != 1) sole_reshape[i] = -1;
   GraphRewriter rw(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
@@ -279,6 +320,12 @@ Graph algebraic_simplification(const Graph& g) {
         rw.set(static_cast<int32_t>(i), 0, rw.graph().add(OpKind::Reshape, {computed}, {n.results[0].shape}));
         continue;
       }
+      // Its only reader, the reshape, then finds a value of its own type and goes.
+      if (const int32_t r = sole_reshape[i]; r >= 0)
+        if (auto after = operands_after_reshape(rw.graph(), n, ops, g.nodes[static_cast<size_t>(r)].results[0].shape)) {
+          rw.set(static_cast<int32_t>(i), 0, rw.graph().add(n.op, std::move(*after), n.attrs));
+          continue;
+        }
     }
     const ir::TensorType* out = n.results.size() == 1 ? &n.results[0] : nullptr;
     auto keeps_type = [&](ValueRef v) { return out && ng.type(v) == *out; };

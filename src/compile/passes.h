@@ -20,6 +20,8 @@ ir::Graph constant_folding(const ir::Graph& g);
 /// operand's own type -> x. Only where the result keeps x's exact type. An elementwise node
 /// (not an output) whose operands of its shape are all reshapes of values of one other shape,
 /// the others broadcasting alike in both shapes -> the node in that shape, then one reshape.
+/// An elementwise node read only by a reshape, none of whose operands of its shape is made by
+/// an elementwise node -> the node in the reshape's shape, on reshapes of those operands.
 ir::Graph algebraic_simplification(const ir::Graph& g);
 
 /// matmul(x, y) (batched or not) with an operand transposed in its last two dims (a permute

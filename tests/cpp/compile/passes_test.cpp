@@ -153,15 +153,14 @@ TEST(AlgebraicSimplification, CollapsesReshapeChainsAndNegNeg) {
 }
 
 TEST(AlgebraicSimplification, ElementwiseOpsReadThroughAReshapeRunInItsSourceShape) {
-  // A linear layer over [batch, tokens, features]: the product and its bias-add over
-  // [batch * tokens, features], a reshape to the tokens, an activation, and a reshape back for
-  // the next product. The activation moves to the bias-add's shape (a [1, 1, 4] operand loses
-  // its leading 1s) and the reshapes cancel.
+  // Elementwise ops over [batch * tokens, features] (an exp, a bias-add), a reshape to the
+  // tokens, an activation, and a reshape back for the next product. The activation moves to
+  // the bias-add's shape (a [1, 1, 4] operand loses its leading 1s) and the reshapes cancel.
   Graph g;
   ValueRef x = g.add_parameter(f32({6, 4}));
   ValueRef b = g.add_parameter(f32({4}));
   ValueRef scale = g.add_parameter(f32({1, 1, 4}));
-  ValueRef h = g.add(OpKind::Add, {x, b});
+  ValueRef h = g.add(OpKind::Add, {g.add(OpKind::Exp, {x}), b});
   ValueRef act = g.add(OpKind::Gelu, {g.add(OpKind::Reshape, {h}, {Shape{2, 3, 4}})}, {false});
   ValueRef scaled = g.add(OpKind::Mul, {act, scale});
   ValueRef back = g.add(OpKind::Reshape, {scaled}, {Shape{6, 4}});
@@ -170,18 +169,44 @@ TEST(AlgebraicSimplification, ElementwiseOpsReadThroughAReshapeRunInItsSourceSha
             "%0 = parameter {index=0} : f32[6, 4]\n"
             "%1 = parameter {index=1} : f32[4]\n"
             "%2 = parameter {index=2} : f32[1, 1, 4]\n"
-            "%3 = add(%0, %1) : f32[6, 4]\n"
-            "%4 = gelu(%3) {tanh=false} : f32[6, 4]\n"
-            "%5 = reshape(%2) {shape=[4]} : f32[4]\n"
-            "%6 = mul(%4, %5) : f32[6, 4]\n"
-            "%7 = parameter {index=3} : f32[4, 2]\n"
-            "%8 = matmul(%6, %7) : f32[6, 2]\n"
-            "return %8\n");
+            "%3 = exp(%0) : f32[6, 4]\n"
+            "%4 = add(%3, %1) : f32[6, 4]\n"
+            "%5 = gelu(%4) {tanh=false} : f32[6, 4]\n"
+            "%6 = reshape(%2) {shape=[4]} : f32[4]\n"
+            "%7 = mul(%5, %6) : f32[6, 4]\n"
+            "%8 = parameter {index=3} : f32[4, 2]\n"
+            "%9 = matmul(%7, %8) : f32[6, 2]\n"
+            "return %9\n");
+}
+
+TEST(AlgebraicSimplification, AnElementwiseOpReadOnlyThroughAReshapeRunsInTheReshapedShape) {
+  // A bias-add after a product over [batch * tokens, features], reshaped back to the tokens
+  // for a residual add: the bias-add moves to the tokens' shape (on a reshape of the product),
+  // where it can fuse with the residual add.
+  Graph g;
+  ValueRef x = g.add_parameter(f32({6, 4}));
+  ValueRef w = g.add_parameter(f32({4, 4}));
+  ValueRef b = g.add_parameter(f32({4}));
+  ValueRef res = g.add_parameter(f32({2, 3, 4}));
+  ValueRef h = g.add(OpKind::Add, {g.add(OpKind::Matmul, {x, w}), b});
+  g.outputs = {g.add(OpKind::Add, {res, g.add(OpKind::Reshape, {h}, {Shape{2, 3, 4}})})};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(algebraic_simplification(g))),
+            "%0 = parameter {index=0} : f32[6, 4]\n"
+            "%1 = parameter {index=1} : f32[4, 4]\n"
+            "%2 = parameter {index=2} : f32[4]\n"
+            "%3 = parameter {index=3} : f32[2, 3, 4]\n"
+            "%4 = matmul(%0, %1) : f32[6, 4]\n"
+            "%5 = reshape(%4) {shape=[2, 3, 4]} : f32[2, 3, 4]\n"
+            "%6 = add(%5, %2) : f32[2, 3, 4]\n"
+            "%7 = add(%3, %6) : f32[2, 3, 4]\n"
+            "return %7\n");
 }
 
 TEST(AlgebraicSimplification, KeepsElementwiseOpsOnReshapesItCannotMove) {
   const Shape tokens{2, 3, 4};
   auto to_tokens = [&](ValueRef source, Graph& g) { return g.add(OpKind::Reshape, {source}, {tokens}); };
+  // A value made by an elementwise node from another (so it stays in its shape itself).
+  auto made = [&](Graph& g, Shape s) { return g.add(OpKind::Neg, {g.add(OpKind::Exp, {g.add_parameter(f32(s))})}); };
   {  // the reshaped value is not made by an elementwise op: nothing to fuse with there
     Graph g;
     ValueRef r = to_tokens(g.add_parameter(f32({6, 4})), g);
@@ -190,27 +215,39 @@ TEST(AlgebraicSimplification, KeepsElementwiseOpsOnReshapesItCannotMove) {
   }
   {  // an operand of the result's shape that is no reshape
     Graph g;
-    ValueRef r = to_tokens(g.add(OpKind::Exp, {g.add_parameter(f32({6, 4}))}), g);
+    ValueRef r = to_tokens(made(g, {6, 4}), g);
     g.outputs = {g.add(OpKind::Abs, {g.add(OpKind::Add, {r, g.add_parameter(f32(tokens))})})};
     EXPECT_EQ(ir::to_text(algebraic_simplification(g)), ir::to_text(g));
   }
   {  // reshapes of two different shapes
     Graph g;
-    ValueRef r = to_tokens(g.add(OpKind::Exp, {g.add_parameter(f32({6, 4}))}), g);
-    ValueRef q = to_tokens(g.add(OpKind::Exp, {g.add_parameter(f32({2, 12}))}), g);
+    ValueRef r = to_tokens(made(g, {6, 4}), g);
+    ValueRef q = to_tokens(made(g, {2, 12}), g);
     g.outputs = {g.add(OpKind::Abs, {g.add(OpKind::Add, {r, q})})};
     EXPECT_EQ(ir::to_text(algebraic_simplification(g)), ir::to_text(g));
   }
   {  // a broadcast operand over a dim the shapes do not share ([3, 1] reads along the tokens)
     Graph g;
-    ValueRef r = to_tokens(g.add(OpKind::Exp, {g.add_parameter(f32({6, 4}))}), g);
+    ValueRef r = to_tokens(made(g, {6, 4}), g);
     g.outputs = {g.add(OpKind::Abs, {g.add(OpKind::Mul, {r, g.add_parameter(f32({3, 1}))})})};
     EXPECT_EQ(ir::to_text(algebraic_simplification(g)), ir::to_text(g));
   }
   {  // an output keeps its shape: it is written straight into the output's buffer
     Graph g;
-    ValueRef r = to_tokens(g.add(OpKind::Exp, {g.add_parameter(f32({6, 4}))}), g);
+    ValueRef r = to_tokens(made(g, {6, 4}), g);
     g.outputs = {g.add(OpKind::Neg, {r})};
+    EXPECT_EQ(ir::to_text(algebraic_simplification(g)), ir::to_text(g));
+  }
+  {  // read only through a reshape, but made from an elementwise node it can fuse with here
+    Graph g;
+    ValueRef e = g.add(OpKind::Neg, {g.add(OpKind::Exp, {g.add_parameter(f32({6, 4}))})});
+    g.outputs = {g.add(OpKind::Matmul, {to_tokens(e, g), g.add_parameter(f32({4, 2}))})};
+    EXPECT_EQ(ir::to_text(algebraic_simplification(g)), ir::to_text(g));
+  }
+  {  // read through a reshape and by another node
+    Graph g;
+    ValueRef e = g.add(OpKind::Exp, {g.add_parameter(f32({6, 4}))});
+    g.outputs = {g.add(OpKind::Abs, {to_tokens(e, g)}), g.add(OpKind::Sum, {e}, {std::vector<int64_t>{0}, false})};
     EXPECT_EQ(ir::to_text(algebraic_simplification(g)), ir::to_text(g));
   }
 }
