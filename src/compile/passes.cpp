@@ -288,6 +288,10 @@ std::optional<std::vector<ValueRef>> operands_after_reshape(Graph& ng, const Nod
   }
   if (!any) return std::nullopt;
   return operands_in(ng, ops, s, to, [&](ValueRef v) {
+    if (ng.node(v).op == OpKind::Full) {  // a constant of the shape: the same constant in `to`
+      const ir::TensorType t = ng.type(v);
+      return ng.add_full(ir::NodeAttrs(OpKind::Full, ng.node(v).attrs).f<"value">(), to, t.dtype);
+    }
     const ValueRef src = ng.node(v).op == OpKind::Reshape ? ng.node(v).operands[0] : v;
     return ng.type(src).shape == to ? src : ng.add(OpKind::Reshape, {src}, {to});
   });

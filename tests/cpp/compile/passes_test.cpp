@@ -200,6 +200,20 @@ TEST(AlgebraicSimplification, AnElementwiseOpReadOnlyThroughAReshapeRunsInTheRes
             "%6 = add(%5, %2) : f32[2, 3, 4]\n"
             "%7 = add(%3, %6) : f32[2, 3, 4]\n"
             "return %7\n");
+  // A constant of the node's shape becomes the same constant in the reshaped shape.
+  Graph c;
+  ValueRef p = c.add(OpKind::Matmul, {c.add_parameter(f32({6, 4})), c.add_parameter(f32({4, 4}))});
+  ValueRef sum = c.add(OpKind::Add, {p, c.add_full(2, {6, 4}, DType::f32)});
+  c.outputs = {c.add(OpKind::Exp, {c.add(OpKind::Reshape, {sum}, {Shape{2, 3, 4}})})};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(algebraic_simplification(c))),
+            "%0 = parameter {index=0} : f32[6, 4]\n"
+            "%1 = parameter {index=1} : f32[4, 4]\n"
+            "%2 = matmul(%0, %1) : f32[6, 4]\n"
+            "%3 = reshape(%2) {shape=[2, 3, 4]} : f32[2, 3, 4]\n"
+            "%4 = full {value=2, shape=[2, 3, 4], dtype=f32} : f32[2, 3, 4]\n"
+            "%5 = add(%3, %4) : f32[2, 3, 4]\n"
+            "%6 = exp(%5) : f32[2, 3, 4]\n"
+            "return %6\n");
 }
 
 TEST(AlgebraicSimplification, KeepsElementwiseOpsOnReshapesItCannotMove) {
