@@ -414,4 +414,102 @@ TEST(FusedKernel, RandomGraphsMatchAPlainEvaluation) {
   EXPECT_GT(fusions, 60);  // the graphs did fuse
 }
 
+// Random graphs over two views of 24 elements, [6, 4] and [2, 3, 4], with reshapes between
+// them, products (values no elementwise op makes), row means and broadcast operands of many
+// shapes: optimized (the simplifier's reshape rules, fusion) and run, against the same graph
+// evaluated in double by the test.
+TEST(FusedKernel, RandomGraphsAcrossReshapesMatchAPlainEvaluation) {
+  std::mt19937 rng(11);
+  const Shape flat{6, 4}, tokens{2, 3, 4};
+  const std::vector<Shape> param_shapes = {flat, tokens, {4}, {1, 4}, {1, 1, 4}, {3, 1}, {6, 1}, {}, {4, 4}};
+  int fusions = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    Graph g;
+    std::vector<ValueRef> vals;
+    std::vector<std::vector<double>> ref;  // each value at its own shape, row-major
+    std::vector<std::vector<float>> params;
+    // Element of value v read at flat position i of a result of shape r (broadcast).
+    auto at = [&](size_t v, int64_t i, const Shape& r) {
+      const Shape& s = g.type(vals[v]).shape;
+      int64_t idx = 0, stride = 1;
+      for (size_t d = 0; d < s.size(); ++d) {
+        const size_t rd = r.size() - 1 - d, sd = s.size() - 1 - d;
+        int64_t inner = 1;
+        for (size_t e = rd + 1; e < r.size(); ++e) inner *= r[e];
+        const int64_t coord = (i / inner) % r[rd];
+        if (s[sd] != 1) idx += coord * stride;
+        stride *= s[sd];
+      }
+      return ref[v][static_cast<size_t>(idx)];
+    };
+    for (const Shape& s : param_shapes) {
+      std::vector<float> p(static_cast<size_t>(shape_numel(s)));
+      for (float& e : p) e = std::uniform_real_distribution<float>(-1, 1)(rng);
+      params.push_back(p);
+      vals.push_back(g.add_parameter(f32(s)));
+      ref.emplace_back(p.begin(), p.end());
+    }
+    auto full = [&](size_t v) { const Shape& s = g.type(vals[v]).shape; return s == flat || s == tokens; };
+    for (int step = 0; step < 30; ++step) {
+      size_t a = rng() % vals.size();
+      while (!full(a)) a = rng() % vals.size();
+      const size_t b = rng() % vals.size();
+      const Shape sa = g.type(vals[a]).shape;
+      const int kind = static_cast<int>(rng() % 9);
+      std::vector<double> r;
+      if (kind == 8) {  // reshape to the other view
+        vals.push_back(g.add(OpKind::Reshape, {vals[a]}, {sa == flat ? tokens : flat}));
+        r = ref[a];
+      } else if (kind == 7) {  // a product with the [4, 4] parameter
+        vals.push_back(g.add(OpKind::Matmul, {vals[a], vals[8]}));
+        r.assign(24, 0.0);
+        for (size_t row = 0; row < 6; ++row)
+          for (size_t j = 0; j < 4; ++j)
+            for (size_t k = 0; k < 4; ++k) r[row * 4 + j] += ref[a][row * 4 + k] * ref[8][k * 4 + j];
+      } else if (kind == 6) {  // a row mean, dims kept
+        vals.push_back(g.add(OpKind::Mean, {vals[a]}, {std::vector<int64_t>{static_cast<int64_t>(sa.size()) - 1}, true}));
+        r.assign(6, 0.0);
+        for (size_t i = 0; i < 24; ++i) r[i / 4] += ref[a][i] / 4;
+      } else if (kind >= 4) {  // unary
+        const OpKind op = kind == 4 ? OpKind::Tanh : OpKind::Neg;
+        vals.push_back(g.add(op, {vals[a]}));
+        for (double v : ref[a]) r.push_back(op == OpKind::Tanh ? std::tanh(v) : -v);
+      } else {  // binary, b broadcast against a's shape where the rules allow
+        const OpKind op = kind == 0 ? OpKind::Add : kind == 1 ? OpKind::Mul : OpKind::Sub;
+        ValueRef y;
+        try {
+          y = g.add(op, {vals[a], vals[b]});
+        } catch (const Error&) {
+          --step;
+          continue;
+        }
+        if (g.type(y).shape != sa) {
+          g.nodes.pop_back();
+          --step;
+          continue;
+        }
+        vals.push_back(y);
+        for (int64_t i = 0; i < 24; ++i) {
+          const double x = ref[a][static_cast<size_t>(i)], z = at(b, i, sa);
+          r.push_back(op == OpKind::Add ? x + z : op == OpKind::Mul ? x * z : x - z);
+        }
+      }
+      ref.push_back(r);
+    }
+    std::vector<size_t> outs;
+    for (size_t v = param_shapes.size() + 2; v < vals.size(); v += 3) outs.push_back(v);
+    outs.push_back(vals.size() - 1);
+    for (size_t v : outs) g.outputs.push_back(vals[v]);
+    const Graph opt = optimize(g, cpu().capabilities());
+    ASSERT_NO_THROW(ir::verify(opt)) << "trial " << trial;
+    fusions += count_ops(opt, OpKind::Fusion);
+    const auto got = run_f32(g, params);
+    for (size_t k = 0; k < outs.size(); ++k)
+      for (size_t i = 0; i < ref[outs[k]].size(); ++i)
+        EXPECT_NEAR(got[k][i], ref[outs[k]][i], 1e-4 * (1 + std::abs(ref[outs[k]][i])))
+            << "trial " << trial << " output " << k << " element " << i << "\n" << ir::to_text(g);
+  }
+  EXPECT_GT(fusions, 80);  // the graphs did fuse
+}
+
 }  // namespace lazyrt::compile
