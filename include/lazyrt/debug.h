@@ -17,6 +17,10 @@ int64_t graph_node_count(const std::vector<Tensor>& tensors);
 int64_t live_memory_bytes();
 int64_t peak_memory_bytes();
 void reset_peak_memory();
+/// Hands the pages the C heap holds free back to the system (glibc's malloc_trim). A step's
+/// first call frees far more than its replays allocate; lazyrt does this itself after a
+/// compiled step's first run. For front ends with work of their own after a first call.
+void release_free_heap();
 
 /// Where each graph that gets an executable (compiled, or loaded from the disk cache) is
 /// written: <dir>/<key>.txt (the optimized graph, then the executable's steps) and

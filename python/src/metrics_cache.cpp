@@ -70,6 +70,8 @@ void bind_metrics_cache(py::module_& m) {
   d.def("live_memory_bytes", &debug::live_memory_bytes);
   d.def("peak_memory_bytes", &debug::peak_memory_bytes);
   d.def("reset_peak_memory", &debug::reset_peak_memory);
+  d.def("release_free_heap", &debug::release_free_heap,
+        "Hands the C heap's free pages back to the system (after a step's first call).");
   d.def("set_dump_graph_dir", &debug::set_dump_graph_dir, py::arg("dir"),
         "Writes each graph that gets an executable to DIR/<key>.txt and .dot ('' turns it off).");
   d.def("dump_graph_dir", &debug::dump_graph_dir);

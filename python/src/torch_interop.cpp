@@ -32,6 +32,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "compiled_step.h"
@@ -469,7 +470,28 @@ class Handover {
 
   // A tensor standing in for a missing gradient: never lent (lazyrt's writes must not land in
   // it; the call copies the new gradient in).
-  void standin(const at::Tensor& t) { standins_.push_back(t); }
+  void standin(const at::Tensor& t) {
+    standins_.push_back(t);
+    standin_impls_.insert(t.unsafeGetTensorImpl());
+  }
+
+  // Lets go of the stand-ins and of the views kept of them (the gradients exist now; a later
+  // call that misses one again gets a new stand-in). Waits for a call in flight.
+  void forget_standins() {
+    if (!turn_.try_lock()) {
+      py::gil_scoped_release release;
+      turn_.lock();
+    }
+    std::lock_guard<std::mutex> unlock(turn_, std::adopt_lock);
+    for (Held& h : held_) {
+      if (h.tensor.defined() && is_standin(h.tensor.unsafeGetTensorImpl())) {
+        h = Held{};
+        expect_valid_ = false;
+      }
+    }
+    standins_.clear();
+    standin_impls_.clear();
+  }
 
   // The lazyrt views of this call's inputs. A slot's view is kept from call to call while the
   // slot holds the same tensor at the same address, contiguous: its memory, hence its values,
@@ -587,11 +609,7 @@ class Handover {
     return *h.view;
   }
 
-  bool is_standin(const at::TensorImpl* impl) const {
-    for (const at::Tensor& z : standins_)
-      if (z.unsafeGetTensorImpl() == impl) return true;
-    return false;
-  }
+  bool is_standin(const at::TensorImpl* impl) const { return standin_impls_.count(impl) != 0; }
 
   [[noreturn]] void raise_aliased(size_t s) const {
     py::object e = aliased_(s);
@@ -605,7 +623,9 @@ class Handover {
     const bool contiguous = contiguous_cpu(t);
     const Span span = span_of(t);
     const bool written = written_[s];
-    if (span.first < span.second && (written ? overlaps_any(span, s) : written_overlapping(span, s)))
+    // Stand-ins share one buffer of zeros; they are only read, so their overlap is no aliasing.
+    const bool standin = is_standin(t.unsafeGetTensorImpl());
+    if (!standin && span.first < span.second && (written ? overlaps_any(span, s) : written_overlapping(span, s)))
       raise_aliased(s);
     const std::optional<lz::DType> dtype = lazyrt_dtype(t.scalar_type());
     if (!dtype)
@@ -616,8 +636,7 @@ class Handover {
       h = Held{};
       return view_of(t.detach().cpu().contiguous(), *dtype, false);
     }
-    const bool lend = written && lendable_dtype(t.scalar_type()) && span.first < span.second &&
-                      !is_standin(t.unsafeGetTensorImpl());
+    const bool lend = written && lendable_dtype(t.scalar_type()) && span.first < span.second && !standin;
     if (written) expect_valid_ = false;
     lz::Tensor v = view_of(t, *dtype, lend);
     h.tensor = t;
@@ -636,7 +655,7 @@ class Handover {
 
   bool overlaps_any(const Span& span, size_t s) const {
     for (size_t r = 0; r < current_.size(); ++r) {
-      if (r == s || current_[r].is_number) continue;
+      if (r == s || current_[r].is_number || is_standin(current_[r].tensor.unsafeGetTensorImpl())) continue;
       const Span other = span_of(current_[r].tensor);
       if (other.first < span.second && span.first < other.second) return true;
     }
@@ -662,7 +681,7 @@ class Handover {
   void lent_changed() {
     written_spans_.clear();
     for (size_t s = 0; s < written_.size(); ++s) {
-      if (!written_[s] || current_[s].is_number) continue;
+      if (!written_[s] || current_[s].is_number || is_standin(current_[s].tensor.unsafeGetTensorImpl())) continue;
       const Span sp = span_of(current_[s].tensor);
       written_spans_.push_back({sp.first, sp.second, s});
     }
@@ -686,6 +705,7 @@ class Handover {
   std::vector<int64_t> inplace_;
   py::object aliased_;
   std::vector<at::Tensor> standins_;
+  std::unordered_set<const at::TensorImpl*> standin_impls_;  // of standins_
   std::vector<WrittenSpan> written_spans_;
   std::vector<uintptr_t> expect_;
   bool expect_valid_ = false;
@@ -944,6 +964,8 @@ PYBIND11_MODULE(_torch_C, m) {
       .def(py::init<size_t, std::vector<int64_t>, py::object>(), py::arg("inputs"), py::arg("inplace"),
            py::arg("aliased"))
       .def("standin", &Handover::standin, py::arg("tensor"), "A tensor never lent (a missing gradient's zeros).")
+      .def("forget_standins", &Handover::forget_standins,
+           "Lets go of the stand-ins and the views kept of them (the gradients exist now).")
       .def("views", [](Handover& h, const py::sequence& inputs) {
         const std::vector<lz::Tensor>& v = h.views(inputs_from(inputs));
         py::list out(v.size());

@@ -21,6 +21,7 @@
 #include "lazyrt/amp.h"
 #include "lazyrt/metrics.h"
 #include "ops/views.h"
+#include "runtime/buffer.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
@@ -936,19 +937,28 @@ Variant& variant_for(CompiledStep::State& st, const std::vector<Tensor>& args) {
 
 }  // namespace
 
+namespace {
+// The variant for args, replayed on them. A call that traced hands the memory tracing and
+// compiling freed back to the system once its replay is done.
+Variant& replay_call(CompiledStep::State& st, const std::vector<Tensor>& args) {
+  const int traces = st.traces;
+  Variant& v = variant_for(st, args);
+  replay(v, args);
+  if (st.traces != traces) runtime::release_free_heap();
+  return v;
+}
+}  // namespace
+
 const std::vector<Tensor>& CompiledStep::run(const std::vector<Tensor>& args) {
   State& st = *state_;
   std::lock_guard<std::mutex> lock(st.mu);
-  Variant& v = variant_for(st, args);
-  replay(v, args);
-  return v.result_tensors;
+  return replay_call(st, args).result_tensors;
 }
 
 std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& args) {
   State& st = *state_;
   std::lock_guard<std::mutex> lock(st.mu);
-  Variant& v = variant_for(st, args);
-  replay(v, args);
+  Variant& v = replay_call(st, args);
   std::vector<Tensor> copies;
   copies.reserve(v.result_tensors.size());
   for (const Tensor& t : v.result_tensors) copies.push_back(detail::detached_value(t));

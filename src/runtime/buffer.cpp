@@ -2,6 +2,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <new>
 
 #include "util/check.h"
@@ -49,5 +52,11 @@ Buffer::~Buffer() {
 
 MemoryStats memory_stats() { return {live_bytes.load(), peak_bytes.load()}; }
 void reset_peak_memory() { peak_bytes = live_bytes.load(); }
+
+void release_free_heap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 
 }  // namespace lazyrt::runtime

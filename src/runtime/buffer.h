@@ -57,6 +57,12 @@ struct MemoryStats {
 MemoryStats memory_stats();
 void reset_peak_memory();
 
+/// Hands the pages the C heap holds free back to the system (glibc's malloc_trim). Tracing
+/// and compiling a step free much more than a replay ever allocates (graphs, passes, the
+/// lowering's scratch, a first run's copies); without this they stay resident for the
+/// process's life. Costs about a millisecond per hundred MiB of heap: for once-per-trace use.
+void release_free_heap();
+
 inline std::shared_ptr<Buffer> allocate(size_t bytes) { return std::make_shared<Buffer>(bytes); }
 /// A buffer over memory owned elsewhere; see Buffer's adopting constructor.
 inline std::shared_ptr<Buffer> adopt(void* data, size_t bytes, std::function<void()> release,

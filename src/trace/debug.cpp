@@ -33,5 +33,6 @@ int64_t graph_node_count(const std::vector<Tensor>& tensors) {
 int64_t live_memory_bytes() { return runtime::memory_stats().live_bytes; }
 int64_t peak_memory_bytes() { return runtime::memory_stats().peak_bytes; }
 void reset_peak_memory() { runtime::reset_peak_memory(); }
+void release_free_heap() { runtime::release_free_heap(); }
 
 }  // namespace lazyrt::debug

@@ -281,6 +281,51 @@ def test_replays_write_into_the_users_memory_without_a_copy(opt_name):
     assert lazyrt.metrics.counter("TorchFastCall") - fast == len(data) - 2
 
 
+def _heap_in_use():
+    """Bytes the C heap has handed out and not taken back (glibc mallinfo2): torch's CPU
+    tensors and lazyrt's buffers, counted exactly."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    info = libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def test_the_first_steps_zero_gradients_are_let_go_once_the_gradients_exist():
+    # A fresh model's first step has no gradients: the capture stands zeros in for them, so
+    # that one graph serves the first step and the later ones. Once the step has made the
+    # gradients, those zeros must not stay held: two steps of a model whose gradients were
+    # missing hold as much memory as two steps of the same model whose gradients existed as
+    # zeros from the start. The stand-ins, all views of one buffer, are no aliasing either:
+    # every call runs in lazyrt, none in eager.
+    def run(grads_first):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(2048, 2048), nn.Tanh(), nn.Linear(2048, 2048), nn.Linear(2048, 8))
+        m_eager = copy.deepcopy(model)
+        opt, o_eager = torch.optim.SGD(model.parameters(), lr=0.05), torch.optim.SGD(m_eager.parameters(), lr=0.05)
+        eager = standard_step(m_eager, o_eager, nn.MSELoss())
+        before = _heap_in_use()
+        if grads_first:
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+        step = lazyrt.torch.compile(standard_step(model, opt, nn.MSELoss()))
+        for k, (x, y) in enumerate([(torch.randn(4, 2048), torch.randn(4, 8)) for _ in range(3)]):
+            close(step(x, y).item(), eager(x, y).item(), f"loss {k}")
+        same_training_state(model, opt, m_eager, o_eager, "after 3 steps:")
+        return _heap_in_use() - before, sum(p.numel() * 4 for p in model.parameters())
+
+    run(True)  # the first capture in this process imports what capturing needs
+    eager_steps = lazyrt.metrics.counter("EagerStep")
+    held_missing, grad_bytes = run(False)
+    held_present, _ = run(True)
+    assert lazyrt.metrics.counter("EagerStep") == eager_steps
+    assert held_missing < held_present + grad_bytes / 4, (held_missing, held_present, grad_bytes)
+
+
 def test_a_batch_in_a_parameters_memory_runs_in_eager_on_the_fast_path_too():
     # After calls of the fast kind, a batch that is a view of a weight's memory (the step
     # writes that weight while it reads the batch): the call runs in eager, as the Python path

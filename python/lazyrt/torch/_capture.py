@@ -76,7 +76,10 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
             return super().__torch_dispatch__(func, types, args, kwargs)
 
     mode = TolerantFakeTensorMode(allow_fallback_kernels=True)
-    fakes = [mode.from_tensor(e) for e in examples]
+    # An example on the meta device stands for a CPU tensor of its metadata (a stand-in whose
+    # values tracing never reads): no memory is made for it.
+    cpu = torch.device("cpu")
+    fakes = [mode.fake_tensor_converter(mode, e, cpu) if e.is_meta else mode.from_tensor(e) for e in examples]
     with mode:
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
 
@@ -382,7 +385,8 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
         if kind == "present":
             grad_slot[i] = add_slot("grad", i, p.grad.detach())
         elif kind == "none_canonical" and i not in exact_grads:
-            grad_slot[i] = add_slot("grad", i, torch.zeros_like(p, memory_format=torch.contiguous_format))
+            stand_in = torch.empty_like(p, memory_format=torch.contiguous_format, device="meta")
+            grad_slot[i] = add_slot("grad", i, stand_in)
             grad_canonical.add(i)
 
     state_in = {}  # (oi, i) -> {key: slot or ("C", value)}
@@ -393,7 +397,7 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
             if kind == "present":
                 d = world.state_of(oi, i)
             elif kind == "empty_canonical" and (oi, i) not in exact_states:
-                d = _optim.initial_state(o, o.param_groups[gi], world.params[i])
+                d = _optim.initial_state(o, o.param_groups[gi], world.params[i], device="meta")
                 state_canonical.add((oi, i))
             else:
                 continue

@@ -114,7 +114,7 @@ def _lazy_body(torch_fn, what, inputs):
         for x in flat:
             if not isinstance(x, lazyrt.Tensor):
                 raise TypeError(f"lazyrt.torch.{what}: the body gets tensors, got {type(x).__name__}")
-        examples = [torch.empty(tuple(x.shape), dtype=_TORCH_DTYPES[x.dtype]) for x in flat]
+        examples = [torch.empty(tuple(x.shape), dtype=_TORCH_DTYPES[x.dtype], device="meta") for x in flat]
         out_spec = [None]
 
         def flat_fn(xs):

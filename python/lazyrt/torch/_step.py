@@ -118,7 +118,9 @@ class _Entry:
         # lent to the step's in-place updates, version counters bumped after it).
         self._handover = _torch_C.Handover(len(c.slots) + len(self.lowered.constants), self._inplace_slots,
                                            _AliasedMemory)
-        self._zeros = {}
+        self._zeros = {}  # grad slot -> its stand-in (see _standin)
+        self._zero_buffers = {}  # dtype -> the buffer the stand-ins view
+        self._ran = False
 
         self.exact_grads = c.exact_grads
         self.exact_states = c.exact_states
@@ -161,11 +163,22 @@ class _Entry:
                 o.state[world.params[i]] = _optim.initial_state(o, o.param_groups[gi], world.params[i])
                 created.append((o, world.params[i]))
         try:
-            return self._run(world)
+            result = self._run(world)
         except BaseException:
             for o, p in created:  # a step that did not run leaves no state behind
                 o.state.pop(p, None)
             raise
+        if self._zeros and all(world.params[self._slot_refs[s][1]].grad is not None for s in self._zeros):
+            # The step made the gradients it stood in for (the usual first step): the zeros go,
+            # rather than hold a gradient's worth of memory for the capture's life.
+            self._zeros.clear()
+            self._zero_buffers.clear()
+            self._handover.forget_standins()
+        if not self._ran:
+            # The first call's capture, compile and copies are freed: hand their memory back.
+            self._ran = True
+            _C._debug.release_free_heap()
+        return result
 
     @property
     def traces(self):
@@ -340,11 +353,10 @@ class _Entry:
                 t = world.buffers[ref]
             elif kind == "grad":
                 t = world.params[ref].grad
-                if t is None:  # the stand-in zeros, made once: lazyrt never writes into them
+                if t is None:  # the stand-in zeros: lazyrt never writes into them
                     t = self._zeros.get(s)
                     if t is None:
-                        p = world.params[ref]
-                        t = self._zeros[s] = torch.zeros_like(p, memory_format=torch.contiguous_format).detach()
+                        t = self._zeros[s] = self._standin(world, world.params[ref])
                         self._handover.standin(t)
             elif kind == "state":
                 oi, i, k = ref
@@ -354,6 +366,17 @@ class _Entry:
                 t = float(world.optimizers[oi].param_groups[gi]["lr"])
             inputs.append(t)
         return inputs + self.lowered.constants
+
+    def _standin(self, world, p):
+        """Zeros standing in for p's missing gradient: a view of one zeroed buffer per dtype that
+        all of this capture's stand-ins share (they are only read), as large as the largest
+        gradient of that dtype."""
+        shared = self._zero_buffers.get(p.dtype)
+        if shared is None:
+            largest = max(world.params[ref].numel() for kind, ref in self._slot_refs
+                          if kind == "grad" and world.params[ref].dtype == p.dtype)
+            shared = self._zero_buffers[p.dtype] = torch.zeros(largest, dtype=p.dtype)
+        return shared[:p.numel()].view(p.shape)
 
     def _run(self, world):
         inputs = self._torch_inputs(world)
