@@ -24,7 +24,7 @@ struct BufferRequest {
 struct MemoryPlan {
   std::vector<size_t> offsets;  // per request, into the arena
   size_t arena_bytes = 0;
-  size_t distinct_blocks = 0;  // how many separate blocks were ever carved from the arena
+  size_t distinct_blocks = 0;  // how many distinct offsets the blocks of the arena start at
 };
 
 inline constexpr size_t kArenaAlignment = 64;

@@ -71,9 +71,9 @@ TEST(MemoryPlan, ALargeLateBufferFitsBesideTheOnesLiveWithIt) {
   EXPECT_EQ(plan.arena_bytes, 384u);
 }
 
-TEST(MemoryPlan, TheArenaStaysWithinTwiceTheLiveBytesOnRandomLifetimes) {
+TEST(MemoryPlan, TheArenaStaysNearTheLiveBytesOnRandomLifetimes) {
   // Many buffers of mixed sizes and lifetimes: the arena holds at least the bytes live at the
-  // busiest step, and packs them within twice that.
+  // busiest step, and packs them within a quarter more (measured: 1-16% more).
   std::mt19937 rng(11);
   for (int trial = 0; trial < 20; ++trial) {
     std::vector<BufferRequest> reqs;
@@ -90,7 +90,7 @@ TEST(MemoryPlan, TheArenaStaysWithinTwiceTheLiveBytesOnRandomLifetimes) {
       busiest = std::max(busiest, live);
     }
     EXPECT_GE(plan.arena_bytes, busiest);
-    EXPECT_LE(plan.arena_bytes, 2 * busiest) << "trial " << trial;
+    EXPECT_LE(plan.arena_bytes, busiest * 5 / 4) << "trial " << trial;
   }
 }
 
