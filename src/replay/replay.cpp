@@ -935,9 +935,6 @@ Variant& variant_for(CompiledStep::State& st, const std::vector<Tensor>& args) {
   return *st.variants.front();
 }
 
-}  // namespace
-
-namespace {
 // The variant for args, replayed on them. A call that traced hands the memory tracing and
 // compiling freed back to the system once its replay is done.
 Variant& replay_call(CompiledStep::State& st, const std::vector<Tensor>& args) {
