@@ -1,6 +1,7 @@
 #include "autograd/autograd.h"
 
 #include <algorithm>
+#include <atomic>
 #include <unordered_map>
 
 #include "ops/views.h"
@@ -14,6 +15,14 @@ namespace {
 thread_local bool enabled = true;
 // Innermost body trace: 0 none, 1 a loop without gradients, 2 a loop that records them.
 thread_local int body_trace = 0;
+// Over all threads: how many have gradients off, and how many body traces are open. While
+// none, the per-thread state is not read (a call into a shared library's thread-local storage
+// on every op); a thread's own changes are counted here before it reads them.
+std::atomic<int64_t> threads_without_grad{0};
+std::atomic<int64_t> body_traces{0};
+
+bool enabled_here() { return threads_without_grad.load(std::memory_order_relaxed) == 0 || enabled; }
+int body_trace_here() { return body_traces.load(std::memory_order_relaxed) == 0 ? 0 : body_trace; }
 
 Tensor snapshot(const Tensor& t) {
   Tensor s = detail::detached_value(t);
@@ -46,13 +55,24 @@ Edge edge_to(const Tensor& t) {
 
 }  // namespace
 
-bool grad_enabled() { return enabled; }
-void set_grad_enabled(bool e) { enabled = e; }
+bool grad_enabled() { return enabled_here(); }
+void set_grad_enabled(bool e) {
+  if (e == enabled) return;
+  enabled = e;
+  if (e) threads_without_grad.fetch_sub(1, std::memory_order_relaxed);
+  else threads_without_grad.fetch_add(1, std::memory_order_relaxed);
+}
 
-BodyTrace::BodyTrace() : previous_(body_trace) { body_trace = enabled && previous_ != 1 ? 2 : 1; }
-BodyTrace::~BodyTrace() { body_trace = previous_; }
-bool recording() { return enabled && body_trace == 0; }
-bool in_recorded_body() { return body_trace == 2; }
+BodyTrace::BodyTrace() : previous_(body_trace) {
+  body_traces.fetch_add(1, std::memory_order_relaxed);
+  body_trace = enabled && previous_ != 1 ? 2 : 1;
+}
+BodyTrace::~BodyTrace() {
+  body_trace = previous_;
+  body_traces.fetch_sub(1, std::memory_order_relaxed);
+}
+bool recording() { return enabled_here() && body_trace_here() == 0; }
+bool in_recorded_body() { return body_trace_here() == 2; }
 
 bool should_record(ir::OpKind op, std::span<const Tensor> inputs) {
   if (!recording() || !grad_rule(op)) return false;

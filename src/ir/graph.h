@@ -155,6 +155,6 @@ GraphHash finish_graph_hash(const Hasher& nodes, size_t num_nodes, int64_t num_p
                             const std::vector<ValueRef>& outputs);
 
 /// Bumped whenever the meaning of a graph or its hash changes.
-inline constexpr uint32_t kIrFormatVersion = 2;
+inline constexpr uint32_t kIrFormatVersion = 3;
 
 }  // namespace lazyrt::ir

@@ -23,24 +23,46 @@ void hash_attr(Hasher& h, const AttrValue& v) {
 
 }  // namespace
 
+namespace {
+
+// Each op's name hashed once: ops hash by name, so that the hash survives reordering of the
+// op table.
+const uint64_t* op_name_hashes() {
+  static const auto* table = [] {
+    auto* t = new uint64_t[static_cast<size_t>(kNumOps)];
+    for (size_t i = 0; i < static_cast<size_t>(kNumOps); ++i) {
+      Hasher h;
+      h.add_string(op_name(static_cast<OpKind>(i)));
+      const GraphHash g = h.finish();
+      t[i] = g.hi ^ g.lo;
+    }
+    return t;
+  }();
+  return table;
+}
+
+// Up to this many, a node's counts (operands, attributes, results, regions) share one word.
+constexpr uint64_t kPacked = 0xFFFF;
+
+}  // namespace
+
 void hash_node(Hasher& h, OpKind op, std::span<const ValueRef> operands, const Attrs& attrs,
                std::span<const TensorType> results, std::span<const std::shared_ptr<const Graph>> regions) {
-  // Ops hash by name, so that the hash survives reordering of the op table.
-  h.add_string(op_name(op));
-  h.add(operands.size());
-  for (ValueRef v : operands) {
-    h.add(static_cast<uint64_t>(v.node));
-    h.add(static_cast<uint64_t>(v.index));
+  h.add(op_name_hashes()[static_cast<size_t>(op)]);
+  const uint64_t counts[4] = {operands.size(), attrs.values.size(), results.size(), regions.size()};
+  if (counts[0] < kPacked && counts[1] < kPacked && counts[2] < kPacked && counts[3] < kPacked) {
+    h.add(counts[0] | counts[1] << 16 | counts[2] << 32 | counts[3] << 48);
+  } else {
+    h.add(~uint64_t{0});  // no packed word is all ones
+    for (uint64_t c : counts) h.add(c);
   }
-  h.add(attrs.values.size());
+  for (ValueRef v : operands)
+    h.add(static_cast<uint64_t>(static_cast<uint32_t>(v.node)) << 32 | static_cast<uint32_t>(v.index));
   for (const AttrValue& a : attrs.values) hash_attr(h, a);
-  h.add(results.size());
   for (const TensorType& t : results) {
-    h.add(static_cast<uint64_t>(t.dtype));
-    h.add(t.shape.size());
+    h.add(static_cast<uint64_t>(t.dtype) | static_cast<uint64_t>(t.shape.size()) << 8);
     for (int64_t d : t.shape) h.add(static_cast<uint64_t>(d));
   }
-  h.add(regions.size());
   for (const auto& r : regions) {
     const GraphHash rh = hash_graph(*r);
     h.add(rh.hi);

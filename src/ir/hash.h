@@ -12,9 +12,11 @@ namespace lazyrt::ir {
 
 class Hasher {
  public:
+  // Two lanes, each an xxHash64-style round per word (multiply, rotate, multiply) with its
+  // own constants; finish() mixes both fully.
   void add(uint64_t w) {
-    a_ = rotl(a_ ^ mix(w), 27) * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-    b_ = rotl(b_ ^ mix(w ^ 0xD6E8FEB86659FD93ull), 31) * 0xC2B2AE3D27D4EB4Full + 0x165667B19E3779F9ull;
+    a_ = rotl(a_ + w * 0xC2B2AE3D27D4EB4Full, 31) * 0x9E3779B97F4A7C15ull;
+    b_ = rotl(b_ ^ ((w ^ 0xD6E8FEB86659FD93ull) * 0x165667B19E3779F9ull), 27) * 0xBF58476D1CE4E5B9ull;
     ++n_;
   }
   void add_double(double d) {

@@ -44,18 +44,25 @@ LazyValue value_of(const Tensor& t) {
 }
 Tensor wrap(LazyValue v) { return trace::tensor_of(trace::make_pending(std::move(v))); }
 
+namespace {
+
+// apply() for an op no gradient is recorded for, over its operands' values.
+Tensor apply_untracked(OpKind op, std::vector<LazyValue> values, ir::Attrs attrs) {
+  LazyValue v = record(op, std::move(values), std::move(attrs));
+  // Under no_grad inside a body whose loop records gradients: the body's graph must say that
+  // the value is kept out of them.
+  if (autograd::in_recorded_body() && !autograd::grad_enabled() && is_floating(v.type().dtype))
+    v = record(OpKind::StopGradient, {std::move(v)});
+  return wrap(std::move(v));
+}
+
+}  // namespace
+
 Tensor apply(OpKind op, std::span<const Tensor> inputs, ir::Attrs attrs) {
   std::vector<LazyValue> values;
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));
-  if (!autograd::should_record(op, inputs)) {
-    LazyValue v = record(op, std::move(values), std::move(attrs));
-    // Under no_grad inside a body whose loop records gradients: the body's graph must say that
-    // the value is kept out of them.
-    if (autograd::in_recorded_body() && !autograd::grad_enabled() && is_floating(v.type().dtype))
-      v = record(OpKind::StopGradient, {std::move(v)});
-    return wrap(std::move(v));
-  }
+  if (!autograd::should_record(op, inputs)) return apply_untracked(op, std::move(values), std::move(attrs));
   Tensor out = wrap(record(op, std::move(values), attrs));
   // As in PyTorch, an integer or bool result (a cast, an index) does not require grad.
   if (is_floating(out.dtype())) autograd::record(out, op, inputs, std::move(attrs));
@@ -76,8 +83,9 @@ std::optional<DType> Promotion::merge(std::optional<DType> a, DType b) {
   return a ? promote_types(*a, b) : b;
 }
 void Promotion::add(const Tensor& t) {
-  if (t.dim() == 0) zero = merge(zero, t.dtype());
-  else dim = merge(dim, t.dtype());
+  const ir::TensorType& type = impl_of(t).type;
+  if (type.shape.empty()) zero = merge(zero, type.dtype);
+  else dim = merge(dim, type.dtype);
 }
 void Promotion::add(Scalar s) {
   DType d = s.kind() == Scalar::Kind::Float ? DType::f32
@@ -112,6 +120,12 @@ Tensor binary(OpKind op, const Tensor& a, const Tensor& b, DType compute) {
 
 Tensor binary_scalar(OpKind op, const Tensor& a, Scalar b, DType compute, bool scalar_first) {
   Tensor x = cast_to(a, compute);
+  if (!autograd::should_record(op, std::span<const Tensor>(&x, 1))) {
+    // The constant needs no tensor of its own: it goes into the graph as a value.
+    LazyValue c = trace::constant(b.to_double(), compute);
+    return scalar_first ? apply_untracked(op, {std::move(c), value_of(x)}, {})
+                        : apply_untracked(op, {value_of(x), std::move(c)}, {});
+  }
   Tensor c = constant_tensor(b.to_double(), compute);
   return scalar_first ? apply(op, {c, x}) : apply(op, {x, c});
 }

@@ -17,6 +17,7 @@ Flattener::Flattener(std::function<bool(const LazyNode&)> expand,
   // visits as many, and its vectors then grow without reallocating.
   const size_t n = std::min<size_t>(last_visited(), size_t{1} << 16);
   visited_.reserve(n);
+  pos_.reserve(n);
   node_of_.reserve(n);
   leaf0_.reserve(n);
 }
@@ -45,8 +46,7 @@ GraphHash Flattener::graph_hash(const std::vector<ir::ValueRef>& outputs, int64_
   return ir::finish_graph_hash(hasher_, static_cast<size_t>(emitted_), num_params, outputs);
 }
 
-ir::ValueRef Flattener::value_of(const LazyValue& v) {
-  const int32_t p = *pos_.find(v.node.get());
+ir::ValueRef Flattener::value_at(int32_t p, const LazyValue& v) {
   if (node_of_[p] >= 0) return {node_of_[p], v.index};
   // A leaf: one graph value per result used.
   ir::ValueRef& val = v.index == 0 ? leaf0_[p] : leaf_values_.try_emplace((int64_t{p} << 32) | v.index, ir::ValueRef{-1, 0}).first->second;
@@ -54,47 +54,69 @@ ir::ValueRef Flattener::value_of(const LazyValue& v) {
   return val;
 }
 
+// Post order without recursion. Each frame notes the positions of its operands as they are
+// found (already visited) or finished (the node finished last, just before its user's frame
+// is on top again), so every edge costs one lookup.
 ir::ValueRef Flattener::add_root(const LazyValue& root) {
-  auto& stack = stack_;
-  stack.clear();
-  if (!pos_.contains(root.node.get())) stack.push_back({&root.node, 0});
-  while (!stack.empty()) {
-    auto [ref, k] = stack.back();
-    const LazyNode* n = ref->get();
-    const bool expanded = expand_(*n);
-    if (expanded && k < n->operands.size()) {
-      stack.back().second++;
-      const auto& child = n->operands[k].node;
-      if (!pos_.contains(child.get())) stack.push_back({&child, 0});
-      continue;
+  const LazyNode* r = root.node.get();
+  int32_t root_pos;
+  if (const int32_t* known = pos_.find(r)) {
+    root_pos = *known;
+  } else {
+    auto& stack = stack_;
+    stack.clear();
+    operand_pos_.clear();
+    stack.push_back({&root.node, 0, 0, expand_(*r)});
+    for (;;) {
+      Frame& f = stack.back();
+      const LazyNode* n = f.ref->get();
+      if (f.expanded && f.next < n->operands.size()) {
+        const std::shared_ptr<LazyNode>& child = n->operands[f.next].node;
+        if (const int32_t* q = pos_.find(child.get())) {
+          operand_pos_.push_back(*q);
+          f.next++;
+        } else {
+          stack.push_back({&child, 0, static_cast<uint32_t>(operand_pos_.size()), expand_(*child)});
+        }
+        continue;
+      }
+      const auto p = static_cast<int32_t>(visited_.size());
+      pos_.emplace(n, p);
+      visited_.push_back({f.ref, 0});
+      node_of_.push_back(-1);
+      leaf0_.push_back({-1, 0});
+      if (f.expanded) {
+        operands_.clear();
+        for (size_t j = 0; j < n->operands.size(); ++j) {
+          const int32_t q = operand_pos_[f.first + j];
+          visited_[q].internal_refs++;
+          operands_.push_back(value_at(q, n->operands[j]));
+        }
+        if (mode_ == Mode::Build) {
+          ir::Node node;
+          node.op = n->op;
+          node.attrs = n->attrs;
+          node.results = n->types;
+          node.regions = n->regions;
+          node.operands = operands_;
+          graph_.nodes.push_back(std::move(node));
+        } else {
+          ir::hash_node(hasher_, n->op, operands_, n->attrs, n->types, n->regions);
+        }
+        node_of_[p] = emitted_++;
+      }
+      operand_pos_.resize(f.first);
+      stack.pop_back();
+      if (stack.empty()) {
+        root_pos = p;
+        break;
+      }
+      operand_pos_.push_back(p);
+      stack.back().next++;
     }
-    stack.pop_back();
-    const auto p = static_cast<int32_t>(visited_.size());
-    if (!pos_.emplace(n, p).second) continue;
-    visited_.push_back({ref, 0});
-    node_of_.push_back(-1);
-    leaf0_.push_back({-1, 0});
-    if (!expanded) continue;
-    operands_.clear();
-    for (const LazyValue& v : n->operands) {
-      visited_[*pos_.find(v.node.get())].internal_refs++;
-      operands_.push_back(value_of(v));
-    }
-    if (mode_ == Mode::Build) {
-      ir::Node node;
-      node.op = n->op;
-      node.attrs = n->attrs;
-      node.results = n->types;
-      node.regions = n->regions;
-      node.operands = operands_;
-      graph_.nodes.push_back(std::move(node));
-    } else {
-      ir::hash_node(hasher_, n->op, operands_, n->attrs, n->types, n->regions);
-    }
-    node_of_[p] = emitted_++;
   }
-  visited_[*pos_.find(root.node.get())].internal_refs++;
-  return value_of(root);
+  visited_[root_pos].internal_refs++;
+  return value_at(root_pos, root);
 }
 
 // Flattening for a sync: parameter leaves become graph parameters, one per buffer.
@@ -104,6 +126,13 @@ ir::ValueRef Flattener::add_root(const LazyValue& root) {
 // the tensor it came from, so an in-place update (w.add_(g)) writes into w's own buffer.
 Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors, bool hash_only) {
   Extracted ex;
+  // Room for the parameters of a small step without growing every vector a few times.
+  constexpr size_t kParams = 32;
+  ex.params.reserve(kParams);
+  ex.param_types.reserve(kParams);
+  ex.param_nodes.reserve(kParams);
+  ex.param_sources.reserve(kParams);
+  ex.param_tensors.reserve(kParams);
   util::PtrMap<int32_t> param_of_buffer;
   std::vector<int64_t>& source = ex.param_sources;
   // Another tensor on a parameter's buffer (a detached copy of a state tensor, or the tensor

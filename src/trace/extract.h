@@ -58,7 +58,8 @@ class Flattener {
   int32_t position(const LazyNode* n) { return *pos_.find(n); }
 
  private:
-  ir::ValueRef value_of(const LazyValue& v);
+  // The graph value of `v`, whose node is at position p.
+  ir::ValueRef value_at(int32_t p, const LazyValue& v);
   static size_t& last_visited();
 
   std::function<bool(const LazyNode&)> expand_;
@@ -75,7 +76,16 @@ class Flattener {
   // (position, result).
   std::vector<ir::ValueRef> leaf0_;
   std::unordered_map<int64_t, ir::ValueRef> leaf_values_;
-  std::vector<std::pair<const std::shared_ptr<LazyNode>*, size_t>> stack_;  // add_root's walk
+  // add_root's walk: a node, its next operand to visit, where its operands' positions start
+  // in operand_pos_, and whether it is expanded.
+  struct Frame {
+    const std::shared_ptr<LazyNode>* ref;
+    size_t next;
+    uint32_t first;
+    bool expanded;
+  };
+  std::vector<Frame> stack_;
+  std::vector<int32_t> operand_pos_;
 };
 
 }  // namespace lazyrt::trace

@@ -7,6 +7,7 @@
 
 #include "util/check.h"
 #include "util/pool.h"
+#include "util/spin_lock.h"
 
 namespace lazyrt::trace {
 namespace {
@@ -18,13 +19,23 @@ thread_local std::vector<int64_t> scope_stack;
 thread_local std::vector<std::vector<std::shared_ptr<TensorImpl>>> scope_grad_captures;
 thread_local RebindJournal* active_journal = nullptr;
 
+// How many scope stack entries and journals all threads hold. While none, the per-thread state
+// is not read at all: that takes a call into the thread-local storage of a shared library on
+// every op. A thread's own entries are always counted here before it reads them.
+std::atomic<int64_t> scope_entries{0};
+std::atomic<int64_t> journals{0};
+
+RebindJournal* journal() {
+  return journals.load(std::memory_order_relaxed) == 0 ? nullptr : active_journal;
+}
+
 }  // namespace
 
 // Pending tensors, for mark_step. Tensors enter when they get IR and leave when they are
 // materialized or destroyed: a doubly linked list through the tensors (no allocation per
 // op), under `mu`.
 struct PendingRegistry {
-  std::mutex mu;
+  util::SpinLock mu;
   TensorImpl* head = nullptr;
   size_t size = 0;
 
@@ -60,10 +71,14 @@ PendingRegistry& pending_registry() {
 
 }  // namespace
 
-int64_t current_scope() { return scope_stack.empty() ? 0 : scope_stack.back(); }
+int64_t current_scope() {
+  if (scope_entries.load(std::memory_order_relaxed) == 0) return 0;
+  return scope_stack.empty() ? 0 : scope_stack.back();
+}
 
 bool scope_is_active(int64_t scope) {
   if (scope == 0) return true;
+  if (scope_entries.load(std::memory_order_relaxed) == 0) return false;
   for (int64_t s : scope_stack)
     if (s == scope) return true;
   return false;
@@ -72,8 +87,10 @@ bool scope_is_active(int64_t scope) {
 TraceScope::TraceScope() : id_(next_scope++) {
   scope_stack.push_back(id_);
   scope_grad_captures.emplace_back();
+  scope_entries.fetch_add(1, std::memory_order_relaxed);
 }
 TraceScope::~TraceScope() {
+  scope_entries.fetch_sub(1, std::memory_order_relaxed);
   scope_stack.pop_back();
   scope_grad_captures.pop_back();
 }
@@ -81,8 +98,10 @@ TraceScope::~TraceScope() {
 TopLevel::TopLevel() {
   scope_stack.push_back(0);
   scope_grad_captures.emplace_back();
+  scope_entries.fetch_add(1, std::memory_order_relaxed);
 }
 TopLevel::~TopLevel() {
+  scope_entries.fetch_sub(1, std::memory_order_relaxed);
   scope_stack.pop_back();
   scope_grad_captures.pop_back();
 }
@@ -105,7 +124,7 @@ TensorImpl::TensorImpl(ir::TensorType t, int64_t s) : id(next_id++), scope(s), t
 TensorImpl::~TensorImpl() {
   if (ir) {
     auto& r = pending_registry();
-    std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<util::SpinLock> lock(r.mu);
     r.erase(this);
   }
   // A base that dies leaves its views. One alone is a tensor of its own from now on; several
@@ -123,7 +142,7 @@ TensorImpl::~TensorImpl() {
     stand_in->ir = ir;
     stand_in->origin_ = ir.node;
     auto& r = pending_registry();
-    std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<util::SpinLock> lock(r.mu);
     r.insert(stand_in.get());
   } else {
     stand_in->data_ = data_;
@@ -158,7 +177,7 @@ void TensorImpl::set_ir(LazyValue v) {
   LAZYRT_CHECK(scope == current_scope(),
                "while_loop: the loop body modifies a tensor from outside the loop in place (",
                ir::type_str(type), "); return the new value as part of the carry instead");
-  if (active_journal) active_journal->value_changing(*this);
+  if (RebindJournal* j = journal()) j->value_changing(*this);
   LAZYRT_ASSERT(v.type() == type, "rebinding tensor ", id, " of ", ir::type_str(type), " to ",
                 ir::type_str(v.type()));
   LazyValue old;  // dropped after the lock: the graph it ends may free buffers
@@ -166,7 +185,7 @@ void TensorImpl::set_ir(LazyValue v) {
     // Under the registry's lock: other threads read registered tensors' values (see
     // with_live_pending).
     auto& r = pending_registry();
-    std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<util::SpinLock> lock(r.mu);
     if (!ir) {
       r.insert(this);
       origin_ = v.node;
@@ -180,11 +199,11 @@ void TensorImpl::set_ir(LazyValue v) {
 
 void TensorImpl::set_data(std::shared_ptr<runtime::Buffer> buffer) {
   if (!ir && buffer == data_) return;  // replays write back into the same buffer
-  if (active_journal) active_journal->value_changing(*this);
+  if (RebindJournal* j = journal()) j->value_changing(*this);
   LazyValue old;
   if (ir) {
     auto& r = pending_registry();
-    std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<util::SpinLock> lock(r.mu);
     r.erase(this);
     old = std::exchange(ir, {});
   }
@@ -197,7 +216,7 @@ void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue 
     LazyValue old;
     {
       auto& r = pending_registry();
-      std::lock_guard<std::mutex> lock(r.mu);
+      std::lock_guard<util::SpinLock> lock(r.mu);
       if (!ir) {
         r.insert(this);
         origin_ = value.node;
@@ -215,7 +234,7 @@ void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue 
 }
 
 void note_grad_read(TensorImpl& t) {
-  if (active_journal) active_journal->grad_reading(t);
+  if (RebindJournal* j = journal()) j->grad_reading(t);
 }
 
 std::atomic<uint64_t> mark_steps{1};
@@ -229,7 +248,7 @@ bool TensorImpl::grad_changed_since_mark_step() const {
 }
 
 void TensorImpl::set_grad_impl(std::shared_ptr<TensorImpl> g) {
-  if (active_journal) active_journal->grad_changing(*this);
+  if (RebindJournal* j = journal()) j->grad_changing(*this);
   if (grad_mark_ != mark_step_count()) {
     grad_mark_ = mark_step_count();
     grad_at_mark_ = grad;
@@ -239,10 +258,14 @@ void TensorImpl::set_grad_impl(std::shared_ptr<TensorImpl> g) {
 }
 
 RebindJournal::RebindJournal() : first_new_id_(next_id.load()), previous_(active_journal) {
+  journals.fetch_add(1, std::memory_order_relaxed);
   active_journal = this;
 }
 
-RebindJournal::~RebindJournal() { active_journal = previous_; }
+RebindJournal::~RebindJournal() {
+  active_journal = previous_;
+  journals.fetch_sub(1, std::memory_order_relaxed);
+}
 
 RebindJournal::Entry& RebindJournal::entry(TensorImpl& t) {
   for (Entry& e : entries_)
@@ -293,10 +316,25 @@ void RebindJournal::undo() {
   active_journal = saved;
 }
 
+namespace {
+
+// The operands' types of record(), copied into storage kept for the thread: assigning a shape
+// into one of equal or larger capacity allocates nothing. Reached through a plain pointer: a
+// thread-local object with a destructor costs a second look-up of the thread's storage, for
+// its guard, on every use.
+std::vector<ir::TensorType>& operand_types() {
+  thread_local constinit std::vector<ir::TensorType>* in = nullptr;
+  if (!in) [[unlikely]] {
+    thread_local std::vector<ir::TensorType> storage;
+    in = &storage;
+  }
+  return *in;
+}
+
+}  // namespace
+
 LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs) {
-  // The operands' types, copied into storage kept for the thread: assigning a shape into one
-  // of equal or larger capacity allocates nothing.
-  thread_local std::vector<ir::TensorType> in;
+  std::vector<ir::TensorType>& in = operand_types();
   if (in.size() < operands.size()) in.resize(operands.size());
   for (size_t k = 0; k < operands.size(); ++k) in[k] = operands[k].type();
   auto n = util::make_pooled<LazyNode>();
@@ -337,7 +375,7 @@ std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
   std::vector<std::shared_ptr<TensorImpl>> out;
   {
     auto& r = pending_registry();
-    std::lock_guard<std::mutex> lock(r.mu);
+    std::lock_guard<util::SpinLock> lock(r.mu);
     out.reserve(r.size);
     // Tensors of a loop body being traced (or leaked from one) are symbolic: not synced.
     r.for_each([&](TensorImpl* t) {
@@ -351,7 +389,7 @@ std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
 
 void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn) {
   auto& r = pending_registry();
-  std::lock_guard<std::mutex> lock(r.mu);
+  std::lock_guard<util::SpinLock> lock(r.mu);
   std::vector<TensorImpl*> live;
   live.reserve(r.size);
   r.for_each([&](TensorImpl* t) {

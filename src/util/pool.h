@@ -60,23 +60,35 @@ class BlockPool {
     Free* next;
   };
   static_assert(Size >= sizeof(Free));
+  // Trivial, so reaching it is one look-up of the thread's storage (an object with a
+  // destructor takes a second one, for its guard, on every use). The blocks go back to the
+  // heap through Closer, armed by the thread's first get.
   struct List {
-    Free* head = nullptr;
-    size_t count = 0;
-    bool closed = false;  // the thread is exiting: blocks freed from now on go to the heap
-    ~List() {
-      closed = true;
-      while (head) {
-        Free* f = head;
-        head = f->next;
+    Free* head;
+    size_t count;
+    bool closed;  // the thread is exiting: blocks freed from now on go to the heap
+    bool armed;
+  };
+  struct Closer {
+    List* l;
+    ~Closer() {
+      l->closed = true;
+      while (l->head) {
+        Free* f = l->head;
+        l->head = f->next;
         LAZYRT_POOL_UNPOISON(f, Size);
         ::operator delete(f, std::align_val_t(Align));
       }
-      count = 0;
+      l->count = 0;
     }
   };
   static List& list() {
-    thread_local List l;
+    thread_local constinit List l{nullptr, 0, false, false};
+    if (!l.armed) [[unlikely]] {
+      l.armed = true;
+      thread_local Closer closer{&l};
+      (void)closer;
+    }
     return l;
   }
 };

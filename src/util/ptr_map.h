@@ -34,6 +34,18 @@ class PtrMap {
     }
   }
   bool contains(const void* key) { return find(key) != nullptr; }
+  /// Room for n entries without growing.
+  void reserve(size_t n) {
+    size_t want = 64;
+    while (want < 2 * n) want *= 2;
+    if (want > slots_.size()) {
+      std::vector<Slot> old = std::move(slots_);
+      slots_.assign(want, Slot{});
+      size_ = 0;
+      for (Slot& s : old)
+        if (s.key) emplace(s.key, std::move(s.value));
+    }
+  }
   size_t size() const { return size_; }
   void clear() {
     for (Slot& s : slots_) s.key = nullptr;
@@ -51,13 +63,7 @@ class PtrMap {
     h *= 0x9E3779B97F4A7C15ull;
     return static_cast<size_t>(h >> 20) & (slots_.size() - 1);
   }
-  void grow() {
-    std::vector<Slot> old = std::move(slots_);
-    slots_.assign(old.empty() ? 64 : old.size() * 2, Slot{});
-    size_ = 0;
-    for (Slot& s : old)
-      if (s.key) emplace(s.key, std::move(s.value));
-  }
+  void grow() { reserve(slots_.empty() ? 32 : slots_.size()); }
   std::vector<Slot> slots_;
   size_t size_ = 0;
 };
