@@ -8,6 +8,9 @@
 //   replayed - lazyrt compile_step(...).run(args): bind, execute, write back;
 //   libtorch - PyTorch 1.13 eager in C++ (when CMake found Torch).
 // The losses of the first steps are checked equal across paths before anything is timed.
+// Then recording one op alone: a + b over f32[4] (and a * w with w requiring grad) recorded
+// and dropped, never run, against libtorch eager computing a + b; the results are checked
+// equal first.
 //
 //   replay_bench [--json]
 // prints a markdown report, or with --json the initial values, the losses and every timed
@@ -37,6 +40,8 @@ namespace {
 // comparable time. Repetitions interleave the paths (replayed, libtorch, traced), so a change
 // in the machine's speed during the run (other tenants, clocks) reaches every path alike.
 const int kReps = 7, kWarmup = 300, kIters = 3000, kReplayIters = 60000;
+// Recording one op: ops per timed batch.
+const int kOpIters = 200000;
 
 struct Seed {
   std::shared_ptr<nn::Linear> model = std::make_shared<nn::Linear>(5, 3);
@@ -152,6 +157,34 @@ int main(int argc, char** argv) {
 #endif
     traced.push_back(batch_us(traced_step, kIters));
   }
+
+  // Recording one op, alone: a + b over f32[4] data tensors, recorded and dropped (never run),
+  // and a * w with w requiring grad (its autograd node too); libtorch computes a + b.
+  const std::vector<float> av{1, 2, 3, 4}, bv{4, 3, 2, 1};
+  Tensor oa = tensor(av, {4}), ob = tensor(bv, {4}), ow = tensor(bv, {4});
+  ow.requires_grad_(true);
+  mark_step();
+#ifdef LAZYRT_BENCH_HAVE_TORCH
+  if ((oa + ob).to_vector<float>() != torch_add_result(av, bv)) {
+    std::fprintf(stderr, "replay_bench: a + b differs from libtorch's\n");
+    return 1;
+  }
+#endif
+  auto record_add = [&] { Tensor c = oa + ob; };
+  auto record_mul_grad = [&] { Tensor c = oa * ow; };
+  for (int i = 0; i < kOpIters / 10; ++i) {
+    record_add();
+    record_mul_grad();
+  }
+  std::vector<double> op_add, op_mul_grad, op_torch;
+  for (int r = 0; r < kReps; ++r) {
+    op_add.push_back(1e3 * batch_us(record_add, kOpIters));
+    op_mul_grad.push_back(1e3 * batch_us(record_mul_grad, kOpIters));
+#ifdef LAZYRT_BENCH_HAVE_TORCH
+    op_torch.push_back(1e9 * torch_add_seconds(av, bv, kOpIters / 10, kOpIters));
+#endif
+  }
+
   const char* threads = std::getenv("LAZYRT_NUM_THREADS");
   if (json) {
     std::printf("{\"reps\": %d, \"iters\": %d, \"replay_iters\": %d, \"warmup\": %d, \"lazyrt_threads\": \"%s\", ",
@@ -163,8 +196,10 @@ int main(int argc, char** argv) {
     std::printf("\"weight\": %s, \"bias\": %s, \"x\": %s, \"traced_losses\": %s, \"replayed_losses\": %s, ",
                 json_list(widen(w)).c_str(), json_list(widen(b)).c_str(), json_list(widen(xs)).c_str(),
                 json_list(traced_losses).c_str(), json_list(replayed_losses).c_str());
-    std::printf("\"us\": {\"replayed\": %s, \"traced\": %s, \"libtorch\": %s}}\n", json_list(replayed).c_str(),
+    std::printf("\"us\": {\"replayed\": %s, \"traced\": %s, \"libtorch\": %s}, ", json_list(replayed).c_str(),
                 json_list(traced).c_str(), json_list(eager).c_str());
+    std::printf("\"op_iters\": %d, \"ns_per_op\": {\"add\": %s, \"mul_grad\": %s, \"libtorch_add\": %s}}\n",
+                kOpIters, json_list(op_add).c_str(), json_list(op_mul_grad).c_str(), json_list(op_torch).c_str());
     return 0;
   }
   std::printf("## Cached-graph replay: the seed step\n\n");
@@ -191,5 +226,14 @@ int main(int argc, char** argv) {
   std::printf("| libtorch eager (C++) | %s | %.1fx |\n", cell(eager).c_str(), median(eager) / median(replayed));
 #endif
   std::printf("\nTargets: replayed >= 50x faster than PyTorch eager, >= 5x faster than traced.\n");
+  std::printf("\n## Recording one op (C++)\n\nns per op: median [min, max] of %d batches of %d ops.\n\n", kReps,
+              kOpIters);
+  std::printf("| op | ns per op |\n|---|---:|\n");
+  std::printf("| lazyrt: a + b, f32[4], recorded | %s |\n", cell(op_add).c_str());
+  std::printf("| lazyrt: a * w, f32[4], w requires grad, recorded | %s |\n", cell(op_mul_grad).c_str());
+#ifdef LAZYRT_BENCH_HAVE_TORCH
+  std::printf("| libtorch eager: a + b, f32[4], computed (no grad) | %s |\n", cell(op_torch).c_str());
+#endif
+  std::printf("\nTarget: <= 250 ns per recorded op.\n");
   return 0;
 }

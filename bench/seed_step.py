@@ -206,6 +206,21 @@ def run(opts):
         table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)"], rows),
         "",
     ]
+    ops = {}
+    if cpp is not None and "ns_per_op" in cpp:
+        ops = {"lazyrt: a + b, f32[4], recorded": Samples(cpp["ns_per_op"]["add"]),
+               "lazyrt: a * w, f32[4], w requires grad (its autograd node too), recorded":
+                   Samples(cpp["ns_per_op"]["mul_grad"])}
+        if cpp["ns_per_op"]["libtorch_add"]:
+            ops["libtorch eager: a + b, f32[4], computed (no grad)"] = Samples(cpp["ns_per_op"]["libtorch_add"])
+        md += [
+            "### Recording one op (C++)\n",
+            f"`replay_bench --json`: {cpp['reps']} batches of {cpp['op_iters']} ops per path, the paths interleaved; "
+            "lazyrt records each op (infers its type, makes its node and its result tensor) and drops it unsynced, "
+            "libtorch computes it. Target: at most 250 ns per recorded op.\n",
+            table(["op", "ns per op, median [min, max]"], [(name, s.cell()) for name, s in ops.items()]),
+            "",
+        ]
     summary = []
     for peer in ("PyTorch eager (Python)", "PyTorch lazy tensors (torch._lazy, TorchScript backend)",
                  "lazyrt traced (Python, mark_step every step)"):
@@ -219,4 +234,15 @@ def run(opts):
         summary.append(("seed step (C++)", "lazyrt replayed", us[cbase].cell(), "us", "PyTorch eager (C++)",
                         us["PyTorch eager (C++, libtorch)"].cell(),
                         ratio(us["PyTorch eager (C++, libtorch)"].median / us[cbase].median)))
+    if "PyTorch eager (C++, libtorch)" in us:
+        traced = us["lazyrt traced (C++, mark_step every step)"]
+        summary.append(("seed step traced every step (C++)", "lazyrt traced", traced.cell(), "us",
+                        "PyTorch eager (C++)", us["PyTorch eager (C++, libtorch)"].cell(),
+                        ratio(us["PyTorch eager (C++, libtorch)"].median / traced.median)))
+    if ops:
+        add = ops["lazyrt: a + b, f32[4], recorded"]
+        torch_add = ops.get("libtorch eager: a + b, f32[4], computed (no grad)")
+        summary.append(("one op, a + b on f32[4] (C++)", "lazyrt recorded", add.cell(), "ns",
+                        "libtorch eager (computed)" if torch_add else "-", torch_add.cell() if torch_add else "-",
+                        ratio(torch_add.median / add.median) if torch_add else "-"))
     return {"markdown": "\n".join(md), "summary": summary}

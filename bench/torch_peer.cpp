@@ -113,4 +113,19 @@ double torch_seed_step_seconds(const std::vector<float>& w, const std::vector<fl
 
 int torch_threads() { return torch::get_num_threads(); }
 
+std::vector<float> torch_add_result(const std::vector<float>& a, const std::vector<float>& b) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor c = torch::tensor(a) + torch::tensor(b);
+  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+
+double torch_add_seconds(const std::vector<float>& a, const std::vector<float>& b, int warmup, int iters) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor x = torch::tensor(a), y = torch::tensor(b);
+  for (int i = 0; i < warmup; ++i) torch::Tensor c = x + y;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) torch::Tensor c = x + y;
+  return seconds_since(t0) / iters;
+}
+
 }  // namespace lazyrt::bench

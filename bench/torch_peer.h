@@ -42,4 +42,9 @@ double torch_seed_step_seconds(const std::vector<float>& weight, const std::vect
                                const std::vector<float>& x, int warmup, int iters);
 int torch_threads();
 
+/// One op of libtorch eager: a + b on f32[4] tensors holding `a` and `b`, under NoGradGuard.
+/// Its result, and seconds per op over `iters` ops after `warmup` untimed ones.
+std::vector<float> torch_add_result(const std::vector<float>& a, const std::vector<float>& b);
+double torch_add_seconds(const std::vector<float>& a, const std::vector<float>& b, int warmup, int iters);
+
 }  // namespace lazyrt::bench
