@@ -3,6 +3,8 @@
 // take a graph and return a new one. Regions (loop bodies) are graphs owned by their node.
 #pragma once
 
+#include <atomic>
+
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -43,7 +45,22 @@ struct Attrs {
 template <AttrName N, AttrKind K, class T>
 const T& NodeAttrs::read() const {
   static_assert(attr_specs::declared(N.view(), K), "no op declares an attribute of this name and kind");
-  return std::get<T>(attrs_.values.at(index(N.view(), K)));
+  // Where each op keeps attribute N: looked up by name on the op's first read, then remembered
+  // (-1: not yet). Result rules read attributes on every recorded op.
+  struct Where {
+    std::atomic<int32_t> at[kNumOps];
+    Where() {
+      for (auto& a : at) a.store(-1, std::memory_order_relaxed);
+    }
+  };
+  static Where where;
+  std::atomic<int32_t>& slot = where.at[static_cast<size_t>(op_)];
+  int32_t k = slot.load(std::memory_order_relaxed);
+  if (k < 0) {
+    k = static_cast<int32_t>(index(N.view(), K));
+    slot.store(k, std::memory_order_relaxed);
+  }
+  return std::get<T>(attrs_.values.at(static_cast<size_t>(k)));
 }
 template <AttrName N>
 int64_t NodeAttrs::i() const { return read<N, AttrKind::Int, int64_t>(); }

@@ -122,7 +122,7 @@ Tensor binary_scalar(OpKind op, const Tensor& a, Scalar b, DType compute, bool s
   Tensor x = cast_to(a, compute);
   if (!autograd::should_record(op, std::span<const Tensor>(&x, 1))) {
     // The constant needs no tensor of its own: it goes into the graph as a value.
-    LazyValue c = trace::constant(b.to_double(), compute);
+    LazyValue c = trace::scalar_constant(b.to_double(), compute);
     return scalar_first ? apply_untracked(op, {std::move(c), value_of(x)}, {})
                         : apply_untracked(op, {value_of(x), std::move(c)}, {});
   }

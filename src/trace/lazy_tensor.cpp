@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <utility>
 
@@ -348,6 +349,32 @@ LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs
 
 LazyValue constant(double value, DType dtype, Shape shape) {
   return record(ir::OpKind::Full, {}, {value, std::move(shape), dtype});
+}
+
+LazyValue scalar_constant(double value, DType dtype) {
+  if (current_scope() != 0) return constant(value, dtype);
+  // Direct-mapped by the value's bits and the dtype (so 0.0 and -0.0, and every NaN, are
+  // their own entries). Reached through a plain pointer: see operand_types().
+  struct Entry {
+    uint64_t bits = 0;
+    DType dtype = DType::f32;
+    std::shared_ptr<LazyNode> node;
+  };
+  constexpr size_t kEntries = 64;
+  thread_local constinit Entry* table = nullptr;
+  if (!table) [[unlikely]] {
+    thread_local std::vector<Entry> storage(kEntries);
+    table = storage.data();
+  }
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  Entry& e = table[((bits ^ static_cast<uint64_t>(dtype)) * 0x9E3779B97F4A7C15ull) >> 58];
+  if (!e.node || e.bits != bits || e.dtype != dtype) {
+    LazyValue v = constant(value, dtype);
+    v.node->shared = true;
+    e = {bits, dtype, std::move(v.node)};
+  }
+  return {e.node, 0};
 }
 
 std::shared_ptr<TensorImpl> make_data(ir::TensorType type, std::shared_ptr<runtime::Buffer> data) {

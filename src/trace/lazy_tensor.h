@@ -52,6 +52,9 @@ struct LazyNode {
   std::weak_ptr<TensorImpl> also;
   int64_t also_tensor = -1;
   int32_t placeholder = -1;
+  // A scalar constant from the thread's cache (scalar_constant): one node read by many graphs,
+  // so sharing it says nothing about two graphs sharing work.
+  bool shared = false;
 };
 
 inline const ir::TensorType& LazyValue::type() const { return node->types[index]; }
@@ -250,6 +253,11 @@ class RebindJournal {
 LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs = {});
 /// A scalar (or shaped) constant of the graph.
 LazyValue constant(double value, DType dtype, Shape shape = {});
+/// A scalar constant for an operand (never a tensor's own value): outside loop bodies, the same
+/// node every time for the same value and dtype, from a small cache kept per thread. An
+/// optimizer's numbers (beta1, 1 - beta1, eps, ...) are recorded and dropped every step
+/// otherwise.
+LazyValue scalar_constant(double value, DType dtype);
 
 std::shared_ptr<TensorImpl> make_data(ir::TensorType type, std::shared_ptr<runtime::Buffer> data);
 std::shared_ptr<TensorImpl> make_pending(LazyValue v);

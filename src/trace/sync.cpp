@@ -94,14 +94,15 @@ namespace lazyrt::trace {
 void sync_for_read(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
-  // The computed (non-leaf) nodes the requested graph holds.
+  // The computed (non-leaf) nodes the requested graph holds; cached scalar constants are
+  // shared by unrelated graphs and do not count.
   std::unordered_set<const LazyNode*> in_graph;
   auto walk = [](const LazyNode* root, std::unordered_set<const LazyNode*>& seen, auto&& on_node) {
     std::vector<const LazyNode*> stack{root};
     while (!stack.empty()) {
       const LazyNode* n = stack.back();
       stack.pop_back();
-      if (n->op == ir::OpKind::Parameter || !seen.insert(n).second) continue;
+      if (n->op == ir::OpKind::Parameter || n->shared || !seen.insert(n).second) continue;
       if (on_node(n)) return true;
       for (const LazyValue& v : n->operands) stack.push_back(v.node.get());
     }

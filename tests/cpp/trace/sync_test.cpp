@@ -50,6 +50,21 @@ TEST(Sync, SyncOnlyTheChosenTensors) {
   EXPECT_TRUE(c.is_pending());
 }
 
+TEST(Sync, ReadingAValueLeavesGraphsThatOnlyShareAConstantPending) {
+  // x * 2 and y * 2 read one cached constant node; they share no work, so reading one syncs
+  // that one alone. A graph that shares a computed node (x * 2 itself) joins.
+  Tensor x = tensor({1, 2}, {2}), y = tensor({3, 4}, {2});
+  Tensor a = x * 2.0;
+  Tensor b = y * 2.0;
+  Tensor c = a + 1.0;
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{6, 8}));
+  EXPECT_TRUE(a.is_pending());
+  EXPECT_TRUE(c.is_pending());
+  EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{3, 5}));
+  EXPECT_FALSE(a.is_pending()) << "a shares its node with c's graph";
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{2, 4}));
+}
+
 TEST(Sync, DroppedTensorsAreNotComputed) {
   metrics::reset();
   Tensor a = tensor({1, 2}, {2});
