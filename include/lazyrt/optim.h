@@ -11,6 +11,7 @@
 // tensor; any other change is part of the traced graph, so it makes compiled steps retrace.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "lazyrt/tensor.h"
@@ -49,11 +50,23 @@ class Optimizer {
     std::vector<Tensor> slots;
   };
   virtual Update update(size_t i, const Tensor& grad, const Tensor& t) = 0;
+  /// A value every parameter's update computes alike within one step (a bias correction, a
+  /// decay factor), by the update's own key and the dtype it is wanted in: made by make() for
+  /// the first parameter that asks, the same tensor for the others, dropped when the step
+  /// ends. A model's parameters then share one such computation in the step's graph instead
+  /// of each recording its own.
+  Tensor per_step(int key, DType dtype, const std::function<Tensor()>& make);
   /// Slot tensors of parameter i (zeros like it, made at construction).
   std::vector<std::vector<Tensor>> slots_;
   void add_slots(int per_param);
 
  private:
+  struct PerStep {
+    int key;
+    DType dtype;
+    Tensor value;
+  };
+  std::vector<PerStep> per_step_;
   std::vector<Tensor> params_;
   Tensor step_;
   Tensor lr_;

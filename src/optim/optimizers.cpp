@@ -15,6 +15,9 @@ Tensor zeros_data(const Shape& shape, DType dtype) {
   return from_blob(bytes.data(), shape, dtype);
 }
 
+// Keys of the values Adam and AdamW share among a step's parameters (Optimizer::per_step).
+enum PerStepKey : int { kStepSize, kBias2Sqrt, kDecay };
+
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params)
@@ -55,6 +58,13 @@ void Optimizer::step(const Tensor& found_inf) {
     LAZYRT_CHECK(found_inf.numel() == 1, "optimizer step: found_inf must have one element, got ",
                  shape_str(found_inf.shape()));
   NoGradGuard no_grad;
+  // The values shared by the parameters' updates live for this step only (also when an
+  // update throws).
+  struct ClearPerStep {
+    std::vector<PerStep>& v;
+    ~ClearPerStep() { v.clear(); }
+  } clear_per_step{per_step_};
+  per_step_.clear();
   Tensor skip = found_inf.defined() ? reshape(found_inf, {}) != 0 : Tensor();
   // Keeps the old value where the step is skipped.
   auto commit = [&](Tensor& dst, const Tensor& value) {
@@ -69,6 +79,14 @@ void Optimizer::step(const Tensor& found_inf) {
     commit(params_[i], u.param);
   }
   commit(step_, t);
+}
+
+Tensor Optimizer::per_step(int key, DType dtype, const std::function<Tensor()>& make) {
+  for (const PerStep& e : per_step_)
+    if (e.key == key && e.dtype == dtype) return e.value;
+  Tensor v = make();
+  per_step_.push_back({key, dtype, v});
+  return v;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -167,11 +185,15 @@ Optimizer::Update Adam::adam_update(size_t i, const Tensor& param, const Tensor&
   const AdamOptions& o = options_;
   Tensor m = slots_[i][0] * o.beta1 + grad * (1 - o.beta1);
   Tensor v = slots_[i][1] * o.beta2 + grad * grad * (1 - o.beta2);
-  // Bias corrections from the step count tensor, in f64 as PyTorch computes them.
-  Tensor bc1 = 1 - pow(full({}, o.beta1, DType::f64), t);
-  Tensor bc2_sqrt = sqrt(1 - pow(full({}, o.beta2, DType::f64), t));
-  Tensor step_size = cast(lr_tensor() / bc1, param.dtype());
-  Tensor denom = sqrt(v) / cast(bc2_sqrt, param.dtype()) + o.eps;
+  // Bias corrections from the step count tensor, in f64 as PyTorch computes them; the same for
+  // every parameter of a dtype, so computed once a step.
+  const DType d = param.dtype();
+  Tensor step_size = per_step(kStepSize, d, [&] {
+    Tensor bc1 = 1 - pow(full({}, o.beta1, DType::f64), t);
+    return cast(lr_tensor() / bc1, d);
+  });
+  Tensor bc2_sqrt = per_step(kBias2Sqrt, d, [&] { return cast(sqrt(1 - pow(full({}, o.beta2, DType::f64), t)), d); });
+  Tensor denom = sqrt(v) / bc2_sqrt + o.eps;
   return {param - step_size * (m / denom), {m, v}};
 }
 
@@ -187,7 +209,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params)
 Optimizer::Update AdamW::update(size_t i, const Tensor& grad, const Tensor& t) {
   const Tensor& p = params()[i];
   const double wd = options().weight_decay;
-  Tensor decayed = wd != 0 ? p * cast(1 - lr_tensor() * wd, p.dtype()) : p;
+  Tensor decayed = wd != 0 ? p * per_step(kDecay, p.dtype(), [&] { return cast(1 - lr_tensor() * wd, p.dtype()); }) : p;
   return adam_update(i, decayed, grad, t);
 }
 
