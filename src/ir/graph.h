@@ -14,6 +14,7 @@
 
 #include "ir/op.h"
 #include "lazyrt/types.h"
+#include "util/pool.h"
 
 namespace lazyrt::ir {
 
@@ -121,7 +122,8 @@ std::vector<TensorType> infer_types(OpKind op, std::span<const TensorType> opera
 
 /// A result rule's one result (the shape moved in, not copied twice as a braced list would).
 inline std::vector<TensorType> single_result(DType dtype, Shape shape) {
-  std::vector<TensorType> r(1);
+  std::vector<TensorType> r = util::VectorStash<std::vector<TensorType>>::take();
+  r.resize(1);
   r[0].dtype = dtype;
   r[0].shape = std::move(shape);
   return r;

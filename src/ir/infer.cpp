@@ -258,7 +258,7 @@ std::vector<TensorType> rule_types(OpKind op, std::span<const TensorType> ops, c
       LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", shape_str(x.shape), " x ",
                    shape_str(y.shape), " (", k, " vs ", k2, ")");
       Shape bx(x.shape.begin(), x.shape.end() - 2), by(y.shape.begin(), y.shape.end() - 2);
-      Shape out = broadcast_shapes(bx, by, str_cat(name, " batch dims"));
+      Shape out = bx == by ? std::move(bx) : broadcast_shapes(bx, by, str_cat(name, " batch dims"));
       out.push_back(n);
       out.push_back(m);
       return single_result(x.dtype, std::move(out));
@@ -275,7 +275,7 @@ std::vector<TensorType> rule_types(OpKind op, std::span<const TensorType> ops, c
       const int64_t k2 = y.shape[ry - (ty ? 1 : 2)], m = y.shape[ry - (ty ? 2 : 1)];
       LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", types_str(ops), " (", k, " vs ", k2, ")");
       Shape bx(x.shape.begin(), x.shape.end() - 2), by(y.shape.begin(), y.shape.end() - 2);
-      Shape out = broadcast_shapes(bx, by, str_cat(name, " batch dims"));
+      Shape out = bx == by ? std::move(bx) : broadcast_shapes(bx, by, str_cat(name, " batch dims"));
       out.push_back(n);
       out.push_back(m);
       return single_result(x.dtype, std::move(out));

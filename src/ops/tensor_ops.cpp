@@ -13,6 +13,7 @@
 #include "ops/views.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
+#include "util/pool.h"
 #include "util/dtype_dispatch.h"
 
 namespace lazyrt {
@@ -59,7 +60,7 @@ Tensor apply_untracked(OpKind op, std::vector<LazyValue> values, ir::Attrs attrs
 }  // namespace
 
 Tensor apply(OpKind op, std::span<const Tensor> inputs, ir::Attrs attrs) {
-  std::vector<LazyValue> values;
+  std::vector<LazyValue> values = util::VectorStash<std::vector<LazyValue>>::take();
   values.reserve(inputs.size());
   for (const Tensor& t : inputs) values.push_back(value_of(t));
   if (!autograd::should_record(op, inputs)) return apply_untracked(op, std::move(values), std::move(attrs));

@@ -119,6 +119,12 @@ void note_grad_capture(const std::shared_ptr<TensorImpl>& t) {
   }
 }
 
+// A dropped node's vectors keep their capacity for the next ops recorded on this thread.
+LazyNode::~LazyNode() {
+  util::VectorStash<std::vector<LazyValue>>::give(std::move(operands));
+  util::VectorStash<std::vector<ir::TensorType>>::give(std::move(types));
+}
+
 TensorImpl::TensorImpl(ir::TensorType t) : id(next_id++), scope(current_scope()), type(std::move(t)) {}
 TensorImpl::TensorImpl(ir::TensorType t, int64_t s) : id(next_id++), scope(s), type(std::move(t)) {}
 
@@ -128,6 +134,12 @@ TensorImpl::~TensorImpl() {
     std::lock_guard<util::SpinLock> lock(r.mu);
     r.erase(this);
   }
+  // The shape's vector keeps its capacity for the next tensor made on this thread (VectorStash),
+  // once the rest of this destructor is done with it.
+  struct GiveShape {
+    Shape& shape;
+    ~GiveShape() { util::VectorStash<Shape>::give(std::move(shape)); }
+  } give_shape{type.shape};
   // A base that dies leaves its views. One alone is a tensor of its own from now on; several
   // still alias each other, so a stand-in with the base's value and history takes its place.
   if (views.empty()) return;
@@ -384,7 +396,11 @@ std::shared_ptr<TensorImpl> make_data(ir::TensorType type, std::shared_ptr<runti
 }
 
 std::shared_ptr<TensorImpl> make_pending(LazyValue v) {
-  auto t = util::make_pooled<TensorImpl>(v.type());
+  // The tensor's own copy of its shape, into a vector that kept its capacity (VectorStash).
+  const ir::TensorType& of = v.type();
+  ir::TensorType type{of.dtype, of.shape.empty() ? Shape() : util::VectorStash<Shape>::take()};
+  type.shape.assign(of.shape.begin(), of.shape.end());
+  auto t = util::make_pooled<TensorImpl>(std::move(type));
   t->set_ir(std::move(v));
   return t;
 }

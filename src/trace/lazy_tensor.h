@@ -36,6 +36,11 @@ struct LazyValue {
 };
 
 struct LazyNode {
+  LazyNode() = default;
+  LazyNode(const LazyNode&) = delete;
+  LazyNode& operator=(const LazyNode&) = delete;
+  ~LazyNode();
+
   ir::OpKind op = ir::OpKind::Parameter;
   std::vector<LazyValue> operands;
   ir::Attrs attrs;

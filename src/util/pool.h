@@ -14,6 +14,7 @@
 #include <memory>
 #include <new>
 #include <utility>
+#include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -90,6 +91,56 @@ class BlockPool {
       (void)closer;
     }
     return l;
+  }
+};
+
+/// Emptied vectors of type V kept per thread with their capacity (up to kMax), for the vectors
+/// every recorded op makes and every dropped node frees: its operands, its result types, a
+/// tensor's shape. take() gives one back (empty, with the capacity it had) or a new one;
+/// give() clears a vector (its elements are destroyed there) and keeps it. glibc's allocator
+/// serves the same sizes from a per-thread cache of seven blocks per size only.
+template <class V>
+class VectorStash {
+ public:
+  static constexpr size_t kMax = 4096;
+
+  static V take() {
+    std::vector<V>& s = list();
+    if (s.empty()) return V();
+    V v = std::move(s.back());
+    s.pop_back();
+    return v;
+  }
+  static void give(V&& v) noexcept {
+    if (v.capacity() == 0) return;
+    v.clear();  // may drop more nodes, which give theirs first
+    std::vector<V>* s = stash();
+    if (!s || s->size() >= kMax) return;
+    try {
+      s->push_back(std::move(v));
+    } catch (...) {  // no room for the stash itself: the vector is freed instead
+    }
+  }
+
+ private:
+  // Reached through a plain pointer (one look-up of the thread's storage; an object with a
+  // destructor takes a second one for its guard), set by the thread's first use and cleared
+  // when the thread's storage is destroyed.
+  static std::vector<V>*& stash() {
+    thread_local constinit std::vector<V>* s = nullptr;
+    return s;
+  }
+  static std::vector<V>& list() {
+    std::vector<V>*& s = stash();
+    if (!s) [[unlikely]] {
+      struct Owner {
+        std::vector<V> v;
+        ~Owner() { stash() = nullptr; }
+      };
+      thread_local Owner owner;
+      s = &owner.v;
+    }
+    return *s;
   }
 };
 
