@@ -129,6 +129,7 @@ inline std::vector<TensorType> single_result(DType dtype, Shape shape) {
   return r;
 }
 inline std::vector<TensorType> single_result(const TensorType& t) { return single_result(t.dtype, t.shape); }
+inline std::vector<TensorType> single_result(TensorType&& t) { return single_result(t.dtype, std::move(t.shape)); }
 
 /// NumPy broadcasting of two shapes; throws lazyrt::Error naming `what` on a mismatch.
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what);

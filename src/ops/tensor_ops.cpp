@@ -123,9 +123,11 @@ Tensor binary_scalar(OpKind op, const Tensor& a, Scalar b, DType compute, bool s
   Tensor x = cast_to(a, compute);
   if (!autograd::should_record(op, std::span<const Tensor>(&x, 1))) {
     // The constant needs no tensor of its own: it goes into the graph as a value.
-    LazyValue c = trace::scalar_constant(b.to_double(), compute);
-    return scalar_first ? apply_untracked(op, {std::move(c), value_of(x)}, {})
-                        : apply_untracked(op, {value_of(x), std::move(c)}, {});
+    std::vector<LazyValue> values = util::VectorStash<std::vector<LazyValue>>::take();
+    values.push_back(value_of(x));
+    values.push_back(trace::scalar_constant(b.to_double(), compute));
+    if (scalar_first) std::swap(values[0], values[1]);
+    return apply_untracked(op, std::move(values), {});
   }
   Tensor c = constant_tensor(b.to_double(), compute);
   return scalar_first ? apply(op, {c, x}) : apply(op, {x, c});

@@ -17,6 +17,8 @@ Flattener::Flattener(std::function<bool(const LazyNode&)> expand,
   // visits as many, and its vectors then grow without reallocating.
   const size_t n = std::min<size_t>(last_visited(), size_t{1} << 16);
   visited_.reserve(n);
+  stack_.reserve(64);
+  operand_pos_.reserve(64);
   pos_.reserve(n);
   node_of_.reserve(n);
   leaf0_.reserve(n);

@@ -125,6 +125,17 @@ LazyNode::~LazyNode() {
   util::VectorStash<std::vector<ir::TensorType>>::give(std::move(types));
 }
 
+namespace {
+
+// A copy of a type whose shape goes into a vector that kept its capacity (VectorStash).
+ir::TensorType stashed_copy(const ir::TensorType& of) {
+  ir::TensorType type{of.dtype, of.shape.empty() ? Shape() : util::VectorStash<Shape>::take()};
+  type.shape.assign(of.shape.begin(), of.shape.end());
+  return type;
+}
+
+}  // namespace
+
 TensorImpl::TensorImpl(ir::TensorType t) : id(next_id++), scope(current_scope()), type(std::move(t)) {}
 TensorImpl::TensorImpl(ir::TensorType t, int64_t s) : id(next_id++), scope(s), type(std::move(t)) {}
 
@@ -173,7 +184,7 @@ LazyValue TensorImpl::value() {
     LAZYRT_ASSERT(data_, "tensor ", id, " holds neither data nor IR");
     auto n = util::make_pooled<LazyNode>();
     n->op = ir::OpKind::Parameter;
-    n->types = {type};
+    n->types = ir::single_result(stashed_copy(type));
     n->data = data_;
     n->source_tensor = id;
     n->source = weak_from_this();
@@ -396,11 +407,7 @@ std::shared_ptr<TensorImpl> make_data(ir::TensorType type, std::shared_ptr<runti
 }
 
 std::shared_ptr<TensorImpl> make_pending(LazyValue v) {
-  // The tensor's own copy of its shape, into a vector that kept its capacity (VectorStash).
-  const ir::TensorType& of = v.type();
-  ir::TensorType type{of.dtype, of.shape.empty() ? Shape() : util::VectorStash<Shape>::take()};
-  type.shape.assign(of.shape.begin(), of.shape.end());
-  auto t = util::make_pooled<TensorImpl>(std::move(type));
+  auto t = util::make_pooled<TensorImpl>(stashed_copy(v.type()));
   t->set_ir(std::move(v));
   return t;
 }
