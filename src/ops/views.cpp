@@ -152,7 +152,7 @@ Tensor detached_value(const Tensor& t) {
   return trace::tensor_of(std::move(d));
 }
 
-void attach_view(const Tensor& t, TensorImpl& base, const ViewOf& chain, std::vector<int64_t> strides,
+void attach_view(const Tensor& t, TensorImpl& base, ViewOf chain, std::vector<int64_t> strides,
                  int64_t storage_offset) {
   TensorImpl& r = *trace::impl_of(t);
   auto v = std::make_unique<ViewOf>();
@@ -163,7 +163,11 @@ void attach_view(const Tensor& t, TensorImpl& base, const ViewOf& chain, std::ve
   } else {
     v->base = base.shared_from_this();
   }
-  v->steps.insert(v->steps.end(), chain.steps.begin(), chain.steps.end());
+  if (v->steps.empty())
+    v->steps = std::move(chain.steps);
+  else
+    v->steps.insert(v->steps.end(), std::make_move_iterator(chain.steps.begin()),
+                    std::make_move_iterator(chain.steps.end()));
   v->detached |= chain.detached;
   v->grad = !v->detached && chain.grad;
   // Prune the dead now and then, so that a base viewed every step (a weight's transpose in
@@ -183,7 +187,7 @@ void make_view(const Tensor& src, const Tensor& result, ViewStep step, std::vect
   chain.detached = step.kind == Kind::Detach;
   chain.grad = autograd::grad_enabled();
   chain.steps.push_back(std::move(step));
-  attach_view(result, *trace::impl_of(src), chain, std::move(strides), storage_offset);
+  attach_view(result, *trace::impl_of(src), std::move(chain), std::move(strides), storage_offset);
 }
 
 bool has_live_views(TensorImpl& t) {

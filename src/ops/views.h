@@ -40,7 +40,7 @@ void make_view(const Tensor& src, const Tensor& result, trace::ViewStep step, st
 
 /// Makes `t` (a tensor of its own whose value is base's through `chain`) a view of `base` by
 /// the steps of `chain`, with this layout.
-void attach_view(const Tensor& t, trace::TensorImpl& base, const trace::ViewOf& chain, std::vector<int64_t> strides,
+void attach_view(const Tensor& t, trace::TensorImpl& base, trace::ViewOf chain, std::vector<int64_t> strides,
                  int64_t storage_offset);
 
 /// The old detach(): a tensor with t's value that shares nothing with t but its buffer, and
