@@ -343,22 +343,14 @@ void RebindJournal::undo() {
 namespace {
 
 // The operands' types of record(), copied into storage kept for the thread: assigning a shape
-// into one of equal or larger capacity allocates nothing. Reached through a plain pointer: a
-// thread-local object with a destructor costs a second look-up of the thread's storage, for
-// its guard, on every use.
-std::vector<ir::TensorType>& operand_types() {
-  thread_local constinit std::vector<ir::TensorType>* in = nullptr;
-  if (!in) [[unlikely]] {
-    thread_local std::vector<ir::TensorType> storage;
-    in = &storage;
-  }
-  return *in;
-}
+// into one of equal or larger capacity allocates nothing.
+struct OperandTypes;
+using OperandTypeStorage = util::PerThread<std::vector<ir::TensorType>, OperandTypes>;
 
 }  // namespace
 
 LazyValue record(ir::OpKind op, std::vector<LazyValue> operands, ir::Attrs attrs) {
-  std::vector<ir::TensorType>& in = operand_types();
+  std::vector<ir::TensorType>& in = OperandTypeStorage::get();
   if (in.size() < operands.size()) in.resize(operands.size());
   for (size_t k = 0; k < operands.size(); ++k) in[k] = operands[k].type();
   auto n = util::make_pooled<LazyNode>();
@@ -377,18 +369,16 @@ LazyValue constant(double value, DType dtype, Shape shape) {
 LazyValue scalar_constant(double value, DType dtype) {
   if (current_scope() != 0) return constant(value, dtype);
   // Direct-mapped by the value's bits and the dtype (so 0.0 and -0.0, and every NaN, are
-  // their own entries). Reached through a plain pointer: see operand_types().
+  // their own entries).
   struct Entry {
     uint64_t bits = 0;
     DType dtype = DType::f32;
     std::shared_ptr<LazyNode> node;
   };
-  constexpr size_t kEntries = 64;
-  thread_local constinit Entry* table = nullptr;
-  if (!table) [[unlikely]] {
-    thread_local std::vector<Entry> storage(kEntries);
-    table = storage.data();
-  }
+  struct Table {
+    Entry entries[64];
+  };
+  Entry* table = util::PerThread<Table, Table>::get().entries;
   uint64_t bits;
   std::memcpy(&bits, &value, sizeof bits);
   Entry& e = table[((bits ^ static_cast<uint64_t>(dtype)) * 0x9E3779B97F4A7C15ull) >> 58];

@@ -94,6 +94,36 @@ class BlockPool {
   }
 };
 
+/// A T of the calling thread, reached through a plain thread-local pointer: one look-up of the
+/// thread's storage per use, where a thread-local object with a destructor costs a second one,
+/// for its guard, every time. Made by the thread's first get(); destroyed when the thread
+/// exits, after which alive() is null. Tag tells apart uses of one T.
+template <class T, class Tag>
+class PerThread {
+ public:
+  static T& get() {
+    T* p = ptr();
+    if (!p) [[unlikely]] p = make();
+    return *p;
+  }
+  static T* alive() { return ptr(); }
+
+ private:
+  static T*& ptr() {
+    thread_local constinit T* p = nullptr;
+    return p;
+  }
+  static T* make() {
+    struct Owner {
+      T value;
+      ~Owner() { ptr() = nullptr; }
+    };
+    thread_local Owner owner;
+    ptr() = &owner.value;
+    return &owner.value;
+  }
+};
+
 /// Emptied vectors of type V kept per thread with their capacity (up to kMax), for the vectors
 /// every recorded op makes and every dropped node frees: its operands, its result types, a
 /// tensor's shape. take() gives one back (empty, with the capacity it had) or a new one;
@@ -105,7 +135,7 @@ class VectorStash {
   static constexpr size_t kMax = 4096;
 
   static V take() {
-    std::vector<V>& s = list();
+    std::vector<V>& s = Stash::get();
     if (s.empty()) return V();
     V v = std::move(s.back());
     s.pop_back();
@@ -114,7 +144,7 @@ class VectorStash {
   static void give(V&& v) noexcept {
     if (v.capacity() == 0) return;
     v.clear();  // may drop more nodes, which give theirs first
-    std::vector<V>* s = stash();
+    std::vector<V>* s = Stash::alive();  // none on a thread that never took, or is exiting
     if (!s || s->size() >= kMax) return;
     try {
       s->push_back(std::move(v));
@@ -123,25 +153,7 @@ class VectorStash {
   }
 
  private:
-  // Reached through a plain pointer (one look-up of the thread's storage; an object with a
-  // destructor takes a second one for its guard), set by the thread's first use and cleared
-  // when the thread's storage is destroyed.
-  static std::vector<V>*& stash() {
-    thread_local constinit std::vector<V>* s = nullptr;
-    return s;
-  }
-  static std::vector<V>& list() {
-    std::vector<V>*& s = stash();
-    if (!s) [[unlikely]] {
-      struct Owner {
-        std::vector<V> v;
-        ~Owner() { stash() = nullptr; }
-      };
-      thread_local Owner owner;
-      s = &owner.v;
-    }
-    return *s;
-  }
+  using Stash = PerThread<std::vector<V>, VectorStash>;
 };
 
 /// An allocator over BlockPool for single objects (what allocate_shared asks for).
