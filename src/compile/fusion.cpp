@@ -9,7 +9,8 @@
 // one kernel (fused_rows.cpp).
 //
 // Grouping is greedy in graph order. A node joins the groups of its operands that it shares a
-// space with, merging them, when the merged group
+// space with (those whose last member is less than kDistantReader nodes back), merging them,
+// when the merged group
 //   - stays within the backend's limits (max_fused_ops ops, max_fused_inputs operands),
 //   - reads a value per row with the row's dims kept only (so broadcasting means per row),
 //   - and no operand from outside the group depends on a member. Only nodes from the group's
@@ -117,7 +118,10 @@ class Grouping {
     std::vector<int32_t> joined;
     for (ValueRef v : n.operands) {
       const int32_t gr = group_of_[v.node];
-      if (gr >= 0 && std::find(joined.begin(), joined.end(), gr) == joined.end() && merged_space({gr}, i))
+      // Not a group made long before (a forward group, for a backward node): its results
+      // would then include a value made for that distant node and kept until it runs.
+      if (gr >= 0 && i - groups_[gr].back() < kDistantReader &&
+          std::find(joined.begin(), joined.end(), gr) == joined.end() && merged_space({gr}, i))
         joined.push_back(gr);
     }
     // All of them, else as many as can join, in operand order, else none.

@@ -497,12 +497,147 @@ Graph order_reads_before_updates(const Graph& g, const std::vector<int32_t>& don
   return emitted == n ? rw.finish() : g;
 }
 
+namespace {
+
+// Values of fewer bytes are left alone, and so are chains deeper than kRematDepth nodes.
+constexpr size_t kRematMinBytes = size_t{64} << 10;
+constexpr int kRematDepth = 6;
+// An operand this many times smaller than the value made from it (a per-channel mean) may be
+// read later than before.
+constexpr size_t kRematSmallOperand = 8;
+
+class Rematerializer {
+ public:
+  explicit Rematerializer(const Graph& g) : g_(g), last_read_(g.nodes.size(), -1), rw_(g) {
+    const auto n = static_cast<int32_t>(g.nodes.size());
+    for (int32_t i = 0; i < n; ++i)
+      for (ValueRef v : g.nodes[i].operands) last_read_[v.node] = std::max(last_read_[v.node], i);
+    for (ValueRef v : g.outputs) last_read_[v.node] = n;
+  }
+
+  Graph run() {
+    const auto n = static_cast<int32_t>(g_.nodes.size());
+    for (int32_t u = 0; u < n; ++u) {
+      const Node& reader = g_.nodes[u];
+      bool distant = false;
+      for (ValueRef v : reader.operands) distant |= worth(v, u);
+      if (!distant) {
+        rw_.copy(u);
+        continue;
+      }
+      clones_.clear();
+      Node c = reader;
+      for (ValueRef& v : c.operands) v = worth(v, u) ? clone(v.node, u) : rw_.map(v);
+      rw_.graph().nodes.push_back(std::move(c));
+      const auto idx = static_cast<int32_t>(rw_.graph().nodes.size() - 1);
+      for (size_t k = 0; k < reader.results.size(); ++k) rw_.set(u, static_cast<int32_t>(k), {idx, static_cast<int32_t>(k)});
+    }
+    return rw_.finish();
+  }
+
+ private:
+  static bool cheap(const Node& n) { return n.op == OpKind::Full || plain_elementwise(n); }
+
+  // Whether reader u should compute operand v again instead of reading it: v is a large value
+  // of a cheap node, not an output, made long before u, and computable at u from values live
+  // there anyway.
+  bool worth(ValueRef v, int32_t u) const {
+    const Node& p = g_.nodes[v.node];
+    return u - v.node >= kDistantReader && cheap(p) && p.results[0].bytes() >= kRematMinBytes &&
+           last_read_[v.node] < static_cast<int32_t>(g_.nodes.size()) && computable(v.node, u, 0);
+  }
+
+  // Operand v of a node computed again at u can be read as it is: a parameter (held by the
+  // caller), a value read at or after u anyway, or one much smaller than what is made from it.
+  bool readable(ValueRef v, int32_t u, size_t made_bytes) const {
+    return g_.nodes[v.node].op == OpKind::Parameter || last_read_[v.node] >= u ||
+           g_.type(v).bytes() * kRematSmallOperand <= made_bytes;
+  }
+
+  // Whether node i can be computed again just before node u from values readable there.
+  bool computable(int32_t i, int32_t u, int depth) const {
+    const Node& n = g_.nodes[i];
+    if (!cheap(n) || depth > kRematDepth) return false;
+    for (ValueRef v : n.operands)
+      if (!readable(v, u, n.results[0].bytes()) && !computable(v.node, u, depth + 1)) return false;
+    return true;
+  }
+
+  // Node i computed again (with what it needs that is not readable) for reader u.
+  ValueRef clone(int32_t i, int32_t u) {
+    if (auto it = clones_.find(i); it != clones_.end()) return it->second;
+    Node c = g_.nodes[i];
+    for (ValueRef& v : c.operands) v = readable(v, u, c.results[0].bytes()) ? rw_.map(v) : clone(v.node, u);
+    rw_.graph().nodes.push_back(std::move(c));
+    const ValueRef r{static_cast<int32_t>(rw_.graph().nodes.size() - 1), 0};
+    clones_.emplace(i, r);
+    return r;
+  }
+
+  const Graph& g_;
+  std::vector<int32_t> last_read_;  // per node: its last reader's index (outputs: past the end)
+  GraphRewriter rw_;
+  std::map<int32_t, ValueRef> clones_;  // for the reader being rewritten
+};
+
+}  // namespace
+
+Graph rematerialize_for_distant_readers(const Graph& g) { return Rematerializer(g).run(); }
+
+Graph hoist_small_reductions(const Graph& g) {
+  const size_t n = g.nodes.size();
+  std::vector<int32_t> last_read(n, -1);
+  for (size_t i = 0; i < n; ++i)
+    for (ValueRef v : g.nodes[i].operands) last_read[v.node] = static_cast<int32_t>(i);
+  for (ValueRef v : g.outputs) last_read[v.node] = static_cast<int32_t>(n);
+  auto hoisted = [&](size_t i) {
+    const Node& r = g.nodes[i];
+    switch (r.op) {
+      case OpKind::Sum: case OpKind::Mean: case OpKind::Var: case OpKind::Std: case OpKind::Amax: case OpKind::Amin: break;
+      default: return false;
+    }
+    const ValueRef x = r.operands[0];
+    return last_read[x.node] == static_cast<int32_t>(i) && r.results[0].bytes() * kRematSmallOperand <= g.type(x).bytes();
+  };
+  // Each hoisted node goes right after the last of its operands' producers; the others keep
+  // their order.
+  std::vector<std::vector<int32_t>> waiting_on(n);  // producer -> hoisted nodes it holds back
+  std::vector<int32_t> pending(n, 0);
+  std::vector<bool> hoist(n, false), done(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    if (!(hoist[i] = hoisted(i))) continue;
+    std::vector<int32_t> producers;
+    for (ValueRef v : g.nodes[i].operands) producers.push_back(v.node);
+    std::sort(producers.begin(), producers.end());
+    producers.erase(std::unique(producers.begin(), producers.end()), producers.end());
+    for (int32_t p : producers) waiting_on[p].push_back(static_cast<int32_t>(i));
+    pending[i] = static_cast<int32_t>(producers.size());
+  }
+  GraphRewriter rw(g);
+  std::vector<int32_t> stack;
+  auto emit = [&](int32_t i) {
+    stack.push_back(i);
+    while (!stack.empty()) {
+      const int32_t x = stack.back();
+      stack.pop_back();
+      rw.copy(x);
+      done[x] = true;
+      for (int32_t h : waiting_on[x])
+        if (--pending[h] == 0) stack.push_back(h);
+    }
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (!hoist[i] || (pending[i] == 0 && !done[i])) emit(static_cast<int32_t>(i));
+  return rw.finish();
+}
+
 Graph optimize(const Graph& g, const backend::Capabilities& caps) {
   Graph x = constant_folding(g);
   x = algebraic_simplification(x);
   x = common_subexpression_elimination(x);
   x = dead_code_elimination(x);
   if (caps.gemm) x = dead_code_elimination(transposes_into_gemm(x));
+  if (caps.fuses()) x = dead_code_elimination(rematerialize_for_distant_readers(hoist_small_reductions(x)));
   return caps.fuses() ? dead_code_elimination(fuse_elementwise(x, caps)) : x;
 }
 

@@ -30,6 +30,25 @@ ir::Graph algebraic_simplification(const ir::Graph& g);
 /// unused are for DCE.
 ir::Graph transposes_into_gemm(const ir::Graph& g);
 
+/// A reader this many nodes or more after a value's producer is a distant one (a backward node
+/// reading a forward activation): rematerialize_for_distant_readers computes such values again
+/// for it, and fusion does not join a node to a group all of whose members are that far back.
+inline constexpr int32_t kDistantReader = 64;
+
+/// A large value of an elementwise node (or a full) that a node far later in the graph reads (a
+/// forward activation the backward reads) is computed again just before that reader, where it
+/// can be from values live there anyway (parameters, values read at or after that point, and
+/// values much smaller than it, such as per-channel statistics); the reader reads the copy.
+/// The original then dies at its last near reader, so a training step's arena holds fewer
+/// activations; the copy is elementwise work that fusion joins to the reader's group. No
+/// value's last read moves later except such small ones. Same outputs, same values.
+ir::Graph rematerialize_for_distant_readers(const ir::Graph& g);
+/// A reduction (sum, mean, var, std, amax, amin) whose result is much smaller than its operand
+/// and which is that operand's last reader moves up to just after its operands are made (a
+/// batch norm's variance for the running statistics, traced with the step's last updates, no
+/// longer keeps the convolution's output alive to the end). The other nodes keep their order.
+ir::Graph hoist_small_reductions(const ir::Graph& g);
+
 /// Groups of elementwise nodes of one result shape -> one fusion node each (fusion.cpp), within
 /// the backend's limits (none when it takes no fusion nodes).
 ir::Graph fuse_elementwise(const ir::Graph& g, const backend::Capabilities& caps = backend::current().capabilities());
@@ -40,8 +59,9 @@ ir::Graph fuse_elementwise(const ir::Graph& g, const backend::Capabilities& caps
 /// Otherwise keeps the order. Same nodes, same outputs.
 ir::Graph order_reads_before_updates(const ir::Graph& g, const std::vector<int32_t>& donations);
 
-/// fold, simplify, CSE, DCE, transposes into gemm, DCE, fuse, DCE; gemm and fusion only where
-/// the backend takes them.
+/// fold, simplify, CSE, DCE, transposes into gemm, DCE, hoist reductions, rematerialize, DCE,
+/// fuse, DCE; gemm only where the backend takes it, the memory passes and fusion only where it
+/// fuses.
 ir::Graph optimize(const ir::Graph& g, const backend::Capabilities& caps = backend::current().capabilities());
 
 /// Rebuilds a graph node by node with remapped operands; the passes are written on it.

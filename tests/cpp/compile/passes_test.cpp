@@ -266,6 +266,89 @@ TEST(AlgebraicSimplification, KeepsElementwiseOpsOnReshapesItCannotMove) {
   }
 }
 
+// A chain of kDistantReader small nodes on their own parameter, so that what follows it is a
+// distant reader of what came before.
+ValueRef distance(Graph& g) {
+  ValueRef c = g.add_parameter(f32({2}));
+  for (int i = 0; i < kDistantReader; ++i) c = g.add(OpKind::Neg, {c});
+  return c;
+}
+
+// The index of the only node of op `op` after node `after`, or -1.
+int32_t only_after(const Graph& g, OpKind op, int32_t after) {
+  int32_t found = -1;
+  for (size_t i = static_cast<size_t>(after) + 1; i < g.nodes.size(); ++i)
+    if (g.nodes[i].op == op) {
+      if (found >= 0) return -1;
+      found = static_cast<int32_t>(i);
+    }
+  return found;
+}
+
+TEST(Rematerialize, ADistantReaderComputesAnElementwiseChainAgainFromValuesLiveThere) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({128, 128}));  // 64 KiB
+  ValueRef w = g.add_parameter(f32({128}));
+  ValueRef t = g.add(OpKind::Exp, {x});  // read only by e: computed again too
+  ValueRef e = g.add(OpKind::Mul, {t, w});
+  ValueRef near = g.add(OpKind::Neg, {e});
+  ValueRef chain = distance(g);
+  ValueRef far = g.add(OpKind::Add, {e, x});
+  g.outputs = {near, far, chain};
+  const Graph r = dead_code_elimination(rematerialize_for_distant_readers(g));
+  ASSERT_EQ(r.nodes.size(), g.nodes.size() + 2);
+  const ir::Node& add = r.node(r.outputs[1]);
+  ASSERT_EQ(add.op, OpKind::Add);
+  // The add reads a mul of an exp, both made after the chain, right before it.
+  const int32_t chain_end = r.outputs[2].node;
+  const int32_t mul = only_after(r, OpKind::Mul, chain_end), exp = only_after(r, OpKind::Exp, chain_end);
+  ASSERT_GE(mul, 0);
+  ASSERT_GE(exp, 0);
+  EXPECT_EQ(add.operands[0].node, mul);
+  EXPECT_EQ(r.nodes[mul].operands[0].node, exp);
+  EXPECT_EQ(r.nodes[exp].operands[0].node, 0);  // the parameters
+  EXPECT_EQ(r.nodes[mul].operands[1].node, 1);
+  // The near reader still reads the first mul.
+  EXPECT_LT(r.node(r.outputs[0]).operands[0].node, chain_end);
+}
+
+TEST(Rematerialize, LeavesValuesAloneThatCannotBeMadeFromLiveValuesOrAreSmallOrNear) {
+  for (int kind = 0; kind < 3; ++kind) {
+    Graph g;
+    ValueRef x = g.add_parameter(f32({128, 128}));
+    ValueRef small = g.add_parameter(f32({8, 8}));
+    ValueRef m = g.add(OpKind::Matmul, {x, x});  // not elementwise, read only by e
+    ValueRef e = kind == 0 ? g.add(OpKind::Exp, {m}) : g.add(OpKind::Exp, {kind == 1 ? small : x});
+    ValueRef chain = kind == 2 ? g.add(OpKind::Neg, {g.add_parameter(f32({2}))}) : distance(g);
+    g.outputs = {g.add(OpKind::Neg, {e}), g.add(OpKind::Add, {e, e}), chain};
+    // kind 0: e's operand is neither live at the add nor elementwise; 1: e is small; 2: the
+    // add is near.
+    EXPECT_EQ(ir::to_text(dead_code_elimination(rematerialize_for_distant_readers(g))),
+              ir::to_text(dead_code_elimination(g)))
+        << kind;
+  }
+}
+
+TEST(HoistSmallReductions, AReductionThatIsItsOperandsLastReaderRunsRightAfterIt) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({64, 64}));
+  ValueRef a = g.add(OpKind::Exp, {x});
+  ValueRef b = g.add(OpKind::Neg, {a});
+  ValueRef chain = distance(g);
+  ValueRef s = g.add(OpKind::Sum, {a}, {std::vector<int64_t>{0}, false});  // a's last reader
+  ValueRef keep = g.add(OpKind::Sum, {b}, {std::vector<int64_t>{0}, false});
+  ValueRef late = g.add(OpKind::Abs, {b});  // b is read after its sum: that sum stays
+  g.outputs = {s, keep, late, chain};
+  const Graph h = hoist_small_reductions(g);
+  ASSERT_EQ(h.nodes.size(), g.nodes.size());
+  EXPECT_EQ(h.outputs[0].node, 2);  // parameter, exp, then the sum of exp
+  EXPECT_EQ(h.node(h.outputs[0]).op, OpKind::Sum);
+  EXPECT_EQ(h.outputs[1].node, keep.node);
+  EXPECT_EQ(h.outputs[2].node, late.node);
+  // Nothing else moved: the chain keeps its order behind the hoisted sum.
+  EXPECT_EQ(h.outputs[3].node, chain.node + 1);
+}
+
 TEST(Optimize, KeepsParameterCountAndOutputOrder) {
   Graph g;
   ValueRef x = g.add_parameter(f32({2}));
