@@ -659,6 +659,9 @@ class CompiledFunction:
                 break
         else:
             entry = self._capture(world)
+            # The capture ran the step in torch and freed what it made: hand those pages back
+            # before the first run allocates its own (the first step's peak would hold both).
+            _C._debug.release_free_heap()
             entries.append(entry)
             self.captures += 1
             if entry.collectives:

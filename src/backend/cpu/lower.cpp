@@ -221,6 +221,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   // The graph's generated kernels: its fusion regions, compiled as one module (jit/jit.h).
   const std::shared_ptr<jit::Module> generated = backend.capabilities().fuses() ? jit::new_module() : nullptr;
   std::vector<int32_t> workspace_req(g.nodes.size(), -1);
+  std::map<ValueRef, ValueRef> alias_of;  // reshapes read in place: value -> the arena value it reads
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
     const auto node = static_cast<int32_t>(i);
@@ -231,6 +232,21 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     if (baked_constant(n)) {
       slot_of[{node, 0}] = {SlotKind::Const, 0, const_offset[i]};
       continue;
+    }
+    // A reshape of a value in the arena that is not an output itself is that value's memory
+    // read with another shape: no step and no buffer of its own; the value lives as long as
+    // the reshape is read (a softmax's probabilities reshaped for a batched product, both
+    // read again by the backward, are one buffer, not two).
+    if (n.op == OpKind::Reshape && !claimed.count({node, 0})) {
+      auto root = alias_of.find(n.operands[0]);
+      auto src = root != alias_of.end() ? req_of.find(root->second) : req_of.find(n.operands[0]);
+      if (src != req_of.end()) {
+        const ValueRef v{node, 0};
+        alias_of[v] = src->first;
+        auto lr = last_read.find(v);
+        if (lr != last_read.end()) reqs[src->second].last = std::max(reqs[src->second].last, lr->second);
+        continue;
+      }
     }
     std::vector<ir::TensorType> in_types;
     for (ValueRef v : n.operands) in_types.push_back(g.type(v));
@@ -252,8 +268,17 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       if (it != claimed.end()) req.last = copy_step_of_output[it->second];
       if (r == 0 && !n.operands.empty() && can_alias(g, n, 0) &&
           g.type(n.operands[0]).bytes() == n.results[0].bytes()) {
-        auto src = req_of.find(n.operands[0]);
-        if (src != req_of.end() && reqs[src->second].last == s) req.inplace_of = src->second;
+        // Operand 0 read directly or through reshapes: its memory, unless another operand
+        // reads that memory too (through a reshape, element by element in another order).
+        auto root = [&](ValueRef x) {
+          auto a = alias_of.find(x);
+          return a == alias_of.end() ? x : a->second;
+        };
+        const ValueRef mem = root(n.operands[0]);
+        bool shared = false;
+        for (size_t o = 1; o < n.operands.size(); ++o) shared |= root(n.operands[o]) == mem;
+        auto src = req_of.find(mem);
+        if (src != req_of.end() && reqs[src->second].last == s && !shared) req.inplace_of = src->second;
       }
       req_of[v] = static_cast<int32_t>(reqs.size());
       reqs.push_back(req);
@@ -269,6 +294,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   parts.arena_bytes = plan.arena_bytes;
   parts.arena_blocks = plan.distinct_blocks;
   for (const auto& [v, r] : req_of) slot_of[v] = {SlotKind::Arena, 0, plan.offsets[r]};
+  for (const auto& [v, root] : alias_of) slot_of[v] = slot_of.at(root);
 
   // The index check of indexing node i, reading the index's slot (live from the step that
   // computes it to the indexing node's).
@@ -282,12 +308,14 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (step_of[i] < 0) continue;
     const Node& n = g.nodes[i];
-    runtime::Step st{n.op, std::move(made[i].run), {}, {}};
-    for (ValueRef v : n.operands) st.in.push_back(slot_of.at(v));
-    for (size_t r = 0; r < n.results.size(); ++r)
-      st.out.push_back(slot_of.at({static_cast<int32_t>(i), static_cast<int32_t>(r)}));
-    if (workspace_req[i] >= 0) st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
-    parts.steps.push_back(std::move(st));
+    if (!alias_of.count({static_cast<int32_t>(i), 0})) {
+      runtime::Step st{n.op, std::move(made[i].run), {}, {}};
+      for (ValueRef v : n.operands) st.in.push_back(slot_of.at(v));
+      for (size_t r = 0; r < n.results.size(); ++r)
+        st.out.push_back(slot_of.at({static_cast<int32_t>(i), static_cast<int32_t>(r)}));
+      if (workspace_req[i] >= 0) st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
+      parts.steps.push_back(std::move(st));
+    }
     for (const auto& [node, producer] : checked_after)
       if (producer == step_of[i]) parts.steps.push_back(index_check(node));
   }

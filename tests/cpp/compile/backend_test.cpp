@@ -136,6 +136,44 @@ TEST(Backends, CpuMatchesTheReferenceOnRandomPrograms) {
 // The cpu backend's convolutions (oneDNN) against the reference backend's im2col + GEMM, on
 // seeded random geometries: groups, strides, padding, dilation, kernels wider than the padded
 // input is not (those are refused), rows the stride drops. Forward and both backward ops.
+// A reshape of a computed value that is not an output reads that value's memory: no step, no
+// buffer of its own, and the value is kept while the reshape is read. Readers of the value
+// itself and of its reshape, before and after each other, a reshape of the reshape, and a
+// reshape that is an output (a copy into the output's buffer) all see the right elements, on
+// both backends.
+TEST(Backends, AReshapeReadsItsOperandsMemory) {
+  Graph g;
+  const ValueRef x = g.add_parameter({DType::f32, {8, 8}});
+  const ValueRef e = g.add(OpKind::Exp, {x});
+  const ValueRef r = g.add(OpKind::Reshape, {e}, {Shape{2, 32}});
+  const ValueRef a = g.add(OpKind::Neg, {r});              // through the reshape
+  const ValueRef b = g.add(OpKind::Mul, {e, e});           // the value itself, after
+  const ValueRef rr = g.add(OpKind::Reshape, {r}, {Shape{64}});
+  const ValueRef c = g.add(OpKind::Abs, {rr});             // a reshape of the reshape
+  const ValueRef d = g.add(OpKind::Sub, {r, a});           // the reshape again, last
+  const ValueRef out = g.add(OpKind::Reshape, {b}, {Shape{4, 16}});  // an output: copied
+  g.outputs = {a, c, d, out};
+  std::vector<double> xs(64);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.3 * static_cast<double>(i));
+  for (const char* name : {"cpu", "reference"}) {
+    auto exe = compile(g, {}, backend::get(name));
+    const std::string text = exe->to_text();
+    // The one reshape step left copies into output 3.
+    EXPECT_EQ(text.find("reshape("), text.rfind("reshape(")) << name << "\n" << text;
+    EXPECT_NE(text.find("reshape(arena+", 0), std::string::npos) << name << "\n" << text;
+    EXPECT_NE(text.find("-> out 3", text.find("reshape(")), std::string::npos) << name << "\n" << text;
+    const auto got = run(*exe, {xs}, DType::f32);
+    // exp within 2 ulp of the correctly rounded value; the rest exact on it.
+    for (size_t i = 0; i < 64; ++i) {
+      const double ex = got[1][i];
+      EXPECT_NEAR(ex, std::exp(static_cast<double>(static_cast<float>(xs[i]))), 3e-7 * ex) << name << " " << i;
+      EXPECT_EQ(got[0][i], -ex) << name << " " << i;
+      EXPECT_EQ(got[2][i], static_cast<double>(static_cast<float>(ex + ex))) << name << " " << i;
+      EXPECT_EQ(got[3][i], static_cast<double>(static_cast<float>(ex * ex))) << name << " " << i;
+    }
+  }
+}
+
 TEST(Backends, LibraryConvolutionsMatchTheReferenceOnRandomGeometries) {
   const backend::Backend& cpu = backend::get("cpu");
   const backend::Backend& ref = backend::get("reference");
