@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
@@ -14,8 +15,27 @@ extern "C" void omp_set_num_threads(int n);
 namespace lazyrt::kernels {
 namespace {
 
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// Whether done() became true within kSpin. Between checks the thread yields its CPU, so that
+// another thread ready to run there (a BLAS or OpenMP worker of the next kernel) is not kept
+// waiting by the watch.
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto until = std::chrono::steady_clock::now() + kSpin;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return done();
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 // Workers sleep until a job is posted; a job is a chunked range that workers and the caller
-// take chunks of through an atomic counter until none are left.
+// take chunks of through an atomic counter until none are left. A step's kernels come one
+// after another, microseconds apart, and waking a sleeping thread costs tens of microseconds
+// (more in a virtual machine): so a worker that finished a job watches for the next one for
+// kSpin before it sleeps, and the caller watches for the workers to finish for as long before
+// it sleeps on them.
 class Pool {
  public:
   explicit Pool(int threads) { resize(threads); }
@@ -35,6 +55,7 @@ class Pool {
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
     if (!busy.owns_lock() || workers_.empty()) return false;
     const int64_t chunks = std::min<int64_t>(n / grain, static_cast<int64_t>(size()) * 4);
+    const int workers = static_cast<int>(workers_.size());
     {
       std::lock_guard<std::mutex> lock(mu_);
       fn_ = fn;
@@ -42,13 +63,15 @@ class Pool {
       n_ = n;
       chunks_ = chunks;
       next_.store(0);
-      done_ = 0;
-      ++generation_;
+      done_.store(0);
+      generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
     take_chunks();
-    std::unique_lock<std::mutex> lock(mu_);
-    finished_.wait(lock, [&] { return done_ == static_cast<int>(workers_.size()); });
+    if (!spin_until([&] { return done_.load(std::memory_order_acquire) == workers; })) {
+      std::unique_lock<std::mutex> lock(mu_);
+      finished_.wait(lock, [&] { return done_.load() == workers; });
+    }
     return true;
   }
 
@@ -65,16 +88,19 @@ class Pool {
   void work() {
     uint64_t seen = 0;
     while (true) {
-      {
+      if (!spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
         std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return quit_ || generation_ != seen; });
+        wake_.wait(lock, [&] { return quit_ || generation_.load() != seen; });
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);  // the job's fields, written under it
         if (quit_) return;
-        seen = generation_;
+        seen = generation_.load();
       }
       take_chunks();
       {
         std::lock_guard<std::mutex> lock(mu_);
-        ++done_;
+        done_.fetch_add(1, std::memory_order_release);
       }
       finished_.notify_one();
     }
@@ -95,8 +121,8 @@ class Pool {
   std::condition_variable wake_, finished_;
   std::vector<std::thread> workers_;
   bool quit_ = false;
-  uint64_t generation_ = 0;
-  int done_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> done_{0};
   detail::ChunkFn fn_ = nullptr;
   const void* ctx_ = nullptr;
   int64_t n_ = 0, chunks_ = 0;
