@@ -773,14 +773,24 @@ bool lock_state(Variant& v, const std::vector<Tensor>& args) {
 }
 
 // Copies each output (tensor, output index) into the lent memory its tensor holds. A source
-// that is itself lent memory (a parameter passed through) is copied aside first, since another
-// copy may overwrite it.
+// that is itself lent memory (a parameter passed through, or another output's tensor when two
+// outputs are one value: the zeros zero_grad writes into gradients of one shape) is copied
+// aside first only when one of these copies writes over it.
 void copy_into_lent(Variant& v, const std::vector<std::pair<TensorImpl*, size_t>>& lent) {
+  auto written_over = [&lent](const Buffer& b) {
+    const auto* lo = static_cast<const char*>(b.data());
+    const auto* hi = lo + b.bytes();
+    for (const auto& [t, k] : lent) {
+      const auto* d = static_cast<const char*>(t->data()->data());
+      if (d < hi && lo < d + t->data()->bytes()) return true;
+    }
+    return false;
+  };
   std::vector<std::shared_ptr<Buffer>> sources;
   sources.reserve(lent.size());
   for (const auto& [t, k] : lent) {
     const std::shared_ptr<Buffer>& b = v.frame.outs[k];
-    sources.push_back(b->is_adopted() ? backend::current().copy(*b) : b);
+    sources.push_back(b->is_adopted() && written_over(*b) ? backend::current().copy(*b) : b);
   }
   for (size_t i = 0; i < lent.size(); ++i)
     if (lent[i].first->data()->bytes() > 0)

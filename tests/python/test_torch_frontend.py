@@ -777,6 +777,33 @@ def test_zero_grad_placement_matches_eager(where, set_to_none):
     assert lazyrt.metrics.counter("TorchFastCall") - fast == STEPS - 2
 
 
+def test_gradients_zeroed_alike_are_written_without_a_copy_aside():
+    # zero_grad(set_to_none=False) at the end writes zeros into every gradient: gradients of one
+    # shape get one value, which the replay writes into one of them and copies from there into
+    # the others. Nothing is copied aside for that (the copies write over no source): a call's
+    # lazyrt memory never rises above what it holds between calls.
+    def make():
+        torch.manual_seed(21)
+        return nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256))
+    m_eager, o_eager, m_lazy, o_lazy = twins(make, OPTIMIZERS["sgd_momentum"])
+    loss_fn = nn.MSELoss()
+    eager = step_with_zero_grad(m_eager, o_eager, loss_fn, "end", False)
+    step = lazyrt.torch.compile(step_with_zero_grad(m_lazy, o_lazy, loss_fn, "end", False))
+    g = torch.Generator().manual_seed(22)
+    data = [(torch.randn(16, 256, generator=g), torch.randn(16, 256, generator=g)) for _ in range(6)]
+    for k, (x, y) in enumerate(data):
+        if k == 3:
+            lazyrt.debug.reset_peak_memory()
+            held = lazyrt.debug.live_memory_bytes()
+        close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+        if k >= 3:
+            # One weight is 256 KiB; a copy aside of the two zeroed like the first was 512 KiB.
+            assert lazyrt.debug.peak_memory_bytes() - held < 64 * 1024, f"step {k}"
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+    assert all(float(p.grad.abs().max()) == 0 for p in m_lazy.parameters())
+    assert step.captures == 1
+
+
 def test_gradients_made_anew_each_call_are_new_tensors_that_keep_their_values():
     # zero_grad(set_to_none=True) first, so every call makes new gradients: each call's .grad
     # tensors are new ones (as eager's are), and a later call leaves earlier ones as they were.
