@@ -6,6 +6,7 @@ import os
 import sys
 
 os.environ["LAZYRT_JIT"] = "sync"  # read when the first graph is lowered
+os.environ["LAZYRT_BACKEND"] = "cpu"  # generated kernels are the cpu backend's
 
 prefix, libdir = (os.path.realpath(p) for p in sys.argv[1:3])
 

@@ -49,7 +49,7 @@ def run_child(tmp_path, name, **env):
     dump.mkdir()
     out = tmp_path / f"{name}.npy"
     r = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, LAZYRT_DUMP_GRAPH=str(dump), **env))
+                       env=dict(os.environ, LAZYRT_DUMP_GRAPH=str(dump), LAZYRT_BACKEND="cpu", **env))
     assert r.returncode == 0, r.stderr[-3000:]
     graphs = "".join(open(f).read() for f in glob.glob(str(dump / "*.txt")))
     return np.load(out), graphs

@@ -22,11 +22,13 @@ def adamw_like(p, g, m, v, lr_):
 
 
 def test_a_hot_graph_gives_torchs_values_before_and_after_it_is_compiled():
-    # Generation on whatever LAZYRT_JIT the suite runs with: the test runs in a child.
-    if os.environ.get("LAZYRT_JIT") != "1":
+    # Generation on, on the cpu backend (whose code it is), whatever LAZYRT_JIT and LAZYRT_BACKEND
+    # the suite runs with: the test runs in a child.
+    if os.environ.get("LAZYRT_JIT") != "1" or os.environ.get("LAZYRT_BACKEND", "cpu") != "cpu":
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__ + "::" +
                             "test_a_hot_graph_gives_torchs_values_before_and_after_it_is_compiled"],
-                           env=dict(os.environ, LAZYRT_JIT="1"), capture_output=True, text=True, timeout=300)
+                           env=dict(os.environ, LAZYRT_JIT="1", LAZYRT_BACKEND="cpu"), capture_output=True, text=True,
+                           timeout=300)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
         return
     rng = np.random.default_rng(0)
@@ -59,7 +61,7 @@ for _ in range(3):
 
 
 def test_a_process_that_exits_while_compiling_exits_cleanly():
-    env = dict(os.environ, LAZYRT_JIT="1")
+    env = dict(os.environ, LAZYRT_JIT="1", LAZYRT_BACKEND="cpu")
     for _ in range(4):
         r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
@@ -85,6 +87,6 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 def test_a_forked_child_exits_after_its_parent_compiled():
-    r = subprocess.run([sys.executable, "-c", FORK_CHILD], env=dict(os.environ, LAZYRT_JIT="1"), capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", FORK_CHILD], env=dict(os.environ, LAZYRT_JIT="1", LAZYRT_BACKEND="cpu"),
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])

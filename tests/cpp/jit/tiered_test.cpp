@@ -14,11 +14,19 @@
 namespace lazyrt {
 namespace {
 
-// Restores the process's mode when a test ends.
+// Generated code is the cpu backend's: each test runs on it (whatever LAZYRT_BACKEND says) in
+// the given mode, and the process's backend and mode come back when the test ends.
 struct ModeScope {
   jit::Mode saved = jit::mode();
-  explicit ModeScope(jit::Mode m) { jit::set_mode(m); }
-  ~ModeScope() { jit::set_mode(saved); }
+  std::string saved_backend = current_backend();
+  explicit ModeScope(jit::Mode m) {
+    set_backend("cpu");
+    jit::set_mode(m);
+  }
+  ~ModeScope() {
+    jit::set_mode(saved);
+    set_backend(saved_backend);
+  }
 };
 
 constexpr int64_t kN = 5000;
