@@ -1,5 +1,7 @@
 #include "backend/cpu/kernels/parallel.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,6 +13,8 @@
 
 extern "C" int omp_get_max_threads();
 extern "C" void omp_set_num_threads(int n);
+extern "C" int omp_get_max_active_levels();
+extern "C" void omp_set_max_active_levels(int levels);
 
 namespace lazyrt::kernels {
 namespace {
@@ -137,8 +141,38 @@ int default_threads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// The process's pool, made by its first use; never destroyed: workers may outlive statics.
+// fork(): the child has none of the parent's threads, so a pool it inherited would wait for
+// workers that never come. The child leaves that pool (its threads, its locks, possibly held
+// at the fork) untouched and makes one of its own, of the same size, on its first parallel
+// kernel. GNU OpenMP, which oneDNN's kernels run on, has the same flaw and no such remedy: a
+// forked child's parallel region waits forever for the parent's team. So in a child the
+// OpenMP team of lazyrt's kernels is one thread, the caller (OmpTeam).
+std::atomic<Pool*> current_pool{nullptr};
+std::mutex making_pool;  // held around fork(), so that the child's copy is unlocked
+int inherited_threads = 0;  // the child's pool size: its parent's
+std::atomic<bool> forked_child{false};
+
+void before_fork() { making_pool.lock(); }
+void after_fork_in_parent() { making_pool.unlock(); }
+void after_fork_in_child() {
+  if (Pool* p = current_pool.load(std::memory_order_relaxed)) inherited_threads = p->size();
+  current_pool.store(nullptr, std::memory_order_relaxed);
+  forked_child.store(true, std::memory_order_relaxed);
+  making_pool.unlock();
+}
+
 Pool& pool() {
-  static Pool* p = new Pool(default_threads());  // never destroyed: workers may outlive statics
+  Pool* p = current_pool.load(std::memory_order_acquire);
+  if (p) [[likely]] return *p;
+  static const bool fork_handlers = (pthread_atfork(before_fork, after_fork_in_parent, after_fork_in_child), true);
+  (void)fork_handlers;
+  std::lock_guard<std::mutex> lock(making_pool);
+  p = current_pool.load(std::memory_order_relaxed);
+  if (!p) {
+    p = new Pool(inherited_threads > 0 ? inherited_threads : default_threads());
+    current_pool.store(p, std::memory_order_release);
+  }
   return *p;
 }
 
@@ -148,10 +182,18 @@ int num_threads() { return pool().size(); }
 void set_num_threads(int n) { pool().resize(n); }
 
 OmpTeam::OmpTeam(int n) : before_(omp_get_max_threads()) {
+  if (forked_child.load(std::memory_order_relaxed)) {
+    // No active parallel region at all (see current_pool): a oneDNN primitive made in the
+    // parent asks for its team's size of then.
+    n = 1;
+    levels_before_ = omp_get_max_active_levels();
+    omp_set_max_active_levels(0);
+  }
   if (n != before_) omp_set_num_threads(n);
 }
 OmpTeam::~OmpTeam() {
   if (omp_get_max_threads() != before_) omp_set_num_threads(before_);
+  if (levels_before_ >= 0) omp_set_max_active_levels(levels_before_);
 }
 
 namespace detail {

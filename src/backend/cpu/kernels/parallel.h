@@ -4,7 +4,7 @@
 // per call, so executables stay allocation-free.
 //
 // The pool has LAZYRT_NUM_THREADS threads in all (the caller included), by default one per
-// hardware thread. Its workers watch for a next job for a moment before they sleep
+// hardware thread; a forked child makes a pool of its own, of its parent's size. Its workers watch for a next job for a moment before they sleep
 // (parallel.cpp).
 #pragma once
 
@@ -18,8 +18,9 @@ inline constexpr int64_t kParallelGrain = 32768;
 int num_threads();
 void set_num_threads(int n);
 
-/// While alive, the OpenMP team that oneDNN's kernels run on has n threads; then it is as it
-/// was, so that the process's own OpenMP setting (PyTorch's, for one) is left alone.
+/// While alive, the OpenMP team that oneDNN's kernels run on has n threads (one in a process
+/// forked after lazyrt's kernels ran: parallel.cpp says why); then it is as it was, so that the
+/// process's own OpenMP setting (PyTorch's, for one) is left alone.
 class OmpTeam {
  public:
   explicit OmpTeam(int n);
@@ -29,6 +30,7 @@ class OmpTeam {
 
  private:
   int before_;
+  int levels_before_ = -1;  // a forked child: the active levels it allowed (parallel.cpp)
 };
 
 namespace detail {
