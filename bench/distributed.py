@@ -179,7 +179,8 @@ def run(opts):
           "`reduce_gradients(opt)` between backward and the optimizer (one bucket: the mean of the "
           f"{grad_numel:,} gradient values, {grad_mb:.2f} MB). Both replayed by `compile_step`. All-reduce "
           "alone: that many floats, lazyrt's `copy_(all_reduce(g, 'mean'))` replayed, and Gloo's sum directly "
-          "(C++; the batch's calls in one C++ loop, and one call per Python call). Batches of {dp[min(dp)]['calls']} calls. Before timing, the parameters after {STEPS_CHECKED} "
+          "(C++; the batch's calls in one C++ loop, and one call per Python call). "
+          f"Batches of {dp[min(dp)]['calls']} calls. Before timing, the parameters after {STEPS_CHECKED} "
           "data-parallel steps are checked against one process training on all the processes' batches together "
           "(each weight within lr a step, 99% within 1e-4). Added = data-parallel - without all-reduce (medians).\n",
           table(["processes", "step without all-reduce, ms", "data-parallel step, ms", "added, ms",

@@ -121,22 +121,9 @@ std::chrono::nanoseconds mtime_of(const struct stat& st) {
   return std::chrono::seconds(st.st_mtim.tv_sec) + std::chrono::nanoseconds(st.st_mtim.tv_nsec);
 }
 
-// A name no other writer in any process or host picks: pid plus 64 random bits.
+// A name no other writer in any process or host picks.
 std::string temporary_name(const GraphHash& key) {
-  static std::mutex mu;
-  static std::mt19937_64 rng = [] {
-    std::random_device rd;
-    std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(getpid())};
-    return std::mt19937_64(seq);
-  }();
-  uint64_t suffix;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    suffix = rng();
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(suffix));
-  return str_cat(".", key.to_string(), ".", getpid(), ".", buf, kTemporarySuffix);
+  return str_cat(".", key.to_string(), ".", unique_suffix(), kTemporarySuffix);
 }
 
 bool write_all(int fd, std::string_view bytes) {
@@ -346,6 +333,23 @@ std::string interface_mismatch(const ir::Graph& traced, const ir::Graph& loaded)
 PersistentCache::PersistentCache(std::string dir, bool readonly, uint64_t max_bytes)
     : dir_(std::move(dir)), readonly_(readonly), max_bytes_(max_bytes) {
   while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+}
+
+std::string unique_suffix() {
+  static std::mutex mu;
+  static std::mt19937_64 rng = [] {
+    std::random_device rd;
+    std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(getpid())};
+    return std::mt19937_64(seq);
+  }();
+  uint64_t bits;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    bits = rng();
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(bits));
+  return str_cat(getpid(), ".", buf);
 }
 
 std::string entry_file_name(const GraphHash& key) {

@@ -129,6 +129,10 @@ class PersistentCache {
   uint64_t max_bytes_;
 };
 
+/// For the names of files being written: the process id, '.', and 16 hex digits of random
+/// bits, which no other writer in any process or host picks.
+std::string unique_suffix();
+
 /// Entry file names: 32 hex digits of the key, '-', 8 hex digits of this build's tag (a hash
 /// of the header fields an entry must match), and this suffix.
 inline constexpr std::string_view kEntrySuffix = ".lzc";

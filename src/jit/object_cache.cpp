@@ -8,11 +8,11 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <random>
 #include <set>
 #include <string>
 
 #include "ir/hash.h"
+#include "cache/persistent_cache.h"
 #include "jit/code_server.h"
 #include "lazyrt/cache.h"
 #include "util/metrics_cells.h"
@@ -108,8 +108,7 @@ void ObjectCache::store(const std::string& key, const std::string& code) {
   file.append(reinterpret_cast<const char*>(&sum.hi), 8);
   file.append(reinterpret_cast<const char*>(&sum.lo), 8);
   file += code;
-  static thread_local std::mt19937_64 rng(std::random_device{}());
-  const std::string tmp = dir + "/." + key + "." + std::to_string(::getpid()) + "." + std::to_string(rng()) + ".tmp";
+  const std::string tmp = dir + "/." + key + "." + cache::unique_suffix() + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return;
   const bool written = write_all(fd, file);
