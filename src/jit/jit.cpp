@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "backend/cpu/kernels/elementwise_fns.h"
+#include "ir/hash.h"
 #include "jit/code_server.h"
 #include "lazyrt/cache.h"
 #include "lazyrt/metrics.h"
@@ -192,9 +193,21 @@ std::shared_ptr<Module> new_module() {
 int Module::add(FusedRegion r) {
   for (const ir::Node& n : r.region.nodes)
     if (!generated_form(n)) return -1;
-  regions_.push_back(std::move(r));
-  fns_.push_back(std::make_unique<std::atomic<FusedFn>>(nullptr));
-  return static_cast<int>(regions_.size()) - 1;
+  // Equal regions by their 128-bit hash, as the compile caches tell graphs apart.
+  const GraphHash gh = ir::hash_graph(r.region);
+  ir::Hasher h;
+  h.add(gh.hi);
+  h.add(gh.lo);
+  h.add(static_cast<uint64_t>(r.inner_strides.size()));
+  for (int64_t s : r.inner_strides) h.add(static_cast<uint64_t>(s));
+  const GraphHash key = h.finish();
+  const auto [at, fresh] = region_index_.try_emplace({key.hi, key.lo}, static_cast<int>(regions_.size()));
+  if (fresh) {
+    regions_.push_back(std::move(r));
+    fns_.push_back(std::make_unique<std::atomic<FusedFn>>(nullptr));
+  }
+  region_of_.push_back(at->second);
+  return static_cast<int>(region_of_.size()) - 1;
 }
 
 void Module::finish(const std::shared_ptr<Module>& m) {

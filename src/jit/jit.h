@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,34 +56,42 @@ struct FusedRegion {
   std::vector<int64_t> inner_strides;  // per operand, its element stride within a run
 };
 
-/// The generated kernels of one lowered graph.
+/// The generated kernels of one lowered graph. Kernels with equal regions (the same ops, types
+/// and strides: every layer of a model, every iteration of an unrolled loop) share one loop,
+/// compiled once.
 class Module {
  public:
   static constexpr int kCompileAfterRuns = 2;
 
   /// Whether the generator takes this region (parameters, constants, casts, where and the ops
-  /// of the elementwise table: the kernel library has a function for each); if so, adds it and
-  /// returns its index, else -1.
+  /// of the elementwise table: the kernel library has a function for each); if so, adds it
+  /// (or finds an equal one added before) and returns the kernel's index, else -1. Indices
+  /// number the kernels added, 0 the first.
   int add(FusedRegion r);
   /// Called once lowering has added every region: compiles now in Sync mode; in tiered mode,
   /// loads the module's code now where the persistent cache holds it (a warm process runs
   /// generated code from the first step, and never starts the compiler for it).
   static void finish(const std::shared_ptr<Module>& m);
 
-  /// The loop of region k once compiled, else null.
-  FusedFn fn(int k) const { return fns_[static_cast<size_t>(k)]->load(std::memory_order_acquire); }
-  /// A kernel of the module ran interpreted, `work` element-ops: counts toward compilation.
-  /// Region 0's kernel counts the graph's runs.
+  /// The loop of kernel k once compiled, else null.
+  FusedFn fn(int k) const {
+    return fns_[static_cast<size_t>(region_of_[static_cast<size_t>(k)])]->load(std::memory_order_acquire);
+  }
+  /// Kernel k of the module ran interpreted, `work` element-ops: counts toward compilation.
+  /// Kernel 0 counts the graph's runs.
   void ran_interpreted(const std::shared_ptr<Module>& self, int k, int64_t work);
   bool empty() const { return regions_.empty(); }
 
+  /// The distinct regions, in the order of their first kernels: what is compiled.
   const std::vector<FusedRegion>& regions() const { return regions_; }
-  /// Installs the compiled code: fns[k] for region k; `code` owns their memory.
+  /// Installs the compiled code: fns[r] for region r; `code` owns their memory.
   void install(std::shared_ptr<void> code, const std::vector<FusedFn>& fns);
 
  private:
   std::vector<FusedRegion> regions_;
-  std::vector<std::unique_ptr<std::atomic<FusedFn>>> fns_;
+  std::map<std::pair<uint64_t, uint64_t>, int> region_index_;  // a region's hash (graph and strides)
+  std::vector<int> region_of_;          // per kernel: its region
+  std::vector<std::unique_ptr<std::atomic<FusedFn>>> fns_;  // per region
   std::shared_ptr<void> code_;
   std::atomic<int> runs_{0};
   std::atomic<int64_t> work_{0};

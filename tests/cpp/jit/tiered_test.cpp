@@ -111,5 +111,26 @@ TEST(Tiers, SyncModeCompilesWhenTheGraphIsLowered) {
   EXPECT_EQ(metrics::counter("JitModules"), modules + 1);
 }
 
+TEST(Tiers, KernelsOfEqualRegionsShareOneLoop) {
+  // Three chains in one graph: two alike on different f32 tensors (the layers of a model, the
+  // iterations of an unrolled loop), one on f64. The f32 kernels share one generated loop.
+  ModeScope sync_mode(jit::Mode::Sync);
+  const int64_t kernels = metrics::counter("JitKernels");
+  const std::vector<float> as = input(0.5f), bs = input(-1.5f);
+  std::vector<double> cs(kN);
+  for (int64_t i = 0; i < kN; ++i) cs[i] = 0.25 * static_cast<double>(i % 13);
+  Tensor a = tensor(as, {kN / 10, 10}), b = tensor(bs, {kN / 10, 10});
+  Tensor c = tensor(cs, {kN / 10, 10});
+  Tensor ya = (a * 0.5 + tensor({0.375f}, {1})) * a - 1.0;
+  Tensor yb = (b * 0.5 + tensor({-0.625f}, {1})) * b - 1.0;
+  Tensor yc = (c * 0.5 + tensor(std::vector<double>{0.125}, {1})) * c - 1.0;
+  sync({ya, yb, yc});
+  EXPECT_EQ(metrics::counter("JitKernels"), kernels + 2) << "one loop for the f32 chains, one for the f64 chain";
+  EXPECT_EQ(ya.to_vector<float>(), expected(as, 0.375f));
+  EXPECT_EQ(yb.to_vector<float>(), expected(bs, -0.625f));
+  const std::vector<double> got = yc.to_vector<double>();
+  for (int64_t i = 0; i < kN; ++i) ASSERT_EQ(got[i], (cs[i] * 0.5 + 0.125) * cs[i] - 1.0) << i;
+}
+
 }  // namespace
 }  // namespace lazyrt
