@@ -120,6 +120,14 @@ bool may_fail(const Node& n);
 std::vector<TensorType> infer_types(OpKind op, std::span<const TensorType> operands,
                                     const Attrs& attrs);
 
+/// A copy of `s` in a vector that kept its capacity (util::VectorStash): result rules make a
+/// shape for every recorded op, and dropped nodes and tensors give theirs back.
+inline Shape stashed_shape(std::span<const int64_t> s) {
+  Shape out = s.empty() ? Shape() : util::VectorStash<Shape>::take();
+  out.assign(s.begin(), s.end());
+  return out;
+}
+
 /// A result rule's one result (the shape moved in, not copied twice as a braced list would).
 inline std::vector<TensorType> single_result(DType dtype, Shape shape) {
   std::vector<TensorType> r = util::VectorStash<std::vector<TensorType>>::take();
@@ -128,7 +136,9 @@ inline std::vector<TensorType> single_result(DType dtype, Shape shape) {
   r[0].shape = std::move(shape);
   return r;
 }
-inline std::vector<TensorType> single_result(const TensorType& t) { return single_result(t.dtype, t.shape); }
+inline std::vector<TensorType> single_result(const TensorType& t) {
+  return single_result(t.dtype, stashed_shape(t.shape));
+}
 inline std::vector<TensorType> single_result(TensorType&& t) { return single_result(t.dtype, std::move(t.shape)); }
 
 /// NumPy broadcasting of two shapes; throws lazyrt::Error naming `what` on a mismatch.

@@ -83,7 +83,8 @@ std::string type_str(const TensorType& t) {
 
 Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) {
   size_t n = std::max(a.size(), b.size());
-  Shape out(n);
+  Shape out = n ? util::VectorStash<Shape>::take() : Shape();
+  out.resize(n);
   for (size_t i = 0; i < n; ++i) {
     int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
     int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];

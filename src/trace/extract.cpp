@@ -31,9 +31,9 @@ size_t& Flattener::last_visited() {
   return n;
 }
 
-ir::ValueRef Flattener::emit_parameter(int64_t index, ir::TensorType type) {
+ir::ValueRef Flattener::emit_parameter(int64_t index, const ir::TensorType& type) {
   if (mode_ == Mode::Build) {
-    graph_.nodes.push_back({ir::OpKind::Parameter, {}, {index}, {std::move(type)}, {}});
+    graph_.nodes.push_back({ir::OpKind::Parameter, {}, {index}, {type}, {}});
   } else {
     // The attributes in storage kept for the thread: hashing a parameter allocates nothing.
     thread_local ir::Attrs attrs{int64_t{0}};

@@ -39,7 +39,7 @@ class Flattener {
   /// Flattens everything `root` depends on; returns the graph value standing for it.
   ir::ValueRef add_root(const LazyValue& root);
   /// Emits a Parameter node of this index and type.
-  ir::ValueRef emit_parameter(int64_t index, ir::TensorType type);
+  ir::ValueRef emit_parameter(int64_t index, const ir::TensorType& type);
 
   /// Build mode: the graph (its outputs and num_params left to the caller).
   ir::Graph& graph() { return graph_; }

@@ -119,20 +119,18 @@ void note_grad_capture(const std::shared_ptr<TensorImpl>& t) {
   }
 }
 
-// A dropped node's vectors keep their capacity for the next ops recorded on this thread.
+// A dropped node's vectors, its result types' shapes too, keep their capacity for the next ops
+// recorded on this thread.
 LazyNode::~LazyNode() {
   util::VectorStash<std::vector<LazyValue>>::give(std::move(operands));
+  for (ir::TensorType& t : types) util::VectorStash<Shape>::give(std::move(t.shape));
   util::VectorStash<std::vector<ir::TensorType>>::give(std::move(types));
 }
 
 namespace {
 
 // A copy of a type whose shape goes into a vector that kept its capacity (VectorStash).
-ir::TensorType stashed_copy(const ir::TensorType& of) {
-  ir::TensorType type{of.dtype, of.shape.empty() ? Shape() : util::VectorStash<Shape>::take()};
-  type.shape.assign(of.shape.begin(), of.shape.end());
-  return type;
-}
+ir::TensorType stashed_copy(const ir::TensorType& of) { return {of.dtype, ir::stashed_shape(of.shape)}; }
 
 }  // namespace
 

@@ -57,7 +57,6 @@ ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope, int
       [&](const LazyValue& v, trace::Flattener& f) -> ir::ValueRef {
         const LazyNode& n = *v.node;
         int64_t index;
-        ir::TensorType type = v.type();
         if (n.scope == scope && n.placeholder >= 0) {
           index = n.placeholder;
         } else {
@@ -66,7 +65,7 @@ ir::Graph extract_region(const std::vector<LazyValue>& roots, int64_t scope, int
           if (fresh) captures.values.push_back(v);
           index = placeholders + it->second;
         }
-        return f.emit_parameter(index, std::move(type));
+        return f.emit_parameter(index, v.type());
       });
   std::vector<ir::ValueRef> outs;
   for (const LazyValue& r : roots) outs.push_back(flat.add_root(r));
