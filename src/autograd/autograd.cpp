@@ -55,6 +55,11 @@ Edge edge_to(const Tensor& t) {
 
 }  // namespace
 
+GradNode::~GradNode() {
+  util::DeferredDrop<GradNode>::Scope scope;
+  for (Edge& e : next) scope.defer(e.node);
+}
+
 bool grad_enabled() { return enabled_here(); }
 void set_grad_enabled(bool e) {
   if (e == enabled) return;

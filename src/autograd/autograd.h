@@ -42,6 +42,11 @@ struct GradNode {
   // backward_fn (which holds what it saved) instead of the op's rule.
   int32_t slots = 1;
   BackwardFn backward_fn;
+
+  GradNode() = default;
+  GradNode(const GradNode&) = delete;
+  GradNode& operator=(const GradNode&) = delete;
+  ~GradNode();  // drops the nodes of `next` one at a time (util::DeferredDrop)
 };
 
 /// What a gradient rule sees: the op, the saved inputs and output, the attributes, the

@@ -119,9 +119,12 @@ void note_grad_capture(const std::shared_ptr<TensorImpl>& t) {
   }
 }
 
-// A dropped node's vectors, its result types' shapes too, keep their capacity for the next ops
-// recorded on this thread.
+// A dropped node's operands are dropped after it, one node at a time (DeferredDrop: an
+// unrolled loop's chain would overflow the stack); its vectors, its result types' shapes too,
+// keep their capacity for the next ops recorded on this thread.
 LazyNode::~LazyNode() {
+  util::DeferredDrop<LazyNode>::Scope scope;
+  for (LazyValue& v : operands) scope.defer(v.node);
   util::VectorStash<std::vector<LazyValue>>::give(std::move(operands));
   for (ir::TensorType& t : types) util::VectorStash<Shape>::give(std::move(t.shape));
   util::VectorStash<std::vector<ir::TensorType>>::give(std::move(types));

@@ -156,6 +156,65 @@ class VectorStash {
   using Stash = PerThread<std::vector<V>, VectorStash>;
 };
 
+/// Graphs whose nodes own the nodes they read through shared_ptr (traced ops, autograd nodes)
+/// are destroyed one node at a time, not by recursion: an unrolled host loop makes chains of
+/// hundreds of thousands of nodes, and dropping one recursively overflows the stack. A node's
+/// destructor opens a Scope and defers the pointers it owns to it (each is left empty); the
+/// outermost Scope on the thread drops the deferred pointers in a loop when it closes, and the
+/// nodes that dies opens its own, inner, Scope, which only adds to the list. On a thread that
+/// is exiting (its list already destroyed) the pointers are dropped as before.
+template <class Node>
+class DeferredDrop {
+  struct List {
+    std::vector<std::shared_ptr<Node>> nodes;
+    bool draining = false;
+  };
+  using PerThreadList = PerThread<List, DeferredDrop>;
+
+  static List* list() noexcept {
+    if (List* l = PerThreadList::alive()) return l;
+    thread_local constinit bool made = false;
+    if (made) return nullptr;  // destroyed: the thread is exiting
+    made = true;
+    try {
+      return &PerThreadList::get();
+    } catch (...) {
+      return nullptr;
+    }
+  }
+
+ public:
+  class Scope {
+   public:
+    Scope() noexcept : list_(list()), outer_(list_ && !list_->draining) {
+      if (outer_) list_->draining = true;
+    }
+    ~Scope() {
+      if (!outer_) return;
+      while (!list_->nodes.empty()) {
+        std::shared_ptr<Node> n = std::move(list_->nodes.back());
+        list_->nodes.pop_back();
+        n.reset();  // where it was the last owner, its destructor defers what it owns
+      }
+      list_->draining = false;
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+    void defer(std::shared_ptr<Node>& p) noexcept {
+      if (!list_ || !p) return;
+      try {
+        list_->nodes.push_back(std::move(p));
+      } catch (...) {  // no room: p is dropped where it is
+      }
+    }
+
+   private:
+    List* list_;
+    bool outer_;
+  };
+};
+
 /// An allocator over BlockPool for single objects (what allocate_shared asks for).
 template <class T>
 struct PoolAllocator {
