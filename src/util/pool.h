@@ -160,9 +160,9 @@ class VectorStash {
 /// are destroyed one node at a time, not by recursion: an unrolled host loop makes chains of
 /// hundreds of thousands of nodes, and dropping one recursively overflows the stack. A node's
 /// destructor opens a Scope and defers the pointers it owns to it (each is left empty); the
-/// outermost Scope on the thread drops the deferred pointers in a loop when it closes, and the
-/// nodes that dies opens its own, inner, Scope, which only adds to the list. On a thread that
-/// is exiting (its list already destroyed) the pointers are dropped as before.
+/// outermost Scope on the thread drops the deferred pointers in a loop when it closes, and each
+/// node that dies then opens its own, inner, Scope, which only adds to the list. On a thread
+/// that is exiting (its list already destroyed) the pointers are dropped as before.
 template <class Node>
 class DeferredDrop {
   struct List {

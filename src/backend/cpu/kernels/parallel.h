@@ -4,8 +4,8 @@
 // per call, so executables stay allocation-free.
 //
 // The pool has LAZYRT_NUM_THREADS threads in all (the caller included), by default one per
-// hardware thread; a forked child makes a pool of its own, of its parent's size. Its workers watch for a next job for a moment before they sleep
-// (parallel.cpp).
+// hardware thread; a forked child makes a pool of its own, of its parent's size. Its workers
+// watch for a next job for a moment before they sleep (parallel.cpp).
 #pragma once
 
 #include <cstdint>
