@@ -548,13 +548,16 @@ class Handover {
   // view still holds it): count the change in the tensor's version counter. Else (not lent, or
   // the replay could not write there) the view holds the new value elsewhere: copy it into the
   // tensor (which counts the change) and make the view anew next call; but not into a stand-in
-  // for a missing gradient: those items' positions are returned, the caller sets the gradient.
-  std::vector<int64_t> finish() {
+  // for a missing gradient: those items are returned (position, new gradient), the caller sets
+  // the gradient. The new gradient is a torch tensor over the view's buffer where nothing else
+  // holds that buffer (no output, no other input's value: a first step's gradients cost no
+  // copy, and no second copy of them is live at once), else a copy.
+  std::vector<std::pair<int64_t, at::Tensor>> finish() {
     struct Done {
       Handover* h;
       ~Done() { h->release(); }
     } done{this};
-    std::vector<int64_t> left;
+    std::vector<std::pair<int64_t, at::Tensor>> left;
     for (size_t j = 0; j < inplace_.size(); ++j) {
       const auto s = static_cast<size_t>(inplace_[j]);
       const at::Tensor& t = current_[s].tensor;
@@ -568,7 +571,10 @@ class Handover {
       held_[s] = Held{};
       expect_valid_ = false;
       if (is_standin(t.unsafeGetTensorImpl())) {
-        left.push_back(static_cast<int64_t>(j));
+        c10::AutoGradMode no_grad(false);
+        const bool own = impl->data() && impl->data().use_count() == 1;
+        at::Tensor grad = torch_view(lazy_[s]);
+        left.emplace_back(static_cast<int64_t>(j), own ? grad : grad.clone());
         continue;
       }
       c10::AutoGradMode no_grad(false);
@@ -972,9 +978,14 @@ PYBIND11_MODULE(_torch_C, m) {
         for (size_t i = 0; i < v.size(); ++i) out[i] = py::cast(v[i]);
         return out;
       }, py::arg("inputs"), "The lazyrt views of this call's inputs (torch tensors and floats).")
-      .def("finish", &Handover::finish,
-           "After the step ran on views(): bump or copy in the written tensors; returns the in-place "
-           "items whose tensor is a stand-in (the caller sets the gradient from the view).")
+      .def("finish", [](Handover& h) {
+        py::list out;
+        for (auto& [j, grad] : h.finish())
+          out.append(py::make_tuple(j, py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(grad)))));
+        return out;
+      },
+           "After the step ran on views(): bump or copy in the written tensors; returns (position, new "
+           "gradient) for the in-place items whose tensor is a stand-in (the caller sets the gradient).")
       .def("release", &Handover::release, "Drops this call's inputs (a step that failed).");
   py::class_<FastCall>(m, "FastCall", "A whole call of the common kind, without Python (see the source).")
       .def(py::init<const py::dict&>(), py::arg("spec"))

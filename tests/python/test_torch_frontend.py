@@ -1575,3 +1575,55 @@ def test_the_call_guard_sees_the_modes(mode):
         assert not guard.check(args)
         assert quick_key(world, *compiled._found(), args) != key
     assert guard.check(args)
+
+
+# A child process: compiles a step with or without sympy imported first, and reports what the
+# process holds afterwards.
+_SYMPY_CHILD = r"""
+import json, sys
+import torch
+if sys.argv[1] == "sympy first":
+    import sympy
+import lazyrt.torch
+torch.manual_seed(0)
+m = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+x = torch.randn(3, 4)
+def step(x):
+    opt.zero_grad()
+    loss = m(x).square().sum()
+    loss.backward()
+    opt.step()
+    return loss
+loss = float(lazyrt.torch.compile(step)(x))
+report = {"loss": loss, "sympy loaded": "sympy" in sys.modules}
+import torch.fx.experimental.symbolic_shapes as shapes
+report["symbolic mode"] = shapes.HAS_SYMPY
+import sympy
+report["sympy works"] = str(sympy.Symbol("n") * 2) == "2*n"
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("order", ["lazyrt first", "sympy first"])
+def test_capture_does_not_import_sympy(order):
+    """PyTorch 1.13's make_fx imports sympy (0.4 s, 34 MiB) for a symbolic mode lazyrt.torch
+    does not use: the first compile hides it unless the program imported sympy before, and
+    sympy stays importable either way."""
+    import json
+    env = dict(os.environ)
+    package_root = os.path.dirname(os.path.dirname(lazyrt.__file__))
+    env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    done = subprocess.run([sys.executable, "-c", _SYMPY_CHILD, order], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    assert report["loss"] == pytest.approx(float(m(x).square().sum()), rel=1e-5)
+    assert report["sympy works"]
+    if order == "lazyrt first":
+        assert not report["sympy loaded"] and not report["symbolic mode"]
+    else:
+        assert report["sympy loaded"] and report["symbolic mode"]

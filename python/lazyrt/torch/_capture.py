@@ -45,6 +45,30 @@ class CaptureError(RuntimeError):
     """A step lazyrt.torch cannot capture (the message says why)."""
 
 
+def tracing():
+    """PyTorch's tracing machinery, imported on first use: (make_fx, functionalize,
+    FakeTensorMode, FakeTensor).
+
+    PyTorch 1.13 imports sympy with make_fx (torch.fx.experimental.symbolic_shapes, for
+    make_fx's symbolic mode, which lazyrt.torch never uses): about 0.4 s and 34 MiB, more than
+    the rest of the frontend. Where neither sympy nor symbolic_shapes is imported yet, they are
+    imported with sympy hidden; sympy itself stays importable afterwards, but make_fx's symbolic
+    mode then says sympy is missing. A program that wants that mode imports sympy before its
+    first lazyrt.torch.compile.
+    """
+    import sys
+    hide = "torch.fx.experimental.symbolic_shapes" not in sys.modules and "sympy" not in sys.modules
+    if hide:
+        sys.modules["sympy"] = None  # `import sympy` raises ImportError
+    try:
+        from functorch import functionalize, make_fx
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    finally:
+        if hide and sys.modules.get("sympy", 0) is None:
+            del sys.modules["sympy"]
+    return make_fx, functionalize, FakeTensorMode, FakeTensor
+
+
 def _fake_trace(fn, examples, constants_may_require_grad=False):
     """make_fx of fn(examples) over fake tensors: nothing is computed.
 
@@ -56,8 +80,7 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     Such a tensor that requires grad is refused (a parameter of no known module) unless
     `constants_may_require_grad` (loop bodies, which take their weights as values).
     """
-    from functorch import make_fx
-    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    make_fx, _, FakeTensorMode, FakeTensor = tracing()
 
     class TolerantFakeTensorMode(FakeTensorMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -362,7 +385,7 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
     """Captures one call of fn in `world`. Gradients (param indices) in exact_grads and states
     ((optimizer, param index)) in exact_states that are missing are captured as missing instead of
     through a stand-in. Returns a Captured."""
-    from functorch import functionalize
+    functionalize = tracing()[1]
 
     slots, examples = [], []
 

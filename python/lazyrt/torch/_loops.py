@@ -21,7 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import lazyrt
-from lazyrt.torch._capture import CaptureError, _fake_trace
+from lazyrt.torch._capture import CaptureError, _fake_trace, tracing
 from lazyrt.torch._lower import _DTYPES, LoweredGraph
 
 _TORCH_DTYPES = {lazy: t for t, lazy in _DTYPES.items()}
@@ -126,7 +126,7 @@ def _lazy_body(torch_fn, what, inputs):
                                        f"{type(leaf).__name__}")
             return leaves
 
-        from functorch import functionalize
+        functionalize = tracing()[1]
         try:
             with torch.no_grad():
                 gm = _fake_trace(functionalize(flat_fn), examples, constants_may_require_grad=True)

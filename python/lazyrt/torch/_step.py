@@ -405,10 +405,10 @@ class _Entry:
 
         # Written in place: the new values are in the torch tensors' memory (the hand-over
         # bumps their version counters), or copied in where they could not land there.
-        for j in self._handover.finish():  # a missing gradient, written into a stand-in's view
-            (kind, key, _), s, _ = self._inplace[j]
+        for j, grad in self._handover.finish():  # a missing gradient, written into a stand-in's view
+            (kind, key, _), _, _ = self._inplace[j]
             assert kind == "g", kind
-            params[key].grad = lazyrt.to_torch(lazy[s]).clone()
+            params[key].grad = grad
         late = self._items
         with _no_grad_if(late):
             for kind, key, plan in late:
