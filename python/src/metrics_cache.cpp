@@ -28,7 +28,7 @@ void bind_metrics_cache(py::module_& m) {
   j.def("wait_idle", &jit::wait_idle, py::call_guard<py::gil_scoped_release>(),
         "Waits until every module handed to the compiler thread so far is compiled.");
   j.def("shutdown", &jit::shutdown, py::call_guard<py::gil_scoped_release>(),
-        "Generation off for the rest of the process; waits for the module being compiled.");
+        "Generation off for the rest of the process; ends the compile in flight (its module stays interpreted).");
 
   py::module_ c = m.def_submodule("_cache", "The compile cache's settings (cache.h).");
   // Counts and bytes from Python: a negative value is a lazyrt.Error, not a TypeError.

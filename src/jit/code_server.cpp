@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,7 @@
 #include <mutex>
 #include <new>
 #include <sstream>
+#include <utility>
 
 #include "ir/hash.h"
 #include "ir/serialize.h"
@@ -330,6 +332,16 @@ class ProcessGenerator final : public Generator {
       throw Error(detail::str_cat("generated kernels: the compiler ", program_, " cannot be run: ", std::strerror(errno)));
   }
 
+  // The compiler process is killed and the socket shut (not closed: remote() still reads it),
+  // so a compile in flight fails at once instead of running to its end (a large module takes
+  // minutes) while the process waits to exit.
+  void abort() override {
+    aborted_.store(true);
+    std::lock_guard<std::mutex> lock(proc_mu_);
+    if (pid_ > 0) ::kill(pid_, SIGKILL);
+    if (sock_ >= 0) ::shutdown(sock_, SHUT_RDWR);
+  }
+
   std::shared_ptr<void> compile(const std::vector<FusedRegion>& regions, std::vector<FusedFn>& fns) override {
     const std::string request = encode_regions(regions);
     const std::string key = key_of(request);
@@ -365,10 +377,12 @@ class ProcessGenerator final : public Generator {
     std::lock_guard<std::mutex> lock(mu_);
     std::string answer;
     for (int attempt = 0;; ++attempt) {
+      if (aborted_.load()) throw Error("generated kernels: compiling was stopped");
       const bool fresh = sock_ < 0;
       if (fresh) start();
       if (write_frame(sock_, request) && read_frame(sock_, answer) && !answer.empty()) break;
       const std::string how = stop();
+      if (aborted_.load()) throw Error("generated kernels: compiling was stopped");
       if (fresh || attempt > 0) throw Error(detail::str_cat("generated kernels: the compiler process ", how));
     }
     if (answer[0] != 'K') throw Error(answer.substr(1));
@@ -409,25 +423,34 @@ class ProcessGenerator final : public Generator {
       ::close(sv[0]);
       throw Error(detail::str_cat("generated kernels: starting ", program_, ": ", std::strerror(rc)));
     }
-    sock_ = sv[0];
-    pid_ = pid;
+    {
+      std::lock_guard<std::mutex> lock(proc_mu_);
+      sock_ = sv[0];
+      pid_ = pid;
+    }
     metrics::increment("JitCompilerStarts", 1);
+    if (aborted_.load()) abort();  // an abort() that came while it started
   }
 
   // Closes the socket and reaps the process; says how it ended.
   std::string stop() {
-    if (sock_ >= 0) ::close(sock_);
-    sock_ = -1;
+    int sock;
+    pid_t pid;
+    {
+      std::lock_guard<std::mutex> lock(proc_mu_);
+      sock = std::exchange(sock_, -1);
+      pid = std::exchange(pid_, -1);
+    }
+    if (sock >= 0) ::close(sock);
     std::string how = "closed its socket";
-    if (pid_ > 0) {
+    if (pid > 0) {
       int status = 0;
       pid_t r;
-      while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+      while ((r = ::waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
       }
-      if (r == pid_ && WIFSIGNALED(status)) how = "was killed by signal " + std::to_string(WTERMSIG(status));
-      else if (r == pid_ && WIFEXITED(status)) how = "exited with status " + std::to_string(WEXITSTATUS(status));
+      if (r == pid && WIFSIGNALED(status)) how = "was killed by signal " + std::to_string(WTERMSIG(status));
+      else if (r == pid && WIFEXITED(status)) how = "exited with status " + std::to_string(WEXITSTATUS(status));
     }
-    pid_ = -1;
     return how;
   }
 
@@ -436,15 +459,18 @@ class ProcessGenerator final : public Generator {
   // child does not have.
   void after_fork_in_child() {
     new (&mu_) std::mutex();
+    new (&proc_mu_) std::mutex();
     if (sock_ >= 0) ::close(sock_);
     sock_ = -1;
     pid_ = -1;
   }
 
   const std::string program_;
-  std::mutex mu_;
+  std::mutex mu_;       // one request at a time
+  std::mutex proc_mu_;  // sock_ and pid_, changed by the request's thread, read by abort()
   int sock_ = -1;
   pid_t pid_ = -1;
+  std::atomic<bool> aborted_{false};
   ObjectCache objects_;
 };
 

@@ -79,7 +79,8 @@ class Compiler {
     std::unique_lock<std::mutex> lock(mu_);
     idle_.wait(lock, [&] { return pending_ == 0; });
   }
-  // Drops what waits, lets the module being compiled finish, and ends the thread.
+  // Drops what waits, ends the compile in flight (its module keeps running interpreted), and
+  // ends the thread.
   void shutdown() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -88,11 +89,16 @@ class Compiler {
       queue_.clear();
       wake_.notify_one();
     }
+    if (thread_.joinable() && loaded().gen) loaded().gen->abort();
     if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
     std::lock_guard<std::mutex> lock(mu_);
     idle_.notify_all();
   }
   ~Compiler() { shutdown(); }
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  }
 
   // fork(): the child has no compiler thread, and the generator's lock may have been held by
   // it. The child drops the thread's handle and what was queued, and runs the interpreter only
@@ -125,11 +131,13 @@ class Compiler {
         try {
           compile_now(*m);
         } catch (const std::exception& e) {
-          metrics::increment("JitFailures", 1);
-          static std::once_flag warned;
-          std::call_once(warned, [&] {
-            std::fprintf(stderr, "lazyrt: generating kernels failed, the interpreter runs them: %s\n", e.what());
-          });
+          if (!stopping()) {  // else shutdown() ended it
+            metrics::increment("JitFailures", 1);
+            static std::once_flag warned;
+            std::call_once(warned, [&] {
+              std::fprintf(stderr, "lazyrt: generating kernels failed, the interpreter runs them: %s\n", e.what());
+            });
+          }
         }
       }
       m.reset();

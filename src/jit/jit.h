@@ -110,7 +110,7 @@ void compile_now(Module& m);
 /// Waits until every module handed to the background thread so far is compiled (or failed).
 void wait_idle();
 /// Generation off for the rest of the process: drops the modules waiting to be compiled and
-/// waits for the one being compiled. The Python package calls it from its atexit hook, before
+/// ends the one being compiled (Generator::abort; its module stays interpreted). The Python package calls it from its atexit hook, before
 /// the interpreter finalizes; the compiler thread's own static ends it at exit otherwise.
 void shutdown();
 
@@ -127,6 +127,8 @@ class Generator {
   /// Checks that the generator can compile before modules are handed to the compiler thread.
   /// Throws lazyrt::Error.
   virtual void prepare() = 0;
+  /// Ends the compile in flight, if any: compile() throws, now and from then on. Any thread.
+  virtual void abort() = 0;
   /// The generator's version, the LLVM version and the CPU's (code_fingerprint()).
   virtual std::string fingerprint() const = 0;
 };

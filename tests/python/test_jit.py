@@ -1,10 +1,11 @@
 """Generated kernels from Python: values equal to PyTorch's whichever tier runs a graph; a
-process that exits while its compiler thread is compiling exits cleanly, and so does a child
-forked after its parent compiled (it has no compiler thread)."""
+process that exits while its compiler thread is compiling exits cleanly and at once, and so
+does a child forked after its parent compiled (it has no compiler thread)."""
 
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
@@ -65,6 +66,64 @@ def test_a_process_that_exits_while_compiling_exits_cleanly():
     for _ in range(4):
         r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+
+
+# A graph of many distinct fusion regions (a matrix product between each two, so no two fuse;
+# each region's ops spelled by the digits of its index): its module takes the compiler many
+# seconds. The child waits until the compiler process is at work, then exits.
+BIG_MODULE_CHILD = r"""
+import sys, time, numpy as np, lazyrt as lr
+OPS = [lambda v: v.tanh(), lambda v: v.sigmoid(), lambda v: v.abs(), lambda v: -v, lambda v: v * v,
+       lambda v: v + 1.0]
+rng = np.random.default_rng(0)
+x0 = lr.tensor(rng.standard_normal((64, 64)).astype(np.float32))
+w = lr.tensor((rng.standard_normal((64, 64)) / 64).astype(np.float32))
+def run():
+    x = x0
+    for i in range(int(sys.argv[1])):
+        x = x @ w
+        for d in range(4):
+            x = OPS[(i // 6 ** d) % 6](x)
+    return x.numpy()
+for _ in range(3):
+    run()
+t = time.time()
+while lr.metrics.counter("JitCompilerStarts") == 0 and time.time() - t < 60:
+    time.sleep(0.01)
+time.sleep(0.2)
+print("compiling", lr.metrics.counter("JitCompilerStarts"), lr.metrics.counter("JitModules"), flush=True)
+if len(sys.argv) > 2:
+    lr._C._jit.wait_idle()
+    print("compiled", time.time() - t, flush=True)
+"""
+
+
+def test_a_process_that_exits_while_compiling_a_large_module_does_not_wait_for_it():
+    env = dict(os.environ, LAZYRT_JIT="1", LAZYRT_BACKEND="cpu", LAZYRT_CACHE_DIR="")
+    start = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-c", BIG_MODULE_CHILD, "300"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    at_work = time.monotonic()
+    out, err = child.communicate(timeout=600)
+    ended = time.monotonic()
+    assert child.returncode == 0, (child.returncode, err[-2000:])
+    # The compiler process had started and the module was not done when the child began to exit.
+    assert line.split() == ["compiling", "1", "0"], (line, err[-2000:])
+    assert "generating kernels failed" not in err, err[-2000:]
+    # Compiling the module takes the compiler over five seconds (measured alone:
+    # test_a_large_module_takes_the_compiler_long below); exiting takes well under that.
+    assert ended - at_work < 3.0, (ended - at_work, at_work - start)
+
+
+def test_a_large_module_takes_the_compiler_long():
+    """What the test above relies on: the same module, waited for, takes many seconds."""
+    env = dict(os.environ, LAZYRT_JIT="1", LAZYRT_BACKEND="cpu", LAZYRT_CACHE_DIR="")
+    r = subprocess.run([sys.executable, "-c", BIG_MODULE_CHILD, "300", "wait"], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    compiled = [line.split() for line in r.stdout.splitlines() if line.startswith("compiled")]
+    assert compiled and float(compiled[0][1]) > 5.0, r.stdout
 
 
 FORK_CHILD = r"""
