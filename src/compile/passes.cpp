@@ -62,6 +62,42 @@ Graph dead_code_elimination(const Graph& g) {
   return rw.finish();
 }
 
+namespace {
+
+// A reduction whose only bool attribute is `keepdim`.
+bool has_keepdim(OpKind op) {
+  switch (op) {
+    case OpKind::Sum:
+    case OpKind::Mean:
+    case OpKind::Amax:
+    case OpKind::Amin:
+    case OpKind::Prod:
+    case OpKind::Var:
+    case OpKind::Std:
+    case OpKind::Norm:
+    case OpKind::ArgMax:
+    case OpKind::ArgMin: return true;
+    default: return false;
+  }
+}
+
+// Whether a and b are one reduction of one operand, one keeping the reduced dims and the
+// other dropping them: the same values in two shapes (PyTorch's batch-norm decomposition takes
+// the variance both ways).
+bool same_but_keepdim(const Node& a, const Node& b) {
+  if (a.op != b.op || !has_keepdim(a.op) || a.operands != b.operands || a.attrs.values.size() != b.attrs.values.size())
+    return false;
+  int differ = 0;
+  for (size_t k = 0; k < a.attrs.values.size(); ++k) {
+    if (a.attrs.values[k] == b.attrs.values[k]) continue;
+    if (!std::holds_alternative<bool>(a.attrs.values[k])) return false;
+    ++differ;
+  }
+  return differ == 1;
+}
+
+}  // namespace
+
 Graph common_subexpression_elimination(const Graph& g) {
   GraphRewriter rw(g);
   // Buckets by structural hash; equality is checked in full, so collisions cost only time.
@@ -96,6 +132,14 @@ Graph common_subexpression_elimination(const Graph& g) {
         rw.set(static_cast<int32_t>(i), static_cast<int32_t>(k), {match, static_cast<int32_t>(k)});
       continue;
     }
+    // The same reduction with the reduced dims kept (or dropped): its values, reshaped.
+    for (int32_t j : bucket)
+      if (same_but_keepdim(rw.graph().nodes[j], c)) {
+        rw.set(static_cast<int32_t>(i), 0, rw.graph().add(OpKind::Reshape, {{j, 0}}, {n.results[0].shape}));
+        match = j;
+        break;
+      }
+    if (match >= 0) continue;
     rw.graph().nodes.push_back(std::move(c));
     const auto idx = static_cast<int32_t>(rw.graph().nodes.size() - 1);
     for (size_t k = 0; k < n.results.size(); ++k)

@@ -51,6 +51,34 @@ TEST(CommonSubexpressionElimination, MergesEqualNodesAndCommutedOperands) {
             "return %6, %6, %3, %4\n");
 }
 
+TEST(CommonSubexpressionElimination, AReductionWithTheDimsKeptAndDroppedIsComputedOnce) {
+  // PyTorch's batch-norm decomposition takes a batch's variance both ways; a different
+  // correction, other dims or another op are other values.
+  Graph g;
+  ValueRef x = g.add_parameter(f32({4, 3, 2}));
+  auto var = [&](std::vector<int64_t> dims, bool keep, double correction) {
+    return g.add(OpKind::Var, {x}, {std::move(dims), keep, correction});
+  };
+  ValueRef kept = var({0, 2}, true, 0);
+  ValueRef dropped = var({0, 2}, false, 0);
+  ValueRef unbiased = var({0, 2}, false, 1);
+  ValueRef other_dims = var({0}, false, 0);
+  ValueRef sum_kept = g.add(OpKind::Sum, {x}, {std::vector<int64_t>{2}, true});
+  ValueRef sum_dropped = g.add(OpKind::Sum, {x}, {std::vector<int64_t>{2}, false});
+  ValueRef mean_dropped = g.add(OpKind::Mean, {x}, {std::vector<int64_t>{2}, false});
+  g.outputs = {kept, dropped, unbiased, other_dims, sum_dropped, sum_kept, mean_dropped};
+  EXPECT_EQ(ir::to_text(common_subexpression_elimination(g)),
+            "%0 = parameter {index=0} : f32[4, 3, 2]\n"
+            "%1 = var(%0) {dims=[0, 2], keepdim=true, correction=0} : f32[1, 3, 1]\n"
+            "%2 = reshape(%1) {shape=[3]} : f32[3]\n"
+            "%3 = var(%0) {dims=[0, 2], keepdim=false, correction=1} : f32[3]\n"
+            "%4 = var(%0) {dims=[0], keepdim=false, correction=0} : f32[3, 2]\n"
+            "%5 = sum(%0) {dims=[2], keepdim=true} : f32[4, 3, 1]\n"
+            "%6 = reshape(%5) {shape=[4, 3]} : f32[4, 3]\n"
+            "%7 = mean(%0) {dims=[2], keepdim=false} : f32[4, 3]\n"
+            "return %1, %2, %3, %4, %6, %5, %7\n");
+}
+
 TEST(CommonSubexpressionElimination, NeverMergesParameters) {
   Graph g;
   ValueRef x = g.add_parameter(f32({2}));

@@ -1,7 +1,8 @@
 // The reductions' building blocks (sums.h) against plain loops: run_extreme against folding
 // element by element with fold_extreme (the first nan, the first of -0 and +0), and a run's sum
 // given in pieces (Lanes) against run_sum over the whole run, on seeded random runs of every
-// length up to 200 with nans, infinities and signed zeros mixed in.
+// length up to 200 with nans, infinities and signed zeros mixed in; short runs, which run_sum
+// adds in order, against the lanes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,6 +82,22 @@ TEST(Sums, ARunGivenInPiecesSumsAsAWhole) {
     ASSERT_TRUE(same_bits(squares.finish<float>(x.data() + at, n - at, mean, true),
                           run_squared_deviations<float>(x.data(), n, mean)))
         << trial;
+  }
+}
+
+TEST(Sums, AShortRunIsSummedInOrderToTheLanesBits) {
+  // run_sum and run_squared_deviations add runs shorter than two groups in order, without the
+  // lanes; Lanes gives every run its sum the long way.
+  std::mt19937 rng(5);
+  for (int64_t n = 0; n <= 3 * kLanes; ++n) {
+    for (int trial = 0; trial < 300; ++trial) {
+      const std::vector<float> x = run_of(rng, n);
+      const double mean = trial % 2 ? 0.0 : -0.75;
+      ASSERT_TRUE(same_bits(run_sum<float>(x.data(), n), Lanes{}.finish<float>(x.data(), n))) << n << " " << trial;
+      ASSERT_TRUE(same_bits(run_squared_deviations<float>(x.data(), n, mean),
+                            Lanes{}.finish<float>(x.data(), n, mean, true)))
+          << n << " " << trial;
+    }
   }
 }
 

@@ -121,15 +121,35 @@ LAZYRT_ISA_CLONES double run_extreme(const T* x, int64_t n) {
   return m;
 }
 
+// A run shorter than two groups is summed in order: lane k holds at most one element, which
+// it adds to 0 (exactly), finish() adds the lanes to 0 in order and then the rest of the run,
+// so its sum is the elements' own, added in order to 0. The same bits without the call into
+// the cloned loop or the lanes' round trip through memory. Reductions over the channels of
+// small planes (a batch norm's statistics on 2x2 to 4x4 feature maps) are thousands of such
+// runs.
+
 /// The sum of x[0, n), each element read as its compute type C.
 template <class C, class T>
 double run_sum(const T* x, int64_t n) {
+  if (n < 2 * kLanes) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(convert<C>(x[i]));
+    return sum;
+  }
   return Lanes{}.finish<C>(x, n);
 }
 
 /// The sum of (x[i] - mean)^2 over x[0, n).
 template <class C, class T>
 double run_squared_deviations(const T* x, int64_t n, double mean) {
+  if (n < 2 * kLanes) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(convert<C>(x[i]));
+      sum += (v - mean) * (v - mean);
+    }
+    return sum;
+  }
   return Lanes{}.finish<C>(x, n, mean, true);
 }
 
