@@ -75,6 +75,13 @@ template <Tensor (*Reduce)(const Tensor&, std::vector<int64_t>, bool)>
 Tensor reduce_op(const Tensor& a, const Dims& dim, bool keepdim, std::optional<DType> dtype) {
   return Reduce(dtype ? cast(a, *dtype) : a, dim.dims, keepdim);
 }
+// var/std's degrees of freedom subtracted: `correction`, or 1 (0 when unbiased=False), as
+// PyTorch takes one or the other.
+double correction_of(const char* op, std::optional<bool> unbiased, std::optional<double> correction) {
+  if (unbiased && correction) throw Error(std::string(op) + ": give unbiased or correction, not both");
+  if (correction) return *correction;
+  return unbiased.value_or(true) ? 1.0 : 0.0;
+}
 template <Tensor (*Reduce)(const Tensor&, std::vector<int64_t>, bool)>
 Tensor minmax_op(const Tensor& a, const Dims& dim, bool keepdim) {
   return Reduce(a, dim.dims, keepdim);
@@ -363,12 +370,20 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   // ---- reductions and normalization ----
   b.op("prod", [](const Tensor& a, std::optional<int64_t> dim, bool keepdim) { return prod(a, dim, keepdim); },
        arg("dim") = py::none(), arg("keepdim") = false)
-      .op("var", [](const Tensor& a, const Dims& dim, double correction, bool keepdim) {
-        return var(a, dim.dims, correction, keepdim);
-      }, arg("dim") = py::none(), kw_only(), arg("correction") = 1, arg("keepdim") = false)
-      .op("std", [](const Tensor& a, const Dims& dim, double correction, bool keepdim) {
-        return lazyrt::std(a, dim.dims, correction, keepdim);
-      }, arg("dim") = py::none(), kw_only(), arg("correction") = 1, arg("keepdim") = false)
+      // PyTorch's spellings: (dim, unbiased, keepdim), (dim, *, correction, keepdim), (unbiased).
+      .op("var", [](const Tensor& a, bool unbiased) { return var(a, {}, unbiased ? 1 : 0, false); }, arg("unbiased"))
+      .op("var", [](const Tensor& a, const Dims& dim, std::optional<bool> unbiased, bool keepdim,
+                    std::optional<double> correction) {
+        return var(a, dim.dims, correction_of("var", unbiased, correction), keepdim);
+      }, arg("dim") = py::none(), arg("unbiased") = py::none(), arg("keepdim") = false, kw_only(),
+          arg("correction") = py::none())
+      .op("std", [](const Tensor& a, bool unbiased) { return lazyrt::std(a, {}, unbiased ? 1 : 0, false); },
+          arg("unbiased"))
+      .op("std", [](const Tensor& a, const Dims& dim, std::optional<bool> unbiased, bool keepdim,
+                    std::optional<double> correction) {
+        return lazyrt::std(a, dim.dims, correction_of("std", unbiased, correction), keepdim);
+      }, arg("dim") = py::none(), arg("unbiased") = py::none(), arg("keepdim") = false, kw_only(),
+          arg("correction") = py::none())
       .op("logsumexp", [](const Tensor& a, const Dims& dim, bool keepdim) { return logsumexp(a, dim.dims, keepdim); },
           arg("dim"), arg("keepdim") = false)
       .op("argmax", &argmax, arg("dim") = py::none(), arg("keepdim") = false)

@@ -303,6 +303,14 @@ for name in ["var", "std"]:
     case(name, X((3, 5)), kw=dict(dim=1, correction=0), tol32=(1e-5, 1e-6))
     case(name, X((2, 3, 5), layout="lazy_t"), kw=dict(dim=(0, 2), correction=2, keepdim=True), tol32=(1e-5, 1e-6))
     case(name, X((4, 6), layout="strided"), kw=dict(dim=-1, keepdim=True), tol32=(1e-5, 1e-6))
+    # PyTorch's unbiased spellings: by keyword, positionally after dim, and alone.
+    case(name, X((2, 3, 5)), kw=dict(dim=(0, 2), unbiased=False), tol32=(1e-5, 1e-6))
+    case(name, X((3, 5)), kw=dict(unbiased=False), tol32=(1e-5, 1e-6))
+    case(name, X((3, 5)), lfn=lambda x, f=getattr(lr, name): f(x, 1, False, True),
+         tfn=lambda x, f=getattr(torch, name): f(x, 1, False, True), tol32=(1e-5, 1e-6))
+    case(name, X((3, 5)), lfn=lambda x, f=getattr(lr, name): f(x, False),
+         tfn=lambda x, f=getattr(torch, name): f(x, False), tol32=(1e-5, 1e-6))
+    case(name, X((3, 5)), kw=dict(dim=1, unbiased=True, correction=0), refused=True)
 case("logsumexp", X((3, 5), -50.0, 50.0), kw=dict(dim=1), tol32=(1e-6, 1e-5))
 case("logsumexp", X((2, 3, 4), layout="lazy_t"), kw=dict(dim=(0, 1), keepdim=True), tol32=(1e-6, 1e-5))
 case("logsumexp", X((4, 3), layout="strided"), kw=dict(dim=-1))
