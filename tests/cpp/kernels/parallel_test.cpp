@@ -7,11 +7,68 @@
 #include <chrono>
 #include <cmath>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "backend/cpu/kernels/parallel.h"
 
+extern "C" int omp_in_parallel();
+extern "C" int omp_get_num_threads();
+
 namespace lazyrt {
+namespace {
+
+// Runs a test body at n threads, then restores the count it found.
+struct AtThreads {
+  explicit AtThreads(int n) { kernels::set_num_threads(n); }
+  ~AtThreads() { kernels::set_num_threads(before); }
+  int before = kernels::num_threads();
+};
+
+}  // namespace
+
+// The kernels' threads are the calling thread's OpenMP team, the one oneDNN's convolutions run
+// on, so that two sets of threads do not take turns on the CPUs. ThreadSanitizer does not see
+// libgomp's synchronisation: its builds run on lazyrt's own pool.
+TEST(Parallel, KernelsRunOnTheCallersOpenMPTeam) {
+#if defined(__SANITIZE_THREAD__)
+  const bool expect_team = false;
+#else
+  const bool expect_team = true;
+#endif
+  ASSERT_EQ(kernels::runs_on_openmp_team(), expect_team);
+  AtThreads two(2);
+  std::atomic<int> in_team{0}, outside{0};
+  kernels::parallel_for(1 << 20, 1000, [&](int64_t, int64_t) {
+    (omp_in_parallel() && omp_get_num_threads() == 2 ? in_team : outside)++;
+  });
+  EXPECT_EQ(in_team.load() > 0, expect_team);
+  EXPECT_EQ(outside.load() > 0, !expect_team);
+}
+
+// An exception thrown by a chunk, on whichever thread, reaches the caller once every thread is
+// done; the chunks not yet started are skipped, and the next call runs as usual.
+TEST(Parallel, AChunkThatThrowsReachesTheCaller) {
+  AtThreads two(std::max(2, kernels::num_threads()));
+  const int64_t n = 1 << 20;
+  for (const int64_t bad : {int64_t{0}, n - 1, n / 2}) {
+    std::atomic<int64_t> done{0};
+    try {
+      kernels::parallel_for(n, 1000, [&](int64_t b, int64_t e) {
+        if (b <= bad && bad < e) throw std::runtime_error("chunk at " + std::to_string(bad));
+        done += e - b;
+      });
+      ADD_FAILURE() << "no exception for the chunk at " << bad;
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), "chunk at " + std::to_string(bad));
+    }
+    EXPECT_LT(done.load(), n);
+    std::atomic<int64_t> covered{0};
+    kernels::parallel_for(n, 1000, [&](int64_t b, int64_t e) { covered += e - b; });
+    EXPECT_EQ(covered.load(), n) << "after the chunk at " << bad << " threw";
+  }
+}
 
 TEST(Parallel, ChunksCoverTheRangeExactlyOnce) {
   const int64_t n = 1000003;

@@ -1,11 +1,12 @@
-// A small thread pool for kernels over large tensors. parallel_for splits [0, n) into chunks
-// of at least `grain` items and runs them on the pool's workers and the calling thread; below
-// two chunks, or while the pool is busy with another call, it runs inline. Nothing allocates
-// per call, so executables stay allocation-free.
+// Kernels over large tensors run on several threads. parallel_for splits [0, n) into chunks of
+// at least `grain` items, taken through an atomic counter by the calling thread and the others;
+// below two chunks, or while another thread's call is running, it runs inline. A chunk that
+// throws stops the call and its exception reaches the caller. Nothing allocates per call, so
+// executables stay allocation-free.
 //
-// The pool has LAZYRT_NUM_THREADS threads in all (the caller included), by default one per
-// hardware thread; a forked child makes a pool of its own, of its parent's size. Its workers
-// watch for a next job for a moment before they sleep (parallel.cpp).
+// LAZYRT_NUM_THREADS threads in all (the caller included), by default one per hardware thread.
+// They are the calling thread's OpenMP team, the threads oneDNN's kernels run on too; a forked
+// child and ThreadSanitizer builds use a pool of lazyrt's own instead (parallel.cpp says why).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,8 @@ inline constexpr int64_t kParallelGrain = 32768;
 
 int num_threads();
 void set_num_threads(int n);
+/// False in a forked child and in ThreadSanitizer builds, which run on lazyrt's own pool.
+bool runs_on_openmp_team();
 
 /// While alive, the OpenMP team that oneDNN's kernels run on has n threads (one in a process
 /// forked after lazyrt's kernels ran: parallel.cpp says why); then it is as it was, so that the
