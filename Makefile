@@ -129,7 +129,8 @@ check-asan: setup
 
 # `make check-tsan`: ThreadSanitizer, in build-tsan, over the tests that run lazyrt from
 # several threads at once (tests/cpp/threads: tracing, syncing, reads, compiled steps, one
-# persistent cache directory, metrics) and the kernels' thread pool (tests/cpp/kernels). Any
+# persistent cache directory, metrics) and the kernels (tests/cpp/kernels), on lazyrt's own thread
+# pool, which ThreadSanitizer builds use in place of OpenMP's team (kernels/parallel.cpp). Any
 # race report fails it. The pool gets workers however few cores the machine has; OpenBLAS
 # and oneDNN's OpenMP team (OMP_THREAD_LIMIT caps the team the convolution kernels ask for)
 # run single-threaded, as their own threads are not instrumented and TSan cannot see how
