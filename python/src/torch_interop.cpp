@@ -551,12 +551,29 @@ class Handover {
   // for a missing gradient: those items are returned (position, new gradient), the caller sets
   // the gradient. The new gradient is a torch tensor over the view's buffer where nothing else
   // holds that buffer (no output, no other input's value: a first step's gradients cost no
-  // copy, and no second copy of them is live at once), else a copy.
+  // copy, and no second copy of them is live at once), else a copy. Where the only holders of
+  // a buffer are stand-ins' views (the zeros of a zero_grad() at the step's end, one buffer
+  // per shape), the last of them takes the buffer and the others a copy: the copies are then
+  // made with no more memory live than the gradients need.
   std::vector<std::pair<int64_t, at::Tensor>> finish() {
     struct Done {
       Handover* h;
       ~Done() { h->release(); }
     } done{this};
+    struct Holders {
+      long views = 0;  // stand-ins' views of the buffer
+      long left = 0;   // of those, not yet handed over
+    };
+    std::unordered_map<const lz::runtime::Buffer*, Holders> standin_views;
+    for (size_t j = 0; j < inplace_.size(); ++j) {
+      const auto s = static_cast<size_t>(inplace_[j]);
+      const auto& impl = lz::trace::impl_of(lazy_[s]);
+      if (!impl->is_pending() && impl->data() && is_standin(current_[s].tensor.unsafeGetTensorImpl())) {
+        Holders& h = standin_views[impl->data().get()];
+        ++h.views;
+        ++h.left;
+      }
+    }
     std::vector<std::pair<int64_t, at::Tensor>> left;
     for (size_t j = 0; j < inplace_.size(); ++j) {
       const auto s = static_cast<size_t>(inplace_[j]);
@@ -572,7 +589,11 @@ class Handover {
       expect_valid_ = false;
       if (is_standin(t.unsafeGetTensorImpl())) {
         c10::AutoGradMode no_grad(false);
-        const bool own = impl->data() && impl->data().use_count() == 1;
+        bool own = false;
+        if (const auto& data = impl->data(); data && !impl->is_pending()) {
+          Holders& h = standin_views.at(data.get());
+          own = --h.left == 0 && data.use_count() == h.views;
+        }
         at::Tensor grad = torch_view(lazy_[s]);
         left.emplace_back(static_cast<int64_t>(j), own ? grad : grad.clone());
         continue;

@@ -326,6 +326,32 @@ def test_the_first_steps_zero_gradients_are_let_go_once_the_gradients_exist():
     assert held_missing < held_present + grad_bytes / 4, (held_missing, held_present, grad_bytes)
 
 
+def test_first_step_gradients_that_share_one_buffer_each_get_memory_of_their_own():
+    # A fresh model whose step ends with zero_grad(): the compiled step's new gradients are
+    # zeros, one buffer per shape, which the parameters of that shape share. Each parameter's
+    # gradient must still be a tensor of its own (one of them is given the shared buffer, the
+    # others copies): distinct memory, zeros, unchanged by a write into another, and later
+    # steps match eager's.
+    m_eager, o_eager, m_lazy, o_lazy = twins(
+        lambda: (torch.manual_seed(8), nn.Sequential(nn.Linear(6, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(),
+                                                     nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 4)))[1],
+        OPTIMIZERS["sgd_momentum"])
+    eager = standard_step(m_eager, o_eager, nn.MSELoss())
+    lazy = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, nn.MSELoss()))
+    data = batches("mse", n=4, seed=9)
+    close(lazy(*data[0]).item(), eager(*data[0]).item(), "loss 0")
+    grads = [p.grad for p in m_lazy.parameters()]
+    assert all(g is not None and not g.any() for g in grads)
+    assert len({g.data_ptr() for g in grads}) == len(grads), "gradients share memory"
+    for i, g in enumerate(grads):
+        g.add_(float(i + 1))
+        assert all(not h.any() for h in grads[i + 1:]), f"writing gradient {i} changed another"
+        g.zero_()
+    for k in range(1, len(data)):
+        close(lazy(*data[k]).item(), eager(*data[k]).item(), f"loss {k}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"step {k}")
+
+
 def test_a_batch_in_a_parameters_memory_runs_in_eager_on_the_fast_path_too():
     # After calls of the fast kind, a batch that is a view of a weight's memory (the step
     # writes that weight while it reads the batch): the call runs in eager, as the Python path
