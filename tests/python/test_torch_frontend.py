@@ -7,6 +7,7 @@ optimizer.state_dict() (float32, rtol 1e-5).
 """
 
 import copy
+import math
 import os
 import re
 import subprocess
@@ -718,14 +719,14 @@ def test_arange_of_a_float_bound_without_dtype_is_refused():
 
 
 def test_data_dependent_shape_is_refused():
-    # Cross-entropy with label smoothing selects the non-ignored samples (masked_select) in
-    # PyTorch 1.13: a shape that depends on values cannot be captured.
+    # A loss over the positive outputs only (masked_select): a shape that depends on values
+    # cannot be captured.
     torch.manual_seed(0)
     model = mlp(nn.ReLU())
     before = copy.deepcopy(model.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    step = lazyrt.torch.compile(standard_step(model, opt, nn.CrossEntropyLoss(label_smoothing=0.1)),
-                                model=model, optimizer=opt)
+    loss_fn = lambda out, y: torch.masked_select(out, out > 0).mean()  # noqa: E731
+    step = lazyrt.torch.compile(standard_step(model, opt, loss_fn), model=model, optimizer=opt)
     (x, y), = batches("ce", n=1)
     with pytest.raises(lazyrt.torch.CaptureError, match="masked_select"):
         step(x, y)
@@ -1653,3 +1654,111 @@ def test_capture_does_not_import_sympy(order):
         assert not report["sympy loaded"] and not report["symbolic mode"]
     else:
         assert report["sympy loaded"] and report["symbolic mode"]
+
+
+def _train_and_compare(make_model, make_opt, loss_fn, data, no_breaks=True):
+    """Trains make_model() eagerly and a copy through lazyrt.torch.compile on `data`, comparing
+    the losses and the training state after every step; with no_breaks, a graph break fails."""
+    m_eager, o_eager, m_lazy, o_lazy = twins(make_model, make_opt)
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    before = lazyrt.metrics.counter("GraphBreak")
+    for k, (x, y) in enumerate(data):
+        with warnings.catch_warnings():
+            if no_breaks:
+                warnings.simplefilter("error", lazyrt.torch.GraphBreakWarning)
+            got = step(x, y)
+        close(got.item(), eager(x, y).item(), f"loss at step {k}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+    if no_breaks:
+        assert lazyrt.metrics.counter("GraphBreak") == before, "no op ran in eager"
+    assert step.captures == 1
+    return step
+
+
+def _images(channels, spatial, n=STEPS, batch=4, classes=5, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch, channels, *spatial, generator=g), torch.randint(0, classes, (batch,), generator=g))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("spatial", [(6, 5), (7,)], ids=["2d", "1d"])
+def test_group_norm_trains_as_eager(affine, spatial):
+    # torch's native_group_norm and its backward, lowered: statistics per (sample, group) over
+    # the group's channels and positions, the affine parameters' gradients over the rest.
+    def make():
+        torch.manual_seed(0)
+        conv = nn.Conv2d(6, 8, 3, padding=1) if len(spatial) == 2 else nn.Conv1d(6, 8, 3, padding=1)
+        norm = nn.GroupNorm(4, 8, affine=affine)
+        if affine:
+            with torch.no_grad():  # away from torch's ones and zeros, so that a mix-up shows
+                norm.weight.uniform_(0.5, 1.5)
+                norm.bias.uniform_(-0.5, 0.5)
+        return nn.Sequential(conv, norm, nn.SiLU(), nn.Flatten(), nn.Linear(8 * math.prod(spatial), 5))
+    _train_and_compare(make, OPTIMIZERS["sgd_momentum"], nn.CrossEntropyLoss(), _images(6, spatial))
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.emb = nn.Embedding(20, 6)
+        if kind == "lstm":
+            self.rnn = nn.LSTM(6, 8, num_layers=2, batch_first=True)
+        elif kind == "gru_bidirectional":
+            self.rnn = nn.GRU(6, 8, batch_first=True, bidirectional=True)
+        else:
+            self.rnn = nn.RNN(6, 8, nonlinearity="relu")
+        self.batch_first = kind != "rnn"
+        self.head = nn.Linear(self.rnn.hidden_size * (2 if self.rnn.bidirectional else 1), 4)
+
+    def forward(self, tokens):
+        x = self.emb(tokens if self.batch_first else tokens.t())
+        h, _ = self.rnn(x)
+        return self.head(h.mean(1 if self.batch_first else 0))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru_bidirectional", "rnn"])
+def test_recurrent_modules_train_as_eager(kind):
+    # nn.RNN, LSTM and GRU read their weights through a list of their own (_flat_weights), which
+    # the capture must point at the tensors it swaps in, or the weights read as foreign tensors
+    # that require grad.
+    def make():
+        torch.manual_seed(0)
+        return _Recurrent(kind)
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randint(0, 20, (3, 5), generator=g), torch.randint(0, 4, (3,), generator=g)) for _ in range(STEPS)]
+    _train_and_compare(make, OPTIMIZERS["adam"], nn.CrossEntropyLoss(), data)
+
+
+def test_a_piece_between_graph_breaks_may_pass_on_what_an_eager_op_saved(monkeypatch):
+    # Group norm forced to a graph break: its forward runs in eager and autograd saves its mean
+    # and rstd through detach nodes, which the lowered piece between the forward and the
+    # backward only passes on (tensors it does not compute). The piece returns them all the same.
+    from lazyrt.torch import _lower
+    for op in (torch.ops.aten.native_group_norm.default, torch.ops.aten.native_group_norm_backward.default):
+        monkeypatch.delitem(_lower.LOWERINGS, op)
+        _lower._WARNED_BREAKS.discard(_lower.op_name(op))
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(6, 8, 3), nn.GroupNorm(2, 8), nn.Flatten(), nn.Linear(8 * 4 * 3, 5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = _train_and_compare(make, OPTIMIZERS["sgd_momentum"], nn.CrossEntropyLoss(), _images(6, (6, 5)),
+                                  no_breaks=False)
+    breaks = [str(w.message) for w in caught if issubclass(w.category, lazyrt.torch.GraphBreakWarning)]
+    assert sum("native_group_norm" in b for b in breaks) == 2, breaks
+    assert step.traces == 3, "one compiled piece before, between and after the breaks"
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cross_entropy_with_label_smoothing_trains_as_eager(reduction, weighted):
+    # PyTorch 1.13 averages the smoothing term over the targets not ignored through
+    # masked_select, a data-dependent shape; the capture computes the same mean without it.
+    torch.manual_seed(0)
+    weight = torch.rand(4) + 0.5 if weighted else None
+    loss_fn = nn.CrossEntropyLoss(weight=weight, reduction=reduction, label_smoothing=0.2, ignore_index=3)
+    data = batches("ce")  # labels in [0, 4): class 3 is ignored wherever it is the target
+    assert any((y == 3).any() for _, y in data) and all((y != 3).any() for _, y in data)
+    _train_and_compare(lambda: mlp(nn.Tanh()), OPTIMIZERS["sgd_momentum"], loss_fn, data)

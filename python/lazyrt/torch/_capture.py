@@ -103,8 +103,56 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     # values tracing never reads): no memory is made for it.
     cpu = torch.device("cpu")
     fakes = [mode.fake_tensor_converter(mode, e, cpu) if e.is_meta else mode.from_tensor(e) for e in examples]
-    with mode:
+    with mode, _cross_entropy_without_masked_select():
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
+
+
+def _cross_entropy(input, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy over class indices with label smoothing, as PyTorch
+    1.13's kernel computes it but for the mean of the smoothing term over the targets not
+    ignored: PyTorch takes it through masked_select, whose result has a data-dependent shape
+    (which a captured graph cannot hold); this divides the term's sum by their count."""
+    class_dim = 0 if input.dim() == 1 else 1
+    classes = input.shape[class_dim]
+    logp = torch.log_softmax(input, class_dim)
+    nll = torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index,
+                                       reduction=("none", "mean", "sum")[reduction])
+    ignored = target == ignore_index
+    if weight is not None:
+        shape = [1] * input.dim()
+        shape[class_dim] = classes
+        smooth = -(logp * weight.reshape(shape)).sum(class_dim)
+    else:
+        smooth = -logp.sum(class_dim)
+    smooth = smooth.masked_fill(ignored, 0.0)
+    if reduction == 1:
+        if weight is not None:  # PyTorch: the weights of the targets not ignored
+            count = weight.gather(0, target.masked_fill(ignored, 0).flatten()).masked_fill(ignored.flatten(), 0).sum()
+        else:
+            count = (~ignored).sum()
+        smooth = smooth.sum() / count
+    elif reduction == 2:
+        smooth = smooth.sum()
+    return nll * (1 - label_smoothing) + smooth * (label_smoothing / classes)
+
+
+class _cross_entropy_without_masked_select:
+    """While a step is traced, torch's cross_entropy with label smoothing over class indices is
+    _cross_entropy; every other case is PyTorch's own."""
+
+    def __enter__(self):
+        self.original = original = torch._C._nn.cross_entropy_loss
+
+        def cross_entropy_loss(input, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
+            if label_smoothing > 0 and not target.is_floating_point():
+                return _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothing)
+            return original(input, target, weight, reduction, ignore_index, label_smoothing)
+
+        torch._C._nn.cross_entropy_loss = cross_entropy_loss
+        return self
+
+    def __exit__(self, *exc):
+        torch._C._nn.cross_entropy_loss = self.original
 
 
 _DECOMPOSED = None
@@ -452,6 +500,13 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
                         table = sub._parameters if places is world.param_places else sub._buffers
                         restore.append((table, name, table[name]))
                         table[name] = inputs[s[i]]
+            # A recurrent module (nn.RNN, LSTM, GRU) runs on its list of its weights, which
+            # setattr keeps up to date but the tables above bypass: rebuilt from the tables.
+            for sub in {id(sub): sub for where in world.param_places for sub, _ in where}.values():
+                names = getattr(sub, "_flat_weights_names", None)
+                if names is not None and hasattr(sub, "_flat_weights"):
+                    restore.append(("flat_weights", sub, sub._flat_weights))
+                    sub._flat_weights = [getattr(sub, wn) if hasattr(sub, wn) else None for wn in names]
             for i, p in enumerate(proxies):
                 p.grad = inputs[grad_slot[i]] if i in grad_slot else None
             for oi, o in enumerate(world.optimizers):
@@ -530,6 +585,8 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
                     for g, params, lr in saved_groups:
                         g["params"], g["lr"] = params, lr
                     o.state = saved_state
+                elif entry[0] == "flat_weights":
+                    entry[1]._flat_weights = entry[2]
                 else:
                     table, name, value = entry
                     table[name] = value

@@ -204,6 +204,16 @@ def _logical_not(e, x):
     return _C.logical_not(x)
 
 
+@lowering(aten.bitwise_not.default)  # of bool only (REFUSALS): logical not
+def _bitwise_not(e, x):
+    return _C.logical_not(x)
+
+
+@lowering(aten.gather.default)
+def _gather(e, x, dim, index, sparse_grad=False):
+    return _C.gather(x, dim, index)
+
+
 @lowering(aten.logical_and.default)
 def _logical_and(e, a, b):
     return _C.logical_and(a, b)
@@ -551,6 +561,11 @@ def _split_with_sizes(e, x, split_sizes, dim=0):
     return list(lazyrt.split(x, list(split_sizes), dim))
 
 
+@lowering(aten.unbind.int)
+def _unbind(e, x, dim=0):
+    return [_select(None, x, dim, i) for i in range(x.shape[dim])]
+
+
 @lowering(aten.stack.default)
 def _stack(e, tensors, dim=0):
     return _C.stack([_cast(t, e.dtype) for t in tensors], dim)
@@ -687,6 +702,47 @@ def _native_layer_norm_backward(e, grad, x, normalized_shape, mean, rstd, weight
         dw = _C.sum(grad * xhat, lead, False) if lead else grad * xhat
     if output_mask[2] and bias is not None:
         db = _C.sum(grad, lead, False) if lead else grad
+    return [dx, dw, db]
+
+
+# ---- group norm: (out, mean, rstd) over [N, group, C / group * HxW], as torch's kernel ---------
+
+def _per_channel(w, dim):
+    """A [C] tensor shaped to broadcast over the channels of a [N, C, *] tensor of `dim` dims."""
+    return _C.reshape(w, (1, -1) + (1,) * (dim - 2))
+
+
+@lowering(aten.native_group_norm.default)
+def _native_group_norm(e, x, weight, bias, N, C, HxW, group, eps):
+    g = _C.reshape(x, (N, group, -1))
+    mean = _C.mean(g, [2], True)
+    centered = g - mean
+    rstd = _C.rsqrt(_C.mean(centered * centered, [2], True) + eps)
+    out = _C.reshape(centered * rstd, tuple(x.shape))
+    if weight is not None:
+        out = out * _per_channel(weight, x.dim())
+    if bias is not None:
+        out = out + _per_channel(bias, x.dim())
+    return [out, _C.reshape(mean, (N, group)), _C.reshape(rstd, (N, group))]
+
+
+@lowering(aten.native_group_norm_backward.default)
+def _native_group_norm_backward(e, grad, x, mean, rstd, weight, N, C, HxW, group, output_mask):
+    # As layer norm's, per group: with xhat = (x - mean) * rstd and g the gradient times the
+    # weight, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) over each group's elements; the
+    # weight's and bias's gradients sum over all but the channels.
+    shape, grouped = tuple(x.shape), (N, group, -1)
+    mean3, rstd3 = _C.reshape(mean, (N, group, 1)), _C.reshape(rstd, (N, group, 1))
+    xhat = (_C.reshape(x, grouped) - mean3) * rstd3
+    dx = dw = db = None
+    if output_mask[0]:
+        g = _C.reshape(grad * _per_channel(weight, x.dim()) if weight is not None else grad, grouped)
+        dx = _C.reshape(rstd3 * (g - _C.mean(g, [2], True) - xhat * _C.mean(g * xhat, [2], True)), shape)
+    others = [0] + list(range(2, x.dim()))
+    if output_mask[1]:
+        dw = _C.sum(grad * _C.reshape(xhat, shape), others, False)
+    if output_mask[2]:
+        db = _C.sum(grad, others, False)
     return [dx, dw, db]
 
 
@@ -827,7 +883,13 @@ def _convolution_backward(e, grad, x, w, bias_sizes, stride, padding, dilation, 
 # Ops lowered for some of their attributes only: op -> fn(node) giving why that node is not
 # lowered (None when it is). LoweredGraph treats such a node as an op without a lowering: a
 # graph break where breaks are allowed, UnsupportedOperatorError elsewhere.
-REFUSALS = {aten.convolution.default: _conv_refusal, aten.convolution_backward.default: _conv_refusal}
+def _bitwise_not_refusal(node):
+    dtype = node.meta["val"].dtype
+    return None if dtype == torch.bool else f"of {dtype}: lowered for bool only"
+
+
+REFUSALS = {aten.convolution.default: _conv_refusal, aten.convolution_backward.default: _conv_refusal,
+            aten.bitwise_not.default: _bitwise_not_refusal}
 
 
 def _pool_window(kernel_size, stride, padding, dilation):
@@ -1097,7 +1159,16 @@ class _Piece:
         env = dict(zip(self.needs, values))
         for n in self.nodes:
             _lower_node(n, self.expect[n], env)
-        return [env[n] for n in self.gives]
+        # A compiled step returns what it computes: a value the piece only passes on (an input,
+        # or the detach of one, such as statistics an eager op saved for its backward) leaves
+        # through an identity op (x * 1 keeps every value's bits; x | x for bool).
+        return [_computed(env[n]) for n in self.gives]
+
+
+def _computed(v):
+    if not _is_tensor(v) or v.is_pending():
+        return v
+    return v | v if v.dtype == _C.bool else v * 1
 
 
 def _pieces(nodes, eager, roots):
