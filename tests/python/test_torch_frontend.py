@@ -1762,3 +1762,32 @@ def test_cross_entropy_with_label_smoothing_trains_as_eager(reduction, weighted)
     data = batches("ce")  # labels in [0, 4): class 3 is ignored wherever it is the target
     assert any((y == 3).any() for _, y in data) and all((y != 3).any() for _, y in data)
     _train_and_compare(lambda: mlp(nn.Tanh()), OPTIMIZERS["sgd_momentum"], loss_fn, data)
+
+
+MORE_OPTIMIZERS = {
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=5e-2, lr_decay=1e-2, weight_decay=1e-2, initial_accumulator_value=0.1),
+    "adamax": lambda p: torch.optim.Adamax(p, lr=2e-2, weight_decay=1e-2),
+    "adamax_maximize": lambda p: torch.optim.Adamax(p, lr=2e-2, maximize=True),
+    "nadam": lambda p: torch.optim.NAdam(p, lr=2e-2, weight_decay=1e-2),
+    "radam": lambda p: torch.optim.RAdam(p, lr=2e-2, weight_decay=1e-2),
+}
+
+
+@pytest.mark.parametrize("opt_name", list(MORE_OPTIMIZERS))
+def test_more_optimizers_train_as_eager_with_one_capture(opt_name):
+    # PyTorch 1.13's Adagrad, Adamax, NAdam and RAdam read their step count with .item(), which
+    # a capture cannot: their updates are replaced by the same arithmetic over the step tensor
+    # and a learning-rate input. 8 steps: RAdam's rectified branch starts at step 6. A scheduler
+    # changes the learning rate halfway without a recapture.
+    torch.manual_seed(0)
+    m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.Tanh(), seed=3), MORE_OPTIMIZERS[opt_name])
+    s_eager, s_lazy = (torch.optim.lr_scheduler.StepLR(o, step_size=4, gamma=0.5) for o in (o_eager, o_lazy))
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    for k, (x, y) in enumerate(batches("mse", n=8)):
+        close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+        s_eager.step()
+        s_lazy.step()
+    assert step.captures == 1 and step.traces == 1

@@ -1,16 +1,16 @@
 """The optimizers lazyrt.torch knows: their update rules, written with the learning rate (and
-Adam's step count) as tensors, and the state a fresh optimizer creates on its first step.
+the step count) as tensors, and the state a fresh optimizer creates on its first step.
 
-PyTorch 1.13's SGD, Adam and AdamW take the learning rate as a Python float and Adam/AdamW read
-their step count with ``.item()`` (unless ``capturable=True``, which insists on CUDA). A graph
-captured with those would hold the learning rate as a constant and could not be captured at all
-(``.item()`` has no value while tracing). During a capture the module-level update functions the
-optimizers' ``step()`` calls (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam``,
-``torch.optim.adamw.adamw``) are replaced by the ones below: the same arithmetic, with the
-learning rate a 0-d float64 tensor (an input of the graph, so a scheduler changes it without a
-recapture) and the bias corrections computed from the step count tensor, in float64 as eager
-computes them in Python floats. ``foreach=True`` groups take the same per-tensor path (one
-graph either way; lazyrt fuses the elementwise work itself).
+PyTorch 1.13's SGD, Adam, AdamW, Adagrad, Adamax, NAdam and RAdam take the learning rate as a
+Python float, and all but SGD read their step count with ``.item()`` (unless
+``capturable=True``, which insists on CUDA, where it exists). A graph captured with those would
+hold the learning rate as a constant and could not be captured at all (``.item()`` has no value
+while tracing). During a capture the module-level update functions the optimizers' ``step()``
+calls (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam``, ...) are replaced by the ones below:
+the same arithmetic, with the learning rate a 0-d float64 tensor (an input of the graph, so a
+scheduler changes it without a recapture) and the scalars eager computes from the step count in
+Python floats computed from the step count tensor in float64. ``foreach=True`` groups take the
+same per-tensor path (one graph either way; lazyrt fuses the elementwise work itself).
 
 Everything else about ``step()`` stays the optimizer's own: which parameters have gradients,
 state initialisation, ``zero_grad``.
@@ -97,12 +97,99 @@ def _adamw_update(record, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs,
                  maximize=maximize)
 
 
+def _adagrad_update(record, params, grads, state_sums, state_steps, *_, lr, weight_decay, lr_decay, eps, maximize,
+                    **_ignored):
+    for param, grad, state_sum, step_t in zip(params, grads, state_sums, state_steps):
+        record(param)
+        step_t.add_(1)
+        grad = grad if not maximize else _neg(grad)
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        # clr = lr / (1 + (step - 1) * lr_decay), in float64 (eager: Python floats from .item()).
+        clr = lr / (step_t.to(torch.float64).sub(1).mul(lr_decay).add(1))
+        state_sum.addcmul_(grad, grad, value=1)
+        std = state_sum.sqrt().add_(eps)
+        # param += (-clr * grad) / std, in the order of eager's addcdiv.
+        param.add_(grad * clr.neg().to(param.dtype) / std)
+
+
+def _adamax_update(record, params, grads, exp_avgs, exp_infs, state_steps, *_, eps, beta1, beta2, lr, weight_decay,
+                   maximize=False, **_ignored):
+    for i, param in enumerate(params):
+        record(param)
+        grad = grads[i] if not maximize else _neg(grads[i])
+        exp_avg, exp_inf, step_t = exp_avgs[i], exp_infs[i], state_steps[i]
+        step_t.add_(1)
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        # Eager: the amax of the stacked (exp_inf * beta2, |grad| + eps), written into exp_inf.
+        exp_inf.copy_(torch.maximum(exp_inf.mul(beta2), grad.abs().add(eps)))
+        clr = lr / torch.pow(beta1, step_t.to(torch.float64)).neg().add(1)
+        param.add_(exp_avg * clr.neg().to(param.dtype) / exp_inf)
+
+
+def _nadam_update(record, params, grads, exp_avgs, exp_avg_sqs, mu_products, state_steps, *_, beta1, beta2, lr,
+                  weight_decay, momentum_decay, eps, **_ignored):
+    for i, param in enumerate(params):
+        record(param)
+        grad, exp_avg, exp_avg_sq, mu_product = grads[i], exp_avgs[i], exp_avg_sqs[i], mu_products[i]
+        step_t = state_steps[i]
+        step_t.add_(1)
+        step = step_t.to(torch.float64)  # eager: Python floats from .item()
+        bias_correction2 = torch.pow(beta2, step).neg().add(1)
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        mu = torch.pow(0.96, step * momentum_decay).mul(-0.5).add(1).mul(beta1)
+        mu_next = torch.pow(0.96, (step + 1) * momentum_decay).mul(-0.5).add(1).mul(beta1)
+        # mu_product is a float32 tensor in eager too: its products round there.
+        mu_product.mul_(mu.to(mu_product.dtype))
+        mu_product_next = mu_product * mu.to(mu_product.dtype) * mu_next.to(mu_product.dtype)
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = exp_avg_sq.div(bias_correction2.to(param.dtype)).sqrt().add_(eps)
+        # The two addcdivs, their values in float64 as eager's Python floats.
+        value = -lr * mu.neg().add(1) / mu_product.to(torch.float64).neg().add(1)
+        param.add_(grad * value.to(param.dtype) / denom)
+        value_next = -lr * mu_next / mu_product_next.to(torch.float64).neg().add(1)
+        param.add_(exp_avg * value_next.to(param.dtype) / denom)
+
+
+def _radam_update(record, params, grads, exp_avgs, exp_avg_sqs, state_steps, *_, beta1, beta2, lr, weight_decay, eps,
+                  **_ignored):
+    rho_inf = 2 / (1 - beta2) - 1
+    for i, param in enumerate(params):
+        record(param)
+        grad, exp_avg, exp_avg_sq, step_t = grads[i], exp_avgs[i], exp_avg_sqs[i], state_steps[i]
+        step_t.add_(1)
+        step = step_t.to(torch.float64)  # eager: Python floats from .item()
+        bias_correction1 = torch.pow(beta1, step).neg().add(1)
+        bias_correction2 = torch.pow(beta2, step).neg().add(1)
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_corrected_exp_avg = exp_avg / bias_correction1.to(param.dtype)
+        rho_t = rho_inf - 2 * step * torch.pow(beta2, step) / bias_correction2
+        # Eager branches on rho_t > 5 in Python; here both are computed and one is taken (the
+        # other's square root of a negative number is never used).
+        rect = ((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)).sqrt()
+        adaptive_lr = bias_correction2.sqrt().to(param.dtype) / exp_avg_sq.sqrt().add_(eps)
+        lr_p = _lr_as(lr, param)
+        rectified = bias_corrected_exp_avg * lr_p * adaptive_lr * rect.to(param.dtype)
+        param.sub_(torch.where(rho_t > 5.0, rectified, bias_corrected_exp_avg * lr_p))
+
+
 # class -> (module whose update function step() calls, that function's name, our replacement)
 # (torch.optim deletes the submodule names from its namespace: import them by name.)
 _UPDATES = {
     torch.optim.SGD: (importlib.import_module("torch.optim.sgd"), "sgd", _sgd_update),
     torch.optim.Adam: (importlib.import_module("torch.optim.adam"), "adam", _adam_update),
     torch.optim.AdamW: (importlib.import_module("torch.optim.adamw"), "adamw", _adamw_update),
+    torch.optim.Adagrad: (importlib.import_module("torch.optim.adagrad"), "adagrad", _adagrad_update),
+    torch.optim.Adamax: (importlib.import_module("torch.optim.adamax"), "adamax", _adamax_update),
+    torch.optim.NAdam: (importlib.import_module("torch.optim.nadam"), "nadam", _nadam_update),
+    torch.optim.RAdam: (importlib.import_module("torch.optim.radam"), "radam", _radam_update),
 }
 
 # Group options none of the replacements handles: such an optimizer runs its own code.
@@ -136,13 +223,21 @@ def initial_state(optimizer, group, param, device=None):
             return None
         # With dampening 0, momentum * 0 + gradient is the gradient exactly.
         return {"momentum_buffer": torch.zeros_like(param, memory_format=torch.preserve_format, device=device)}
-    state = {
-        "step": torch.tensor(0.0, device=device),
-        "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format, device=device),
-        "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format, device=device),
-    }
+    zeros = lambda: torch.zeros_like(param, memory_format=torch.preserve_format, device=device)  # noqa: E731
+    if kind is torch.optim.Adagrad:  # made by the constructor; again here for parameters added since
+        return {"step": torch.tensor(0.0, device=device),
+                "sum": torch.full_like(param, group["initial_accumulator_value"],
+                                       memory_format=torch.preserve_format, device=device)}
+    if kind is torch.optim.Adamax:
+        return {"step": torch.tensor(0.0, device=device), "exp_avg": zeros(), "exp_inf": zeros()}
+    if kind is torch.optim.NAdam:
+        return {"step": torch.tensor(0.0, device=device), "mu_product": torch.tensor(1.0, device=device),
+                "exp_avg": zeros(), "exp_avg_sq": zeros()}
+    if kind is torch.optim.RAdam:
+        return {"step": torch.tensor(0.0, device=device), "exp_avg": zeros(), "exp_avg_sq": zeros()}
+    state = {"step": torch.tensor(0.0, device=device), "exp_avg": zeros(), "exp_avg_sq": zeros()}
     if group["amsgrad"]:
-        state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format, device=device)
+        state["max_exp_avg_sq"] = zeros()
     return state
 
 
