@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import lazyrt
 import lazyrt.metrics
@@ -1791,3 +1792,59 @@ def test_more_optimizers_train_as_eager_with_one_capture(opt_name):
         s_eager.step()
         s_lazy.step()
     assert step.captures == 1 and step.traces == 1
+
+
+class _Apply(nn.Module):
+    """Linear layers around fn, on [batch, 6] inputs ([batch, 2, 5, 6] images for 'image' cases)."""
+
+    def __init__(self, fn, image):
+        super().__init__()
+        self.fn, self.image = fn, image
+        self.pre = nn.Conv2d(2, 3, 3, padding=1) if image else nn.Linear(6, 12)
+        with torch.no_grad():
+            width = torch.flatten(fn(self.pre(torch.zeros((1, 2, 5, 6) if image else (1, 6)))), 1).shape[1]
+        self.post = nn.Linear(width, 4)
+
+    def forward(self, x):
+        return self.post(torch.flatten(self.fn(self.pre(x)), 1))
+
+
+_LOWERED_OPS = {  # name -> (fn, image input)
+    "elu": (lambda t: F.elu(t, alpha=0.7), False),
+    "celu": (lambda t: F.celu(t, alpha=1.3), False),
+    "selu": (F.selu, False),
+    "hardtanh": (lambda t: F.hardtanh(t, -0.5, 0.8), False),
+    "relu6": (F.relu6, False),
+    "hardsigmoid": (lambda t: F.hardsigmoid(t * 4), False),
+    "hardswish": (lambda t: F.hardswish(t * 4), False),
+    "logsigmoid": (lambda t: F.logsigmoid(t * 3), False),
+    "glu": (F.glu, False),
+    "xlogy": (lambda t: torch.xlogy(t.relu(), t.sigmoid()), False),
+    "cumsum_flip": (lambda t: t.cumsum(1).flip(1) - t.flip(-1), False),
+    "logsumexp_std": (lambda t: torch.logsumexp(t, 1, keepdim=True) * t.std(1, keepdim=True) + t, False),
+    "triu_tril": (lambda t: t * torch.triu(torch.ones(12, 12), 1).mean(0) + torch.tril(t.reshape(-1, 3, 4)).flatten(1),
+                  False),
+    "constant_pad": (lambda t: F.pad(t, (1, 2, 0, 1), value=0.5), True),
+    "reflection_pad2d": (lambda t: F.pad(t, (2, 1, 1, 2), mode="reflect"), True),
+    "reflection_pad1d": (lambda t: F.pad(t.flatten(2), (3, 2), mode="reflect"), True),
+    "replication_pad2d": (lambda t: F.pad(t, (1, 2, 2, 1), mode="replicate"), True),
+    "replication_pad1d": (lambda t: F.pad(t.flatten(2), (2, 3), mode="replicate"), True),
+    "bilinear_size": (lambda t: F.interpolate(t, size=(7, 11), mode="bilinear", align_corners=False), True),
+    "bilinear_scale": (lambda t: F.interpolate(t, scale_factor=1.5, mode="bilinear", align_corners=False), True),
+    "bilinear_corners": (lambda t: F.interpolate(t, scale_factor=2, mode="bilinear", align_corners=True), True),
+}
+
+
+@pytest.mark.parametrize("name", list(_LOWERED_OPS))
+def test_more_ops_are_lowered_forward_and_backward(name):
+    # Activations, reductions, padding modes and bilinear resizing that used to be graph breaks:
+    # each trains inside a step against eager with no op left to PyTorch.
+    fn, image = _LOWERED_OPS[name]
+    g = torch.Generator().manual_seed(4)
+    data = [(torch.randn(3, 2, 5, 6, generator=g) if image else torch.randn(3, 6, generator=g),
+             torch.randn(3, 4, generator=g)) for _ in range(STEPS)]
+
+    def make():
+        torch.manual_seed(0)
+        return _Apply(fn, image)
+    _train_and_compare(make, OPTIMIZERS["sgd_momentum"], nn.MSELoss(), data)

@@ -278,6 +278,175 @@ def _gelu_backward(e, grad, x, approximate="none"):
     return _C.mul(grad, _C.add(cdf, _C.mul(x, pdf)))
 
 
+# ---- more activations, forward and backward, as ATen's CPU kernels compute them -----------
+
+@lowering(aten.elu.default)
+def _elu(e, x, alpha=1, scale=1, input_scale=1):
+    # scale * x where x > 0, else alpha * scale * expm1(x * input_scale)
+    x = _cast(x, e.dtype)
+    negative = _C.mul(_C.expm1(_C.mul(x, input_scale)), alpha * scale)
+    return _C.where(_C.gt(x, 0.0), _C.mul(x, scale), negative)
+
+
+@lowering(aten.celu.default)
+def _celu(e, x, alpha=1.0):
+    return _elu(e, x, alpha, 1.0, 1.0 / alpha)
+
+
+@lowering(aten.elu_backward.default)
+def _elu_backward(e, grad, alpha, scale, input_scale, is_result, self_or_result):
+    grad, v = _cast(grad, e.dtype), self_or_result
+    if is_result:  # from the result y: the slope below 0 is input_scale * (y + alpha * scale)
+        slope = _C.mul(_C.add(v, alpha * scale), input_scale)
+    else:
+        slope = _C.mul(_C.exp(_C.mul(v, input_scale)), input_scale * alpha * scale)
+    return _C.where(_C.le(v, 0.0), _C.mul(grad, slope), _C.mul(grad, scale))
+
+
+@lowering(aten.hardtanh.default)
+def _hardtanh(e, x, min_val=-1, max_val=1):
+    return _C.clamp(_cast(x, e.dtype), min_val, max_val)
+
+
+@lowering(aten.hardtanh_backward.default)
+def _hardtanh_backward(e, grad, x, min_val, max_val):
+    outside = _C.logical_or(_C.le(x, min_val), _C.ge(x, max_val))
+    return _C.where(outside, 0.0, _cast(grad, e.dtype))
+
+
+@lowering(aten.hardsigmoid.default)
+def _hardsigmoid(e, x):
+    return _C.div(_C.clamp(_C.add(_cast(x, e.dtype), 3.0), 0.0, 6.0), 6.0)
+
+
+@lowering(aten.hardsigmoid_backward.default)
+def _hardsigmoid_backward(e, grad, x):
+    inside = _C.logical_and(_C.gt(x, -3.0), _C.lt(x, 3.0))
+    return _C.where(inside, _C.div(_cast(grad, e.dtype), 6.0), 0.0)
+
+
+@lowering(aten.hardswish.default)
+def _hardswish(e, x):
+    x = _cast(x, e.dtype)
+    return _C.div(_C.mul(x, _C.clamp(_C.add(x, 3.0), 0.0, 6.0)), 6.0)
+
+
+@lowering(aten.hardswish_backward.default)
+def _hardswish_backward(e, grad, x):
+    grad = _cast(grad, e.dtype)
+    middle = _C.mul(grad, _C.add(_C.div(x, 3.0), 0.5))
+    return _C.where(_C.lt(x, -3.0), 0.0, _C.where(_C.le(x, 3.0), middle, grad))
+
+
+@lowering(aten.log_sigmoid_forward.default)
+def _log_sigmoid_forward(e, x):
+    # min(x, 0) - log1p(exp(-|x|)); the buffer (exp(-|x|), what torch's kernel keeps) is not read
+    z = _C.exp(_C.neg(_C.abs(x)))
+    return [_C.sub(_C.clamp(x, max=0.0), _C.log1p(z)), z]
+
+
+@lowering(aten.log_sigmoid_backward.default)
+def _log_sigmoid_backward(e, grad, x, buffer):
+    return _C.mul(_cast(grad, e.dtype), _C.sigmoid(_C.neg(x)))  # d/dx log sigmoid(x) = sigmoid(-x)
+
+
+@lowering(aten.glu.default)
+def _glu(e, x, dim=-1):
+    a, b = lazyrt.split(x, x.shape[dim] // 2, dim)
+    return _C.mul(a, _C.sigmoid(b))
+
+
+@lowering(aten.glu_backward.default)
+def _glu_backward(e, grad, x, dim):
+    a, b = lazyrt.split(x, x.shape[dim] // 2, dim)
+    sb = _C.sigmoid(b)
+    return _C.cat([_C.mul(grad, sb), _C.mul(_C.mul(_C.mul(grad, a), sb), _C.add(_C.neg(sb), 1.0))], dim % x.dim())
+
+
+@lowering(aten.xlogy.Tensor)
+def _xlogy(e, x, y):
+    x, y = _cast(x, e.dtype), _cast(y, e.dtype)
+    # 0 where x is 0 (unless y is nan), x * log(y) elsewhere
+    keep = _C.logical_or(_C.ne(x, 0.0), _C.ne(y, y))
+    return _C.where(keep, _C.mul(x, _C.log(y)), 0.0)
+
+
+# ---- more reductions and reorderings ----------------------------------------------------------
+
+@lowering(aten.cumsum.default)
+def _cumsum(e, x, dim, dtype=None):
+    return _C.cumsum(_cast(x, e.dtype), dim)
+
+
+@lowering(aten.logsumexp.default)
+def _logsumexp(e, x, dim, keepdim=False):
+    return _C.logsumexp(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), keepdim)
+
+
+@lowering(aten.std.correction)
+def _std(e, x, dim=None, correction=None, keepdim=False):
+    return _C.std(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), keepdim=keepdim,
+                  correction=1 if correction is None else correction)
+
+
+@lowering(aten.flip.default)
+def _flip(e, x, dims):
+    return _C.flip(x, [d % x.dim() for d in dims])
+
+
+@lowering(aten.triu.default)
+def _triu(e, x, diagonal=0):
+    return _C.triu(x, diagonal)
+
+
+@lowering(aten.tril.default)
+def _tril(e, x, diagonal=0):
+    return _C.tril(x, diagonal)
+
+
+# ---- padding and resizing: forward by lazyrt.nn.functional, backward its vector-Jacobian product
+
+@lowering(aten.constant_pad_nd.default)
+def _constant_pad_nd(e, x, pad, value=0):
+    return lazyrt.nn.functional.pad(x, list(pad), mode="constant", value=value)
+
+
+def _pad_mode(mode):
+    def forward(e, x, padding):
+        return lazyrt.nn.functional.pad(x, list(padding), mode=mode)
+
+    def backward(e, grad, x, padding):
+        return _vjp(lambda t: lazyrt.nn.functional.pad(t, list(padding), mode=mode), [x], grad, [True])[0]
+    return forward, backward
+
+
+for _n, _mode in ((1, "reflect"), (2, "reflect"), (1, "replicate"), (2, "replicate")):
+    _fw, _bw = _pad_mode(_mode)
+    _name = {"reflect": "reflection", "replicate": "replication"}[_mode]
+    lowering(getattr(aten, f"{_name}_pad{_n}d").default)(_fw)
+    lowering(getattr(aten, f"{_name}_pad{_n}d_backward").default)(_bw)
+del _n, _mode, _fw, _bw, _name
+
+
+def _bilinear(size, scale_factors, align_corners):
+    # With scale factors torch maps coordinates by them (not by the sizes' ratio): so does lazyrt.
+    if scale_factors:
+        return lambda t: lazyrt.nn.functional.interpolate(t, scale_factor=list(scale_factors), mode="bilinear",
+                                                          align_corners=align_corners)
+    return lambda t: lazyrt.nn.functional.interpolate(t, size=list(size), mode="bilinear", align_corners=align_corners)
+
+
+@lowering(aten.upsample_bilinear2d.vec)
+def _upsample_bilinear2d(e, x, output_size, align_corners, scale_factors):
+    return _bilinear(output_size, scale_factors, align_corners)(x)
+
+
+@lowering(aten.upsample_bilinear2d_backward.vec)
+def _upsample_bilinear2d_backward(e, grad, output_size, input_size, align_corners, scale_factors):
+    x = _C.zeros(tuple(input_size), dtype=grad.dtype)  # the map is linear: any input stands in
+    return _vjp(_bilinear(output_size, scale_factors, align_corners), [x], grad, [True])[0]
+
+
 @lowering(aten._log_softmax.default)
 def _log_softmax(e, x, dim, half_to_float=False):
     return _C.log_softmax(_cast(x, e.dtype), dim)
