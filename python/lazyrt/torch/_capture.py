@@ -161,14 +161,17 @@ _DECOMPOSED = None
 def _decompositions():
     """PyTorch's own decompositions of the ops lazyrt.torch takes as compositions of the ops it
     lowers (batch norm, forward and backward: its running statistics become plain in-place
-    updates, which functionalize turns into write-backs; dropout: a bernoulli mask), rather
-    than lowering each."""
+    updates, which functionalize turns into write-backs; dropout: a bernoulli mask; the Huber
+    loss's backward), rather than lowering each."""
     global _DECOMPOSED
     if _DECOMPOSED is None:
         from torch._decomp import get_decompositions
         aten = torch.ops.aten
+        # huber_loss_backward: PyTorch 1.13's fake tensors reach its out= overload, whose
+        # decomposition takes the wrong keyword and fails; the functional one's does not.
         _DECOMPOSED = get_decompositions([aten.native_batch_norm, aten.native_batch_norm_backward,
-                                          aten.native_dropout, aten.native_dropout_backward])
+                                          aten.native_dropout, aten.native_dropout_backward,
+                                          aten.huber_loss_backward.default])
     return _DECOMPOSED
 
 

@@ -534,6 +534,38 @@ def _mse_loss(e, x, target, reduction=_REDUCTION_MEAN):
     return _reduce(_C.mul(d, d), reduction)
 
 
+@lowering(aten.binary_cross_entropy.default)
+def _binary_cross_entropy(e, x, target, weight=None, reduction=_REDUCTION_MEAN):
+    # (target - 1) * max(log1p(-x), -100) - target * max(log(x), -100), as ATen's kernel
+    x, t = _cast(x, e.dtype), _cast(target, e.dtype)
+    log_1mx = _C.clamp(_C.log1p(_C.neg(x)), min=-100.0)
+    log_x = _C.clamp(_C.log(x), min=-100.0)
+    loss = _C.sub(_C.mul(_C.sub(t, 1.0), log_1mx), _C.mul(t, log_x))
+    if weight is not None:
+        loss = _C.mul(loss, _cast(weight, e.dtype))
+    return _reduce(loss, reduction)
+
+
+@lowering(aten.binary_cross_entropy_backward.default)
+def _binary_cross_entropy_backward(e, grad, x, target, weight=None, reduction=_REDUCTION_MEAN):
+    # grad * (x - target) / max((1 - x) * x, 1e-12), times the weight, over the count for a mean
+    x, t = _cast(x, e.dtype), _cast(target, e.dtype)
+    denom = _C.clamp(_C.mul(_C.add(_C.neg(x), 1.0), x), min=1e-12)
+    g = _C.div(_C.mul(_cast(grad, e.dtype), _C.sub(x, t)), denom)
+    if weight is not None:
+        g = _C.mul(g, _cast(weight, e.dtype))
+    return _C.div(g, float(max(x.numel(), 1))) if reduction == _REDUCTION_MEAN else g
+
+
+@lowering(aten.huber_loss.default)
+def _huber_loss(e, x, target, reduction=_REDUCTION_MEAN, delta=1.0):
+    # |d| < delta: d^2 / 2; else delta * (|d| - delta / 2), as ATen's kernel (its backward is
+    # PyTorch's decomposition, captured as plain ops)
+    z = _C.abs(_C.sub(_cast(x, e.dtype), _cast(target, e.dtype)))
+    quadratic = _C.mul(_C.mul(z, 0.5), z)
+    return _reduce(_C.where(_C.lt(z, delta), quadratic, _C.mul(_C.sub(z, 0.5 * delta), delta)), reduction)
+
+
 @lowering(aten.mse_loss_backward.default)
 def _mse_loss_backward(e, grad_out, x, target, reduction):
     d = _C.sub(_cast(x, e.dtype), _cast(target, e.dtype))
