@@ -1809,6 +1809,7 @@ class _Apply(nn.Module):
         return self.post(torch.flatten(self.fn(self.pre(x)), 1))
 
 
+_SCATTER_INDEX = torch.tensor([[5, 0, 9]])
 _LOWERED_OPS = {  # name -> (fn, image input)
     "elu": (lambda t: F.elu(t, alpha=0.7), False),
     "celu": (lambda t: F.celu(t, alpha=1.3), False),
@@ -1832,6 +1833,9 @@ _LOWERED_OPS = {  # name -> (fn, image input)
     "bilinear_size": (lambda t: F.interpolate(t, size=(7, 11), mode="bilinear", align_corners=False), True),
     "bilinear_scale": (lambda t: F.interpolate(t, scale_factor=1.5, mode="bilinear", align_corners=False), True),
     "bilinear_corners": (lambda t: F.interpolate(t, scale_factor=2, mode="bilinear", align_corners=True), True),
+    "sort_topk": (lambda t: torch.cat([t.sort(1, descending=True).values[:, :4], t.sort(1).values[:, :2],
+                                       t.topk(3, 1).values, t.topk(2, 1, largest=False).values], 1), False),
+    "scatter": (lambda t: t.scatter(1, _SCATTER_INDEX.expand(t.shape[0], 3), t[:, :3] * 2), False),
 }
 
 
@@ -1884,3 +1888,11 @@ def test_binary_cross_entropy_clamps_its_logs_as_torch():
     want = [F.binary_cross_entropy(x, y, reduction="none"), ops.binary_cross_entropy_backward(g, x, y, None, 0)]
     for a, b, what in zip(got, want, ("loss", "gradient")):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0, msg=what)
+
+
+def test_one_hot_with_a_number_of_classes_compiles():
+    # PyTorch 1.13's one_hot checks its indices' range by reading them; with num_classes given
+    # the capture computes it without (soft targets made from labels, a common recipe).
+    loss_fn = lambda o, y: F.cross_entropy(o, F.one_hot(y, 4).float() * 0.9 + 0.025)  # noqa: E731
+    step = _train_and_compare(lambda: mlp(nn.ReLU(), seed=2), OPTIMIZERS["adam"], loss_fn, batches("ce"))
+    assert step.traces == 1

@@ -103,7 +103,7 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     # values tracing never reads): no memory is made for it.
     cpu = torch.device("cpu")
     fakes = [mode.fake_tensor_converter(mode, e, cpu) if e.is_meta else mode.from_tensor(e) for e in examples]
-    with mode, _cross_entropy_without_masked_select():
+    with mode, _traceable_functions():
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
 
 
@@ -136,23 +136,45 @@ def _cross_entropy(input, target, weight=None, reduction=1, ignore_index=-100, l
     return nll * (1 - label_smoothing) + smooth * (label_smoothing / classes)
 
 
-class _cross_entropy_without_masked_select:
-    """While a step is traced, torch's cross_entropy with label smoothing over class indices is
-    _cross_entropy; every other case is PyTorch's own."""
+def _one_hot(tensor, num_classes):
+    """torch.nn.functional.one_hot for a given number of classes, without PyTorch 1.13's checks
+    that the indices lie in [0, num_classes), which read their values (a captured step cannot):
+    an index outside gives a row of zeros."""
+    return torch.eq(tensor.unsqueeze(-1), torch.arange(num_classes, dtype=tensor.dtype)).to(torch.int64)
+
+
+class _traceable_functions:
+    """While a step is traced, functions of torch that PyTorch 1.13 computes through a value
+    read or a data-dependent shape are computed without, where the arguments allow:
+    cross_entropy with label smoothing over class indices (_cross_entropy) and one_hot with a
+    number of classes (_one_hot). Every other call is PyTorch's own."""
 
     def __enter__(self):
-        self.original = original = torch._C._nn.cross_entropy_loss
+        self.saved = []
+        original_ce = torch._C._nn.cross_entropy_loss
 
         def cross_entropy_loss(input, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
             if label_smoothing > 0 and not target.is_floating_point():
                 return _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothing)
-            return original(input, target, weight, reduction, ignore_index, label_smoothing)
+            return original_ce(input, target, weight, reduction, ignore_index, label_smoothing)
 
-        torch._C._nn.cross_entropy_loss = cross_entropy_loss
+        original_one_hot = torch.nn.functional.one_hot
+
+        def one_hot(tensor, num_classes=-1):
+            if num_classes > 0:
+                return _one_hot(tensor, num_classes)
+            return original_one_hot(tensor, num_classes)
+
+        # F.one_hot is the builtin itself: torch.nn.functional's name and torch._C._nn's.
+        for module, name, fn in ((torch._C._nn, "cross_entropy_loss", cross_entropy_loss),
+                                 (torch.nn.functional, "one_hot", one_hot), (torch._C._nn, "one_hot", one_hot)):
+            self.saved.append((module, name, getattr(module, name)))
+            setattr(module, name, fn)
         return self
 
     def __exit__(self, *exc):
-        torch._C._nn.cross_entropy_loss = self.original
+        for module, name, original in reversed(self.saved):
+            setattr(module, name, original)
 
 
 _DECOMPOSED = None

@@ -394,6 +394,28 @@ def _flip(e, x, dims):
     return _C.flip(x, [d % x.dim() for d in dims])
 
 
+@lowering(aten.sort.default, aten.sort.stable)
+def _sort(e, x, *args, **kwargs):
+    # sort.default(x, dim=-1, descending=False); sort.stable(x, *, stable, dim=-1, descending=False).
+    # lazyrt's order is stable, as PyTorch's CPU sort gives it.
+    dim = kwargs.get("dim", args[0] if args else -1)
+    descending = kwargs.get("descending", args[1] if len(args) > 1 else False)
+    values, indices = lazyrt.sort(x, dim, descending, stable=True)
+    return [values, indices]
+
+
+@lowering(aten.topk.default)
+def _topk(e, x, k, dim=-1, largest=True, sorted=True):
+    # Ties may come in another order than PyTorch's, which leaves theirs unspecified.
+    values, indices = lazyrt.topk(x, k, dim, largest, sorted)
+    return [values, indices]
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def _scatter(e, x, dim, index, src):
+    return _C.scatter(_cast(x, e.dtype), dim, index, _cast(src, e.dtype))
+
+
 @lowering(aten.triu.default)
 def _triu(e, x, diagonal=0):
     return _C.triu(x, diagonal)
