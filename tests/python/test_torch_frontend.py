@@ -1810,6 +1810,21 @@ class _Apply(nn.Module):
 
 
 _SCATTER_INDEX = torch.tensor([[5, 0, 9]])
+
+
+class _Layer:
+    """A layer with parameters of its own, made for each model (a part of the model)."""
+
+    def __init__(self, make):
+        self.make = make
+
+
+def _prelu_channels():
+    layer = nn.PReLU(3)
+    with torch.no_grad():
+        layer.weight.copy_(torch.tensor([0.1, -0.2, 0.5]))
+    return layer
+
 _LOWERED_OPS = {  # name -> (fn, image input)
     "elu": (lambda t: F.elu(t, alpha=0.7), False),
     "celu": (lambda t: F.celu(t, alpha=1.3), False),
@@ -1833,6 +1848,8 @@ _LOWERED_OPS = {  # name -> (fn, image input)
     "bilinear_size": (lambda t: F.interpolate(t, size=(7, 11), mode="bilinear", align_corners=False), True),
     "bilinear_scale": (lambda t: F.interpolate(t, scale_factor=1.5, mode="bilinear", align_corners=False), True),
     "bilinear_corners": (lambda t: F.interpolate(t, scale_factor=2, mode="bilinear", align_corners=True), True),
+    "prelu_one": (_Layer(lambda: nn.PReLU(init=0.3)), True),
+    "prelu_channels": (_Layer(_prelu_channels), True),
     "sort_topk": (lambda t: torch.cat([t.sort(1, descending=True).values[:, :4], t.sort(1).values[:, :2],
                                        t.topk(3, 1).values, t.topk(2, 1, largest=False).values], 1), False),
     "scatter": (lambda t: t.scatter(1, _SCATTER_INDEX.expand(t.shape[0], 3), t[:, :3] * 2), False),
@@ -1850,7 +1867,7 @@ def test_more_ops_are_lowered_forward_and_backward(name):
 
     def make():
         torch.manual_seed(0)
-        return _Apply(fn, image)
+        return _Apply(fn.make() if isinstance(fn, _Layer) else fn, image)
     _train_and_compare(make, OPTIMIZERS["sgd_momentum"], nn.MSELoss(), data)
 
 
@@ -1896,3 +1913,21 @@ def test_one_hot_with_a_number_of_classes_compiles():
     loss_fn = lambda o, y: F.cross_entropy(o, F.one_hot(y, 4).float() * 0.9 + 0.025)  # noqa: E731
     step = _train_and_compare(lambda: mlp(nn.ReLU(), seed=2), OPTIMIZERS["adam"], loss_fn, batches("ce"))
     assert step.traces == 1
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape", [(4, 5), (6,)], ids=["2d", "1d"])
+def test_cross_entropy_over_positions_trains_as_eager(reduction, shape):
+    # Class scores per position ([N, C, H, W] or [N, C, L]): nll_loss2d, forward and backward,
+    # with class weights and an ignored class.
+    weight = torch.tensor([1.0, 0.5, 2.0])
+    loss_fn = lambda o, y: F.cross_entropy(o, y, weight=weight, ignore_index=1, reduction=reduction).sum()  # noqa: E731
+
+    def make():
+        torch.manual_seed(0)
+        conv = nn.Conv2d(2, 3, 3, padding=1) if len(shape) == 2 else nn.Conv1d(2, 3, 3, padding=1)
+        return nn.Sequential(conv, nn.Tanh())
+    g = torch.Generator().manual_seed(6)
+    data = [(torch.randn(2, 2, *shape, generator=g), torch.randint(0, 3, (2, *shape), generator=g))
+            for _ in range(STEPS)]
+    _train_and_compare(make, OPTIMIZERS["sgd_momentum"], loss_fn, data)

@@ -350,6 +350,31 @@ def _log_sigmoid_backward(e, grad, x, buffer):
     return _C.mul(_cast(grad, e.dtype), _C.sigmoid(_C.neg(x)))  # d/dx log sigmoid(x) = sigmoid(-x)
 
 
+def _prelu_weight(x, w):
+    """The weight shaped to broadcast over x's channels (dim 1), or as one value."""
+    if w.numel() == 1 or x.dim() < 2:
+        return _C.reshape(w, ())
+    return _C.reshape(w, (1, -1) + (1,) * (x.dim() - 2))
+
+
+@lowering(aten.prelu.default)
+def _prelu(e, x, weight):
+    return _C.where(_C.gt(x, 0.0), x, _C.mul(_prelu_weight(x, weight), x))
+
+
+@lowering(aten.prelu_backward.default)
+def _prelu_backward(e, grad, x, weight):
+    # input > 0: grad, else weight * grad; the weight's: the sum of input * grad where input <= 0
+    positive = _C.gt(x, 0.0)
+    gx = _C.where(positive, grad, _C.mul(_prelu_weight(x, weight), grad))
+    per = _C.where(positive, 0.0, _C.mul(x, grad))
+    if weight.numel() == 1 or x.dim() < 2:
+        gw = _C.reshape(_C.sum(per), tuple(weight.shape))
+    else:
+        gw = _C.sum(per, [0] + list(range(2, x.dim())), False)
+    return [gx, gw]
+
+
 @lowering(aten.glu.default)
 def _glu(e, x, dim=-1):
     a, b = lazyrt.split(x, x.shape[dim] // 2, dim)
@@ -540,6 +565,31 @@ def _nll_loss_backward(e, grad_out, x, target, weight, reduction, ignore_index, 
         scale = _C.mul(w, grad_out)
     g = _C.where(hot, _C.unsqueeze(_C.neg(scale), 1), 0.0)
     return g if batched else _C.reshape(g, e.shape)
+
+
+def _classes_last(x):
+    """[N, C, *] -> [N * prod(*), C]: the rows nll_loss takes."""
+    perm = [0] + list(range(2, x.dim())) + [1]
+    return _C.reshape(_C.permute(x, perm), (-1, x.shape[1]))
+
+
+@lowering(aten.nll_loss2d_forward.default)
+def _nll_loss2d_forward(e, x, target, weight, reduction, ignore_index):
+    # nll_loss over every position: class scores [N, C, H, W], targets [N, H, W]
+    out, total = _nll_loss_forward(None, _classes_last(x), _C.reshape(target, (-1,)), weight, reduction,
+                                   ignore_index)
+    return [_C.reshape(out, tuple(target.shape)) if reduction == _REDUCTION_NONE else out, total]
+
+
+@lowering(aten.nll_loss2d_backward.default)
+def _nll_loss2d_backward(e, grad_out, x, target, weight, reduction, ignore_index, total_weight):
+    if reduction == _REDUCTION_NONE:
+        grad_out = _C.reshape(grad_out, (-1,))
+    g = _nll_loss_backward(None, grad_out, _classes_last(x), _C.reshape(target, (-1,)), weight, reduction,
+                           ignore_index, total_weight)
+    n, c = x.shape[0], x.shape[1]
+    g = _C.reshape(g, (n,) + tuple(x.shape[2:]) + (c,))
+    return _C.permute(g, [0, x.dim() - 1] + list(range(1, x.dim() - 1)))
 
 
 def _reduce(x, reduction):
