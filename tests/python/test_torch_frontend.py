@@ -1931,3 +1931,56 @@ def test_cross_entropy_over_positions_trains_as_eager(reduction, shape):
     data = [(torch.randn(2, 2, *shape, generator=g), torch.randint(0, 3, (2, *shape), generator=g))
             for _ in range(STEPS)]
     _train_and_compare(make, OPTIMIZERS["sgd_momentum"], loss_fn, data)
+
+
+def test_a_step_that_changes_python_state_is_refused_and_the_state_put_back():
+    # Gradient accumulation written with a counter the step keeps in a closure: a replay runs no
+    # Python, so the counter would never move and the optimizer would step on every call or on
+    # none. The capture refuses it, naming the variable, and leaves the counter, the list the
+    # step appends to and the model as they were.
+    torch.manual_seed(0)
+    model = mlp(nn.ReLU())
+    before = copy.deepcopy(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    calls = [0]
+    seen = []
+
+    def step(x, y):
+        loss = nn.functional.cross_entropy(model(x), y) / 4
+        loss.backward()
+        calls[0] += 1
+        seen.append(loss)
+        if calls[0] % 4 == 0:
+            opt.step()
+            opt.zero_grad()
+        return loss
+    compiled = lazyrt.torch.compile(step, model=model, optimizer=opt)
+    (x, y), = batches("ce", n=1)
+    with pytest.raises(lazyrt.torch.CaptureError, match=r"changes Python state.*closure variable 'calls'"):
+        compiled(x, y)
+    assert calls == [0] and seen == []
+    same_tree(model.state_dict(), before, "parameters after the refused capture")
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_step_that_steps_a_scheduler_is_refused():
+    # A learning-rate scheduler stepped inside the step changes the optimizer's groups in
+    # Python, which replays would not: refused, and the groups are left as they were.
+    torch.manual_seed(0)
+    model = mlp(nn.ReLU())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=20)
+    groups = copy.deepcopy([{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups])
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        return loss
+    compiled = lazyrt.torch.compile(step, model=model, optimizer=opt)
+    (x, y), = batches("ce", n=1)
+    with pytest.raises(lazyrt.torch.CaptureError, match=r"changes '(betas|lr)' of AdamW's param group 0"):
+        compiled(x, y)
+    assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == groups

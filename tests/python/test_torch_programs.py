@@ -136,10 +136,20 @@ class ReplayedDropout(nn.Module):
         return x * self.mask
 
 
+class ObservedDropout(nn.Dropout):
+    """nn.Dropout that keeps what it saw and gave, for the step to return (overwritten every
+    call: the step returns it, and no one reads it between calls)."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        self.seen = (x.detach(), out.detach())
+        return out
+
+
 def test_encoder_layer_dropout_draws_new_masks_and_trains_as_eager_given_them():
     # lazyrt draws dropout masks from its own generator, not torch's stream. The compiled step
-    # returns what each nn.Dropout of the layer saw and gave (forward hooks, traced with the
-    # step); eager PyTorch then runs the same step with those masks. The attention weights'
+    # returns what each nn.Dropout of the layer saw and gave (traced with the step); eager
+    # PyTorch then runs the same step with those masks. The attention weights'
     # own dropout (inside multi_head_attention_forward, no module to hook) is off.
     p = 0.25
     names = ("dropout", "dropout1", "dropout2")
@@ -151,18 +161,15 @@ def test_encoder_layer_dropout_draws_new_masks_and_trains_as_eager_given_them():
     o_lazy = OPTIMIZERS["adamw"](m_lazy.parameters(), False)
     o_ref = OPTIMIZERS["adamw"](m_ref.parameters(), False)
 
-    seen = {}
     for name in names:
-        getattr(m_lazy, name).register_forward_hook(
-            lambda mod, inputs, out, name=name: seen.__setitem__(name, (inputs[0].detach(), out.detach())))
+        setattr(m_lazy, name, ObservedDropout(p))
 
     def step(x, y):
-        seen.clear()
         loss = F.mse_loss(m_lazy(x), y)
         loss.backward()
         o_lazy.step()
         o_lazy.zero_grad()
-        return loss, dict(seen)
+        return loss, {name: getattr(m_lazy, name).seen for name in names}
 
     compiled = lazyrt.torch.compile(step)
     kept_fraction, first_masks = [], None

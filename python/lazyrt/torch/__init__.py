@@ -30,13 +30,18 @@ optimizers' state and learning rates swapped for graph inputs — and traces tha
 under ``functionalize``: a pure aten graph whose ``aten.copy_(input, value)`` nodes say what
 the step changed in place. Nothing runs while capturing and no torch tensor changes (a capture
 that fails leaves everything as it was). SGD (momentum, nesterov, dampening, weight decay,
-maximize), Adam and AdamW (amsgrad, maximize, weight decay) run their own ``step()`` with the
-update arithmetic replaced by an equivalent that reads the learning rate and the step count as
-tensors (`_optim`): the learning rate is a graph input and no ``.item()`` is needed.
+maximize), Adam and AdamW (amsgrad, maximize, weight decay), Adagrad, Adamax, NAdam and RAdam run
+their own ``step()`` with the update arithmetic replaced by an equivalent that reads the learning
+rate and the step count as tensors (`_optim`): the learning rate is a graph input and no
+``.item()`` is needed.
 ``foreach=True`` groups are captured with the same per-tensor arithmetic (and ``zero_grad``'s
 ``torch._foreach_zero_`` as one ``zero_`` per gradient). Other optimizers run their own code:
 their learning rate is a constant of the capture, and a Python number in their state (RMSprop's
 step count) makes every step a new capture; a ``.item()`` in their step cannot be captured.
+A replay runs no Python, so a step that changes Python state is refused with `CaptureError`
+(and that state put back): a value or the contents of a list, dict or set it reaches directly
+(its closure's variables, the globals its code names, its bound self's attributes), and the
+optimizers' param groups (a learning-rate scheduler stepped inside the step).
 
 A fresh model (``.grad`` None) and a fresh optimizer (no state) are captured as if they had
 zero gradients and the optimizer's initial state, so the first step and the later ones share
@@ -83,7 +88,8 @@ changing ``lr`` does not recapture); the grad mode, the default dtype and the CP
 and dtype the step is called under (``torch.autocast`` inside the step is captured as any other
 code: its casts are ops of the graph). Not guarded: Python
 values the step reads other than these (a global float, a module attribute that is not a
-tensor), and any Python side effect of the step (it runs only when captured). A call with
+tensor), and any Python side effect of the step beyond those refused at capture (it runs only
+when captured: changes to other objects' attributes, printing). A call with
 positional tensor arguments on the same modules and optimizers as the last call is checked
 first by a cheaper key over the same facts (identities of the modules' parameters, buffers and
 submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes), checked in C++

@@ -454,6 +454,27 @@ def _first_use(graph_order, node):
         return "read"
 
 
+def _check_groups_unchanged(o, before):
+    """Raises CaptureError where the step changed o's param groups: their number, or a value of
+    one of them (what it holds, compared by identity, or by value for plain numbers)."""
+    name = type(o).__name__
+    if len(o.param_groups) != len(before):
+        raise CaptureError(f"lazyrt.torch: the step changes the number of {name}'s param groups; its replays would "
+                           "not (add groups outside the step)")
+    for gi, (g, was) in enumerate(zip(o.param_groups, before)):
+        for k in sorted(set(g) | set(was), key=str):
+            a, b = g.get(k, _ABSENT), was.get(k, _ABSENT)
+            if a is b or (_plain(a) and _plain(b) and a == b):
+                continue
+            raise CaptureError(
+                f"lazyrt.torch: the step changes '{k}' of {name}'s param group {gi}, which its replays would not "
+                "change (they run no Python); step learning-rate schedulers and change hyperparameters outside the "
+                "step (a changed learning rate needs no new capture)")
+
+
+_ABSENT = object()
+
+
 def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
     """Captures one call of fn in `world`. Gradients (param indices) in exact_grads and states
     ((optimizer, param index)) in exact_states that are missing are captured as missing instead of
@@ -535,9 +556,9 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
             for i, p in enumerate(proxies):
                 p.grad = inputs[grad_slot[i]] if i in grad_slot else None
             for oi, o in enumerate(world.optimizers):
-                saved_groups = [(g, g["params"], g["lr"]) for g in o.param_groups]
+                saved_groups = [(g, dict(g)) for g in o.param_groups]
                 saved_state = o.state
-                restore.append(("optimizer", o, saved_groups, saved_state))
+                restore.append(("optimizer", o, list(o.param_groups), saved_groups, saved_state))
                 for gi, g in enumerate(o.param_groups):
                     g["params"] = [proxies[world.param_index[id(p)]] for p in g["params"]]
                     if (oi, gi) in lr_slot:
@@ -554,8 +575,13 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
                 if i is not None:
                     processed.add(i)
 
+            # The groups as the graph reads them: a step that changes them (a learning-rate
+            # scheduler stepped inside it) would change them when captured only.
+            groups_in = [[dict(g) for g in o.param_groups] for o in world.optimizers]
             with _optim.patched_updates(world.optimizers, record):
                 result = fn(*args, **kwargs)
+            for o, before in zip(world.optimizers, groups_in):
+                _check_groups_unchanged(o, before)
 
             # Collect the outputs: the step's result, then the final gradients and state.
             outputs = []
@@ -606,9 +632,11 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
         finally:
             for entry in reversed(restore):
                 if entry[0] == "optimizer":
-                    _, o, saved_groups, saved_state = entry
-                    for g, params, lr in saved_groups:
-                        g["params"], g["lr"] = params, lr
+                    _, o, groups, saved_groups, saved_state = entry
+                    o.param_groups[:] = groups
+                    for g, saved in saved_groups:
+                        g.clear()
+                        g.update(saved)
                     o.state = saved_state
                 elif entry[0] == "flat_weights":
                     entry[1]._flat_weights = entry[2]

@@ -494,6 +494,96 @@ def _code_names(code):
     return tuple(sorted(names))
 
 
+class _Place:
+    """A piece of Python state a step reaches (a closure cell, a named global, an attribute of
+    its bound self), snapshotted shallowly: the object there and, for a list, dict or set, its
+    elements (held, so identities stay unique)."""
+
+    def __init__(self, what, get, put):
+        self.what, self.get, self.put = what, get, put
+        self.obj = get()
+        self.items = self._items(self.obj)
+
+    @staticmethod
+    def _items(obj):
+        if obj.__class__ is list:
+            return list(obj)
+        if obj.__class__ is dict:
+            return list(obj.items())
+        if obj.__class__ is set:
+            return list(obj)
+        return None
+
+    def changed(self):
+        obj = self.get()
+        if obj is not self.obj:
+            return True
+        now = self._items(obj)
+        if now is None:
+            return False
+        if len(now) != len(self.items):
+            return True
+        if obj.__class__ is dict:
+            return any(a[0] is not b[0] and a[0] != b[0] or a[1] is not b[1] for a, b in zip(now, self.items))
+        if obj.__class__ is set:
+            return set(map(id, now)) != set(map(id, self.items))
+        return any(a is not b for a, b in zip(now, self.items))
+
+    def restore(self):
+        self.put(self.obj)
+        if self.obj.__class__ is list:
+            self.obj[:] = self.items
+        elif self.obj.__class__ is dict:
+            self.obj.clear()
+            self.obj.update(self.items)
+        elif self.obj.__class__ is set:
+            self.obj.clear()
+            self.obj.update(self.items)
+
+
+_MISSING = object()
+
+
+def _python_places(fn):
+    """The Python state fn reaches directly (as discover: its bound self's attributes, its
+    closure's cells and the globals its code names), but for the modules and optimizers, whose
+    state the capture tracks itself."""
+    places = []
+    skip = (torch.nn.Module, torch.optim.Optimizer)
+    f = fn
+    if inspect.ismethod(f):
+        owner = f.__self__
+        if not isinstance(owner, skip) and isinstance(getattr(owner, "__dict__", None), dict):
+            attrs = owner.__dict__
+            for name in list(attrs):
+                places.append(_Place(f"attribute '{name}' of the step's {type(owner).__name__}",
+                                     lambda n=name: attrs.get(n, _MISSING),
+                                     lambda v, n=name: attrs.__setitem__(n, v) if v is not _MISSING else None))
+        f = f.__func__
+    if isinstance(f, functools.partial):
+        f = f.func
+    code = getattr(f, "__code__", None)
+    for name, cell in zip(code.co_freevars if code is not None else (), getattr(f, "__closure__", None) or ()):
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if not isinstance(contents, skip):
+            def put(v, c=cell):
+                c.cell_contents = v
+            places.append(_Place(f"closure variable '{name}'", lambda c=cell: c.cell_contents, put))
+    if code is not None:
+        g = getattr(f, "__globals__", {})
+        for name in _code_names(code):
+            v = g.get(name, _MISSING)
+            if isinstance(v, skip) or inspect.ismodule(v) or inspect.isfunction(v) or inspect.isclass(v) or \
+                    inspect.isbuiltin(v):
+                continue
+            places.append(_Place(f"global '{name}'", lambda n=name: g.get(n, _MISSING),
+                                 lambda v, n=name: g.__setitem__(n, v) if v is not _MISSING else g.pop(n, None)))
+    return places
+
+
 def discover(fn):
     """The torch modules and optimizers fn reaches directly: its bound self, its closure's cells
     and the globals its code names (in that order, each once)."""
@@ -694,6 +784,23 @@ class CompiledFunction:
         return self.fn(*args, **kwargs)
 
     def _capture(self, world):
+        # A replay runs no Python: a step that changes Python state it reaches (a counter in a
+        # closure, a list it appends to) would change it when captured only. Refused, with that
+        # state put back as it was.
+        places = _python_places(self.fn)
+        try:
+            return self._capture_entry(world)
+        finally:
+            changed = [p for p in places if p.changed()]
+            for p in changed:
+                p.restore()
+            if changed:
+                raise CaptureError(
+                    "lazyrt.torch: the step changes Python state that its replays would not change ("
+                    + ", ".join(p.what for p in changed) + "); keep such state outside the step (pass what the "
+                    "step needs as an argument) or in tensors")
+
+    def _capture_entry(self, world):
         exact_grads, exact_states = set(), set()
         for _ in range(3):
             c = capture(world, self.fn, frozenset(exact_grads), frozenset(exact_states))
