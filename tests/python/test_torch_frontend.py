@@ -1984,3 +1984,38 @@ def test_a_step_that_steps_a_scheduler_is_refused():
     with pytest.raises(lazyrt.torch.CaptureError, match=r"changes '(betas|lr)' of AdamW's param group 0"):
         compiled(x, y)
     assert [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] == groups
+
+
+_SPECIAL = torch.tensor([0.0, -0.0, 1e-8, -1e-8, 3.0, -3.0, 2.9999998, -2.9999998, 1.0, -1.0, 0.5, -0.5, 0.8, -0.8,
+                         6.0, 88.0, -88.0, -104.0, 20.0, -20.0, float("inf"), float("-inf"), float("nan")])
+_ATEN = torch.ops.aten
+_ACTIVATIONS_AT_SPECIAL_VALUES = {  # name -> (fn of [x, g], rtol)
+    "elu": (lambda t: [_ATEN.elu(t[0], 0.7, 1.0, 1.0)], 1e-6),
+    "selu": (lambda t: [_ATEN.elu(t[0], 1.6732632423543772, 1.0507009873554805, 1.0)], 1e-6),
+    "celu": (lambda t: [_ATEN.celu(t[0], 1.3)], 1e-6),
+    "elu_backward_of_input": (lambda t: [_ATEN.elu_backward(t[1], 0.7, 1.2, 0.9, False, t[0])], 1e-6),
+    # y + alpha * scale cancels near x = -3: an ulp of y (lazyrt's exp against torch's) is 1e-6 there
+    "elu_backward_of_result": (lambda t: [_ATEN.elu_backward(t[1], 0.7, 1.2, 0.9, True, _ATEN.elu(t[0], 0.7, 1.2, 0.9))],
+                               1e-5),
+    "hardtanh": (lambda t: [_ATEN.hardtanh(t[0], -0.5, 0.8), _ATEN.hardtanh_backward(t[1], t[0], -0.5, 0.8)], 1e-6),
+    "hardsigmoid": (lambda t: [_ATEN.hardsigmoid(t[0]), _ATEN.hardsigmoid_backward(t[1], t[0])], 1e-6),
+    "hardswish": (lambda t: [_ATEN.hardswish(t[0]), _ATEN.hardswish_backward(t[1], t[0])], 1e-6),
+    "log_sigmoid": (lambda t: [_ATEN.log_sigmoid_forward(t[0])[0],
+                               _ATEN.log_sigmoid_backward(t[1], t[0], _ATEN.log_sigmoid_forward(t[0])[1])], 1e-6),
+    "xlogy": (lambda t: [_ATEN.xlogy(t[0], t[1].abs()), _ATEN.xlogy(torch.zeros_like(t[0]), t[0])], 1e-6),
+    "huber": (lambda t: [_ATEN.huber_loss(t[0], t[1], 0, 0.5)], 1e-6),
+}
+
+
+@pytest.mark.parametrize("name", list(_ACTIVATIONS_AT_SPECIAL_VALUES))
+def test_lowered_activations_at_special_values_match_torch(name):
+    # At the ends of each piece (x = 0, -0, +-3, the hardtanh bounds), near them, at large
+    # magnitudes, infinities and nan: lowered and run by lazyrt against ATen's kernels. Found
+    # this way: ELU's exp(x) - 1 (not expm1: x = -1e-8 gives 0) and hardswish's backward taking
+    # its middle branch on [-3, 3), not [-3, 3].
+    fn, rtol = _ACTIVATIONS_AT_SPECIAL_VALUES[name]
+    inputs = [_SPECIAL, torch.linspace(-2, 2, _SPECIAL.numel())]
+    for k, (got, want) in enumerate(zip(lowered_results(fn, inputs), fn(inputs))):
+        same = torch.isclose(got, want, rtol=rtol, atol=0, equal_nan=True) | (got == want)
+        assert bool(same.all()), (f"result {k} at x = {_SPECIAL[~same].tolist()}: lazyrt {got[~same].tolist()}, "
+                                  f"torch {want[~same].tolist()}")

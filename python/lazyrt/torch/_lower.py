@@ -282,9 +282,10 @@ def _gelu_backward(e, grad, x, approximate="none"):
 
 @lowering(aten.elu.default)
 def _elu(e, x, alpha=1, scale=1, input_scale=1):
-    # scale * x where x > 0, else alpha * scale * expm1(x * input_scale)
+    # scale * x where x > 0, else alpha * scale * (exp(x * input_scale) - 1): exp less one, as
+    # ATen's kernel computes it (not expm1, so tiny negative x give 0 as there)
     x = _cast(x, e.dtype)
-    negative = _C.mul(_C.expm1(_C.mul(x, input_scale)), alpha * scale)
+    negative = _C.mul(_C.sub(_C.exp(_C.mul(x, input_scale)), 1.0), alpha * scale)
     return _C.where(_C.gt(x, 0.0), _C.mul(x, scale), negative)
 
 
@@ -295,12 +296,15 @@ def _celu(e, x, alpha=1.0):
 
 @lowering(aten.elu_backward.default)
 def _elu_backward(e, grad, alpha, scale, input_scale, is_result, self_or_result):
+    # In ATen's order: below 0, grad * input_scale * (y + alpha * scale) from the result y, or
+    # grad * input_scale * alpha * scale * exp(x * input_scale) from the input x
     grad, v = _cast(grad, e.dtype), self_or_result
-    if is_result:  # from the result y: the slope below 0 is input_scale * (y + alpha * scale)
-        slope = _C.mul(_C.add(v, alpha * scale), input_scale)
+    scaled = _C.mul(grad, input_scale)
+    if is_result:
+        below = _C.mul(scaled, _C.add(v, alpha * scale))
     else:
-        slope = _C.mul(_C.exp(_C.mul(v, input_scale)), input_scale * alpha * scale)
-    return _C.where(_C.le(v, 0.0), _C.mul(grad, slope), _C.mul(grad, scale))
+        below = _C.mul(_C.mul(scaled, alpha * scale), _C.exp(_C.mul(v, input_scale)))
+    return _C.where(_C.le(v, 0.0), below, _C.mul(grad, scale))
 
 
 @lowering(aten.hardtanh.default)
@@ -334,8 +338,8 @@ def _hardswish(e, x):
 @lowering(aten.hardswish_backward.default)
 def _hardswish_backward(e, grad, x):
     grad = _cast(grad, e.dtype)
-    middle = _C.mul(grad, _C.add(_C.div(x, 3.0), 0.5))
-    return _C.where(_C.lt(x, -3.0), 0.0, _C.where(_C.le(x, 3.0), middle, grad))
+    middle = _C.mul(grad, _C.add(_C.div(x, 3.0), 0.5))  # on [-3, 3), as ATen's kernel
+    return _C.where(_C.lt(x, -3.0), 0.0, _C.where(_C.lt(x, 3.0), middle, grad))
 
 
 @lowering(aten.log_sigmoid_forward.default)
