@@ -2019,3 +2019,37 @@ def test_lowered_activations_at_special_values_match_torch(name):
         same = torch.isclose(got, want, rtol=rtol, atol=0, equal_nan=True) | (got == want)
         assert bool(same.all()), (f"result {k} at x = {_SPECIAL[~same].tolist()}: lazyrt {got[~same].tolist()}, "
                                   f"torch {want[~same].tolist()}")
+
+
+_STEPS_BOUND = 0
+
+
+class _CountingTrainer:
+    def __init__(self, model):
+        self.model, self.count = model, 0
+
+    def step(self, x):
+        self.count += 1
+        return self.model(x).sum()
+
+
+def _step_binding_a_global(model):
+    def step(x):
+        global _STEPS_BOUND
+        _STEPS_BOUND += 1
+        return model(x).sum()
+    return step
+
+
+@pytest.mark.parametrize("kind", ["global", "bound_self"])
+def test_a_step_that_changes_a_global_or_its_own_attribute_is_refused(kind):
+    # The other places a step reaches: a global its code names, an attribute of its bound self.
+    model = mlp(nn.ReLU())
+    if kind == "global":
+        fn, what, value = _step_binding_a_global(model), "global '_STEPS_BOUND'", lambda: _STEPS_BOUND
+    else:
+        trainer = _CountingTrainer(model)
+        fn, what, value = trainer.step, "attribute 'count' of the step's _CountingTrainer", lambda: trainer.count
+    with pytest.raises(lazyrt.torch.CaptureError, match=re.escape(what)):
+        lazyrt.torch.compile(fn, model=model)(torch.randn(3, 6))
+    assert value() == 0

@@ -34,6 +34,11 @@ def _neg(x):
     return -x
 
 
+def _bias_correction(beta, step):
+    """1 - beta ** step over the float64 step tensor (eager: Python floats from .item())."""
+    return torch.pow(beta, step).neg().add(1)
+
+
 def _sgd_update(record, params, grads, momentum_buffers, *_, weight_decay, momentum, lr, dampening,
                 nesterov, maximize, **_ignored):
     for i, param in enumerate(params):
@@ -69,8 +74,8 @@ def _adam_family(record, decoupled, params, grads, exp_avgs, exp_avg_sqs, max_ex
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         # Bias corrections from the step count, in float64 (eager: Python floats from .item()).
         step = step_t.to(torch.float64)
-        correction1 = torch.pow(beta1, step).neg().add(1)
-        correction2_sqrt = torch.pow(beta2, step).neg().add(1).sqrt()
+        correction1 = _bias_correction(beta1, step)
+        correction2_sqrt = _bias_correction(beta2, step).sqrt()
         step_size = lr / correction1
         if amsgrad:
             max_sq = max_exp_avg_sqs[i]
@@ -125,7 +130,7 @@ def _adamax_update(record, params, grads, exp_avgs, exp_infs, state_steps, *_, e
         exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
         # Eager: the amax of the stacked (exp_inf * beta2, |grad| + eps), written into exp_inf.
         exp_inf.copy_(torch.maximum(exp_inf.mul(beta2), grad.abs().add(eps)))
-        clr = lr / torch.pow(beta1, step_t.to(torch.float64)).neg().add(1)
+        clr = lr / _bias_correction(beta1, step_t.to(torch.float64))
         param.add_(exp_avg * clr.neg().to(param.dtype) / exp_inf)
 
 
@@ -137,7 +142,7 @@ def _nadam_update(record, params, grads, exp_avgs, exp_avg_sqs, mu_products, sta
         step_t = state_steps[i]
         step_t.add_(1)
         step = step_t.to(torch.float64)  # eager: Python floats from .item()
-        bias_correction2 = torch.pow(beta2, step).neg().add(1)
+        bias_correction2 = _bias_correction(beta2, step)
         if weight_decay != 0:
             grad = grad.add(param, alpha=weight_decay)
         mu = torch.pow(0.96, step * momentum_decay).mul(-0.5).add(1).mul(beta1)
@@ -163,8 +168,8 @@ def _radam_update(record, params, grads, exp_avgs, exp_avg_sqs, state_steps, *_,
         grad, exp_avg, exp_avg_sq, step_t = grads[i], exp_avgs[i], exp_avg_sqs[i], state_steps[i]
         step_t.add_(1)
         step = step_t.to(torch.float64)  # eager: Python floats from .item()
-        bias_correction1 = torch.pow(beta1, step).neg().add(1)
-        bias_correction2 = torch.pow(beta2, step).neg().add(1)
+        bias_correction1 = _bias_correction(beta1, step)
+        bias_correction2 = _bias_correction(beta2, step)
         if weight_decay != 0:
             grad = grad.add(param, alpha=weight_decay)
         exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)

@@ -544,75 +544,63 @@ class _Place:
 _MISSING = object()
 
 
-def _python_places(fn):
-    """The Python state fn reaches directly (as discover: its bound self's attributes, its
-    closure's cells and the globals its code names), but for the modules and optimizers, whose
-    state the capture tracks itself."""
-    places = []
-    skip = (torch.nn.Module, torch.optim.Optimizer)
+def _reached(fn):
+    """What fn reaches directly, in order: its bound self, the arguments of a functools.partial,
+    its closure's cells and the globals its code names. Yields (what, value, get, put): get and
+    put read and rebind the place (None for the bound self and a partial's arguments, which
+    cannot be rebound)."""
     f = fn
     if inspect.ismethod(f):
-        owner = f.__self__
-        if not isinstance(owner, skip) and isinstance(getattr(owner, "__dict__", None), dict):
-            attrs = owner.__dict__
-            for name in list(attrs):
-                places.append(_Place(f"attribute '{name}' of the step's {type(owner).__name__}",
-                                     lambda n=name: attrs.get(n, _MISSING),
-                                     lambda v, n=name: attrs.__setitem__(n, v) if v is not _MISSING else None))
+        yield f"the step's {type(f.__self__).__name__}", f.__self__, None, None
         f = f.__func__
     if isinstance(f, functools.partial):
+        for k, v in enumerate(list(f.args) + list(f.keywords.values())):
+            yield f"argument {k} of the step's partial", v, None, None
         f = f.func
     code = getattr(f, "__code__", None)
     for name, cell in zip(code.co_freevars if code is not None else (), getattr(f, "__closure__", None) or ()):
         try:
-            contents = cell.cell_contents
+            value = cell.cell_contents
         except ValueError:  # an empty cell
             continue
-        if not isinstance(contents, skip):
-            def put(v, c=cell):
-                c.cell_contents = v
-            places.append(_Place(f"closure variable '{name}'", lambda c=cell: c.cell_contents, put))
+
+        def put(v, c=cell):
+            c.cell_contents = v
+        yield f"closure variable '{name}'", value, lambda c=cell: c.cell_contents, put
     if code is not None:
         g = getattr(f, "__globals__", {})
-        for name in _code_names(code):
-            v = g.get(name, _MISSING)
-            if isinstance(v, skip) or inspect.ismodule(v) or inspect.isfunction(v) or inspect.isclass(v) or \
-                    inspect.isbuiltin(v):
-                continue
-            places.append(_Place(f"global '{name}'", lambda n=name: g.get(n, _MISSING),
-                                 lambda v, n=name: g.__setitem__(n, v) if v is not _MISSING else g.pop(n, None)))
+        for name in _code_names(code):  # also a name not bound yet (_MISSING), which the step may bind
+            yield (f"global '{name}'", g.get(name, _MISSING), lambda n=name: g.get(n, _MISSING),
+                   lambda v, n=name: g.__setitem__(n, v) if v is not _MISSING else g.pop(n, None))
+
+
+def _python_places(fn):
+    """The Python state fn reaches (_reached; a bound self's attributes instead of the object)
+    but for modules and optimizers, whose state the capture tracks itself, and for modules,
+    functions, classes and builtins named by its code."""
+    places = []
+    skip = (torch.nn.Module, torch.optim.Optimizer)
+    for what, value, get, put in _reached(fn):
+        if isinstance(value, skip) or inspect.ismodule(value) or inspect.isfunction(value) or \
+                inspect.isclass(value) or inspect.isbuiltin(value):
+            continue
+        if get is not None:
+            places.append(_Place(what, get, put))
+        elif inspect.ismethod(fn) and value is fn.__self__ and isinstance(getattr(value, "__dict__", None), dict):
+            attrs = value.__dict__
+            for name in list(attrs):
+                places.append(_Place(f"attribute '{name}' of {what}", lambda n=name: attrs.get(n, _MISSING),
+                                     lambda v, n=name: attrs.__setitem__(n, v) if v is not _MISSING else None))
     return places
 
 
 def discover(fn):
-    """The torch modules and optimizers fn reaches directly: its bound self, its closure's cells
-    and the globals its code names (in that order, each once)."""
+    """The torch modules and optimizers fn reaches directly (_reached), each once."""
     found, seen = [], set()
-
-    def consider(v):
+    for _, v, _, _ in _reached(fn):
         if isinstance(v, (torch.nn.Module, torch.optim.Optimizer)) and id(v) not in seen:
             seen.add(id(v))
             found.append(v)
-
-    f = fn
-    if inspect.ismethod(f):
-        consider(f.__self__)
-        f = f.__func__
-    if isinstance(f, functools.partial):
-        for v in list(f.args) + list(f.keywords.values()):
-            consider(v)
-        f = f.func
-    code = getattr(f, "__code__", None)
-    for cell in getattr(f, "__closure__", None) or ():
-        try:
-            consider(cell.cell_contents)
-        except ValueError:  # an empty cell
-            pass
-    if code is not None:
-        g = getattr(f, "__globals__", {})
-        for name in _code_names(code):
-            if name in g:
-                consider(g[name])
     modules = [v for v in found if isinstance(v, torch.nn.Module)]
     optimizers = [v for v in found if isinstance(v, torch.optim.Optimizer)]
     return modules, optimizers
