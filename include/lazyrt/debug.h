@@ -10,7 +10,7 @@ namespace lazyrt::debug {
 
 /// The graph a sync of these tensors would compile, as text (before optimization).
 std::string graph_text(const std::vector<Tensor>& tensors);
-/// Its node count, loop regions included.
+/// Its node count, regions included (a region that several nodes share, once).
 int64_t graph_node_count(const std::vector<Tensor>& tensors);
 /// Bytes of device memory (tensor data, arenas, constants) live now, and the most live at
 /// once since the last reset_peak_memory().

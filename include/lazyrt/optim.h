@@ -12,16 +12,21 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "lazyrt/tensor.h"
+
+namespace lazyrt::detail {
+class TracedFunction;
+}
 
 namespace lazyrt::optim {
 
 class Optimizer {
  public:
   explicit Optimizer(std::vector<Tensor> params);
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -43,30 +48,27 @@ class Optimizer {
   const Tensor& lr_tensor() const { return lr_; }
 
  protected:
-  /// New values of parameter i and of its state slots, from its gradient; the step count t
-  /// (already advanced) is an f64 scalar tensor.
+  /// New values of a parameter and of its state slots, from its gradient, the step count t
+  /// (already advanced) and the learning rate (both f64 scalar tensors); computed from these
+  /// and constants alone. step() traces it once per parameter type and records one call node
+  /// (ops.def) for each parameter's update: a step records a few nodes per parameter, not one
+  /// per op, and compile inlines them again.
   struct Update {
     Tensor param;
     std::vector<Tensor> slots;
   };
-  virtual Update update(size_t i, const Tensor& grad, const Tensor& t) = 0;
-  /// A value every parameter's update computes alike within one step (a bias correction, a
-  /// decay factor), by the update's own key and the dtype it is wanted in: made by make() for
-  /// the first parameter that asks, the same tensor for the others, dropped when the step
-  /// ends. A model's parameters then share one such computation in the step's graph instead
-  /// of each recording its own.
-  Tensor per_step(int key, DType dtype, const std::function<Tensor()>& make);
+  virtual Update update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                        const Tensor& lr) = 0;
+  /// What update() computes has changed (an option it reads): its traced calls are dropped,
+  /// and compiled steps retrace.
+  void update_changed();
   /// Slot tensors of parameter i (zeros like it, made at construction).
   std::vector<std::vector<Tensor>> slots_;
   void add_slots(int per_param);
 
  private:
-  struct PerStep {
-    int key;
-    DType dtype;
-    Tensor value;
-  };
-  std::vector<PerStep> per_step_;
+  std::unique_ptr<detail::TracedFunction> update_fn_;
+  std::vector<Tensor> update_in_, update_out_;  // update_fn_'s operands and results, kept for their capacity
   std::vector<Tensor> params_;
   Tensor step_;
   Tensor lr_;
@@ -92,7 +94,8 @@ class SGD : public Optimizer {
   SGDOptions options_;
 
  protected:
-  Update update(size_t i, const Tensor& grad, const Tensor& t) override;
+  Update update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                const Tensor& lr) override;
 };
 
 struct AdamOptions {
@@ -111,8 +114,10 @@ class Adam : public Optimizer {
   void set_options(const AdamOptions& options);
 
  protected:
-  Update update(size_t i, const Tensor& grad, const Tensor& t) override;
-  Update adam_update(size_t i, const Tensor& param, const Tensor& grad, const Tensor& t);
+  Update update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                const Tensor& lr) override;
+  Update adam_update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                     const Tensor& lr);
 
  private:
   AdamOptions options_;
@@ -124,7 +129,8 @@ class AdamW : public Adam {
   AdamW(std::vector<Tensor> params, AdamOptions options = {1e-3, 0.9, 0.999, 1e-8, 1e-2});
 
  protected:
-  Update update(size_t i, const Tensor& grad, const Tensor& t) override;
+  Update update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                const Tensor& lr) override;
 };
 
 }  // namespace lazyrt::optim

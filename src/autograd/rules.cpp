@@ -436,6 +436,8 @@ constexpr GradRule grad_Scan = nullptr;
 constexpr GradRule grad_ScanVjp = nullptr;
 constexpr GradRule grad_StopGradient = nullptr;  // that is its purpose
 constexpr GradRule grad_Fusion = nullptr;  // made by the compiler after autodiff
+// Recorded only where no gradient is (detail::TracedFunction runs the function itself then).
+constexpr GradRule grad_Call = nullptr;
 constexpr GradRule grad_Gemm = nullptr;    // likewise
 constexpr GradRule grad_Random = nullptr;
 constexpr GradRule grad_Iota = nullptr;

@@ -1,5 +1,7 @@
 #include "compile/compile.h"
 
+#include <algorithm>
+
 #include "compile/passes.h"
 #include "util/check.h"
 
@@ -27,9 +29,12 @@ void check_supported(const Graph& graph, const backend::Backend& backend) {
 
 }  // namespace
 
-std::shared_ptr<runtime::Executable> compile(const Graph& graph, const std::vector<int32_t>& donations,
+std::shared_ptr<runtime::Executable> compile(const Graph& traced, const std::vector<int32_t>& donations,
                                              const backend::Backend& backend) {
-  ir::verify(graph);
+  ir::verify(traced);
+  const bool calls = std::any_of(traced.nodes.begin(), traced.nodes.end(), [](const ir::Node& n) { return n.op == ir::OpKind::Call; });
+  const Graph inlined = calls ? inline_calls(traced) : Graph();
+  const Graph& graph = calls ? inlined : traced;
   check_supported(graph, backend);
   Graph optimized = order_reads_before_updates(optimize(graph, backend.capabilities()), donations);
   ir::verify(optimized);

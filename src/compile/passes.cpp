@@ -50,6 +50,40 @@ Graph GraphRewriter::finish() {
   return std::move(out_);
 }
 
+Graph inline_calls(const Graph& g) {
+  if (std::none_of(g.nodes.begin(), g.nodes.end(), [](const Node& n) { return n.op == OpKind::Call; })) return g;
+  GraphRewriter rw(g);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op != OpKind::Call) {
+      rw.copy(static_cast<int32_t>(i));
+      continue;
+    }
+    const Graph body = inline_calls(*n.regions.at(0));
+    // Where each region node's results are now: a parameter is the call's operand; any other
+    // node is appended, its results at their own index.
+    std::vector<ValueRef> at(body.nodes.size());
+    auto value = [&](ValueRef v) {
+      const Node& src = body.nodes[static_cast<size_t>(v.node)];
+      const ValueRef base = at[static_cast<size_t>(v.node)];
+      return src.op == OpKind::Parameter ? base : ValueRef{base.node, v.index};
+    };
+    for (size_t j = 0; j < body.nodes.size(); ++j) {
+      const Node& bn = body.nodes[j];
+      if (bn.op == OpKind::Parameter) {
+        at[j] = rw.map(n.operands.at(static_cast<size_t>(ir::NodeAttrs(bn.op, bn.attrs).i<"index">())));
+        continue;
+      }
+      Node c = bn;
+      for (ValueRef& v : c.operands) v = value(v);
+      rw.graph().nodes.push_back(std::move(c));
+      at[j] = {static_cast<int32_t>(rw.graph().nodes.size() - 1), 0};
+    }
+    for (size_t k = 0; k < body.outputs.size(); ++k) rw.set(static_cast<int32_t>(i), static_cast<int32_t>(k), value(body.outputs[k]));
+  }
+  return rw.finish();
+}
+
 Graph dead_code_elimination(const Graph& g) {
   std::vector<bool> live(g.nodes.size(), false);
   for (ValueRef v : g.outputs) live[v.node] = true;

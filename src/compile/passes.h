@@ -8,6 +8,10 @@
 
 namespace lazyrt::compile {
 
+/// Every call node replaced by its region's nodes over the call's operands (calls inside that
+/// region too). compile runs it before anything else: no other pass, and no backend, meets a
+/// call. Loop regions keep theirs until compile takes them in turn.
+ir::Graph inline_calls(const ir::Graph& g);
 /// Removes nodes no output depends on.
 ir::Graph dead_code_elimination(const ir::Graph& g);
 /// Merges nodes with equal op, operands (in canonical order for commutative ops), attributes

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -95,10 +96,24 @@ struct Node {
   std::vector<std::shared_ptr<const Graph>> regions;
 };
 
+/// A graph's hash kept with it once it no longer changes (ir::seal). A copy starts without one,
+/// so a copy that is then changed never carries its source's hash.
+struct HashMemo {
+  std::optional<GraphHash> value;
+  HashMemo() = default;
+  HashMemo(const HashMemo&) {}
+  HashMemo& operator=(const HashMemo&) {
+    value.reset();
+    return *this;
+  }
+};
+
 struct Graph {
   std::vector<Node> nodes;
   std::vector<ValueRef> outputs;
   int64_t num_params = 0;
+  /// Set by seal() only: a region shared by many nodes is hashed once, not once per node.
+  HashMemo hash_memo;
 
   const TensorType& type(ValueRef v) const { return nodes.at(v.node).results.at(v.index); }
   const Node& node(ValueRef v) const { return nodes.at(v.node); }
@@ -173,6 +188,9 @@ std::string to_dot(const Graph& g);
 /// parameter sequence, outputs and regions, and the IR format version. Never pointer values
 /// or tensor contents.
 GraphHash hash_graph(const Graph& g);
+/// The graph as a region that no longer changes, its hash computed now and kept with it: nodes
+/// that own it hash it without walking it again.
+std::shared_ptr<const Graph> seal(Graph g);
 
 class Hasher;
 /// One node's part of a graph's hash: hash_graph feeds every node of g.nodes through it, in

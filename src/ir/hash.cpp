@@ -64,7 +64,7 @@ void hash_node(Hasher& h, OpKind op, std::span<const ValueRef> operands, const A
     for (int64_t d : t.shape) h.add(static_cast<uint64_t>(d));
   }
   for (const auto& r : regions) {
-    const GraphHash rh = hash_graph(*r);
+    const GraphHash rh = r->hash_memo.value ? *r->hash_memo.value : hash_graph(*r);
     h.add(rh.hi);
     h.add(rh.lo);
   }
@@ -91,6 +91,13 @@ GraphHash hash_graph(const Graph& g) {
   Hasher nodes;
   for (const Node& n : g.nodes) hash_node(nodes, n.op, n.operands, n.attrs, n.results, n.regions);
   return finish_graph_hash(nodes, g.nodes.size(), g.num_params, g.outputs);
+}
+
+std::shared_ptr<const Graph> seal(Graph g) {
+  const GraphHash h = hash_graph(g);
+  auto sealed = std::make_shared<Graph>(std::move(g));
+  sealed->hash_memo.value = h;
+  return sealed;
 }
 
 }  // namespace lazyrt::ir

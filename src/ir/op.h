@@ -39,7 +39,7 @@ inline constexpr uint32_t kOpFlags[] = {
 constexpr bool has_flag_c(OpKind op, OpFlags f) { return (kOpFlags[static_cast<size_t>(op)] & f) != 0; }
 
 enum class ResultRule : uint8_t {
-  Given,           // the result type is supplied by whoever builds the node (parameters)
+  Given,           // the result types are supplied by whoever builds the node (parameters, calls)
   Full,            // from the shape and dtype attributes
   Unary,           // same type
   UnaryNumeric,    // same type; not b8

@@ -134,6 +134,20 @@ void verify_scan_vjp(size_t i, const Node& n, const std::vector<TensorType>& ope
                          type_str(state(k))));
 }
 
+// The region is a graph of the operands' types whose outputs have the result types.
+void verify_call(size_t i, const Node& n, const std::vector<TensorType>& operands) {
+  if (n.regions.size() != 1) fail(i, n, "a call needs one region");
+  const Graph& r = *n.regions[0];
+  verify(r);
+  verify_region_params(i, n, r, "call", operands);
+  if (r.outputs.size() != n.results.size())
+    fail(i, n, str_cat("region returns ", r.outputs.size(), " values for ", n.results.size(), " results"));
+  for (size_t k = 0; k < r.outputs.size(); ++k)
+    if (r.type(r.outputs[k]) != n.results[k])
+      fail(i, n, str_cat("region output ", k, " is ", type_str(r.type(r.outputs[k])), ", result ", k, " is ",
+                         type_str(n.results[k])));
+}
+
 // The region computes the results over `shape` (ops.def): parameters (the operands),
 // constants, elementwise nodes of `shape` or (with reduced dims) of a per-row shape, and
 // reductions over the row.
@@ -183,8 +197,8 @@ void verify(const Graph& g) {
     if (info.operands >= 0 && static_cast<int>(n.operands.size()) != info.operands)
       fail(i, n, str_cat("has ", n.operands.size(), " operands, the op takes ", info.operands));
     if (n.op != OpKind::While && n.op != OpKind::Scan && n.op != OpKind::ScanVjp && n.op != OpKind::Fusion &&
-        !n.regions.empty())
-      fail(i, n, str_cat("has ", n.regions.size(), " regions, only while, scan, scan_vjp and fusion own regions"));
+        n.op != OpKind::Call && !n.regions.empty())
+      fail(i, n, str_cat("has ", n.regions.size(), " regions, only while, scan, scan_vjp, fusion and call own regions"));
     if (n.attrs.values.size() != info.attrs.size())
       fail(i, n, str_cat("has ", n.attrs.values.size(), " attributes, the op takes ",
                          info.attrs.size()));
@@ -206,6 +220,10 @@ void verify(const Graph& g) {
       if (param_seen[idx]) fail(i, n, str_cat("parameter ", idx, " appears twice"));
       param_seen[idx] = true;
       if (n.results.size() != 1) fail(i, n, "a parameter has exactly one result");
+      continue;
+    }
+    if (n.op == OpKind::Call) {  // no rule: its results are its region's
+      verify_call(i, n, in);
       continue;
     }
     std::vector<TensorType> expect;

@@ -4,6 +4,7 @@
 #include "lazyrt/random.h"
 #include "lazyrt/replay.h"
 #include "ops/views.h"
+#include "trace/call.h"
 #include "util/check.h"
 
 namespace lazyrt::optim {
@@ -14,9 +15,6 @@ Tensor zeros_data(const Shape& shape, DType dtype) {
   std::vector<char> bytes(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), 0);
   return from_blob(bytes.data(), shape, dtype);
 }
-
-// Keys of the values Adam and AdamW share among a step's parameters (Optimizer::per_step).
-enum PerStepKey : int { kStepSize, kBias2Sqrt, kDecay };
 
 }  // namespace
 
@@ -31,6 +29,21 @@ Optimizer::Optimizer(std::vector<Tensor> params)
                  ") must be a leaf tensor that requires grad");
   }
   slots_.resize(params_.size());
+  // Operands: the parameter, its gradient, its slots, t, lr; results: the parameter, the slots.
+  update_fn_ = std::make_unique<detail::TracedFunction>("optimizer update", [this](const Carry& in) {
+    const size_t n = in.size();
+    Update u = update(in[0], in[1], std::vector<Tensor>(in.begin() + 2, in.end() - 2), in[n - 2], in[n - 1]);
+    Carry out{u.param};
+    out.insert(out.end(), u.slots.begin(), u.slots.end());
+    return out;
+  });
+}
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::update_changed() {
+  update_fn_->clear();
+  invalidate_compiled_steps();
 }
 
 void Optimizer::set_lr(double lr) {
@@ -58,35 +71,37 @@ void Optimizer::step(const Tensor& found_inf) {
     LAZYRT_CHECK(found_inf.numel() == 1, "optimizer step: found_inf must have one element, got ",
                  shape_str(found_inf.shape()));
   NoGradGuard no_grad;
-  // The values shared by the parameters' updates live for this step only (also when an
-  // update throws).
-  struct ClearPerStep {
-    std::vector<PerStep>& v;
-    ~ClearPerStep() { v.clear(); }
-  } clear_per_step{per_step_};
-  per_step_.clear();
   Tensor skip = found_inf.defined() ? reshape(found_inf, {}) != 0 : Tensor();
   // Keeps the old value where the step is skipped.
   auto commit = [&](Tensor& dst, const Tensor& value) {
     dst.copy_(skip.defined() ? where(skip, detail::detached_value(dst), value) : value);
   };
+  // The update's operands and results live for one parameter's update (also when it throws):
+  // only the vectors' capacity is kept.
+  struct Clear {
+    Carry& in;
+    Carry& out;
+    ~Clear() {
+      in.clear();
+      out.clear();
+    }
+  };
   Tensor t = step_ + 1;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = params_[i].grad();
     if (!g.defined()) continue;
-    Update u = update(i, detail::detached_value(g), t);
-    for (size_t k = 0; k < u.slots.size(); ++k) commit(slots_[i][k], u.slots[k]);
-    commit(params_[i], u.param);
+    Clear clear{update_in_, update_out_};
+    Carry& in = update_in_;
+    in.push_back(params_[i]);
+    in.push_back(detail::detached_value(g));
+    in.insert(in.end(), slots_[i].begin(), slots_[i].end());
+    in.push_back(t);
+    in.push_back(lr_);
+    update_fn_->apply(in, update_out_);
+    for (size_t k = 0; k < slots_[i].size(); ++k) commit(slots_[i][k], update_out_[k + 1]);
+    commit(params_[i], update_out_[0]);
   }
   commit(step_, t);
-}
-
-Tensor Optimizer::per_step(int key, DType dtype, const std::function<Tensor()>& make) {
-  for (const PerStep& e : per_step_)
-    if (e.key == key && e.dtype == dtype) return e.value;
-  Tensor v = make();
-  per_step_.push_back({key, dtype, v});
-  return v;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -137,24 +152,24 @@ void SGD::set_options(const SGDOptions& o) {
   const SGDOptions& c = options_;
   if (o.momentum != c.momentum || o.dampening != c.dampening || o.weight_decay != c.weight_decay ||
       o.nesterov != c.nesterov)
-    invalidate_compiled_steps();
+    update_changed();
   options_ = o;
   set_lr(o.lr);
 }
 
-Optimizer::Update SGD::update(size_t i, const Tensor& grad, const Tensor& t) {
+Optimizer::Update SGD::update(const Tensor& p, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                              const Tensor& lr) {
   const SGDOptions& options = options_;
-  const Tensor& p = params()[i];
   Tensor d = options.weight_decay != 0 ? grad + p * options.weight_decay : grad;
   Update u;
   if (options.momentum != 0) {
     // PyTorch starts the buffer as a copy of the first gradient.
-    const Tensor& buf = slots_[i][0];
+    const Tensor& buf = slots[0];
     Tensor next = where(t == 1, d, buf * options.momentum + d * (1 - options.dampening));
     u.slots.push_back(next);
     d = options.nesterov ? d + next * options.momentum : next;
   }
-  u.param = p - d * cast(lr_tensor(), d.dtype());
+  u.param = p - d * cast(lr, d.dtype());
   return u;
 }
 
@@ -176,41 +191,39 @@ void Adam::set_options(const AdamOptions& o) {
   check_adam(o);
   const AdamOptions& c = options_;
   if (o.beta1 != c.beta1 || o.beta2 != c.beta2 || o.eps != c.eps || o.weight_decay != c.weight_decay)
-    invalidate_compiled_steps();
+    update_changed();
   options_ = o;
   set_lr(o.lr);
 }
 
-Optimizer::Update Adam::adam_update(size_t i, const Tensor& param, const Tensor& grad, const Tensor& t) {
+Optimizer::Update Adam::adam_update(const Tensor& param, const Tensor& grad, const std::vector<Tensor>& slots,
+                                    const Tensor& t, const Tensor& lr) {
   const AdamOptions& o = options_;
-  Tensor m = slots_[i][0] * o.beta1 + grad * (1 - o.beta1);
-  Tensor v = slots_[i][1] * o.beta2 + grad * grad * (1 - o.beta2);
-  // Bias corrections from the step count tensor, in f64 as PyTorch computes them; the same for
-  // every parameter of a dtype, so computed once a step.
+  Tensor m = slots[0] * o.beta1 + grad * (1 - o.beta1);
+  Tensor v = slots[1] * o.beta2 + grad * grad * (1 - o.beta2);
+  // Bias corrections from the step count, in f64 as PyTorch computes them. Every parameter's
+  // call computes them alike; once inlined, compile's CSE keeps one computation per step.
   const DType d = param.dtype();
-  Tensor step_size = per_step(kStepSize, d, [&] {
-    Tensor bc1 = 1 - pow(full({}, o.beta1, DType::f64), t);
-    return cast(lr_tensor() / bc1, d);
-  });
-  Tensor bc2_sqrt = per_step(kBias2Sqrt, d, [&] { return cast(sqrt(1 - pow(full({}, o.beta2, DType::f64), t)), d); });
+  Tensor step_size = cast(lr / (1 - pow(full({}, o.beta1, DType::f64), t)), d);
+  Tensor bc2_sqrt = cast(sqrt(1 - pow(full({}, o.beta2, DType::f64), t)), d);
   Tensor denom = sqrt(v) / bc2_sqrt + o.eps;
   return {param - step_size * (m / denom), {m, v}};
 }
 
-Optimizer::Update Adam::update(size_t i, const Tensor& grad, const Tensor& t) {
-  const Tensor& p = params()[i];
+Optimizer::Update Adam::update(const Tensor& p, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                               const Tensor& lr) {
   const double wd = options().weight_decay;
   Tensor g = wd != 0 ? grad + p * wd : grad;
-  return adam_update(i, p, g, t);
+  return adam_update(p, g, slots, t, lr);
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o) {}
 
-Optimizer::Update AdamW::update(size_t i, const Tensor& grad, const Tensor& t) {
-  const Tensor& p = params()[i];
+Optimizer::Update AdamW::update(const Tensor& p, const Tensor& grad, const std::vector<Tensor>& slots, const Tensor& t,
+                                const Tensor& lr) {
   const double wd = options().weight_decay;
-  Tensor decayed = wd != 0 ? p * per_step(kDecay, p.dtype(), [&] { return cast(1 - lr_tensor() * wd, p.dtype()); }) : p;
-  return adam_update(i, decayed, grad, t);
+  Tensor decayed = wd != 0 ? p * cast(1 - lr * wd, p.dtype()) : p;
+  return adam_update(decayed, grad, slots, t, lr);
 }
 
 }  // namespace lazyrt::optim

@@ -1,5 +1,7 @@
 #include "lazyrt/debug.h"
 
+#include <unordered_set>
+
 #include "runtime/buffer.h"
 #include "trace/lazy_tensor.h"
 
@@ -13,10 +15,12 @@ std::vector<std::shared_ptr<trace::TensorImpl>> impls(const std::vector<Tensor>&
   return out;
 }
 
-int64_t count_nodes(const ir::Graph& g) {
+// A region shared by several nodes (the calls of one traced function) counts once.
+int64_t count_nodes(const ir::Graph& g, std::unordered_set<const ir::Graph*>& seen) {
   int64_t n = static_cast<int64_t>(g.nodes.size());
   for (const ir::Node& node : g.nodes)
-    for (const auto& r : node.regions) n += count_nodes(*r);
+    for (const auto& r : node.regions)
+      if (seen.insert(r.get()).second) n += count_nodes(*r, seen);
   return n;
 }
 
@@ -27,7 +31,8 @@ std::string graph_text(const std::vector<Tensor>& tensors) {
 }
 
 int64_t graph_node_count(const std::vector<Tensor>& tensors) {
-  return count_nodes(trace::pending_graph(impls(tensors)));
+  std::unordered_set<const ir::Graph*> seen;
+  return count_nodes(trace::pending_graph(impls(tensors)), seen);
 }
 
 int64_t live_memory_bytes() { return runtime::memory_stats().live_bytes; }

@@ -16,6 +16,9 @@ namespace {
 std::atomic<int64_t> next_id{1};
 std::atomic<int64_t> next_scope{1};
 thread_local std::vector<int64_t> scope_stack;
+// Per active scope: what its refusal of an in-place update of an outside tensor says (nullptr:
+// a loop body's).
+thread_local std::vector<const char*> scope_in_place_errors;
 // Per active scope: the tensors from outside it that require grad and were read in it.
 thread_local std::vector<std::vector<std::shared_ptr<TensorImpl>>> scope_grad_captures;
 thread_local RebindJournal* active_journal = nullptr;
@@ -85,25 +88,29 @@ bool scope_is_active(int64_t scope) {
   return false;
 }
 
-TraceScope::TraceScope() : id_(next_scope++) {
+TraceScope::TraceScope(const char* in_place_error) : id_(next_scope++) {
   scope_stack.push_back(id_);
+  scope_in_place_errors.push_back(in_place_error);
   scope_grad_captures.emplace_back();
   scope_entries.fetch_add(1, std::memory_order_relaxed);
 }
 TraceScope::~TraceScope() {
   scope_entries.fetch_sub(1, std::memory_order_relaxed);
   scope_stack.pop_back();
+  scope_in_place_errors.pop_back();
   scope_grad_captures.pop_back();
 }
 
 TopLevel::TopLevel() {
   scope_stack.push_back(0);
+  scope_in_place_errors.push_back(nullptr);
   scope_grad_captures.emplace_back();
   scope_entries.fetch_add(1, std::memory_order_relaxed);
 }
 TopLevel::~TopLevel() {
   scope_entries.fetch_sub(1, std::memory_order_relaxed);
   scope_stack.pop_back();
+  scope_in_place_errors.pop_back();
   scope_grad_captures.pop_back();
 }
 
@@ -199,9 +206,12 @@ LazyValue TensorImpl::value() {
 }
 
 void TensorImpl::set_ir(LazyValue v) {
-  LAZYRT_CHECK(scope == current_scope(),
-               "while_loop: the loop body modifies a tensor from outside the loop in place (",
-               ir::type_str(type), "); return the new value as part of the carry instead");
+  if (scope != current_scope()) {
+    const char* custom = scope_in_place_errors.empty() ? nullptr : scope_in_place_errors.back();
+    if (custom) throw Error(detail::str_cat(custom, " (", ir::type_str(type), ")"));
+    throw Error(detail::str_cat("while_loop: the loop body modifies a tensor from outside the loop in place (",
+                                ir::type_str(type), "); return the new value as part of the carry instead"));
+  }
   if (RebindJournal* j = journal()) j->value_changing(*this);
   LAZYRT_ASSERT(v.type() == type, "rebinding tensor ", id, " of ", ir::type_str(type), " to ",
                 ir::type_str(v.type()));

@@ -186,7 +186,9 @@ int64_t current_scope();
 bool scope_is_active(int64_t scope);
 class TraceScope {
  public:
-  TraceScope();
+  /// in_place_error: what the refusal of an in-place update of a tensor from outside the scope
+  /// says (by default a loop body's); kept by the caller while the scope lives.
+  explicit TraceScope(const char* in_place_error = nullptr);
   ~TraceScope();
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;

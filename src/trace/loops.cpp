@@ -16,6 +16,9 @@
 // nodes: the backward is a scan_vjp whose length is counted when it runs (a counter carry of
 // the while, or upper - lower from the bounds, which are inputs), so one executable serves
 // every trip count.
+//
+// A call (trace/call.h) is traced the same way: a function over placeholders in a scope of its
+// own, its region extracted once per list of operand types and shared by every call node.
 #include "lazyrt/loops.h"
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include "ops/op_helpers.h"
 #include "ops/random_state.h"
 #include "ops/views.h"
+#include "trace/call.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -206,6 +210,8 @@ Carry apply_graph(const ir::Graph& g, const Carry& params) {
       vals[i] = record_scan(ops, ScanShape::of(n), n.regions[0]);
     } else if (n.op == ir::OpKind::While) {
       vals[i] = record_while(ops, n.attrs, n.regions, 0);
+    } else if (n.op == ir::OpKind::Call) {
+      vals[i] = apply_graph(*n.regions[0], ops);  // inlined, so that what it computes is differentiated
     } else {
       LAZYRT_ASSERT(n.regions.empty() && n.results.size() == 1, "apply_graph: cannot run ", ir::op_name(n.op));
       vals[i] = {detail::apply(n.op, ops, n.attrs)};
@@ -701,4 +707,83 @@ std::pair<Carry, Carry> scan(const ScanFn& fn, Carry init, Carry xs, bool revers
   return {std::move(carry), Carry(out.begin() + kept, out.end())};
 }
 
+// ---- call: a function traced once per operand types ----------------------------------------
+
+namespace detail {
+
+TracedFunction::TracedFunction(std::string name, Fn fn)
+    : name_(std::move(name)),
+      in_place_error_(name_ + ": the function updates a tensor from outside it in place (a random draw advances "
+                              "the generator's offset); a call computes from its operands and constants only"),
+      fn_(std::move(fn)) {}
+
+const TracedFunction::Traced& TracedFunction::trace(const Carry& operands) {
+  Traced t;
+  t.types = input_types(name_.c_str(), "operand", operands);
+  Captures captures;
+  ir::Graph region;
+  {
+    trace::TraceScope scope(in_place_error_.c_str());
+    Carry ph;
+    for (size_t k = 0; k < t.types.size(); ++k)
+      ph.push_back(trace::tensor_of(trace::make_placeholder(t.types[k], static_cast<int32_t>(k))));
+    const Carry out = fn_(ph);
+    for (size_t k = 0; k < out.size(); ++k)
+      LAZYRT_CHECK(out[k].defined(), name_, ": result ", k, " is undefined");
+    region = extract_region(values_of(out), scope.id(), static_cast<int64_t>(t.types.size()), captures);
+    region.num_params = static_cast<int64_t>(t.types.size());
+  }
+  LAZYRT_CHECK(captures.values.empty(), name_, ": the function reads ", captures.values.size(),
+               " tensor(s) it was not given; a call computes from its operands and constants only");
+  for (ir::ValueRef v : region.outputs) t.results.push_back(region.type(v));
+  t.region = ir::seal(std::move(region));
+  traced_.push_back(std::move(t));
+  return traced_.back();
+}
+
+void TracedFunction::apply(const Carry& operands, Carry& results) {
+  const bool grads = autograd::in_recorded_body() ||
+                     (autograd::recording() &&
+                      std::any_of(operands.begin(), operands.end(), [](const Tensor& t) { return t.requires_grad(); }));
+  if (grads) {
+    results = fn_(operands);
+    return;
+  }
+  const Traced* t = nullptr;
+  for (const Traced& e : traced_) {
+    bool same = e.types.size() == operands.size();
+    for (size_t k = 0; same && k < operands.size(); ++k)
+      same = operands[k].defined() && operands[k].dtype() == e.types[k].dtype && operands[k].shape() == e.types[k].shape;
+    if (same) {
+      t = &e;
+      break;
+    }
+  }
+  if (!t) t = &trace(operands);
+  // Recorded as trace::record would, with the types the region gives (no rule infers them),
+  // in vectors that kept their capacity (VectorStash): a step records a call per parameter.
+  auto n = util::make_pooled<LazyNode>();
+  n->op = ir::OpKind::Call;
+  n->operands = util::VectorStash<std::vector<LazyValue>>::take();
+  for (const Tensor& x : operands) n->operands.push_back(value_of(x));
+  n->types = util::VectorStash<std::vector<ir::TensorType>>::take();
+  n->types.resize(t->results.size());
+  for (size_t k = 0; k < t->results.size(); ++k) {
+    n->types[k].dtype = t->results[k].dtype;
+    n->types[k].shape = ir::stashed_shape(t->results[k].shape);
+  }
+  n->regions.push_back(t->region);
+  n->scope = trace::current_scope();
+  results.clear();
+  for (size_t k = 0; k < t->results.size(); ++k)
+    results.push_back(trace::tensor_of(trace::make_pending({n, static_cast<int32_t>(k)})));
+}
+
+Carry TracedFunction::operator()(const Carry& operands) {
+  Carry results;
+  apply(operands, results);
+  return results;
+}
+
+}  // namespace detail
 }  // namespace lazyrt

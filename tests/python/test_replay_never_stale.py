@@ -465,11 +465,37 @@ def test_low_level_calls_refuse_a_step_that_changes_gradients():
 
 
 def test_low_level_calls_refuse_an_update_the_outputs_do_not_reach():
-    # Plain SGD's update does not read its step count, which the step still advances.
-    w = World(opt="sgd")
-    w.opt = lr.optim.SGD(w.model.parameters(), lr=0.1)
+    # A counter the step advances in place, which neither the loss nor the updates read.
+    w = World()
+    counter = lr.zeros([])
+    step = w.step
+    w.step = lambda x: (counter.add_(1), step(x))[1]
     with pytest.raises(lr.Error, match="does not reach"):
         low_level_trace(w, data(1, 10, 5))
+
+
+def test_low_level_calls_replay_plain_sgd_and_its_step_count_as_plain_steps():
+    # Plain SGD's update does not read its step count. Each parameter's update is one call
+    # node that takes the count among its operands, so the graph reaches the count's update and
+    # a replay advances it, as plain steps do.
+    results = []
+    for replayed in (True, False):
+        w = World(opt="sgd")
+        w.opt = lr.optim.SGD(w.model.parameters(), lr=0.1)
+        x = data(1, 10, 5)
+        if replayed:
+            h, values = low_level_trace(w, x)
+            losses = [lr.run_cached_graph(h, values)[0].item() for _ in range(3)]
+        else:
+            lr.mark_step()
+            losses = []
+            for _ in range(3):
+                losses.append(w.step(x).item())
+                lr.mark_step()
+        results.append((losses, w.state(), w.opt.step_count.item()))
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-6)
+    assert_same_state(results[0][1], results[1][1])
+    assert results[0][2] == results[1][2] == 3.0
 
 
 @pytest.mark.parametrize("change", ["eval", "replace", "new_optimizer", "weight_decay", "set_grad", "zero_grad"])

@@ -10,6 +10,40 @@ using ir::OpKind;
 using ir::ValueRef;
 using lazyrt::testing::f32;
 
+TEST(InlineCalls, ACallBecomesItsRegionOverItsOperandsAndNestedCallsToo) {
+  // The outer region calls the inner one and negates its first result.
+  auto inner = ir::seal(lazyrt::testing::scale_shift_region());
+  Graph outer;
+  {
+    ValueRef x = outer.add_parameter(f32({2, 3}));
+    ValueRef b = outer.add_parameter(f32({3}));
+    ValueRef c = lazyrt::testing::add_call(outer, inner, x, b);
+    outer.outputs = {outer.add(OpKind::Neg, {c}), {c.node, 1}};
+  }
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 3}));
+  ValueRef b = g.add_parameter(f32({3}));
+  ValueRef twice = lazyrt::testing::add_call(g, ir::seal(outer), g.add(OpKind::Exp, {x}), b);
+  g.outputs = {{twice.node, 1}, lazyrt::testing::add_call(g, inner, x, b)};
+  ir::verify(g);
+  const Graph inlined = inline_calls(g);
+  ir::verify(inlined);
+  EXPECT_EQ(ir::to_text(inlined),
+            "%0 = parameter {index=0} : f32[2, 3]\n"
+            "%1 = parameter {index=1} : f32[3]\n"
+            "%2 = exp(%0) : f32[2, 3]\n"
+            "%3 = full {value=2, shape=[], dtype=f32} : f32[]\n"
+            "%4 = mul(%2, %3) : f32[2, 3]\n"
+            "%5 = add(%4, %1) : f32[2, 3]\n"
+            "%6 = sub(%2, %1) : f32[2, 3]\n"
+            "%7 = neg(%5) : f32[2, 3]\n"
+            "%8 = full {value=2, shape=[], dtype=f32} : f32[]\n"
+            "%9 = mul(%0, %8) : f32[2, 3]\n"
+            "%10 = add(%9, %1) : f32[2, 3]\n"
+            "%11 = sub(%0, %1) : f32[2, 3]\n"
+            "return %6, %10\n");
+}
+
 TEST(DeadCodeElimination, DropsNodesNoOutputReads) {
   Graph g;
   ValueRef x = g.add_parameter(f32({2}));

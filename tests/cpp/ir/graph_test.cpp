@@ -114,4 +114,37 @@ TEST(Verify, RejectsDuplicateParametersAndDanglingOutputs) {
   EXPECT_THROW(verify(h), Error);
 }
 
+TEST(Verify, RejectsACallWhoseRegionDoesNotFitItsOperandsOrResults) {
+  auto message = [](const Graph& g) {
+    try {
+      verify(g);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto graph = [](Graph region, Shape b_shape) {
+    Graph g;
+    ValueRef x = g.add_parameter(f32({2, 3}));
+    g.outputs = {lazyrt::testing::add_call(g, seal(std::move(region)), x, g.add_parameter(f32(b_shape)))};
+    return g;
+  };
+  EXPECT_EQ(message(graph(lazyrt::testing::scale_shift_region(), {3})), "no error");
+  EXPECT_THAT(message(graph(lazyrt::testing::scale_shift_region(), {1, 3})),
+              HasSubstr("call parameter 1 is f32[3], its operand f32[1, 3]"));
+  Graph one_result = lazyrt::testing::scale_shift_region();
+  one_result.outputs.pop_back();
+  Graph two_results = graph(lazyrt::testing::scale_shift_region(), {3});
+  two_results.nodes.back().regions = {seal(one_result)};
+  EXPECT_THAT(message(two_results), HasSubstr("region returns 1 values for 2 results"));
+  Graph no_region = graph(lazyrt::testing::scale_shift_region(), {3});
+  no_region.nodes.back().regions.clear();
+  EXPECT_THAT(message(no_region), HasSubstr("a call needs one region"));
+  Graph other_results = graph(lazyrt::testing::scale_shift_region(), {3});
+  other_results.nodes.back().results[1] = {DType::f64, {2, 3}};
+  EXPECT_THAT(message(other_results), HasSubstr("region output 1 is f32[2, 3], result 1 is f64[2, 3]"));
+  EXPECT_THAT(message(graph(lazyrt::testing::scale_shift_region(), {2})),
+              HasSubstr("call parameter 1 is f32[3], its operand f32[2]"));
+}
+
 }  // namespace lazyrt::ir

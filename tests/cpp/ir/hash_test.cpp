@@ -60,6 +60,29 @@ TEST(Hash, CoversShapesOpsAttributesAndOutputs) {
   EXPECT_NE(hash_graph(constant), hash_graph(constant2));
 }
 
+TEST(Hash, ASealedRegionHashesAsItsGraphAndACopyForgetsTheKeptHash) {
+  const Graph region = mlp_like({8, 3});
+  const std::shared_ptr<const Graph> sealed = seal(region);
+  ASSERT_TRUE(sealed->hash_memo.value.has_value());
+  EXPECT_EQ(*sealed->hash_memo.value, hash_graph(region));
+  // A node hashes the kept hash: it must be the region's own, or two nodes with other regions
+  // would hash alike. A copy that is changed is hashed afresh.
+  Graph copy = *sealed;
+  EXPECT_FALSE(copy.hash_memo.value.has_value());
+  copy.nodes[3].op = OpKind::Abs;
+  auto with_region = [](std::shared_ptr<const Graph> r) {
+    Graph g;
+    ValueRef x = g.add_parameter(f32({8, 3}));
+    ValueRef w = g.add_parameter(f32({3, 4}));
+    g.outputs = {lazyrt::testing::add_call(g, std::move(r), x, w)};
+    verify(g);
+    return hash_graph(g);
+  };
+  EXPECT_EQ(with_region(sealed), with_region(std::make_shared<const Graph>(region)));
+  EXPECT_NE(with_region(sealed), with_region(seal(copy)));
+  EXPECT_NE(with_region(sealed), with_region(std::make_shared<const Graph>(copy)));
+}
+
 TEST(Hash, ExcludesTensorContents) {
   Tensor a = tensor({1, 2, 3}, {3});
   Tensor b = tensor({7, 8, 9}, {3});

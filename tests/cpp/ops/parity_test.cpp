@@ -579,6 +579,9 @@ TEST(OpFixtures, EveryOpOfTheTableHasAParityCase) {
       "scan_vjp",               // likewise: gradients with snapshots (checkpointing)
       "fusion",                 // made by compile, never traced: it runs every case with an
                                 // elementwise chain, and tests/cpp/compile/fusion_test.cpp
+      "call",                   // recorded by optimizers' updates (every training case runs
+                                // them), tests/cpp/trace/call_test.cpp (the same ops run one by
+                                // one) and tests/cpp/optim/training_test.cpp (torch)
       "gemm",                   // made by compile from matmuls of transposes: it runs every
                                 // such case (linear layers, their gradients), and
                                 // tests/cpp/compile/gemm_test.cpp (known values)

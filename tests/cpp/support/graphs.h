@@ -83,6 +83,28 @@ inline ir::ValueRef add_scale_shift_fusion(ir::Graph& g, ir::ValueRef x, ir::Val
   return f;
 }
 
+/// The region of a call over x f32[2, 3] and b f32[3]: results x * 2 + b and x - b.
+inline ir::Graph scale_shift_region() {
+  using ir::OpKind;
+  ir::Graph r;
+  const ir::ValueRef x = r.add_parameter(f32({2, 3}));
+  const ir::ValueRef b = r.add_parameter(f32({3}));
+  r.outputs = {r.add(OpKind::Add, {r.add(OpKind::Mul, {x, r.add_full(2, {}, DType::f32)}), b}),
+               r.add(OpKind::Sub, {x, b})};
+  return r;
+}
+
+/// A call of `region` over x and b; its results are the region's outputs.
+inline ir::ValueRef add_call(ir::Graph& g, std::shared_ptr<const ir::Graph> region, ir::ValueRef x, ir::ValueRef b) {
+  ir::Node n;
+  n.op = ir::OpKind::Call;
+  n.operands = {x, b};
+  for (ir::ValueRef v : region->outputs) n.results.push_back(region->type(v));
+  n.regions = {std::move(region)};
+  g.nodes.push_back(std::move(n));
+  return {static_cast<int32_t>(g.nodes.size() - 1), 0};
+}
+
 /// One graph that uses every op of ops.def and every attribute kind; all values are outputs.
 inline ir::Graph every_op_graph() {
   using ir::OpKind;
@@ -183,6 +205,10 @@ inline ir::Graph every_op_graph() {
   const ir::ValueRef f = add_scale_shift_fusion(g, a, g.add_parameter(f32({3})));
   outs.push_back(f);
   outs.push_back({f.node, 1});
+  // A call of a function of two results.
+  const ir::ValueRef call = add_call(g, ir::seal(scale_shift_region()), a, g.add_parameter(f32({3})));
+  outs.push_back(call);
+  outs.push_back({call.node, 1});
   // Collectives over a group of 2, chained by their tokens.
   const ir::ValueRef token = g.add_full(0, {}, DType::b8);
   const ir::ValueRef reduced = g.add(OpKind::AllReduce, {a, token}, {int64_t{1}, int64_t{2}, int64_t{0}});

@@ -7,6 +7,8 @@
 #include <limits>
 #include <utility>
 
+#include "support/error_of.h"
+
 namespace lazyrt {
 using ::testing::HasSubstr;
 
@@ -16,15 +18,7 @@ Tensor i64(int64_t v) { return scalar_tensor(static_cast<double>(v), DType::i64)
 // x <- tanh(x @ w + b), the body used by several tests.
 Tensor layer(const Tensor& x, const Tensor& w, const Tensor& b) { return tanh(matmul(x, w) + b); }
 
-template <class Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing_support::error_of;
 }  // namespace
 
 TEST(WhileLoop, CountdownScenario) {

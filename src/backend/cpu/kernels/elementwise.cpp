@@ -254,6 +254,10 @@ Kernel make_Fusion(const KernelSpec&) {
   LAZYRT_ASSERT(false, "fusion is lowered by the compiler (control_flow.cpp), not a kernel");
 }
 
+Kernel make_Call(const KernelSpec&) {
+  LAZYRT_ASSERT(false, "call is inlined by the compiler (compile::inline_calls), not a kernel");
+}
+
 Kernel make_While(const KernelSpec&) {
   LAZYRT_ASSERT(false, "while is lowered by the compiler (control_flow.cpp), not a kernel");
 }
