@@ -3,7 +3,8 @@
  * do when nothing but the access pattern stands in the way. bench/limits.py loads this library
  * (ctypes) and times its functions in turn with the benchmarks' steps.
  *
- * - copy:  a[i] = b[i]                 STREAM's copy,  8 bytes per element (read b, write a)
+ * - copy:  a[i] = b[i]                 STREAM's copy,  8 bytes per element (read b, write a);
+ *          also timed copy by copy (copy_timed_ns), as lazyrt's step timings time each step
  * - triad: a[i] = b[i] + s * c[i]      STREAM's triad, 12 bytes per element
  * - adamw: torch.optim.AdamW's update (torch 1.13's _single_tensor_adamw, amsgrad off, f32) over
  *   a list of tensors, reading param, grad, exp_avg, exp_avg_sq and writing param, exp_avg,
@@ -17,9 +18,27 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 void lazyrt_limits_copy(float* restrict a, const float* restrict b, size_t n) {
   for (size_t i = 0; i < n; ++i) a[i] = b[i];
+}
+
+/* The mean time of `reps` copies of n floats (after one not counted), each timed on its own
+ * with the monotonic clock, as lazyrt times each step of an executable with kernel timings on:
+ * the limit of a step that moves 8 n bytes, with the same clock reads in it. */
+double lazyrt_limits_copy_timed_ns(float* restrict a, const float* restrict b, size_t n, size_t reps) {
+  lazyrt_limits_copy(a, b, n);
+  double total = 0;
+  for (size_t r = 0; r < reps; ++r) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    lazyrt_limits_copy(a, b, n);
+    __asm__ volatile("" ::: "memory");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    total += (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+  }
+  return total / (double)reps;
 }
 
 void lazyrt_limits_triad(float* restrict a, const float* restrict b, const float* restrict c, float s, size_t n) {

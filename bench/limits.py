@@ -31,6 +31,8 @@ def library(build):
     size_t, fptr = ctypes.c_size_t, ctypes.c_void_p
     lib.lazyrt_limits_copy.argtypes = [fptr, fptr, size_t]
     lib.lazyrt_limits_copy.restype = None
+    lib.lazyrt_limits_copy_timed_ns.argtypes = [fptr, fptr, size_t, size_t]
+    lib.lazyrt_limits_copy_timed_ns.restype = ctypes.c_double
     lib.lazyrt_limits_triad.argtypes = [fptr, fptr, fptr, ctypes.c_float, size_t]
     lib.lazyrt_limits_triad.restype = None
     lib.lazyrt_limits_adamw.argtypes = [size_t, fptr, fptr, fptr, fptr, fptr] + [ctypes.c_double] * 5 + [
@@ -105,3 +107,76 @@ def checked_adamw(lib, params, grads, hyper, steps=3):
                 np.concatenate(c.exp_avg_sqs),
                 np.concatenate([opt.state[p]["exp_avg_sq"].numpy() for p in ps]), rtol=1e-5, atol=1e-12)
     return AdamW(lib, params, grads, **hyper)
+
+
+def copy_timed_ns(lib, nbytes, reps):
+    """The mean time (ns) of a C copy of nbytes (at least 8), each of reps copies timed on its own
+    with the monotonic clock, as lazyrt's step timings time each step; the arrays stay in cache
+    when they fit, as a step's operands do."""
+    numel = max(nbytes // COPY_BYTES, 1)
+    a, b = np.zeros(numel, dtype=np.float32), np.ones(numel, dtype=np.float32)
+    ns = lib.lazyrt_limits_copy_timed_ns(a.ctypes.data, b.ctypes.data, numel, reps)
+    if not np.array_equal(a, b):
+        raise BenchmarkError("the timed copy does not copy")
+    return ns
+
+
+# Kernels whose limit is arithmetic, not bytes (the GEMM limit and the convolution rows cover them).
+COMPUTE_BOUND_OPS = ("matmul", "gemm", "conv2d", "conv2d_backward_input", "conv2d_backward_weight")
+
+
+def step_kernels(lib, run, calls, reps=200):
+    """The kernels of a replayed step against their byte limits: `run` (one step) runs `calls`
+    times with lazyrt's kernel timings on; the executable that ran as often, and longest, is the
+    step's. For each of its steps whose op is not compute-bound: its mean time per run, the bytes
+    it must move (its operands and results once), and a C copy of as many bytes timed the same
+    way (copy_timed_ns). Returns (rows, total kernel ns, total limit ns), rows as dicts sorted by
+    time, longest first."""
+    import lazyrt as lr
+    lr.metrics.reset()
+    lr.metrics.set_kernel_timings(True)
+    try:
+        for _ in range(calls):
+            run()
+    finally:
+        lr.metrics.set_kernel_timings(False)
+    steps = lr.metrics.step_timings()
+    per_exe = {}
+    for s in steps:
+        if s["runs"] == calls:
+            per_exe[s["executable"]] = per_exe.get(s["executable"], 0) + s["total_ns"]
+    if not per_exe:
+        raise BenchmarkError("step kernels: no executable ran once per call")
+    exe = max(per_exe, key=per_exe.get)
+    rows, limits_ns = [], {}
+    for s in steps:
+        if s["executable"] != exe or s["op"] in COMPUTE_BOUND_OPS:
+            continue
+        if s["bytes"] not in limits_ns:
+            limits_ns[s["bytes"]] = copy_timed_ns(lib, s["bytes"], reps)
+        ns = s["total_ns"] / s["runs"]
+        rows.append(dict(step=s["step"], op=s["op"], bytes=s["bytes"], ns=ns, limit_ns=limits_ns[s["bytes"]]))
+    rows.sort(key=lambda r: -r["ns"])
+    return rows, sum(r["ns"] for r in rows), sum(r["limit_ns"] for r in rows)
+
+
+def step_kernels_markdown(kernels, kernels_ns, limit_ns, calls):
+    """step_kernels' rows as a section of the report."""
+    from harness import table
+    below = [k for k in kernels if k["limit_ns"] / k["ns"] < 0.7]
+    rows = [[k["step"], k["op"], f"{k['bytes']:,}", f"{k['ns'] / 1e3:.2f}", f"{k['limit_ns'] / 1e3:.2f}",
+             f"{k['limit_ns'] / k['ns']:.0%}"] for k in kernels]
+    rows.append(["all", "", f"{sum(k['bytes'] for k in kernels):,}", f"{kernels_ns / 1e3:.2f}",
+                 f"{limit_ns / 1e3:.2f}", f"{limit_ns / kernels_ns:.0%}"])
+    return "\n".join([
+        "### The step's kernels besides its products, against their byte limits\n",
+        f"With kernel timings on, the replayed step ran {calls} more times; each step of its executable was timed "
+        "on its own (two clock reads around it). bytes: its operands and results, each once (what it must read and "
+        "write at least). limit: a C copy of as many bytes (bench/limits.c, -O3 -march=native), each copy timed on "
+        "its own the same way, the arrays in cache as the step's are. share = limit / time. Products (gemm) are "
+        "left to the GEMM limit. Mean times per run, longest first.\n",
+        table(["step", "op", "bytes", "us per run", "limit us", "share of the limit"], rows),
+        f"\n{len(kernels) - len(below)} of {len(kernels)} kernels reach 70% of their limit; together they reach "
+        f"{limit_ns / kernels_ns:.0%}. Those below 70% take {sum(k['ns'] for k in below) / 1e3:.1f} us per step "
+        f"({sum(k['ns'] for k in below) / kernels_ns:.0%} of these kernels' time).\n",
+    ])

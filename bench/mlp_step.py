@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import lazyrt as lr
+import limits
 from harness import (BenchmarkError, calls_for, check_close, peak_rss, ratio, reset_peak_rss, run_child, table,
                      time_side_by_side)
 
@@ -272,6 +273,11 @@ def run(opts):
         raise BenchmarkError("MLP step: compile_step retraced")
     limit = None if gemm is None else (gemm[0], gemm[1], ms.pop(LIMIT))
 
+    # The step's kernels other than its products, against their byte limits.
+    lib = limits.library(opts.build)
+    kernel_calls = 3 if opts.quick else 20
+    kernels, kernels_ns, kernels_limit_ns = limits.step_kernels(lib, lambda: replayed(lx, ly), kernel_calls)
+
     mem_steps = 2 if opts.quick else 5
     mem = {peer: peak_memory(opts, peer, mem_steps) for peer in ("lazyrt replayed", "PyTorch eager")}
     check_close("MLP step, memory children's losses", [mem["lazyrt replayed"]["loss"]],
@@ -310,6 +316,7 @@ def run(opts):
                   f"can take. The share is that time over the step's time (medians).\n")
     else:
         md.append("GEMM limit: no GEMM library could be loaded; the limit is not measured.\n")
+    md.append(limits.step_kernels_markdown(kernels, kernels_ns, kernels_limit_ns, kernel_calls))
     md.append(table(["peak memory of a step (child process)", "lazyrt replayed", "PyTorch eager"], [
         ["process peak resident size above the start, MiB", f"{mem['lazyrt replayed']['peak_rss'] * mib:.1f}",
          f"{mem['PyTorch eager']['peak_rss'] * mib:.1f}"],
@@ -327,6 +334,9 @@ def run(opts):
         summary.append(("MLP step: GEMM limit", "lazyrt replayed", ms[base].cell(), "ms",
                         "the faster GEMM library per product, on the step's shapes", limit[2].cell(),
                         ratio(limit[2].median / ms[base].median)))
+    summary.append(("MLP step: kernels besides products, byte limit", "lazyrt replayed",
+                    f"{kernels_ns / 1e3:.0f}", "us", "a C copy of each kernel's bytes",
+                    f"{kernels_limit_ns / 1e3:.0f}", ratio(kernels_limit_ns / kernels_ns)))
     summary.append(("MLP step: peak memory", "lazyrt replayed", f"{mem['lazyrt replayed']['peak_rss'] * mib:.1f}",
                     "MiB", "PyTorch eager", f"{mem['PyTorch eager']['peak_rss'] * mib:.1f}",
                     ratio(mem["PyTorch eager"]["peak_rss"] / max(mem["lazyrt replayed"]["peak_rss"], 1))))

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import lazyrt as lr
+import limits
 from harness import (BenchmarkError, Samples, calls_for, check_close, ltc_live_tensors, ratio, table,
                      time_side_by_side, torch_lazy_available)
 
@@ -206,6 +207,12 @@ def run(opts):
         table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)"], rows),
         "",
     ]
+    if os.path.exists(os.path.join(opts.build, "bench", limits.LIBRARY)):
+        kernel_calls = 3 if opts.quick else 200
+        kernels = limits.step_kernels(limits.library(opts.build), lambda: replayed(lx), kernel_calls)
+        md.append(limits.step_kernels_markdown(*kernels, kernel_calls))
+    else:
+        md.append(f"No {limits.LIBRARY} in {opts.build}/bench: the step's kernels are not measured.\n")
     ops = {}
     if cpp is not None and "ns_per_op" in cpp:
         ops = {"lazyrt: a + b, f32[4], recorded": Samples(cpp["ns_per_op"]["add"]),

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace lazyrt::metrics {
 
@@ -32,5 +33,20 @@ void reset();
 /// off, it costs one flag read per executable run.
 void set_kernel_timings(bool on);
 bool kernel_timings();
+
+/// One step of an executable, timed while kernel timings are on: the executable (numbered in
+/// the order executables were made), the step's place in it, its op (`fusion` for a fused node),
+/// the bytes its operands and results hold (what the step must read and write at least), how
+/// many runs were timed since the last reset() and their total.
+struct StepTiming {
+  int64_t executable = 0;
+  int64_t step = 0;
+  std::string op;
+  int64_t bytes = 0;
+  int64_t runs = 0;
+  int64_t total_ns = 0;
+};
+/// Every timed step of the executables alive now, by executable and step.
+std::vector<StepTiming> step_timings();
 
 }  // namespace lazyrt::metrics

@@ -20,6 +20,24 @@ void bind_metrics_cache(py::module_& m) {
   mt.def("set_kernel_timings", &metrics::set_kernel_timings, py::arg("on"),
          "While on, every kernel run records a timing named 'Kernel:<op>'.");
   mt.def("kernel_timings", &metrics::kernel_timings);
+  mt.def(
+      "step_timings",
+      [] {
+        py::list out;
+        for (const metrics::StepTiming& t : metrics::step_timings()) {
+          py::dict d;
+          d["executable"] = t.executable;
+          d["step"] = t.step;
+          d["op"] = t.op;
+          d["bytes"] = t.bytes;
+          d["runs"] = t.runs;
+          d["total_ns"] = t.total_ns;
+          out.append(d);
+        }
+        return out;
+      },
+      "Every step of the live executables timed while kernel timings were on (since the last reset): "
+      "dicts of executable, step, op, bytes (its operands' and results'), runs and total_ns.");
   // Recording is the package's own business (its Python layers count what they do), not the API's.
   mt.def("_increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
          py::arg("by") = 1);

@@ -1,6 +1,7 @@
 #include "runtime/executable.h"
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -10,7 +11,11 @@
 
 namespace lazyrt::runtime {
 
-Executable::Executable(Parts parts) : parts_(std::move(parts)) {
+namespace {
+std::atomic<int64_t> next_executable{1};
+}  // namespace
+
+Executable::Executable(Parts parts) : parts_(std::move(parts)), id_(next_executable.fetch_add(1)) {
   arena_ = std::make_unique<Buffer>(parts_.arena_bytes);
   auto* arena = static_cast<char*>(arena_->data());
   auto* consts = parts_.constants ? static_cast<char*>(parts_.constants->data()) : nullptr;
@@ -36,6 +41,10 @@ Executable::Executable(Parts parts) : parts_(std::move(parts)) {
     }
     bases_.emplace_back(in_base, out_base);
   }
+}
+
+Executable::~Executable() {
+  if (step_cells_) metrics::detail::unregister_steps(step_cells_.get());
 }
 
 void Executable::run(const void* const* params, void* const* outputs) {
@@ -77,11 +86,23 @@ void Executable::run_steps_timed(void* const* args) {
       c[op] = &metrics::detail::timing_cell(std::string("Kernel:") + std::string(ir::op_name(static_cast<ir::OpKind>(op))));
     return c;
   }();
+  if (!step_cells_) {
+    std::vector<std::string> ops;
+    std::vector<int64_t> bytes;
+    for (const Step& st : parts_.steps) {
+      ops.emplace_back(ir::op_name(st.op));
+      bytes.push_back(st.bytes);
+    }
+    step_cells_ = std::make_unique<metrics::detail::StepCells>(id_, std::move(ops), std::move(bytes));
+    metrics::detail::register_steps(step_cells_.get());
+  }
   for (size_t i = 0; i < parts_.steps.size(); ++i) {
     const auto start = std::chrono::steady_clock::now();
     parts_.steps[i].fn(args + bases_[i].first, args + bases_[i].second);
-    cells[static_cast<size_t>(parts_.steps[i].op)]->record(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+    const int64_t ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+    cells[static_cast<size_t>(parts_.steps[i].op)]->record(ns);
+    step_cells_->record(i, ns);
   }
 }
 

@@ -19,6 +19,10 @@
 #include "ir/graph.h"
 #include "runtime/buffer.h"
 
+namespace lazyrt::metrics::detail {
+struct StepCells;
+}
+
 namespace lazyrt::runtime {
 
 /// A step's work: in holds one pointer per input; out one per output, then the workspace if the
@@ -39,6 +43,7 @@ struct Step {
   KernelFn fn;
   std::vector<Slot> in;
   std::vector<Slot> out;  // results, then the workspace if the kernel has one
+  int64_t bytes = 0;      // its operands' and results' bytes: what it must read and write at least
 };
 
 /// How the executable produces output k.
@@ -75,6 +80,9 @@ class Executable {
     std::vector<ir::TensorType> output_types;
   };
   explicit Executable(Parts parts);
+  ~Executable();
+  Executable(const Executable&) = delete;
+  Executable& operator=(const Executable&) = delete;
 
   /// params[i]: buffer of parameter i (may be null if the graph does not read it).
   /// outputs[k]: destination of output k when outputs()[k] is Computed; for a donated output
@@ -131,6 +139,8 @@ class Executable {
   std::vector<std::pair<uint32_t, uint32_t>> bases_;    // per step: first input, first output
   std::vector<Patch> patches_;                          // arguments bound at run time
   std::mutex mu_;
+  int64_t id_;                                           // metrics::StepTiming::executable
+  std::unique_ptr<metrics::detail::StepCells> step_cells_;  // made on the first timed run
 };
 
 }  // namespace lazyrt::runtime

@@ -1,6 +1,7 @@
 #include <cstdlib>
 #include "lazyrt/metrics.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@ struct Registry {
   std::mutex mu;
   std::map<std::string, std::unique_ptr<CounterCell>, std::less<>> counters;
   std::map<std::string, std::unique_ptr<TimingCell>, std::less<>> timings;
+  std::vector<detail::StepCells*> steps;  // executables' timed steps, in registration order
 };
 
 Registry& registry() {
@@ -41,7 +43,39 @@ Cell& find_or_add(std::map<std::string, std::unique_ptr<Cell>, std::less<>>& m, 
 
 }  // namespace
 
+std::vector<StepTiming> step_timings() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<detail::StepCells*> cells = r.steps;
+  std::sort(cells.begin(), cells.end(), [](auto* a, auto* b) { return a->executable < b->executable; });
+  std::vector<StepTiming> out;
+  for (const detail::StepCells* c : cells)
+    for (size_t i = 0; i < c->ops.size(); ++i) {
+      const int64_t runs = c->runs[i].load(std::memory_order_relaxed);
+      if (runs > 0)
+        out.push_back({c->executable, static_cast<int64_t>(i), c->ops[i], c->bytes[i], runs,
+                       c->total_ns[i].load(std::memory_order_relaxed)});
+    }
+  return out;
+}
+
 namespace detail {
+
+StepCells::StepCells(int64_t executable, std::vector<std::string> ops, std::vector<int64_t> bytes)
+    : executable(executable), ops(std::move(ops)), bytes(std::move(bytes)),
+      runs(new std::atomic<int64_t>[this->ops.size()]()), total_ns(new std::atomic<int64_t>[this->ops.size()]()) {}
+
+void register_steps(StepCells* cells) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.steps.push_back(cells);
+}
+
+void unregister_steps(StepCells* cells) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.steps.erase(std::remove(r.steps.begin(), r.steps.end(), cells), r.steps.end());
+}
 
 CounterCell& counter_cell(std::string_view name) {
   Registry& r = registry();
@@ -106,6 +140,11 @@ std::string report() {
 void reset() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
+  for (detail::StepCells* c : r.steps)
+    for (size_t i = 0; i < c->ops.size(); ++i) {
+      c->runs[i] = 0;
+      c->total_ns[i] = 0;
+    }
   for (auto& [name, c] : r.counters) c->value = 0;
   for (auto& [name, t] : r.timings) {
     t->count = 0;

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace lazyrt::metrics {
 
@@ -34,6 +37,23 @@ struct TimingCell {
 /// The cell of `name`, created (at zero) on first use; the reference stays valid forever.
 CounterCell& counter_cell(std::string_view name);
 TimingCell& timing_cell(std::string_view name);
+
+/// The steps of one executable, timed one by one while kernel timings are on
+/// (metrics::step_timings): made and registered by the executable on its first timed run,
+/// unregistered by its destructor.
+struct StepCells {
+  int64_t executable = 0;
+  std::vector<std::string> ops;
+  std::vector<int64_t> bytes;
+  std::unique_ptr<std::atomic<int64_t>[]> runs, total_ns;
+  StepCells(int64_t executable, std::vector<std::string> ops, std::vector<int64_t> bytes);
+  void record(size_t step, int64_t ns) {
+    runs[step].fetch_add(1, std::memory_order_relaxed);
+    total_ns[step].fetch_add(ns, std::memory_order_relaxed);
+  }
+};
+void register_steps(StepCells* cells);
+void unregister_steps(StepCells* cells);
 
 /// lazyrt::metrics::kernel_timings()'s flag, for hot paths.
 std::atomic<bool>& kernel_timings_flag();

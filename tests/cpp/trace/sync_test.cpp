@@ -216,6 +216,42 @@ TEST(Metrics, KernelTimingsNameTheOpsThatRan) {
   EXPECT_THAT(metrics::report(), HasSubstr("Kernel:matmul: 2,"));
 }
 
+// Step timings: each step of the executable, with the bytes it reads and writes, counted per
+// run while kernel timings are on, cleared by reset(), gone with the executable.
+TEST(Metrics, StepTimingsListEachStepWithItsBytes) {
+  metrics::reset();
+  cache::clear_memory();
+  std::vector<float> xs(64 * 32, 0.5f), ws(32 * 16, 0.25f);
+  Tensor x = tensor(xs, {64, 32}), w = tensor(ws, {32, 16});
+  mark_step();
+  auto run = [&] { (relu(matmul(x, w)) + 1.0).sum().to_vector<float>(); };
+  run();
+  EXPECT_TRUE(metrics::step_timings().empty()) << "nothing is timed while off";
+  metrics::set_kernel_timings(true);
+  run();
+  run();
+  metrics::set_kernel_timings(false);
+  run();
+  const std::vector<metrics::StepTiming> rows = metrics::step_timings();
+  ASSERT_FALSE(rows.empty());
+  int64_t matmul_bytes = 0;
+  for (const metrics::StepTiming& r : rows) {
+    EXPECT_EQ(r.executable, rows[0].executable) << "one executable ran";
+    EXPECT_EQ(r.runs, 2) << r.op;
+    EXPECT_GT(r.total_ns, 0) << r.op;
+    if (r.op == "matmul" || r.op == "gemm") matmul_bytes = r.bytes;
+  }
+  EXPECT_EQ(matmul_bytes, (64 * 32 + 32 * 16 + 64 * 16) * 4) << "the product reads x and w and writes [64, 16]";
+  metrics::reset();
+  EXPECT_TRUE(metrics::step_timings().empty()) << "reset clears the runs";
+  metrics::set_kernel_timings(true);
+  run();
+  metrics::set_kernel_timings(false);
+  EXPECT_FALSE(metrics::step_timings().empty());
+  cache::clear_memory();  // the only owner of the executable
+  EXPECT_TRUE(metrics::step_timings().empty()) << "a dropped executable's steps are gone";
+}
+
 TEST(Printing, LooksLikePyTorch) {
   EXPECT_EQ(tensor({1, 2, 3, 4}, {2, 2}).to_string(), "tensor([[1., 2.],\n        [3., 4.]])");
   EXPECT_EQ(tensor({1.5, -2}, {2}).to_string(), "tensor([1.5000, -2.0000])");
