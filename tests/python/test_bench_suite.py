@@ -24,6 +24,7 @@ def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
     assert r.returncode == 0, r.stderr
     report = out.read_text()
     assert "## Summary" in report
+    assert "### The step's kernels besides its products" in report and "kernels reach 70% of their limit" in report
     assert "PyTorch eager (Python)" in report
     assert "TorchScript scripted loop" in report
     assert (tmp_path / "plots" / "while_loop_scaling.png").stat().st_size > 0
@@ -47,7 +48,8 @@ def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
     assert "| all-reduce of 100,000 f32, 2 processes | lazyrt in place (replayed) |" in merged
     # A row for 1 and 2 processes in the step table and in the table of where the added time goes.
     assert "| processes | step without all-reduce, ms |" in merged and "| processes | added (median above), ms |" in merged
-    dp_rows = [line for line in merged.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    distributed = merged.split("<!-- bench/suite.py part: distributed -->")[1]
+    dp_rows = [line for line in distributed.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
     assert len(dp_rows) == 4, merged
     assert "Time per part: seed_step" in merged and "distributed" in merged.split("Time per part:")[1].split("\n")[0]
 
