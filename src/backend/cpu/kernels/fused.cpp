@@ -25,6 +25,8 @@
 // The interpreter is ElementwiseProgram (fused_program.h): fused reductions (fusion nodes with
 // reduced dims, fused_rows.cpp) run their elementwise parts with it too.
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 
@@ -103,14 +105,35 @@ void run_cast(const Instr& ins, void* const* r, int64_t n) {
     o[i] = convert<compute_t<To>>(convert<To>(convert<From>(a[i])));
 }
 
+// A floating where picks each value's bits with a mask made from the condition, so the loop
+// vectorizes instead of branching per element (a mask of mixed signs mispredicts half the
+// time); the bits picked are the same.
 template <class T>
-void run_where(const Instr& ins, void* const* r, int64_t n) {
+inline void run_where_body(const Instr& ins, void* const* r, int64_t n) {
   using C = compute_t<T>;
   const bool* c = static_cast<const bool*>(r[ins.src[0]]);
   const C* a = static_cast<const C*>(r[ins.src[1]]);
   const C* b = static_cast<const C*>(r[ins.src[2]]);
   C* o = static_cast<C*>(r[ins.dst]);
-  for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? a[i] : b[i];
+  if constexpr (std::is_floating_point_v<C>) {
+    using U = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
+    static_assert(sizeof(U) == sizeof(C));
+    const auto* c8 = reinterpret_cast<const uint8_t*>(c);  // any non-zero byte is true
+    for (int64_t i = 0; i < n; ++i) {
+      const U m = U{0} - static_cast<U>(c8[i] != 0);
+      o[i] = std::bit_cast<C>((std::bit_cast<U>(a[i]) & m) | (std::bit_cast<U>(b[i]) & ~m));
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? a[i] : b[i];
+  }
+}
+template <class T>
+LAZYRT_ISA_CLONES void run_where_clones(const Instr& ins, void* const* r, int64_t n) {
+  run_where_body<T>(ins, r, n);
+}
+template <class T>
+void run_where(const Instr& ins, void* const* r, int64_t n) {
+  run_where_body<T>(ins, r, n);
 }
 
 // n compute values of an operand stored as T, from element `at` with element stride `stride`.
@@ -237,7 +260,11 @@ Instr make_instr(const ir::Graph& region, const ir::Node& n, int16_t dst) {
     return ins;
   }
   if (n.op == ir::OpKind::Where) {
-    visit_dtype(region.type(n.operands[1]).dtype, [&](auto tag) { ins.fn = &run_where<decltype(tag)>; });
+    visit_dtype(region.type(n.operands[1]).dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<compute_t<T>>) ins.fn = &run_where_clones<T>;
+      else ins.fn = &run_where<T>;
+    });
     return ins;
   }
   visit_elementwise(n.op, n.attrs, [&](const auto& e) {
