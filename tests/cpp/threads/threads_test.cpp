@@ -209,6 +209,38 @@ TEST(Threads, IndependentGraphsTracedSyncedAndReadAtOnce) {
   EXPECT_LE(uncached, structures + shared * (kThreads - 1));
 }
 
+// Per-step kernel timings while threads run their graphs: executables register their steps on
+// their first timed run and record as they run, while a reader lists them (run_threads' reader
+// checks that counters only grow, so nothing resets them meanwhile).
+TEST(Threads, StepTimingsWhileGraphsRunAtOnce) {
+  Failures failures;
+  metrics::set_kernel_timings(true);
+  std::atomic<bool> done{false};
+  std::thread lister([&] {
+    int lists = 0;
+    while (!done.load() || lists == 0) {
+      for (const metrics::StepTiming& t : metrics::step_timings())
+        if (t.runs <= 0 || t.bytes < 0 || t.total_ns < 0 || t.op.empty()) failures.add("a malformed step timing");
+      ++lists;
+      std::this_thread::yield();
+    }
+  });
+  run_threads(
+      [&](int t) {
+        for (int r = 0; r < 4; ++r)
+          trace_sync_and_check(graph_inputs_for(t, r, 8 + t), r % 3,
+                               "thread " + std::to_string(t) + " round " + std::to_string(r), failures);
+      },
+      failures);
+  done = true;
+  lister.join();
+  metrics::reset();
+  trace_sync_and_check(graph_inputs_for(0, 0, 8), 0, "after the threads", failures);
+  metrics::set_kernel_timings(false);
+  EXPECT_TRUE(failures.empty()) << failures.text();
+  EXPECT_FALSE(metrics::step_timings().empty()) << "the last graph's steps were timed";
+}
+
 // ---- compiled steps on per-thread models -------------------------------------------------------
 
 // Linear(4, 1) trained by SGD on mse_loss, batches of 8, replayed by compile_step; the same
