@@ -6,7 +6,9 @@
 // Sums are in double, the rest in f32 for the 16-bit types, whose results are rounded once.
 // Lines are split across threads. Contiguous lines (the last dim) of an f32 compute type run as
 // loops that vectorize (exp from vmath.h, cloned per ISA); their maxima and sums run sixteen
-// partial ones over interleaved elements, combined in a fixed order. Every pass reads element j before writing element j and
+// partial ones over interleaved elements, combined in a fixed order. Lines of 16 elements or
+// fewer (a classifier's logits) run a group of lines at a time, their exps in one loop: the same
+// values, in the same order. Every pass reads element j before writing element j and
 // nothing else (exps wait in a buffer on the stack where the input is still needed), so the
 // output may be the input's buffer (the op is kInPlace).
 #include <algorithm>
@@ -110,6 +112,46 @@ void contiguous_line(const T* x, T* y, int64_t n) {
   }
 }
 
+// Short contiguous lines (n <= 16) of an f32 compute type, lines [0, count) of x and y, a group
+// at a time: each line's maximum, then the exps of the whole group in one loop that vectorizes,
+// then each line's sum, log and results. The same values as contiguous_line, whose maximum of
+// so few elements is a fold in order, and whose sixteen partial sums hold one element each at
+// most, added in order.
+constexpr int64_t kShortLine = 16;
+constexpr int64_t kShortGroup = 64;
+
+LAZYRT_ISA_CLONES void exps_in_place(float* d, int64_t m) {
+  for (int64_t i = 0; i < m; ++i) d[i] = vm::exp_f32(d[i]);
+}
+
+template <bool kLog, class T>
+void short_lines(const T* x, T* y, int64_t count, int64_t n) {
+  float d[kShortGroup * kShortLine], e[kShortGroup * kShortLine];
+  for (int64_t g = 0; g < count; g += kShortGroup) {
+    const int64_t lines = std::min(kShortGroup, count - g), m = lines * n;
+    const T* xg = x + g * n;
+    T* yg = y + g * n;
+    for (int64_t l = 0; l < lines; ++l) {
+      float max = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < n; ++j) max = max_nan(max, convert<float>(xg[l * n + j]));
+      for (int64_t j = 0; j < n; ++j) d[l * n + j] = convert<float>(xg[l * n + j]) - max;
+    }
+    std::copy_n(d, m, e);
+    exps_in_place(e, m);
+    for (int64_t l = 0; l < lines; ++l) {
+      double sum = 0;
+      for (int64_t j = 0; j < n; ++j) sum += e[l * n + j];
+      if constexpr (kLog) {
+        const auto log_sum = static_cast<float>(std::log(sum));
+        for (int64_t j = 0; j < n; ++j) yg[l * n + j] = convert<T>(d[l * n + j] - log_sum);
+      } else {
+        const auto scale = static_cast<float>(1.0 / sum);
+        for (int64_t j = 0; j < n; ++j) yg[l * n + j] = convert<T>(e[l * n + j] * scale);
+      }
+    }
+  }
+}
+
 // One line with element stride st, any floating compute type C.
 template <bool kLog, class T, class C>
 void strided_line(const T* xl, T* yl, int64_t n, int64_t st) {
@@ -159,6 +201,12 @@ Kernel softmax(const KernelSpec& s) {
         const int64_t n = lines.n, st = lines.inner;
         const int64_t grain = std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1));
         parallel_for(lines.outer * lines.inner, grain, [&](int64_t b, int64_t e) {
+          if constexpr (std::is_same_v<C, float>) {
+            if (st == 1 && n > 0 && n <= kShortLine) {  // lines l start at l * n
+              short_lines<kLog>(x + b * n, y + b * n, e - b, n);
+              return;
+            }
+          }
           for (int64_t l = b; l < e; ++l) {
             const int64_t base = (l / st) * n * st + l % st;
             if constexpr (std::is_same_v<C, float>) {
