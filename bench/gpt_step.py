@@ -26,9 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, BenchmarkError, check_same_training,
-                     child_model_memory, compiled_inference, model_peak_memory, model_step_rows, table,
-                     time_side_by_side, training_step)
+from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, BenchmarkError, ModelWorkload, check_same_training,
+                     compiled_inference, model_peak_memory, model_step_rows, table, time_side_by_side,
+                     torch_lazy_model_steps, torch_lazy_note, training_step)
 
 LAYERS, HEADS, WIDTH, CONTEXT, VOCAB, BATCH = 6, 6, 384, 256, 65, 8
 LR = 1e-3
@@ -124,15 +124,15 @@ def infer_step_of(model):
 LABELS = {"train": "training step (AdamW)", "infer": "inference step (eval, no_grad)"}
 
 
-def memory_child(peer, mode, steps):
-    """In a child process: the peak memory of `steps` steps of `peer` in `mode` (harness)."""
+def workload():
+    """The training and inference steps as harness.ModelWorkload, for the child processes."""
     idx, targets = data()
 
     def make_model():
         torch.manual_seed(0)
         return GPT()
-    child_model_memory(peer, mode, steps, make_model, lambda m: training_step(m, optimizer(m), loss_fn), infer_step_of,
-                       (idx, targets), (idx,))
+    return ModelWorkload(make_model, lambda m: training_step(m, optimizer(m), loss_fn), infer_step_of,
+                         (idx, targets), (idx,))
 
 
 def state(model, opt):
@@ -180,8 +180,10 @@ def run(opts):
 
     mem_steps = 2
     mem = model_peak_memory(opts, "gpt_step", mem_steps)
+    lazy_reps = 2 if opts.quick else 3
+    lazy_ms, lazy_why = torch_lazy_model_steps(opts, "gpt_step", STEPS_CHECKED, lazy_reps)
     rows, summary = model_step_rows(f"GPT ({LAYERS} layers, {WIDTH} wide, context {CONTEXT}), batch {BATCH},", LABELS,
-                                    ms, mem)
+                                    ms, mem, lazy_ms)
     n_params = sum(p.numel() for p in m_lazy.parameters())
     md = [f"## GPT (nanoGPT's architecture), batch {BATCH} x {CONTEXT} tokens: unmodified PyTorch through "
           "lazyrt.torch.compile\n",
@@ -193,5 +195,6 @@ def run(opts):
           "every parameter and AdamW moment after them (all within 2 lr per step, AdamW's bound where a gradient "
           "is rounding noise; all but 1e-5 of them within rtol 1e-3, atol 1e-4) and the eval-mode logits (rtol "
           f"1e-3, atol 1e-4) are checked against eager's. {reps} steps per peer after 1 warm-up, alternating.\n",
-          table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), ""]
+          table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), "",
+          torch_lazy_note(lazy_why, STEPS_CHECKED, lazy_reps), ""]
     return {"markdown": "\n".join(md), "summary": summary}

@@ -13,6 +13,8 @@ import ctypes
 import gc
 import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -205,6 +207,20 @@ def run_child(opts, *child_args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def run_child_or_why(opts, *child_args):
+    """(run_child's JSON object, None), or (None, why) where the child process ended with an error
+    or a signal: the last line of its standard error, without glog's prefix."""
+    try:
+        return run_child(opts, *child_args), None
+    except subprocess.CalledProcessError as e:
+        how = (f"killed by {signal.Signals(-e.returncode).name}" if e.returncode < 0
+               else f"exit status {e.returncode}")
+        lines = [line.strip() for line in (e.stderr or "").splitlines()
+                 if line.strip() and not line.startswith(("WARNING: Logging", "*** Check failure"))]
+        last = re.sub(r"^[FEW]\d{8} [\d:.]+ +\d+ ", "", lines[-1]) if lines else "no message"  # glog's prefix
+        return None, f"a child process running it ended ({how}): {last}"
+
+
 def child_model_peak_memory(make_step, steps):
     """Runs in a child process: make_step() builds a model and whatever its step needs and
     returns the step (a callable without arguments); prints JSON with the process's peak
@@ -219,19 +235,29 @@ def child_model_peak_memory(make_step, steps):
     print(json.dumps({"peak_rss": peak_rss() - before}))
 
 
-def child_model_memory(peer, mode, steps, make_model, train_step_of, infer_step_of, train_args, infer_args):
+class ModelWorkload:
+    """A whole-model benchmark's workload, as its module's workload() gives it: make_model() (a
+    fresh model, always from the same seed), train_step_of(model) (the training step, making the
+    model's optimizer), infer_step_of(model) (the inference step) and their arguments."""
+
+    def __init__(self, make_model, train_step_of, infer_step_of, train_args, infer_args):
+        self.make_model, self.train_step_of, self.infer_step_of = make_model, train_step_of, infer_step_of
+        self.train_args, self.infer_args = train_args, infer_args
+
+    def step(self, model, mode):
+        """(step, args) of `model` in `mode` ("train", or "infer", which puts the model in eval mode)."""
+        if mode == "train":
+            return self.train_step_of(model), self.train_args
+        model.eval()
+        return self.infer_step_of(model), self.infer_args
+
+
+def child_model_memory(workload, peer, mode, steps):
     """In a child process: child_model_peak_memory of `steps` steps of `peer` ("lazyrt", through
-    lazyrt.torch.compile, or "PyTorch eager") in `mode`: "train" (train_step_of(model) on
-    train_args) or "infer" (the model in eval mode, infer_step_of(model) on infer_args); the
-    model is make_model()'s."""
+    lazyrt.torch.compile, or "PyTorch eager") in `mode` ("train" or "infer") of a ModelWorkload."""
     def make():
         import lazyrt.torch
-        model = make_model()
-        if mode == "train":
-            step, args = train_step_of(model), train_args
-        else:
-            model.eval()
-            step, args = infer_step_of(model), infer_args
+        step, args = workload.step(workload.make_model(), mode)
         if peer == "lazyrt":
             step = lazyrt.torch.compile(step)
         return lambda: step(*args)
@@ -241,31 +267,113 @@ def child_model_memory(peer, mode, steps, make_model, train_step_of, infer_step_
 def model_peak_memory(opts, module, steps):
     """{(peer, mode): peak MiB} of module's steps ("lazyrt" through lazyrt.torch.compile, "PyTorch
     eager"; "train" and "infer"), each peer and mode in a child process of its own
-    (module.memory_child(peer, mode, steps), through child_model_peak_memory)."""
+    (child_model_memory of module.workload())."""
     return {(peer, mode): run_child(opts, "model-memory", module, peer, mode, steps)["peak_rss"] / 2**20
             for peer in ("lazyrt", "PyTorch eager") for mode in ("train", "infer")}
 
 
-MODEL_STEP_HEADER = ["step", "lazyrt.torch.compile ms", "PyTorch eager ms", "eager / lazyrt", "lazyrt peak MiB",
-                     "PyTorch eager peak MiB", "eager / lazyrt peak"]
+# ---- PyTorch's lazy tensors on a whole model ----------------------------------------------------
+
+TORCH_LAZY = "torch._lazy (TorchScript backend)"
 
 
-def model_step_rows(model, labels, ms, mem):
+def child_torch_lazy(workload, steps_checked, reps):
+    """In a child process (torch._lazy can abort a process): a ModelWorkload's steps on torch._lazy,
+    each model moved to device "lazy" before its optimizer is made, the arguments moved too,
+    torch._lazy.mark_step() and wait_device_ops() after every step. First checked against an
+    eager model from the same make_model(): the losses of steps_checked training steps (rtol 1e-4,
+    atol 1e-5), then the eval-mode outputs (rtol 1e-3, atol 1e-4); then timed, 1 warm-up and reps
+    steps per mode. Prints {"train": [seconds...], "infer": [...]} or {"error": "..."} last."""
+    try:
+        if not torch_lazy_available():
+            raise RuntimeError("torch._lazy cannot be imported or initialized in this PyTorch build")
+        import torch._lazy
+        lazy_model, eager_model = workload.make_model().to("lazy"), workload.make_model()
+
+        def lazy_step(mode):
+            step, args = workload.step(lazy_model, mode)
+            args = tuple(a.to("lazy") for a in args)
+
+            def run():
+                out = step(*args)
+                torch._lazy.mark_step()
+                torch._lazy.wait_device_ops()
+                return out
+            return run
+        train, eager = lazy_step("train"), workload.step(eager_model, "train")
+        check_close("torch._lazy: losses", [float(train().item()) for _ in range(steps_checked)],
+                    [float(eager[0](*eager[1]).item()) for _ in range(steps_checked)], rtol=1e-4, atol=1e-5)
+        infer, eager = lazy_step("infer"), workload.step(eager_model, "infer")
+        check_close("torch._lazy: eval-mode outputs", infer().cpu().numpy(), eager[0](*eager[1]).numpy(),
+                    rtol=1e-3, atol=1e-4)
+        seconds = {}
+        for mode, run in (("infer", infer), ("train", None)):
+            if run is None:
+                lazy_model.train()
+                run = lazy_step("train")
+            run()
+            seconds[mode] = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                run()
+                seconds[mode].append(time.perf_counter() - t)
+        print(json.dumps(seconds))
+    except Exception as e:  # noqa: BLE001 - reported in the parent's table
+        print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+
+
+def torch_lazy_model_steps(opts, module, steps_checked, reps):
+    """({"train": Samples, "infer": Samples} in ms, None) of child_torch_lazy on module.workload(),
+    or (None, why not) where torch._lazy failed, refused or ended its process."""
+    out, why = run_child_or_why(opts, "model-torch-lazy", module, steps_checked, reps)
+    if why is None and "error" in out:
+        why = out["error"]
+    if why is not None:
+        print(f"{module}: {TORCH_LAZY}: failed, no figures: {why}", file=sys.stderr, flush=True)
+        return None, why
+    return {mode: Samples(v).scaled(1e3) for mode, v in out.items()}, None
+
+
+MODEL_STEP_HEADER = ["step", "lazyrt.torch.compile ms", "PyTorch eager ms", "eager / lazyrt", f"{TORCH_LAZY} ms",
+                     "torch._lazy / lazyrt", "lazyrt peak MiB", "PyTorch eager peak MiB", "eager / lazyrt peak"]
+
+
+def model_step_rows(model, labels, ms, mem, lazy_ms):
     """(table rows under MODEL_STEP_HEADER, summary rows) of a whole-model benchmark: per mode
     ("train", "infer", named by labels[mode]), the step's time (ms["<mode> lazyrt"], ms["<mode>
     eager"], Samples) and peak memory (mem, as model_peak_memory gives it) of lazyrt.torch.compile
-    against PyTorch eager."""
+    against PyTorch eager, and against torch._lazy (lazy_ms, as torch_lazy_model_steps gives it,
+    None where it failed)."""
     rows, summary = [], []
     for mode in ("train", "infer"):
         lazy, peer = ms[f"{mode} lazyrt"], ms[f"{mode} eager"]
         lazy_mib, peer_mib = mem[("lazyrt", mode)], mem[("PyTorch eager", mode)]
-        rows.append((labels[mode], lazy.cell(), peer.cell(), ratio(peer.median / lazy.median), f"{lazy_mib:.1f}",
-                     f"{peer_mib:.1f}", ratio(peer_mib / max(lazy_mib, 1e-9))))
+        ltc = lazy_ms[mode] if lazy_ms else None
+        rows.append((labels[mode], lazy.cell(), peer.cell(), ratio(peer.median / lazy.median),
+                     ltc.cell() if ltc else "failed (below)", ratio(ltc.median / lazy.median) if ltc else "-",
+                     f"{lazy_mib:.1f}", f"{peer_mib:.1f}", ratio(peer_mib / max(lazy_mib, 1e-9))))
         summary.append((f"{model} {labels[mode]}", "lazyrt.torch.compile", lazy.cell(), "ms", "PyTorch eager",
                         peer.cell(), ratio(peer.median / lazy.median)))
+        if ltc:
+            summary.append((f"{model} {labels[mode]}", "lazyrt.torch.compile", lazy.cell(), "ms", TORCH_LAZY,
+                            ltc.cell(), ratio(ltc.median / lazy.median)))
         summary.append((f"{model} {labels[mode]}: peak memory", "lazyrt.torch.compile", f"{lazy_mib:.1f}", "MiB",
                         "PyTorch eager", f"{peer_mib:.1f}", ratio(peer_mib / max(lazy_mib, 1e-9))))
     return rows, summary
+
+
+def torch_lazy_note(lazy_why, steps_checked, reps):
+    """The paragraph under a whole-model table on its torch._lazy column."""
+    import torch
+    how = (f"{TORCH_LAZY}: the model moved to device \"lazy\" before its optimizer is made, the inputs moved too, "
+           "`torch._lazy.mark_step()` and `wait_device_ops()` after every step, in a child process of its own "
+           f"(torch._lazy can abort a process): the losses of {steps_checked} training steps (rtol 1e-4) and then "
+           "the eval-mode outputs (rtol 1e-3, atol 1e-4) are checked against an eager model from the same state "
+           f"first, then {reps} steps of each after 1 warm-up are timed in a row (not alternating with the other "
+           "peers).")
+    if lazy_why is None:
+        return how
+    return f"{how} It failed on this model in this PyTorch build ({torch.__version__}), no figures: {lazy_why}"
 
 
 MODEL_MEMORY_NOTE = ("Peak memory: each peer and step in a child process of its own; the process's peak resident "

@@ -19,8 +19,9 @@ import copy
 import torch
 import torch.nn as nn
 
-from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, check_same_training, compiled_inference, model_peak_memory,
-                     model_step_rows, table, time_side_by_side, training_step, child_model_memory)
+from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, ModelWorkload, check_same_training, compiled_inference,
+                     model_peak_memory, model_step_rows, table, time_side_by_side, torch_lazy_model_steps,
+                     torch_lazy_note, training_step)
 
 BATCH, SIZE, CLASSES = 16, 64, 10
 STEPS_CHECKED = 3
@@ -85,16 +86,15 @@ def infer_step_of(model):
 LABELS = {"train": "training step (SGD momentum)", "infer": "inference step (eval, no_grad)"}
 
 
-def memory_child(peer, mode, steps):
-    """In a child process: the peak memory of `steps` steps of `peer` in `mode` (harness)."""
+def workload():
+    """The training and inference steps as harness.ModelWorkload, for the child processes."""
     x, y = data()
 
     def make_model():
         torch.manual_seed(0)
         return ResNet18()
-    child_model_memory(peer, mode, steps, make_model,
-                       lambda m: train_step_of(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)),
-                       infer_step_of, (x, y), (x,))
+    return ModelWorkload(make_model, lambda m: train_step_of(m, torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)),
+                         infer_step_of, (x, y), (x,))
 
 
 def state(model):
@@ -132,7 +132,9 @@ def run(opts):
 
     mem_steps = 2 if opts.quick else 3
     mem = model_peak_memory(opts, "resnet_step", mem_steps)
-    rows, summary = model_step_rows(f"ResNet-18, batch {BATCH} at {SIZE}x{SIZE},", LABELS, ms, mem)
+    lazy_reps = 2 if opts.quick else 5
+    lazy_ms, lazy_why = torch_lazy_model_steps(opts, "resnet_step", STEPS_CHECKED, lazy_reps)
+    rows, summary = model_step_rows(f"ResNet-18, batch {BATCH} at {SIZE}x{SIZE},", LABELS, ms, mem, lazy_ms)
     md = [f"## ResNet-18, batch {BATCH} at {SIZE}x{SIZE}: unmodified PyTorch through lazyrt.torch.compile\n",
           "torch.nn ResNet-18 (BasicBlocks [2, 2, 2, 2], BatchNorm, 10 classes), cross-entropy, SGD(lr 0.01, "
           "momentum 0.9), written once and run by both peers from the same state_dict. The compiled step writes "
@@ -140,5 +142,6 @@ def run(opts):
           f"Before timing: the losses of {STEPS_CHECKED} training steps (rtol 1e-4), every floating state tensor "
           "after them (rtol 1e-3, atol 1e-4) and the eval-mode logits (rtol 1e-3, atol 1e-4) are checked against "
           f"eager's. {reps} steps per peer after 2 warm-up, alternating.\n",
-          table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), ""]
+          table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), "",
+          torch_lazy_note(lazy_why, STEPS_CHECKED, lazy_reps), ""]
     return {"markdown": "\n".join(md), "summary": summary}

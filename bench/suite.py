@@ -121,7 +121,14 @@ def main(argv):
             mlp_step.child_peak_memory(args.child[1], int(args.child[2]))
             return 0
         if args.child[0] == "model-memory":
-            importlib.import_module(args.child[1]).memory_child(args.child[2], args.child[3], int(args.child[4]))
+            from harness import child_model_memory
+            child_model_memory(importlib.import_module(args.child[1]).workload(), args.child[2], args.child[3],
+                               int(args.child[4]))
+            return 0
+        if args.child[0] == "model-torch-lazy":
+            from harness import child_torch_lazy
+            child_torch_lazy(importlib.import_module(args.child[1]).workload(), int(args.child[2]),
+                             int(args.child[3]))
             return 0
         if args.child[0] == "loop-grad":
             import loop_grad

@@ -18,16 +18,13 @@ rest of the benchmark goes on.
 
 import copy
 import json
-import re
-import signal
-import subprocess
 import sys
 
 import numpy as np
 import torch
 
-from harness import (BenchmarkError, calls_for, check_close, check_same_training, ltc_live_tensors, ratio, run_child,
-                     table, time_side_by_side, torch_lazy_available, training_step)
+from harness import (BenchmarkError, calls_for, check_close, check_same_training, ltc_live_tensors, ratio,
+                     run_child_or_why, table, time_side_by_side, torch_lazy_available, training_step)
 
 D_MODEL, HEADS, FF, BATCH, SEQ = 64, 4, 256, 8, 16
 STEPS_CHECKED = 3
@@ -87,15 +84,9 @@ def child_lazy_probe():
 def probe_lazy(opts, ref_losses):
     """None when torch._lazy's first steps run in a child process and give eager's losses; else
     why not."""
-    try:
-        probe = run_child(opts, "torch-frontend-lazy")
-    except subprocess.CalledProcessError as e:
-        how = (f"killed by {signal.Signals(-e.returncode).name}" if e.returncode < 0
-               else f"exit status {e.returncode}")
-        lines = [line.strip() for line in (e.stderr or "").splitlines()
-                 if line.strip() and not line.startswith(("WARNING: Logging", "*** Check failure"))]
-        last = re.sub(r"^[FEW]\d{8} [\d:.]+ +\d+ ", "", lines[-1]) if lines else "no message"  # glog's prefix
-        return f"its first steps, in a child process, ended it ({how}): {last}"
+    probe, why = run_child_or_why(opts, "torch-frontend-lazy")
+    if why is not None:
+        return why
     if "error" in probe:
         return probe["error"]
     try:
