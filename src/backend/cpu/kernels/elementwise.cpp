@@ -190,6 +190,30 @@ Kernel elementwise(const KernelSpec& s) {
 LAZYRT_ELEMENTWISE_FNS(LAZYRT_ELEMENTWISE)
 #undef LAZYRT_ELEMENTWISE
 
+// where over one run: each value's bits picked by the condition byte (vm::select_bits), a loop
+// that vectorizes where a branch per element would mispredict on a mask of mixed signs. Strides
+// 1 (or 0, a broadcast value) take a loop of their own, cloned per ISA.
+template <class T>
+inline void where_run_body(const uint8_t* c, int64_t sc, const T* a, int64_t sa, const T* b, int64_t sb, T* o,
+                           int64_t n) {
+  if (sc == 1 && sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) o[i] = vm::select_bits(c[i], a[i], b[i]);
+  } else if (sc == 1 && sa == 0 && sb == 1) {
+    const T va = a[0];
+    for (int64_t i = 0; i < n; ++i) o[i] = vm::select_bits(c[i], va, b[i]);
+  } else if (sc == 1 && sa == 1 && sb == 0) {
+    const T vb = b[0];
+    for (int64_t i = 0; i < n; ++i) o[i] = vm::select_bits(c[i], a[i], vb);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = vm::select_bits(c[i * sc], a[i * sa], b[i * sb]);
+  }
+}
+template <class T>
+LAZYRT_ISA_CLONES void where_run_clones(const uint8_t* c, int64_t sc, const T* a, int64_t sa, const T* b, int64_t sb,
+                                        T* o, int64_t n) {
+  where_run_body(c, sc, a, sa, b, sb, o, n);
+}
+
 Kernel make_Where(const KernelSpec& s) {
   auto layout = std::make_shared<const BroadcastLayout>(
       s.outputs[0].shape,
@@ -197,13 +221,15 @@ Kernel make_Where(const KernelSpec& s) {
   return visit_dtype(s.inputs[1].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
     return {[layout](const void* const* in, void* const* out) {
-      const bool* c = static_cast<const bool*>(in[0]);
+      const auto* c = static_cast<const uint8_t*>(in[0]);  // bool: any non-zero byte is true
       const T* a = static_cast<const T*>(in[1]);
       const T* b = static_cast<const T*>(in[2]);
       T* o = static_cast<T*>(out[0]);
       layout->for_each_run([&](const int64_t* off, int64_t n, const int64_t* st, int64_t oo) {
-        for (int64_t i = 0; i < n; ++i)
-          o[oo + i] = c[off[0] + i * st[0]] ? a[off[1] + i * st[1]] : b[off[2] + i * st[2]];
+        if constexpr (std::is_floating_point_v<compute_t<T>>)
+          where_run_clones(c + off[0], st[0], a + off[1], st[1], b + off[2], st[2], o + oo, n);
+        else
+          where_run_body(c + off[0], st[0], a + off[1], st[1], b + off[2], st[2], o + oo, n);
       });
     }};
   });

@@ -105,27 +105,16 @@ void run_cast(const Instr& ins, void* const* r, int64_t n) {
     o[i] = convert<compute_t<To>>(convert<To>(convert<From>(a[i])));
 }
 
-// A floating where picks each value's bits with a mask made from the condition, so the loop
-// vectorizes instead of branching per element (a mask of mixed signs mispredicts half the
-// time); the bits picked are the same.
+// A floating where picks each value's bits with a mask made from the condition
+// (vm::select_bits), so the loop vectorizes instead of branching per element.
 template <class T>
 inline void run_where_body(const Instr& ins, void* const* r, int64_t n) {
   using C = compute_t<T>;
-  const bool* c = static_cast<const bool*>(r[ins.src[0]]);
+  const auto* c = static_cast<const uint8_t*>(r[ins.src[0]]);  // bool: any non-zero byte is true
   const C* a = static_cast<const C*>(r[ins.src[1]]);
   const C* b = static_cast<const C*>(r[ins.src[2]]);
   C* o = static_cast<C*>(r[ins.dst]);
-  if constexpr (std::is_floating_point_v<C>) {
-    using U = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
-    static_assert(sizeof(U) == sizeof(C));
-    const auto* c8 = reinterpret_cast<const uint8_t*>(c);  // any non-zero byte is true
-    for (int64_t i = 0; i < n; ++i) {
-      const U m = U{0} - static_cast<U>(c8[i] != 0);
-      o[i] = std::bit_cast<C>((std::bit_cast<U>(a[i]) & m) | (std::bit_cast<U>(b[i]) & ~m));
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? a[i] : b[i];
-  }
+  for (int64_t i = 0; i < n; ++i) o[i] = vm::select_bits(c[i], a[i], b[i]);
 }
 template <class T>
 LAZYRT_ISA_CLONES void run_where_clones(const Instr& ins, void* const* r, int64_t n) {
