@@ -278,6 +278,42 @@ TEST(Backends, LibraryConvolutionsMatchTheReferenceOnRandomGeometries) {
   EXPECT_GE(metrics::counter("LibraryKernels") - library_before, 3 * 60) << "every conv went through oneDNN";
 }
 
+// Every f32 product of the cpu backend goes through oneDNN, weight gradients over a long inner
+// dim included (a transposed left operand, k = 2048, n * m >= 400000), and matches OpenBLAS's
+// (the reference backend's) within f32 rounding of its length.
+TEST(Backends, EveryF32ProductGoesThroughTheLibraryAndMatchesTheReference) {
+  const backend::Backend& cpu = backend::get("cpu");
+  const backend::Backend& ref = backend::get("reference");
+  std::mt19937 rng(11);
+  struct Case {
+    int64_t n, k, m;
+    bool tx, ty;
+  };
+  const Case cases[] = {{1152, 2048, 384, true, false}, {384, 2048, 1536, true, false}, {64, 300, 96, false, false},
+                        {96, 1100, 72, true, true},      {33, 17, 45, false, true},        {256, 784, 1024, false, true}};
+  for (const Case& c : cases) {
+    Graph g;
+    const ValueRef x = g.add_parameter({DType::f32, c.tx ? Shape{c.k, c.n} : Shape{c.n, c.k}});
+    const ValueRef y = g.add_parameter({DType::f32, c.ty ? Shape{c.m, c.k} : Shape{c.k, c.m}});
+    g.outputs = {g.add(OpKind::Gemm, {x, y}, {c.tx, c.ty})};
+    std::vector<std::vector<double>> params(2);
+    params[0].resize(static_cast<size_t>(c.n * c.k));
+    params[1].resize(static_cast<size_t>(c.k * c.m));
+    for (auto& p : params)
+      for (double& v : p) v = std::uniform_real_distribution<double>(-1, 1)(rng);
+    const int64_t library_before = metrics::counter("LibraryKernels");
+    auto exe = compile(g, {}, cpu);
+    EXPECT_EQ(metrics::counter("LibraryKernels") - library_before, 1)
+        << c.n << "x" << c.k << "x" << c.m << " tx " << c.tx << " ty " << c.ty << " is not a oneDNN product";
+    const auto got = run(*exe, params, DType::f32);
+    const auto want = run(*compile(g, {}, ref), params, DType::f32);
+    ASSERT_EQ(got[0].size(), want[0].size());
+    for (size_t i = 0; i < want[0].size(); ++i)
+      ASSERT_NEAR(got[0][i], want[0][i], 4e-7 * static_cast<double>(c.k) + 1e-6)
+          << "element " << i << " of " << c.n << "x" << c.k << "x" << c.m << " tx " << c.tx << " ty " << c.ty;
+  }
+}
+
 TEST(Backends, TheBackendIsPartOfEveryCacheKey) {
   const std::string before = current_backend();
   Tensor a = tensor({1.0f, 2.0f, 3.0f}, {3});

@@ -1,12 +1,14 @@
 // Batched matrix product with broadcast batch dims. Floating types go through a GEMM library
 // (16-bit floats via f32 in the workspace); integer types use a plain loop.
 //
-// Libraries: OpenBLAS (cblas_sgemm, cblas_dgemm) always serves f64 and the reference
-// backend. Where the backend takes library kernels, f32 products go through oneDNN's
-// dnnl_sgemm, which ran 5-20% faster than OpenBLAS's on the products of an MLP and a GPT step
-// (AVX-512, one thread), except large transposed-operand products over a long k (weight
-// gradients 1536x384 over k = 2048: 18% slower), which stay with OpenBLAS (prefer_onednn).
-// The choice depends on the shapes only, so a graph computes the same bits on every run.
+// Libraries: OpenBLAS (cblas_sgemm, cblas_dgemm) serves f64 and the reference backend. Where
+// the backend takes library kernels, every f32 product goes through oneDNN's dnnl_sgemm, on
+// the OpenMP team that runs the backend's other kernels. OpenBLAS's own threads would run
+// beside that team: after a product its workers keep polling for the next one while the team's
+// workers poll for the next kernel, and with no spare core a kernel's chunk can wait a whole
+// scheduler slice (8 ms was measured) for its thread. oneDNN was also the faster on every
+// product of an MLP and a GPT step measured on AVX-512 (up to 2x on weight gradients over
+// k = 2048, where OpenBLAS 0.3.21 runs its AVX2 kernels on an AMD Zen 4).
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
 
@@ -29,7 +31,7 @@ struct MatmulLayout {
   bool tx = false, ty = false;
   std::vector<int64_t> x_off, y_off;  // per batch, element offsets of the operand matrices
   bool fold_batch = false;            // x's batches are contiguous rows and y is shared: one GEMM
-  bool onednn = false;                // f32 GEMMs through oneDNN (prefer_onednn), not OpenBLAS
+  bool onednn = false;                // f32 GEMMs through oneDNN, not OpenBLAS
 
   MatmulLayout(const Shape& xs, const Shape& ys, const Shape& os, bool tx_ = false, bool ty_ = false)
       : tx(tx_), ty(ty_) {
@@ -101,10 +103,6 @@ void small_gemm(const T* a, int64_t sa_i, int64_t sa_p, const T* b, int64_t sb_p
     }
   }
 }
-
-// Whether an f32 product c[n, m] = x[n, k] y[k, m] goes through oneDNN rather than OpenBLAS
-// (see the top of the file).
-bool prefer_onednn(int64_t n, int64_t k, int64_t m, bool tx) { return !(tx && k >= 1024 && n * m >= 400000); }
 
 // c[n, m] = x[n, k] y[k, m], x stored as [k, n] when tx, y as [m, k] when ty; f32 through
 // oneDNN when `onednn` (the caller holds an OmpTeam).
@@ -180,9 +178,7 @@ void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o) {
 Kernel make_product(const KernelSpec& s, bool tx, bool ty) {
   auto made = std::make_shared<MatmulLayout>(s.inputs[0].shape, s.inputs[1].shape, s.outputs[0].shape, tx, ty);
   const DType dt = s.inputs[0].dtype;
-  made->onednn = s.library && (dt == DType::f32 || dt == DType::bf16 || dt == DType::f16) &&
-                 prefer_onednn(made->fold_batch ? made->n * static_cast<int64_t>(made->batches()) : made->n, made->k,
-                               made->m, made->tx);
+  made->onednn = s.library && (dt == DType::f32 || dt == DType::bf16 || dt == DType::f16);
   if (made->onednn) {
     static auto& library = metrics::detail::counter_cell("LibraryKernels");
     library.add(1);
