@@ -312,7 +312,7 @@ def test_digits_demo_on_two_processes_matches_one():
     check_digits_demo_on_one_and_two_processes("digits_dp.py", "(replayed, ")
 
 
-def test_launcher_sets_torchrun_variables_for_each_host():
+def test_launcher_sets_torchrun_variables_for_each_host(monkeypatch):
     from lazyrt.distributed import run
     a = run.parse(["--nproc", "2", "--nnodes", "3", "--node_rank", "1", "--master_addr", "h0", "--master_port", "1234",
                    "train.py", "--lr", "0.1"])
@@ -323,6 +323,15 @@ def test_launcher_sets_torchrun_variables_for_each_host():
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
         "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}
     assert run.parse(["-m", "pkg.train"]).module
+    for name in run.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    # The host's CPUs are shared among its processes; a setting already made is kept.
+    assert {run.worker_env(a, 0, cpus=8)[k] for k in run.THREAD_VARIABLES} == {"4"}
+    assert {run.worker_env(run.parse(["--nproc", "4", "t.py"]), 3, cpus=2)[k] for k in run.THREAD_VARIABLES} == {"1"}
+    assert run.worker_env(run.parse(["t.py"]), 0, cpus=6)["LAZYRT_NUM_THREADS"] == "6"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    env = run.worker_env(a, 0, cpus=8)
+    assert (env["OMP_NUM_THREADS"], env["LAZYRT_NUM_THREADS"]) == ("3", "4")
     for bad in (["--nnodes", "2", "--node_rank", "2", "t.py"], ["--nproc", "0", "t.py"], ["--master_port", "70000", "t.py"]):
         with pytest.raises(SystemExit):
             run.parse(bad)

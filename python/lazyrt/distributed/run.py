@@ -7,6 +7,12 @@ lazyrt.distributed.init_process_group() reads. For several hosts, run it on each
 ``--node_rank``. ``-m module`` runs a module instead of a script. When a process fails, the
 others are stopped (after ``--grace`` seconds) and the launcher exits with the failing status;
 otherwise with 0 once all have ended.
+
+Threads: the processes of a host share its CPUs. Each gets an equal share of those this
+launcher may run on (at least one) as LAZYRT_NUM_THREADS, OMP_NUM_THREADS and
+OPENBLAS_NUM_THREADS, where the environment does not set them already: N processes with as
+many threads each as the host has CPUs would take turns on them, and a collective waits for
+the rank that was kept waiting longest.
 """
 
 import argparse
@@ -42,8 +48,22 @@ def parse(argv):
     return a
 
 
-def worker_env(a, local_rank):
+THREAD_VARIABLES = ("LAZYRT_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def threads_per_process(nproc, cpus=None):
+    """Each of nproc local processes' share of the CPUs this process may run on (at least 1)."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // nproc)
+
+
+def worker_env(a, local_rank, cpus=None):
     env = dict(os.environ)
+    share = str(threads_per_process(a.nproc, cpus))
+    for name in THREAD_VARIABLES:
+        if not env.get(name):
+            env[name] = share
     env.update({
         "RANK": str(a.node_rank * a.nproc + local_rank),
         "LOCAL_RANK": str(local_rank),
