@@ -20,6 +20,7 @@
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 #include "backend/cpu/kernels/parallel.h"
+#include "backend/cpu/kernels/sums.h"
 #include "backend/cpu/kernels/vmath.h"
 
 namespace lazyrt::kernels {
@@ -27,49 +28,72 @@ namespace {
 
 constexpr int64_t kChunk = 1024;  // exps buffered at a time
 
-// max(m, v), nan once either is nan.
-inline float max_nan(float m, float v) { return (v > m) | (v != v) ? v : m; }
+// max(m, v) folding a line in order: the first nan once there is one.
+inline float max_nan(float m, float v) { return (v > m) | ((v != v) & (m == m)) ? v : m; }
 
-// The maximum of x[0, n) as f32, nan if any element is nan (then the whole line is nan). Each
-// chunk is copied to the stack and halved in place, max_nan of element i and element i + h,
-// until 16 are left: loops without a carried value, which vectorize (a running maximum does
-// not).
+// The maximum of x[0, n) as f32; the first nan if there is one (then the whole line is nan), as
+// strided lines find it. Sixteen running maxima of interleaved elements and sixteen flags of a
+// nan seen, in a loop that vectorizes (one running maximum with the nan rule does not); the
+// line is searched for its first nan only when a flag is up. Which of -0 and +0 is taken when
+// they tie makes no difference to the results: x - max and exp of it are the same either way.
 template <class T>
 LAZYRT_ISA_CLONES float line_max(const T* x, int64_t n) {
-  float r = -std::numeric_limits<float>::infinity();
-  float buf[kChunk];
-  for (int64_t j = 0; j < n; j += kChunk) {
-    int64_t w = std::min(kChunk, n - j);
-    for (int64_t i = 0; i < w; ++i) buf[i] = convert<float>(x[j + i]);
-    while (w > 16) {
-      const int64_t h = w - w / 2;
-      for (int64_t i = 0; i < w / 2; ++i) buf[i] = max_nan(buf[i], buf[i + h]);
-      w = h;
-    }
-    for (int64_t i = 0; i < w; ++i) r = max_nan(r, buf[i]);
-  }
-  return r;
-}
-
-// e[j] = exp(x[j] - max), j < n; returns their sum in double, from sixteen partial sums of
-// interleaved elements added in order at the end.
-template <class T>
-LAZYRT_ISA_CLONES double shifted_exps(const T* x, float max, float* e, int64_t n) {
   constexpr int kLanes = 16;
-  double part[kLanes] = {};
+  float r = -std::numeric_limits<float>::infinity();
   int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
+  bool nan = false;
+  if (n >= kLanes) {
+    float part[kLanes];
+    int32_t seen[kLanes];
     for (int k = 0; k < kLanes; ++k) {
-      e[j + k] = vm::exp_f32(convert<float>(x[j + k]) - max);
-      part[k] += e[j + k];
+      const float v = convert<float>(x[k]);
+      part[k] = v;
+      seen[k] = v != v;
+    }
+    for (j = kLanes; j + kLanes <= n; j += kLanes)
+#pragma GCC unroll 1
+      for (int k = 0; k < kLanes; ++k) {
+        const float v = convert<float>(x[j + k]);
+        seen[k] |= v != v;
+        part[k] = v > part[k] ? v : part[k];
+      }
+    for (int k = 0; k < kLanes; ++k) {
+      nan |= seen[k] != 0;
+      r = part[k] > r ? part[k] : r;
     }
   }
   for (; j < n; ++j) {
-    e[j] = vm::exp_f32(convert<float>(x[j]) - max);
-    part[0] += e[j];
+    const float v = convert<float>(x[j]);
+    nan |= v != v;
+    r = v > r ? v : r;
   }
+  if (nan)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = convert<float>(x[i]);
+      if (v != v) return v;
+    }
+  return r;
+}
+
+template <class T>
+LAZYRT_ISA_CLONES void exps_of(const T* x, float max, float* e, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) e[j] = vm::exp_f32(convert<float>(x[j]) - max);
+}
+
+// e[j] = exp(x[j] - max), j < n; returns their sum in double, from sixteen partial sums of
+// interleaved elements (the elements past the last whole sixteen go to the first) added in order
+// at the end. The exps are written first and then folded by the reduction kernels' loop, whose
+// partial sums stay in registers (folded in the same loop as the exps, they went through the
+// stack on every element).
+template <class T>
+double shifted_exps(const T* x, float max, float* e, int64_t n) {
+  exps_of(x, max, e, n);
+  double part[sums::kLanes] = {};
+  const int64_t whole = n / sums::kLanes * sums::kLanes;
+  sums::add_groups<float>(part, e, whole);
+  for (int64_t j = whole; j < n; ++j) part[0] += e[j];
   double sum = 0;
-  for (int k = 0; k < kLanes; ++k) sum += part[k];
+  for (int k = 0; k < sums::kLanes; ++k) sum += part[k];
   return sum;
 }
 
