@@ -1,40 +1,17 @@
-// Data movement: permute, expand and reshape. Each is a strided gather into a contiguous
-// output; the copy dispatches on element size, not dtype.
+// Data movement: permute, expand and reshape. Permute and expand are strided copies into a
+// contiguous output (copy.h); the copy dispatches on element size, not dtype.
 #include <cstring>
 
+#include "backend/cpu/kernels/copy.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
 namespace {
 
-template <class W>
-KernelFn gather_fn(std::shared_ptr<const StridedLayout> layout) {
-  return [layout](const void* const* in, void* const* out) {
-    const W* src = static_cast<const W*>(in[0]);
-    W* dst = static_cast<W*>(out[0]);
-    layout->for_each_run([&](int64_t off, int64_t n, int64_t stride) {
-      if (stride == 1) {
-        std::memcpy(dst, src + off, static_cast<size_t>(n) * sizeof(W));
-      } else {
-        for (int64_t i = 0; i < n; ++i) dst[i] = src[off + i * stride];
-      }
-      dst += n;
-    });
-  };
-}
-
 /// out[i] = in[offset of i under `strides`], out contiguous of `shape`.
 Kernel gather(const Shape& shape, const std::vector<int64_t>& strides, DType dtype) {
-  auto layout = std::make_shared<const StridedLayout>(shape, strides);
-  switch (dtype_size(dtype)) {
-    case 1: return {gather_fn<uint8_t>(layout)};
-    case 2: return {gather_fn<uint16_t>(layout)};
-    case 4: return {gather_fn<uint32_t>(layout)};
-    case 8: return {gather_fn<uint64_t>(layout)};
-  }
-  LAZYRT_ASSERT(false, "bad element size");
-  return {};
+  return copy_kernel(std::make_shared<const CopyLayout>(shape, strides, contiguous_strides(shape)), dtype);
 }
 
 }  // namespace

@@ -5,97 +5,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/kernels/copy.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
-namespace {
-
-// A copy of `shape` elements from src (element strides `src`) to dst (strides `dst`), dims
-// merged where both sides are contiguous across them. Offsets are relative to the bases the
-// caller adds; strides may be negative.
-struct CopyLayout {
-  std::vector<int64_t> shape, src, dst;
-  int64_t numel = 0;
-  int64_t src_base = 0, dst_base = 0;
-
-  CopyLayout(const Shape& s, const std::vector<int64_t>& src_strides,
-             const std::vector<int64_t>& dst_strides) {
-    LAZYRT_ASSERT(s.size() <= static_cast<size_t>(kMaxRank), "rank ", s.size(),
-                  " exceeds the kernel limit ", kMaxRank);
-    numel = shape_numel(s);
-    if (numel == 0) return;  // copies nothing; its strides may pass 64 bits
-    for (size_t d = 0; d < s.size(); ++d) {
-      if (s[d] == 1) continue;
-      if (!shape.empty() && src.back() == src_strides[d] * s[d] && dst.back() == dst_strides[d] * s[d]) {
-        shape.back() *= s[d];
-        src.back() = src_strides[d];
-        dst.back() = dst_strides[d];
-      } else {
-        shape.push_back(s[d]);
-        src.push_back(src_strides[d]);
-        dst.push_back(dst_strides[d]);
-      }
-    }
-  }
-
-  template <class W>
-  void run(const W* from, W* to) const {
-    if (numel == 0) return;
-    from += src_base;
-    to += dst_base;
-    const size_t rank = shape.size();
-    if (rank == 0) {
-      *to = *from;
-      return;
-    }
-    const int64_t n = shape[rank - 1], ss = src[rank - 1], ds = dst[rank - 1];
-    std::array<int64_t, kMaxRank> idx{};
-    int64_t so = 0, doff = 0;
-    while (true) {
-      if (ss == 1 && ds == 1) {
-        std::memcpy(to + doff, from + so, static_cast<size_t>(n) * sizeof(W));
-      } else {
-        for (int64_t i = 0; i < n; ++i) to[doff + i * ds] = from[so + i * ss];
-      }
-      int64_t d = static_cast<int64_t>(rank) - 2;
-      for (; d >= 0; --d) {
-        if (++idx[d] < shape[d]) {
-          so += src[d];
-          doff += dst[d];
-          break;
-        }
-        so -= src[d] * (shape[d] - 1);
-        doff -= dst[d] * (shape[d] - 1);
-        idx[d] = 0;
-      }
-      if (d < 0) return;
-    }
-  }
-};
-
-// Calls fn with a value of the unsigned integer type of `bytes` bytes.
-template <class Fn>
-decltype(auto) visit_width(size_t bytes, Fn&& fn) {
-  switch (bytes) {
-    case 1: return fn(uint8_t{});
-    case 2: return fn(uint16_t{});
-    case 4: return fn(uint32_t{});
-    case 8: return fn(uint64_t{});
-  }
-  LAZYRT_ASSERT(false, "bad element size ", bytes);
-}
-
-Kernel copy_kernel(std::shared_ptr<const CopyLayout> layout, DType dtype) {
-  return visit_width(dtype_size(dtype), [&](auto tag) -> Kernel {
-    using W = decltype(tag);
-    return {[layout](const void* const* in, void* const* out) {
-      layout->run(static_cast<const W*>(in[0]), static_cast<W*>(out[0]));
-    }};
-  });
-}
-
-}  // namespace
 
 Kernel make_Slice(const KernelSpec& s) {
   const ir::NodeAttrs a(s.op, s.attrs);
