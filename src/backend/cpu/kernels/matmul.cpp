@@ -33,6 +33,12 @@ struct MatmulLayout {
   bool fold_batch = false;            // x's batches are contiguous rows and y is shared: one GEMM
   bool onednn = false;                // f32 GEMMs through oneDNN, not OpenBLAS
 
+  // Multiply-adds of all the batches (in double: the product may pass 64 bits).
+  double macs() const {
+    return static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(m) *
+           static_cast<double>(batches());
+  }
+
   MatmulLayout(const Shape& xs, const Shape& ys, const Shape& os, bool tx_ = false, bool ty_ = false)
       : tx(tx_), ty(ty_) {
     n = os[os.size() - 2];
@@ -66,6 +72,14 @@ struct MatmulLayout {
 // Products this small cost less than a BLAS call's fixed overhead (argument checks, thread
 // and buffer management: about a microsecond), so they run as a plain loop.
 inline constexpr int64_t kSmallGemm = 4096;  // n * k * m
+// Products of fewer multiply-adds run on one thread. Split across threads, a product leaves
+// its result in two cores' caches, and the kernels after it read the other core's half from
+// there: in a small transformer layer's step at 2 threads (products of 0.5-2.1M
+// multiply-adds) an elementwise kernel over the 128 KB result of one took 20 us instead of
+// 3 us, and the step 760-1020 us against 600-630 us with these products on one thread. From
+// about this size on, the half of the product's time that a second thread saves (25 us here)
+// outweighs that.
+inline constexpr double kOneThreadMacs = 1 << 22;
 
 // Output elements W at a time along a row, each a dot product accumulated in order over k:
 // the same sums, in the same order, as a row-by-row update, with the accumulators in
@@ -163,7 +177,7 @@ void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o) {
     return;
   }
   std::optional<OmpTeam> team;
-  if (L.onednn) team.emplace(num_threads());
+  if (L.onednn) team.emplace(L.macs() < kOneThreadMacs ? 1 : num_threads());
   if (L.fold_batch) {
     gemm(x, y + (L.batches() ? L.y_off[0] : 0), o,
          L.n * static_cast<int64_t>(L.batches()), L.k, L.m, false, L.ty, L.onednn);
