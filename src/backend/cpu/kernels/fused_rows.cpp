@@ -241,7 +241,7 @@ void RowKernel::run_row(int64_t r, const void* const* in, void* const* out, unsi
     const std::vector<Sink>& ss = sinks[level];
     for (const Sink& s : ss) {
       Acc& a = accs[s.acc];
-      std::fill(a.lanes.part, a.lanes.part + sums::kLanes, 0.0);
+      a.lanes.reset();
       a.first = true;
       if (s.fold != Fold::Squares) a.value = 0;
     }
