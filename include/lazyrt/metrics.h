@@ -31,7 +31,15 @@ void reset();
 /// `Kernel:<op>` (`Kernel:fusion` for a fused node; a loop's covers its body's kernels, which
 /// record their own too). Off by default, or on from the start with LAZYRT_KERNEL_TIMINGS=1;
 /// off, it costs one flag read per executable run.
-void set_kernel_timings(bool on);
+///
+/// alone: each step is also timed on its own. After its timed run, a step that writes no byte
+/// it reads (and is not a collective or a loop) runs kAloneRuns times more on the same
+/// operands, each run timed into its alone figures (StepTiming): the kernel with its operands
+/// in cache, as a limit measured alone has them, where the step's own time includes what the
+/// kernels before it left in cache. Those runs compute the same values again; the step's
+/// results are as without them.
+inline constexpr int kAloneRuns = 3;
+void set_kernel_timings(bool on, bool alone = false);
 bool kernel_timings();
 
 /// One step of an executable, timed while kernel timings are on: the executable (numbered in
@@ -45,6 +53,8 @@ struct StepTiming {
   int64_t bytes = 0;
   int64_t runs = 0;
   int64_t total_ns = 0;
+  int64_t alone_runs = 0;  // runs on its own (set_kernel_timings(on, alone)), and their total
+  int64_t alone_ns = 0;
 };
 /// Every timed step of the executables alive now, by executable and step.
 std::vector<StepTiming> step_timings();

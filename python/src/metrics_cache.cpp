@@ -17,8 +17,10 @@ void bind_metrics_cache(py::module_& m) {
          py::arg("name"));
   mt.def("report", &metrics::report, "Every counter and timing, one per line.");
   mt.def("reset", &metrics::reset, "Sets every counter and timing back to zero.");
-  mt.def("set_kernel_timings", &metrics::set_kernel_timings, py::arg("on"),
-         "While on, every kernel run records a timing named 'Kernel:<op>'.");
+  mt.def("set_kernel_timings", &metrics::set_kernel_timings, py::arg("on"), py::arg("alone") = false,
+         "While on, every kernel run records a timing named 'Kernel:<op>'. alone: each step that writes "
+         "no byte it reads also runs 3 more times on its operands, now in cache, timed into step_timings' "
+         "alone_runs and alone_ns.");
   mt.def("kernel_timings", &metrics::kernel_timings);
   mt.def(
       "step_timings",
@@ -32,12 +34,15 @@ void bind_metrics_cache(py::module_& m) {
           d["bytes"] = t.bytes;
           d["runs"] = t.runs;
           d["total_ns"] = t.total_ns;
+          d["alone_runs"] = t.alone_runs;
+          d["alone_ns"] = t.alone_ns;
           out.append(d);
         }
         return out;
       },
       "Every step of the live executables timed while kernel timings were on (since the last reset): "
-      "dicts of executable, step, op, bytes (its operands' and results'), runs and total_ns.");
+      "dicts of executable, step, op, bytes (its operands' and results'), runs and total_ns, alone_runs and "
+      "alone_ns.");
   // Recording is the package's own business (its Python layers count what they do), not the API's.
   mt.def("_increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
          py::arg("by") = 1);

@@ -44,6 +44,9 @@ struct Step {
   std::vector<Slot> in;
   std::vector<Slot> out;  // results, then the workspace if the kernel has one
   int64_t bytes = 0;      // its operands' and results' bytes: what it must read and write at least
+  // The bytes of each slot of in, then of out (the workspace's: 0), where the step may run
+  // again on the same operands (metrics' alone timings: no collective, no loop); else empty.
+  std::vector<size_t> repeat_sizes;
 };
 
 /// How the executable produces output k.
@@ -132,6 +135,9 @@ class Executable {
   void patch(std::vector<void*>& args, const void* const* params, void* const* outputs) const;
   void run_steps(void* const* args);
   void run_steps_timed(void* const* args);  // metrics::kernel_timings() on
+  // Whether step i may run again on the pointers `args` binds (metrics' alone timings); if so,
+  // `saved` holds copies of the operands its results overwrite (by operand index).
+  bool save_overwritten(size_t i, void* const* args, std::vector<std::pair<size_t, std::vector<char>>>& saved) const;
 
   Parts parts_;
   std::unique_ptr<Buffer> arena_;

@@ -54,7 +54,8 @@ std::vector<StepTiming> step_timings() {
       const int64_t runs = c->runs[i].load(std::memory_order_relaxed);
       if (runs > 0)
         out.push_back({c->executable, static_cast<int64_t>(i), c->ops[i], c->bytes[i], runs,
-                       c->total_ns[i].load(std::memory_order_relaxed)});
+                       c->total_ns[i].load(std::memory_order_relaxed), c->alone_runs[i].load(std::memory_order_relaxed),
+                       c->alone_ns[i].load(std::memory_order_relaxed)});
     }
   return out;
 }
@@ -63,7 +64,8 @@ namespace detail {
 
 StepCells::StepCells(int64_t executable, std::vector<std::string> ops, std::vector<int64_t> bytes)
     : executable(executable), ops(std::move(ops)), bytes(std::move(bytes)),
-      runs(new std::atomic<int64_t>[this->ops.size()]()), total_ns(new std::atomic<int64_t>[this->ops.size()]()) {}
+      runs(new std::atomic<int64_t>[this->ops.size()]()), total_ns(new std::atomic<int64_t>[this->ops.size()]()),
+      alone_runs(new std::atomic<int64_t>[this->ops.size()]()), alone_ns(new std::atomic<int64_t>[this->ops.size()]()) {}
 
 void register_steps(StepCells* cells) {
   Registry& r = registry();
@@ -144,6 +146,8 @@ void reset() {
     for (size_t i = 0; i < c->ops.size(); ++i) {
       c->runs[i] = 0;
       c->total_ns[i] = 0;
+      c->alone_runs[i] = 0;
+      c->alone_ns[i] = 0;
     }
   for (auto& [name, c] : r.counters) c->value = 0;
   for (auto& [name, t] : r.timings) {
@@ -163,9 +167,17 @@ std::atomic<bool>& kernel_timings_flag() {
   return on;
 }
 
+std::atomic<bool>& kernel_timings_alone_flag() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+
 }  // namespace detail
 
-void set_kernel_timings(bool on) { detail::kernel_timings_flag().store(on, std::memory_order_relaxed); }
+void set_kernel_timings(bool on, bool alone) {
+  detail::kernel_timings_alone_flag().store(on && alone, std::memory_order_relaxed);
+  detail::kernel_timings_flag().store(on, std::memory_order_relaxed);
+}
 bool kernel_timings() { return detail::kernel_timings_flag().load(std::memory_order_relaxed); }
 
 }  // namespace lazyrt::metrics

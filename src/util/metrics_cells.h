@@ -45,18 +45,24 @@ struct StepCells {
   int64_t executable = 0;
   std::vector<std::string> ops;
   std::vector<int64_t> bytes;
-  std::unique_ptr<std::atomic<int64_t>[]> runs, total_ns;
+  std::unique_ptr<std::atomic<int64_t>[]> runs, total_ns, alone_runs, alone_ns;
   StepCells(int64_t executable, std::vector<std::string> ops, std::vector<int64_t> bytes);
   void record(size_t step, int64_t ns) {
     runs[step].fetch_add(1, std::memory_order_relaxed);
     total_ns[step].fetch_add(ns, std::memory_order_relaxed);
   }
+  void record_alone(size_t step, int64_t ns) {
+    alone_runs[step].fetch_add(1, std::memory_order_relaxed);
+    alone_ns[step].fetch_add(ns, std::memory_order_relaxed);
+  }
 };
 void register_steps(StepCells* cells);
 void unregister_steps(StepCells* cells);
 
-/// lazyrt::metrics::kernel_timings()'s flag, for hot paths.
+/// lazyrt::metrics::kernel_timings()'s flag, for hot paths, and whether steps are also timed
+/// alone.
 std::atomic<bool>& kernel_timings_flag();
+std::atomic<bool>& kernel_timings_alone_flag();
 
 }  // namespace detail
 }  // namespace lazyrt::metrics

@@ -149,3 +149,42 @@ def test_dump_graph_writes_each_compiled_graph_as_text_and_dot(tmp_path):
     # Off again: nothing more is written.
     ((x * 4.5).exp()).sum().item()
     assert len(list(tmp_path.glob("*.txt"))) == 1
+
+
+def test_steps_timed_alone_run_again_on_their_own_operands_and_change_nothing():
+    # A replayed AdamW step updates parameters and moments in place (results written over their
+    # operands). Timed alone, each step runs three more times after its timed run; those runs
+    # must read what the first read, so the parameters match, bit for bit, a run without them.
+    import numpy as np
+
+    def train(alone):
+        lr.manual_seed(0)
+        model = lr.nn.Sequential(lr.nn.Linear(8, 16), lr.nn.ReLU(), lr.nn.Linear(16, 4))
+        opt = lr.optim.AdamW(model.parameters(), lr=1e-2)
+        x = lr.tensor(np.linspace(-1, 1, 5 * 8, dtype=np.float32).reshape(5, 8))
+
+        def step(x):
+            opt.zero_grad()
+            loss = (model(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+        compiled = lr.compile_step(step, (x,))
+        compiled(x)
+        lr.metrics.reset()
+        lr.metrics.set_kernel_timings(True, alone=alone)
+        try:
+            losses = [compiled(x).item() for _ in range(3)]
+        finally:
+            lr.metrics.set_kernel_timings(False)
+        return losses, [p.numpy().copy() for p in model.parameters()], lr.metrics.step_timings()
+
+    losses, params, plain = train(False)
+    losses_alone, params_alone, timed = train(True)
+    assert losses_alone == losses
+    for p, q in zip(params, params_alone):
+        assert np.array_equal(p, q)
+    assert all(t["alone_runs"] == 0 for t in plain), "alone runs only when asked"
+    runs = {t["op"]: t for t in timed if t["runs"] == 3}
+    assert runs["fusion"]["alone_runs"] == 9 and runs["fusion"]["alone_ns"] > 0, runs["fusion"]
+    assert sum(t["alone_runs"] for t in timed) >= 9 * 3, timed

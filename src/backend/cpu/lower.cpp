@@ -310,15 +310,21 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     const Node& n = g.nodes[i];
     if (!alias_of.count({static_cast<int32_t>(i), 0})) {
       runtime::Step st{n.op, std::move(made[i].run), {}, {}};
+      const bool repeats = (n.regions.empty() || n.op == OpKind::Fusion) && !ir::has_flag(n.op, ir::kCollective);
       for (ValueRef v : n.operands) {
         st.in.push_back(slot_of.at(v));
         st.bytes += static_cast<int64_t>(g.type(v).bytes());
+        if (repeats) st.repeat_sizes.push_back(g.type(v).bytes());
       }
       for (size_t r = 0; r < n.results.size(); ++r) {
         st.out.push_back(slot_of.at({static_cast<int32_t>(i), static_cast<int32_t>(r)}));
         st.bytes += static_cast<int64_t>(n.results[r].bytes());
+        if (repeats) st.repeat_sizes.push_back(n.results[r].bytes());
       }
-      if (workspace_req[i] >= 0) st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
+      if (workspace_req[i] >= 0) {
+        st.out.push_back({SlotKind::Arena, 0, plan.offsets[workspace_req[i]]});
+        if (repeats) st.repeat_sizes.push_back(0);
+      }
       parts.steps.push_back(std::move(st));
     }
     for (const auto& [node, producer] : checked_after)
