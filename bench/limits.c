@@ -9,6 +9,11 @@
  * - adamw: torch.optim.AdamW's update (torch 1.13's _single_tensor_adamw, amsgrad off, f32) over
  *   a list of tensors, reading param, grad, exp_avg, exp_avg_sq and writing param, exp_avg,
  *   exp_avg_sq: 28 bytes per parameter.
+ * - layer_norm, softmax, row_mse: the fused reductions' arithmetic, row by row, as lazyrt
+ *   defines it: each row's sums in double, sixteen interleaved partial sums added in order at
+ *   the end (a row's mean, then its squared deviations from it), the elementwise work in f32,
+ *   exp from the same polynomial as lazyrt's (vmath.h). Not a byte limit but an arithmetic
+ *   one: what these exact sums and that exp cost one thread of this machine.
  *
  * As STREAM, the bytes counted are the ones the pattern must move; the read-for-ownership of
  * written lines is not counted. Loops are kept loops (no memcpy: -fno-tree-loop-distribute-
@@ -79,4 +84,99 @@ void lazyrt_limits_adamw(size_t tensors, float* const* params, const float* cons
   for (size_t k = 0; k < tensors; ++k)
     adamw_one(params[k], grads[k], exp_avgs[k], exp_avg_sqs[k], numels[k], decay, (float)beta1, (float)(1.0 - beta1),
               (float)beta2, (float)(1.0 - beta2), bc2_sqrt, (float)eps, neg_step_size);
+}
+
+/* The row's sum (squares: of its squared deviations from mean) in double: sixteen interleaved
+ * partial sums, added in order at the end, then the rest of the row in order. */
+static double row_sum(const float* restrict x, size_t n, double mean, int squares) {
+  double part[16] = {0};
+  size_t i = 0;
+  if (squares) {
+    for (; i + 16 <= n; i += 16)
+      for (int k = 0; k < 16; ++k) {
+        const double d = (double)x[i + k] - mean;
+        part[k] += d * d;
+      }
+  } else {
+    for (; i + 16 <= n; i += 16)
+      for (int k = 0; k < 16; ++k) part[k] += (double)x[i + k];
+  }
+  double sum = 0;
+  for (int k = 0; k < 16; ++k) sum += part[k];
+  for (; i < n; ++i) {
+    const double v = (double)x[i];
+    sum += squares ? (v - mean) * (v - mean) : v;
+  }
+  return sum;
+}
+
+/* layer_norm over the last dim of x[rows, n] with weight w and bias b (torch's F.layer_norm). */
+void lazyrt_limits_layer_norm(const float* restrict x, const float* restrict w, const float* restrict b,
+                              float* restrict y, size_t rows, size_t n, float eps) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    const double mean_d = row_sum(xr, n, 0, 0) / (double)n;
+    const float var = (float)(row_sum(xr, n, mean_d, 1) / (double)n);
+    const float mean = (float)mean_d, rstd = 1.0f / sqrtf(var + eps);
+    float* yr = y + r * n;
+    for (size_t i = 0; i < n; ++i) yr[i] = ((xr[i] - mean) * rstd) * w[i] + b[i];
+  }
+}
+
+static inline float bits_to_float(int32_t i) {
+  union { int32_t i; float f; } u = {.i = i};
+  return u.f;
+}
+static inline int32_t float_to_bits(float f) {
+  union { float f; int32_t i; } u = {.f = f};
+  return u.i;
+}
+
+/* lazyrt's exp for f32 (backend/cpu/kernels/vmath.h: exp_f32), the same operations. */
+static inline float exp_f32(float x) {
+  const float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
+  const float round = 12582912.0f;
+  const float t = fmaf(xc, 1.44269504088896341f, round);
+  const float n = t - round;
+  const float r = fmaf(n, 2.12194440e-4f, fmaf(-n, 0.693359375f, xc));
+  float p = 1.9875691500e-4f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p, r * r, r) + 1.0f;
+  const int32_t e = float_to_bits(t) - float_to_bits(round), a = e >> 1;
+  return (p * bits_to_float((a + 127) << 23)) * bits_to_float((e - a + 127) << 23);
+}
+
+/* softmax over the last dim of x[rows, n], written out: e = exp(x - max), e / sum(e). */
+void lazyrt_limits_softmax(const float* restrict x, float* restrict y, size_t rows, size_t n) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    float m = xr[0];
+    for (size_t i = 1; i < n; ++i) m = xr[i] > m ? xr[i] : m;
+    for (size_t i = 0; i < n; ++i) yr[i] = exp_f32(xr[i] - m);
+    const float s = (float)row_sum(yr, n, 0, 0);
+    for (size_t i = 0; i < n; ++i) yr[i] = yr[i] / s;
+  }
+}
+
+/* ((x - t) * (x - t)).mean(-1) over x, t [rows, n]: the squares in f32, their sum in double. */
+void lazyrt_limits_row_mse(const float* restrict x, const float* restrict t, float* restrict out, size_t rows,
+                           size_t n) {
+  float sq[4096];
+  for (size_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (size_t at = 0; at < n; at += 4096) {
+      const size_t m = n - at < 4096 ? n - at : 4096;
+      for (size_t i = 0; i < m; ++i) {
+        const float d = x[r * n + at + i] - t[r * n + at + i];
+        sq[i] = d * d;
+      }
+      sum += row_sum(sq, m, 0, 0);
+    }
+    out[r] = (float)(sum / (double)n);
+  }
 }

@@ -38,6 +38,11 @@ def library(build):
     lib.lazyrt_limits_adamw.argtypes = [size_t, fptr, fptr, fptr, fptr, fptr] + [ctypes.c_double] * 5 + [
         ctypes.c_int64]
     lib.lazyrt_limits_adamw.restype = None
+    lib.lazyrt_limits_layer_norm.argtypes = [fptr, fptr, fptr, fptr, size_t, size_t, ctypes.c_float]
+    lib.lazyrt_limits_softmax.argtypes = [fptr, fptr, size_t, size_t]
+    lib.lazyrt_limits_row_mse.argtypes = [fptr, fptr, fptr, size_t, size_t]
+    for f in (lib.lazyrt_limits_layer_norm, lib.lazyrt_limits_softmax, lib.lazyrt_limits_row_mse):
+        f.restype = None
     lib.path = path
     return lib
 
