@@ -1,7 +1,8 @@
 // The strided copy behind permute, expand, slice and flip (kernels/copy.h), on tensors large
 // enough to be split across threads, with transposes copied in tiles whose sizes do not divide
-// the dims: every element checked against the index arithmetic of the op's definition, for
-// elements of 8, 4, 2 and 1 bytes.
+// the dims, and concat, split across threads by rows or by chunks of each input: every element
+// checked against the index arithmetic of the op's definition, for elements of 8, 4, 2 and 1
+// bytes.
 #include <gtest/gtest.h>
 
 #include <lazyrt/lazyrt.h>
@@ -58,15 +59,17 @@ void check(const std::string& what, const Shape& in_shape, DType dtype, const st
   }
 }
 
+// Three threads, whatever the machine has: the chunks start mid-odometer.
+struct AtThreeThreads {
+  int before = kernels::num_threads();
+  AtThreeThreads() { kernels::set_num_threads(3); }
+  ~AtThreeThreads() { kernels::set_num_threads(before); }
+};
+
 }  // namespace
 
 TEST(CopyKernel, PermutesSlicesFlipsAndExpandsMoveEveryElementWhereTheOpSays) {
-  // Three threads, whatever the machine has: the chunks start mid-odometer.
-  struct AtThreeThreads {
-    int before = kernels::num_threads();
-    AtThreeThreads() { kernels::set_num_threads(3); }
-    ~AtThreeThreads() { kernels::set_num_threads(before); }
-  } threads;
+  AtThreeThreads threads;
   for (DType dtype : {DType::i64, DType::f32, DType::f16, DType::b8}) {
     // A head split and its transposed key: tiles of 45 x 67 and 67 x 45.
     const Shape bthd{8, 67, 5, 45};
@@ -91,6 +94,41 @@ TEST(CopyKernel, PermutesSlicesFlipsAndExpandsMoveEveryElementWhereTheOpSays) {
           [](const std::vector<int64_t>& o) { return std::vector<int64_t>{39 - o[0], o[1], 69 - o[2]}; });
     check("expand", {1, 300, 1}, dtype, [](const Tensor& x) { return expand(x, {70, 300, 40}); },
           [](const std::vector<int64_t>& o) { return std::vector<int64_t>{0, o[1], 0}; });
+  }
+}
+
+TEST(CopyKernel, ConcatsPutEveryInputElementInItsBlock) {
+  AtThreeThreads threads;
+  for (DType dtype : {DType::i64, DType::f32, DType::f16, DType::b8}) {
+    // Along dim 0 (one outer row: each input copied in chunks, its bytes not a multiple of
+    // one), and along dims 1 and 2 (many outer rows, split between threads).
+    for (int64_t dim : {0, 1, 2}) {
+      Shape sa{70, 41, 33}, sb{70, 41, 33}, sc{70, 41, 33};
+      sa[static_cast<size_t>(dim)] = 29;
+      sb[static_cast<size_t>(dim)] = 1;
+      const Tensor a = source(sa, dtype), b = source(sb, dtype), c = source(sc, dtype);
+      const Tensor out = cat({a, b, c}, dim);
+      const std::vector<int64_t> va = values_of(a), vb = values_of(b), vc = values_of(c), vo = values_of(out);
+      const Shape so = out.shape();
+      ASSERT_EQ(so[static_cast<size_t>(dim)], sa[static_cast<size_t>(dim)] + 1 + sc[static_cast<size_t>(dim)]);
+      for (int64_t j = 0; j < static_cast<int64_t>(vo.size()); ++j) {
+        std::vector<int64_t> idx = unravel(j, so);
+        int64_t& at = idx[static_cast<size_t>(dim)];
+        const std::vector<int64_t>* from = &va;
+        const Shape* shape = &sa;
+        if (at >= sa[static_cast<size_t>(dim)] + 1) {
+          at -= sa[static_cast<size_t>(dim)] + 1;
+          from = &vc;
+          shape = &sc;
+        } else if (at >= sa[static_cast<size_t>(dim)]) {
+          at -= sa[static_cast<size_t>(dim)];
+          from = &vb;
+          shape = &sb;
+        }
+        ASSERT_EQ(vo[static_cast<size_t>(j)], (*from)[static_cast<size_t>(ravel(idx, *shape))])
+            << "concat along " << dim << " " << dtype_name(dtype) << ": output element " << j;
+      }
+    }
   }
 }
 

@@ -100,14 +100,36 @@ Kernel make_Concat(const KernelSpec& s) {
     for (size_t d = static_cast<size_t>(dim); d < t.shape.size(); ++d) n *= t.shape[d];
     row.push_back(static_cast<size_t>(n) * esize);
   }
-  return {[outer, row](const void* const* in, void* const* out) {
-    char* dst = static_cast<char*>(out[0]);
-    for (int64_t o = 0; o < outer; ++o) {
-      for (size_t k = 0; k < row.size(); ++k) {
-        if (!row[k]) continue;
-        std::memcpy(dst, static_cast<const char*>(in[k]) + static_cast<size_t>(o) * row[k], row[k]);
-        dst += row[k];
-      }
+  size_t total = 0;  // bytes of one outer row of the output
+  for (size_t r : row) total += r;
+  // Split across threads by outer rows, or, with one outer row (a concat along dim 0), each
+  // input's copy by chunks of kCopyChunk bytes.
+  constexpr int64_t kCopyChunk = kParallelGrain * 4;
+  return {[outer, row, total](const void* const* in, void* const* out) {
+    char* const dst = static_cast<char*>(out[0]);
+    if (outer > 1) {
+      parallel_for(outer, std::max<int64_t>(1, kCopyChunk / static_cast<int64_t>(std::max<size_t>(total, 1))),
+                   [&](int64_t b, int64_t e) {
+        char* d = dst + static_cast<size_t>(b) * total;
+        for (int64_t o = b; o < e; ++o)
+          for (size_t k = 0; k < row.size(); ++k) {
+            if (!row[k]) continue;
+            std::memcpy(d, static_cast<const char*>(in[k]) + static_cast<size_t>(o) * row[k], row[k]);
+            d += row[k];
+          }
+      });
+      return;
+    }
+    if (outer == 0) return;
+    size_t at = 0;
+    for (size_t k = 0; k < row.size(); ++k) {
+      const char* src = static_cast<const char*>(in[k]);
+      const auto bytes = static_cast<int64_t>(row[k]);
+      parallel_for((bytes + kCopyChunk - 1) / kCopyChunk, 1, [&](int64_t b, int64_t e) {
+        const int64_t first = b * kCopyChunk, last = std::min(bytes, e * kCopyChunk);
+        std::memcpy(dst + at + first, src + first, static_cast<size_t>(last - first));
+      });
+      at += row[k];
     }
   }};
 }
