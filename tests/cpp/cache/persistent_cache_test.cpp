@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "cache/persistent_cache.h"
+#include "jit/jit.h"
 #include "trace/lazy_tensor.h"
 
 namespace lazyrt::cache {
@@ -240,13 +241,16 @@ TEST(PersistentCacheChild, RunsTheWorkload) {
 }
 
 // Starts the child with this environment (every cache variable is set explicitly, so the
-// parent's environment cannot leak in); read its output with finish().
+// parent's environment cannot leak in, and generated code is off: these tests count the
+// graph entries, not the code the object cache keeps beside them); read its output with
+// finish().
 class Child {
  public:
   Child(const std::map<std::string, std::string>& env, int repeat = 1) {
     std::map<std::string, std::string> all = {{"LAZYRT_CACHE_DIR", ""},
                                               {"LAZYRT_CACHE_READONLY", "0"},
-                                              {"LAZYRT_CACHE_MAX_BYTES", "0"}};
+                                              {"LAZYRT_CACHE_MAX_BYTES", "0"},
+                                              {"LAZYRT_JIT", "0"}};
     for (const auto& [k, v] : env) all[k] = v;
     std::string cmd = "env";
     for (const auto& [k, v] : all) cmd += " " + k + "='" + v + "'";
@@ -300,10 +304,12 @@ ChildOutput run_child(const std::map<std::string, std::string>& env, int repeat 
 }
 
 // ---- in-process tests: the fixture points the process's cache at a fresh directory --------
+// (with generated code off, whatever LAZYRT_JIT says, as in the children)
 
 class PersistentCacheTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    jit::set_mode(jit::Mode::Off);
     set_persistent_max_bytes(0);
     set_persistent_dir(dir_.path());
     clear_memory();
@@ -313,6 +319,7 @@ class PersistentCacheTest : public ::testing::Test {
     set_persistent_dir("");
     set_persistent_max_bytes(0);
     clear_memory();
+    jit::set_mode(saved_mode_);
   }
   // A fresh start as far as caching goes: nothing in memory, counters at zero.
   static void forget() {
@@ -325,6 +332,7 @@ class PersistentCacheTest : public ::testing::Test {
   }
 
   TempDir dir_;
+  jit::Mode saved_mode_ = jit::mode();
 };
 
 // relu(x @ w + 1).sum() for x of shape [n, 3]: a graph per n, with a known value.
