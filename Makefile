@@ -18,10 +18,13 @@ FUZZ_SECONDS ?= 3600
 FUZZ_REPLAY_PROGRAMS ?= 10000
 FUZZ_REPLAY_ACTIONS  ?= 12
 FUZZ_REPLAY_SEED     ?= 0
+# `make fuzz-jit`: random programs for generated code against the interpreter, from this seed on.
+FUZZ_JIT_PROGRAMS ?= 3000
+FUZZ_JIT_SEED     ?= 1000
 
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo demo-dp test bench fuzz fuzz-replay check-reference check-asan check-tsan clean
+.PHONY: setup build demo demo-dp test bench fuzz fuzz-replay fuzz-jit check-reference check-asan check-tsan clean
 
 setup:
 	@bash $(ROOT)/scripts/setup.sh
@@ -96,6 +99,14 @@ fuzz-replay: setup build
 	  --programs $(FUZZ_REPLAY_PROGRAMS) --actions $(FUZZ_REPLAY_ACTIONS) --seed $(FUZZ_REPLAY_SEED)
 	LAZYRT_REPLAY_FUZZ_PROGRAMS=$(FUZZ_REPLAY_PROGRAMS) LAZYRT_REPLAY_FUZZ_SEED=$$(( $(FUZZ_REPLAY_SEED) + 1 )) \
 	  $(BUILD)/tests/lazyrt_replay_tests --gtest_filter='ReplayFuzz.*'
+
+# Randomized differential test of generated kernels (tests/cpp/jit/differential_test.cpp):
+# seeded programs of elementwise ops, casts, constants and reductions over broadcast shapes,
+# compiled whole and run with generation off and with every region compiled, compared bit for
+# bit; a failure is shrunk and printed with the seed that reruns it alone. ctest runs 120.
+fuzz-jit: setup build
+	LAZYRT_JIT_FUZZ_PROGRAMS=$(FUZZ_JIT_PROGRAMS) LAZYRT_JIT_FUZZ_SEED=$(FUZZ_JIT_SEED) \
+	  $(BUILD)/tests/lazyrt_jit_tests --gtest_filter='Generated.RandomPrograms*'
 
 # `make check-reference`: the whole suite with every graph compiled for the reference backend
 # (each op its own kernel, no fusion, no gemm): what the cpu backend computes must not depend on

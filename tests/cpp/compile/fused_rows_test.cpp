@@ -14,6 +14,7 @@
 #include "compile/compile.h"
 #include "jit/jit.h"
 #include "lazyrt/metrics.h"
+#include "support/run_graph.h"
 #include "util/dtype_dispatch.h"
 
 namespace lazyrt::compile {
@@ -22,12 +23,9 @@ namespace {
 using ir::Graph;
 using ir::OpKind;
 using ir::ValueRef;
+using testing::mismatches;
 
-struct ModeScope {
-  jit::Mode saved = jit::mode();
-  explicit ModeScope(jit::Mode m) { jit::set_mode(m); }
-  ~ModeScope() { jit::set_mode(saved); }
-};
+using ModeScope = testing::JitMode;
 
 struct Space {
   Shape shape;
@@ -86,63 +84,6 @@ Graph random_program(std::mt19937& rng, const Space& sp, DType dtype) {
   return g;
 }
 
-// The program's inputs: values in [-3, 3], with a few zeros, infinities and nans.
-std::vector<std::vector<char>> inputs(const Graph& g, std::mt19937& rng) {
-  std::vector<std::vector<char>> in;
-  for (const auto& n : g.nodes) {
-    if (n.op != OpKind::Parameter) continue;
-    const ir::TensorType& t = n.results[0];
-    in.emplace_back(t.bytes());
-    visit_dtype(t.dtype, [&](auto tag) {
-      using T = decltype(tag);
-      T* p = reinterpret_cast<T*>(in.back().data());
-      for (int64_t i = 0; i < t.numel(); ++i) {
-        const int r = static_cast<int>(rng() % 200);
-        const double v = r == 0   ? 0.0
-                         : r == 1 ? INFINITY
-                         : r == 2 ? NAN
-                                  : std::uniform_real_distribution<double>(-3, 3)(rng);
-        p[i] = convert<T>(v);
-      }
-    });
-  }
-  return in;
-}
-
-std::vector<std::vector<char>> run(runtime::Executable& exe, std::vector<std::vector<char>> in) {
-  std::vector<const void*> ip;
-  for (auto& b : in) ip.push_back(b.data());
-  std::vector<std::vector<char>> out;
-  for (const auto& t : exe.output_types()) out.emplace_back(t.bytes());
-  std::vector<void*> op;
-  for (auto& b : out) op.push_back(b.data());
-  exe.run(ip.data(), op.data());
-  for (size_t k = 0; k < out.size(); ++k) {
-    const auto& src = exe.outputs()[k];
-    if (src.kind == runtime::OutputSource::Kind::Alias) out[k] = out[src.index];
-    else if (src.kind == runtime::OutputSource::Kind::Param) out[k] = in[src.index];
-  }
-  return out;
-}
-
-// Element mismatches between a and b (nan against nan is a match).
-int64_t mismatches(DType dtype, const std::vector<char>& a, const std::vector<char>& b) {
-  int64_t bad = 0;
-  visit_dtype(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const size_t n = a.size() / sizeof(T);
-    for (size_t i = 0; i < n; ++i) {
-      if (std::memcmp(a.data() + i * sizeof(T), b.data() + i * sizeof(T), sizeof(T)) == 0) continue;
-      T x, y;
-      std::memcpy(&x, a.data() + i * sizeof(T), sizeof(T));
-      std::memcpy(&y, b.data() + i * sizeof(T), sizeof(T));
-      const auto fx = convert<double>(x), fy = convert<double>(y);
-      if (!(fx != fx && fy != fy)) ++bad;
-    }
-  });
-  return bad;
-}
-
 int fused_reductions(const Graph& g) {
   int n = 0;
   for (const auto& node : g.nodes)
@@ -165,8 +106,8 @@ void compare_on_random_programs(jit::Mode mode, int trials, uint32_t seed) {
     auto fast = compile(g, {}, cpu);
     auto oracle = compile(g, {}, ref);
     fused += fused_reductions(fast->graph());
-    const auto in = inputs(g, rng);
-    const auto got = run(*fast, in), want = run(*oracle, in);
+    const auto in = testing::random_inputs(g, rng);
+    const auto got = testing::run_graph(*fast, in), want = testing::run_graph(*oracle, in);
     ASSERT_EQ(got.size(), want.size());
     for (size_t k = 0; k < want.size(); ++k)
       EXPECT_EQ(mismatches(fast->output_types()[k].dtype, got[k], want[k]), 0)

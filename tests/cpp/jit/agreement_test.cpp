@@ -15,13 +15,17 @@
 #include "backend/cpu/kernels/elementwise_fns.h"
 #include "backend/cpu/kernels/ops.h"
 #include "jit/jit.h"
+#include "support/elementwise_ops.h"
 #include "support/graphs.h"
+#include "support/run_graph.h"
 #include "lazyrt/metrics.h"
 
 namespace lazyrt {
 namespace {
 
 using ir::OpKind;
+using testing::attr_variants;
+using testing::table_ops;
 
 constexpr DType kDTypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16, DType::i32, DType::i64, DType::b8};
 constexpr int64_t kN = 1000;  // not a multiple of the generated loop's block: a partial block
@@ -127,24 +131,7 @@ std::string compare(const Case& c, std::mt19937_64& rng, bool in_place = false) 
   return bad;
 }
 
-// The attribute variants an op is tested with.
-std::vector<ir::Attrs> attr_variants(OpKind op) {
-  switch (op) {
-    case OpKind::Gelu: return {{false}, {true}};
-    case OpKind::Softplus: return {{1.0, 20.0}, {2.0, 5.0}};
-    case OpKind::Clamp: return {{true, true}, {true, false}, {false, true}};
-    default: return {{}};
-  }
-}
-
 int arity(OpKind op) { return ir::op_info(op).operands; }
-
-std::vector<OpKind> table_ops() {
-  std::vector<OpKind> ops;
-  for (int i = 0; i < ir::kNumOps; ++i)
-    if (kernels::has_elementwise_fn(static_cast<OpKind>(i))) ops.push_back(static_cast<OpKind>(i));
-  return ops;
-}
 
 // One op over operands of dtype d; operand k > 0 broadcast from shape [1] when `broadcast`.
 std::optional<Case> single_op(OpKind op, const ir::Attrs& attrs, DType d, bool broadcast) {
@@ -167,10 +154,8 @@ std::optional<Case> single_op(OpKind op, const ir::Attrs& attrs, DType d, bool b
 }
 
 // Generation on for the test, whatever LAZYRT_JIT says.
-struct GenerationOn {
-  jit::Mode saved = jit::mode();
-  GenerationOn() { jit::set_mode(jit::Mode::Tiered); }
-  ~GenerationOn() { jit::set_mode(saved); }
+struct GenerationOn : testing::JitMode {
+  GenerationOn() : JitMode(jit::Mode::Tiered) {}
 };
 
 TEST(Generated, EveryElementwiseOpOnEveryDtypeGivesTheInterpretersBits) {

@@ -22,6 +22,7 @@
 #include "jit/code_server.h"
 #include "jit/jit.h"
 #include "support/graphs.h"
+#include "support/run_graph.h"
 
 namespace lazyrt {
 namespace {
@@ -89,10 +90,8 @@ std::vector<fs::path> objects(const std::string& dir) {
   return out;
 }
 
-struct SyncMode {
-  jit::Mode saved = jit::mode();
-  SyncMode() { jit::set_mode(jit::Mode::Tiered); }
-  ~SyncMode() { jit::set_mode(saved); }
+struct SyncMode : testing::JitMode {
+  SyncMode() : JitMode(jit::Mode::Tiered) {}
 };
 
 TEST(ObjectCache, ASecondCompilationLoadsTheStoredObject) {

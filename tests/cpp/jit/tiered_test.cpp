@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "jit/jit.h"
+#include "support/run_graph.h"
 
 namespace lazyrt {
 namespace {
@@ -17,16 +18,10 @@ namespace {
 // Generated code is the cpu backend's: each test runs on it (whatever LAZYRT_BACKEND says) in
 // the given mode, and the process's backend and mode come back when the test ends.
 struct ModeScope {
-  jit::Mode saved = jit::mode();
   std::string saved_backend = current_backend();
-  explicit ModeScope(jit::Mode m) {
-    set_backend("cpu");
-    jit::set_mode(m);
-  }
-  ~ModeScope() {
-    jit::set_mode(saved);
-    set_backend(saved_backend);
-  }
+  testing::JitMode mode;
+  explicit ModeScope(jit::Mode m) : mode((set_backend("cpu"), m)) {}
+  ~ModeScope() { set_backend(saved_backend); }
 };
 
 constexpr int64_t kN = 5000;

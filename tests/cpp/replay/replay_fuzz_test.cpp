@@ -16,6 +16,8 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "support/env.h"
+
 namespace lazyrt {
 namespace {
 
@@ -252,10 +254,7 @@ Program shrink(Program p) {
   return p;
 }
 
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::atoll(v) : fallback;
-}
+using testing::env_int;
 
 }  // namespace
 
