@@ -27,7 +27,7 @@ namespace lazyrt::jit {
 
 /// Raised when generated code changes what it computes, so that code cached on disk by another
 /// version is never loaded.
-inline constexpr int kGeneratorVersion = 4;
+inline constexpr int kGeneratorVersion = 5;
 
 /// The request for a module's regions, and back.
 std::string encode_regions(const std::vector<FusedRegion>& regions);
