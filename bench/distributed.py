@@ -148,7 +148,9 @@ def run(opts):
           "Gloo's TCP transport on the loopback interface. One process holds each peer's group and runs their "
           f"batches in turn (after 2 warm-up batches each and lazyrt's generated kernels compiled, {reps} batches "
           f"per peer for the all-reduces, {dp[min(dp)]['reps']} for the steps), so the peers see the same load. Times "
-          "are rank 0's. Goals: collectives within 10% of Gloo's own rate; a replayed data-parallel "
+          f"are rank 0's. Threads: each process runs the suite's {opts.threads}, or its share of the host's CPUs where "
+          "that is fewer (the launcher's default, as torchrun's: the host's CPUs over its processes, at least one), "
+          "for lazyrt, OpenBLAS, OpenMP and torch alike. Goals: collectives within 10% of Gloo's own rate; a replayed data-parallel "
           "step adds no more than the all-reduce's own time.\n",
           "### All-reduce (sum, f32, in place) on 2 processes\n",
           "lazyrt in place: `buf.copy_(all_reduce(buf))` replayed by `compile_step`, written back into the tensor's "
@@ -484,6 +486,11 @@ def worker_main(argv):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--calls", type=int, default=0, help="calls a batch (0: the workers' own choice)")
     a = p.parse_args(argv)
+    # The suite's thread count, but no more than this process's share of the host's CPUs (what the
+    # launcher gives a process where the environment does not say, as torchrun does): N processes
+    # of as many threads as the host has would take turns on its CPUs.
+    from lazyrt.distributed.run import threads_per_process
+    a.threads = min(a.threads, threads_per_process(int(os.environ["LOCAL_WORLD_SIZE"])))
     for name in ("LAZYRT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ[name] = str(a.threads)
     sys.path.insert(0, HERE)
