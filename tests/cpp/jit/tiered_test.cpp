@@ -20,7 +20,7 @@ namespace {
 struct ModeScope {
   std::string saved_backend = current_backend();
   testing::JitMode mode;
-  explicit ModeScope(jit::Mode m) : mode((set_backend("cpu"), m)) {}
+  explicit ModeScope(jit::Mode m) : mode(m) { set_backend("cpu"); }
   ~ModeScope() { set_backend(saved_backend); }
 };
 
