@@ -44,7 +44,7 @@ class LRScheduler:
     so far, -1 before the first, which the constructor makes), and step(), which writes the
     rates get_lr() computes into the parameter groups."""
 
-    def __init__(self, optimizer, last_epoch=-1, verbose=False):
+    def __init__(self, optimizer, last_epoch=-1):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{type(self).__name__}: {type(optimizer).__name__} is not a lazyrt optimizer")
         self.optimizer = optimizer
@@ -58,12 +58,18 @@ class LRScheduler:
                                    f"param_groups[{i}] when resuming an optimizer (last_epoch={last_epoch})")
         self.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
         self.last_epoch = last_epoch
-        self.verbose = verbose
         self._initial_step()
 
     def _initial_step(self):
+        # The constructor's step. As PyTorch 2.x: while it runs _is_initial is True, and the
+        # schedulers whose get_lr scales the groups' current rates keep them, so that resuming
+        # (last_epoch >= 0) does not move the rate one step ahead of the saved one.
         self._step_count = 0
-        self.step()
+        self._is_initial = True
+        try:
+            self.step()
+        finally:
+            self._is_initial = False
 
     def state_dict(self):
         """Every attribute but the optimizer (PyTorch's names and values)."""
@@ -94,14 +100,6 @@ class LRScheduler:
         """The rates of the step being made (chainable form: from the groups' current rates)."""
         raise NotImplementedError
 
-    def print_lr(self, is_verbose, group, lr, epoch=None):
-        if is_verbose:
-            if epoch is None:
-                print(f"Adjusting learning rate of group {group} to {lr:.4e}.")
-            else:
-                epoch_str = ("%.2f" if isinstance(epoch, float) else "%.5d") % epoch
-                print(f"Epoch {epoch_str}: adjusting learning rate of group {group} to {lr:.4e}.")
-
     def step(self, epoch=None):
         """Advances the schedule by one step and writes the new rates into the groups. If a rate
         is refused (the optimizer checks it) or the schedule is over (OneCycleLR), it raises
@@ -120,9 +118,8 @@ class LRScheduler:
                 warnings.warn(_EPOCH_DEPRECATION_WARNING, UserWarning)
                 self.last_epoch = epoch
                 values = self._get_closed_form_lr() if hasattr(self, "_get_closed_form_lr") else self.get_lr()
-            for i, (group, lr) in enumerate(zip(groups, values)):
+            for group, lr in zip(groups, values):
                 group["lr"] = lr
-                self.print_lr(self.verbose, i, lr, epoch)
         except Exception:
             self.last_epoch, self._step_count = before
             for group, old in zip(groups, saved):
@@ -139,7 +136,7 @@ _LRScheduler = LRScheduler  # PyTorch 1.13's name
 class LambdaLR(LRScheduler):
     """lr = initial lr * lr_lambda(epoch); lr_lambda: a function or one per group."""
 
-    def __init__(self, optimizer, lr_lambda, last_epoch=-1, verbose=False):
+    def __init__(self, optimizer, lr_lambda, last_epoch=-1):
         self.optimizer = optimizer
         groups = len(optimizer.param_groups) if isinstance(optimizer, Optimizer) else 0
         if not isinstance(lr_lambda, (list, tuple)):
@@ -149,7 +146,7 @@ class LambdaLR(LRScheduler):
                 raise ValueError(f"LambdaLR: expected {groups} lr_lambdas (one per parameter group), "
                                  f"got {len(lr_lambda)}")
             self.lr_lambdas = list(lr_lambda)
-        super().__init__(optimizer, last_epoch, verbose)
+        super().__init__(optimizer, last_epoch)
 
     def state_dict(self):
         """As the base class; of the lambdas, only the attributes of callable objects are saved
@@ -178,10 +175,10 @@ class LambdaLR(LRScheduler):
 class StepLR(LRScheduler):
     """Multiplies the rate by gamma every step_size epochs."""
 
-    def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1, verbose=False):
+    def __init__(self, optimizer, step_size, gamma=0.1, last_epoch=-1):
         self.step_size = step_size
         self.gamma = gamma
-        super().__init__(optimizer, last_epoch, verbose)
+        super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
         _get_lr_warning(self)
@@ -197,10 +194,10 @@ class StepLR(LRScheduler):
 class MultiStepLR(LRScheduler):
     """Multiplies the rate by gamma at each milestone (a milestone listed k times: gamma**k)."""
 
-    def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1, verbose=False):
+    def __init__(self, optimizer, milestones, gamma=0.1, last_epoch=-1):
         self.milestones = Counter(milestones)
         self.gamma = gamma
-        super().__init__(optimizer, last_epoch, verbose)
+        super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
         _get_lr_warning(self)
@@ -218,8 +215,7 @@ class LinearLR(LRScheduler):
     """Scales the rate by a factor going linearly from start_factor to end_factor over
     total_iters epochs, then keeps it."""
 
-    def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5, last_epoch=-1,
-                 verbose=False):
+    def __init__(self, optimizer, start_factor=1.0 / 3, end_factor=1.0, total_iters=5, last_epoch=-1):
         if start_factor > 1.0 or start_factor < 0:
             raise ValueError(f"LinearLR: start_factor must be between 0 and 1, got {start_factor}")
         if end_factor > 1.0 or end_factor < 0:
@@ -227,14 +223,14 @@ class LinearLR(LRScheduler):
         self.start_factor = start_factor
         self.end_factor = end_factor
         self.total_iters = total_iters
-        super().__init__(optimizer, last_epoch, verbose)
+        super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
         _get_lr_warning(self)
         groups = self.optimizer.param_groups
         if self.last_epoch == 0:
             return [group["lr"] * self.start_factor for group in groups]
-        if self.last_epoch > self.total_iters:
+        if self._is_initial or self.last_epoch > self.total_iters:
             return [group["lr"] for group in groups]
         # The ratio of this epoch's factor to the last one's.
         delta = self.end_factor - self.start_factor
@@ -250,14 +246,14 @@ class LinearLR(LRScheduler):
 class ExponentialLR(LRScheduler):
     """Multiplies the rate by gamma every epoch."""
 
-    def __init__(self, optimizer, gamma, last_epoch=-1, verbose=False):
+    def __init__(self, optimizer, gamma, last_epoch=-1):
         self.gamma = gamma
-        super().__init__(optimizer, last_epoch, verbose)
+        super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
         _get_lr_warning(self)
         groups = self.optimizer.param_groups
-        if self.last_epoch == 0:
+        if self._is_initial:  # the constructor's step (last_epoch 0, or resuming) keeps the rate
             return [group["lr"] for group in groups]
         return [group["lr"] * self.gamma for group in groups]
 
@@ -269,15 +265,15 @@ class CosineAnnealingLR(LRScheduler):
     """Cosine annealing from the initial rate to eta_min over T_max epochs (and back up over
     the next T_max, as PyTorch's recursive form does)."""
 
-    def __init__(self, optimizer, T_max, eta_min=0, last_epoch=-1, verbose=False):
+    def __init__(self, optimizer, T_max, eta_min=0, last_epoch=-1):
         self.T_max = T_max
         self.eta_min = eta_min
-        super().__init__(optimizer, last_epoch, verbose)
+        super().__init__(optimizer, last_epoch)
 
     def get_lr(self):
         _get_lr_warning(self)
         groups = self.optimizer.param_groups
-        if self.last_epoch == 0:
+        if self._is_initial:  # the constructor's step (last_epoch 0, or resuming) keeps the rate
             return [group["lr"] for group in groups]
         if self._step_count == 1 and self.last_epoch > 0:
             # Resuming: the closed form at last_epoch.
@@ -307,7 +303,7 @@ class OneCycleLR(LRScheduler):
 
     def __init__(self, optimizer, max_lr, total_steps=None, epochs=None, steps_per_epoch=None, pct_start=0.3,
                  anneal_strategy="cos", cycle_momentum=True, base_momentum=0.85, max_momentum=0.95,
-                 div_factor=25.0, final_div_factor=1e4, three_phase=False, last_epoch=-1, verbose=False):
+                 div_factor=25.0, final_div_factor=1e4, three_phase=False, last_epoch=-1):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"OneCycleLR: {type(optimizer).__name__} is not a lazyrt optimizer")
         self.optimizer = optimizer
@@ -360,7 +356,7 @@ class OneCycleLR(LRScheduler):
                 dict(end_step=self.total_steps - 1, start_lr="max_lr", end_lr="min_lr",
                      start_momentum="base_momentum", end_momentum="max_momentum"),
             ]
-        self._anneal_strategy = anneal_strategy
+        self._anneal_func_type = anneal_strategy
         if last_epoch == -1:
             for group, top in zip(groups, max_lrs):
                 group["initial_lr"] = top / div_factor
@@ -377,7 +373,7 @@ class OneCycleLR(LRScheduler):
                         group["momentum"] = top
                     group["max_momentum"] = top
                     group["base_momentum"] = base
-        super().__init__(optimizer, last_epoch, verbose)
+        super().__init__(optimizer, last_epoch)
 
     def _format_param(self, name, param):
         """One value per parameter group."""
@@ -391,20 +387,29 @@ class OneCycleLR(LRScheduler):
 
     def anneal_func(self, start, end, pct):
         """From start (pct 0) to end (pct 1), by the anneal strategy."""
-        if self._anneal_strategy == "cos":
+        if self._anneal_func_type == "cos":
             return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
         return (end - start) * pct + start
 
     def load_state_dict(self, state_dict):
         self._check_state(state_dict)
         state = dict(state_dict)
-        # PyTorch saves the annealing function itself (a bound method); lazyrt, its name.
+        # The annealing is saved by name, '_anneal_func_type' (PyTorch 2.x, lazyrt); older states
+        # hold PyTorch 1.x's function itself (a bound method, 'anneal_func') or lazyrt's earlier
+        # '_anneal_strategy'.
         fn = state.pop("anneal_func", None)
-        if fn is not None and "_anneal_strategy" not in state:
-            fn_name = getattr(fn, "__name__", "")
-            if fn_name not in ("_annealing_cos", "_annealing_linear"):
-                raise ValueError(f"load_state_dict of OneCycleLR: unknown anneal_func {fn!r}")
-            state["_anneal_strategy"] = "cos" if fn_name == "_annealing_cos" else "linear"
+        legacy = state.pop("_anneal_strategy", None)
+        if "_anneal_func_type" not in state:
+            if legacy is not None:
+                state["_anneal_func_type"] = legacy
+            elif fn is not None:
+                fn_name = getattr(fn, "__name__", "")
+                if fn_name not in ("_annealing_cos", "_annealing_linear"):
+                    raise ValueError(f"load_state_dict of OneCycleLR: unknown anneal_func {fn!r}")
+                state["_anneal_func_type"] = "cos" if fn_name == "_annealing_cos" else "linear"
+        if state.get("_anneal_func_type", self._anneal_func_type) not in ("cos", "linear"):
+            raise ValueError("load_state_dict of OneCycleLR: unknown _anneal_func_type "
+                             f"{state['_anneal_func_type']!r} (expected 'cos' or 'linear')")
         super().load_state_dict(state)
 
     def get_lr(self):

@@ -254,6 +254,8 @@ class Optimizer:
                 copies = []
                 for i, slots in enumerate(self._slots(impl, group)):
                     entry = self._state_entry(steps, slots)
+                    if entry is None:
+                        continue
                     copies += [t for t in entry.values() if isinstance(t, _C.Tensor)]
                     state[index + i] = entry
                 # Materialized: the copies must not wait on state that later steps overwrite.
@@ -262,6 +264,7 @@ class Optimizer:
         return {"state": state, "param_groups": groups}
 
     def _state_entry(self, steps, slots):
+        """A stepped parameter's entry of state_dict()['state'], or None for no entry."""
         return {name: t.clone() for name, t in slots.items()}
 
     def load_state_dict(self, state_dict):
@@ -381,14 +384,14 @@ class SGD(Optimizer):
     buffers are made with it)."""
 
     _hyper = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
-    _flags = {"maximize": False, "foreach": None, "differentiable": None}
+    _flags = {"maximize": False, "foreach": None, "differentiable": None, "fused": None}
     _impl_cls = _C._optim.SGD
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
-                 maximize=False, foreach=None, differentiable=False):
+                 maximize=False, foreach=None, differentiable=False, fused=None):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,
                                       weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
-                                      foreach=foreach, differentiable=differentiable))
+                                      foreach=foreach, differentiable=differentiable, fused=fused))
 
     def _push_order(self, group, impl):
         # Nesterov needs momentum and no dampening: switched off first, on last, so that
@@ -402,8 +405,8 @@ class SGD(Optimizer):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
     def _state_entry(self, steps, slots):
-        # Without momentum PyTorch keeps a None buffer for a parameter that has stepped.
-        return {"momentum_buffer": slots["momentum_buffer"].clone() if slots else None}
+        # Without momentum PyTorch (2.x) keeps no state for a parameter, stepped or not.
+        return {"momentum_buffer": slots["momentum_buffer"].clone()} if slots else None
 
     def _entry_steps(self, name, index, entry):
         # PyTorch's SGD keeps no step count: a buffer means at least one step (the C++ SGD
@@ -424,19 +427,27 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam; weight_decay adds L2 to the gradient, as in PyTorch."""
+    """Adam; weight_decay adds L2 to the gradient, as in PyTorch, or with
+    decoupled_weight_decay=True decays the weights directly, as AdamW (chosen at construction:
+    a group cannot switch it afterwards)."""
 
     _hyper = ("lr", "betas", "eps", "weight_decay")
     _flags = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": None,
-              "differentiable": None, "fused": None}
+              "differentiable": None, "fused": None, "decoupled_weight_decay": False}
     _slot_names = ("exp_avg", "exp_avg_sq")
     _impl_cls = _C._optim.Adam
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=False):
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False):
+        if decoupled_weight_decay and type(self) is Adam:
+            # PyTorch's Adam(decoupled_weight_decay=True) is AdamW: its update, on every group.
+            self._impl_cls = AdamW._impl_cls
+            self._flags = dict(self._flags, decoupled_weight_decay=True)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize, foreach=foreach,
-                                      capturable=capturable, differentiable=differentiable, fused=fused))
+                                      capturable=capturable, differentiable=differentiable, fused=fused,
+                                      decoupled_weight_decay=bool(decoupled_weight_decay)))
 
     def _state_entry(self, steps, slots):
         # PyTorch's step is a float32 scalar tensor per parameter.
@@ -459,15 +470,17 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """AdamW: decoupled weight decay (default 1e-2), as in PyTorch."""
 
-    _flags = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": None}
+    _flags = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": None,
+              "differentiable": None, "fused": None, "decoupled_weight_decay": True}
     _impl_cls = _C._optim.AdamW
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, foreach=None, capturable=False):
-        # PyTorch 1.13's AdamW has fewer options than its Adam (no differentiable, fused).
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+        # As PyTorch's AdamW: Adam's options, its groups marked decoupled_weight_decay=True.
         Optimizer.__init__(self, params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                              amsgrad=amsgrad, foreach=foreach, maximize=maximize,
-                                              capturable=capturable))
+                                              amsgrad=amsgrad, maximize=maximize, foreach=foreach,
+                                              capturable=capturable, differentiable=differentiable, fused=fused,
+                                              decoupled_weight_decay=True))
 
 
 # lazyrt.optim.lr_scheduler, as in torch.optim (optim is a module here, so the scheduler module
