@@ -400,8 +400,8 @@ def test_errors_as_torch():
     raises_like(lambda: tc(torch.zeros(3, 4), (torch.zeros(3, 5), torch.zeros(3, 6))),
                 lambda: c(lr.zeros(3, 4), (lr.zeros(3, 5), lr.zeros(3, 6))))
     raises_like(lambda: tc(torch.zeros(3, 4).double()), lambda: c(lr.zeros(3, 4, dtype=lr.float64)))
-    # A 3-D input: PyTorch 1.13 asserts, lazyrt raises ValueError (as later PyTorch versions).
-    msg = raises_like(lambda: tc(torch.zeros(2, 3, 4)), lambda: c(lr.zeros(2, 3, 4)), ValueError)
+    # A 3-D input: a ValueError.
+    msg = raises_like(lambda: tc(torch.zeros(2, 3, 4)), lambda: c(lr.zeros(2, 3, 4)))
     assert "[2, 3, 4]" in msg
     raises_like(lambda: torch.nn.GRUCell(4, 5)(torch.zeros(4), torch.zeros(3, 5)),
                 lambda: nn.GRUCell(4, 5)(lr.zeros(4), lr.zeros(3, 5)))

@@ -24,7 +24,6 @@ Where lazyrt differs from PyTorch:
   buffer to compact).
 - `device` is accepted for PyTorch's signature and ignored; `dtype` sets the parameters'
   floating dtype.
-- A cell given a 3-D input raises ValueError, as later PyTorch versions do (1.13 asserts).
 """
 
 import math
@@ -81,11 +80,11 @@ def _check_size_arg(call, name, value, least):
         raise ValueError(f"{call}: {name} must be an integer >= {least}, got {value!r}")
 
 
-def _check_dtype(call, what, t, weight):
+def _check_dtype(call, what, t, weight, error=_C.Error):
     if not isinstance(t, Tensor):
         raise TypeError(f"{call}: {what} must be a lazyrt.Tensor, got {type(t).__name__}")
     if t.dtype is not weight.dtype:
-        raise _C.Error(f"{call}: {what} is {t.dtype} {_shape(t)} but the parameters are {weight.dtype}; "
+        raise error(f"{call}: {what} is {t.dtype} {_shape(t)} but the parameters are {weight.dtype}; "
                        f"convert one (module.to({t.dtype}) or {what}.to({weight.dtype}))")
 
 
@@ -402,9 +401,10 @@ class RNNBase(Module):
         if not isinstance(input, Tensor):
             raise TypeError(f"{call}: input must be a lazyrt.Tensor (PackedSequence is not supported; pass a "
                             f"padded tensor), got {type(input).__name__}")
-        _check_dtype(call, "input", input, self.weight_ih_l0)
+        # The module's input checks raise ValueError, as PyTorch 2.x's RNNBase.forward does.
+        _check_dtype(call, "input", input, self.weight_ih_l0, ValueError)
         if input.dim() not in (2, 3):
-            raise _C.Error(f"{call}: expected a 3-D input ([seq, batch, input_size], or [batch, seq, input_size] "
+            raise ValueError(f"{call}: expected a 3-D input ([seq, batch, input_size], or [batch, seq, input_size] "
                            f"with batch_first) or a 2-D unbatched one [seq, input_size], got shape {_shape(input)}")
         if input.shape[-1] != self.input_size:
             raise _C.Error(f"{call}: input has shape {_shape(input)}, its last dim should be input_size "
