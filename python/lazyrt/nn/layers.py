@@ -426,7 +426,7 @@ class Mish(Module):
 class Softplus(Module):
     """log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold."""
 
-    def __init__(self, beta=1, threshold=20):
+    def __init__(self, beta=1.0, threshold=20.0):
         super().__init__()
         self.beta, self.threshold = beta, threshold
 
