@@ -209,13 +209,24 @@ def test_fully_masked_rows_give_nan_like_torch(rng):
     assert_same(w, tw, **FWD)
 
 
-def test_float_padding_mask_with_float_attn_mask_is_an_error_as_in_torch(rng):
+def test_float_padding_mask_adds_to_a_float_attn_mask_as_in_torch(rng):
+    # PyTorch 2.x adds the two float masks (1.13 refused the pair).
     m, tm = mha_pair(rng, E, H)
     (q, k, v), (tq, tk, tv) = attention_inputs(rng, "cross", False)
     (a, ta), (p, tp) = both(float_mask(rng, (L, S))), both(float_mask(rng, (N, S)))
-    with pytest.raises(RuntimeError):
+    out, w = m(q, k, v, attn_mask=a, key_padding_mask=p)
+    tout, tw = tm(tq, tk, tv, attn_mask=ta, key_padding_mask=tp)
+    assert_same(out, tout, **FWD)
+    assert_same(w, tw, **FWD)
+
+
+def test_masks_of_mixed_types_warn_as_in_torch(rng):
+    m, tm = mha_pair(rng, E, H)
+    (q, k, v), (tq, tk, tv) = attention_inputs(rng, "cross", False)
+    (a, ta), (p, tp) = both(bool_mask(rng, (L, S))), both(float_mask(rng, (N, S)))
+    with pytest.warns(UserWarning, match="mismatched key_padding_mask and attn_mask"):
         tm(tq, tk, tv, attn_mask=ta, key_padding_mask=tp)
-    with pytest.raises(lr.Error, match="float key_padding_mask cannot be combined with a float attn_mask"):
+    with pytest.warns(UserWarning, match="mismatched key_padding_mask and attn_mask"):
         m(q, k, v, attn_mask=a, key_padding_mask=p)
 
 

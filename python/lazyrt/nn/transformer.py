@@ -21,6 +21,7 @@ Transformer then redraws every parameter of two or more dims xavier-uniform, as 
 
 import copy
 import math
+import warnings
 
 from lazyrt import _C
 from lazyrt._autograd import no_grad
@@ -83,13 +84,13 @@ def _is_batched(query, key, value, key_padding_mask, attn_mask, call):
 
 # ---- attention --------------------------------------------------------------------------------
 
-def _mask_scores(scores, mask):
-    """Scores with a mask applied: True (bool) masks a position out, a float mask is added."""
+def _float_mask(mask, dtype):
+    """A mask as the float mask added to the scores: a bool True is -inf (masked out), False 0."""
     if mask is None:
-        return scores
+        return None
     if mask.dtype is _C.bool:
-        return scores.masked_fill(mask, float("-inf"))
-    return scores + mask.to(scores.dtype)
+        return _C.zeros(*mask.shape, dtype=dtype).masked_fill(mask, float("-inf"))
+    return mask.to(dtype)
 
 
 def _pad_last(mask):
@@ -127,14 +128,14 @@ def _multi_head_attention(mha, query, key, value, key_padding_mask, need_weights
     if key_padding_mask is not None and tuple(key_padding_mask.shape) != (N, S):
         raise _C.Error(f"{call}: key_padding_mask has shape {_shape(key_padding_mask)}, expected [{N}, {S}] "
                        f"(batch, source length) for {shapes}")
-    if (attn_mask is not None and key_padding_mask is not None and attn_mask.dtype is not _C.bool
-            and key_padding_mask.dtype is not _C.bool):
-        # PyTorch 1.13 fails on this combination too (its masked_fill takes bool masks only).
-        raise _C.Error(f"{call}: a float key_padding_mask cannot be combined with a float attn_mask; "
-                       "make one of them bool, or add both into one attn_mask")
-    if key_padding_mask is not None and key_padding_mask.dtype is not _C.bool and attn_mask is not None:
-        # With a bool attn_mask, PyTorch ORs the masks: a nonzero float masks the position out.
-        key_padding_mask = key_padding_mask != 0
+    if (attn_mask is not None and key_padding_mask is not None
+            and (attn_mask.dtype is _C.bool) != (key_padding_mask.dtype is _C.bool)):
+        warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated. Use same type "
+                      "for both instead.", UserWarning)
+    # As PyTorch 2.x: each mask becomes a float mask in the query's dtype (a bool True is -inf),
+    # and the two are added, whatever their types.
+    attn_mask = _float_mask(attn_mask, query.dtype)
+    key_padding_mask = _float_mask(key_padding_mask, query.dtype)
 
     # Input projections. One matmul for self-attention, two when key is value: the same values
     # as the three separate projections, in fewer ops.
@@ -174,14 +175,16 @@ def _multi_head_attention(mha, query, key, value, key_padding_mask, need_weights
     src_len = k.shape[2]
 
     # Scores [N, H, L, src_len]. A 3-D attn_mask is per (batch, head) in batch-major order; the
-    # padding mask is per (batch, key). Applying them one after the other gives the values of
-    # PyTorch's merged mask: a masked position is -inf, a float mask is added to the score.
+    # padding mask is per (batch, key). As PyTorch, the masks are added into one first, and that
+    # sum is added to the scores.
     scores = _C.matmul(q / math.sqrt(head_dim), k.transpose(2, 3))
     if attn_mask is not None and attn_mask.dim() == 3:
         attn_mask = attn_mask.reshape(N, H, L, src_len)
-    scores = _mask_scores(scores, attn_mask)
     if key_padding_mask is not None:
-        scores = _mask_scores(scores, key_padding_mask.reshape(N, 1, 1, src_len))
+        key_padding_mask = key_padding_mask.reshape(N, 1, 1, src_len)
+        attn_mask = key_padding_mask if attn_mask is None else attn_mask + key_padding_mask
+    if attn_mask is not None:
+        scores = scores + attn_mask
     weights = _C.softmax(scores, -1)
     if mha.training and mha.dropout > 0.0:
         weights = _C.dropout(weights, mha.dropout, True)
