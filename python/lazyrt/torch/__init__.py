@@ -102,6 +102,14 @@ or tuple of them, takes the full signature.
 ``all_reduce(p.grad)``) between ``backward()`` and ``optimizer.step()`` averages the gradients
 over the processes of lazyrt's process group inside the compiled graph; such a step gives
 every rank rank 0's parameters and buffers before its first run.
+
+**torch.compile** (`_dynamo`): importing lazyrt.torch registers the Dynamo backend
+``"lazyrt"``: ``torch.compile(fn_or_module, backend="lazyrt")`` leaves capture, guards,
+recompiles and graph breaks to Dynamo, and runs each graph AOTAutograd makes of what Dynamo
+captured (forward, backward, or inference: an optimizer step, whose updates of parameters and
+state land in the user's tensors) through the same lowering and ``lazyrt.compile_step``, compiled
+once and replayed on every call. ``lazyrt.metrics.counter("DynamoGraph")`` counts the lazyrt
+graphs compiled, ``counter("DynamoCall")`` their calls.
 """
 
 from lazyrt.torch._capture import CaptureError
@@ -109,6 +117,7 @@ from lazyrt.torch._loops import fori_loop, scan, while_loop
 from lazyrt.torch._lower import LOWERINGS as _LOWERINGS, GraphBreakWarning, UnsupportedOperatorError
 from lazyrt.torch._step import CompiledFunction, compile, discover
 from lazyrt.torch import distributed  # noqa: F401  (lazyrt.torch.distributed)
+from lazyrt.torch import _dynamo  # noqa: F401  (registers torch.compile's backend="lazyrt")
 
 
 def supported_ops():

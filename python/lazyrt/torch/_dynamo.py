@@ -1,0 +1,353 @@
+"""``torch.compile(fn, backend="lazyrt")``: a Dynamo backend that runs the graphs Dynamo captures
+as compiled lazyrt steps.
+
+Dynamo captures the Python function into FX graphs (with its own guards, recompiles and graph
+breaks); AOTAutograd (`torch._dynamo.backends.common.aot_autograd`) turns each into functional
+aten graphs: a forward and a backward graph where autograd is needed, one inference graph
+otherwise. Every such graph is handed to `_Compiled`, which lowers it with lazyrt.torch's
+interpreter (`lazyrt.torch._lower.LoweredGraph`: each aten op as lazyrt ops, an op without a
+lowering run in PyTorch eager between compiled pieces), compiles it once with
+``lazyrt.compile_step`` and replays it on every call.
+
+AOT configuration: ``keep_inference_input_mutations=True``, so a graph that changes its inputs
+in place (an optimizer step: parameters and optimizer state; batch norm's running statistics)
+keeps those updates as ``aten.copy_(input, new value)`` nodes at its end rather than returning
+them for AOT's runtime wrapper to copy. The lazyrt step computes every new value, and the call
+copies them into the caller's tensors after the step ran, so every update lands in the user's
+tensors (same tensors, version counters bumped as by eager's in-place update). Where AOT still
+returns a mutation as an extra output (an input that requires grad in a training graph), its
+runtime wrapper applies it as usual.
+
+Decompositions: PyTorch's own (core aten) decompositions of the ops without a lowering in
+lazyrt.torch, so that ops such as ``_native_batch_norm_legit_functional`` or the attention
+kernels reach the interpreter as ops it lowers; ops lazyrt lowers itself are kept whole.
+
+Shapes: a graph with static shapes is lowered and compiled when AOT hands it over. A graph with
+symbolic shapes (Dynamo's automatic dynamic shapes, after a call with other shapes) is retraced
+per concrete shapes met (``make_fx`` over fake tensors; nothing runs) and each specialization
+compiled once.
+
+Counters (`lazyrt.metrics.counter`): ``DynamoGraph`` counts the lazyrt graphs compiled (one per
+aten graph and per specialization of a dynamic one), ``DynamoCall`` the calls of compiled
+graphs (replays included), and ``GraphBreak`` the aten ops that ran in PyTorch eager.
+"""
+
+import importlib.abc
+import importlib.util
+import math
+import sys
+
+import torch
+import torch.fx
+
+import lazyrt
+from lazyrt import _C
+from lazyrt.torch._lower import LOWERINGS, LoweredGraph, UnsupportedOperatorError, _computed
+
+aten = torch.ops.aten
+
+__all__ = ["lazyrt_backend", "BACKEND_NAME"]
+
+BACKEND_NAME = "lazyrt"
+
+
+def _is_symbolic(v):
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in v.shape)
+    if isinstance(v, (tuple, list)):
+        return any(_is_symbolic(x) for x in v)
+    return False
+
+
+def _has_symbolic_shapes(gm):
+    return any(_is_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op in ("placeholder", "call_function"))
+
+
+class _Static:
+    """A graph with static shapes, lowered and compiled by lazyrt.compile_step on its first call.
+
+    Its outputs: per graph output, ('in', k) for placeholder k returned as it is, ('out', j)
+    for root j of the lowered graph, ('const', v) for a value that is no node. Its in-place
+    updates: (placeholder k, source) per ``aten.copy_(placeholder, value)``.
+    """
+
+    def __init__(self, gm, what):
+        self.what = what
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        index = {n: k for k, n in enumerate(placeholders)}
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        outs = output.args[0]
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        roots, root_of = [], {}
+
+        def source(v):
+            if isinstance(v, torch.fx.Node):
+                if v.op == "placeholder":
+                    return ("in", index[v])
+                if v not in root_of:
+                    root_of[v] = len(roots)
+                    roots.append(v)
+                return ("out", root_of[v])
+            return ("const", v)
+
+        self.outputs = [source(v) for v in outs]
+        self.copies = []
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target is aten.copy_.default:
+                dst = n.args[0]
+                if not (isinstance(dst, torch.fx.Node) and dst.op == "placeholder"):
+                    raise UnsupportedOperatorError(f"lazyrt.torch: the {what} graph changes a tensor in place that "
+                                                   f"is not one of its inputs (node '{n.name}')")
+                self.copies.append((index[dst], source(n.args[1])))
+        self.tensor_inputs = [isinstance(p.meta.get("val"), torch.Tensor) for p in placeholders]
+        self.roots = roots
+        self.lowered = LoweredGraph(gm, roots, graph_breaks=True) if roots else None
+        self.compiled = None  # False until the first call compiles it; True where it has pieces
+        self._dummy = None
+
+    def _lazy_inputs(self, args):
+        inputs = []
+        for is_tensor, a in zip(self.tensor_inputs, args):
+            if is_tensor:
+                inputs.append(lazyrt.from_torch(a))
+            else:  # a number the static graph does not read (a size it was specialized to)
+                if self._dummy is None:
+                    self._dummy = _C.full((), 0, dtype=_C.int64)
+                inputs.append(self._dummy)
+        return inputs + [lazyrt.from_torch(c) for c in self.lowered.constants]
+
+    def _run_lowered(self, lazy):
+        if self.compiled is None:
+            self.compiled = self.lowered.pieces is not None  # pieces compile themselves on first run
+            _C._metrics._increment("DynamoGraph", 1)
+        if self.lowered.pieces is not None:
+            return self.lowered.run(lazy)
+        if self.compiled is False:
+            lowered = self.lowered
+
+            def step(*xs):
+                # A compiled step returns what it computes: a root that only passes an input on
+                # leaves through an identity op.
+                return [_computed(v) for v in lowered(*xs)]
+
+            self.compiled = lazyrt.compile_step(step, lazy)
+        outs = self.compiled(*lazy)
+        return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
+
+    def __call__(self, args):
+        _C._metrics._increment("DynamoCall", 1)
+        values = []
+        if self.lowered is not None:
+            lazy = self._lazy_inputs(args)
+            values = [lazyrt.to_torch(v) if isinstance(v, _C.Tensor) else v for v in self._run_lowered(lazy)]
+            del lazy
+
+        def value(src):
+            kind, v = src
+            if kind == "in":
+                return args[v]
+            if kind == "out":
+                return values[v]
+            return v
+
+        results = [value(src) for src in self.outputs]
+        if self.copies:
+            # Every new value is read before any input is written: an input that is the new
+            # value of another is copied first.
+            written = {id(args[k]) for k, _ in self.copies}
+            updates = []
+            for k, src in self.copies:
+                v = value(src)
+                updates.append((k, v.clone() if src[0] == "in" and id(v) in written else v))
+            with torch.no_grad():
+                for k, v in updates:
+                    args[k].copy_(v)
+        return results
+
+
+class _Compiled:
+    """What the backend's compiler returns for one aten graph: a boxed callable (AOT's calling
+    convention: one list of the graph's inputs, which the call empties, in; the list of its
+    outputs out) running it as a compiled lazyrt step."""
+
+    def __init__(self, gm, what):
+        # An attribute of the object, not the class: Dynamo's disable() wrapper around the
+        # backward keeps the wrapped callable's __dict__, where AOT looks for it.
+        self._boxed_call = True
+        self.gm = gm
+        self.what = what
+        self.dynamic = _has_symbolic_shapes(gm)
+        self.static = None if self.dynamic else _Static(gm, what)
+        self.variants = {}  # dynamic graphs: concrete shapes -> _Static
+
+    def _specialize(self, args):
+        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+        s = self.variants.get(key)
+        if s is None:
+            from torch.fx.experimental.proxy_tensor import make_fx
+            interpreter = torch.fx.Interpreter(self.gm)
+
+            def run(*xs):
+                return interpreter.run(*xs)
+
+            static_gm = make_fx(run, tracing_mode="fake")(*args)
+            s = self.variants[key] = _Static(static_gm, self.what)
+        return s
+
+    def __call__(self, args):
+        s = self.static if not self.dynamic else self._specialize(args)
+        results = s(args)
+        args.clear()
+        return results
+
+
+def _compiler(what):
+    def compile_graph(gm, example_inputs):
+        return _Compiled(gm, what)
+    compile_graph.__name__ = f"lazyrt_{what}_compiler"
+    return compile_graph
+
+
+# ---- decompositions ---------------------------------------------------------------------------
+
+def _attention_scores(query, key, is_causal, attn_mask, scale):
+    """The scaled, masked attention scores of the CPU flash-attention op, in float32 or wider
+    (the op's logsumexp is float32)."""
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    q, k = query.to(dtype), key.to(dtype)
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if is_causal:
+        L, S = scores.shape[-2], scores.shape[-1]
+        keep = torch.ones(L, S, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask.to(dtype)
+    return scores, scale
+
+
+def _flash_attention_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """aten._scaled_dot_product_flash_attention_for_cpu as attention in plain ops: (output,
+    logsumexp over the keys). PyTorch's own decomposition of it returns the attention weights
+    in logsumexp's place, meant for inference; its backward reads the real logsumexp."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    scores, _ = _attention_scores(query, key, is_causal, attn_mask, scale)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - lse.unsqueeze(-1))
+    out = torch.matmul(probs.to(value.dtype), value)
+    # The op's layout: (N, L, H, E) memory seen as (N, H, L, E).
+    out = out.transpose(1, 2).contiguous().transpose(1, 2)
+    return out, lse.to(torch.float32)
+
+
+def _flash_attention_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
+                                  attn_mask=None, scale=None):
+    """Its backward from the saved output and logsumexp: P = exp(S - lse); dV = P^T dO;
+    dS = P * (dO V^T - rowsum(dO * O)); dQ = scale dS K; dK = scale dS^T Q."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    scores, scale = _attention_scores(query, key, is_causal, attn_mask, scale)
+    dtype = scores.dtype
+    probs = torch.exp(scores - logsumexp.to(dtype).unsqueeze(-1))
+    g, v, o = grad_out.to(dtype), value.to(dtype), out.to(dtype)
+    grad_value = torch.matmul(probs.transpose(-2, -1), g)
+    grad_probs = torch.matmul(g, v.transpose(-2, -1))
+    grad_scores = probs * (grad_probs - (g * o).sum(dim=-1, keepdim=True))
+    grad_query = torch.matmul(grad_scores, key.to(dtype)) * scale
+    grad_key = torch.matmul(grad_scores.transpose(-2, -1), query.to(dtype)) * scale
+    return grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype)
+
+
+def _squeeze_dims(x, dims):
+    """aten.squeeze.dims as a view (the dims of size 1 among `dims` dropped)."""
+    drop = {d % max(x.dim(), 1) for d in dims}
+    return aten.view.default(x, [s for d, s in enumerate(x.shape) if not (d in drop and s == 1)])
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """aten.var_mean.correction as its var and mean."""
+    dims = list(range(x.dim())) if dim is None else dim
+    return (aten.var.correction(x, dim, correction=correction, keepdim=keepdim),
+            aten.mean.dim(x, dims, keepdim))
+
+
+_DECOMPOSITIONS = None
+
+
+def decompositions():
+    """The decomposition table given to AOTAutograd: PyTorch's core aten decompositions of the
+    ops lazyrt.torch does not lower itself, its batch norm and dropout decompositions (the
+    running statistics as plain in-place updates, dropout as a mask), CPU flash attention,
+    forward and backward, as plain ops (`_flash_attention_cpu`), and the ops batch norm's
+    decomposition uses as ops lazyrt.torch lowers (``squeeze.dims``, ``var_mean``)."""
+    global _DECOMPOSITIONS
+    if _DECOMPOSITIONS is None:
+        from torch._decomp import core_aten_decompositions, get_decompositions
+        table = dict(core_aten_decompositions())
+        table.update(get_decompositions([
+            aten.native_batch_norm, aten.native_batch_norm_backward, aten._native_batch_norm_legit,
+            aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
+            aten.native_dropout, aten.native_dropout_backward]))
+        table[aten._scaled_dot_product_flash_attention_for_cpu.default] = _flash_attention_cpu
+        table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _flash_attention_cpu_backward
+        table[aten.squeeze.dims] = _squeeze_dims
+        table[aten.var_mean.correction] = _var_mean
+        _DECOMPOSITIONS = {op: fn for op, fn in table.items() if op not in LOWERINGS}
+    return _DECOMPOSITIONS
+
+
+def lazyrt_backend(gm, example_inputs, **kwargs):
+    """The ``"lazyrt"`` Dynamo backend: AOTAutograd with lazyrt forward, backward and inference
+    compilers (see the module docstring)."""
+    from torch._dynamo.backends.common import aot_autograd
+    backend = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
+                           inference_compiler=_compiler("inference"), decompositions=decompositions(),
+                           keep_inference_input_mutations=True)
+    return backend(gm, example_inputs, **kwargs)
+
+
+def register():
+    """Registers the backend with Dynamo under the name ``"lazyrt"`` (once). Where Dynamo already
+    found the installed package's ``torch_dynamo_backends`` entry point, it registers the backend
+    itself when it loads it (this import may be that load): nothing is registered here then."""
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+    if BACKEND_NAME not in _COMPILER_FNS and _BACKENDS.get(BACKEND_NAME) is None:
+        register_backend(lazyrt_backend, name=BACKEND_NAME)
+
+
+_REGISTRY = "torch._dynamo.backends.registry"
+
+
+class _RegisterWhenImported(importlib.abc.MetaPathFinder):
+    """Registers the backend right after Dynamo's backend registry is imported. Importing
+    torch._dynamo costs about a second, which ``import lazyrt.torch`` does not pay: torch.compile
+    imports it on its first call, and the backend is registered then."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _REGISTRY:
+            return None
+        sys.meta_path.remove(self)  # once; the other finders find the module itself
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_register(module):
+            exec_module(module)
+            register()
+
+        spec.loader.exec_module = exec_and_register
+        return spec
+
+
+if _REGISTRY in sys.modules:
+    register()
+elif not any(isinstance(f, _RegisterWhenImported) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterWhenImported())

@@ -1,0 +1,393 @@
+"""``torch.compile(..., backend="lazyrt")`` against PyTorch eager.
+
+Every model is trained twice from the same initial state — once through torch.compile with the
+lazyrt backend, once in eager — on the same batches, and the losses, parameters, buffers and
+optimizer state are compared after each step. Tolerances: lazyrt sums float32 reductions in
+another order than PyTorch's CPU kernels (blocked, threaded matmuls and reductions), so single
+values differ by a few ulps (relative ~1e-6); a few optimizer steps carry those differences
+into the parameters, where Adam's division by the root of the second moment scales an update to
+about lr whatever the gradient's size, so a parameter may move by a relative ~1e-5 of lr per
+step differently. The bounds below (rtol 1e-4, atol 1e-5 for a few steps at lr 1e-2) hold those
+with a margin and are far below what a wrong op gives (an error of the size of an update).
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lazyrt
+import lazyrt.torch  # noqa: F401  (registers the backend)
+from lazyrt import metrics
+
+RTOL, ATOL = 1e-4, 1e-5
+STEPS = 3
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _count(name):
+    return metrics.counter(name)
+
+
+def _close(a, b, what, rtol=RTOL, atol=ATOL):
+    assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), what
+    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _same_state(m, m_ref, opt=None, opt_ref=None, rtol=RTOL, atol=ATOL):
+    for (name, p), (_, q) in zip(m.named_parameters(), m_ref.named_parameters()):
+        _close(p.detach(), q.detach(), f"parameter {name}", rtol, atol)
+        assert (p.grad is None) == (q.grad is None), f"grad of {name}: {p.grad is None} vs {q.grad is None}"
+    for (name, b), (_, c) in zip(m.named_buffers(), m_ref.named_buffers()):
+        _close(b, c, f"buffer {name}", rtol, atol)
+    if opt is not None:
+        sd, sd_ref = opt.state_dict()["state"], opt_ref.state_dict()["state"]
+        assert sd.keys() == sd_ref.keys() and sd, "optimizer state keys"
+        for i in sd:
+            assert sd[i].keys() == sd_ref[i].keys()
+            for k in sd[i]:
+                v, w = sd[i][k], sd_ref[i][k]
+                if isinstance(w, torch.Tensor):
+                    _close(v, w, f"optimizer state {i}.{k}", rtol, atol)
+                else:
+                    assert v == w, (i, k, v, w)
+
+
+# ---- models --------------------------------------------------------------------------------
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 5))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # No bias before batch norm: its gradient is zero but for rounding, which Adam's
+        # normalized update would turn into steps of size lr in a direction rounding picks.
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.c2 = nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 5)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.c1(x)))
+        x = F.max_pool2d(F.relu(self.bn2(self.c2(x))), 1)
+        return self.fc(x.flatten(1))
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block with scaled_dot_product_attention (causal)."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        # No bias on q, k, v: the gradient of the key's bias is zero but for rounding (softmax
+        # ignores a score added to every key), which Adam's normalized update would amplify.
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab=23, d=16, t=8, layers=2):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(t, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+class Encoder(nn.Module):
+    def __init__(self, d=16):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(d, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True,
+                                                bias=False)  # no key bias: see Block
+        self.out = nn.Linear(d, 3)
+
+    def forward(self, x):
+        return self.out(self.layer(x).mean(1))
+
+
+def _mlp_data(g, n):
+    return [(torch.randn(6, 12, generator=g), torch.randn(6, 5, generator=g)) for _ in range(n)]
+
+
+def _cnn_data(g, n):
+    return [(torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g)) for _ in range(n)]
+
+
+def _seq_data(g, n):
+    return [(torch.randn(3, 8, 16, generator=g), torch.randint(0, 3, (3,), generator=g)) for _ in range(n)]
+
+
+def _gpt_data(g, n):
+    out = []
+    for _ in range(n):
+        idx = torch.randint(0, 23, (2, 9), generator=g)
+        out.append((idx[:, :-1].contiguous(), idx[:, 1:].contiguous()))
+    return out
+
+
+def _mse(out, y):
+    return F.mse_loss(out, y)
+
+
+def _ce(out, y):
+    return F.cross_entropy(out, y)
+
+
+def _lm(out, y):
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+CASES = {
+    "mlp": (MLP, _mlp_data, _mse),
+    "cnn_batchnorm": (CNN, _cnn_data, _ce),
+    "transformer_encoder": (Encoder, _seq_data, _ce),
+    "gpt": (GPT, _gpt_data, _lm),
+}
+
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-3),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05),
+}
+
+
+def _pair(case, optimizer, seed=0):
+    model_cls, data_fn, loss_fn = CASES[case]
+    torch.manual_seed(seed)
+    m = model_cls()
+    m_ref = copy.deepcopy(m)
+    m.train()
+    m_ref.train()
+    return m, m_ref, OPTIMIZERS[optimizer](m.parameters()), OPTIMIZERS[optimizer](m_ref.parameters()), \
+        data_fn(torch.Generator().manual_seed(seed + 1), STEPS), loss_fn
+
+
+def _make_step(m, opt, loss_fn):
+    def step(x, y):
+        loss = loss_fn(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+# ---- the whole training step compiled ------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compiled_training_step_matches_eager(case, optimizer):
+    m, m_ref, opt, opt_ref, data, loss_fn = _pair(case, optimizer)
+    step = torch.compile(_make_step(m, opt, loss_fn), backend="lazyrt")
+    step_ref = _make_step(m_ref, opt_ref, loss_fn)
+    graphs0, calls0, breaks0 = _count("DynamoGraph"), _count("DynamoCall"), _count("GraphBreak")
+    ptrs = [p.data_ptr() for p in m.parameters()]
+    compiled, losses, losses_ref = [], [], []
+    for k, (x, y) in enumerate(data):
+        loss = step(x, y)
+        loss_ref = step_ref(x, y)
+        _close(loss.detach(), loss_ref.detach(), f"loss at step {k}")
+        _same_state(m, m_ref, opt, opt_ref)
+        compiled.append(_count("DynamoGraph") - graphs0)
+        losses.append(loss)
+        losses_ref.append(loss_ref.detach())
+    # The updates landed in the user's parameters; earlier results kept their values.
+    assert [p.data_ptr() for p in m.parameters()] == ptrs
+    for k, (a, b) in enumerate(zip(losses, losses_ref)):
+        _close(a.detach(), b, f"loss of step {k}, read after the last step")
+    # The first step compiles the forward, backward and optimizer graphs. SGD's second step
+    # compiles its optimizer graph once more (Dynamo recompiles: the momentum buffers the first
+    # step created are new state); from then on every step replays, compiling nothing.
+    assert compiled[0] >= 3
+    assert compiled[-1] == compiled[1] <= compiled[0] + 1, compiled
+    calls = _count("DynamoCall") - calls0
+    assert calls >= len(data) * 3, calls
+    assert _count("GraphBreak") == breaks0  # every aten op ran in lazyrt
+
+# ---- the module compiled, the optimizer outside --------------------------------------------
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compiled_module_with_eager_optimizer_matches_eager(case, optimizer):
+    m, m_ref, opt, opt_ref, data, loss_fn = _pair(case, optimizer, seed=3)
+    cm = torch.compile(m, backend="lazyrt")
+    graphs0, breaks0 = _count("DynamoGraph"), _count("GraphBreak")
+    for k, (x, y) in enumerate(data):
+        out = cm(x)
+        out_ref = m_ref(x)
+        _close(out.detach(), out_ref.detach(), f"output at step {k}")
+        loss, loss_ref = loss_fn(out, y), loss_fn(out_ref, y)
+        loss.backward()
+        loss_ref.backward()
+        for (name, p), (_, q) in zip(m.named_parameters(), m_ref.named_parameters()):
+            _close(p.grad, q.grad, f"gradient of {name} at step {k}")
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        _same_state(m, m_ref, opt, opt_ref)
+    assert _count("DynamoGraph") - graphs0 == 2  # the forward and the backward graph, compiled once
+    assert _count("GraphBreak") == breaks0
+
+
+# ---- Dynamo's own machinery: registration, recompiles, graph breaks --------------------------
+
+def test_backend_is_registered():
+    from lazyrt.torch._dynamo import lazyrt_backend
+    assert "lazyrt" in torch._dynamo.list_backends()
+    assert torch._dynamo.lookup_backend("lazyrt") is lazyrt_backend
+
+
+def test_import_does_not_import_dynamo():
+    """Registering costs nothing at import: Dynamo's registry gets the backend when it is
+    imported (by torch.compile's first call)."""
+    import subprocess
+    import sys
+    code = ("import sys, torch, lazyrt.torch\n"
+            "assert 'torch._dynamo' not in sys.modules, 'imported torch._dynamo'\n"
+            "f = torch.compile(lambda x: torch.tanh(x) * 2, backend='lazyrt')\n"
+            "x = torch.randn(5)\n"
+            "torch.testing.assert_close(f(x), torch.tanh(x) * 2)\n"
+            "from lazyrt import metrics\n"
+            "assert metrics.counter('DynamoCall') == 1, metrics.counter('DynamoCall')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def _mlp_pair(seed=0):
+    torch.manual_seed(seed)
+    m = MLP()
+    return m, copy.deepcopy(m)
+
+
+def _grads_close(m, m_ref, what):
+    for (name, p), (_, q) in zip(m.named_parameters(), m_ref.named_parameters()):
+        _close(p.grad, q.grad, f"gradient of {name} {what}")
+
+
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_shape_change_recompiles(dynamic):
+    m, m_ref = _mlp_pair()
+    cm = torch.compile(m, backend="lazyrt", dynamic=dynamic)
+    g = torch.Generator().manual_seed(5)
+    unique = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    seen = []
+    for batch in (6, 6, 9, 11, 9):
+        x = torch.randn(batch, 12, generator=g)
+        out, out_ref = cm(x), m_ref(x)
+        _close(out.detach(), out_ref.detach(), f"output for batch {batch}")
+        out.square().sum().backward()
+        out_ref.square().sum().backward()
+        _grads_close(m, m_ref, f"for batch {batch}")
+        m.zero_grad()
+        m_ref.zero_grad()
+        seen.append((torch._dynamo.utils.counters["stats"]["unique_graphs"] - unique, _count("DynamoGraph")))
+    dynamo_graphs = [s[0] for s in seen]
+    lazy_graphs = [s[1] - seen[0][1] for s in seen]
+    assert dynamo_graphs[0] == dynamo_graphs[1] == 1 and lazy_graphs[1] == 0  # the same shape replays
+    assert dynamo_graphs[2] == 2 and lazy_graphs[2] == 2  # a new shape: Dynamo compiles anew
+    if dynamic is False:
+        assert dynamo_graphs[3] == 3  # every new shape is a new Dynamo graph
+    else:
+        # Dynamo's second graph has a dynamic batch: a third shape is no new Dynamo graph, but a
+        # new lazyrt specialization of the same forward and backward graphs.
+        assert dynamo_graphs[3] == 2
+    assert lazy_graphs[3] == 4
+    assert dynamo_graphs[4] == dynamo_graphs[3] and lazy_graphs[4] == 4  # batch 9 again: replays
+
+
+def test_graph_break_in_user_code():
+    m, m_ref = _mlp_pair(1)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(m_ref.parameters(), lr=1e-2)
+
+    def make(m, opt, log):
+        def step(x, y):
+            out = m(x)
+            log.append(out.abs().max().item())  # a graph break: Dynamo runs .item() in eager
+            loss = F.mse_loss(out, y) * (1.0 if log[-1] < 100 else 0.0)
+            loss.backward()
+            print(end="")  # another one
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    log, log_ref = [], []
+    step = torch.compile(make(m, opt, log), backend="lazyrt")
+    step_ref = make(m_ref, opt_ref, log_ref)
+    torch._dynamo.utils.counters["graph_break"].clear()
+    for x, y in _mlp_data(torch.Generator().manual_seed(2), STEPS):
+        _close(step(x, y).detach(), step_ref(x, y).detach(), "loss")
+        _same_state(m, m_ref, opt, opt_ref)
+    assert log == pytest.approx(log_ref, rel=1e-5)
+    assert sum(torch._dynamo.utils.counters["graph_break"].values()) > 0
+
+
+def test_batchnorm_inference_graphs():
+    """Without autograd AOT makes one inference graph: in train mode it updates batch norm's
+    running statistics in place (a write-back of the graph), in eval mode it reads them."""
+    torch.manual_seed(4)
+    m = CNN()
+    m_ref = copy.deepcopy(m)
+    cm = torch.compile(m, backend="lazyrt")
+    g = torch.Generator().manual_seed(6)
+    for train in (True, True, False, False):
+        m.train(train)
+        m_ref.train(train)
+        x = torch.randn(4, 3, 8, 8, generator=g)
+        with torch.no_grad():
+            out, out_ref = cm(x), m_ref(x)
+        _close(out, out_ref, f"output (train={train})")
+        _same_state(m, m_ref)
+    assert int(m.bn1.num_batches_tracked) == 2
+
+
+def test_op_without_lowering_runs_in_eager():
+    calls = _count("GraphBreak")
+
+    def fn(x):
+        return torch.erfinv(torch.tanh(x) * 0.9) * 2 + 1
+
+    f = torch.compile(fn, backend="lazyrt")
+    x = torch.randn(7, 3)
+    lazyrt.torch._lower._WARNED_BREAKS.discard("aten.erfinv.default")  # warned once per process
+    with pytest.warns(lazyrt.torch.GraphBreakWarning, match="erfinv"):
+        _close(f(x), fn(x), "result")
+    _close(f(x + 1), fn(x + 1), "result")
+    assert _count("GraphBreak") - calls == 2
