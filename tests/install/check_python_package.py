@@ -38,4 +38,23 @@ assert compilers and all(c.startswith(libdir + os.sep) for c in compilers), comp
 import math  # noqa: E402
 expected = sum(math.tanh(0.125 * i + 1.0) * 0.25 * i for i in range(1000))
 assert abs(y - expected) <= 1e-4 * abs(expected), (y, expected)
+
+# The package's metadata, and the entry point through which Dynamo finds the torch.compile
+# backend: torch.compile(backend="lazyrt") without importing lazyrt.torch first.
+import importlib.metadata  # noqa: E402
+import importlib.util  # noqa: E402
+
+dist = importlib.metadata.distribution("lazyrt")
+assert dist.version == lr.__version__, (dist.version, lr.__version__)
+assert os.path.realpath(dist.locate_file("lazyrt")).startswith(prefix + os.sep), dist.locate_file("lazyrt")
+backend = importlib.metadata.entry_points(group="torch_dynamo_backends")["lazyrt"]
+assert backend.value == "lazyrt.torch._dynamo:lazyrt_backend", backend.value
+if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("lazyrt._torch_C") is not None:
+    import torch  # noqa: E402
+
+    assert "lazyrt.torch" not in sys.modules
+    f = torch.compile(lambda t: torch.tanh(t) * 2, backend="lazyrt")
+    t = torch.linspace(-2, 2, 9)
+    assert torch.allclose(f(t), torch.tanh(t) * 2, rtol=1e-6, atol=1e-6)
+    assert lr.metrics.counter("DynamoCall") == 1, "the torch.compile backend did not run"
 print("installed package OK:", package)
