@@ -1,8 +1,10 @@
 // Python's indexing: t[key] and t[key] = value, read the way PyTorch reads a key, onto
 // Tensor::index and Tensor::index_put_ (include/lazyrt/tensor.h). A key is an int, a slice,
-// None, Ellipsis, a bool, a lazyrt tensor, a NumPy array, a list, or a tuple of these. A list
-// is an index tensor, unless it is short and holds a slice, None, Ellipsis, a tensor or a
-// sequence: then it stands for a tuple (NumPy's old rule, which PyTorch keeps).
+// None, Ellipsis, a bool, a lazyrt tensor, a NumPy array, a list, or a tuple of these. A NumPy
+// array is an index tensor, whatever its rank (as in torch 2.x; 1.13 read a multi-dim array as
+// a tuple of its rows). A list is an index tensor, unless it is short and holds a slice, None,
+// Ellipsis, a tensor or a sequence: then it stands for a tuple (NumPy's old rule, which
+// PyTorch keeps).
 #include <pybind11/numpy.h>
 
 #include <climits>
@@ -18,8 +20,8 @@ using indexing::TensorIndex;
 std::string type_name(py::handle h) { return py::str(py::type::handle_of(h).attr("__name__")); }
 
 [[noreturn]] void refuse(py::handle h) {
-  throw Error("index: only integers, slices (`:`), ellipsis (`...`), None, bools, lists, NumPy arrays and int64 or "
-              "bool tensors are valid indices (got " + type_name(h) + ")");
+  throw Error("index: only integers, slices (`:`), ellipsis (`...`), None, bools, lists, NumPy arrays and int64, "
+              "int32 or bool tensors are valid indices (got " + type_name(h) + ")");
 }
 
 // A slice bound: None, or anything with __index__, clamped to int64.
@@ -49,7 +51,7 @@ Tensor from_array(py::handle obj) {
     py::array_t<int64_t, py::array::c_style | py::array::forcecast> i(a);
     return tensor(std::vector<int64_t>(i.data(), i.data() + i.size()), shape);
   }
-  throw Error("index: tensors used as indices must be int64 (long) or bool tensors; got values of NumPy dtype " +
+  throw Error("index: arrays used as indices must hold integers or bools; got values of NumPy dtype " +
               std::string(py::str(a.dtype())));
 }
 
@@ -57,7 +59,7 @@ bool is_sequence(py::handle h) { return PySequence_Check(h.ptr()) && !py::isinst
 
 bool treat_as_tuple(py::handle key) {
   if (py::isinstance<py::tuple>(key)) return true;
-  if (py::isinstance<Tensor>(key) || !is_sequence(key)) return false;
+  if (py::isinstance<Tensor>(key) || py::isinstance<py::array>(key) || !is_sequence(key)) return false;
   const Py_ssize_t n = PySequence_Size(key.ptr());
   if (n < 0) {
     PyErr_Clear();

@@ -311,6 +311,12 @@ void check_float(std::string_view op, const TensorType& t) {
                type_str(t));
 }
 
+// Max pooling takes integers too, as torch 2.x does (1.13 took floating tensors only); not b8.
+void check_max_poolable(std::string_view op, const TensorType& t) {
+  LAZYRT_CHECK(is_floating(t.dtype) || t.dtype == DType::i32 || t.dtype == DType::i64, op,
+               ": expects a floating or integer tensor (f32, f64, bf16, f16, i32, i64), got ", type_str(t));
+}
+
 void check_grad(std::string_view op, const TensorType& grad, const Shape& want, DType dtype) {
   LAZYRT_CHECK(grad.shape == want && grad.dtype == dtype, op, ": expected a gradient ",
                type_str({dtype, want}), ", got ", type_str(grad));
@@ -346,10 +352,10 @@ std::vector<TensorType> infer_nn_types(const OpInfo& info, std::span<const Tenso
       return {weight};
     }
     case ResultRule::MaxPool2d:
-      check_float(op, ops[0]);
+      check_max_poolable(op, ops[0]);
       return single_result(ops[0].dtype, pool_result(op, ops[0], max_pool_attrs(a)));
     case ResultRule::MaxPool2dIndices:
-      check_float(op, ops[0]);
+      check_max_poolable(op, ops[0]);
       return single_result(DType::i64, pool_result(op, ops[0], max_pool_attrs(a)));
     case ResultRule::MaxPool2dBackward:
       check_float(op, ops[1]);

@@ -387,9 +387,20 @@ Tensor index_select(const Tensor& a, int64_t dim, const Tensor& index) {
   return apply(OpKind::IndexSelect, {a, index}, {dim});
 }
 
-Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+namespace {
+// gather's and scatter's index: i64, or i32 (as torch 2.x takes it) widened to i64, which is
+// what their kernels read.
+Tensor gather_index(const Tensor& index, const char* name) {
+  LAZYRT_CHECK(index.dtype() == DType::i64 || index.dtype() == DType::i32, name,
+               ": expects an i64 or i32 index, got ", dtype_name(index.dtype()), shape_str(index.shape()));
+  return index.dtype() == DType::i64 ? index : cast_to(index, DType::i64);
+}
+}  // namespace
+
+Tensor gather(const Tensor& a, int64_t dim, const Tensor& index_) {
   impl_of(a, "gather");
-  impl_of(index, "gather");
+  impl_of(index_, "gather");
+  const Tensor index = gather_index(index_, "gather");
   dim = wrap_dim(dim, a.shape(), "gather");
   return on_scalars(a, index, nullptr, [&](const Tensor& x, const Tensor& i, const Tensor*) {
     return apply(OpKind::Gather, {x, i}, {dim});
@@ -397,11 +408,12 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
 }
 
 namespace {
-Tensor scatter_op(OpKind op, const char* name, const Tensor& a, int64_t dim, const Tensor& index,
+Tensor scatter_op(OpKind op, const char* name, const Tensor& a, int64_t dim, const Tensor& index_,
                   const Tensor& src) {
   impl_of(a, name);
-  impl_of(index, name);
+  impl_of(index_, name);
   impl_of(src, name);
+  const Tensor index = gather_index(index_, name);
   dim = wrap_dim(dim, a.shape(), name);
   return on_scalars(a, index, &src, [&](const Tensor& x, const Tensor& i, const Tensor* s) {
     return apply(op, {x, i, *s}, {dim});
@@ -670,9 +682,10 @@ Plan make_plan(const Shape& shape, const std::vector<TensorIndex>& indices, cons
           p.dynamic.push_back({w, size, detail::stride_mul_add(p.stride[dim], strides[p.origin[dim]])});
           erase_dim(p, dim);
         } else {
-          LAZYRT_CHECK(dt == DType::i64 || (dt == DType::i32 && t.dim() == 0), op,
-                       ": tensors used as indices must be i64 (long) or b8 (bool) tensors, got ", dtype_name(dt),
-                       shape_str(t.shape()));
+          // i32 indices as torch 2.x takes them (1.13 took only i64 and bool).
+          LAZYRT_CHECK(dt == DType::i64 || dt == DType::i32, op,
+                       ": tensors used as indices must be i64 (long), i32 (int) or b8 (bool) tensors, got ",
+                       dtype_name(dt), shape_str(t.shape()));
           Adv a;
           a.dim = dim++;
           a.index = as_i64(t);

@@ -517,6 +517,10 @@ Tensor mul(const Tensor& a, const Tensor& b) { return arith(OpKind::Mul, a, b); 
 Tensor div(const Tensor& a, const Tensor& b) { return arith(OpKind::Div, a, b); }
 Tensor pow(const Tensor& a, const Tensor& b) { return arith(OpKind::Pow, a, b); }
 Tensor pow(const Tensor& a, Scalar exponent) {
+  // As torch 2.x: an exponent of True is the base itself, False gives ones, for a b8 base too
+  // (which has no pow otherwise). For other bases that is what the power computes anyway.
+  if (impl_of(a, "pow").type.dtype == DType::b8 && exponent.kind() == Scalar::Kind::Bool)
+    return exponent.to_double() != 0 ? a.clone() : ones_like(a);
   // As torch: integers to negative integer powers are refused (the exponent is known here).
   LAZYRT_CHECK(is_floating(impl_of(a, "pow").type.dtype) || exponent.kind() == Scalar::Kind::Float ||
                    exponent.to_double() >= 0,

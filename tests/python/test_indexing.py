@@ -89,6 +89,11 @@ GET = [
     ((2, 3, 4), (S(None), M([[True, False, True, False]] * 3))), ((2, 3, 4), ([0, 1], M([True, False, True]))),
     ((3, 4), M([False, False, False])), ((2, 3, 4), (M([True, True]), S(None), [0, 3])),
     ((0, 4), M(np.zeros((0,), dtype=bool))),
+    # a NumPy array is an index tensor whatever its rank (a 2-d bool array is a 2-d mask), and
+    # int32 index tensors index as int64 ones (both torch 2.x; 1.13 refused them)
+    ((3, 4), np.array([[True, False, False, True]] * 3)), ((3, 4), np.array(1)), ((3, 4), np.array(True)),
+    ((3, 4), T([0, 2], dtype=np.int32)), ((3, 4), T([[0], [2]], dtype=np.int32)),
+    ((3, 4), (T([0, 2], dtype=np.int32), T([1, -1]))), ((2, 3, 4), (S(None), T(1, dtype=np.int32), [0, 3])),
 ]
 
 # ---- getitem errors: torch raises, lazyrt must raise lazyrt.Error ---------------------------------
@@ -96,11 +101,11 @@ GET_ERRORS = [
     ((3,), 3), ((3,), -4), ((2, 3), (0, 5)), ((2, 3), (0, 0, 0)), ((), 0), ((3, 4), S(None, None, -1)),
     ((3, 4), S(None, None, 0)), ((3, 4), T([0.5], dtype=np.float32)), ((3, 4), {0}),
     ((3, 4), ([0, 1], [0, 1, 2])), ((3, 4), M([True, False])), ((3, 4), M([[True] * 3] * 3)),
-    ((3, 4), T([0, 1], dtype=np.int32)), ((2, 3, 4), (E, E, 0)), ((), [0]), ((3, 4), 1.0),
-    ((3, 4), np.array([[True, False, False, True]] * 3)),  # a 2-d array stands for a tuple of its rows
+    ((3, 4), T([0, 1], dtype=np.float64)), ((2, 3, 4), (E, E, 0)), ((), [0]), ((3, 4), 1.0),
+    ((3, 4), np.array([[True, False, False]] * 3)),  # a 2-d mask of the wrong shape
 ]
 
-# What torch 1.13 accepts and lazyrt refuses, on purpose: a list of floats (torch truncates
+# What torch accepts and lazyrt refuses, on purpose: a list of floats (torch truncates
 # them to ints, a deprecated rule) and several ellipses (torch's result is not NumPy's).
 REFUSED = [((3, 4), [0.5]), ((3, 4), [1.0, 2.0]), ((2, 3, 4), (E, 0, E))]
 
@@ -402,7 +407,6 @@ def test_index_ops_refuse_what_torch_refuses():
         lambda m, z: m.index_fill(z, 1, m.tensor([0], dtype=m.int32), 1.0),
         lambda m, z: m.index_fill(z, 1, m.tensor([0]), m.ones(1)),
         lambda m, z: m.index_put(z, (m.tensor([0]),), m.ones(4, dtype=m.float64)),
-        lambda m, z: m.index_put(z, (m.tensor([0], dtype=m.int32),), m.ones(4)),
         lambda m, z: m.index_copy(z, 1, m.tensor([[0]]), m.ones(3, 1)),
     ]
     for i, f in enumerate(cases):
@@ -410,3 +414,25 @@ def test_index_ops_refuse_what_torch_refuses():
             f(torch, t)
         with pytest.raises(lr.Error):
             f(lr, x).numpy()
+
+
+def test_int32_indices_put_gather_and_scatter_as_in_torch():
+    # torch 2.x takes int32 indices in index_put, t[i] = v, gather and scatter (1.13 wanted int64).
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    i32 = np.array([2, 0], dtype=np.int32)
+    pos = np.array([[1, 0, 2, 2]], dtype=np.int32)
+    cases = [
+        lambda m, z: m.index_put(z, (m.tensor(i32),), m.ones(4)),
+        lambda m, z: m.index_put(z, (m.tensor(i32), m.tensor(i32)), m.tensor([5.0, 6.0]), accumulate=True),
+        lambda m, z: m.gather(z, 0, m.tensor(pos)),
+        lambda m, z: m.scatter(z, 0, m.tensor(pos), -1.0),
+        lambda m, z: m.scatter_add(z, 0, m.tensor(pos), m.ones(1, 4)),
+    ]
+    for i, f in enumerate(cases):
+        x, t = lr.tensor(a), torch.from_numpy(a.copy())
+        assert_same(f(lr, x), f(torch, t), what=f"case {i}")
+    x, t = lr.tensor(a), torch.from_numpy(a.copy())
+    x[lr.tensor(i32)] = 9.0
+    t[torch.from_numpy(i32)] = 9.0
+    assert_same(x, t)
+

@@ -523,8 +523,10 @@ for name in ["var", "std", "norm", "softmax", "log_softmax", "mean"]:
     case(name, X((3, 4)), kw=dict(dim=1) if name != "norm" else {}, dtypes=INTS + (lr.bool,), refused=True)
 for name in ["conv2d", "max_pool2d", "avg_pool2d"]:
     args = (X((1, 2, 4, 4)), X((3, 2, 2, 2))) if name == "conv2d" else (X((1, 2, 4, 4)),)
-    case(name, *args, kw=dict(kernel_size=2) if name != "conv2d" else {}, tfn=getattr(TF, name), dtypes=INTS,
-         refused=name == "max_pool2d")  # torch convolves and averages integers, but takes no max of them
+    # torch convolves, averages and (since 2.x) max-pools integers
+    case(name, *args, kw=dict(kernel_size=2) if name != "conv2d" else {}, tfn=getattr(TF, name), dtypes=INTS)
+case("max_pool2d", X((2, 3, 5, 6)), kw=dict(kernel_size=3, stride=2, padding=1), tfn=TF.max_pool2d, dtypes=INTS)
+case("max_pool2d", X((1, 2, 4, 4)), kw=dict(kernel_size=2), tfn=TF.max_pool2d, dtypes=(lr.bool,), refused=True)
 case("layer_norm", X((2, 3)), kw=dict(normalized_shape=(3,)), tfn=TF.layer_norm, dtypes=INTS, refused=True)
 case("var", X((2, 3)), kw=dict(dim=1, correction=3))  # no degrees of freedom left
 case("std", X((2, 3)), kw=dict(dim=0, correction=3))
@@ -541,7 +543,7 @@ case("scalar_tensor", DType(), lfn=lambda d: lr.scalar_tensor(1.5, dtype=d),
 case("index_select", X((5, 4)), Index((3,), 5, dtype=lr.int32), lfn=lambda x, i: lr.index_select(x, 0, i),
      tfn=lambda t, i: torch.index_select(t, 0, i))
 case("gather", X((3, 5)), Index((3, 2), 5, dtype=lr.int32), lfn=lambda x, i: lr.gather(x, 1, i),
-     tfn=lambda t, i: torch.gather(t, 1, i), refused=True)
+     tfn=lambda t, i: torch.gather(t, 1, i))  # int32 indices: torch 2.x (1.13 refused them)
 case("embedding", Index((4,), 6, dtype=lr.int32), X((6, 3)), tfn=TF.embedding)
 case("one_hot", Index((3,), 4, dtype=lr.int32), lfn=lr.one_hot, tfn=TF.one_hot, dtypes=(lr.int64,), refused=True)
 

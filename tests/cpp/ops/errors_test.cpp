@@ -172,6 +172,16 @@ TEST(OpErrors, IntegerToANegativeIntegerPowerIsRefusedAsInTorch) {
   EXPECT_EQ(pow(i, -1.0).to_vector<float>(), (std::vector<float>{0.5f, 1.0f / 3}));
 }
 
+TEST(OpErrors, BoolToABoolPowerIsTheBaseOrOnesAsInTorch) {
+  // torch 2.x: a b8 tensor to the power True is itself, to False ones; any other power of a
+  // b8 tensor is refused, as b8 ** b8 is.
+  Tensor b = tensor(std::vector<bool>{true, false}, {2});
+  EXPECT_EQ(pow(b, true).dtype(), DType::b8);
+  EXPECT_EQ(pow(b, true).to_vector<bool>(), (std::vector<bool>{true, false}));
+  EXPECT_EQ(pow(b, false).to_vector<bool>(), (std::vector<bool>{true, true}));
+  EXPECT_THAT(error_of([&] { pow(b, b); }), HasSubstr("b8"));
+}
+
 TEST(OpErrors, MatmulInnerDimensionMismatchNamesBothShapes) {
   Tensor a = f32_2x3();
   Tensor b = zeros({4, 5});
@@ -302,8 +312,10 @@ TEST(OpErrors, IndexingShapeAndDtypeMismatchesNameBoth) {
   Tensor idx = tensor(std::vector<int64_t>{0, 1}, {2});
   EXPECT_THAT(error_of([&] { gather(a, 1, idx); }),
               AllOf(HasSubstr("gather"), HasSubstr("f32[2, 3]"), HasSubstr("i64[2]")));
-  EXPECT_THAT(error_of([&] { gather(a, 1, tensor(std::vector<int32_t>{0, 1}, {1, 2})); }),
-              AllOf(HasSubstr("gather"), HasSubstr("i32")));
+  // i32 indices gather (torch 2.x); a floating index names its dtype and shape.
+  EXPECT_NO_THROW(gather(a, 1, tensor(std::vector<int32_t>{0, 1}, {1, 2})));
+  EXPECT_THAT(error_of([&] { gather(a, 1, tensor(std::vector<float>{0, 1}, {1, 2})); }),
+              AllOf(HasSubstr("gather"), HasSubstr("f32[1, 2]")));
   EXPECT_THAT(error_of([&] { gather(a, 0, tensor(std::vector<int64_t>{0, 0, 0, 0}, {1, 4})); }),
               AllOf(HasSubstr("gather"), HasSubstr("[1, 4]"), HasSubstr("[2, 3]")));
   EXPECT_THAT(error_of([&] { scatter(a, 0, reshape(idx, {1, 2}), zeros({2, 3}, DType::f64)); }),
@@ -374,8 +386,13 @@ TEST(OpErrors, PoolingWindowErrorsNameShapes) {
               AllOf(HasSubstr("max_pool2d"), HasSubstr("[1, 1, 4, 4]"), HasSubstr("too small")));
   EXPECT_THAT(error_of([&] { avg_pool2d(zeros({4, 4}), {2}); }),
               AllOf(HasSubstr("avg_pool2d"), HasSubstr("f32[4, 4]")));
-  EXPECT_THAT(error_of([&] { max_pool2d(zeros({1, 1, 4, 4}, DType::i64), {2}); }),
-              AllOf(HasSubstr("max_pool2d"), HasSubstr("i64")));
+  // Integers max-pool, as in torch 2.x; bools do not.
+  EXPECT_EQ(max_pool2d(reshape(arange(16, DType::i64), {1, 1, 4, 4}), {2}).to_vector<int64_t>(),
+            (std::vector<int64_t>{5, 7, 13, 15}));
+  EXPECT_EQ(max_pool2d(reshape(arange(16, DType::i32), {1, 1, 4, 4}) * Scalar(-1), {2}, {}, {1}).to_vector<int32_t>(),
+            (std::vector<int32_t>{0, -1, -3, -4, -5, -7, -12, -13, -15}));
+  EXPECT_THAT(error_of([&] { max_pool2d(zeros({1, 1, 4, 4}, DType::b8), {2}); }),
+              AllOf(HasSubstr("max_pool2d"), HasSubstr("b8")));
   EXPECT_THAT(error_of([&] { avg_pool2d(x, {2}, {}, {0}, false, true, 0); }),
               AllOf(HasSubstr("avg_pool2d"), HasSubstr("divisor_override")));
 }

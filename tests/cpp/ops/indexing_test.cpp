@@ -20,6 +20,7 @@ namespace {
 using indexing::Ellipsis;
 using indexing::None;
 using indexing::Slice;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -122,6 +123,23 @@ TEST(Indexing, IndexPutCopyFill) {
   EXPECT_THAT(index_fill(z, 1, tensor({-1}, {1}, DType::i64), 7).to_vector<float>(), ElementsAre(0, 0, 7, 0, 0, 7));
 }
 
+TEST(Indexing, Int32IndicesIndexAsInt64Ones) {
+  // As torch 2.x: i32 index tensors in t[i], index_put_, gather and scatter (not index_fill).
+  Tensor t = t3x4();
+  Tensor i32 = tensor(std::vector<int32_t>{2, 0}, {2});
+  Tensor i64 = tensor(std::vector<int64_t>{2, 0}, {2});
+  EXPECT_EQ(t.index({i32}).to_vector<float>(), t.index({i64}).to_vector<float>());
+  EXPECT_EQ(t.index({Slice(), i32}).to_vector<float>(), t.index({Slice(), i64}).to_vector<float>());
+  Tensor p = t3x4();
+  p.index_put_({i32}, 7);
+  EXPECT_THAT(p.to_vector<float>(), ElementsAre(7, 7, 7, 7, 4, 5, 6, 7, 7, 7, 7, 7));
+  Tensor g = tensor(std::vector<int32_t>{1, 0, 2, 2}, {1, 4});
+  EXPECT_THAT(gather(t, 0, g).to_vector<float>(), ElementsAre(4, 1, 10, 11));
+  EXPECT_THAT(scatter(t, 0, g, Scalar(-1)).to_vector<float>(), ElementsAre(0, -1, 2, 3, -1, 5, 6, 7, 8, 9, -1, -1));
+  EXPECT_THAT(error_of([&] { gather(t, 0, tensor({0.5f}, {1, 1})); }),
+              AllOf(HasSubstr("gather"), HasSubstr("i64 or i32"), HasSubstr("f32[1, 1]")));
+}
+
 TEST(Indexing, Errors) {
   Tensor t = t3x4();
   EXPECT_THAT(error_of([&] { t.index({3}); }), HasSubstr("index 3 is out of bounds for dimension 0 with size 3"));
@@ -130,7 +148,7 @@ TEST(Indexing, Errors) {
   EXPECT_THAT(error_of([&] { t.index({Slice(None, None, -1)}); }), HasSubstr("step must be positive"));
   EXPECT_THAT(error_of([&] { t.index({Slice(None, None, 0)}); }), HasSubstr("step cannot be zero"));
   EXPECT_THAT(error_of([&] { t.index({Ellipsis, Ellipsis}); }), HasSubstr("single ellipsis"));
-  EXPECT_THAT(error_of([&] { t.index({tensor({0.5}, {1})}); }), HasSubstr("i64 (long) or b8 (bool)"));
+  EXPECT_THAT(error_of([&] { t.index({tensor({0.5}, {1})}); }), HasSubstr("i64 (long), i32 (int) or b8 (bool)"));
   EXPECT_THAT(error_of([&] { t.index({tensor({0, 1}, {2}, DType::i64), tensor({0, 1, 2}, {3}, DType::i64)}); }),
               HasSubstr("could not be broadcast together with shapes [2], [3]"));
   EXPECT_THAT(error_of([&] { t.index({tensor(std::vector<bool>{true, false}, {2})}); }),

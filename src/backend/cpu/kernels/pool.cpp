@@ -313,7 +313,7 @@ void avg_pool_backward(const PoolGeom& g, const T* gout, T* dx) {
 }
 
 template <class T>
-constexpr bool kPoolable = !std::is_same_v<T, bool> && !std::is_same_v<T, int32_t>;
+constexpr bool kPoolable = !std::is_same_v<T, bool>;
 
 template <class Fn>
 Kernel pool_kernel(const KernelSpec& s, DType dtype, Fn&& make) {
