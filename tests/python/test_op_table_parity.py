@@ -202,6 +202,16 @@ def listed(f):
     return lambda *xs, **kw: f(list(xs), **kw)
 
 
+def torch_gelu(t, **kw):
+    """torch's gelu, except where only its vectorized kernel gives nan: torch 2.9's vectorized
+    kernel for a contiguous float32 (bf16, f16) tensor of several elements gives nan for +inf,
+    while its element-by-element kernel (strided tensors, one element), its float64 kernel and
+    gelu's definition x * Phi(x) give +inf, as lazyrt does."""
+    out = TF.gelu(t, **kw)
+    strided = TF.gelu(torch.stack([t, t], -1)[..., 0], **kw)
+    return torch.where(torch.isnan(out) & ~torch.isnan(strided), strided, out)
+
+
 def torch_slice(t, dim=0, start=None, end=None, step=1):
     return t[(builtins.slice(None),) * (dim % t.dim()) + (builtins.slice(start, end, step),)]
 
@@ -227,8 +237,8 @@ for name in ["isnan", "isinf", "isfinite"]:
 unary("logical_not", dtypes=ALL, grad=False)
 unary("nan_to_num", dtypes=NUMERIC, special=True)
 unary("nan_to_num", special=True, kw=dict(nan=1.5, posinf=9.0, neginf=-7.0))
-unary("gelu", kw=dict(approximate="none"), tfn=TF.gelu)
-unary("gelu", kw=dict(approximate="tanh"), tfn=TF.gelu)
+unary("gelu", kw=dict(approximate="none"), tfn=torch_gelu)
+unary("gelu", kw=dict(approximate="tanh"), tfn=torch_gelu)
 unary("softplus", -30.0, 30.0, tfn=TF.softplus)
 unary("softplus", -8.0, 8.0, kw=dict(beta=2, threshold=5), tfn=TF.softplus)
 unary("leaky_relu", dtypes=NUMERIC, tfn=TF.leaky_relu)
