@@ -391,3 +391,59 @@ def test_op_without_lowering_runs_in_eager():
         _close(f(x), fn(x), "result")
     _close(f(x + 1), fn(x + 1), "result")
     assert _count("GraphBreak") - calls == 2
+
+
+@pytest.mark.parametrize("optimizer", [
+    lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.05, foreach=True),
+    lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, foreach=True),
+    lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
+], ids=["adamw_foreach", "sgd_foreach_nesterov", "adam_amsgrad"])
+def test_other_optimizers_in_the_compiled_step(optimizer):
+    """foreach=True optimizers (their foreach ops decomposed per tensor, so that they run in
+    lazyrt too) and Adam's amsgrad."""
+    m, m_ref = _mlp_pair(2)
+    opt, opt_ref = optimizer(m.parameters()), optimizer(m_ref.parameters())
+    step = torch.compile(_make_step(m, opt, _mse), backend="lazyrt")
+    step_ref = _make_step(m_ref, opt_ref, _mse)
+    breaks0 = _count("GraphBreak")
+    for k, (x, y) in enumerate(_mlp_data(torch.Generator().manual_seed(3), STEPS)):
+        _close(step(x, y).detach(), step_ref(x, y).detach(), f"loss at step {k}")
+        _same_state(m, m_ref, opt, opt_ref)
+    assert _count("GraphBreak") == breaks0
+
+
+def test_input_mutation_and_dtypes_lazyrt_lacks():
+    """An argument changed in place gets its new value; a graph of a dtype lazyrt does not
+    have (uint8) runs in eager, warned about and counted."""
+    def bump(x, y):
+        x.mul_(2).add_(y)
+        return (x * y).sum()
+
+    f = torch.compile(bump, backend="lazyrt")
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    x_ref = x.clone()
+    ptr = x.data_ptr()
+    _close(f(x, y), bump(x_ref, y), "result")
+    _close(x, x_ref, "argument changed in place")
+    assert x.data_ptr() == ptr
+
+    eager0 = _count("DynamoEagerGraph")
+    g = torch.compile(lambda t: (t + 3) * 2, backend="lazyrt")
+    t = torch.arange(10, dtype=torch.uint8)
+    with pytest.warns(lazyrt.torch.GraphBreakWarning, match="uint8"):
+        r = g(t)
+    assert torch.equal(r, (t + 3) * 2)
+    assert _count("DynamoEagerGraph") - eager0 == 1
+
+
+def test_results_own_their_memory():
+    """A result lazyrt computes as an input's value (a clone) is a tensor of its own, as in
+    eager: writing the input afterwards leaves it as it was."""
+    f = torch.compile(lambda x: (x.clone(), x * 1, x.detach().clone() + 0), backend="lazyrt")
+    x = torch.randn(5, 2)
+    before = x.clone()
+    results = f(x)
+    x.add_(1)
+    for k, r in enumerate(results):
+        _close(r, before, f"result {k}")
+    assert len({r.data_ptr() for r in results}) == 3

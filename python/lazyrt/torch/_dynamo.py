@@ -29,20 +29,23 @@ compiled once.
 
 Counters (`lazyrt.metrics.counter`): ``DynamoGraph`` counts the lazyrt graphs compiled (one per
 aten graph and per specialization of a dynamic one), ``DynamoCall`` the calls of compiled
-graphs (replays included), and ``GraphBreak`` the aten ops that ran in PyTorch eager.
+graphs (replays included), and ``GraphBreak`` the aten ops that ran in PyTorch eager; a graph
+lazyrt cannot take as a whole (a dtype it does not have: uint8, complex) runs in PyTorch eager,
+warned about (`GraphBreakWarning`) and counted by ``DynamoEagerGraph``.
 """
 
 import importlib.abc
 import importlib.util
 import math
 import sys
+import warnings
 
 import torch
 import torch.fx
 
 import lazyrt
 from lazyrt import _C
-from lazyrt.torch._lower import LOWERINGS, LoweredGraph, UnsupportedOperatorError, _computed
+from lazyrt.torch._lower import GraphBreakWarning, LOWERINGS, LoweredGraph, UnsupportedOperatorError, _computed
 
 aten = torch.ops.aten
 
@@ -143,6 +146,7 @@ class _Static:
             lazy = self._lazy_inputs(args)
             values = [lazyrt.to_torch(v) if isinstance(v, _C.Tensor) else v for v in self._run_lowered(lazy)]
             del lazy
+            _own_memory(values, [a for a, t in zip(args, self.tensor_inputs) if t] + self.lowered.constants)
 
         def value(src):
             kind, v = src
@@ -167,6 +171,39 @@ class _Static:
         return results
 
 
+def _span(t):
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _own_memory(values, inputs):
+    """Makes every result a tensor of its own: lazyrt may return an input's memory as a result
+    (a clone, or x * 1, of an input is the input to lazyrt), or one buffer as two results.
+    Eager's results are new tensors, and a result that shares memory with an input would change
+    when that input is written (the step's own in-place updates, or the caller's)."""
+    spans = [_span(t) for t in inputs if isinstance(t, torch.Tensor) and t.numel() and t.is_contiguous()]
+    for k, v in enumerate(values):
+        if not isinstance(v, torch.Tensor) or not v.numel():
+            continue
+        start, end = _span(v)
+        if any(a < end and start < b for a, b in spans):
+            values[k] = v = v.clone()
+            start, end = _span(v)
+        spans.append((start, end))
+
+
+class _Eager:
+    """A graph lazyrt cannot take as a whole (a dtype lazyrt does not have, such as uint8 or
+    complex): run in PyTorch eager, counted by the DynamoEagerGraph counter."""
+
+    def __init__(self, gm):
+        self.gm = gm
+
+    def __call__(self, args):
+        _C._metrics._increment("DynamoEagerGraph", 1)
+        return list(self.gm(*args))
+
+
 class _Compiled:
     """What the backend's compiler returns for one aten graph: a boxed callable (AOT's calling
     convention: one list of the graph's inputs, which the call empties, in; the list of its
@@ -179,7 +216,7 @@ class _Compiled:
         self.gm = gm
         self.what = what
         self.dynamic = _has_symbolic_shapes(gm)
-        self.static = None if self.dynamic else _Static(gm, what)
+        self.static = None if self.dynamic else self._lower(gm)
         self.variants = {}  # dynamic graphs: concrete shapes -> _Static
 
     def _specialize(self, args):
@@ -193,8 +230,16 @@ class _Compiled:
                 return interpreter.run(*xs)
 
             static_gm = make_fx(run, tracing_mode="fake")(*args)
-            s = self.variants[key] = _Static(static_gm, self.what)
+            s = self.variants[key] = self._lower(static_gm)
         return s
+
+    def _lower(self, gm):
+        try:
+            return _Static(gm, self.what)
+        except UnsupportedOperatorError as e:
+            warnings.warn(f"lazyrt.torch: a {self.what} graph that torch.compile captured runs in PyTorch eager: {e}",
+                          GraphBreakWarning, stacklevel=2)
+            return _Eager(gm)
 
     def __call__(self, args):
         s = self.static if not self.dynamic else self._specialize(args)
@@ -278,6 +323,45 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
             aten.mean.dim(x, dims, keepdim))
 
 
+# The per-tensor function of each foreach op (torch.optim's foreach=True implementations), by
+# the op's name without "_foreach_"; maximum and minimum with a number take clamp's form.
+_FOREACH = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
+    "addcdiv": lambda x, a, b, value=1: torch.addcdiv(x, a, b, value=value),
+    "addcmul": lambda x, a, b, value=1: torch.addcmul(x, a, b, value=value), "lerp": torch.lerp,
+    "maximum": lambda a, b: torch.clamp_min(a, b) if not isinstance(b, torch.Tensor) else torch.maximum(a, b),
+    "minimum": lambda a, b: torch.clamp_max(a, b) if not isinstance(b, torch.Tensor) else torch.minimum(a, b),
+    "clamp_min": torch.clamp_min, "clamp_max": torch.clamp_max,
+    "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "neg": torch.neg, "abs": torch.abs, "exp": torch.exp,
+    "log": torch.log, "reciprocal": torch.reciprocal, "sign": torch.sign, "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh, "zero": torch.zeros_like,
+    "norm": lambda x, ord=2, dtype=None: torch.linalg.vector_norm(x, ord, dtype=dtype),
+}
+
+
+def _foreach(fn):
+    """A foreach op as its per-tensor op on each element: its list arguments (of tensors or of
+    numbers) taken element by element, the others as they are."""
+    def decompose(*args, **kwargs):
+        n = next(len(a) for a in args if isinstance(a, (list, tuple)))
+        return [fn(*[a[i] if isinstance(a, (list, tuple)) else a for a in args], **kwargs) for i in range(n)]
+    return decompose
+
+
+def _foreach_decompositions():
+    table = {}
+    for name, fn in _FOREACH.items():
+        packet = getattr(aten, "_foreach_" + name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            # Not the out= forms, nor a tensor of per-element scalars (addcdiv.Tensor).
+            if overload.endswith("out") or (overload == "Tensor" and name in ("addcdiv", "addcmul")):
+                continue
+            table[getattr(packet, overload)] = _foreach(fn)
+    return table
+
+
 _DECOMPOSITIONS = None
 
 
@@ -286,7 +370,8 @@ def decompositions():
     ops lazyrt.torch does not lower itself, its batch norm and dropout decompositions (the
     running statistics as plain in-place updates, dropout as a mask), CPU flash attention,
     forward and backward, as plain ops (`_flash_attention_cpu`), and the ops batch norm's
-    decomposition uses as ops lazyrt.torch lowers (``squeeze.dims``, ``var_mean``)."""
+    decomposition uses as ops lazyrt.torch lowers (``squeeze.dims``, ``var_mean``); foreach ops
+    (torch.optim's ``foreach=True``) as their per-tensor ops (`_foreach`)."""
     global _DECOMPOSITIONS
     if _DECOMPOSITIONS is None:
         from torch._decomp import core_aten_decompositions, get_decompositions
@@ -299,6 +384,7 @@ def decompositions():
         table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _flash_attention_cpu_backward
         table[aten.squeeze.dims] = _squeeze_dims
         table[aten.var_mean.correction] = _var_mean
+        table.update(_foreach_decompositions())
         _DECOMPOSITIONS = {op: fn for op, fn in table.items() if op not in LOWERINGS}
     return _DECOMPOSITIONS
 
