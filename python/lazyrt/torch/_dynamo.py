@@ -18,9 +18,14 @@ tensors (same tensors, version counters bumped as by eager's in-place update). W
 returns a mutation as an extra output (an input that requires grad in a training graph), its
 runtime wrapper applies it as usual.
 
-Decompositions: PyTorch's own (core aten) decompositions of the ops without a lowering in
-lazyrt.torch, so that ops such as ``_native_batch_norm_legit_functional`` or the attention
-kernels reach the interpreter as ops it lowers; ops lazyrt lowers itself are kept whole.
+Decompositions (`decompositions`): PyTorch's own (core aten) decompositions of the ops without a
+lowering in lazyrt.torch, and its batch norm and dropout ones, so that such ops reach the
+interpreter as ops it lowers (ops lazyrt lowers itself are kept whole); CPU flash attention,
+forward and backward, as plain ops with the logsumexp its backward reads; foreach ops as their
+per-tensor ops. Random ops (dropout) draw from lazyrt's generator, not from torch's stream.
+
+Results: every result is a tensor of its own (a result whose memory lazyrt shares with an input
+is cloned), not attached to autograd (AOT attaches the forward's results to the backward).
 
 Shapes: a graph with static shapes is lowered and compiled when AOT hands it over. A graph with
 symbolic shapes (Dynamo's automatic dynamic shapes, after a call with other shapes) is retraced
