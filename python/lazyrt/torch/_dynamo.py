@@ -367,6 +367,11 @@ def _foreach_decompositions():
     return table
 
 
+def _isnan(x):
+    """aten.isnan (max's and min's backward) as x != x."""
+    return aten.ne.Tensor(x, x)
+
+
 _DECOMPOSITIONS = None
 
 
@@ -375,7 +380,8 @@ def decompositions():
     ops lazyrt.torch does not lower itself, its batch norm and dropout decompositions (the
     running statistics as plain in-place updates, dropout as a mask), CPU flash attention,
     forward and backward, as plain ops (`_flash_attention_cpu`), and the ops batch norm's
-    decomposition uses as ops lazyrt.torch lowers (``squeeze.dims``, ``var_mean``); foreach ops
+    decomposition uses as ops lazyrt.torch lowers (``squeeze.dims``, ``var_mean``), ``isnan``
+    (in max's backward) as ``x != x``; foreach ops
     (torch.optim's ``foreach=True``) as their per-tensor ops (`_foreach`)."""
     global _DECOMPOSITIONS
     if _DECOMPOSITIONS is None:
@@ -389,6 +395,7 @@ def decompositions():
         table[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = _flash_attention_cpu_backward
         table[aten.squeeze.dims] = _squeeze_dims
         table[aten.var_mean.correction] = _var_mean
+        table[aten.isnan.default] = _isnan
         table.update(_foreach_decompositions())
         _DECOMPOSITIONS = {op: fn for op, fn in table.items() if op not in LOWERINGS}
     return _DECOMPOSITIONS
