@@ -416,7 +416,7 @@ def test_other_optimizers_in_the_compiled_step(optimizer):
 
 def test_input_mutation_and_dtypes_lazyrt_lacks():
     """An argument changed in place gets its new value; a graph of a dtype lazyrt does not
-    have (uint8) runs in eager, warned about and counted."""
+    have (uint8), or on another device, runs in eager, warned about and counted."""
     def bump(x, y):
         x.mul_(2).add_(y)
         return (x * y).sum()
@@ -436,6 +436,11 @@ def test_input_mutation_and_dtypes_lazyrt_lacks():
         r = g(t)
     assert torch.equal(r, (t + 3) * 2)
     assert _count("DynamoEagerGraph") - eager0 == 1
+    # Tensors on another device than the CPU, likewise.
+    with pytest.warns(lazyrt.torch.GraphBreakWarning, match="meta"):
+        r = g(torch.empty(3, device="meta"))
+    assert r.device.type == "meta" and r.shape == (3,)
+    assert _count("DynamoEagerGraph") - eager0 == 2
 
 
 def test_results_own_their_memory():

@@ -35,7 +35,8 @@ compiled once.
 Counters (`lazyrt.metrics.counter`): ``DynamoGraph`` counts the lazyrt graphs compiled (one per
 aten graph and per specialization of a dynamic one), ``DynamoCall`` the calls of compiled
 graphs (replays included), and ``GraphBreak`` the aten ops that ran in PyTorch eager; a graph
-lazyrt cannot take as a whole (a dtype it does not have: uint8, complex) runs in PyTorch eager,
+lazyrt cannot take as a whole (a dtype it does not have: uint8, complex; tensors on another
+device than the CPU) runs in PyTorch eager,
 warned about (`GraphBreakWarning`) and counted by ``DynamoEagerGraph``.
 """
 
@@ -110,6 +111,10 @@ class _Static:
                                                    f"is not one of its inputs (node '{n.name}')")
                 self.copies.append((index[dst], source(n.args[1])))
         self.tensor_inputs = [isinstance(p.meta.get("val"), torch.Tensor) for p in placeholders]
+        devices = {str(p.meta["val"].device) for p, t in zip(placeholders, self.tensor_inputs) if t}
+        if devices - {"cpu"}:
+            raise UnsupportedOperatorError(f"lazyrt.torch: the graph's inputs are on {', '.join(sorted(devices))}; "
+                                           "lazyrt runs on the CPU")
         self.roots = roots
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True) if roots else None
         self.compiled = None  # False until the first call compiles it; True where it has pieces
@@ -242,7 +247,7 @@ class _Compiled:
         try:
             return _Static(gm, self.what)
         except UnsupportedOperatorError as e:
-            warnings.warn(f"lazyrt.torch: a {self.what} graph that torch.compile captured runs in PyTorch eager: {e}",
+            warnings.warn(f"lazyrt.torch: torch.compile's {self.what} graph runs in PyTorch eager: {e}",
                           GraphBreakWarning, stacklevel=2)
             return _Eager(gm)
 
