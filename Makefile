@@ -5,9 +5,11 @@ BUILD  := $(ROOT)/build
 FUZZ_BUILD := $(ROOT)/build-fuzz
 ASAN_BUILD := $(ROOT)/build-asan
 TSAN_BUILD := $(ROOT)/build-tsan
-# Debian's interpreter sees the Debian packages (numpy, torch, pytest); a python3 earlier
-# on PATH (pyenv, venv) may not.
-PYTHON := /usr/bin/python3
+# The project's Python environment, made by scripts/setup.sh from Debian's python3 and
+# requirements.txt (PyTorch 2.9 from PyPI, NumPy, pytest, ...): the build, the tests and the
+# benchmarks all use its interpreter.
+VENV   ?= $(ROOT)/.venv
+PYTHON := $(VENV)/bin/python
 JOBS   ?= 2
 # Each target of `make fuzz` stops after this many inputs or this many seconds, whichever
 # comes first. On two cores graph_fuzz takes about 1,650 s for a million inputs from an empty
@@ -27,7 +29,7 @@ FUZZ_JIT_SEED     ?= 1000
 .PHONY: setup build demo demo-dp test bench fuzz fuzz-replay fuzz-jit check-reference check-asan check-tsan clean
 
 setup:
-	@bash $(ROOT)/scripts/setup.sh
+	@LAZYRT_VENV=$(VENV) bash $(ROOT)/scripts/setup.sh
 
 # Configure only once; later builds let CMake re-run itself when its inputs change.
 $(BUILD)/build.ninja:

@@ -38,7 +38,7 @@ std::string run(const std::string& cmd) {
 
 Dataset load_digits(std::string path) {
   if (path.empty()) {
-    std::string dir = run("/usr/bin/python3 -c 'import os, sklearn.datasets as d; "
+    std::string dir = run(LAZYRT_PYTHON " -c 'import os, sklearn.datasets as d; "
                           "print(os.path.dirname(d.__file__))' 2>/dev/null");
     dir.erase(dir.find_last_not_of(" \n") + 1);
     path = dir + "/data/digits.csv.gz";

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages lazyrt needs. Idempotent: does nothing (and touches no
-# network) when every package is already installed.
+# Installs the Debian packages lazyrt needs, then makes the project's Python environment
+# (.venv, or $LAZYRT_VENV) from Debian's python3 with the pinned requirements.txt (PyTorch from
+# PyPI among them). Idempotent: does nothing (and touches no network) when every package is
+# installed and the environment was made from the same requirements.txt.
 set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${LAZYRT_VENV:-$ROOT/.venv}
 
 # ocl-icd-opencl-dev: Debian's oneDNN is built with its OpenCL runtime, and its CMake package
 # config looks for OpenCL (only recommended by libdnnl-dev, which we install without
@@ -10,9 +14,8 @@ set -euo pipefail
 PACKAGES=(
   cmake ninja-build g++ binutils make pkg-config
   libopenblas-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev
-  pybind11-dev python3-dev python3-numpy python3-pytest
-  python3-torch python3-sklearn python3-matplotlib
-  clang libtorch-dev libgloo-dev llvm-16-dev
+  python3-dev python3-venv
+  clang libgloo-dev llvm-16-dev
 )
 
 missing=()
@@ -24,8 +27,22 @@ for pkg in "${PACKAGES[@]}"; do
   fi
 done
 
+python_env() {
+  local stamp=$VENV/.requirements
+  if [[ -x $VENV/bin/python && -f $stamp ]] && cmp -s "$ROOT/requirements.txt" "$stamp"; then
+    echo "setup: Python environment $VENV up to date"
+    return
+  fi
+  local start=$SECONDS
+  /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
+  cp "$ROOT/requirements.txt" "$stamp"
+  echo "setup: Python environment $VENV made in $((SECONDS - start)) s"
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all ${#PACKAGES[@]} required packages already present"
+  python_env
   exit 0
 fi
 
@@ -48,3 +65,4 @@ fi
 "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 echo "setup: installed ${missing[*]}"
+python_env

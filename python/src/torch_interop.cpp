@@ -271,10 +271,10 @@ class Guard {
       if (!state || !PyDict_Check(state.ptr()) || !same_states(state.ptr(), o.states)) return false;
     }
     // Modes.
-    const bool autocast = at::autocast::is_cpu_enabled();
+    const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);
     return at::GradMode::is_enabled() == grad_enabled_ &&
            c10::typeMetaToScalarType(c10::get_default_dtype()) == default_dtype_ && autocast == autocast_ &&
-           (!autocast || at::autocast::get_autocast_cpu_dtype() == autocast_dtype_);
+           (!autocast || at::autocast::get_autocast_dtype(at::kCPU) == autocast_dtype_);
   }
 
  private:

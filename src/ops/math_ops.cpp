@@ -336,6 +336,11 @@ Tensor norm(const Tensor& a, double p, std::vector<int64_t> dims, bool keepdim) 
   LAZYRT_CHECK(p == 1 || p == 2 || p == kInf, "norm: p must be 1, 2 or inf (INFINITY), got ", p,
                " for a tensor ", dtype_name(a.dtype()), shape_str(a.shape()));
   auto d = reduce_dims(a, std::move(dims), "norm");
+  // The largest magnitude of no elements has no value (max has no identity), as in torch.
+  for (int64_t k : d) {
+    LAZYRT_CHECK(p != kInf || a.shape()[static_cast<size_t>(k)] != 0, "norm: the inf norm over dim ", k,
+                 " of ", dtype_name(a.dtype()), shape_str(a.shape()), " is undefined: that dim is empty");
+  }
   return apply(OpKind::Norm, {a}, {d, keepdim, p});
 }
 

@@ -112,7 +112,7 @@ def same_tree(a, b, what, rtol=1e-5, atol=1e-6):
 def lowered_results(fn, inputs):
     """fn(inputs) (a list of torch tensors in, a list out) captured as lazyrt.torch captures a
     step (fake tensors, functionalized), lowered and run by lazyrt: the results as torch tensors."""
-    from functorch import functionalize
+    from torch.func import functionalize
 
     from lazyrt.torch._capture import _fake_trace
     from lazyrt.torch._lower import LoweredGraph

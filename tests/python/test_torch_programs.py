@@ -31,7 +31,16 @@ def same_training_state(m_lazy, o_lazy, m_eager, o_eager, what):
     named = list(m_eager.named_parameters())
     assert [n for n, _ in m_lazy.named_parameters()] == [n for n, _ in named]
     for (name, p1), (_, p2) in zip(m_lazy.named_parameters(), named):
-        close(p1.detach().numpy(), p2.detach().numpy(), f"{what} parameter {name}")
+        a, b = p1.detach().numpy(), p2.detach().numpy()
+        if name.endswith("in_proj_bias") and isinstance(o_eager, torch.optim.Adam):
+            # The key third of the bias: its gradient is rounding noise (see EPS below), which
+            # eager's fused attention kernel and lazyrt's products round differently; Adam
+            # turns it into steps of up to lr * noise / eps. The rest is compared as usual.
+            third = a.shape[0] // 3
+            lr = max(g["lr"] for g in o_eager.param_groups)
+            close(a[third:2 * third], b[third:2 * third], f"{what} parameter {name} (keys)", rtol=0, atol=0.01 * lr)
+            a, b = np.concatenate([a[:third], a[2 * third:]]), np.concatenate([b[:third], b[2 * third:]])
+        close(a, b, f"{what} parameter {name}")
         assert (p1.grad is None) == (p2.grad is None), f"{what} {name}.grad: {p1.grad} vs {p2.grad}"
         if p1.grad is not None:
             close(p1.grad.numpy(), p2.grad.numpy(), f"{what} {name}.grad")

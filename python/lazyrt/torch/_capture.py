@@ -32,6 +32,7 @@ only serves calls where it still is.
 """
 
 import collections
+import contextlib
 
 import torch
 import torch.utils._pytree as pytree
@@ -46,36 +47,20 @@ class CaptureError(RuntimeError):
 
 
 def tracing():
-    """PyTorch's tracing machinery, imported on first use: (make_fx, functionalize,
-    FakeTensorMode, FakeTensor).
-
-    PyTorch 1.13 imports sympy with make_fx (torch.fx.experimental.symbolic_shapes, for
-    make_fx's symbolic mode, which lazyrt.torch never uses): about 0.4 s and 34 MiB, more than
-    the rest of the frontend. Where neither sympy nor symbolic_shapes is imported yet, they are
-    imported with sympy hidden; sympy itself stays importable afterwards, but make_fx's symbolic
-    mode then says sympy is missing. A program that wants that mode imports sympy before its
-    first lazyrt.torch.compile.
-    """
-    import sys
-    hide = "torch.fx.experimental.symbolic_shapes" not in sys.modules and "sympy" not in sys.modules
-    if hide:
-        sys.modules["sympy"] = None  # `import sympy` raises ImportError
-    try:
-        from functorch import functionalize, make_fx
-        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-    finally:
-        if hide and sys.modules.get("sympy", 0) is None:
-            del sys.modules["sympy"]
+    """PyTorch's tracing machinery, imported on first use (make_fx imports sympy and the symbolic
+    shapes machinery, about a second): (make_fx, functionalize, FakeTensorMode, FakeTensor)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.func import functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
     return make_fx, functionalize, FakeTensorMode, FakeTensor
 
 
 def _fake_trace(fn, examples, constants_may_require_grad=False):
     """make_fx of fn(examples) over fake tensors: nothing is computed.
 
-    PyTorch 1.13's fake tensor mode refuses real tensors that the traced code reads from outside
-    its inputs (a loss module's class weights, a tensor in a closure, a scalar tensor PyTorch
-    makes inside a composite op); PyTorch 2 has allow_non_fake_inputs for that. This mode takes
-    them as fake tensors of the same metadata; make_fx records each as a constant of the graph
+    Real tensors that the traced code reads from outside its inputs (a loss module's class
+    weights, a tensor in a closure, a scalar tensor PyTorch makes inside a composite op) are
+    taken as fake tensors of the same metadata; make_fx records each as a constant of the graph
     (a get_attr node holding the real tensor), which the lowering reads anew on every call.
     Such a tensor that requires grad is refused (a parameter of no known module) unless
     `constants_may_require_grad` (loop bodies, which take their weights as values).
@@ -98,13 +83,30 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
             args, kwargs = pytree.tree_map(fake, (args, kwargs or {}))
             return super().__torch_dispatch__(func, types, args, kwargs)
 
-    mode = TolerantFakeTensorMode(allow_fallback_kernels=True)
+    mode = TolerantFakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
     # An example on the meta device stands for a CPU tensor of its metadata (a stand-in whose
     # values tracing never reads): no memory is made for it.
     cpu = torch.device("cpu")
-    fakes = [mode.fake_tensor_converter(mode, e, cpu) if e.is_meta else mode.from_tensor(e) for e in examples]
-    with mode, _traceable_functions():
+    fakes = [mode.fake_tensor_converter.from_meta_and_device(mode, e, cpu) if e.is_meta else mode.from_tensor(e) for e in examples]
+    # Fused CPU kernels off while tracing, so that the graph holds the ops lazyrt lowers and
+    # fuses itself: oneDNN's LSTM layer (mkldnn_rnn_layer, with a uint8 workspace) becomes its
+    # cells' products and gates, and scaled_dot_product_attention's flash kernel (forward and
+    # backward) its math: products, softmax, dropout.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with mode, _traceable_functions(), _onednn_off(), sdpa_kernel(SDPBackend.MATH):
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
+
+
+@contextlib.contextmanager
+def _onednn_off():
+    """PyTorch's use of oneDNN off, and nothing else of its oneDNN settings changed
+    (torch.backends.mkldnn.flags would also set its TF32 and precision options)."""
+    was = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(was)
 
 
 def _cross_entropy(input, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
@@ -189,8 +191,6 @@ def _decompositions():
     if _DECOMPOSED is None:
         from torch._decomp import get_decompositions
         aten = torch.ops.aten
-        # huber_loss_backward: PyTorch 1.13's fake tensors reach its out= overload, whose
-        # decomposition takes the wrong keyword and fails; the functional one's does not.
         _DECOMPOSED = get_decompositions([aten.native_batch_norm, aten.native_batch_norm_backward,
                                           aten.native_dropout, aten.native_dropout_backward,
                                           aten.huber_loss_backward.default])
@@ -400,17 +400,17 @@ def quick_key(world, modules, optimizers, args):
                     return None
             states.append(tuple(entries))
         parts.append((type(o), lr_in, tuple(groups), tuple(states)))
-    enabled = torch.is_autocast_cpu_enabled()
+    enabled = torch.is_autocast_enabled("cpu")
     parts.append((torch.is_grad_enabled(), torch.get_default_dtype(), enabled,
-                  torch.get_autocast_cpu_dtype() if enabled else None))
+                  torch.get_autocast_dtype("cpu") if enabled else None))
     return tuple(parts)
 
 
 def _autocast_mode():
     """The CPU autocast mode a call runs under (a step called inside ``torch.autocast`` is
     captured with its ops in the autocast dtype, so it is part of the signature)."""
-    enabled = torch.is_autocast_cpu_enabled()
-    return ("autocast", enabled, torch.get_autocast_cpu_dtype() if enabled else None)
+    enabled = torch.is_autocast_enabled("cpu")
+    return ("autocast", enabled, torch.get_autocast_dtype("cpu") if enabled else None)
 
 
 # ---- slots: the graph's inputs ---------------------------------------------------------------
@@ -563,6 +563,13 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
                     g["params"] = [proxies[world.param_index[id(p)]] for p in g["params"]]
                     if (oi, gi) in lr_slot:
                         g["lr"] = inputs[lr_slot[(oi, gi)]]
+                        # The update runs as lazyrt's replacement whatever the implementation
+                        # asked for (for-each, fused or capturable compute the same update; the
+                        # optimizer's own checks refuse a tensor lr for-each, and capturable
+                        # steps on the CPU).
+                        for impl in _optim.IMPLEMENTATION_OPTIONS:
+                            if g.get(impl):
+                                g[impl] = False
                 state = collections.defaultdict(dict)
                 for (soi, i), d in state_in.items():
                     if soi == oi:

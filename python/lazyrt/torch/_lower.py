@@ -282,10 +282,10 @@ def _gelu_backward(e, grad, x, approximate="none"):
 
 @lowering(aten.elu.default)
 def _elu(e, x, alpha=1, scale=1, input_scale=1):
-    # scale * x where x > 0, else alpha * scale * (exp(x * input_scale) - 1): exp less one, as
-    # ATen's kernel computes it (not expm1, so tiny negative x give 0 as there)
+    # scale * x where x > 0, else alpha * scale * expm1(x * input_scale), as ATen's kernel
+    # computes it (tiny negative x give tiny negative values, not 0)
     x = _cast(x, e.dtype)
-    negative = _C.mul(_C.sub(_C.exp(_C.mul(x, input_scale)), 1.0), alpha * scale)
+    negative = _C.mul(_C.expm1(_C.mul(x, input_scale)), alpha * scale)
     return _C.where(_C.gt(x, 0.0), _C.mul(x, scale), negative)
 
 
@@ -338,8 +338,8 @@ def _hardswish(e, x):
 @lowering(aten.hardswish_backward.default)
 def _hardswish_backward(e, grad, x):
     grad = _cast(grad, e.dtype)
-    middle = _C.mul(grad, _C.add(_C.div(x, 3.0), 0.5))  # on [-3, 3), as ATen's kernel
-    return _C.where(_C.lt(x, -3.0), 0.0, _C.where(_C.lt(x, 3.0), middle, grad))
+    middle = _C.mul(grad, _C.add(_C.div(x, 3.0), 0.5))  # on (-3, 3), as ATen's kernel
+    return _C.where(_C.le(x, -3.0), 0.0, _C.where(_C.lt(x, 3.0), middle, grad))
 
 
 @lowering(aten.log_sigmoid_forward.default)
@@ -354,29 +354,18 @@ def _log_sigmoid_backward(e, grad, x, buffer):
     return _C.mul(_cast(grad, e.dtype), _C.sigmoid(_C.neg(x)))  # d/dx log sigmoid(x) = sigmoid(-x)
 
 
-def _prelu_weight(x, w):
-    """The weight shaped to broadcast over x's channels (dim 1), or as one value."""
-    if w.numel() == 1 or x.dim() < 2:
-        return _C.reshape(w, ())
-    return _C.reshape(w, (1, -1) + (1,) * (x.dim() - 2))
-
-
-@lowering(aten.prelu.default)
+@lowering(aten._prelu_kernel.default)
 def _prelu(e, x, weight):
-    return _C.where(_C.gt(x, 0.0), x, _C.mul(_prelu_weight(x, weight), x))
+    # torch.prelu reshapes the weight to broadcast over x's channels, then calls this kernel.
+    return _C.where(_C.gt(x, 0.0), x, _C.mul(weight, x))
 
 
-@lowering(aten.prelu_backward.default)
+@lowering(aten._prelu_kernel_backward.default)
 def _prelu_backward(e, grad, x, weight):
-    # input > 0: grad, else weight * grad; the weight's: the sum of input * grad where input <= 0
+    # input > 0: grad, else weight * grad; the weight's: input * grad where input <= 0, in the
+    # broadcast shape (autograd sums it to the weight's shape after).
     positive = _C.gt(x, 0.0)
-    gx = _C.where(positive, grad, _C.mul(_prelu_weight(x, weight), grad))
-    per = _C.where(positive, 0.0, _C.mul(x, grad))
-    if weight.numel() == 1 or x.dim() < 2:
-        gw = _C.reshape(_C.sum(per), tuple(weight.shape))
-    else:
-        gw = _C.sum(per, [0] + list(range(2, x.dim())), False)
-    return [gx, gw]
+    return [_C.where(positive, grad, _C.mul(weight, grad)), _C.where(positive, 0.0, _C.mul(x, grad))]
 
 
 @lowering(aten.glu.default)
@@ -488,14 +477,23 @@ def _bilinear(size, scale_factors, align_corners):
 
 
 @lowering(aten.upsample_bilinear2d.vec)
-def _upsample_bilinear2d(e, x, output_size, align_corners, scale_factors):
+def _upsample_bilinear2d_vec(e, x, output_size, align_corners, scale_factors):
     return _bilinear(output_size, scale_factors, align_corners)(x)
 
 
-@lowering(aten.upsample_bilinear2d_backward.vec)
-def _upsample_bilinear2d_backward(e, grad, output_size, input_size, align_corners, scale_factors):
+def _scales(scales_h, scales_w):
+    return None if scales_h is None or scales_w is None else [scales_h, scales_w]
+
+
+@lowering(aten.upsample_bilinear2d.default)
+def _upsample_bilinear2d(e, x, output_size, align_corners, scales_h=None, scales_w=None):
+    return _bilinear(output_size, _scales(scales_h, scales_w), align_corners)(x)
+
+
+@lowering(aten.upsample_bilinear2d_backward.default)
+def _upsample_bilinear2d_backward(e, grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     x = _C.zeros(tuple(input_size), dtype=grad.dtype)  # the map is linear: any input stands in
-    return _vjp(_bilinear(output_size, scale_factors, align_corners), [x], grad, [True])[0]
+    return _vjp(_bilinear(output_size, _scales(scales_h, scales_w), align_corners), [x], grad, [True])[0]
 
 
 @lowering(aten._log_softmax.default)
@@ -512,6 +510,14 @@ def _log_softmax_backward(e, grad, out, dim, input_dtype):
 @lowering(aten._softmax.default)
 def _softmax(e, x, dim, half_to_float=False):
     return _C.softmax(_cast(x, e.dtype), dim)
+
+
+@lowering(aten._safe_softmax.default)
+def _safe_softmax(e, x, dim, dtype=None):
+    # softmax, with 0 (not NaN) on lines that are -inf throughout (attention rows masked whole)
+    x = _cast(x, e.dtype)
+    masked = _C.all(_C.eq(x, float("-inf")), [dim], True)
+    return _C.where(masked, 0.0, _C.softmax(x, dim))
 
 
 @lowering(aten._softmax_backward_data.default)
@@ -733,7 +739,7 @@ def _argmin(e, x, dim=None, keepdim=False):
 # ---- shapes, copies, dtypes --------------------------------------------------------------------
 
 @lowering(aten.view.default, aten._unsafe_view.default, aten._reshape_alias.default,
-          aten.expand.default, aten.expand_copy.default, aten.squeeze.dim, aten.squeeze.default,
+          aten.expand.default, aten.expand_copy.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
           aten.unsqueeze.default)
 def _to_shape(e, x, *args, **kwargs):
     """Ops that only change the shape (PyTorch's result shape, from the fake result)."""
@@ -742,6 +748,19 @@ def _to_shape(e, x, *args, **kwargs):
     if x.numel() == math.prod(e.shape):
         return _C.reshape(x, e.shape)
     return _C.expand(x, e.shape)
+
+
+@lowering(aten.copy.default)
+def _copy(e, dst, src, non_blocking=False):
+    """The functional form of dst.copy_(src): src cast to dst's dtype and broadcast to its shape."""
+    x = _cast(src, e.dtype)
+    return x if tuple(x.shape) == e.shape else _C.expand(x, e.shape)
+
+
+@lowering(aten._foreach_zero.default)
+def _foreach_zero(e, tensors):
+    # zero_grad(set_to_none=False) of a for-each optimizer: zeros of each gradient's shape.
+    return [_full(tuple(t.shape), 0, t.dtype) for t in tensors]
 
 
 @lowering(aten.t.default)
@@ -875,13 +894,8 @@ def _ones(e, *args, **kwargs):
 
 @lowering(aten.arange.default, aten.arange.start, aten.arange.start_step)
 def _arange(e, *bounds, dtype=None, **kwargs):
-    # Position ids (torch.arange(T) in a GPT's forward): lazyrt's arange, in PyTorch's dtype.
-    if dtype is None and e.dtype not in (_C.float32, _C.float64, _C.float16, _C.bfloat16) and \
-            any(isinstance(b, float) for b in bounds):
-        # PyTorch 1.13 traces torch.arange(2.5) and torch.arange(-1, 1.5) (a float bound, no
-        # dtype; arange.default and arange.start) as int64 aranges, where eager gives floats.
-        raise UnsupportedOperatorError(f"lazyrt.torch: arange{tuple(bounds)} has a float bound and no dtype, "
-                                       "which PyTorch 1.13 traces as int64 (eager: float); pass dtype=")
+    # Position ids (torch.arange(T) in a GPT's forward): lazyrt's arange, in PyTorch's dtype
+    # (a float bound without a dtype gives the default float dtype, as in eager).
     return lazyrt.arange(*bounds, dtype=e.dtype)
 
 
@@ -941,6 +955,13 @@ def _scalar_tensor(e, value, **kwargs):
 def _var(e, x, dim=None, correction=None, keepdim=False):
     return lazyrt.var(_cast(x, e.dtype), _reduce_dims(dim, x.dim()), correction=1 if correction is None else correction,
                       keepdim=keepdim)
+
+
+@lowering(aten.var_mean.correction)
+def _var_mean(e, x, dim=None, correction=None, keepdim=False):
+    x, dims = _cast(x, e.dtype), _reduce_dims(dim, x.dim())
+    return [lazyrt.var(x, dims, correction=1 if correction is None else correction, keepdim=keepdim),
+            _C.mean(x, dims, keepdim)]
 
 
 # ---- layer norm: (out, mean, rstd) as torch's kernel gives them; the backward by lazyrt's autograd

@@ -1,12 +1,13 @@
 """The optimizers lazyrt.torch knows: their update rules, written with the learning rate (and
 the step count) as tensors, and the state a fresh optimizer creates on its first step.
 
-PyTorch 1.13's SGD, Adam, AdamW, Adagrad, Adamax, NAdam and RAdam take the learning rate as a
-Python float, and all but SGD read their step count with ``.item()`` (unless
-``capturable=True``, which insists on CUDA, where it exists). A graph captured with those would
-hold the learning rate as a constant and could not be captured at all (``.item()`` has no value
-while tracing). During a capture the module-level update functions the optimizers' ``step()``
-calls (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam``, ...) are replaced by the ones below:
+PyTorch's SGD, Adam, AdamW, Adagrad, Adamax, NAdam and RAdam take the learning rate as a
+Python float (a tensor learning rate is read with ``.item()``), and all but SGD read their step
+count with ``.item()`` (unless ``capturable=True``, which insists on an accelerator). A graph
+captured with those would hold the learning rate as a constant and could not be captured at all
+(``.item()`` has no value while tracing). During a capture the module-level update functions the
+optimizers' ``step()`` calls (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam`` — AdamW is
+Adam with decoupled weight decay —, ...) are replaced by the ones below:
 the same arithmetic, with the learning rate a 0-d float64 tensor (an input of the graph, so a
 scheduler changes it without a recapture) and the scalars eager computes from the step count in
 Python floats computed from the step count tensor in float64. ``foreach=True`` groups take the
@@ -58,25 +59,33 @@ def _sgd_update(record, params, grads, momentum_buffers, *_, weight_decay, momen
         param.add_(d_p * _lr_as(_neg(lr), param))
 
 
-def _adam_family(record, decoupled, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *,
-                 amsgrad, beta1, beta2, lr, weight_decay, eps, maximize):
+def _decay(param, grad, lr, weight_decay, decoupled):
+    """Weight decay as eager applies it: decoupled (AdamW, and NAdam/RAdam with
+    ``decoupled_weight_decay``) scales the weights by 1 - lr * wd (float64, as eager's Python
+    float); otherwise an L2 penalty through the gradient. Returns the gradient to use."""
+    if weight_decay == 0:
+        return grad
+    if decoupled:
+        factor = 1 - lr * weight_decay
+        param.mul_(factor.to(param.dtype) if isinstance(factor, torch.Tensor) else factor)
+        return grad
+    return grad.add(param, alpha=weight_decay)
+
+
+def _adam_update(record, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *_, amsgrad, beta1,
+                 beta2, lr, weight_decay, eps, maximize, decoupled_weight_decay=False, **_ignored):
     for i, param in enumerate(params):
         record(param)
         grad = grads[i] if not maximize else _neg(grads[i])
         exp_avg, exp_avg_sq, step_t = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
         step_t.add_(1)
-        if decoupled:  # AdamW: decay the weights themselves; 1 - lr * wd in float64, as eager's Python float
-            factor = 1 - lr * weight_decay
-            param.mul_(factor.to(param.dtype) if isinstance(factor, torch.Tensor) else factor)
-        elif weight_decay != 0:  # Adam: L2 penalty through the gradient
-            grad = grad.add(param, alpha=weight_decay)
-        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        grad = _decay(param, grad, lr, weight_decay, decoupled_weight_decay)
+        exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         # Bias corrections from the step count, in float64 (eager: Python floats from .item()).
         step = step_t.to(torch.float64)
-        correction1 = _bias_correction(beta1, step)
+        step_size = lr / _bias_correction(beta1, step)
         correction2_sqrt = _bias_correction(beta2, step).sqrt()
-        step_size = lr / correction1
         if amsgrad:
             max_sq = max_exp_avg_sqs[i]
             max_sq.copy_(torch.maximum(max_sq, exp_avg_sq))
@@ -86,20 +95,6 @@ def _adam_family(record, decoupled, params, grads, exp_avgs, exp_avg_sqs, max_ex
         denom = (second.sqrt() / correction2_sqrt.to(param.dtype)).add_(eps)
         # param += (-step_size * exp_avg) / denom, in the order of eager's addcdiv.
         param.add_(exp_avg * step_size.neg().to(param.dtype) / denom)
-
-
-def _adam_update(record, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *_, amsgrad,
-                 beta1, beta2, lr, weight_decay, eps, maximize, **_ignored):
-    _adam_family(record, False, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                 amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
-                 maximize=maximize)
-
-
-def _adamw_update(record, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *_, amsgrad,
-                  beta1, beta2, lr, weight_decay, eps, maximize, **_ignored):
-    _adam_family(record, True, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
-                 amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
-                 maximize=maximize)
 
 
 def _adagrad_update(record, params, grads, state_sums, state_steps, *_, lr, weight_decay, lr_decay, eps, maximize,
@@ -127,53 +122,54 @@ def _adamax_update(record, params, grads, exp_avgs, exp_infs, state_steps, *_, e
         step_t.add_(1)
         if weight_decay != 0:
             grad = grad.add(param, alpha=weight_decay)
-        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-        # Eager: the amax of the stacked (exp_inf * beta2, |grad| + eps), written into exp_inf.
+        exp_avg.lerp_(grad, 1 - beta1)
+        # Eager: the larger of exp_inf * beta2 and |grad| + eps, written into exp_inf.
         exp_inf.copy_(torch.maximum(exp_inf.mul(beta2), grad.abs().add(eps)))
         clr = lr / _bias_correction(beta1, step_t.to(torch.float64))
         param.add_(exp_avg * clr.neg().to(param.dtype) / exp_inf)
 
 
 def _nadam_update(record, params, grads, exp_avgs, exp_avg_sqs, mu_products, state_steps, *_, beta1, beta2, lr,
-                  weight_decay, momentum_decay, eps, **_ignored):
+                  weight_decay, momentum_decay, eps, decoupled_weight_decay=False, maximize=False, **_ignored):
     for i, param in enumerate(params):
         record(param)
-        grad, exp_avg, exp_avg_sq, mu_product = grads[i], exp_avgs[i], exp_avg_sqs[i], mu_products[i]
+        grad = grads[i] if not maximize else _neg(grads[i])
+        exp_avg, exp_avg_sq, mu_product = exp_avgs[i], exp_avg_sqs[i], mu_products[i]
         step_t = state_steps[i]
         step_t.add_(1)
         step = step_t.to(torch.float64)  # eager: Python floats from .item()
         bias_correction2 = _bias_correction(beta2, step)
-        if weight_decay != 0:
-            grad = grad.add(param, alpha=weight_decay)
+        grad = _decay(param, grad, lr, weight_decay, decoupled_weight_decay)
         mu = torch.pow(0.96, step * momentum_decay).mul(-0.5).add(1).mul(beta1)
         mu_next = torch.pow(0.96, (step + 1) * momentum_decay).mul(-0.5).add(1).mul(beta1)
-        # mu_product is a float32 tensor in eager too: its products round there.
+        # mu_product is a float32 tensor in eager too: its product rounds there; the next one is
+        # eager's Python float (the float32 value times mu_next in float64).
         mu_product.mul_(mu.to(mu_product.dtype))
-        mu_product_next = mu_product * mu.to(mu_product.dtype) * mu_next.to(mu_product.dtype)
-        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+        mu_product_next = mu_product.to(torch.float64) * mu_next
+        exp_avg.lerp_(grad, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         denom = exp_avg_sq.div(bias_correction2.to(param.dtype)).sqrt().add_(eps)
         # The two addcdivs, their values in float64 as eager's Python floats.
         value = -lr * mu.neg().add(1) / mu_product.to(torch.float64).neg().add(1)
         param.add_(grad * value.to(param.dtype) / denom)
-        value_next = -lr * mu_next / mu_product_next.to(torch.float64).neg().add(1)
+        value_next = -lr * mu_next / mu_product_next.neg().add(1)
         param.add_(exp_avg * value_next.to(param.dtype) / denom)
 
 
 def _radam_update(record, params, grads, exp_avgs, exp_avg_sqs, state_steps, *_, beta1, beta2, lr, weight_decay, eps,
-                  **_ignored):
+                  decoupled_weight_decay=False, maximize=False, **_ignored):
     rho_inf = 2 / (1 - beta2) - 1
     for i, param in enumerate(params):
         record(param)
-        grad, exp_avg, exp_avg_sq, step_t = grads[i], exp_avgs[i], exp_avg_sqs[i], state_steps[i]
+        grad = grads[i] if not maximize else _neg(grads[i])
+        exp_avg, exp_avg_sq, step_t = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
         step_t.add_(1)
         step = step_t.to(torch.float64)  # eager: Python floats from .item()
+        grad = _decay(param, grad, lr, weight_decay, decoupled_weight_decay)
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         bias_correction1 = _bias_correction(beta1, step)
         bias_correction2 = _bias_correction(beta2, step)
-        if weight_decay != 0:
-            grad = grad.add(param, alpha=weight_decay)
-        exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         bias_corrected_exp_avg = exp_avg / bias_correction1.to(param.dtype)
         rho_t = rho_inf - 2 * step * torch.pow(beta2, step) / bias_correction2
         # Eager branches on rho_t > 5 in Python; here both are computed and one is taken (the
@@ -190,7 +186,7 @@ def _radam_update(record, params, grads, exp_avgs, exp_avg_sqs, state_steps, *_,
 _UPDATES = {
     torch.optim.SGD: (importlib.import_module("torch.optim.sgd"), "sgd", _sgd_update),
     torch.optim.Adam: (importlib.import_module("torch.optim.adam"), "adam", _adam_update),
-    torch.optim.AdamW: (importlib.import_module("torch.optim.adamw"), "adamw", _adamw_update),
+    torch.optim.AdamW: (importlib.import_module("torch.optim.adam"), "adam", _adam_update),
     torch.optim.Adagrad: (importlib.import_module("torch.optim.adagrad"), "adagrad", _adagrad_update),
     torch.optim.Adamax: (importlib.import_module("torch.optim.adamax"), "adamax", _adamax_update),
     torch.optim.NAdam: (importlib.import_module("torch.optim.nadam"), "nadam", _nadam_update),
@@ -198,7 +194,10 @@ _UPDATES = {
 }
 
 # Group options none of the replacements handles: such an optimizer runs its own code.
-_UNSUPPORTED_OPTIONS = ("capturable", "fused", "differentiable")
+_UNSUPPORTED_OPTIONS = ("differentiable",)
+# Group options that choose how eager computes the update, not what: captures compute it with
+# the replacement whatever they say.
+IMPLEMENTATION_OPTIONS = ("foreach", "fused", "capturable")
 
 # Group keys that do not change what a step computes (the learning rate is an input of the graph;
 # initial_lr is the schedulers' note of where they started).
@@ -221,10 +220,9 @@ def initial_state(optimizer, group, param, device=None):
         return None
     kind = type(optimizer)
     if kind is torch.optim.SGD:
-        if group["momentum"] == 0:
-            return {"momentum_buffer": None}
-        if group["dampening"] != 0:
-            # The first step sets the buffer to the gradient; later steps add (1 - dampening) of it.
+        if group["momentum"] == 0 or group["dampening"] != 0:
+            # Without momentum SGD keeps no state; with dampening the first step sets the buffer
+            # to the gradient and later steps add (1 - dampening) of it: no stand-in either way.
             return None
         # With dampening 0, momentum * 0 + gradient is the gradient exactly.
         return {"momentum_buffer": torch.zeros_like(param, memory_format=torch.preserve_format, device=device)}
@@ -246,25 +244,15 @@ def initial_state(optimizer, group, param, device=None):
     return state
 
 
-def _zero_each(tensors):
-    for t in tensors:
-        t.zero_()
-
-
 @contextlib.contextmanager
 def patched_updates(optimizers, record):
     """Within: the update functions of the given optimizers' classes are ours; `record(param)` is
     called for every parameter an update touches (the parameters the step really updated)."""
     saved = []
     try:
-        for kind in {type(o) for o in optimizers if lr_is_input(o)}:
-            module, name, update = _UPDATES[kind]
+        for module, name, update in {_UPDATES[type(o)] for o in optimizers if lr_is_input(o)}:
             saved.append((module, name, getattr(module, name)))
             setattr(module, name, lambda *a, _u=update, **k: _u(record, *a, **k))
-        # zero_grad() of a foreach=True optimizer zeroes all gradients with one
-        # torch._foreach_zero_, which PyTorch 1.13 cannot trace over fake tensors: zero each.
-        saved.append((torch, "_foreach_zero_", torch._foreach_zero_))
-        torch._foreach_zero_ = _zero_each
         yield
     finally:
         for module, name, original in reversed(saved):

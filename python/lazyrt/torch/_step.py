@@ -628,8 +628,8 @@ def _guard(fn, world, modules, optimizers, args):
         "submodules": [(sub, sub.training, list(sub._parameters.values()), list(sub._buffers.values()),
                         list(sub._modules.values())) for sub in world.submodules],
         "params": list(params), "buffers": list(world.buffers),
-        "modes": (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_cpu_enabled(),
-                  torch.get_autocast_cpu_dtype()),
+        "modes": (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled("cpu"),
+                  torch.get_autocast_dtype("cpu")),
     }
     opts = []
     for oi, o in enumerate(optimizers):

@@ -124,8 +124,11 @@ def _op_name(op):
         name = _OPS.get(op.lower())
     else:
         import torch.distributed as tdist
+        # A ReduceOp object (as the process group hands it on) names its kind in .op; the class
+        # attributes (ReduceOp.SUM) are the kinds themselves.
+        kind = getattr(op, "op", op)
         name = {tdist.ReduceOp.SUM: "sum", tdist.ReduceOp.AVG: "mean", tdist.ReduceOp.MAX: "max",
-                tdist.ReduceOp.MIN: "min"}.get(op) if tdist.is_available() else None
+                tdist.ReduceOp.MIN: "min"}.get(kind) if tdist.is_available() else None
     if name is None:
         raise _C.Error(f"all_reduce: op={op!r} is not a reduction lazyrt has (sum, mean/AVG, max, min)")
     return name
@@ -311,7 +314,7 @@ def _register_backend():
             init_process_group(init_method=f"tcp://{where}", rank=rank, world_size=size, timeout=timeout)
         return ProcessGroupLazyrt(rank, size)
 
-    tdist.Backend.register_backend("lazyrt", create)
+    tdist.Backend.register_backend("lazyrt", create, devices=["cpu"])
     return ProcessGroupLazyrt
 
 

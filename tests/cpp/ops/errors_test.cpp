@@ -495,6 +495,11 @@ TEST(OpErrors, NormWithUnsupportedPNamesP) {
   EXPECT_THAT(error_of([&] { norm(a, 3); }), AllOf(HasSubstr("norm"), HasSubstr("p"), HasSubstr("3")));
   EXPECT_THAT(error_of([&] { norm(a, 0); }), AllOf(HasSubstr("norm"), HasSubstr("0")));
   EXPECT_THAT(error_of([&] { norm(a, -INFINITY); }), AllOf(HasSubstr("norm"), HasSubstr("-inf")));
+  // torch.linalg.vector_norm: the inf norm of an empty dim has no value (1- and 2-norms give 0).
+  EXPECT_THAT(error_of([&] { norm(zeros({0, 3}), INFINITY, {0}); }),
+              AllOf(HasSubstr("norm"), HasSubstr("inf"), HasSubstr("[0, 3]"), HasSubstr("empty")));
+  EXPECT_THAT(error_of([&] { norm(zeros({0, 3}), INFINITY); }), HasSubstr("empty"));
+  EXPECT_NO_THROW(norm(zeros({0, 3}), INFINITY, {1}));
   Tensor ints = tensor(std::vector<int64_t>{1, 2}, {2});
   EXPECT_THAT(error_of([&] { norm(ints); }), AllOf(HasSubstr("norm"), HasSubstr("i64")));
 }
