@@ -484,3 +484,32 @@ def test_attention_forward_and_backward(variant):
     (out_ref * w).sum().backward()
     for name, a, b in zip("qkv", inputs, inputs_ref):
         _close(a.grad, b.grad, f"gradient of {name}", 1e-5, 1e-6)
+
+
+def test_gradient_accumulation_and_zero_grad_in_place():
+    """Two backward passes per step (autograd adds the second gradient into the one the
+    first made), and zero_grad(set_to_none=False) zeroing the gradients in place."""
+    m, m_ref = _mlp_pair(4)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(m_ref.parameters(), lr=1e-2)
+
+    def make(m, opt):
+        def step(x, y):
+            losses = []
+            for part in (slice(0, 3), slice(3, None)):
+                loss = _mse(m(x[part]), y[part])
+                loss.backward()
+                losses.append(loss)
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            return losses
+        return step
+
+    step = torch.compile(make(m, opt), backend="lazyrt")
+    step_ref = make(m_ref, opt_ref)
+    for k, (x, y) in enumerate(_mlp_data(torch.Generator().manual_seed(5), STEPS)):
+        for a, b in zip(step(x, y), step_ref(x, y)):
+            _close(a.detach(), b.detach(), f"loss at step {k}")
+        _same_state(m, m_ref, opt, opt_ref)
+        for name, p in m.named_parameters():
+            assert p.grad is not None and not p.grad.any(), f"gradient of {name} not zeroed in place"
