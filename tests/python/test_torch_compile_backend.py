@@ -519,3 +519,39 @@ def test_gradient_accumulation_and_zero_grad_in_place():
         _same_state(m, m_ref, opt, opt_ref)
         for name, p in m.named_parameters():
             assert p.grad is not None and not p.grad.any(), f"gradient of {name} not zeroed in place"
+
+
+_DROPOUT_CHECK = """
+import torch, lazyrt.torch
+torch.manual_seed(0)
+p = 0.25
+m = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Dropout(p))
+cm = torch.compile(m, backend="lazyrt")
+x = torch.randn(32, 16)
+dense = m[0](x).detach()
+masks = []
+for _ in range(3):
+    out = cm(x)
+    mask = out != 0
+    masks.append(mask)
+    # Kept values are eager's, scaled by 1 / (1 - p); about p of them are dropped.
+    torch.testing.assert_close(out[mask], dense[mask] / (1 - p), rtol=1e-5, atol=1e-6)
+    assert 0.15 < 1 - mask.float().mean().item() < 0.35, mask.float().mean()
+    # The backward reads the forward's mask.
+    m.zero_grad()
+    out.sum().backward()
+    torch.testing.assert_close(m[0].weight.grad, (mask.float() / (1 - p)).t() @ x, rtol=1e-5, atol=1e-5)
+assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2]), "a mask repeats"
+"""
+
+
+def test_dropout_draws_anew_on_every_replay():
+    """Dropout draws from lazyrt's generator: a new mask on every replay (in a fresh process,
+    where the first trace meets the generator before anything else made it), kept values scaled
+    as in eager, and the backward reading the forward's mask."""
+    import subprocess
+    import sys
+    package_dir = os.path.dirname(os.path.dirname(lazyrt.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_dir, os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", _DROPOUT_CHECK], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
