@@ -561,3 +561,25 @@ def test_compile_step_of_encoder_training_matches_plain_steps(dropout, rng):
             topt.zero_grad()
             tlosses.append(tloss.item())
         np.testing.assert_allclose(compiled_losses, tlosses, rtol=1e-5)
+
+
+def test_is_causal_is_a_hint_that_needs_the_mask_as_in_torch(rng):
+    # PyTorch 2.x: is_causal says attn_mask is the causal mask; the mask is applied, and
+    # is_causal=True without a mask is an error.
+    m, tm = mha_pair(rng, E, H)
+    (q, k, v), (tq, tk, tv) = attention_inputs(rng, "self", False)
+    with pytest.raises(RuntimeError, match="attn_mask"):
+        tm(tq, tk, tv, is_causal=True)
+    with pytest.raises(lr.Error, match="attn_mask"):
+        m(q, k, v, is_causal=True)
+    causal = np.triu(np.ones((L, L), dtype=bool), k=1)
+    (a, ta) = both(causal)
+    out, w = m(q, k, v, attn_mask=a, is_causal=True)
+    tout, tw = tm(tq, tk, tv, attn_mask=ta, is_causal=True)
+    assert_same(out, tout, **FWD)
+    assert_same(w, tw, **FWD)
+    layer, tlayer = nn.TransformerEncoderLayer(E, H, 16, dropout=0.0), torch.nn.TransformerEncoderLayer(E, H, 16, dropout=0.0)
+    tlayer.load_state_dict({k: torch.from_numpy(p.numpy().copy()) for k, p in layer.state_dict().items()})
+    mask = nn.Transformer.generate_square_subsequent_mask(L)
+    tmask = torch.nn.Transformer.generate_square_subsequent_mask(L)
+    assert_same(layer(q, src_mask=mask, is_causal=True), tlayer(tq, src_mask=tmask, is_causal=True), **FWD)

@@ -206,10 +206,13 @@ class MultiheadAttention(Module):
     """Attention from `num_heads` heads of embed_dim // num_heads channels each.
 
     forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-    average_attn_weights=True) -> (attn_output, attn_weights or None). Inputs are [L, N, E]
-    (sequence first), [N, L, E] with batch_first, or [L, E] unbatched. attn_mask is [L, S] or
-    [N * num_heads, L, S]; key_padding_mask is [N, S]. In a bool mask True masks a position
-    out; a float mask is added to the attention scores.
+    average_attn_weights=True, is_causal=False) -> (attn_output, attn_weights or None). Inputs
+    are [L, N, E] (sequence first), [N, L, E] with batch_first, or [L, E] unbatched. attn_mask is
+    [L, S] or [N * num_heads, L, S]; key_padding_mask is [N, S]. In a bool mask True masks a
+    position out; a float mask is added to the attention scores (both masks given: they are
+    added into one, as in PyTorch 2.x). is_causal, as PyTorch's, is a hint that attn_mask is
+    the causal mask: the mask is what is applied, so is_causal=True needs one. The layers,
+    TransformerEncoder/Decoder and Transformer take PyTorch's is_causal hints and pass them on.
     """
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
@@ -258,7 +261,12 @@ class MultiheadAttention(Module):
         self.add_zero_attn = add_zero_attn
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
-                average_attn_weights=True):
+                average_attn_weights=True, is_causal=False):
+        if is_causal and attn_mask is None:
+            # As PyTorch 2.x: is_causal is a hint that attn_mask is the causal mask; the mask is
+            # what is applied, so it must be given.
+            raise _C.Error("MultiheadAttention: need attn_mask if specifying the is_causal hint; "
+                           "Transformer.generate_square_subsequent_mask(sz) makes the causal mask")
         batched = _is_batched(query, key, value, key_padding_mask, attn_mask, "MultiheadAttention")
         shapes = f"query {_shape(query)}, key {_shape(key)}, value {_shape(value)}" + (
             " (batch first)" if batched and self.batch_first else "")
@@ -324,19 +332,20 @@ class TransformerEncoderLayer(Module):
         self.dropout2 = Dropout(dropout)
         self.activation = _activation(activation, "TransformerEncoderLayer")  # a Module is a submodule
 
-    def forward(self, src, src_mask=None, src_key_padding_mask=None):
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
         _check_mask_dtype(src_key_padding_mask, "src_key_padding_mask", "TransformerEncoderLayer")
         x = src
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask)
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
             x = x + self._ff_block(self.norm2(x))
         else:
-            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask))
+            x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
             x = self.norm2(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False)[0]
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+                           is_causal=is_causal)[0]
         return self.dropout1(x)
 
     def _ff_block(self, x):
@@ -387,11 +396,12 @@ class TransformerEncoder(Module):
         self.enable_nested_tensor = enable_nested_tensor
         self.mask_check = mask_check
 
-    def forward(self, src, mask=None, src_key_padding_mask=None):
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
         _check_mask_dtype(src_key_padding_mask, "src_key_padding_mask", "TransformerEncoder")
         output = src
         for layer in self.layers:
-            output = layer(output, src_mask=mask, src_key_padding_mask=src_key_padding_mask)
+            output = layer(output, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                           is_causal=bool(is_causal))
         if self.norm is not None:
             output = self.norm(output)
         return output
@@ -428,27 +438,28 @@ class TransformerDecoderLayer(Module):
         self.activation = _activation(activation, "TransformerDecoderLayer")  # a Module is a submodule
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None):
+                memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
         _check_mask_dtype(tgt_key_padding_mask, "tgt_key_padding_mask", "TransformerDecoderLayer")
         _check_mask_dtype(memory_key_padding_mask, "memory_key_padding_mask", "TransformerDecoderLayer")
         x = tgt
         if self.norm_first:
-            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask)
-            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask)
+            x = x + self._sa_block(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
+            x = x + self._mha_block(self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
             x = x + self._ff_block(self.norm3(x))
         else:
-            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask))
-            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask))
+            x = self.norm1(x + self._sa_block(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+            x = self.norm2(x + self._mha_block(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
             x = self.norm3(x + self._ff_block(x))
         return x
 
-    def _sa_block(self, x, attn_mask, key_padding_mask):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False)[0]
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal=False):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
+                           is_causal=is_causal)[0]
         return self.dropout1(x)
 
-    def _mha_block(self, x, memory, attn_mask, key_padding_mask):
+    def _mha_block(self, x, memory, attn_mask, key_padding_mask, is_causal=False):
         x = self.multihead_attn(x, memory, memory, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                need_weights=False)[0]
+                                need_weights=False, is_causal=is_causal)[0]
         return self.dropout2(x)
 
     def _ff_block(self, x):
@@ -472,12 +483,13 @@ class TransformerDecoder(Module):
         self.norm = norm
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None):
+                memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False):
         output = tgt
         for layer in self.layers:
             output = layer(output, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
                            tgt_key_padding_mask=tgt_key_padding_mask,
-                           memory_key_padding_mask=memory_key_padding_mask)
+                           memory_key_padding_mask=memory_key_padding_mask,
+                           tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)
         if self.norm is not None:
             output = self.norm(output)
         return output
@@ -523,7 +535,8 @@ class Transformer(Module):
                 init.xavier_uniform_(p)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
-                tgt_key_padding_mask=None, memory_key_padding_mask=None):
+                tgt_key_padding_mask=None, memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal=False):
         if src.dim() == 3:
             batch_dim = 0 if self.batch_first else 1
             if tgt.dim() != 3 or src.shape[batch_dim] != tgt.shape[batch_dim]:
@@ -532,10 +545,11 @@ class Transformer(Module):
         if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
             raise _C.Error(f"Transformer: the last dims of src {_shape(src)} and tgt {_shape(tgt)} must both be "
                            f"d_model {self.d_model}")
-        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask)
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal)
         return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
                             tgt_key_padding_mask=tgt_key_padding_mask,
-                            memory_key_padding_mask=memory_key_padding_mask)
+                            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+                            memory_is_causal=memory_is_causal)
 
     @staticmethod
     def generate_square_subsequent_mask(sz, device="cpu"):
