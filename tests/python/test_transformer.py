@@ -583,3 +583,20 @@ def test_is_causal_is_a_hint_that_needs_the_mask_as_in_torch(rng):
     mask = nn.Transformer.generate_square_subsequent_mask(L)
     tmask = torch.nn.Transformer.generate_square_subsequent_mask(L)
     assert_same(layer(q, src_mask=mask, is_causal=True), tlayer(tq, src_mask=tmask, is_causal=True), **FWD)
+
+
+def test_bias_false_layers_have_torchs_parameters_and_values(rng):
+    # PyTorch 2.x's bias=False: no bias in the attention, the feedforward Linears and the
+    # LayerNorms (which keep their weights).
+    for make in [lambda m: m.TransformerEncoderLayer(E, H, 16, dropout=0.0, bias=False),
+                 lambda m: m.TransformerDecoderLayer(E, H, 16, dropout=0.0, bias=False),
+                 lambda m: m.Transformer(E, H, 1, 1, 16, dropout=0.0, bias=False),
+                 lambda m: m.LayerNorm(E, bias=False)]:
+        layer, tlayer = make(nn), make(torch.nn)
+        names = [(k, tuple(p.shape)) for k, p in layer.named_parameters()]
+        assert names == [(k, tuple(p.shape)) for k, p in tlayer.named_parameters()]
+    layer = nn.TransformerEncoderLayer(E, H, 16, dropout=0.0, bias=False)
+    tlayer = torch.nn.TransformerEncoderLayer(E, H, 16, dropout=0.0, bias=False)
+    tlayer.load_state_dict({k: torch.from_numpy(p.numpy().copy()) for k, p in layer.state_dict().items()})
+    (q, _, _), (tq, _, _) = attention_inputs(rng, "self", False)
+    assert_same(layer(q), tlayer(tq), **FWD)

@@ -579,15 +579,18 @@ class GELU(Module):
 class LayerNorm(Module):
     """Normalizes over the trailing normalized_shape dims; weight ones, bias zeros at first."""
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.eps = eps
+        self.elementwise_affine = elementwise_affine
         if elementwise_affine:
             self.weight = Parameter(_C.ones(self.normalized_shape))
-            self.bias = Parameter(_C.zeros(self.normalized_shape))
         else:
             self.register_parameter("weight", None)
+        if elementwise_affine and bias:  # bias=False (PyTorch 2.x): a weight and no bias
+            self.bias = Parameter(_C.zeros(self.normalized_shape))
+        else:
             self.register_parameter("bias", None)
 
     def forward(self, input):
