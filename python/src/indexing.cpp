@@ -47,6 +47,18 @@ Tensor from_array(py::handle obj) {
     std::vector<bool> v(b.data(), b.data() + b.size());
     return tensor(v, shape);
   }
+  if (kind == 'u' && a.itemsize() == 1 && py::isinstance<py::array>(obj)) {
+    // A uint8 array is a uint8 tensor to torch 2.x, which reads it as a mask (nonzero: true),
+    // with a deprecation warning.
+    if (PyErr_WarnEx(PyExc_UserWarning,
+                     "indexing with dtype uint8 is deprecated (as in torch): the array is read as a mask; "
+                     "use a bool array instead", 1) != 0)
+      throw py::error_already_set();
+    py::array_t<uint8_t, py::array::c_style | py::array::forcecast> u(a);
+    std::vector<bool> v(u.size());
+    for (py::ssize_t k = 0; k < u.size(); ++k) v[static_cast<size_t>(k)] = u.data()[k] != 0;
+    return tensor(v, shape);
+  }
   if (kind == 'i' || kind == 'u' || (a.size() == 0 && !py::isinstance<py::array>(obj))) {  // [] is an i64 index
     py::array_t<int64_t, py::array::c_style | py::array::forcecast> i(a);
     return tensor(std::vector<int64_t>(i.data(), i.data() + i.size()), shape);

@@ -92,6 +92,7 @@ GET = [
     # a NumPy array is an index tensor whatever its rank (a 2-d bool array is a 2-d mask), and
     # int32 index tensors index as int64 ones (both torch 2.x; 1.13 refused them)
     ((3, 4), np.array([[True, False, False, True]] * 3)), ((3, 4), np.array(1)), ((3, 4), np.array(True)),
+    ((3, 4), np.array([2, 0, 1], dtype=np.uint8)),  # a uint8 tensor: a (deprecated) mask
     ((3, 4), T([0, 2], dtype=np.int32)), ((3, 4), T([[0], [2]], dtype=np.int32)),
     ((3, 4), (T([0, 2], dtype=np.int32), T([1, -1]))), ((2, 3, 4), (S(None), T(1, dtype=np.int32), [0, 3])),
 ]
@@ -435,4 +436,14 @@ def test_int32_indices_put_gather_and_scatter_as_in_torch():
     x[lr.tensor(i32)] = 9.0
     t[torch.from_numpy(i32)] = 9.0
     assert_same(x, t)
+
+
+def test_uint8_arrays_are_masks_with_torchs_warning():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    key = np.array([1, 0, 3], dtype=np.uint8)
+    with pytest.warns(UserWarning, match="uint8"):
+        expect = torch.from_numpy(a)[key]
+    with pytest.warns(UserWarning, match="uint8"):
+        got = lr.tensor(a)[key]
+    assert_same(got, expect)
 
