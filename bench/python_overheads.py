@@ -12,7 +12,7 @@ that is not timed; lazyrt and PyTorch batches alternate, so both see the same ma
 (harness.time_side_by_side). Prints a markdown report. bench/suite.py (make bench) runs the
 full comparison; this script is the quick check of the two requirements.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_overheads.py [--quick]
+    PYTHONPATH=build/python .venv/bin/python bench/python_overheads.py [--quick]
 """
 
 import argparse

@@ -6,7 +6,7 @@ loop_scaling, loop_grad, distributed), checks every peer's results against
 lazyrt's before timing anything, and writes one markdown report with a summary table, and PNG
 plots of the scaling studies. `make bench` runs it:
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/suite.py --build build \\
+    PYTHONPATH=build/python .venv/bin/python bench/suite.py --build build \\
         --out bench/results.md --plots bench/plots [--threads 1] [--quick] [--only NAME ...] [--merge]
 
 With --merge, the parts run (--only) replace their own sections, summary rows and times in the

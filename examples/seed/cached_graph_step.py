@@ -6,7 +6,7 @@ three times with run_cached_graph, PyTorch/XLA-style: no tracing, and the weight
 optimizer state are written back on every replay. The replayed losses change from step to
 step and equal those of three plain steps from the same start.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/seed/cached_graph_step.py
+    PYTHONPATH=build/python .venv/bin/python examples/seed/cached_graph_step.py
 """
 
 import lazyrt as lr

@@ -4,7 +4,7 @@ Each iteration records another op, so the pending graph grows with the trip coun
 here) and every different count is a different graph to compile. Adding 1 to 1 fifty times
 gives 51.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/seed/host_loop_control.py
+    PYTHONPATH=build/python .venv/bin/python examples/seed/host_loop_control.py
 """
 
 import lazyrt as lr

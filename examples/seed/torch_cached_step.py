@@ -6,7 +6,7 @@ compiles it; the next three calls replay the compiled graph, and after each call
 weights, gradients and the optimizer's state (PyTorch tensors) hold the new values. The losses
 change from replay to replay and equal those of plain PyTorch steps from the same start.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/seed/torch_cached_step.py
+    PYTHONPATH=build/python .venv/bin/python examples/seed/torch_cached_step.py
 """
 
 import copy

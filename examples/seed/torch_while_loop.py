@@ -1,16 +1,17 @@
 """Seed program, in PyTorch: a counter in a structured loop, and the host loop it replaces.
 
-lazyrt.torch.while_loop takes torch tensors and a body written with torch ops (the signature
-of torch's while_loop and PyTorch/XLA's). The body becomes one lazyrt loop node, compiled once:
-counting down from 10 while adding 1 to 3 gives 13, and counting from 1,000 reuses the same
-executable. The control group is the same counting as a plain Python loop in a step given to
+PyTorch's own while_loop (torch._higher_order_ops.while_loop), called inside a function given
+to lazyrt.torch.compile, becomes one lazyrt loop node, compiled once: counting down from 10
+while adding 1 to 3 gives 13, and counting from 1,000 reuses the same executable.
+lazyrt.torch.while_loop, with the same signature, runs such a loop directly on torch tensors. The control group is the same counting as a plain Python loop in a step given to
 lazyrt.torch.compile: the capture unrolls it, so 50 iterations and 60 are two graphs to compile.
 Adding 1 to 1 fifty times gives 51.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/seed/torch_while_loop.py
+    PYTHONPATH=build/python .venv/bin/python examples/seed/torch_while_loop.py
 """
 
 import torch
+from torch._higher_order_ops.while_loop import while_loop
 
 import lazyrt
 import lazyrt.torch
@@ -24,12 +25,19 @@ def body_fn(iteri, x):
     return iteri - 1, torch.add(x, 1)
 
 
+@lazyrt.torch.compile
+def count(iteri, init_val):
+    return while_loop(cond_fn, body_fn, (iteri, init_val))
+
+
 lazyrt.metrics.reset()
-_, res = lazyrt.torch.while_loop(cond_fn, body_fn, (torch.tensor(10), torch.tensor(3, dtype=torch.int32)))
+_, res = count(torch.tensor(10), torch.tensor(3, dtype=torch.int32))
 print(f"result: {res.item()}")
-_, big = lazyrt.torch.while_loop(cond_fn, body_fn, (torch.tensor(1000), torch.tensor(3, dtype=torch.int32)))
+_, big = count(torch.tensor(1000), torch.tensor(3, dtype=torch.int32))
 print(f"counting from 1000: {big.item()}")
 print(f"while_loop compiles: {lazyrt.metrics.counter('UncachedCompile')}")
+_, direct = lazyrt.torch.while_loop(cond_fn, body_fn, (torch.tensor(10), torch.tensor(3, dtype=torch.int32)))
+print(f"lazyrt.torch.while_loop result: {direct.item()}")
 
 
 def host_loop(x, n):

@@ -4,7 +4,7 @@ The loop body is traced once into one `while` node and compiled once: 10 iterati
 million share one executable, and the graph does not grow with the trip count. Counting down
 from 10 while adding 1 to 3 gives 13.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/seed/while_loop_counter.py
+    PYTHONPATH=build/python .venv/bin/python examples/seed/while_loop_counter.py
 """
 
 import lazyrt as lr

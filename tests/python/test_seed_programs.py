@@ -38,6 +38,7 @@ def test_torch_while_loop_gives_13_with_one_compile_and_the_host_loop_51():
     assert value(out, "result") == "13"
     assert value(out, "counting from 1000") == "1003"
     assert value(out, "while_loop compiles") == "1"
+    assert value(out, "lazyrt.torch.while_loop result") == "13"
     assert value(out, "host loop result") == "51"
     assert value(out, "host loop of 60") == "61"
     assert value(out, "host loop compiles") == "2"

@@ -33,6 +33,7 @@ only serves calls where it still is.
 
 import collections
 import contextlib
+import warnings
 
 import torch
 import torch.utils._pytree as pytree
@@ -65,35 +66,35 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     Such a tensor that requires grad is refused (a parameter of no known module) unless
     `constants_may_require_grad` (loop bodies, which take their weights as values).
     """
-    make_fx, _, FakeTensorMode, FakeTensor = tracing()
+    make_fx, _, FakeTensorMode, _ = tracing()
 
-    class TolerantFakeTensorMode(FakeTensorMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in self.lift_fns:  # torch.tensor(...) made inside the step: the mode's own case
-                return super().__torch_dispatch__(func, types, args, kwargs)
-
-            def fake(t):
-                if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
-                    if t.requires_grad and not constants_may_require_grad:
-                        raise CaptureError(
-                            f"lazyrt.torch: the step uses a tensor that requires grad (shape {list(t.shape)}) and "
-                            "is no parameter of the modules it was given or found; pass its module as model=...")
-                    return self.from_tensor(t)
-                return t
-            args, kwargs = pytree.tree_map(fake, (args, kwargs or {}))
-            return super().__torch_dispatch__(func, types, args, kwargs)
-
-    mode = TolerantFakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
+    # PyTorch's own fake mode class: higher-order ops such as while_loop have rules for it only.
+    # Without a shape environment, a value read or a data-dependent shape fails the trace.
+    mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
     # An example on the meta device stands for a CPU tensor of its metadata (a stand-in whose
     # values tracing never reads): no memory is made for it.
     cpu = torch.device("cpu")
     fakes = [mode.fake_tensor_converter.from_meta_and_device(mode, e, cpu) if e.is_meta else mode.from_tensor(e) for e in examples]
+    if not constants_may_require_grad:
+        # A real tensor read while tracing is converted here: one that requires grad is refused
+        # before backward could give it a gradient.
+        convert = mode.fake_tensor_converter.from_real_tensor
+
+        def checked(fake_mode, t, *args, **kwargs):
+            if t.requires_grad:
+                raise CaptureError(
+                    f"lazyrt.torch: the step uses a tensor that requires grad (shape {list(t.shape)}) and "
+                    "is no parameter of the modules it was given or found; pass its module as model=...")
+            return convert(fake_mode, t, *args, **kwargs)
+        mode.fake_tensor_converter.from_real_tensor = checked
     # Fused CPU kernels off while tracing, so that the graph holds the ops lazyrt lowers and
     # fuses itself: oneDNN's LSTM layer (mkldnn_rnn_layer, with a uint8 workspace) becomes its
     # cells' products and gates, and scaled_dot_product_attention's flash kernel (forward and
     # backward) its math: products, softmax, dropout.
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with mode, _traceable_functions(), _onednn_off(), sdpa_kernel(SDPBackend.MATH):
+    with mode, _traceable_functions(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), warnings.catch_warnings():
+        # torch's scan reads its fake operands' data pointers (PyTorch's own warning, not the step's)
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
 
 
@@ -172,11 +173,39 @@ class _traceable_functions:
                                  (torch.nn.functional, "one_hot", one_hot), (torch._C._nn, "one_hot", one_hot)):
             self.saved.append((module, name, getattr(module, name)))
             setattr(module, name, fn)
+        # PyTorch's structured loops: their fake-tensor rules count trips with a size symbol of
+        # a shape environment, which the trace has none of (it refuses data-dependent shapes):
+        # each loop op is traced with one of its own.
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        for hop in _LOOP_OPS:
+            rule = hop.python_key_table.get(FakeTensorMode)
+            if rule is not None:
+                self.saved.append((hop.python_key_table, FakeTensorMode, rule))
+                hop.python_key_table[FakeTensorMode] = _with_shape_env(rule)
         return self
 
     def __exit__(self, *exc):
-        for module, name, original in reversed(self.saved):
-            setattr(module, name, original)
+        for where, name, original in reversed(self.saved):
+            if isinstance(where, dict):
+                where[name] = original
+            else:
+                setattr(where, name, original)
+
+
+_LOOP_OPS = (torch.ops.higher_order.while_loop, torch.ops.higher_order.scan)
+
+
+def _with_shape_env(rule):
+    def traced(mode, *args, **kwargs):
+        if mode.shape_env is not None:
+            return rule(mode, *args, **kwargs)
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        mode.shape_env = ShapeEnv()
+        try:
+            return rule(mode, *args, **kwargs)
+        finally:
+            mode.shape_env = None
+    return traced
 
 
 _DECOMPOSED = None

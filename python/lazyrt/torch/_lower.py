@@ -1263,6 +1263,60 @@ def _getitem(e, values, index):
 
 # ---- the interpreter ---------------------------------------------------------------------------
 
+def _view_copies():
+    """functionalize writes views inside loop bodies as their copying forms (t_copy,
+    view_copy, select_copy, ...): the same values, lowered as the views are."""
+    for op in list(LOWERINGS):
+        if not isinstance(op, torch._ops.OpOverload):
+            continue
+        packet = getattr(aten, op._schema.name.split("::")[1] + "_copy", None)
+        overload = getattr(packet, op._overloadname, None) if packet is not None else None
+        if overload is not None and overload not in LOWERINGS and torch.Tag.view_copy in overload.tags:
+            LOWERINGS[overload] = LOWERINGS[op]
+
+
+_view_copies()
+
+
+# ---- PyTorch's structured loops (torch._higher_order_ops) -----------------------------------
+
+def _body_function(gm, outer):
+    """A traced body (a graph module whose placeholders are the carries, then `outer`: the
+    values the loop passes in from outside) as a function of the carries' lazyrt values."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = output.args[0]
+    single = not isinstance(results, (tuple, list))
+    lowered = LoweredGraph(gm, [results] if single else list(results))
+    constants = [lazyrt.from_torch(c) for c in lowered.constants]
+
+    def run(*carries):
+        out = lowered(*carries, *outer, *constants)
+        return out[0] if single else tuple(out)
+    return run
+
+
+@lowering(torch.ops.higher_order.while_loop)
+def _while_loop(e, cond_gm, body_gm, carried, additional=()):
+    # torch._higher_order_ops.while_loop: one lazyrt loop node, compiled once for any trip count.
+    outer = list(additional)
+    return list(lazyrt.while_loop(_body_function(cond_gm, outer), _body_function(body_gm, outer), tuple(carried)))
+
+
+@lowering(torch.ops.higher_order.scan)
+def _scan(e, combine_gm, init, xs, additional=()):
+    # torch._higher_order_ops.scan: one lazyrt scan node. The combine graph takes the carries,
+    # one row of each stacked input, then the outer values; it gives the next carries, then
+    # the rows of the stacked outputs.
+    step, n = _body_function(combine_gm, list(additional)), len(init)
+
+    def body(carry, x):
+        out = step(*carry, *x)
+        out = out if isinstance(out, tuple) else (out,)
+        return tuple(out[:n]), tuple(out[n:])
+    carry, ys = lazyrt.scan(body, tuple(init), tuple(xs))
+    return list(carry) + list(ys)
+
+
 def live_nodes(graph, roots):
     """The nodes `roots` depend on, in graph order."""
     live = set()
@@ -1316,6 +1370,8 @@ class LoweredGraph:
                                                    "tensor that other ops read; only its functional form is lowered")
             elif n.op == "get_attr":
                 value = getattr(graph_module, n.target)
+                if isinstance(value, torch.fx.GraphModule):
+                    continue  # a loop's body, read by its higher-order op's lowering
                 if not isinstance(value, torch.Tensor):
                     raise UnsupportedOperatorError(f"lazyrt.torch: the graph reads a constant of type "
                                                    f"{type(value).__name__} ({n.target})")
@@ -1360,6 +1416,9 @@ class LoweredGraph:
         env = dict(zip(self.placeholders, inputs))
         for n, k in self.constant_index.items():
             env[n] = inputs[len(self.placeholders) + k]
+        for n in self.nodes:
+            if _subgraph(n) is not None:
+                env[n] = _subgraph(n)
         return env
 
     def __call__(self, *inputs):
@@ -1406,9 +1465,19 @@ class LoweredGraph:
         return sum(c.traces for c in self.compiled)
 
 
+def _subgraph(node):
+    """The graph module a get_attr node names (a higher-order op's body), else None."""
+    if node.op != "get_attr":
+        return None
+    value = getattr(node.graph.owning_module, node.target, None)
+    return value if isinstance(value, torch.fx.GraphModule) else None
+
+
 def _lower_node(n, e, env):
-    args = torch.fx.node.map_arg(n.args, env.__getitem__)
-    kwargs = dict(torch.fx.node.map_arg(n.kwargs, env.__getitem__))
+    def value(a):
+        return env[a] if a in env or _subgraph(a) is None else _subgraph(a)
+    args = torch.fx.node.map_arg(n.args, value)
+    kwargs = dict(torch.fx.node.map_arg(n.kwargs, value))
     kwargs.pop("device", None)
     try:
         result = LOWERINGS[n.target](e, *args, **kwargs)
@@ -1496,7 +1565,7 @@ def _pieces(nodes, eager, roots):
         needs = []
         for n in run:
             for a in n.all_input_nodes:
-                if a not in inside and a not in needs:
+                if a not in inside and a not in needs and _subgraph(a) is None:
                     needs.append(a)
         gives = [n for n in run if n in root_set or any(piece_of.get(u, k) != k for u in n.users)]
         pieces.append((kind, run, needs, gives))
