@@ -160,6 +160,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   TensorImpl* pending_prev_ = nullptr;
   TensorImpl* pending_next_ = nullptr;
   bool registered_ = false;
+  // The thread that gave the tensor its pending value (this_thread_tag()): mark_step() and a
+  // read's joining of other pending tensors take the calling thread's only.
+  uint32_t pending_thread_ = 0;
 };
 
 /// The runtime's way between a public Tensor handle and its state (the public header keeps
@@ -271,14 +274,16 @@ std::shared_ptr<TensorImpl> make_pending(LazyValue v);
 /// A tensor standing for carry `index` of the loop being traced in the current scope.
 std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index);
 
-/// Every live tensor that holds pending IR, in creation order.
+/// Every live tensor that holds pending IR at the top level and got it on the calling thread,
+/// in creation order. Another thread's pending tensors are that thread's trace in progress:
+/// syncing them would rebind tensors it is recording into (mark_step() runs beside other
+/// threads' tracing and replays).
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
-/// Calls fn with every live tensor that holds pending IR at the top level, in creation order,
-/// under the registry's lock: for looking at tensors other threads may be tracing meanwhile.
-/// Every write of a registered tensor's value takes that lock, so their values (pending())
-/// stay as they are and their graphs valid to walk while fn runs. fn must not record, rebind
-/// or sync anything, and must not keep the pointers (weak_from_this().lock() one to keep it;
-/// it fails for a tensor being destroyed).
+/// Calls fn with the same tensors as live_pending_tensors(), in creation order, under the
+/// registry's lock. Every write of a registered tensor's value takes that lock, so their values
+/// (pending()) stay as they are and their graphs valid to walk while fn runs. fn must not
+/// record, rebind or sync anything, and must not keep the pointers (weak_from_this().lock()
+/// one to keep it; it fails for a tensor being destroyed).
 void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn);
 
 /// The flattened pending graph of some pending tensors (one output per tensor, in order).

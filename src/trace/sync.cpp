@@ -109,11 +109,11 @@ void sync_for_read(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
     return false;
   };
   for (const auto& t : tensors) walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
-  // Every other live pending tensor (autograd's saved values aside) that reaches one of them
-  // joins, and so does its graph, until nothing more joins. Other threads' tensors are among
-  // them (their graphs never reach ours): they are looked at under the registry's lock, which
-  // keeps their values as they are meanwhile, and neither they nor their graphs are held
-  // beyond it (holding them would keep another thread's temporaries alive into its syncs).
+  // Every other live pending tensor of this thread (autograd's saved values aside) that
+  // reaches one of them joins, and so does its graph, until nothing more joins. Another
+  // thread's pending tensors never join, even where their graph reads ours: binding them here
+  // would rebind tensors that thread may be recording into. They are looked at under the
+  // registry's lock, and neither they nor their graphs are held beyond it.
   std::vector<std::shared_ptr<TensorImpl>> joined;
   with_live_pending([&](const std::vector<TensorImpl*>& live) {
     std::vector<TensorImpl*> others;

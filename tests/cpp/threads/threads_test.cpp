@@ -6,12 +6,12 @@
 // checked against plain arithmetic done here. `make check-tsan` runs these tests under
 // ThreadSanitizer, which fails them on any data race.
 //
-// What threads must not do at once (tensor.h): trace one graph from two threads. mark_step()
-// syncs every pending tensor of the process, whichever thread recorded it, so neither it nor a
-// compile_step trace (which begins with one) may overlap another thread's tracing; optimizers
-// being created, and module mode changes, make every compiled step retrace. So the compiled
-// step test builds its models and traces its steps one thread at a time, then replays them all
-// at once; everything else runs at once throughout.
+// What threads must not do at once (tensor.h): trace one graph from two threads, or draw from
+// the default random generator. mark_step() syncs the calling thread's pending values only, so
+// it and a compile_step trace (which begins with one) may overlap another thread's tracing;
+// optimizers being created, and module mode changes, make every compiled step retrace, so the
+// compiled step test below builds its models one thread at a time. threads_stress.cpp compares
+// many more mixes bit for bit with their sequential runs (`make stress-threads`).
 #include <gtest/gtest.h>
 
 #include <lazyrt/lazyrt.h>
@@ -21,6 +21,7 @@
 #include <atomic>
 #include <barrier>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -296,8 +297,7 @@ TEST(Threads, CompiledStepsReplayPerThreadModelsAtOnce) {
         }
         built.arrive_and_wait();
         {
-          // A trace starts with mark_step(), which syncs every thread's pending tensors.
-          std::lock_guard<std::mutex> lock(one_at_a_time);
+          // The traces run at once: each begins with a mark_step() of its own thread's values.
           auto fn = [&m](const std::vector<Tensor>& a) {
             Tensor loss = nn::mse_loss(m.linear->forward(a[0]), a[1]);
             loss.backward();
@@ -366,6 +366,110 @@ TEST(Threads, PlainTrainingStepsAtOnce) {
       },
       failures);
   EXPECT_TRUE(failures.empty()) << failures.text();
+}
+
+// ---- one thread's trace beside another thread's mark_step -------------------------------------
+
+// A one-shot signal from one thread to another.
+class Signal {
+ public:
+  void set() {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_ = true;
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return set_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool set_ = false;
+};
+
+// mark_step() syncs what the calling thread recorded: another thread's values, still being
+// recorded, stay pending (syncing them rebound tensors that thread was tracing into).
+TEST(Threads, MarkStepLeavesAnotherThreadsPendingValuesAlone) {
+  Signal recorded, marked;
+  bool pending_after = false;
+  double value = 0;
+  std::thread other([&] {
+    Tensor x = tensor(std::vector<float>{1, 2, 3}, {3});
+    Tensor y = x * 2.0 + 1.0;
+    recorded.set();
+    marked.wait();
+    pending_after = y.is_pending();
+    y.add_(ones({3}));  // still this thread's trace to extend
+    value = y.sum().item();
+  });
+  recorded.wait();
+  Tensor mine = tensor(std::vector<float>{4}, {1}) * 3.0;
+  mark_step();
+  EXPECT_FALSE(mine.is_pending()) << "the calling thread's own values are synced";
+  marked.set();
+  other.join();
+  EXPECT_TRUE(pending_after) << "another thread's pending value was synced by this thread's mark_step";
+  EXPECT_EQ(value, 3 + 5 + 7 + 3);
+}
+
+// A compile_step trace on one thread while another thread calls mark_step (a plain training
+// loop beside a step being compiled): the trace keeps its own pending values, and the step
+// replays as the same step compiled alone.
+TEST(Threads, CompileStepTracedWhileAnotherThreadMarksSteps) {
+  auto make = [] {
+    auto linear = std::make_shared<nn::Linear>(4, 1);
+    linear->load_state_dict({{"weight", tensor(inputs(7, 300, 0, 4), {1, 4})}, {"bias", tensor(inputs(7, 300, 1, 1), {1})}});
+    optim::SGDOptions o;
+    o.lr = 0.05;
+    auto opt = std::make_shared<optim::SGD>(linear->parameters(), o);
+    mark_step();
+    return std::make_pair(linear, opt);
+  };
+  auto step_fn = [](nn::Linear& linear, optim::SGD& opt, Signal* traced, Signal* resume) {
+    return [&linear, &opt, traced, resume](const std::vector<Tensor>& a) {
+      Tensor loss = nn::mse_loss(linear.forward(a[0]), a[1]);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      if (traced) {  // halfway: everything recorded, nothing returned yet
+        traced->set();
+        resume->wait();
+      }
+      return std::vector<Tensor>{loss};
+    };
+  };
+  const Tensor x = tensor(inputs(7, 0, 2, 32), {8, 4}), target = tensor(inputs(7, 0, 3, 8), {8, 1});
+  // Alone first: the expected losses and weights.
+  auto [ref_linear, ref_opt] = make();
+  CompiledStep ref = compile_step(step_fn(*ref_linear, *ref_opt, nullptr, nullptr), {x, target});
+  std::vector<double> want;
+  for (int i = 0; i < 3; ++i) want.push_back(ref({x, target}).at(0).item());
+  const std::vector<float> want_w = ref_linear->weight.to_vector<float>();
+
+  auto [linear, opt] = make();
+  Signal traced, resume;
+  std::string error;
+  std::vector<double> got;
+  std::thread tracer([&] {
+    try {
+      CompiledStep step = compile_step(step_fn(*linear, *opt, &traced, &resume), {x, target});
+      for (int i = 0; i < 3; ++i) got.push_back(step({x, target}).at(0).item());
+    } catch (const std::exception& e) {
+      error = e.what();
+      traced.set();
+    }
+  });
+  traced.wait();
+  Tensor plain = tensor(std::vector<float>{1, 2}, {2}) + 1.0;  // this thread's own plain step
+  mark_step();
+  resume.set();
+  tracer.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(linear->weight.to_vector<float>(), want_w);
+  EXPECT_EQ(plain.to_vector<float>(), (std::vector<float>{2, 3}));
 }
 
 // ---- one persistent cache directory --------------------------------------------------------------
