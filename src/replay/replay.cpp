@@ -483,7 +483,8 @@ bool captured_elsewhere(const TensorImpl& t, const trace::Extracted& ex, const t
 }
 
 // Traces the step once. Arguments not in `pin` are traced through proxies; returns null and
-// adds to `pin` the arguments found to be captured state as well (trace again then).
+// adds to `pin` the arguments found to be captured state as well, or syncs state found still
+// pending from before the step (trace again then).
 std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<Tensor>& args,
                                     std::vector<char>& pin) {
   auto v = std::make_unique<Variant>();
@@ -515,6 +516,16 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
       static auto& trace_time = metrics::detail::timing_cell("TraceTime");
       detail::ScopedTimer timer(trace_time);
       results = st.fn(call_args);
+    }
+    // State still pending from before the step (recorded on another thread, which the trace's
+    // mark_step() leaves alone: a model made on one thread and trained on another) is computed
+    // now and the step traced again, so that the graph reads it rather than computing it on
+    // every replay.
+    if (!journal.pending_before().empty()) {
+      std::vector<ImplPtr> earlier = journal.pending_before();
+      journal.undo();
+      trace::sync_tensors(earlier);
+      return nullptr;
     }
     // Outputs: the results, then every tensor the step updated, then gradients it left.
     std::vector<ImplPtr> roots;
@@ -670,14 +681,21 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   // in-place edits, the arguments) is computed first, so that the step's graph reads every
   // tensor from before it as an input and a replay never recomputes it.
   mark_step();
+  // Arguments recorded on another thread are not among the tensors mark_step() syncs.
+  std::vector<ImplPtr> pending_args;
+  for (const Tensor& a : args)
+    if (a.is_pending()) pending_args.push_back(trace::impl_of(a));
+  trace::sync_tensors(pending_args);
   // Arguments that are the same tensor (or buffer) as another one are traced as themselves.
   std::vector<int32_t> classes;
   arg_classes(args, classes);
   std::vector<char> pin(args.size(), 0);
   for (size_t i = 0; i < args.size(); ++i)
     if (classes[i] != static_cast<int32_t>(i)) pin[i] = pin[classes[i]] = 1;
-  std::unique_ptr<Variant> v = trace_once(st, args, pin);
-  if (!v) v = trace_once(st, args, pin);
+  // Traced again (at most twice) where arguments turn out to be captured state as well, and
+  // where state from before the step was still pending.
+  std::unique_ptr<Variant> v;
+  for (int attempt = 0; attempt < 3 && !v; ++attempt) v = trace_once(st, args, pin);
   LAZYRT_ASSERT(v, "compile_step: tracing did not settle which arguments are captured state");
   v->epoch = step_epoch.load(std::memory_order_relaxed);
   const size_t np = v->bindings.size(), no = v->sinks.size();

@@ -199,7 +199,10 @@ TensorImpl::~TensorImpl() {
 }
 
 LazyValue TensorImpl::value() {
-  if (ir) return ir;
+  if (ir) {
+    if (RebindJournal* j = journal()) j->pending_reading(*this);
+    return ir;
+  }
   if (!leaf_) {
     LAZYRT_ASSERT(data_, "tensor ", id, " holds neither data nor IR");
     auto n = util::make_pooled<LazyNode>();
@@ -288,9 +291,19 @@ void note_grad_read(TensorImpl& t) {
   if (RebindJournal* j = journal()) j->grad_reading(t);
 }
 
+// Each thread's current mark_step() number: unique across threads, so a tensor's note of the
+// step its gradient changed in never matches another thread's step, and another thread's
+// mark_step() never ends this thread's.
+namespace {
 std::atomic<uint64_t> mark_steps{1};
-uint64_t mark_step_count() { return mark_steps.load(std::memory_order_relaxed); }
-void count_mark_step() { mark_steps.fetch_add(1, std::memory_order_relaxed); }
+thread_local constinit uint64_t thread_mark_step = 0;
+}  // namespace
+uint64_t mark_step_count() {
+  if (thread_mark_step == 0) [[unlikely]]
+    thread_mark_step = mark_steps.fetch_add(1, std::memory_order_relaxed);
+  return thread_mark_step;
+}
+void count_mark_step() { thread_mark_step = mark_steps.fetch_add(1, std::memory_order_relaxed); }
 
 bool TensorImpl::grad_changed_since_mark_step() const {
   if (grad_mark_ != mark_step_count()) return false;
@@ -326,8 +339,18 @@ RebindJournal::Entry& RebindJournal::entry(TensorImpl& t) {
   return entries_.back();
 }
 
+void RebindJournal::pending_reading(TensorImpl& t) {
+  if (t.id >= first_new_id_) return;
+  for (const Entry& e : entries_)
+    if (e.value_changed && e.tensor.get() == &t) return;  // pending with the traced code's own value
+  for (const auto& p : pending_before_)
+    if (p.get() == &t) return;
+  pending_before_.push_back(t.shared_from_this());
+}
+
 void RebindJournal::value_changing(TensorImpl& t) {
   if (t.id >= first_new_id_) return;  // made during the trace: nothing to restore
+  if (t.is_pending()) pending_reading(t);
   Entry& e = entry(t);
   if (e.value_changed) return;
   e.value_changed = true;

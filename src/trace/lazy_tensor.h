@@ -174,8 +174,8 @@ struct TensorAccess {
 inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return TensorAccess::impl(t); }
 inline Tensor tensor_of(std::shared_ptr<TensorImpl> impl) { return TensorAccess::wrap(std::move(impl)); }
 
-/// Counts mark_step() calls: the low-level replay calls take what was recorded since the last
-/// one as the traced step.
+/// Numbers the calling thread's mark_step() calls: the low-level replay calls take what the
+/// thread recorded since its last one as the traced step. Numbers are unique across threads.
 uint64_t mark_step_count();
 void count_mark_step();
 
@@ -245,8 +245,13 @@ class RebindJournal {
   bool existed_before(const TensorImpl& t) const { return t.id < first_new_id_; }
   /// Restores every journaled tensor's value, autograd state and gradient.
   void undo();
+  /// The tensors from before the journal that were still pending when the traced code read or
+  /// changed them: values another thread recorded and did not sync (mark_step() syncs the
+  /// calling thread's), which a trace would compute again instead of reading.
+  const std::vector<std::shared_ptr<TensorImpl>>& pending_before() const { return pending_before_; }
 
   // Hooks called by TensorImpl.
+  void pending_reading(TensorImpl& t);
   void value_changing(TensorImpl& t);
   void grad_changing(TensorImpl& t);
   void grad_reading(TensorImpl& t);
@@ -256,6 +261,7 @@ class RebindJournal {
   int64_t first_new_id_;
   RebindJournal* previous_;
   std::vector<Entry> entries_;
+  std::vector<std::shared_ptr<TensorImpl>> pending_before_;
 };
 
 /// Records `op` over these operands: infers result types (throwing lazyrt::Error on bad

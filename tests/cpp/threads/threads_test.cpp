@@ -472,6 +472,75 @@ TEST(Threads, CompileStepTracedWhileAnotherThreadMarksSteps) {
   EXPECT_EQ(plain.to_vector<float>(), (std::vector<float>{2, 3}));
 }
 
+// A model made on one thread (its initial values loaded, still pending: that thread never
+// synced them) and compiled and trained on another: the trace on the second thread computes
+// the pending state first, so replays read the weights instead of recomputing the initial
+// ones every time. The same as doing all of it on one thread.
+TEST(Threads, StepCompiledOnAnotherThreadThanItsModelsPendingState) {
+  auto make = [] {
+    auto linear = std::make_shared<nn::Linear>(4, 1);
+    linear->load_state_dict({{"weight", tensor(inputs(9, 400, 0, 4), {1, 4})}, {"bias", tensor(inputs(9, 400, 1, 1), {1})}});
+    optim::SGDOptions o;
+    o.lr = 0.1;
+    return std::make_pair(linear, std::make_shared<optim::SGD>(linear->parameters(), o));
+  };
+  auto train = [](nn::Linear& linear, optim::SGD& opt, std::vector<double>& losses) {
+    auto fn = [&linear, &opt](const std::vector<Tensor>& a) {
+      Tensor loss = nn::mse_loss(linear.forward(a[0]), a[1]);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    const Tensor x = tensor(inputs(9, 0, 2, 32), {8, 4}), target = tensor(inputs(9, 0, 3, 8), {8, 1});
+    CompiledStep step = compile_step(fn, {x, target});
+    for (int i = 0; i < 4; ++i) losses.push_back(step({x, target}).at(0).item());
+  };
+  std::vector<double> want, got;
+  {
+    auto [linear, opt] = make();
+    train(*linear, *opt, want);
+  }
+  auto [linear, opt] = make();  // pending on this thread
+  ASSERT_TRUE(linear->weight.is_pending());
+  std::string error;
+  std::thread([&] {
+    try {
+      train(*linear, *opt, got);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(got, want);
+  EXPECT_NE(want.at(0), want.at(3)) << "the steps train";
+}
+
+// The low-level replay calls take what this thread recorded since its own last mark_step() as
+// the step: another thread's mark_step() in between neither ends it nor hides what it did
+// (here, a gradient created by the step, which those calls refuse).
+TEST(Threads, LowLevelReplayChecksSeeTheirOwnThreadsStep) {
+  Tensor w = tensor(std::vector<float>{1, 2, 3, 4}, {4});
+  w.requires_grad_();
+  const Tensor x = tensor(std::vector<float>{0.5f, -1, 2, 0.25f}, {4});
+  mark_step();
+  Tensor loss = (w * x).sum();
+  loss.backward();  // creates w's gradient: not replayable by the low-level calls
+  std::thread([] { mark_step(); }).join();
+  try {
+    (void)graph_hash({loss});
+    ADD_FAILURE() << "graph_hash took a step that created a gradient the graph reads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gradient"), std::string::npos) << e.what();
+  }
+  // A step on this thread alone, after its own mark_step(), is taken.
+  mark_step();
+  w.set_grad(Tensor());
+  mark_step();
+  Tensor y = w * x;
+  EXPECT_NE(graph_hash({y}), GraphHash{});
+}
+
 // ---- one persistent cache directory --------------------------------------------------------------
 
 class TempDir {
