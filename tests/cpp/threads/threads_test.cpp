@@ -16,10 +16,13 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "util/metrics_cells.h"
+
 #include <stdlib.h>
 
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <filesystem>
@@ -539,6 +542,38 @@ TEST(Threads, LowLevelReplayChecksSeeTheirOwnThreadsStep) {
   mark_step();
   Tensor y = w * x;
   EXPECT_NE(graph_hash({y}), GraphHash{});
+}
+
+// metrics::reset() while threads record timings (every executable run records ExecuteTime): a
+// report shows each timing's count, total, mean and maximum from one moment, so timings of
+// 1 us each always report a mean and a maximum of 1 us, however the resets fall.
+TEST(Threads, MetricsResetBesideTimingsKeepsEachTimingWhole) {
+  const std::string name = "ThreadsTestTiming";
+  std::atomic<bool> done{false};
+  std::vector<std::thread> recorders;
+  for (int t = 0; t < 2; ++t)
+    recorders.emplace_back([&] {
+      while (!done.load(std::memory_order_relaxed))
+        for (int i = 0; i < 64; ++i) metrics::record_timing(name, 1000);
+    });
+  std::thread resetter([&] {
+    while (!done.load(std::memory_order_relaxed)) metrics::reset();
+  });
+  std::string bad;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+  while (bad.empty() && std::chrono::steady_clock::now() < until) {
+    const std::string report = metrics::report();
+    const size_t at = report.find("  " + name + ": ");
+    if (at == std::string::npos) continue;
+    const std::string line = report.substr(at, report.find('\n', at) - at);
+    // "  Name: count, total ms, mean us, max us"
+    const size_t mean_at = line.find(" ms, ") + 5, max_at = line.find(" us, ") + 5;
+    if (std::stod(line.substr(mean_at)) != 1.0 || std::stod(line.substr(max_at)) != 1.0) bad = line;
+  }
+  done = true;
+  for (auto& th : recorders) th.join();
+  resetter.join();
+  EXPECT_EQ(bad, "") << "a timing reported with a count and a time from either side of a reset";
 }
 
 // ---- one persistent cache directory --------------------------------------------------------------
