@@ -36,15 +36,19 @@ Generator& generator() {
   return *g;
 }
 
+// While a loop body is traced on this thread, the offset its draws advance: the loop's carry
+// (random_state.h). Per thread: another thread's draws meanwhile advance the generator's own.
+thread_local Tensor loop_offset;
+
 Tensor draw(int64_t distribution, const Shape& shape, DType dtype, const char* op) {
   for (int64_t d : shape) LAZYRT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(shape));
   LAZYRT_CHECK(is_floating(dtype), op, ": expects a floating dtype, got ", dtype_name(dtype));
   Generator& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
   NoGradGuard no_grad;
-  Tensor r = detail::apply(ir::OpKind::Random, {g.seed, g.offset},
-                           {distribution, Shape(shape), dtype});
-  g.offset.add_(i64_scalar(shape_numel(shape)));
+  Tensor& offset = loop_offset.defined() ? loop_offset : g.offset;
+  Tensor r = detail::apply(ir::OpKind::Random, {g.seed, offset}, {distribution, Shape(shape), dtype});
+  offset.add_(i64_scalar(shape_numel(shape)));
   return r;
 }
 
@@ -54,8 +58,11 @@ namespace detail {
 Tensor exchange_random_offset(Tensor offset) {
   Generator& g = generator();
   std::lock_guard<std::mutex> lock(g.mu);
-  std::swap(g.offset, offset);
-  return offset;
+  Tensor previous = loop_offset.defined() ? loop_offset : g.offset;
+  // The generator's own offset back: no loop body is traced on this thread any more.
+  const bool outermost = trace::impl_of(offset) == trace::impl_of(g.offset);
+  loop_offset = outermost ? Tensor() : std::move(offset);
+  return previous;
 }
 }  // namespace detail
 

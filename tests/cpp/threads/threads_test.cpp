@@ -519,6 +519,47 @@ TEST(Threads, StepCompiledOnAnotherThreadThanItsModelsPendingState) {
   EXPECT_NE(want.at(0), want.at(3)) << "the steps train";
 }
 
+// A loop body that draws random numbers is traced with the generator's offset as a carry of
+// the loop. Another thread drawing meanwhile (its own model's initial values) draws from the
+// generator itself, not into that loop.
+TEST(Threads, DrawsBesideALoopBodyBeingTracedOnAnotherThread) {
+  Signal in_body, drawn;
+  std::string error;
+  std::vector<float> looped;
+  std::thread tracer([&] {
+    try {
+      Carry out = fori_loop(0, 3, [&](const Tensor&, const Carry& c) {
+        Tensor r = rand({4});
+        in_body.set();
+        drawn.wait();
+        return Carry{c[0] + r};
+      }, {zeros({4})});
+      looped = out[0].to_vector<float>();
+    } catch (const std::exception& e) {
+      error = e.what();
+      in_body.set();
+    }
+  });
+  in_body.wait();
+  std::string draw_error;
+  std::vector<float> mine;
+  try {
+    mine = rand({4}).to_vector<float>();
+  } catch (const std::exception& e) {
+    draw_error = e.what();
+  }
+  drawn.set();
+  tracer.join();
+  EXPECT_EQ(draw_error, "");
+  EXPECT_EQ(error, "");
+  ASSERT_EQ(mine.size(), 4u);
+  ASSERT_EQ(looped.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(mine[i] >= 0 && mine[i] < 1) << mine[i];
+    EXPECT_TRUE(looped[i] >= 0 && looped[i] < 3) << looped[i];
+  }
+}
+
 // The low-level replay calls take what this thread recorded since its own last mark_step() as
 // the step: another thread's mark_step() in between neither ends it nor hides what it did
 // (here, a gradient created by the step, which those calls refuse).
