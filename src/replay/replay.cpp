@@ -271,6 +271,12 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
                  i, " is ", dtype_name(inputs[i].dtype()), shape_str(inputs[i].shape()), ", the graph takes ",
                  dtype_name(types[i].dtype), shape_str(want));
   }
+  // Inputs that other threads' draws change (the generator's state): read and written back
+  // under its lock.
+  std::unique_lock<std::recursive_mutex> shared;
+  for (const Tensor& t : inputs)
+    if (trace::impl_of(t)->shared_state && !shared.owns_lock())
+      shared = std::unique_lock<std::recursive_mutex>(*trace::impl_of(t)->shared_state);
   std::vector<Tensor> pending;
   for (const Tensor& t : inputs)
     if (t.is_pending()) pending.push_back(t);
@@ -368,6 +374,7 @@ struct Variant {
   DType autocast_dtype = DType::bf16;
 
   std::shared_ptr<Executable> exe;
+  std::recursive_mutex* shared_state = nullptr;  // the generator's lock, where the step draws
   std::vector<Binding> bindings;
   std::vector<Sink> sinks;
   std::vector<ClearGrad> clear_grads;
@@ -412,6 +419,9 @@ struct CompiledStep::State {
   uint64_t variant_bytes = 0;                      // their bytes together
   int traces = 0;
   std::mutex mu;
+  // The generator's lock once a variant draws random numbers: its calls run under it, as other
+  // threads' draws change the state they read and write back.
+  std::recursive_mutex* shared_state = nullptr;
 };
 
 namespace {
@@ -698,6 +708,11 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   for (int attempt = 0; attempt < 3 && !v; ++attempt) v = trace_once(st, args, pin);
   LAZYRT_ASSERT(v, "compile_step: tracing did not settle which arguments are captured state");
   v->epoch = step_epoch.load(std::memory_order_relaxed);
+  for (const Binding& b : v->bindings)
+    if (ImplPtr t = b.state.lock(); t && t->shared_state) v->shared_state = t->shared_state;
+  for (const Sink& k : v->sinks)
+    if (ImplPtr t = k.tensor.lock(); t && t->shared_state) v->shared_state = t->shared_state;
+  if (v->shared_state) st.shared_state = v->shared_state;
   const size_t np = v->bindings.size(), no = v->sinks.size();
   v->params.resize(np);
   v->holds.resize(np);
@@ -967,7 +982,10 @@ Variant& variant_for(CompiledStep::State& st, const std::vector<Tensor>& args) {
 // compiling freed back to the system once its replay is done.
 Variant& replay_call(CompiledStep::State& st, const std::vector<Tensor>& args) {
   const int traces = st.traces;
+  std::unique_lock<std::recursive_mutex> shared;
+  if (st.shared_state) shared = std::unique_lock<std::recursive_mutex>(*st.shared_state);
   Variant& v = variant_for(st, args);
+  if (v.shared_state && !shared.owns_lock()) shared = std::unique_lock<std::recursive_mutex>(*v.shared_state);
   replay(v, args);
   if (st.traces != traces) runtime::release_free_heap();
   return v;

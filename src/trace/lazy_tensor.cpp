@@ -376,10 +376,18 @@ void RebindJournal::grad_reading(TensorImpl& t) {
   e.grad = t.grad;
 }
 
+std::unique_lock<std::recursive_mutex> lock_shared_state(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
+  for (const auto& t : tensors)
+    if (t && t->shared_state) return std::unique_lock<std::recursive_mutex>(*t->shared_state);
+  return {};
+}
+
 void RebindJournal::undo() {
   RebindJournal* saved = active_journal;
   active_journal = nullptr;
   for (Entry& e : entries_) {
+    std::unique_lock<std::recursive_mutex> shared;
+    if (e.tensor->shared_state) shared = std::unique_lock<std::recursive_mutex>(*e.tensor->shared_state);
     if (e.value_changed) {
       e.tensor->restore_value(e.data, e.ir);
       e.tensor->grad_fn = e.grad_fn;

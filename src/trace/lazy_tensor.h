@@ -12,6 +12,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "ir/graph.h"
@@ -103,6 +104,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // A value autograd saved for backward (not a tensor the user holds). Atomic: syncs on
   // other threads read it (sync_for_read).
   std::atomic<bool> saved_for_backward{false};
+  // State every thread may change (the random generator's seed and offset): every change of
+  // its value, a sync's or a replay's included, takes this lock.
+  std::recursive_mutex* shared_state = nullptr;
   // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
   // graph reading the buffer reads that tensor's value too, and replays must know it.
   std::weak_ptr<TensorImpl> detached_from;
@@ -291,6 +295,10 @@ std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
 /// record, rebind or sync anything, and must not keep the pointers (weak_from_this().lock()
 /// one to keep it; it fails for a tensor being destroyed).
 void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn);
+
+/// Holds the shared_state lock of the first of these tensors that has one (there is one such
+/// state), if any.
+std::unique_lock<std::recursive_mutex> lock_shared_state(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
 
 /// The flattened pending graph of some pending tensors (one output per tensor, in order).
 struct Extracted {

@@ -44,6 +44,8 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
                "cannot read a value or sync while a while_loop body or cond is being traced: "
                "values there are symbolic (use tensor ops, or return the value from the loop)");
   LAZYRT_CHECK(sync_forbidden == nullptr, sync_forbidden);
+  // The generator's state, which other threads' draws change: read and bound under its lock.
+  std::unique_lock<std::recursive_mutex> shared = lock_shared_state(requested);
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -558,6 +559,77 @@ TEST(Threads, DrawsBesideALoopBodyBeingTracedOnAnotherThread) {
     EXPECT_TRUE(mine[i] >= 0 && mine[i] < 1) << mine[i];
     EXPECT_TRUE(looped[i] >= 0 && looped[i] < 3) << looped[i];
   }
+}
+
+// Threads drawing from the default generator at once, each syncing its draws with mark_step()
+// (models made and initialised on their own threads): every draw takes a part of the stream of
+// its own, so together they are the draws of one thread, in some order.
+TEST(Threads, DrawsAndMarkStepsAtOnceTakeDisjointPartsOfTheStream) {
+  constexpr int kDraws = 150;
+  manual_seed(4242);
+  std::vector<std::vector<float>> blocks[kThreads];
+  Failures failures;
+  run_threads(
+      [&](int t) {
+        try {
+          for (int i = 0; i < kDraws; ++i) {
+            Tensor r = rand({16});
+            mark_step();
+            blocks[t].push_back(r.to_vector<float>());
+          }
+        } catch (const std::exception& e) {
+          failures.add("thread " + std::to_string(t) + ": " + e.what());
+        }
+      },
+      failures);
+  ASSERT_TRUE(failures.empty()) << failures.text();
+  std::vector<std::vector<float>> got, want;
+  for (auto& b : blocks) got.insert(got.end(), b.begin(), b.end());
+  manual_seed(4242);
+  for (int i = 0; i < kThreads * kDraws; ++i) want.push_back(rand({16}).to_vector<float>());
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_TRUE(got == want) << "the draws of several threads are not the draws of one";
+}
+
+// Compiled steps that draw (dropout) replayed on several threads while another thread draws
+// and syncs: each replay reads and advances the generator's offset as one draw does, so none
+// is lost or repeated, and the offset ends advanced by every element drawn.
+TEST(Threads, StepsThatDrawReplayedAtOnceAdvanceTheGeneratorByEveryDraw) {
+  constexpr int kCalls = 100;
+  manual_seed(99);
+  const Tensor x = ones({256});
+  std::vector<std::unique_ptr<CompiledStep>> steps;
+  for (int t = 0; t < 2; ++t)
+    steps.push_back(std::make_unique<CompiledStep>(compile_step(
+        [](const std::vector<Tensor>& a) {
+          NoGradGuard no_grad;
+          return std::vector<Tensor>{dropout(a[0], 0.5)};
+        },
+        {x})));
+  const int64_t offset0 = static_cast<int64_t>(random_state().second.item());
+  Failures failures;
+  run_threads(
+      [&](int t) {
+        try {
+          for (int i = 0; i < kCalls; ++i) {
+            if (t < 2) {
+              for (float v : (*steps[t])({x}).at(0).to_vector<float>())
+                if (v != 0 && v != 2) failures.add("a dropout output of " + std::to_string(v));
+            } else {
+              Tensor r = rand({16});
+              mark_step();
+              (void)r.to_vector<float>();
+            }
+          }
+        } catch (const std::exception& e) {
+          failures.add("thread " + std::to_string(t) + ": " + e.what());
+        }
+      },
+      failures);
+  ASSERT_TRUE(failures.empty()) << failures.text();
+  const int64_t drawn = 2 * kCalls * 256 + (kThreads - 2) * kCalls * 16;
+  EXPECT_EQ(static_cast<int64_t>(random_state().second.item()) - offset0, drawn);
 }
 
 // The low-level replay calls take what this thread recorded since its own last mark_step() as
