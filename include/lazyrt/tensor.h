@@ -8,9 +8,9 @@
 // bit (docs/design.md, "Threads"; tests/cpp/threads). A pending value belongs to the thread
 // that recorded it: mark_step() syncs the calling thread's, and so do compile_step's trace and
 // the low-level replay calls of replay.h look at the calling thread's only. Not at once:
-// tracing one graph (or one tensor) from two threads, and random draws (the default generator
-// is one state for the process). Creating an optimizer or switching a module's mode makes
-// every compiled step retrace on its next call.
+// tracing one graph (or one tensor) from two threads. Random draws from several threads are
+// safe, each taking its own part of the one stream, but which part depends on timing. Creating
+// an optimizer or switching a module's mode makes every compiled step retrace on its next call.
 #pragma once
 
 #include <functional>

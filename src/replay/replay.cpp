@@ -1014,7 +1014,10 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& args) {
   return copies;
 }
 
-int CompiledStep::traces() const { return state_->traces; }
+int CompiledStep::traces() const {
+  std::lock_guard<std::mutex> lock(state_->mu);  // another thread's call may be tracing
+  return state_->traces;
+}
 
 size_t CompiledStep::variants() const {
   std::lock_guard<std::mutex> lock(state_->mu);

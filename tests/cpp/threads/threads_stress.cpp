@@ -190,8 +190,15 @@ struct Outcome {
 void run_work(const Work& w, Model& m, std::vector<uint32_t>& losses) {
   switch (w.role) {
     case Role::Replay:
-    case Role::SharedStep:
       for (int s = 0; s < w.steps; ++s) losses.push_back(bits((*m.step)({m.x, m.y}).at(0).item()));
+      break;
+    case Role::SharedStep:
+      // The other thread's calls may retrace meanwhile (the first call after an optimizer was
+      // made): the step's own figures are read as they change.
+      for (int s = 0; s < w.steps; ++s) {
+        losses.push_back(bits((*m.step)({m.x, m.y}).at(0).item()));
+        if (m.step->traces() < 1 || m.step->variants() < 1) throw std::runtime_error("a compiled step lost its trace");
+      }
       break;
     case Role::CompileOnThread:
       m.compile();

@@ -6,12 +6,13 @@
 // checked against plain arithmetic done here. `make check-tsan` runs these tests under
 // ThreadSanitizer, which fails them on any data race.
 //
-// What threads must not do at once (tensor.h): trace one graph from two threads, or draw from
-// the default random generator. mark_step() syncs the calling thread's pending values only, so
-// it and a compile_step trace (which begins with one) may overlap another thread's tracing;
-// optimizers being created, and module mode changes, make every compiled step retrace, so the
-// compiled step test below builds its models one thread at a time. threads_stress.cpp compares
-// many more mixes bit for bit with their sequential runs (`make stress-threads`).
+// What threads must not do at once (tensor.h): trace one graph from two threads; draws from the
+// default generator are safe, in an order that depends on timing. mark_step() syncs the calling
+// thread's pending values only, so it and a compile_step trace (which begins with one) may
+// overlap another thread's tracing. Optimizers being created, and module mode changes, make
+// every compiled step retrace, so the compiled step test below builds its models one thread at
+// a time. threads_stress.cpp compares many more mixes bit for bit with their sequential runs
+// (`make stress-threads`).
 #include <gtest/gtest.h>
 
 #include <lazyrt/lazyrt.h>
