@@ -22,12 +22,11 @@
 // Round r runs with seed S + r; `--rounds 1 --seed S` reruns one.
 #include <lazyrt/lazyrt.h>
 
-#include <stdlib.h>
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,11 +36,11 @@
 #include <vector>
 
 #include "jit/jit.h"
+#include "support/temp_dir.h"
 
 namespace {
 
 using namespace lazyrt;
-namespace fs = std::filesystem;
 
 // Deterministic values in [-1, 1) from (a, b, i).
 float value(uint64_t a, uint64_t b, uint64_t i) {
@@ -214,22 +213,7 @@ void run_work(const Work& w, Model& m, std::vector<uint32_t>& losses) {
   }
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "lazyrt-stress-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 // Keeps changing the cache and metrics settings until `done`.
 void change_settings(uint64_t seed, const std::string& dir, const std::atomic<bool>& done) {
@@ -321,32 +305,26 @@ std::string describe(const RoundPlan& p) {
   return s;
 }
 
+// Where two runs' bits first differ (what, its index, the two values), or empty.
+std::string first_difference(const std::vector<uint32_t>& got, const std::vector<uint32_t>& want, const std::string& what) {
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i)
+    if (got[i] != want[i]) {
+      float a, b;
+      std::memcpy(&a, &got[i], 4);
+      std::memcpy(&b, &want[i], 4);
+      return what + " " + std::to_string(i) + " is " + std::to_string(a) + ", sequentially " + std::to_string(b);
+    }
+  return got.size() == want.size() ? "" : "a different number of " + what + "s";
+}
+
 // Empty when the two agree, else what differs first.
 std::string compare(const Outcome& got, const Outcome& want) {
   if (!got.error.empty()) return got.error;
   if (!want.error.empty()) return want.error;
   for (size_t m = 0; m < want.losses.size(); ++m) {
-    if (got.losses[m] != want.losses[m]) {
-      for (size_t i = 0; i < want.losses[m].size() && i < got.losses[m].size(); ++i)
-        if (got.losses[m][i] != want.losses[m][i]) {
-          float a, b;
-          std::memcpy(&a, &got.losses[m][i], 4);
-          std::memcpy(&b, &want.losses[m][i], 4);
-          return "model " + std::to_string(m) + ": loss " + std::to_string(i) + " (in sorted order) is " +
-                 std::to_string(a) + ", sequentially " + std::to_string(b);
-        }
-      return "model " + std::to_string(m) + ": a different number of losses";
-    }
-    if (got.weights[m] != want.weights[m]) {
-      for (size_t i = 0; i < want.weights[m].size(); ++i)
-        if (got.weights[m][i] != want.weights[m][i]) {
-          float a, b;
-          std::memcpy(&a, &got.weights[m][i], 4);
-          std::memcpy(&b, &want.weights[m][i], 4);
-          return "model " + std::to_string(m) + ": parameter element " + std::to_string(i) + " is " +
-                 std::to_string(a) + ", sequentially " + std::to_string(b);
-        }
-    }
+    std::string diff = first_difference(got.losses[m], want.losses[m], "loss (in sorted order)");
+    if (diff.empty()) diff = first_difference(got.weights[m], want.weights[m], "parameter element");
+    if (!diff.empty()) return "model " + std::to_string(m) + ": " + diff;
   }
   return "";
 }

@@ -17,6 +17,7 @@
 
 #include <lazyrt/lazyrt.h>
 
+#include "support/temp_dir.h"
 #include "util/metrics_cells.h"
 
 #include <stdlib.h>
@@ -394,6 +395,15 @@ class Signal {
   bool set_ = false;
 };
 
+// Linear(4, 1) with initial values from inputs(key, ...), loaded (so still pending), and SGD.
+std::pair<std::shared_ptr<nn::Linear>, std::shared_ptr<optim::SGD>> small_model(int key, double lr) {
+  auto linear = std::make_shared<nn::Linear>(4, 1);
+  linear->load_state_dict({{"weight", tensor(inputs(key, 300, 0, 4), {1, 4})}, {"bias", tensor(inputs(key, 300, 1, 1), {1})}});
+  optim::SGDOptions o;
+  o.lr = lr;
+  return {linear, std::make_shared<optim::SGD>(linear->parameters(), o)};
+}
+
 // mark_step() syncs what the calling thread recorded: another thread's values, still being
 // recorded, stay pending (syncing them rebound tensors that thread was tracing into).
 TEST(Threads, MarkStepLeavesAnotherThreadsPendingValuesAlone) {
@@ -424,13 +434,9 @@ TEST(Threads, MarkStepLeavesAnotherThreadsPendingValuesAlone) {
 // replays as the same step compiled alone.
 TEST(Threads, CompileStepTracedWhileAnotherThreadMarksSteps) {
   auto make = [] {
-    auto linear = std::make_shared<nn::Linear>(4, 1);
-    linear->load_state_dict({{"weight", tensor(inputs(7, 300, 0, 4), {1, 4})}, {"bias", tensor(inputs(7, 300, 1, 1), {1})}});
-    optim::SGDOptions o;
-    o.lr = 0.05;
-    auto opt = std::make_shared<optim::SGD>(linear->parameters(), o);
+    auto model = small_model(7, 0.05);
     mark_step();
-    return std::make_pair(linear, opt);
+    return model;
   };
   auto step_fn = [](nn::Linear& linear, optim::SGD& opt, Signal* traced, Signal* resume) {
     return [&linear, &opt, traced, resume](const std::vector<Tensor>& a) {
@@ -482,13 +488,7 @@ TEST(Threads, CompileStepTracedWhileAnotherThreadMarksSteps) {
 // the pending state first, so replays read the weights instead of recomputing the initial
 // ones every time. The same as doing all of it on one thread.
 TEST(Threads, StepCompiledOnAnotherThreadThanItsModelsPendingState) {
-  auto make = [] {
-    auto linear = std::make_shared<nn::Linear>(4, 1);
-    linear->load_state_dict({{"weight", tensor(inputs(9, 400, 0, 4), {1, 4})}, {"bias", tensor(inputs(9, 400, 1, 1), {1})}});
-    optim::SGDOptions o;
-    o.lr = 0.1;
-    return std::make_pair(linear, std::make_shared<optim::SGD>(linear->parameters(), o));
-  };
+  auto make = [] { return small_model(9, 0.1); };
   auto train = [](nn::Linear& linear, optim::SGD& opt, std::vector<double>& losses) {
     auto fn = [&linear, &opt](const std::vector<Tensor>& a) {
       Tensor loss = nn::mse_loss(linear.forward(a[0]), a[1]);
@@ -692,22 +692,7 @@ TEST(Threads, MetricsResetBesideTimingsKeepsEachTimingWhole) {
 
 // ---- one persistent cache directory --------------------------------------------------------------
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "lazyrt-threads-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 TEST(Threads, SharedPersistentCacheDirectory) {
   TempDir dir;
