@@ -24,9 +24,16 @@ FUZZ_REPLAY_SEED     ?= 0
 FUZZ_JIT_PROGRAMS ?= 3000
 FUZZ_JIT_SEED     ?= 1000
 
+# `make stress-threads`: rounds of work on several threads at once, each compared bit for bit
+# with the same work done sequentially, from seed STRESS_SEED on.
+ROUNDS      ?= 1000
+STRESS_SEED ?= 1
+# Under ThreadSanitizer (`make check-tsan`) it runs this many rounds, of shorter runs.
+TSAN_STRESS_ROUNDS ?= 24
+
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo demo-dp test bench fuzz fuzz-replay fuzz-jit check-reference check-asan check-tsan clean
+.PHONY: setup build demo demo-dp test bench fuzz fuzz-replay fuzz-jit stress-threads check-reference check-asan check-tsan clean
 
 setup:
 	@LAZYRT_VENV=$(VENV) bash $(ROOT)/scripts/setup.sh
@@ -110,6 +117,16 @@ fuzz-jit: setup build
 	LAZYRT_JIT_FUZZ_PROGRAMS=$(FUZZ_JIT_PROGRAMS) LAZYRT_JIT_FUZZ_SEED=$(FUZZ_JIT_SEED) \
 	  $(BUILD)/tests/lazyrt_jit_tests --gtest_filter='Generated.RandomPrograms*'
 
+# tests/cpp/threads/threads_stress.cpp: four threads replaying compiled steps of their own models
+# (one architecture, so one executable); three replaying beside one training with plain traced
+# steps and one changing the cache and metrics settings; and seeded mixes of threads, models,
+# settings changes, steps compiled on threads or shared by two, generated kernels on or off. A
+# round that differs from its sequential run prints its seed (rerun it with --rounds 1 --seed S)
+# and the target fails. ctest runs a slice of 30 rounds (Threads.StressSlice).
+stress-threads: setup $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j$(JOBS) --target threads_stress
+	$(BUILD)/tests/threads_stress --rounds $(ROUNDS) --seed $(STRESS_SEED)
+
 # `make check-reference`: the whole suite with every graph compiled for the reference backend
 # (each op its own kernel, no fusion, no gemm): what the cpu backend computes must not depend on
 # its rewrites. Tests of the cpu backend's own fusion name that backend and run as usual.
@@ -142,7 +159,8 @@ check-asan: setup
 
 # `make check-tsan`: ThreadSanitizer, in build-tsan, over the tests that run lazyrt from
 # several threads at once (tests/cpp/threads: tracing, syncing, reads, compiled steps, one
-# persistent cache directory, metrics) and the kernels (tests/cpp/kernels), on lazyrt's own thread
+# persistent cache directory, metrics; and TSAN_STRESS_ROUNDS rounds of threads_stress) and the
+# kernels (tests/cpp/kernels), on lazyrt's own thread
 # pool, which ThreadSanitizer builds use in place of OpenMP's team (kernels/parallel.cpp). Any
 # race report fails it. The pool gets workers however few cores the machine has; OpenBLAS
 # and oneDNN's OpenMP team (OMP_THREAD_LIMIT caps the team the convolution kernels ask for)
@@ -150,9 +168,10 @@ check-asan: setup
 # they hand results back.
 check-tsan: setup
 	cmake -S $(ROOT) -B $(TSAN_BUILD) $(SAN_CMAKE) -DLAZYRT_SANITIZE=thread -DLAZYRT_BUILD_PYTHON=OFF
-	cmake --build $(TSAN_BUILD) -j$(JOBS) --target lazyrt_threads_tests lazyrt_kernels_tests
+	cmake --build $(TSAN_BUILD) -j$(JOBS) --target lazyrt_threads_tests lazyrt_kernels_tests threads_stress
 	cd $(TSAN_BUILD) && export TSAN_OPTIONS=second_deadlock_stack=1 LAZYRT_NUM_THREADS=4 OPENBLAS_NUM_THREADS=1 OMP_THREAD_LIMIT=1 \
-	  LAZYRT_CACHE_DIR= && tests/lazyrt_threads_tests && tests/lazyrt_kernels_tests
+	  LAZYRT_CACHE_DIR= && tests/lazyrt_threads_tests && tests/lazyrt_kernels_tests && \
+	  tests/threads_stress --rounds $(TSAN_STRESS_ROUNDS) --steps 40 --quiet
 
 clean:
 	rm -rf $(BUILD) $(FUZZ_BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -3,13 +3,14 @@
 // values are computed at a sync point (mark_step(), sync(), or reading a value).
 //
 // Thread-safety: threads may trace, sync and read graphs of their own tensors at once (graphs
-// of one structure share executables), replay compiled steps of their own models, and use the
-// caches and metrics; the live-tensor registry, the caches and the metrics are internally
-// synchronized (tests/cpp/threads). Not at once: tracing one graph (or one tensor) from two
-// threads; and mark_step(), which syncs every pending tensor of the process, overlapping
-// another thread's tracing: so neither may a compile_step trace (it begins with mark_step())
-// or the low-level replay calls of replay.h (they look at every pending tensor). Creating an
-// optimizer or switching a module's mode makes every compiled step retrace on its next call.
+// of one structure share executables), compile and replay steps of their own models, and use
+// the caches and metrics; each gets the values the same work done sequentially gives, bit for
+// bit (docs/design.md, "Threads"; tests/cpp/threads). A pending value belongs to the thread
+// that recorded it: mark_step() syncs the calling thread's, and so do compile_step's trace and
+// the low-level replay calls of replay.h look at the calling thread's only. Not at once:
+// tracing one graph (or one tensor) from two threads. Random draws from several threads are
+// safe, each taking its own part of the one stream, but which part depends on timing. Creating
+// an optimizer or switching a module's mode makes every compiled step retrace on its next call.
 #pragma once
 
 #include <functional>
@@ -558,7 +559,8 @@ Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, 
 Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands);
 
 // ---- sync ------------------------------------------------------------------------------
-/// Syncs every live tensor that holds pending IR, as one graph.
+/// Syncs every live tensor that holds pending IR recorded on the calling thread, as one graph.
+/// Other threads' pending values are theirs to sync.
 void mark_step();
 /// Syncs these tensors, as one graph.
 void sync(const std::vector<Tensor>& tensors);

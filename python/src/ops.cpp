@@ -572,7 +572,7 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   b.fn("mark_step", [] {
     py::gil_scoped_release release;
     mark_step();
-  }, "Computes every pending tensor, as one graph.")
+  }, "Computes every pending tensor the calling thread recorded, as one graph.")
       .fn("sync", [](py::handle tensors) {
         std::vector<Tensor> ts = tensors_from(tensors, "sync");
         py::gil_scoped_release release;

@@ -21,10 +21,16 @@ constexpr uint64_t kDefaultSeed = 67280421310721ull;
 // An i64 scalar holding x exactly (seeds and counts beyond 2^53 do not survive a double).
 Tensor i64_scalar(int64_t x) { return tensor(std::vector<int64_t>{x}, {}); }
 
+// Every thread draws from it: a draw, a sync of its state, a replay of a step that draws, take
+// `mu` (recursive: a replay syncs its pending state under it).
 struct Generator {
-  std::mutex mu;
+  std::recursive_mutex mu;
   Tensor seed = i64_scalar(static_cast<int64_t>(kDefaultSeed));
   Tensor offset = scalar_tensor(0, DType::i64);
+  Generator() {
+    trace::impl_of(seed)->shared_state = &mu;
+    trace::impl_of(offset)->shared_state = &mu;
+  }
 };
 
 Generator& generator() {
@@ -36,15 +42,19 @@ Generator& generator() {
   return *g;
 }
 
+// While a loop body is traced on this thread, the offset its draws advance: the loop's carry
+// (random_state.h). Per thread: another thread's draws meanwhile advance the generator's own.
+thread_local Tensor loop_offset;
+
 Tensor draw(int64_t distribution, const Shape& shape, DType dtype, const char* op) {
   for (int64_t d : shape) LAZYRT_CHECK(d >= 0, op, ": negative dimension in shape ", shape_str(shape));
   LAZYRT_CHECK(is_floating(dtype), op, ": expects a floating dtype, got ", dtype_name(dtype));
   Generator& g = generator();
-  std::lock_guard<std::mutex> lock(g.mu);
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
   NoGradGuard no_grad;
-  Tensor r = detail::apply(ir::OpKind::Random, {g.seed, g.offset},
-                           {distribution, Shape(shape), dtype});
-  g.offset.add_(i64_scalar(shape_numel(shape)));
+  Tensor& offset = loop_offset.defined() ? loop_offset : g.offset;
+  Tensor r = detail::apply(ir::OpKind::Random, {g.seed, offset}, {distribution, Shape(shape), dtype});
+  offset.add_(i64_scalar(shape_numel(shape)));
   return r;
 }
 
@@ -53,15 +63,18 @@ Tensor draw(int64_t distribution, const Shape& shape, DType dtype, const char* o
 namespace detail {
 Tensor exchange_random_offset(Tensor offset) {
   Generator& g = generator();
-  std::lock_guard<std::mutex> lock(g.mu);
-  std::swap(g.offset, offset);
-  return offset;
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
+  Tensor previous = loop_offset.defined() ? loop_offset : g.offset;
+  // The generator's own offset back: no loop body is traced on this thread any more.
+  const bool outermost = trace::impl_of(offset) == trace::impl_of(g.offset);
+  loop_offset = outermost ? Tensor() : std::move(offset);
+  return previous;
 }
 }  // namespace detail
 
 void manual_seed(uint64_t seed) {
   Generator& g = generator();
-  std::lock_guard<std::mutex> lock(g.mu);
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
   // The state tensors keep their identity (captured state stays valid); only values change.
   // Every 64-bit seed its own stream: the i64 holds the seed's bits (the kernel reads them back
   // as unsigned).
@@ -71,7 +84,7 @@ void manual_seed(uint64_t seed) {
 
 std::pair<Tensor, Tensor> random_state() {
   Generator& g = generator();
-  std::lock_guard<std::mutex> lock(g.mu);
+  std::lock_guard<std::recursive_mutex> lock(g.mu);
   return {g.seed, g.offset};
 }
 

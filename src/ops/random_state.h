@@ -7,7 +7,9 @@
 
 namespace lazyrt::detail {
 
-/// Installs `offset` as the generator's offset tensor and returns the one it replaces.
+/// Installs `offset` as the offset the calling thread's draws advance (the generator's own
+/// offset, given back, ends that) and returns the one it replaces. Other threads' draws keep
+/// advancing the generator's own offset meanwhile.
 Tensor exchange_random_offset(Tensor offset);
 
 }  // namespace lazyrt::detail

@@ -271,6 +271,12 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
                  i, " is ", dtype_name(inputs[i].dtype()), shape_str(inputs[i].shape()), ", the graph takes ",
                  dtype_name(types[i].dtype), shape_str(want));
   }
+  // Inputs that other threads' draws change (the generator's state): read and written back
+  // under its lock.
+  std::unique_lock<std::recursive_mutex> shared;
+  for (const Tensor& t : inputs)
+    if (trace::impl_of(t)->shared_state && !shared.owns_lock())
+      shared = std::unique_lock<std::recursive_mutex>(*trace::impl_of(t)->shared_state);
   std::vector<Tensor> pending;
   for (const Tensor& t : inputs)
     if (t.is_pending()) pending.push_back(t);
@@ -368,6 +374,7 @@ struct Variant {
   DType autocast_dtype = DType::bf16;
 
   std::shared_ptr<Executable> exe;
+  std::recursive_mutex* shared_state = nullptr;  // the generator's lock, where the step draws
   std::vector<Binding> bindings;
   std::vector<Sink> sinks;
   std::vector<ClearGrad> clear_grads;
@@ -412,6 +419,9 @@ struct CompiledStep::State {
   uint64_t variant_bytes = 0;                      // their bytes together
   int traces = 0;
   std::mutex mu;
+  // The generator's lock once a variant draws random numbers: its calls run under it, as other
+  // threads' draws change the state they read and write back.
+  std::recursive_mutex* shared_state = nullptr;
 };
 
 namespace {
@@ -483,7 +493,8 @@ bool captured_elsewhere(const TensorImpl& t, const trace::Extracted& ex, const t
 }
 
 // Traces the step once. Arguments not in `pin` are traced through proxies; returns null and
-// adds to `pin` the arguments found to be captured state as well (trace again then).
+// adds to `pin` the arguments found to be captured state as well, or syncs state found still
+// pending from before the step (trace again then).
 std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<Tensor>& args,
                                     std::vector<char>& pin) {
   auto v = std::make_unique<Variant>();
@@ -515,6 +526,16 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
       static auto& trace_time = metrics::detail::timing_cell("TraceTime");
       detail::ScopedTimer timer(trace_time);
       results = st.fn(call_args);
+    }
+    // State still pending from before the step (recorded on another thread, which the trace's
+    // mark_step() leaves alone: a model made on one thread and trained on another) is computed
+    // now and the step traced again, so that the graph reads it rather than computing it on
+    // every replay.
+    if (!journal.pending_before().empty()) {
+      std::vector<ImplPtr> earlier = journal.pending_before();
+      journal.undo();
+      trace::sync_tensors(earlier);
+      return nullptr;
     }
     // Outputs: the results, then every tensor the step updated, then gradients it left.
     std::vector<ImplPtr> roots;
@@ -670,16 +691,28 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   // in-place edits, the arguments) is computed first, so that the step's graph reads every
   // tensor from before it as an input and a replay never recomputes it.
   mark_step();
+  // Arguments recorded on another thread are not among the tensors mark_step() syncs.
+  std::vector<ImplPtr> pending_args;
+  for (const Tensor& a : args)
+    if (a.is_pending()) pending_args.push_back(trace::impl_of(a));
+  trace::sync_tensors(pending_args);
   // Arguments that are the same tensor (or buffer) as another one are traced as themselves.
   std::vector<int32_t> classes;
   arg_classes(args, classes);
   std::vector<char> pin(args.size(), 0);
   for (size_t i = 0; i < args.size(); ++i)
     if (classes[i] != static_cast<int32_t>(i)) pin[i] = pin[classes[i]] = 1;
-  std::unique_ptr<Variant> v = trace_once(st, args, pin);
-  if (!v) v = trace_once(st, args, pin);
+  // Traced again (at most twice) where arguments turn out to be captured state as well, and
+  // where state from before the step was still pending.
+  std::unique_ptr<Variant> v;
+  for (int attempt = 0; attempt < 3 && !v; ++attempt) v = trace_once(st, args, pin);
   LAZYRT_ASSERT(v, "compile_step: tracing did not settle which arguments are captured state");
   v->epoch = step_epoch.load(std::memory_order_relaxed);
+  for (const Binding& b : v->bindings)
+    if (ImplPtr t = b.state.lock(); t && t->shared_state) v->shared_state = t->shared_state;
+  for (const Sink& k : v->sinks)
+    if (ImplPtr t = k.tensor.lock(); t && t->shared_state) v->shared_state = t->shared_state;
+  if (v->shared_state) st.shared_state = v->shared_state;
   const size_t np = v->bindings.size(), no = v->sinks.size();
   v->params.resize(np);
   v->holds.resize(np);
@@ -949,7 +982,10 @@ Variant& variant_for(CompiledStep::State& st, const std::vector<Tensor>& args) {
 // compiling freed back to the system once its replay is done.
 Variant& replay_call(CompiledStep::State& st, const std::vector<Tensor>& args) {
   const int traces = st.traces;
+  std::unique_lock<std::recursive_mutex> shared;
+  if (st.shared_state) shared = std::unique_lock<std::recursive_mutex>(*st.shared_state);
   Variant& v = variant_for(st, args);
+  if (v.shared_state && !shared.owns_lock()) shared = std::unique_lock<std::recursive_mutex>(*v.shared_state);
   replay(v, args);
   if (st.traces != traces) runtime::release_free_heap();
   return v;
@@ -978,7 +1014,10 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& args) {
   return copies;
 }
 
-int CompiledStep::traces() const { return state_->traces; }
+int CompiledStep::traces() const {
+  std::lock_guard<std::mutex> lock(state_->mu);  // another thread's call may be tracing
+  return state_->traces;
+}
 
 size_t CompiledStep::variants() const {
   std::lock_guard<std::mutex> lock(state_->mu);

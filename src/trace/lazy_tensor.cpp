@@ -33,6 +33,15 @@ RebindJournal* journal() {
   return journals.load(std::memory_order_relaxed) == 0 ? nullptr : active_journal;
 }
 
+// A number per thread, never 0 and never reused while the process lives (2^32 threads).
+std::atomic<uint32_t> next_thread_tag{1};
+uint32_t this_thread_tag() {
+  thread_local constinit uint32_t tag = 0;
+  if (tag == 0) [[unlikely]]
+    tag = next_thread_tag.fetch_add(1, std::memory_order_relaxed);
+  return tag;
+}
+
 }  // namespace
 
 // Pending tensors, for mark_step. Tensors enter when they get IR and leave when they are
@@ -60,9 +69,11 @@ struct PendingRegistry {
     t->pending_prev_ = t->pending_next_ = nullptr;
     --size;
   }
+  // The registered tensors that got their pending value on thread `thread`.
   template <class F>
-  void for_each(F&& f) const {
-    for (TensorImpl* t = head; t; t = t->pending_next_) f(t);
+  void for_each_of(uint32_t thread, F&& f) const {
+    for (TensorImpl* t = head; t; t = t->pending_next_)
+      if (t->pending_thread_ == thread) f(t);
   }
 };
 
@@ -175,6 +186,7 @@ TensorImpl::~TensorImpl() {
     stand_in->origin_ = ir.node;
     auto& r = pending_registry();
     std::lock_guard<util::SpinLock> lock(r.mu);
+    stand_in->pending_thread_ = pending_thread_;
     r.insert(stand_in.get());
   } else {
     stand_in->data_ = data_;
@@ -187,7 +199,10 @@ TensorImpl::~TensorImpl() {
 }
 
 LazyValue TensorImpl::value() {
-  if (ir) return ir;
+  if (ir) {
+    if (RebindJournal* j = journal()) j->pending_reading(*this);
+    return ir;
+  }
   if (!leaf_) {
     LAZYRT_ASSERT(data_, "tensor ", id, " holds neither data nor IR");
     auto n = util::make_pooled<LazyNode>();
@@ -216,11 +231,13 @@ void TensorImpl::set_ir(LazyValue v) {
   LAZYRT_ASSERT(v.type() == type, "rebinding tensor ", id, " of ", ir::type_str(type), " to ",
                 ir::type_str(v.type()));
   LazyValue old;  // dropped after the lock: the graph it ends may free buffers
+  const uint32_t thread = this_thread_tag();
   {
     // Under the registry's lock: other threads read registered tensors' values (see
     // with_live_pending).
     auto& r = pending_registry();
     std::lock_guard<util::SpinLock> lock(r.mu);
+    pending_thread_ = thread;
     if (!ir) {
       r.insert(this);
       origin_ = v.node;
@@ -249,9 +266,11 @@ void TensorImpl::set_data(std::shared_ptr<runtime::Buffer> buffer) {
 void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value) {
   if (value) {
     LazyValue old;
+    const uint32_t thread = this_thread_tag();
     {
       auto& r = pending_registry();
       std::lock_guard<util::SpinLock> lock(r.mu);
+      pending_thread_ = thread;
       if (!ir) {
         r.insert(this);
         origin_ = value.node;
@@ -272,9 +291,19 @@ void note_grad_read(TensorImpl& t) {
   if (RebindJournal* j = journal()) j->grad_reading(t);
 }
 
+// Each thread's current mark_step() number: unique across threads, so a tensor's note of the
+// step its gradient changed in never matches another thread's step, and another thread's
+// mark_step() never ends this thread's.
+namespace {
 std::atomic<uint64_t> mark_steps{1};
-uint64_t mark_step_count() { return mark_steps.load(std::memory_order_relaxed); }
-void count_mark_step() { mark_steps.fetch_add(1, std::memory_order_relaxed); }
+thread_local constinit uint64_t thread_mark_step = 0;
+}  // namespace
+uint64_t mark_step_count() {
+  if (thread_mark_step == 0) [[unlikely]]
+    thread_mark_step = mark_steps.fetch_add(1, std::memory_order_relaxed);
+  return thread_mark_step;
+}
+void count_mark_step() { thread_mark_step = mark_steps.fetch_add(1, std::memory_order_relaxed); }
 
 bool TensorImpl::grad_changed_since_mark_step() const {
   if (grad_mark_ != mark_step_count()) return false;
@@ -310,8 +339,18 @@ RebindJournal::Entry& RebindJournal::entry(TensorImpl& t) {
   return entries_.back();
 }
 
+void RebindJournal::pending_reading(TensorImpl& t) {
+  if (t.id >= first_new_id_) return;
+  for (const Entry& e : entries_)
+    if (e.value_changed && e.tensor.get() == &t) return;  // pending with the traced code's own value
+  for (const auto& p : pending_before_)
+    if (p.get() == &t) return;
+  pending_before_.push_back(t.shared_from_this());
+}
+
 void RebindJournal::value_changing(TensorImpl& t) {
   if (t.id >= first_new_id_) return;  // made during the trace: nothing to restore
+  if (t.is_pending()) pending_reading(t);
   Entry& e = entry(t);
   if (e.value_changed) return;
   e.value_changed = true;
@@ -337,10 +376,18 @@ void RebindJournal::grad_reading(TensorImpl& t) {
   e.grad = t.grad;
 }
 
+std::unique_lock<std::recursive_mutex> lock_shared_state(const std::vector<std::shared_ptr<TensorImpl>>& tensors) {
+  for (const auto& t : tensors)
+    if (t && t->shared_state) return std::unique_lock<std::recursive_mutex>(*t->shared_state);
+  return {};
+}
+
 void RebindJournal::undo() {
   RebindJournal* saved = active_journal;
   active_journal = nullptr;
   for (Entry& e : entries_) {
+    std::unique_lock<std::recursive_mutex> shared;
+    if (e.tensor->shared_state) shared = std::unique_lock<std::recursive_mutex>(*e.tensor->shared_state);
     if (e.value_changed) {
       e.tensor->restore_value(e.data, e.ir);
       e.tensor->grad_fn = e.grad_fn;
@@ -424,12 +471,13 @@ std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index)
 
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
   std::vector<std::shared_ptr<TensorImpl>> out;
+  const uint32_t thread = this_thread_tag();
   {
     auto& r = pending_registry();
     std::lock_guard<util::SpinLock> lock(r.mu);
     out.reserve(r.size);
     // Tensors of a loop body being traced (or leaked from one) are symbolic: not synced.
-    r.for_each([&](TensorImpl* t) {
+    r.for_each_of(thread, [&](TensorImpl* t) {
       if (t->scope == 0)
         if (auto sp = t->weak_from_this().lock()) out.push_back(std::move(sp));
     });
@@ -439,11 +487,12 @@ std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors() {
 }
 
 void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn) {
+  const uint32_t thread = this_thread_tag();
   auto& r = pending_registry();
   std::lock_guard<util::SpinLock> lock(r.mu);
   std::vector<TensorImpl*> live;
   live.reserve(r.size);
-  r.for_each([&](TensorImpl* t) {
+  r.for_each_of(thread, [&](TensorImpl* t) {
     if (t->scope == 0) live.push_back(t);
   });
   std::sort(live.begin(), live.end(), [](const TensorImpl* a, const TensorImpl* b) { return a->id < b->id; });

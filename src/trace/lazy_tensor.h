@@ -12,6 +12,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "ir/graph.h"
@@ -103,6 +104,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // A value autograd saved for backward (not a tensor the user holds). Atomic: syncs on
   // other threads read it (sync_for_read).
   std::atomic<bool> saved_for_backward{false};
+  // State every thread may change (the random generator's seed and offset): every change of
+  // its value, a sync's or a replay's included, takes this lock.
+  std::recursive_mutex* shared_state = nullptr;
   // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
   // graph reading the buffer reads that tensor's value too, and replays must know it.
   std::weak_ptr<TensorImpl> detached_from;
@@ -160,6 +164,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   TensorImpl* pending_prev_ = nullptr;
   TensorImpl* pending_next_ = nullptr;
   bool registered_ = false;
+  // The thread that gave the tensor its pending value (this_thread_tag()): mark_step() and a
+  // read's joining of other pending tensors take the calling thread's only.
+  uint32_t pending_thread_ = 0;
 };
 
 /// The runtime's way between a public Tensor handle and its state (the public header keeps
@@ -171,8 +178,8 @@ struct TensorAccess {
 inline const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t) { return TensorAccess::impl(t); }
 inline Tensor tensor_of(std::shared_ptr<TensorImpl> impl) { return TensorAccess::wrap(std::move(impl)); }
 
-/// Counts mark_step() calls: the low-level replay calls take what was recorded since the last
-/// one as the traced step.
+/// Numbers the calling thread's mark_step() calls: the low-level replay calls take what the
+/// thread recorded since its last one as the traced step. Numbers are unique across threads.
 uint64_t mark_step_count();
 void count_mark_step();
 
@@ -242,8 +249,13 @@ class RebindJournal {
   bool existed_before(const TensorImpl& t) const { return t.id < first_new_id_; }
   /// Restores every journaled tensor's value, autograd state and gradient.
   void undo();
+  /// The tensors from before the journal that were still pending when the traced code read or
+  /// changed them: values another thread recorded and did not sync (mark_step() syncs the
+  /// calling thread's), which a trace would compute again instead of reading.
+  const std::vector<std::shared_ptr<TensorImpl>>& pending_before() const { return pending_before_; }
 
   // Hooks called by TensorImpl.
+  void pending_reading(TensorImpl& t);
   void value_changing(TensorImpl& t);
   void grad_changing(TensorImpl& t);
   void grad_reading(TensorImpl& t);
@@ -253,6 +265,7 @@ class RebindJournal {
   int64_t first_new_id_;
   RebindJournal* previous_;
   std::vector<Entry> entries_;
+  std::vector<std::shared_ptr<TensorImpl>> pending_before_;
 };
 
 /// Records `op` over these operands: infers result types (throwing lazyrt::Error on bad
@@ -271,15 +284,21 @@ std::shared_ptr<TensorImpl> make_pending(LazyValue v);
 /// A tensor standing for carry `index` of the loop being traced in the current scope.
 std::shared_ptr<TensorImpl> make_placeholder(ir::TensorType type, int32_t index);
 
-/// Every live tensor that holds pending IR, in creation order.
+/// Every live tensor that holds pending IR at the top level and got it on the calling thread,
+/// in creation order. Another thread's pending tensors are that thread's trace in progress:
+/// syncing them would rebind tensors it is recording into (mark_step() runs beside other
+/// threads' tracing and replays).
 std::vector<std::shared_ptr<TensorImpl>> live_pending_tensors();
-/// Calls fn with every live tensor that holds pending IR at the top level, in creation order,
-/// under the registry's lock: for looking at tensors other threads may be tracing meanwhile.
-/// Every write of a registered tensor's value takes that lock, so their values (pending())
-/// stay as they are and their graphs valid to walk while fn runs. fn must not record, rebind
-/// or sync anything, and must not keep the pointers (weak_from_this().lock() one to keep it;
-/// it fails for a tensor being destroyed).
+/// Calls fn with the same tensors as live_pending_tensors(), in creation order, under the
+/// registry's lock. Every write of a registered tensor's value takes that lock, so their values
+/// (pending()) stay as they are and their graphs valid to walk while fn runs. fn must not
+/// record, rebind or sync anything, and must not keep the pointers (weak_from_this().lock()
+/// one to keep it; it fails for a tensor being destroyed).
 void with_live_pending(const std::function<void(const std::vector<TensorImpl*>&)>& fn);
+
+/// Holds the shared_state lock of the first of these tensors that has one (there is one such
+/// state), if any.
+std::unique_lock<std::recursive_mutex> lock_shared_state(const std::vector<std::shared_ptr<TensorImpl>>& tensors);
 
 /// The flattened pending graph of some pending tensors (one output per tensor, in order).
 struct Extracted {

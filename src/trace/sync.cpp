@@ -44,6 +44,8 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
                "cannot read a value or sync while a while_loop body or cond is being traced: "
                "values there are symbolic (use tensor ops, or return the value from the loop)");
   LAZYRT_CHECK(sync_forbidden == nullptr, sync_forbidden);
+  // The generator's state, which other threads' draws change: read and bound under its lock.
+  std::unique_lock<std::recursive_mutex> shared = lock_shared_state(requested);
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 
@@ -109,11 +111,11 @@ void sync_for_read(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
     return false;
   };
   for (const auto& t : tensors) walk(t->pending().node.get(), in_graph, [](const LazyNode*) { return false; });
-  // Every other live pending tensor (autograd's saved values aside) that reaches one of them
-  // joins, and so does its graph, until nothing more joins. Other threads' tensors are among
-  // them (their graphs never reach ours): they are looked at under the registry's lock, which
-  // keeps their values as they are meanwhile, and neither they nor their graphs are held
-  // beyond it (holding them would keep another thread's temporaries alive into its syncs).
+  // Every other live pending tensor of this thread (autograd's saved values aside) that
+  // reaches one of them joins, and so does its graph, until nothing more joins. Another
+  // thread's pending tensors never join, even where their graph reads ours: binding them here
+  // would rebind tensors that thread may be recording into. They are looked at under the
+  // registry's lock, and neither they nor their graphs are held beyond it.
   std::vector<std::shared_ptr<TensorImpl>> joined;
   with_live_pending([&](const std::vector<TensorImpl*>& live) {
     std::vector<TensorImpl*> others;

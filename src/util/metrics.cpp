@@ -128,12 +128,18 @@ std::string report() {
     if (const int64_t v = c->value.load()) os << "  " << name << ": " << v << '\n';
   os << "Timings (count, total ms, mean us, max us):\n";
   for (const auto& [name, t] : r.timings) {
-    const int64_t count = t->count.load(), total = t->total_ns.load();
+    int64_t count, total, max;
+    {
+      std::lock_guard<util::SpinLock> cell(t->mu);
+      count = t->count.load();
+      total = t->total_ns.load();
+      max = t->max_ns.load();
+    }
     if (!count) continue;
     double total_ms = static_cast<double>(total) / 1e6;
     double mean_us = static_cast<double>(total) / 1e3 / static_cast<double>(count);
     os << "  " << name << ": " << count << ", " << total_ms << " ms, " << mean_us << " us, "
-       << static_cast<double>(t->max_ns.load()) / 1e3 << " us\n";
+       << static_cast<double>(max) / 1e3 << " us\n";
   }
   return os.str();
 }
@@ -151,6 +157,7 @@ void reset() {
     }
   for (auto& [name, c] : r.counters) c->value = 0;
   for (auto& [name, t] : r.timings) {
+    std::lock_guard<util::SpinLock> cell(t->mu);
     t->count = 0;
     t->total_ns = 0;
     t->max_ns = 0;

@@ -6,9 +6,12 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "util/spin_lock.h"
 
 namespace lazyrt::metrics {
 
@@ -23,14 +26,17 @@ struct CounterCell {
   void add(int64_t by) { value.fetch_add(by, std::memory_order_relaxed); }
 };
 
+// A timing's three figures change together, under `mu`: a reset() or a report between a
+// record's updates would otherwise see (or leave) a count without its time, and report a mean
+// or a total of runs that were reset. Single figures may be read without it.
 struct TimingCell {
+  util::SpinLock mu;
   std::atomic<int64_t> count{0}, total_ns{0}, max_ns{0};
   void record(int64_t ns) {
-    count.fetch_add(1, std::memory_order_relaxed);
-    total_ns.fetch_add(ns, std::memory_order_relaxed);
-    int64_t m = max_ns.load(std::memory_order_relaxed);
-    while (ns > m && !max_ns.compare_exchange_weak(m, ns, std::memory_order_relaxed)) {
-    }
+    std::lock_guard<util::SpinLock> lock(mu);
+    count.store(count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    total_ns.store(total_ns.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
+    if (ns > max_ns.load(std::memory_order_relaxed)) max_ns.store(ns, std::memory_order_relaxed);
   }
 };
 

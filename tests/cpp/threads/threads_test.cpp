@@ -6,21 +6,28 @@
 // checked against plain arithmetic done here. `make check-tsan` runs these tests under
 // ThreadSanitizer, which fails them on any data race.
 //
-// What threads must not do at once (tensor.h): trace one graph from two threads. mark_step()
-// syncs every pending tensor of the process, whichever thread recorded it, so neither it nor a
-// compile_step trace (which begins with one) may overlap another thread's tracing; optimizers
-// being created, and module mode changes, make every compiled step retrace. So the compiled
-// step test builds its models and traces its steps one thread at a time, then replays them all
-// at once; everything else runs at once throughout.
+// What threads must not do at once (tensor.h): trace one graph from two threads; draws from the
+// default generator are safe, in an order that depends on timing. mark_step() syncs the calling
+// thread's pending values only, so it and a compile_step trace (which begins with one) may
+// overlap another thread's tracing. Optimizers being created, and module mode changes, make
+// every compiled step retrace, so the compiled step test below builds its models one thread at
+// a time. threads_stress.cpp compares many more mixes bit for bit with their sequential runs
+// (`make stress-threads`).
 #include <gtest/gtest.h>
 
 #include <lazyrt/lazyrt.h>
 
+#include "support/temp_dir.h"
+#include "util/metrics_cells.h"
+
 #include <stdlib.h>
 
 #include <atomic>
+#include <algorithm>
 #include <barrier>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -296,8 +303,7 @@ TEST(Threads, CompiledStepsReplayPerThreadModelsAtOnce) {
         }
         built.arrive_and_wait();
         {
-          // A trace starts with mark_step(), which syncs every thread's pending tensors.
-          std::lock_guard<std::mutex> lock(one_at_a_time);
+          // The traces run at once: each begins with a mark_step() of its own thread's values.
           auto fn = [&m](const std::vector<Tensor>& a) {
             Tensor loss = nn::mse_loss(m.linear->forward(a[0]), a[1]);
             loss.backward();
@@ -368,24 +374,325 @@ TEST(Threads, PlainTrainingStepsAtOnce) {
   EXPECT_TRUE(failures.empty()) << failures.text();
 }
 
-// ---- one persistent cache directory --------------------------------------------------------------
+// ---- one thread's trace beside another thread's mark_step -------------------------------------
 
-class TempDir {
+// A one-shot signal from one thread to another.
+class Signal {
  public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "lazyrt-threads-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
+  void set() {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_ = true;
+    cv_.notify_all();
   }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return set_; });
   }
-  const std::string& path() const { return path_; }
 
  private:
-  std::string path_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool set_ = false;
 };
+
+// Linear(4, 1) with initial values from inputs(key, ...), loaded (so still pending), and SGD.
+std::pair<std::shared_ptr<nn::Linear>, std::shared_ptr<optim::SGD>> small_model(int key, double lr) {
+  auto linear = std::make_shared<nn::Linear>(4, 1);
+  linear->load_state_dict({{"weight", tensor(inputs(key, 300, 0, 4), {1, 4})}, {"bias", tensor(inputs(key, 300, 1, 1), {1})}});
+  optim::SGDOptions o;
+  o.lr = lr;
+  return {linear, std::make_shared<optim::SGD>(linear->parameters(), o)};
+}
+
+// mark_step() syncs what the calling thread recorded: another thread's values, still being
+// recorded, stay pending (syncing them rebound tensors that thread was tracing into).
+TEST(Threads, MarkStepLeavesAnotherThreadsPendingValuesAlone) {
+  Signal recorded, marked;
+  bool pending_after = false;
+  double value = 0;
+  std::thread other([&] {
+    Tensor x = tensor(std::vector<float>{1, 2, 3}, {3});
+    Tensor y = x * 2.0 + 1.0;
+    recorded.set();
+    marked.wait();
+    pending_after = y.is_pending();
+    y.add_(ones({3}));  // still this thread's trace to extend
+    value = y.sum().item();
+  });
+  recorded.wait();
+  Tensor mine = tensor(std::vector<float>{4}, {1}) * 3.0;
+  mark_step();
+  EXPECT_FALSE(mine.is_pending()) << "the calling thread's own values are synced";
+  marked.set();
+  other.join();
+  EXPECT_TRUE(pending_after) << "another thread's pending value was synced by this thread's mark_step";
+  EXPECT_EQ(value, 3 + 5 + 7 + 3);
+}
+
+// A compile_step trace on one thread while another thread calls mark_step (a plain training
+// loop beside a step being compiled): the trace keeps its own pending values, and the step
+// replays as the same step compiled alone.
+TEST(Threads, CompileStepTracedWhileAnotherThreadMarksSteps) {
+  auto make = [] {
+    auto model = small_model(7, 0.05);
+    mark_step();
+    return model;
+  };
+  auto step_fn = [](nn::Linear& linear, optim::SGD& opt, Signal* traced, Signal* resume) {
+    return [&linear, &opt, traced, resume](const std::vector<Tensor>& a) {
+      Tensor loss = nn::mse_loss(linear.forward(a[0]), a[1]);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      if (traced) {  // halfway: everything recorded, nothing returned yet
+        traced->set();
+        resume->wait();
+      }
+      return std::vector<Tensor>{loss};
+    };
+  };
+  const Tensor x = tensor(inputs(7, 0, 2, 32), {8, 4}), target = tensor(inputs(7, 0, 3, 8), {8, 1});
+  // Alone first: the expected losses and weights.
+  auto [ref_linear, ref_opt] = make();
+  CompiledStep ref = compile_step(step_fn(*ref_linear, *ref_opt, nullptr, nullptr), {x, target});
+  std::vector<double> want;
+  for (int i = 0; i < 3; ++i) want.push_back(ref({x, target}).at(0).item());
+  const std::vector<float> want_w = ref_linear->weight.to_vector<float>();
+
+  auto [linear, opt] = make();
+  Signal traced, resume;
+  std::string error;
+  std::vector<double> got;
+  std::thread tracer([&] {
+    try {
+      CompiledStep step = compile_step(step_fn(*linear, *opt, &traced, &resume), {x, target});
+      for (int i = 0; i < 3; ++i) got.push_back(step({x, target}).at(0).item());
+    } catch (const std::exception& e) {
+      error = e.what();
+      traced.set();
+    }
+  });
+  traced.wait();
+  Tensor plain = tensor(std::vector<float>{1, 2}, {2}) + 1.0;  // this thread's own plain step
+  mark_step();
+  resume.set();
+  tracer.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(linear->weight.to_vector<float>(), want_w);
+  EXPECT_EQ(plain.to_vector<float>(), (std::vector<float>{2, 3}));
+}
+
+// A model made on one thread (its initial values loaded, still pending: that thread never
+// synced them) and compiled and trained on another: the trace on the second thread computes
+// the pending state first, so replays read the weights instead of recomputing the initial
+// ones every time. The same as doing all of it on one thread.
+TEST(Threads, StepCompiledOnAnotherThreadThanItsModelsPendingState) {
+  auto make = [] { return small_model(9, 0.1); };
+  auto train = [](nn::Linear& linear, optim::SGD& opt, std::vector<double>& losses) {
+    auto fn = [&linear, &opt](const std::vector<Tensor>& a) {
+      Tensor loss = nn::mse_loss(linear.forward(a[0]), a[1]);
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      return std::vector<Tensor>{loss};
+    };
+    const Tensor x = tensor(inputs(9, 0, 2, 32), {8, 4}), target = tensor(inputs(9, 0, 3, 8), {8, 1});
+    CompiledStep step = compile_step(fn, {x, target});
+    for (int i = 0; i < 4; ++i) losses.push_back(step({x, target}).at(0).item());
+  };
+  std::vector<double> want, got;
+  {
+    auto [linear, opt] = make();
+    train(*linear, *opt, want);
+  }
+  auto [linear, opt] = make();  // pending on this thread
+  ASSERT_TRUE(linear->weight.is_pending());
+  std::string error;
+  std::thread([&] {
+    try {
+      train(*linear, *opt, got);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }).join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(got, want);
+  EXPECT_NE(want.at(0), want.at(3)) << "the steps train";
+}
+
+// A loop body that draws random numbers is traced with the generator's offset as a carry of
+// the loop. Another thread drawing meanwhile (its own model's initial values) draws from the
+// generator itself, not into that loop.
+TEST(Threads, DrawsBesideALoopBodyBeingTracedOnAnotherThread) {
+  Signal in_body, drawn;
+  std::string error;
+  std::vector<float> looped;
+  std::thread tracer([&] {
+    try {
+      Carry out = fori_loop(0, 3, [&](const Tensor&, const Carry& c) {
+        Tensor r = rand({4});
+        in_body.set();
+        drawn.wait();
+        return Carry{c[0] + r};
+      }, {zeros({4})});
+      looped = out[0].to_vector<float>();
+    } catch (const std::exception& e) {
+      error = e.what();
+      in_body.set();
+    }
+  });
+  in_body.wait();
+  std::string draw_error;
+  std::vector<float> mine;
+  try {
+    mine = rand({4}).to_vector<float>();
+  } catch (const std::exception& e) {
+    draw_error = e.what();
+  }
+  drawn.set();
+  tracer.join();
+  EXPECT_EQ(draw_error, "");
+  EXPECT_EQ(error, "");
+  ASSERT_EQ(mine.size(), 4u);
+  ASSERT_EQ(looped.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(mine[i] >= 0 && mine[i] < 1) << mine[i];
+    EXPECT_TRUE(looped[i] >= 0 && looped[i] < 3) << looped[i];
+  }
+}
+
+// Threads drawing from the default generator at once, each syncing its draws with mark_step()
+// (models made and initialised on their own threads): every draw takes a part of the stream of
+// its own, so together they are the draws of one thread, in some order.
+TEST(Threads, DrawsAndMarkStepsAtOnceTakeDisjointPartsOfTheStream) {
+  constexpr int kDraws = 150;
+  manual_seed(4242);
+  std::vector<std::vector<float>> blocks[kThreads];
+  Failures failures;
+  run_threads(
+      [&](int t) {
+        try {
+          for (int i = 0; i < kDraws; ++i) {
+            Tensor r = rand({16});
+            mark_step();
+            blocks[t].push_back(r.to_vector<float>());
+          }
+        } catch (const std::exception& e) {
+          failures.add("thread " + std::to_string(t) + ": " + e.what());
+        }
+      },
+      failures);
+  ASSERT_TRUE(failures.empty()) << failures.text();
+  std::vector<std::vector<float>> got, want;
+  for (auto& b : blocks) got.insert(got.end(), b.begin(), b.end());
+  manual_seed(4242);
+  for (int i = 0; i < kThreads * kDraws; ++i) want.push_back(rand({16}).to_vector<float>());
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_TRUE(got == want) << "the draws of several threads are not the draws of one";
+}
+
+// Compiled steps that draw (dropout) replayed on several threads while another thread draws
+// and syncs: each replay reads and advances the generator's offset as one draw does, so none
+// is lost or repeated, and the offset ends advanced by every element drawn.
+TEST(Threads, StepsThatDrawReplayedAtOnceAdvanceTheGeneratorByEveryDraw) {
+  constexpr int kCalls = 100;
+  manual_seed(99);
+  const Tensor x = ones({256});
+  std::vector<std::unique_ptr<CompiledStep>> steps;
+  for (int t = 0; t < 2; ++t)
+    steps.push_back(std::make_unique<CompiledStep>(compile_step(
+        [](const std::vector<Tensor>& a) {
+          NoGradGuard no_grad;
+          return std::vector<Tensor>{dropout(a[0], 0.5)};
+        },
+        {x})));
+  const int64_t offset0 = static_cast<int64_t>(random_state().second.item());
+  Failures failures;
+  run_threads(
+      [&](int t) {
+        try {
+          for (int i = 0; i < kCalls; ++i) {
+            if (t < 2) {
+              for (float v : (*steps[t])({x}).at(0).to_vector<float>())
+                if (v != 0 && v != 2) failures.add("a dropout output of " + std::to_string(v));
+            } else {
+              Tensor r = rand({16});
+              mark_step();
+              (void)r.to_vector<float>();
+            }
+          }
+        } catch (const std::exception& e) {
+          failures.add("thread " + std::to_string(t) + ": " + e.what());
+        }
+      },
+      failures);
+  ASSERT_TRUE(failures.empty()) << failures.text();
+  const int64_t drawn = 2 * kCalls * 256 + (kThreads - 2) * kCalls * 16;
+  EXPECT_EQ(static_cast<int64_t>(random_state().second.item()) - offset0, drawn);
+}
+
+// The low-level replay calls take what this thread recorded since its own last mark_step() as
+// the step: another thread's mark_step() in between neither ends it nor hides what it did
+// (here, a gradient created by the step, which those calls refuse).
+TEST(Threads, LowLevelReplayChecksSeeTheirOwnThreadsStep) {
+  Tensor w = tensor(std::vector<float>{1, 2, 3, 4}, {4});
+  w.requires_grad_();
+  const Tensor x = tensor(std::vector<float>{0.5f, -1, 2, 0.25f}, {4});
+  mark_step();
+  Tensor loss = (w * x).sum();
+  loss.backward();  // creates w's gradient: not replayable by the low-level calls
+  std::thread([] { mark_step(); }).join();
+  try {
+    (void)graph_hash({loss});
+    ADD_FAILURE() << "graph_hash took a step that created a gradient the graph reads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gradient"), std::string::npos) << e.what();
+  }
+  // A step on this thread alone, after its own mark_step(), is taken.
+  mark_step();
+  w.set_grad(Tensor());
+  mark_step();
+  Tensor y = w * x;
+  EXPECT_NE(graph_hash({y}), GraphHash{});
+}
+
+// metrics::reset() while threads record timings (every executable run records ExecuteTime): a
+// report shows each timing's count, total, mean and maximum from one moment, so timings of
+// 1 us each always report a mean and a maximum of 1 us, however the resets fall.
+TEST(Threads, MetricsResetBesideTimingsKeepsEachTimingWhole) {
+  const std::string name = "ThreadsTestTiming";
+  std::atomic<bool> done{false};
+  std::vector<std::thread> recorders;
+  for (int t = 0; t < 2; ++t)
+    recorders.emplace_back([&] {
+      while (!done.load(std::memory_order_relaxed))
+        for (int i = 0; i < 64; ++i) metrics::record_timing(name, 1000);
+    });
+  std::thread resetter([&] {
+    while (!done.load(std::memory_order_relaxed)) metrics::reset();
+  });
+  std::string bad;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+  while (bad.empty() && std::chrono::steady_clock::now() < until) {
+    const std::string report = metrics::report();
+    const size_t at = report.find("  " + name + ": ");
+    if (at == std::string::npos) continue;
+    const std::string line = report.substr(at, report.find('\n', at) - at);
+    // "  Name: count, total ms, mean us, max us"
+    const size_t mean_at = line.find(" ms, ") + 5, max_at = line.find(" us, ") + 5;
+    if (std::stod(line.substr(mean_at)) != 1.0 || std::stod(line.substr(max_at)) != 1.0) bad = line;
+  }
+  done = true;
+  for (auto& th : recorders) th.join();
+  resetter.join();
+  EXPECT_EQ(bad, "") << "a timing reported with a count and a time from either side of a reset";
+}
+
+// ---- one persistent cache directory --------------------------------------------------------------
+
+using testing::TempDir;
 
 TEST(Threads, SharedPersistentCacheDirectory) {
   TempDir dir;
