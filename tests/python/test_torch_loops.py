@@ -272,3 +272,26 @@ def test_torch_scan_in_a_compiled_function_matches_eager():
         for g, v in zip(got, want):
             assert g.shape == v.shape
             torch.testing.assert_close(g, v, rtol=1e-5, atol=1e-6)
+
+
+def test_torch_while_loop_through_the_torch_compile_backend_compiles_once():
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def cond_fn(iteri, x):
+        return iteri > 0
+
+    def body_fn(iteri, x):
+        return iteri - 1, torch.add(x, 1)
+
+    def count(iteri, x):
+        return while_loop(cond_fn, body_fn, (iteri, x))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(count, backend="lazyrt")
+    lr.metrics.reset()
+    for n in (10, 1000):
+        args = (torch.tensor(n), torch.tensor(3, dtype=torch.int32))
+        assert [int(t) for t in compiled(*args)] == [int(t) for t in count(*args)] == [0, 3 + n]
+    # one Dynamo graph, lowered to one lazyrt loop, compiled once, nothing run in eager
+    assert lr.metrics.counter("DynamoGraph") == 1 and lr.metrics.counter("GraphBreak") == 0
+    assert lr.metrics.counter("UncachedCompile") <= 1
