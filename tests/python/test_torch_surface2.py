@@ -841,8 +841,13 @@ def test_max_pool2d_indices_match_torch(rng):
         _same_results(got, want, f"trial {trial}: {shape} {args} {dtype}")
         assert got[1].dtype is lr.int64
     assert_same(F.max_pool2d(lr.tensor(a), 2), TF.max_pool2d(torch.tensor(a), 2), what="without indices")
-    with pytest.raises(lr.Error, match="max_pool2d_indices: expects a floating tensor"):
-        F.max_pool2d(lr.zeros(1, 1, 4, 4, dtype=lr.int64), 2, return_indices=True)
+    # Integers pool as in torch 2.9 (values and indices); bool is refused, as there.
+    ints = np.arange(32).reshape(1, 2, 4, 4) % 7
+    got = F.max_pool2d(lr.tensor(ints, dtype=lr.int64), 2, return_indices=True)
+    want = TF.max_pool2d(torch.tensor(ints, dtype=torch.int64), 2, return_indices=True)
+    _same_results(got, want, "int64 with indices")
+    with pytest.raises(lr.Error, match="max_pool2d"):
+        F.max_pool2d(lr.zeros(1, 1, 4, 4, dtype=lr.bool), 2, return_indices=True)
 
 
 def test_adaptive_pools(rng):
