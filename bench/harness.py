@@ -174,6 +174,67 @@ def compiled_inference(what, m_eager, m_lazy, infer_step_of, args, rtol=1e-3, at
     return eager, compiled
 
 
+# ---- torch.compile -----------------------------------------------------------------------------
+
+DYNAMO_LAZYRT = 'torch.compile(backend="lazyrt")'
+INDUCTOR = "torch.compile (Inductor, its default backend)"
+
+
+def dynamo_unique_graphs():
+    """The graphs Dynamo has captured in this process so far (its own counter)."""
+    import torch._dynamo.utils
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def compiled_graphs():
+    """(graphs Dynamo captured, graphs lazyrt's torch.compile backend compiled) in this process so far:
+    unchanged over timed calls when nothing recompiled."""
+    from lazyrt import metrics
+    return dynamo_unique_graphs(), metrics.counter("DynamoGraph")
+
+
+class FirstCallTimed:
+    """A compiled step whose first call (where it is captured and compiled) is timed on its own:
+    first_seconds, None before that call. Steady-state timings call .fn, the step itself, after
+    it. fresh_inductor_cache: before the first call, point Inductor at a fresh on-disk cache
+    folder (TORCHINDUCTOR_CACHE_DIR, removed at exit), so that it compiles its C++ kernels with g++
+    instead of loading an earlier run's; this process's in-memory state (Inductor imported, the
+    kernels of earlier workloads) is kept."""
+
+    def __init__(self, fn, fresh_inductor_cache=False):
+        self.fn, self.fresh_inductor_cache, self.first_seconds = fn, fresh_inductor_cache, None
+
+    def __call__(self, *args):
+        if self.first_seconds is not None:
+            return self.fn(*args)
+        if self.fresh_inductor_cache:
+            import atexit
+            import shutil
+            import tempfile
+            folder = tempfile.mkdtemp(prefix="lazyrt-bench-inductor-")
+            atexit.register(shutil.rmtree, folder, True)
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+        start = time.perf_counter()
+        out = self.fn(*args)
+        self.first_seconds = time.perf_counter() - start
+        return out
+
+
+def torch_compile(step, backend=None):
+    """torch.compile(step, backend=backend) (None: its default, Inductor, from a fresh cache), as a
+    FirstCallTimed: Dynamo captures the step and the backend compiles its graphs in the first call."""
+    import torch
+    compiled = torch.compile(step) if backend is None else torch.compile(step, backend=backend)
+    return FirstCallTimed(compiled, fresh_inductor_cache=backend is None)
+
+
+def why_failed(e):
+    """One line naming an exception: its type and the first two lines of its message."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = " ".join(lines[:2]) if lines else "no message"
+    return f"{type(e).__name__}: {text if len(text) <= 300 else text[:297] + '...'}"
+
+
 # ---- PyTorch's lazy tensors -------------------------------------------------------------------
 
 def torch_lazy_available():

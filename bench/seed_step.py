@@ -1,28 +1,39 @@
 """The seed training step in every form: lazyrt replayed and traced (Python and C++), the
-unmodified PyTorch step through lazyrt.torch.compile, PyTorch eager (Python and C++) and
-PyTorch's own lazy tensors (torch._lazy, TorchScript backend).
+unmodified PyTorch step through lazyrt.torch.compile and through torch.compile(backend="lazyrt"),
+PyTorch eager (Python and C++), torch.compile with its default backend (Inductor) and PyTorch's
+own lazy tensors (torch._lazy, TorchScript backend).
 
 Workload: Linear(5, 3) with the initial weight and bias of lazyrt's nn::Linear after
 manual_seed(0) (all peers start from those values), x f32[10, 5] with x[i] = sin(0.37 i) in
 row-major order, loss = model(x).sum(), backward, AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8,
 weight decay 1e-2).step(), zero_grad(). One call = one step; the C++ figures come from
 `replay_bench --json`, which uses the same values and checks its own paths against libtorch.
+
+Correctness: every Python path's first losses and final weight and bias are checked against
+PyTorch eager's from the same start (the oracle), and against lazyrt's traced steps, before
+anything is timed; a path that disagrees fails the run. Inductor, which compiles C++ with g++ at
+run time, may be unable to run on a machine: then its row says why and the rest goes on.
 """
 
 import json
 import os
 import subprocess
+import sys
+import time
 
 import numpy as np
 import torch
 
 import lazyrt as lr
 import limits
-from harness import (BenchmarkError, Samples, calls_for, check_close, ltc_live_tensors, ratio, table,
-                     time_side_by_side, torch_lazy_available)
+from harness import (DYNAMO_LAZYRT, INDUCTOR, BenchmarkError, Samples, calls_for, check_close, compiled_graphs,
+                     dynamo_unique_graphs, ltc_live_tensors, ratio, table, time_side_by_side, torch_compile,
+                     torch_lazy_available, why_failed)
 
 STEPS_CHECKED = 5
 FRONTEND = "lazyrt.torch.compile (torch Linear and AdamW, written back)"
+DYNAMO = f"{DYNAMO_LAZYRT} (torch Linear and AdamW)"
+INDUCTOR_ROW = f"{INDUCTOR} (torch Linear and AdamW)"
 EAGER = "PyTorch eager (Python)"
 
 
@@ -86,6 +97,21 @@ def torch_compiled(w, b):
     return compiled, torch_model
 
 
+def torch_dot_compiled(w, b, backend):
+    """The same unmodified step on its own torch.nn.Linear and torch.optim.AdamW, through
+    torch.compile(step, backend=backend) (None: Inductor). Returns (the compiled step, a
+    harness.FirstCallTimed, and the torch model)."""
+    model = TorchSeed(w, b)
+    return torch_compile(model.step, backend), model.model
+
+
+def params_of(model):
+    """(weight, bias) of a torch or lazyrt Linear, as NumPy arrays."""
+    def arr(t):
+        return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t.numpy()
+    return arr(model.weight), arr(model.bias)
+
+
 def cpp_figures(build_dir):
     """replay_bench's JSON, or None when the binary is not built."""
     exe = os.path.join(build_dir, "bench", "replay_bench")
@@ -109,36 +135,67 @@ def run(opts):
         lr.mark_step()
         ref_losses.append(loss.item())
     ref_weight = ref.model.weight.numpy()
+    # PyTorch eager, the oracle of every Python path.
+    oracle = TorchSeed(w, b)
+    oracle_losses = [float(oracle.step(tx).item()) for _ in range(STEPS_CHECKED)]
+    oracle_params = params_of(oracle.model)
 
     # Every lazyrt model and optimizer exists before the step is compiled: a new optimizer
     # makes compiled steps retrace once (it may take over their parameters).
     replay = LazyrtSeed(w, b)
     traced = LazyrtSeed(w, b)
     replayed = lr.compile_step(replay.step, (lx,))
-    peers = {"lazyrt replayed (Python, compile_step)": (lambda: replayed(lx), replay.model.weight.numpy)}
+    peers = {"lazyrt replayed (Python, compile_step)": (lambda: replayed(lx), lambda: params_of(replay.model))}
 
     def traced_step():
         loss = traced.step(lx)
         lr.mark_step()
         return loss
-    peers["lazyrt traced (Python, mark_step every step)"] = (traced_step, traced.model.weight.numpy)
+    peers["lazyrt traced (Python, mark_step every step)"] = (traced_step, lambda: params_of(traced.model))
     frontend, frontend_model = torch_compiled(w, b)
-    peers[FRONTEND] = (lambda: frontend(tx), lambda: frontend_model.weight.detach().numpy())
+    peers[FRONTEND] = (lambda: frontend(tx), lambda: params_of(frontend_model))
+    dynamo, dynamo_model = torch_dot_compiled(w, b, "lazyrt")
+    peers[DYNAMO] = (lambda: dynamo(tx), lambda: params_of(dynamo_model))
+    inductor, inductor_model = torch_dot_compiled(w, b, None)
+    peers[INDUCTOR_ROW] = (lambda: inductor(tx), lambda: params_of(inductor_model))
     eager = TorchSeed(w, b)
-    peers["PyTorch eager (Python)"] = (lambda: eager.step(tx), lambda: eager.model.weight.detach().numpy())
+    peers["PyTorch eager (Python)"] = (lambda: eager.step(tx), lambda: params_of(eager.model))
     lazy_note = ""
     if torch_lazy_available():
         ltc = TorchSeed(w, b, "lazy")
         lazy_x = tx.to("lazy")
         peers["PyTorch lazy tensors (torch._lazy, TorchScript backend)"] = (
-            lambda: ltc.step(lazy_x), lambda: ltc.model.weight.detach().cpu().numpy())
+            lambda: ltc.step(lazy_x), lambda: params_of(ltc.model))
     else:
         lazy_note = "torch._lazy could not be initialized in this PyTorch build; its row is missing.\n\n"
 
-    for name, (fn, weight) in peers.items():
-        losses = [float(fn().item()) for _ in range(STEPS_CHECKED)]
+    inductor_failed = None
+    dynamo_graphs = {}
+    for name, (fn, params) in list(peers.items()):
+        graphs_before = dynamo_unique_graphs()
+        started = time.perf_counter()
+        try:
+            first = fn()
+        except Exception as e:  # noqa: BLE001 - the machine cannot run Inductor: its row says why
+            if name != INDUCTOR_ROW:
+                raise
+            inductor_failed = why_failed(e)
+            print(f"seed_step: {INDUCTOR}: failed, no figures: {inductor_failed}", file=sys.stderr, flush=True)
+            del peers[name]
+            continue
+        if name == FRONTEND:
+            frontend_first = time.perf_counter() - started
+        losses = [float(first.item())] + [float(fn().item()) for _ in range(STEPS_CHECKED - 1)]
+        if name in (DYNAMO, INDUCTOR_ROW):
+            dynamo_graphs[name] = dynamo_unique_graphs() - graphs_before
+        weight, bias = params()
+        check_close(f"seed step, {name}: losses against PyTorch eager's", losses, oracle_losses, rtol=1e-5,
+                    atol=1e-6)
+        for what, got, want in (("weight", weight, oracle_params[0]), ("bias", bias, oracle_params[1])):
+            check_close(f"seed step, {name}: {what} after {STEPS_CHECKED} steps against PyTorch eager's", got, want,
+                        rtol=1e-5, atol=1e-6)
         check_close(f"seed step, {name}: losses", losses, ref_losses, rtol=1e-5, atol=1e-6)
-        check_close(f"seed step, {name}: weight after {STEPS_CHECKED} steps", weight(), ref_weight,
+        check_close(f"seed step, {name}: weight after {STEPS_CHECKED} steps", weight, ref_weight,
                     rtol=1e-5, atol=1e-6)
     if replayed.traces != 1:
         raise BenchmarkError("seed step: compile_step traced more than once")
@@ -146,6 +203,9 @@ def run(opts):
         raise BenchmarkError("seed step: lazyrt.torch.compile captured or traced more than once")
 
     fns = {name: fn for name, (fn, _) in peers.items()}
+    for name, compiled in ((DYNAMO, dynamo), (INDUCTOR_ROW, inductor)):
+        if name in fns:  # the compiled step itself, without FirstCallTimed's call
+            fns[name] = (lambda f: lambda: f(tx))(compiled.fn)
     reps = 5 if opts.quick else 21
     ltc_name = "PyTorch lazy tensors (torch._lazy, TorchScript backend)"
     # torch._lazy's step time grows with the steps run (see below): a fixed count of steps, the
@@ -154,7 +214,10 @@ def run(opts):
              for name, fn in fns.items()}
     if ltc_name in fns:
         ltc_live_before = ltc_live_tensors()
+    graphs_before = compiled_graphs()
     samples = time_side_by_side(fns, calls, reps, warmup=2)
+    if compiled_graphs() != graphs_before:
+        raise BenchmarkError("seed step: torch.compile captured new graphs (recompiled) during the timed calls")
     if ltc_name in fns:
         ltc_steps = calls[ltc_name] * (reps + 2)
         ltc_growth = (ltc_live_tensors() - ltc_live_before) / ltc_steps
@@ -190,13 +253,34 @@ def run(opts):
         cpp_note = f"No replay_bench in {opts.build}/bench: the C++ rows are missing.\n\n"
 
     base = "lazyrt replayed (Python, compile_step)"
-    rows = [(name, s.cell(), ratio(s.median / us[base].median)) for name, s in us.items()]
+    rows = [(name, s.cell(), ratio(s.median / us[base].median),
+             ratio(s.median / us[EAGER].median) if name in fns else "-")
+            for name, s in us.items()]
+    if inductor_failed is not None:
+        rows.append((INDUCTOR_ROW, "failed (see above)", "-", "-"))
+    first_calls = [(FRONTEND, f"{frontend_first * 1e3:.0f}", "-")]
+    first_calls += [(name, f"{compiled.first_seconds * 1e3:.0f}", str(dynamo_graphs[name]))
+                    for name, compiled in ((DYNAMO, dynamo), (INDUCTOR_ROW, inductor)) if name in us]
+    compile_note = (
+        f"{DYNAMO} and {INDUCTOR_ROW}: the same unmodified step function on a torch model and AdamW of their own "
+        "(same initial values), each through `torch.compile(step, backend=...)`: Dynamo captures the step (it breaks "
+        "the graph at `loss.backward()` and `zero_grad()`), AOTAutograd makes the forward and backward graphs, the "
+        "backend compiles them; PyTorch's own optimizer and autograd update the torch tensors. "
+        "Checked like every path before timing: their 5 first losses and the weight and bias after them against "
+        "PyTorch eager's from the same start (rtol 1e-5); the timed calls must not recompile (Dynamo's graph count "
+        "is checked after timing). Their first call (Dynamo's capture and the backend's compile; Inductor writes "
+        "and compiles C++ with g++, into a fresh cache folder) is timed alone, not in the rows above:\n\n"
+        + table(["path", "first call, ms", "graphs Dynamo captured"], first_calls) + "\n")
+    if inductor_failed is not None:
+        compile_note += (f"\n{INDUCTOR_ROW}: no figures, it cannot run here ({torch.__version__}): "
+                         f"{inductor_failed}\n")
     md = [
         "## Seed step: Linear(5, 3), 10x5 input, sum, backward, AdamW, zero_grad\n",
         "Initial weight and bias: lazyrt's `nn.Linear(5, 3)` after `manual_seed(0)`, copied to every peer; "
         "x[i] = sin(0.37 i), f32[10, 5]; AdamW(lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 1e-2). "
-        f"Every peer's {STEPS_CHECKED} first losses and final weight are checked against lazyrt's traced steps "
-        "(rtol 1e-5) before timing. Python rows: after 2 warm-up batches (not counted), "
+        f"Every Python peer's {STEPS_CHECKED} first losses and final weight and bias are checked against PyTorch "
+        "eager's from the same start, and its losses and weight against lazyrt's traced steps (rtol 1e-5), before "
+        "timing. Python rows: after 2 warm-up batches (not counted), "
         f"{reps} batches per peer, the peers' batches alternating; a batch is about "
         f"{'5' if opts.quick else '30'} ms of steps ({', '.join(f'{c}' for c in calls.values())} steps).\n",
         f"{FRONTEND}: PyTorch's own `nn.Linear` and `optim.AdamW` with the same initial values, the step "
@@ -204,7 +288,10 @@ def run(opts):
         "AdamW state into the torch tensors' own memory (its weight row checks the torch model's own weight); "
         "captured and traced once, checked after timing.\n",
         lazy_note + cpp_note,
-        table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)"], rows),
+        table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)", "vs PyTorch eager (Python)"],
+              rows),
+        "",
+        compile_note,
         "",
     ]
     if os.path.exists(os.path.join(opts.build, "bench", limits.LIBRARY)):
@@ -236,6 +323,10 @@ def run(opts):
                             ratio(us[peer].median / us[base].median)))
     summary.append(("seed step (Python, torch model)", "lazyrt.torch.compile", us[FRONTEND].cell(), "us", EAGER,
                     us[EAGER].cell(), ratio(us[EAGER].median / us[FRONTEND].median)))
+    for peer in (EAGER, INDUCTOR_ROW):
+        if peer in us:
+            summary.append(("seed step (Python, torch model)", DYNAMO_LAZYRT, us[DYNAMO].cell(), "us", peer,
+                            us[peer].cell(), ratio(us[peer].median / us[DYNAMO].median)))
     cbase = "lazyrt replayed (C++, CompiledStep::run)"
     if "PyTorch eager (C++, libtorch)" in us:
         summary.append(("seed step (C++)", "lazyrt replayed", us[cbase].cell(), "us", "PyTorch eager (C++)",

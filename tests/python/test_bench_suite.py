@@ -18,15 +18,21 @@ BUILD = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(lazyrt._
 
 def test_quick_suite_checks_its_peers_and_writes_a_report(tmp_path):
     out = tmp_path / "results.md"
+    # Inductor compiles its C++ kernels with g++ from a fresh cache: tens of seconds on a loaded machine.
     r = subprocess.run([sys.executable, SUITE, "--quick", "--only", "seed_step", "loop_scaling",
                         "--out", str(out), "--plots", str(tmp_path / "plots")],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     report = out.read_text()
     assert "## Summary" in report
     assert "### The step's kernels besides its products" in report and "kernels reach 70% of their limit" in report
     assert "PyTorch eager (Python)" in report
     assert "TorchScript scripted loop" in report
+    seed = report.split("## Seed step")[1].split("### ")[0]
+    assert_compiled_rows(seed, 'torch.compile(backend="lazyrt") (torch Linear and AdamW)',
+                         "torch.compile (Inductor, its default backend) (torch Linear and AdamW)",
+                         "| PyTorch eager (Python) |")
+    assert '| seed step (Python, torch model) | torch.compile(backend="lazyrt") |' in report
     assert (tmp_path / "plots" / "while_loop_scaling.png").stat().st_size > 0
 
     # The C limits and the distributed workload (tiny sizes), merged into that report.
@@ -108,6 +114,25 @@ def suite_parts():
     finally:
         sys.path.remove(BENCH)
     return suite.WORKLOADS + ("cpp",)
+
+
+def assert_compiled_rows(section, dynamo, inductor, eager):
+    """torch.compile's rows in a workload's section: lazyrt's Dynamo backend with figures, its ratio
+    to eager and its first call; Inductor's with figures and a first call, or failed and why."""
+    timed = section.split("| path | first call, ms |")[0]
+    rows = {line.split("|")[1].strip(): line for line in timed.splitlines() if line.startswith("| ")}
+    assert eager in section
+    for name in (dynamo, inductor):
+        assert name in rows, (name, section)
+    cells = [c.strip() for c in rows[dynamo].split("|")[1:-1]]
+    assert cells[1][0].isdigit() and cells[-1].endswith("x"), rows[dynamo]  # us per step, ratio to eager
+    first_calls = section.split("| path | first call, ms |")[1]
+    assert f"| {dynamo} | " in first_calls
+    if "failed" in rows[inductor]:
+        assert f"{inductor}: no figures, it cannot run here" in section
+    else:
+        assert rows[inductor].split("|")[2].strip()[0].isdigit(), rows[inductor]
+        assert f"| {inductor} | " in first_calls
 
 
 def test_quick_torch_frontend_reports_a_torch_lazy_row_whether_or_not_it_runs(tmp_path):
