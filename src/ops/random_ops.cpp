@@ -35,6 +35,9 @@ struct Generator {
 
 Generator& generator() {
   // Made at the top level even when first used inside a loop body: the state outlives it.
+  // First used inside a step that compile_step traces, it is state from before that step all
+  // the same (shared state: RebindJournal::existed_before), so the step reads and advances it
+  // like any state it updates, rather than holding its first value as a constant.
   static Generator* g = [] {
     trace::TopLevel top;
     return new Generator();

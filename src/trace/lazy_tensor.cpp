@@ -331,6 +331,10 @@ RebindJournal::~RebindJournal() {
   journals.fetch_sub(1, std::memory_order_relaxed);
 }
 
+bool RebindJournal::existed_before(const TensorImpl& t) const {
+  return t.id < first_new_id_ || t.shared_state != nullptr;
+}
+
 RebindJournal::Entry& RebindJournal::entry(TensorImpl& t) {
   for (Entry& e : entries_)
     if (e.tensor.get() == &t) return e;
@@ -340,7 +344,7 @@ RebindJournal::Entry& RebindJournal::entry(TensorImpl& t) {
 }
 
 void RebindJournal::pending_reading(TensorImpl& t) {
-  if (t.id >= first_new_id_) return;
+  if (!existed_before(t)) return;
   for (const Entry& e : entries_)
     if (e.value_changed && e.tensor.get() == &t) return;  // pending with the traced code's own value
   for (const auto& p : pending_before_)
@@ -349,7 +353,7 @@ void RebindJournal::pending_reading(TensorImpl& t) {
 }
 
 void RebindJournal::value_changing(TensorImpl& t) {
-  if (t.id >= first_new_id_) return;  // made during the trace: nothing to restore
+  if (!existed_before(t)) return;  // made during the trace: nothing to restore
   if (t.is_pending()) pending_reading(t);
   Entry& e = entry(t);
   if (e.value_changed) return;
@@ -361,7 +365,7 @@ void RebindJournal::value_changing(TensorImpl& t) {
 }
 
 void RebindJournal::grad_changing(TensorImpl& t) {
-  if (t.id >= first_new_id_) return;
+  if (!existed_before(t)) return;
   Entry& e = entry(t);
   if (e.grad_changed) return;
   e.grad_changed = true;
@@ -369,7 +373,7 @@ void RebindJournal::grad_changing(TensorImpl& t) {
 }
 
 void RebindJournal::grad_reading(TensorImpl& t) {
-  if (t.id >= first_new_id_) return;
+  if (!existed_before(t)) return;
   Entry& e = entry(t);
   if (e.grad_changed || e.grad_read) return;
   e.grad_read = true;

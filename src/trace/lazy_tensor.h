@@ -245,8 +245,11 @@ class RebindJournal {
   RebindJournal& operator=(const RebindJournal&) = delete;
 
   const std::vector<Entry>& entries() const { return entries_; }
-  /// Whether `t` existed before the journal started.
-  bool existed_before(const TensorImpl& t) const { return t.id < first_new_id_; }
+  /// Whether `t` existed before the journal started. State every thread shares (the random
+  /// generator's seed and offset) counts as existing before every journal, even where it was
+  /// made on first use inside the traced code: it outlives the trace, so the trace's changes
+  /// of it are updates to undo and to replay, not values of the step's own.
+  bool existed_before(const TensorImpl& t) const;
   /// Restores every journaled tensor's value, autograd state and gradient.
   void undo();
   /// The tensors from before the journal that were still pending when the traced code read or

@@ -135,11 +135,6 @@ class _Static:
         if self.compiled is None:
             self.compiled = self.lowered.pieces is not None  # pieces compile themselves on first run
             _C._metrics._increment("DynamoGraph", 1)
-            # lazyrt's random generator made before the trace: its state is then an input that
-            # every replay advances. Made by the process's first trace instead, it would be a
-            # constant of that step, whose replays would all draw the same numbers (a dropout
-            # mask frozen at its first draw).
-            _C.random_state()
         if self.lowered.pieces is not None:
             return self.lowered.run(lazy)
         if self.compiled is False:
