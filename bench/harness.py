@@ -229,8 +229,10 @@ def torch_compile(step, backend=None):
 
 
 def why_failed(e):
-    """One line naming an exception: its type and the first two lines of its message."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    """One line naming an exception: its type and the first two lines of its message (without Dynamo's
+    advice on logging)."""
+    lines = [line.strip() for line in str(e).splitlines()
+             if line.strip() and not line.strip().startswith(("Set TORCHDYNAMO_VERBOSE", "For even more developer"))]
     text = " ".join(lines[:2]) if lines else "no message"
     return f"{type(e).__name__}: {text if len(text) <= 300 else text[:297] + '...'}"
 

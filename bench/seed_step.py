@@ -35,6 +35,7 @@ FRONTEND = "lazyrt.torch.compile (torch Linear and AdamW, written back)"
 DYNAMO = f"{DYNAMO_LAZYRT} (torch Linear and AdamW)"
 INDUCTOR_ROW = f"{INDUCTOR} (torch Linear and AdamW)"
 EAGER = "PyTorch eager (Python)"
+LTC = "PyTorch lazy tensors (torch._lazy, TorchScript backend)"
 
 
 def seed_values():
@@ -161,34 +162,37 @@ def run(opts):
     eager = TorchSeed(w, b)
     peers["PyTorch eager (Python)"] = (lambda: eager.step(tx), lambda: params_of(eager.model))
     lazy_note = ""
+    # Peers that may be unable to run in this PyTorch build or on this machine: {name: why}, their
+    # rows say so and the rest goes on. Wrong values still fail the run.
+    failed = {}
     if torch_lazy_available():
-        ltc = TorchSeed(w, b, "lazy")
-        lazy_x = tx.to("lazy")
-        peers["PyTorch lazy tensors (torch._lazy, TorchScript backend)"] = (
-            lambda: ltc.step(lazy_x), lambda: params_of(ltc.model))
+        try:
+            ltc = TorchSeed(w, b, "lazy")
+            lazy_x = tx.to("lazy")
+            peers[LTC] = (lambda: ltc.step(lazy_x), lambda: params_of(ltc.model))
+        except Exception as e:  # noqa: BLE001 - reported in its row
+            failed[LTC] = why_failed(e)
     else:
-        lazy_note = "torch._lazy could not be initialized in this PyTorch build; its row is missing.\n\n"
+        failed[LTC] = "torch._lazy cannot be imported or initialized in this PyTorch build"
 
-    inductor_failed = None
     dynamo_graphs = {}
     for name, (fn, params) in list(peers.items()):
         graphs_before = dynamo_unique_graphs()
         started = time.perf_counter()
         try:
             first = fn()
-        except Exception as e:  # noqa: BLE001 - the machine cannot run Inductor: its row says why
-            if name != INDUCTOR_ROW:
+            if name == FRONTEND:
+                frontend_first = time.perf_counter() - started
+            losses = [float(first.item())] + [float(fn().item()) for _ in range(STEPS_CHECKED - 1)]
+            weight, bias = params()
+        except Exception as e:  # noqa: BLE001 - torch._lazy or Inductor cannot run: its row says why
+            if name not in (INDUCTOR_ROW, LTC):
                 raise
-            inductor_failed = why_failed(e)
-            print(f"seed_step: {INDUCTOR}: failed, no figures: {inductor_failed}", file=sys.stderr, flush=True)
+            failed[name] = why_failed(e)
             del peers[name]
             continue
-        if name == FRONTEND:
-            frontend_first = time.perf_counter() - started
-        losses = [float(first.item())] + [float(fn().item()) for _ in range(STEPS_CHECKED - 1)]
         if name in (DYNAMO, INDUCTOR_ROW):
             dynamo_graphs[name] = dynamo_unique_graphs() - graphs_before
-        weight, bias = params()
         check_close(f"seed step, {name}: losses against PyTorch eager's", losses, oracle_losses, rtol=1e-5,
                     atol=1e-6)
         for what, got, want in (("weight", weight, oracle_params[0]), ("bias", bias, oracle_params[1])):
@@ -207,7 +211,12 @@ def run(opts):
         if name in fns:  # the compiled step itself, without FirstCallTimed's call
             fns[name] = (lambda f: lambda: f(tx))(compiled.fn)
     reps = 5 if opts.quick else 21
-    ltc_name = "PyTorch lazy tensors (torch._lazy, TorchScript backend)"
+    ltc_name = LTC
+    for name, why in failed.items():
+        print(f"seed_step: {name}: failed, no figures: {why}", file=sys.stderr, flush=True)
+        if name == LTC:
+            lazy_note = (f"{LTC}: no figures, it failed on this step in this PyTorch build ({torch.__version__}): "
+                         f"{why}\n\n")
     # torch._lazy's step time grows with the steps run (see below): a fixed count of steps, the
     # same every run. The others: batches of about equal duration.
     calls = {name: 10 if name == ltc_name else calls_for(fn, 0.005 if opts.quick else 0.03)
@@ -254,10 +263,9 @@ def run(opts):
 
     base = "lazyrt replayed (Python, compile_step)"
     rows = [(name, s.cell(), ratio(s.median / us[base].median),
-             ratio(s.median / us[EAGER].median) if name in fns else "-")
+             ratio(us[EAGER].median / s.median) if name in fns else "-")
             for name, s in us.items()]
-    if inductor_failed is not None:
-        rows.append((INDUCTOR_ROW, "failed (see above)", "-", "-"))
+    rows += [(name, "failed (see above)" if name == LTC else "failed (see below)", "-", "-") for name in failed]
     first_calls = [(FRONTEND, f"{frontend_first * 1e3:.0f}", "-")]
     first_calls += [(name, f"{compiled.first_seconds * 1e3:.0f}", str(dynamo_graphs[name]))
                     for name, compiled in ((DYNAMO, dynamo), (INDUCTOR_ROW, inductor)) if name in us]
@@ -271,9 +279,9 @@ def run(opts):
         "is checked after timing). Their first call (Dynamo's capture and the backend's compile; Inductor writes "
         "and compiles C++ with g++, into a fresh cache folder) is timed alone, not in the rows above:\n\n"
         + table(["path", "first call, ms", "graphs Dynamo captured"], first_calls) + "\n")
-    if inductor_failed is not None:
+    if INDUCTOR_ROW in failed:
         compile_note += (f"\n{INDUCTOR_ROW}: no figures, it cannot run here ({torch.__version__}): "
-                         f"{inductor_failed}\n")
+                         f"{failed[INDUCTOR_ROW]}\n")
     md = [
         "## Seed step: Linear(5, 3), 10x5 input, sum, backward, AdamW, zero_grad\n",
         "Initial weight and bias: lazyrt's `nn.Linear(5, 3)` after `manual_seed(0)`, copied to every peer; "
@@ -288,7 +296,8 @@ def run(opts):
         "AdamW state into the torch tensors' own memory (its weight row checks the torch model's own weight); "
         "captured and traced once, checked after timing.\n",
         lazy_note + cpp_note,
-        table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)", "vs PyTorch eager (Python)"],
+        table(["path", "us per step, median [min, max]", "vs lazyrt replayed (Python)",
+               "PyTorch eager (Python) / this"],
               rows),
         "",
         compile_note,
