@@ -30,14 +30,15 @@ optimizers' state and learning rates swapped for graph inputs — and traces tha
 under ``functionalize``: a pure aten graph whose ``aten.copy_(input, value)`` nodes say what
 the step changed in place. Nothing runs while capturing and no torch tensor changes (a capture
 that fails leaves everything as it was). SGD (momentum, nesterov, dampening, weight decay,
-maximize), Adam and AdamW (amsgrad, maximize, weight decay), Adagrad, Adamax, NAdam and RAdam run
+maximize), Adam and AdamW (amsgrad, maximize, weight decay), Adagrad, Adamax, NAdam, RAdam,
+RMSprop (centered, momentum, weight decay, maximize) and Adadelta (weight decay, maximize) run
 their own ``step()`` with the update arithmetic replaced by an equivalent that reads the learning
 rate and the step count as tensors (`_optim`): the learning rate is a graph input and no
 ``.item()`` is needed.
 ``foreach=True`` groups are captured with the same per-tensor arithmetic (and ``zero_grad``'s
 ``torch._foreach_zero_`` as one ``zero_`` per gradient). Other optimizers run their own code:
-their learning rate is a constant of the capture, and a Python number in their state (RMSprop's
-step count) makes every step a new capture; a ``.item()`` in their step cannot be captured.
+their learning rate is a constant of the capture, and a Python number in their state makes
+every step a new capture; a ``.item()`` in their step cannot be captured.
 A replay runs no Python, so a step that changes Python state is refused with `CaptureError`
 (and that state put back): a value or the contents of a list, dict or set it reaches directly
 (its closure's variables, the globals its code names, its bound self's attributes), and the

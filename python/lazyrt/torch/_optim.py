@@ -1,9 +1,10 @@
 """The optimizers lazyrt.torch knows: their update rules, written with the learning rate (and
 the step count) as tensors, and the state a fresh optimizer creates on its first step.
 
-PyTorch's SGD, Adam, AdamW, Adagrad, Adamax, NAdam and RAdam take the learning rate as a
-Python float (a tensor learning rate is read with ``.item()``), and all but SGD read their step
-count with ``.item()`` (unless ``capturable=True``, which insists on an accelerator). A graph
+PyTorch's SGD, Adam, AdamW, Adagrad, Adamax, NAdam, RAdam, RMSprop and Adadelta take the
+learning rate as a Python float (a tensor learning rate is read with ``.item()``), and Adam,
+AdamW, Adagrad, Adamax, NAdam and RAdam read their step count with ``.item()`` (unless
+``capturable=True``, which insists on an accelerator). A graph
 captured with those would hold the learning rate as a constant and could not be captured at all
 (``.item()`` has no value while tracing). During a capture the module-level update functions the
 optimizers' ``step()`` calls (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam`` — AdamW is
@@ -14,7 +15,10 @@ Python floats computed from the step count tensor in float64. ``foreach=True`` g
 same per-tensor path (one graph either way; lazyrt fuses the elementwise work itself).
 
 Everything else about ``step()`` stays the optimizer's own: which parameters have gradients,
-state initialisation, ``zero_grad``.
+state initialisation, ``zero_grad``. The state a fresh optimizer's first step creates
+(`initial_state`) stands in for missing state, so the first step and the later ones share one
+capture; RMSprop's and Adadelta's start at zeros, from which eager's first step computes what
+the later steps' arithmetic computes.
 """
 
 import contextlib
@@ -181,6 +185,50 @@ def _radam_update(record, params, grads, exp_avgs, exp_avg_sqs, state_steps, *_,
         param.sub_(torch.where(rho_t > 5.0, rectified, bias_corrected_exp_avg * lr_p))
 
 
+def _rmsprop_update(record, params, grads, square_avgs, grad_avgs, momentum_buffer_list, state_steps, *_, lr, alpha,
+                    eps, weight_decay, momentum, centered, maximize=False, **_ignored):
+    for i, param in enumerate(params):
+        record(param)
+        state_steps[i].add_(1)  # a count the update never reads
+        grad = grads[i] if not maximize else _neg(grads[i])
+        square_avg = square_avgs[i]
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+        if centered:
+            grad_avg = grad_avgs[i]
+            grad_avg.lerp_(grad, 1 - alpha)
+            avg = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+        else:
+            avg = square_avg.sqrt()
+        avg = avg.add_(eps)
+        if momentum > 0:
+            buf = momentum_buffer_list[i]
+            buf.mul_(momentum).addcdiv_(grad, avg)
+            # param -= lr * buf, the product rounded to the parameter's dtype as eager's alpha is.
+            param.add_(buf * _lr_as(_neg(lr), param))
+        else:
+            # param += (-lr * grad) / avg, in the order of eager's addcdiv.
+            param.add_(grad * _lr_as(_neg(lr), param) / avg)
+
+
+def _adadelta_update(record, params, grads, square_avgs, acc_deltas, state_steps, *_, lr, rho, eps, weight_decay,
+                     maximize=False, **_ignored):
+    for param, grad, square_avg, acc_delta, step_t in zip(params, grads, square_avgs, acc_deltas, state_steps):
+        record(param)
+        step_t.add_(1)  # a count the update never reads
+        grad = grad if not maximize else _neg(grad)
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
+        std = square_avg.add(eps).sqrt_()
+        delta = acc_delta.add(eps).sqrt_()
+        delta.div_(std).mul_(grad)
+        acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
+        # param -= lr * delta, the product rounded to the parameter's dtype as eager's alpha is.
+        param.add_(delta * _lr_as(_neg(lr), param))
+
+
 # class -> (module whose update function step() calls, that function's name, our replacement)
 # (torch.optim deletes the submodule names from its namespace: import them by name.)
 _UPDATES = {
@@ -191,6 +239,8 @@ _UPDATES = {
     torch.optim.Adamax: (importlib.import_module("torch.optim.adamax"), "adamax", _adamax_update),
     torch.optim.NAdam: (importlib.import_module("torch.optim.nadam"), "nadam", _nadam_update),
     torch.optim.RAdam: (importlib.import_module("torch.optim.radam"), "radam", _radam_update),
+    torch.optim.RMSprop: (importlib.import_module("torch.optim.rmsprop"), "rmsprop", _rmsprop_update),
+    torch.optim.Adadelta: (importlib.import_module("torch.optim.adadelta"), "adadelta", _adadelta_update),
 }
 
 # Group options none of the replacements handles: such an optimizer runs its own code.
@@ -205,8 +255,9 @@ NOT_HYPERPARAMETERS = ("params", "lr", "initial_lr")
 
 
 def lr_is_input(optimizer):
-    """Whether captures of `optimizer` read its learning rates as graph inputs (SGD, Adam, AdamW
-    with their update functions replaced); otherwise the rates are constants of the graph."""
+    """Whether captures of `optimizer` read its learning rates as graph inputs (the optimizers of
+    `_UPDATES`, with their update functions replaced); otherwise the rates are constants of the
+    graph."""
     if type(optimizer) not in _UPDATES:
         return False
     return all(not group.get(opt, False) for group in optimizer.param_groups for opt in _UNSUPPORTED_OPTIONS)
@@ -238,6 +289,15 @@ def initial_state(optimizer, group, param, device=None):
                 "exp_avg": zeros(), "exp_avg_sq": zeros()}
     if kind is torch.optim.RAdam:
         return {"step": torch.tensor(0.0, device=device), "exp_avg": zeros(), "exp_avg_sq": zeros()}
+    if kind is torch.optim.RMSprop:
+        state = {"step": torch.tensor(0.0, device=device), "square_avg": zeros()}
+        if group["momentum"] > 0:
+            state["momentum_buffer"] = zeros()
+        if group["centered"]:
+            state["grad_avg"] = zeros()
+        return state
+    if kind is torch.optim.Adadelta:
+        return {"step": torch.tensor(0.0, device=device), "square_avg": zeros(), "acc_delta": zeros()}
     state = {"step": torch.tensor(0.0, device=device), "exp_avg": zeros(), "exp_avg_sq": zeros()}
     if group["amsgrad"]:
         state["max_exp_avg_sq"] = zeros()
