@@ -1817,6 +1817,47 @@ def test_rmsprop_and_adadelta_train_as_eager_with_one_capture(opt_name):
     assert step.captures == 1 and step.traces == 1
 
 
+@pytest.mark.parametrize("with_closure", [True, False], ids=["closure", "no_closure"])
+def test_lbfgs_step_is_refused_clearly_and_changes_nothing(with_closure):
+    # LBFGS's step reads the closure's loss with float() and decides by values how many
+    # evaluations to run: no capture can replay it. Refused with a CaptureError that names it
+    # and the way out, on every call, with the model and the optimizer left as they were; the
+    # way out (torch.compile with lazyrt's backend, which breaks the graph at the reads) trains
+    # as eager.
+    def make(model):
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+
+        def step(x, y):
+            def closure():
+                opt.zero_grad()
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+            return opt.step(closure if with_closure else None)
+        return opt, step
+    torch.manual_seed(0)
+    model = nn.Linear(6, 4)
+    before = copy.deepcopy(model.state_dict())
+    opt, step = make(model)
+    compiled = lazyrt.torch.compile(step, model=model, optimizer=opt)
+    x, y = batches("mse", n=1)[0]
+    for _ in range(2):
+        with pytest.raises(lazyrt.torch.CaptureError, match=r"LBFGS's step\(\) cannot be captured.*backend=\"lazyrt\""):
+            compiled(x, y)
+    assert compiled.captures == 0
+    same_tree(model.state_dict(), before, "parameters after the refused calls")
+    assert all(p.grad is None for p in model.parameters()) and not opt.state
+    assert torch.optim.LBFGS.step is not None and "_refuse" not in torch.optim.LBFGS.step.__name__
+    if not with_closure:
+        return
+    m_eager = copy.deepcopy(model)
+    _, eager = make(m_eager)
+    dynamo = torch.compile(step, backend="lazyrt")
+    for k, (x, y) in enumerate(batches("mse", n=3)):
+        close(dynamo(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+        same_training_state(model, None, m_eager, None, f"after step {k}:")
+
+
 class _Apply(nn.Module):
     """Linear layers around fn, on [batch, 6] inputs ([batch, 2, 5, 6] images for 'image' cases)."""
 

@@ -38,7 +38,10 @@ rate and the step count as tensors (`_optim`): the learning rate is a graph inpu
 ``foreach=True`` groups are captured with the same per-tensor arithmetic (and ``zero_grad``'s
 ``torch._foreach_zero_`` as one ``zero_`` per gradient). Other optimizers run their own code:
 their learning rate is a constant of the capture, and a Python number in their state makes
-every step a new capture; a ``.item()`` in their step cannot be captured.
+every step a new capture; a ``.item()`` in their step cannot be captured. LBFGS's step, which
+reads the loss with ``float()`` and decides by values how many evaluations to run, is refused
+with `CaptureError` (``torch.compile(step, backend="lazyrt")`` runs it, breaking the graph at
+those reads).
 A replay runs no Python, so a step that changes Python state is refused with `CaptureError`
 (and that state put back): a value or the contents of a list, dict or set it reaches directly
 (its closure's variables, the globals its code names, its bound self's attributes), and the

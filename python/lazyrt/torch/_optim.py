@@ -304,15 +304,29 @@ def initial_state(optimizer, group, param, device=None):
     return state
 
 
+def _refuse_lbfgs_step(self, closure=None):
+    """LBFGS's step() while a step is captured: refused before it runs (see patched_updates)."""
+    from lazyrt.torch._capture import CaptureError
+    raise CaptureError(
+        f"lazyrt.torch: {type(self).__name__}'s step() cannot be captured: it reads the loss, the gradient's size "
+        "and its convergence tests as Python numbers (float(), .item()) to decide how many evaluations and line "
+        "search steps to run, which one captured graph cannot decide anew on each call; run the LBFGS step in eager, "
+        "or compile it with torch.compile(step, backend=\"lazyrt\"), whose graph breaks run those reads in Python")
+
+
 @contextlib.contextmanager
 def patched_updates(optimizers, record):
     """Within: the update functions of the given optimizers' classes are ours; `record(param)` is
-    called for every parameter an update touches (the parameters the step really updated)."""
+    called for every parameter an update touches (the parameters the step really updated).
+    ``torch.optim.LBFGS.step`` raises CaptureError: its first act reads the closure's loss with
+    ``float()``, and what it does next depends on values, so no capture can replay it."""
     saved = []
     try:
         for module, name, update in {_UPDATES[type(o)] for o in optimizers if lr_is_input(o)}:
             saved.append((module, name, getattr(module, name)))
             setattr(module, name, lambda *a, _u=update, **k: _u(record, *a, **k))
+        saved.append((torch.optim.LBFGS, "step", torch.optim.LBFGS.__dict__["step"]))
+        torch.optim.LBFGS.step = _refuse_lbfgs_step
         yield
     finally:
         for module, name, original in reversed(saved):
