@@ -13,6 +13,7 @@ from lazyrt.torch import _optim, distributed as _distributed
 from lazyrt.torch._capture import CaptureError, World, capture, quick_key
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
+from lazyrt.torch import _discover
 
 # dtypes whose write-backs travel packed in one flat output per dtype.
 _PACKABLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
@@ -594,15 +595,11 @@ def _python_places(fn):
     return places
 
 
-def discover(fn):
-    """The torch modules and optimizers fn reaches directly (_reached), each once."""
-    found, seen = [], set()
-    for _, v, _, _ in _reached(fn):
-        if isinstance(v, (torch.nn.Module, torch.optim.Optimizer)) and id(v) not in seen:
-            seen.add(id(v))
-            found.append(v)
-    modules = [v for v in found if isinstance(v, torch.nn.Module)]
-    optimizers = [v for v in found if isinstance(v, torch.optim.Optimizer)]
+def discover(fn, *args, **kwargs):
+    """The torch modules and optimizers fn reaches, each once, for a call fn(*args, **kwargs):
+    found in its arguments, bound self, closure and the globals its code names, and in the
+    attributes, lists and dicts they hold (`_discover.find`)."""
+    modules, optimizers, _ = _discover.find(fn, args, kwargs)
     return modules, optimizers
 
 
@@ -646,6 +643,14 @@ def _guard(fn, world, modules, optimizers, args):
     return _torch_C.Guard(spec)
 
 
+def _reach_holds(world, args):
+    """Whether discovery would read what it read for `world` (the attributes, lists and dicts it
+    went through, the positional arguments it started from): else the call is discovered
+    again. The roots in the function's cells and named globals are the guard's to check."""
+    reach = getattr(world, "reach", None)
+    return reach is None or reach.holds(args)
+
+
 def _union(given, found):
     seen = {id(v) for v in given}
     return list(given) + [v for v in found if id(v) not in seen]
@@ -677,9 +682,16 @@ class CompiledFunction:
         self._warned_aliasing = False
         functools.update_wrapper(self, fn, updated=())
 
-    def _found(self):
-        found_modules, found_optimizers = discover(self.fn)
-        return _union(self._modules or [], found_modules), _union(self._optimizers or [], found_optimizers)
+    def _found(self, args=(), kwargs=None):
+        return self._discovery(args, kwargs)[:2]
+
+    def _discovery(self, args, kwargs):
+        """(modules, optimizers, reach): those given and those found for a call with args and
+        kwargs, and what finding them read (a _discover.Reach; None where it read nothing the
+        guard of the function's cells and named globals does not check)."""
+        found_modules, found_optimizers, reach = _discover.find(self.fn, args, kwargs)
+        return (_union(self._modules or [], found_modules), _union(self._optimizers or [], found_optimizers),
+                reach or None)
 
     def _world(self, args, kwargs, found=None):
         modules, optimizers = found or self._found()
@@ -700,7 +712,7 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         last = self._last
-        if last is not None and not kwargs:
+        if last is not None and not kwargs and _reach_holds(last[0], args):
             # Same modules, optimizers, structure, shapes, dtypes, flags, hyperparameters, state
             # layout and modes as the last call: its signature and its entry (see quick_key;
             # the guard checks the same facts in C++, the function's reach included). The fast
@@ -717,7 +729,7 @@ class CompiledFunction:
             elif guard is not None:
                 same = guard.check(args)
             else:
-                modules, optimizers = self._found()
+                modules, optimizers = self._found(args)
                 same = quick_key(world, modules, optimizers, args) == key
             if same:
                 world.args_leaves = list(args)
@@ -728,8 +740,9 @@ class CompiledFunction:
                 finally:
                     world.args_leaves = None  # the world is kept; the arguments are not
         self._last = None
-        modules, optimizers = found = self._found()
-        world = self._world(args, kwargs, found)
+        modules, optimizers, reach = self._discovery(args, kwargs)
+        world = self._world(args, kwargs, (modules, optimizers))
+        world.reach = reach  # checked before the last call's key or guard is (_reach_holds)
         signature = world.signature()
         entries = self._entries.setdefault(signature, [])
         for entry in entries:
@@ -777,7 +790,9 @@ class CompiledFunction:
         # state put back as it was.
         places = _python_places(self.fn)
         try:
-            return self._capture_entry(world)
+            # An optimizer the step runs that discovery did not find is refused, naming it.
+            with _discover.foreign_optimizers(world.optimizers):
+                return self._capture_entry(world)
         finally:
             changed = [p for p in places if p.changed()]
             for p in changed:
@@ -816,9 +831,12 @@ def compile(fn=None, *, model=None, optimizer=None):
     and optimizers — forward, ``loss.backward()``, ``optimizer.step()``, ``optimizer.zero_grad()``
     in any order — and returns what the caller wants back (a loss, a tuple of tensors, ...).
     model, optimizer: the torch.nn.Module(s) and torch.optim optimizer(s) the step uses (one or a
-    list each), in addition to those found among fn's bound self, closure and the globals its
-    code names (found anew on every call: rebinding a global to another model is seen). Pass
-    them when the step reaches them otherwise (``self.model`` in a method of a plain object).
+    list each), in addition to those found among fn's arguments, bound self, closure and the
+    globals its code names, and in what those hold (attributes of modules and of the program's
+    own objects, dataclasses, namespaces, lists, dicts; up to three steps deep), found anew
+    whenever what the search read changed (rebinding ``self.opt``, passing another model).
+    Pass them when the step reaches them otherwise (a default argument, deeper); an optimizer
+    the step runs that is neither given nor found is refused when captured, naming it.
     A module found but not used costs only its tensors' hand-over per call.
 
     Used as a decorator too: ``@lazyrt.torch.compile`` or ``@lazyrt.torch.compile(model=m)``.

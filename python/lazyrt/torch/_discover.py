@@ -1,0 +1,270 @@
+"""Discovery: the torch modules and optimizers a step reaches, wherever the program keeps them,
+and what that search read, so that a call can check it still holds without searching again.
+
+**Where** (`find`): from the *roots* — the step's arguments (positional and keyword), its bound
+self, a ``functools.partial``'s arguments, its closure's cells and the globals its code names —
+a walk over what they hold, up to `DEPTH` steps from a root:
+
+- a ``torch.nn.Module`` is found, and the walk goes on through its own attributes (those in its
+  ``__dict__`` other than nn.Module's bookkeeping: ``self.opt``, a plain list of other modules);
+  its submodules are the module's own business (their tensors are the module's), not walked;
+- a ``torch.optim.Optimizer`` is found (its parameters must belong to modules found);
+- lists, tuples and dicts: their elements (values, for a dict), where they hold at most
+  `MAX_ITEMS`;
+- objects with a ``__dict__`` of a class outside torch, NumPy, lazyrt and the standard library
+  (a dataclass, a trainer object) and namespaces (``types.SimpleNamespace``,
+  ``argparse.Namespace``): their attributes.
+
+Each object is walked once (cycles end there). Functions, classes, Python modules, tensors,
+plain values and library objects (a data loader, a learning-rate scheduler) are not walked.
+
+**What it read** (`Reach`): every list, dict and ``__dict__`` the walk went through, with the
+values it held — by identity, but for values of a plain class (numbers, strings, tensors, ...)
+which are recorded by class only (a counter on a module may change; it can hold no module).
+`Reach.holds` is true while each still holds the same objects (and values of the same plain
+classes) and the positional arguments the walk started from are the same objects: then the
+walk would find the same modules and optimizers. The roots themselves (closure cells, named
+globals) are the step's guard's to check.
+
+**An optimizer the walk did not find** (`foreign_optimizers`): while a step is captured, the
+``step()`` or ``zero_grad()`` of an optimizer that is not among those the capture owns raises
+`CaptureError` naming it: its update would not be part of the replay.
+"""
+
+import argparse
+import contextlib
+import functools
+import importlib
+import inspect
+import operator
+import sys
+import threading
+import types
+
+import torch
+
+DEPTH = 3  # steps from a root: trainer.state.nets["G"] is three
+MAX_ITEMS = 256  # larger containers (a data set in a list) are not walked
+
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+_LIBRARIES = frozenset(("torch", "numpy", "lazyrt", "builtins")) | frozenset(sys.stdlib_module_names)
+
+# Classes whose values are recorded by class only: a value of one can hold nothing discovery finds.
+_PLAIN = {c: object() for c in (int, float, bool, str, bytes, complex, type(None), torch.Tensor,
+                                torch.nn.Parameter, torch.dtype, torch.device, torch.Size,
+                                types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                                types.ModuleType, type)}
+
+
+_is = operator.is_
+
+
+def _marker(v):
+    """What the reach records for a value: its class's marker for a plain one, else the value."""
+    m = _PLAIN.get(v.__class__)
+    return v if m is None else m
+
+
+@functools.lru_cache(maxsize=1024)
+def _user_class(cls):
+    """Whether objects of cls are walked through their __dict__ (a class of the program's own)."""
+    if cls in _NAMESPACES:
+        return True
+    if issubclass(cls, (torch.nn.Module, torch.optim.Optimizer, type, types.ModuleType, types.FunctionType,
+                        types.MethodType, types.BuiltinFunctionType, functools.partial, torch.Tensor)):
+        return False
+    return (cls.__module__ or "").split(".")[0] not in _LIBRARIES
+
+
+class Reach:
+    """What `find` read: (argument position, object) for the walked positional arguments, and
+    for each list, dict and __dict__ walked (see the module docstring): how to list its values,
+    the container, its values then, and their markers (`_marker`). Holds them all, so their
+    identities stay unique."""
+
+    __slots__ = ("args", "containers")
+
+    def __init__(self):
+        self.args, self.containers = [], []
+
+    def __bool__(self):
+        return bool(self.args or self.containers)
+
+    def holds(self, args):
+        """Whether `find` would read the same now, for a call with positional arguments args."""
+        for k, obj in self.args:
+            if k >= len(args) or args[k] is not obj:
+                return False
+        for values, container, exact, was in self.containers:
+            now = container if values is None else values(container)
+            if len(now) != len(was):
+                return False
+            if all(map(_is, now, exact)):  # the usual case: nothing rebound (compared in C)
+                continue
+            for v, r in zip(now, was):
+                if v is not r and _PLAIN.get(v.__class__) is not r:
+                    return False
+        return True
+
+    def add(self, container, values):
+        """Records a walked list (values: None) or dict (values: dict.values)."""
+        now = container if values is None else values(container)
+        self.containers.append((values, container, tuple(now), [_marker(x) for x in now]))
+
+
+def roots(fn, args=(), kwargs=None):
+    """The roots of fn's walk, in order: (argument position or None, value)."""
+    for k, a in enumerate(args):
+        yield k, a
+    for a in (kwargs or {}).values():
+        yield None, a
+    f = fn
+    if inspect.ismethod(f):
+        yield None, f.__self__
+        f = f.__func__
+    if isinstance(f, functools.partial):
+        for a in list(f.args) + list(f.keywords.values()):
+            yield None, a
+        f = f.func
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return
+    for cell in getattr(f, "__closure__", None) or ():
+        try:
+            yield None, cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+    from lazyrt.torch._step import _code_names
+    g = getattr(f, "__globals__", {})
+    for name in _code_names(code):
+        if name in g:
+            yield None, g[name]
+
+
+def find(fn, args=(), kwargs=None):
+    """(modules, optimizers, reach): the modules and optimizers fn reaches from its roots (each
+    once, in the order met) and what the walk read (a Reach)."""
+    modules, optimizers, reach = [], [], Reach()
+    found, walked = set(), set()
+
+    def walk(v, depth):
+        cls = v.__class__
+        if cls in _PLAIN:
+            return
+        if isinstance(v, torch.nn.Module):
+            if id(v) not in found:
+                found.add(id(v))
+                modules.append(v)
+            if depth < DEPTH and id(v) not in walked:
+                walked.add(id(v))
+                d = v.__dict__
+                reach.add(d, dict.values)
+                for name, x in list(d.items()):
+                    if name not in _MODULE_INTERNALS:
+                        walk(x, depth + 1)
+            return
+        if isinstance(v, torch.optim.Optimizer):
+            if id(v) not in found:
+                found.add(id(v))
+                optimizers.append(v)
+            return
+        if depth >= DEPTH or id(v) in walked:
+            return
+        if isinstance(v, (list, tuple)):
+            if len(v) > MAX_ITEMS:
+                return
+            walked.add(id(v))
+            items = list(v)
+            if not isinstance(v, tuple):
+                reach.add(v, None)
+        elif isinstance(v, dict):
+            if len(v) > MAX_ITEMS:
+                return
+            walked.add(id(v))
+            items = list(v.values())
+            reach.add(v, dict.values)
+        elif _user_class(cls):
+            d = getattr(v, "__dict__", None)
+            if d.__class__ is not dict or len(d) > MAX_ITEMS:
+                return
+            walked.add(id(v))
+            items = list(d.values())
+            reach.add(d, dict.values)
+        else:
+            return
+        for x in items:
+            walk(x, depth + 1)
+
+    for k, v in roots(fn, args, kwargs):
+        if k is not None and v.__class__ not in _PLAIN:
+            reach.args.append((k, v))
+        walk(v, 0)
+    return modules, optimizers, reach
+
+
+# ---- optimizers the capture does not own -----------------------------------------------------
+
+_local = threading.local()
+_lock = threading.Lock()
+_installed = [0, None, None]  # captures in flight, the step pre-hook's handle, Optimizer.zero_grad
+
+
+def _owned():
+    stack = getattr(_local, "owned", None)
+    return stack[-1] if stack else None
+
+
+def _refuse(o, what):
+    from lazyrt.torch._capture import CaptureError
+    shapes = [list(p.shape) for g in o.param_groups for p in g["params"]][:4]
+    raise CaptureError(
+        f"lazyrt.torch: the step calls {what}() of a {type(o).__name__} (parameters of shapes {shapes}"
+        f"{', ...' if sum(len(g['params']) for g in o.param_groups) > 4 else ''}) that the capture does not own, "
+        "so its replays would not run it; lazyrt finds optimizers among the step's arguments, bound self, "
+        "closure and named globals and what they hold (attributes, lists, dicts) up to "
+        f"{DEPTH} steps deep: pass it as an argument or as compile(..., optimizer=...)")
+
+
+def _step_pre_hook(o, args, kwargs):
+    owned = _owned()
+    if owned is not None and id(o) not in owned:
+        _refuse(o, "step")
+
+
+def _zero_grad_of(original):
+    @functools.wraps(original)
+    def zero_grad(self, *args, **kwargs):
+        owned = _owned()
+        if owned is not None and id(self) not in owned:
+            _refuse(self, "zero_grad")
+        return original(self, *args, **kwargs)
+    return zero_grad
+
+
+@contextlib.contextmanager
+def foreign_optimizers(optimizers):
+    """While the block runs (a step being captured), the step() or zero_grad() of an optimizer
+    other than `optimizers` called in this thread raises CaptureError. Other threads are not
+    affected."""
+    with _lock:
+        if _installed[0] == 0:
+            hooks = importlib.import_module("torch.optim.optimizer")
+            _installed[1] = hooks.register_optimizer_step_pre_hook(_step_pre_hook)
+            _installed[2] = torch.optim.Optimizer.zero_grad
+            torch.optim.Optimizer.zero_grad = _zero_grad_of(_installed[2])
+        _installed[0] += 1
+    stack = getattr(_local, "owned", None)
+    if stack is None:
+        stack = _local.owned = []
+    stack.append(frozenset(map(id, optimizers)))
+    try:
+        yield
+    finally:
+        stack.pop()
+        with _lock:
+            _installed[0] -= 1
+            if _installed[0] == 0:
+                _installed[1].remove()
+                torch.optim.Optimizer.zero_grad = _installed[2]
+                _installed[1] = _installed[2] = None

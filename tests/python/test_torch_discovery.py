@@ -1,0 +1,325 @@
+"""lazyrt.torch discovery: the modules and optimizers a step uses, wherever the program keeps
+them — arguments (positional, keyword, nested), an optimizer held by a module, dataclasses,
+namespaces, lists and dicts — and a refusal, naming it, of an optimizer the capture cannot own.
+
+PyTorch eager is the oracle: each test runs the same program eagerly and through
+lazyrt.torch.compile from the same initial state, on the same batches, comparing losses,
+parameters, gradients and optimizer.state_dict() after every step (float32, rtol 1e-5).
+"""
+
+import copy
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import lazyrt
+import lazyrt.torch
+from conftest import same_tree
+
+RTOL, ATOL = 1e-5, 1e-6
+STEPS = 4
+
+
+def close(a, b, what):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+def same_state(pairs, what):
+    """pairs: [(lazy module, eager module)] and [(lazy optimizer, eager optimizer)] mixed."""
+    for a, b in pairs:
+        if isinstance(a, nn.Module):
+            for (name, p1), (_, p2) in zip(a.named_parameters(), b.named_parameters()):
+                close(p1.detach().numpy(), p2.detach().numpy(), f"{what} parameter {name}")
+                assert (p1.grad is None) == (p2.grad is None), f"{what} {name}.grad"
+                if p1.grad is not None:
+                    close(p1.grad.numpy(), p2.grad.numpy(), f"{what} {name}.grad")
+        else:
+            same_tree(a.state_dict(), b.state_dict(), f"{what} optimizer.state_dict()")
+            assert len(a.state) == len(b.state), f"{what}: optimizer state entries"
+
+
+def net(seed=0, n_in=6, n_out=4):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(n_in, 12), nn.Tanh(), nn.Linear(12, n_out))
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def batches(n=STEPS, seed=1, n_in=6, n_out=4):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, n_in, generator=g), torch.randn(8, n_out, generator=g)) for _ in range(n)]
+
+
+def train(model, opt, x, y):
+    opt.zero_grad()
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def run_both(call_lazy, call_eager, pairs, data=None, what=""):
+    """Calls both on every batch, comparing the losses and the state after each step."""
+    for k, (x, y) in enumerate(data or batches()):
+        got, want = call_lazy(x, y), call_eager(x, y)
+        close(got.detach().numpy(), want.detach().numpy(), f"{what} loss at step {k}")
+        same_state(pairs, f"{what} after step {k}:")
+
+
+def test_model_and_optimizer_as_positional_arguments():
+    m_eager = net()
+    m_lazy = copy.deepcopy(m_eager)
+    o_eager, o_lazy = sgd(m_eager.parameters()), sgd(m_lazy.parameters())
+    step = lazyrt.torch.compile(train)
+    run_both(lambda x, y: step(m_lazy, o_lazy, x, y), lambda x, y: train(m_eager, o_eager, x, y),
+             [(m_lazy, m_eager), (o_lazy, o_eager)])
+    assert step.captures == 1
+    # Another model and optimizer passed: found anew, a capture of their own.
+    m2_eager = net(seed=5)
+    m2_lazy = copy.deepcopy(m2_eager)
+    o2_eager, o2_lazy = sgd(m2_eager.parameters()), sgd(m2_lazy.parameters())
+    run_both(lambda x, y: step(m2_lazy, o2_lazy, x, y), lambda x, y: train(m2_eager, o2_eager, x, y),
+             [(m2_lazy, m2_eager), (o2_lazy, o2_eager), (m_lazy, m_eager)], what="second model:")
+    assert step.captures == 2
+
+
+def test_model_and_optimizer_as_keyword_and_nested_arguments():
+    def step_fn(x, y, *, parts, extra=()):
+        model, opt = parts["model"], parts["opt"]
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        for m in extra:  # modules nested in a tuple argument
+            loss = loss + m(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    m_eager, h_eager = net(), net(seed=3)
+    m_lazy, h_lazy = copy.deepcopy(m_eager), copy.deepcopy(h_eager)
+    o_eager = sgd(list(m_eager.parameters()) + list(h_eager.parameters()))
+    o_lazy = sgd(list(m_lazy.parameters()) + list(h_lazy.parameters()))
+    step = lazyrt.torch.compile(step_fn)
+    run_both(lambda x, y: step(x, y, parts={"model": m_lazy, "opt": o_lazy}, extra=(h_lazy,)),
+             lambda x, y: step_fn(x, y, parts={"model": m_eager, "opt": o_eager}, extra=(h_eager,)),
+             [(m_lazy, m_eager), (h_lazy, h_eager), (o_lazy, o_eager)])
+    assert step.captures == 1
+
+
+class SelfTraining(nn.Module):
+    """A module that holds its own optimizer and trains itself in a method."""
+
+    def __init__(self, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.body = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 4))
+        self.opt = sgd(self.parameters())
+
+    def forward(self, x):
+        return self.body(x)
+
+    def train_step(self, x, y):
+        self.opt.zero_grad()
+        loss = F.mse_loss(self(x), y)
+        loss.backward()
+        self.opt.step()
+        return loss
+
+
+def _self_training_twins():
+    eager = SelfTraining()
+    lazy = SelfTraining()
+    lazy.load_state_dict(eager.state_dict())
+    return eager, lazy
+
+
+def test_optimizer_held_by_the_module_trains_in_its_own_method():
+    eager, lazy = _self_training_twins()
+    step = lazyrt.torch.compile(lazy.train_step)
+    run_both(step, eager.train_step, [(lazy, eager), (lazy.opt, eager.opt)])
+    assert step.captures == 1
+    # Rebinding the attribute to another optimizer: the next call steps with that one.
+    eager.opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    lazy.opt = torch.optim.SGD(lazy.parameters(), lr=0.1)
+    run_both(step, eager.train_step, [(lazy, eager), (lazy.opt, eager.opt)], what="rebound opt:")
+    assert step.captures == 2
+
+
+def test_optimizer_held_by_a_module_the_step_names():
+    eager, lazy = _self_training_twins()
+
+    def make(model):
+        def step(x, y):
+            model.opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            model.opt.step()
+            return loss
+        return step
+
+    step = lazyrt.torch.compile(make(lazy))
+    run_both(step, make(eager), [(lazy, eager), (lazy.opt, eager.opt)])
+    assert step.captures == 1
+
+
+@dataclasses.dataclass
+class TrainState:
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    epoch: int = 0
+
+
+class Trainer:
+    def __init__(self, state):
+        self.state = state
+
+    def step(self, x, y):
+        return train(self.state.model, self.state.opt, x, y)
+
+
+@pytest.mark.parametrize("where", ["dataclass in a closure", "namespace argument", "trainer object"])
+def test_model_and_optimizer_held_by_an_object(where):
+    m_eager = net()
+    m_lazy = copy.deepcopy(m_eager)
+    o_eager, o_lazy = sgd(m_eager.parameters()), sgd(m_lazy.parameters())
+    if where == "dataclass in a closure":
+        def make(state):
+            def step(x, y):
+                return train(state.model, state.opt, x, y)
+            return step, state
+        lazy_step, lazy_state = make(TrainState(m_lazy, o_lazy))
+        eager_step, eager_state = make(TrainState(m_eager, o_eager))
+        step = lazyrt.torch.compile(lazy_step)
+    elif where == "namespace argument":
+        def step_fn(x, y, ns):
+            return train(ns.model, ns.opt, x, y)
+        lazy_state = types.SimpleNamespace(model=m_lazy, opt=o_lazy)
+        eager_state = types.SimpleNamespace(model=m_eager, opt=o_eager)
+        compiled = lazyrt.torch.compile(step_fn)
+        step = lambda x, y: compiled(x, y, lazy_state)  # noqa: E731
+        step.compiled = compiled
+        eager_step = lambda x, y: step_fn(x, y, eager_state)  # noqa: E731
+    else:
+        lazy_state, eager_state = TrainState(m_lazy, o_lazy), TrainState(m_eager, o_eager)
+        step = lazyrt.torch.compile(Trainer(lazy_state).step)
+        eager_step = Trainer(eager_state).step
+    run_both(step, eager_step, [(m_lazy, m_eager), (o_lazy, o_eager)])
+    compiled = getattr(step, "compiled", step)
+    assert compiled.captures == 1
+    # Another optimizer in the object: seen on the next call.
+    lazy_state.opt = torch.optim.SGD(m_lazy.parameters(), lr=0.2)
+    eager_state.opt = torch.optim.SGD(m_eager.parameters(), lr=0.2)
+    run_both(step, eager_step, [(m_lazy, m_eager), (lazy_state.opt, eager_state.opt)], what="rebound opt:")
+    assert compiled.captures == 2
+
+
+def _gan_world(seed):
+    torch.manual_seed(seed)
+    nets = {"G": nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 6)),
+            "D": nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))}
+    opts = [torch.optim.Adam(nets["G"].parameters(), lr=1e-2, betas=(0.5, 0.9)),
+            torch.optim.SGD(nets["D"].parameters(), lr=0.05, momentum=0.9)]
+    return nets, opts
+
+
+def _gan_step(nets, opts):
+    def step(z, real):
+        G, D = nets["G"], nets["D"]
+        opt_g, opt_d = opts
+        # Discriminator: real against generated (detached).
+        opt_d.zero_grad()
+        fake = G(z)
+        d_loss = (D(real) - 1).pow(2).mean() + D(fake.detach()).pow(2).mean()
+        d_loss.backward()
+        opt_d.step()
+        # Generator: fool the updated discriminator.
+        opt_g.zero_grad()
+        g_loss = (D(fake) - 1).pow(2).mean()
+        g_loss.backward()
+        opt_g.step()
+        return d_loss + g_loss
+    return step
+
+
+def test_two_models_in_a_dict_each_with_its_optimizer_in_a_list():
+    nets_e, opts_e = _gan_world(0)
+    nets_l, opts_l = _gan_world(0)
+    step = lazyrt.torch.compile(_gan_step(nets_l, opts_l))
+    g = torch.Generator().manual_seed(4)
+    data = [(torch.randn(8, 3, generator=g), torch.randn(8, 6, generator=g)) for _ in range(STEPS)]
+    pairs = [(nets_l["G"], nets_e["G"]), (nets_l["D"], nets_e["D"]), (opts_l[0], opts_e[0]), (opts_l[1], opts_e[1])]
+    for k, (z, real) in enumerate(data):
+        got, want = step(z, real), _gan_step(nets_e, opts_e)(z, real)
+        close(got.detach().numpy(), want.detach().numpy(), f"loss at step {k}")
+        for (a, b) in pairs[:2]:  # Adam: parameters within Adam's tolerance for near-zero gradients
+            for (name, p1), (_, p2) in zip(a.named_parameters(), b.named_parameters()):
+                np.testing.assert_allclose(p1.detach().numpy(), p2.detach().numpy(), rtol=1e-4, atol=1e-5,
+                                           err_msg=f"step {k}: {name}")
+        same_tree(opts_l[1].state_dict(), opts_e[1].state_dict(), f"step {k}: D's optimizer")
+        same_tree(opts_l[0].state_dict(), opts_e[0].state_dict(), f"step {k}: G's optimizer", rtol=1e-4, atol=1e-5)
+    assert step.captures == 1
+
+
+class _Deep:
+    def __init__(self, inner):
+        self.inner = inner
+
+
+def test_an_optimizer_out_of_reach_is_refused_by_name():
+    # Only through a default argument: the capture cannot own it, so its step would not be
+    # part of the replay.
+    model = net()
+    hidden = torch.optim.RMSprop(model.parameters(), lr=0.01)
+
+    def step_fn(x, y, opt=hidden):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batches(1)[0]
+    with pytest.raises(lazyrt.torch.CaptureError, match=r"step\(\) of a RMSprop .* does not own"):
+        lazyrt.torch.compile(step_fn)(x, y)
+    for p, b in zip(model.parameters(), before):
+        assert torch.equal(p.detach(), b)
+    assert not hidden.state
+    # zero_grad() of one counts too.
+    other = net(seed=2)
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1)
+
+    def zeroes_other(x, y, opt=other_opt):
+        opt.zero_grad()
+        return F.mse_loss(model(x), y)
+
+    with pytest.raises(lazyrt.torch.CaptureError, match=r"zero_grad\(\) of a SGD"):
+        lazyrt.torch.compile(zeroes_other)(x, y)
+    # Eager use of the same optimizers outside a capture is untouched.
+    step_fn(x, y)
+    assert hidden.state
+
+
+def test_an_optimizer_deeper_than_the_walk_is_refused_by_name():
+    model = net()
+    opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    box = _Deep(_Deep(_Deep(_Deep({"opt": opt}))))
+
+    def step_fn(x, y):
+        return train(model, box.inner.inner.inner.inner["opt"], x, y)
+
+    x, y = batches(1)[0]
+    with pytest.raises(lazyrt.torch.CaptureError, match=r"zero_grad\(\) of a Adagrad .* does not own"):
+        lazyrt.torch.compile(step_fn)(x, y)
+    # Given explicitly, it trains as eager.
+    m_eager = copy.deepcopy(model)
+    o_eager = torch.optim.Adagrad(m_eager.parameters(), lr=0.05)
+    step = lazyrt.torch.compile(step_fn, optimizer=opt)
+    run_both(step, lambda x, y: train(m_eager, o_eager, x, y), [(model, m_eager), (opt, o_eager)])
+    assert step.captures == 1
