@@ -1080,22 +1080,23 @@ def test_results_keep_their_structure():
 
 
 def test_a_parameter_of_an_unknown_module_is_refused():
-    # A module reached through a container is not found; its parameters would get gradients in
-    # eager that a capture would not write back: refused, naming the remedy. Passed as model=,
-    # its gradients accumulate over the calls (no optimizer zeroes them), as in eager.
+    # A module out of discovery's reach (a default argument) is not found; its parameters would
+    # get gradients in eager that a capture would not write back: refused, naming the remedy.
+    # Passed as model=, its gradients accumulate over the calls (no optimizer zeroes them), as in
+    # eager.
     def make():
         torch.manual_seed(0)
         model = nn.Linear(3, 3)
-        parts = {"head": nn.Linear(3, 1)}
+        hidden = nn.Linear(3, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
-        def step(x):
-            loss = parts["head"](model(x)).sum()
+        def step(x, head=hidden):
+            loss = head(model(x)).sum()
             loss.backward()
             opt.step()
             opt.zero_grad()
             return loss
-        return step, nn.ModuleDict({"model": model, "head": parts["head"]})
+        return step, nn.ModuleDict({"model": model, "head": hidden})
 
     step, modules = make()
     with pytest.raises(lazyrt.torch.CaptureError, match="requires grad.*model="):
@@ -1388,10 +1389,10 @@ def test_a_function_of_its_arguments_alone_compiles_and_a_hidden_module_is_named
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     for _ in range(2):
         torch.testing.assert_close(f(x, y), (x * y).sum(dim=0) + 1)
-    hidden = {"lin": torch.nn.Linear(4, 2)}
+    hidden = torch.nn.Linear(4, 2)
 
-    def uses_hidden(x):  # the module is out of discover()'s reach: inside a dict
-        return hidden["lin"](x).sum()
+    def uses_hidden(x, lin=hidden):  # the module is out of discover()'s reach: a default argument
+        return lin(x).sum()
 
     with pytest.raises(lazyrt.torch.CaptureError, match="model="):
         lazyrt.torch.compile(uses_hidden)(x)

@@ -16,9 +16,16 @@
     for x, y in data:
         loss = step(x, y)      # first call: capture + compile; later calls: replay
 
-**What a step touches**: the torch modules and optimizers found in the step function's bound
-self, closure and the globals its code names (found anew on every call), plus any given as
-``compile(fn, model=..., optimizer=...)``. Their parameters, buffers, the parameters' ``.grad``,
+**What a step touches**: the torch modules and optimizers the step reaches, plus any given as
+``compile(fn, model=..., optimizer=...)``: found in its arguments (positional or keyword, inside
+tuples, lists and dicts), its bound self, its closure and the globals its code names, and in
+what those hold up to three steps deep — a module's own attributes (an optimizer kept as
+``self.opt``), lists, tuples, dicts, dataclasses, namespaces and objects of the program's own
+classes (``state.model``, ``nets["G"]``, ``opts[0]``). They are found again whenever what that
+search read has changed (``self.opt`` rebound, another model passed). An optimizer whose
+``step()`` or ``zero_grad()`` runs in the step but that was neither found nor given (held only
+by a default argument, or deeper) is refused with ``CaptureError`` naming it. Their
+parameters, buffers, the parameters' ``.grad``,
 the optimizers' state and learning rates, and the tensors among the arguments are the inputs
 of the captured graph. Other tensors the step reads (a class-weight tensor in a closure) are
 read anew on every call too; a tensor that requires grad and belongs to no known module is
