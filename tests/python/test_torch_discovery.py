@@ -323,3 +323,35 @@ def test_an_optimizer_deeper_than_the_walk_is_refused_by_name():
     step = lazyrt.torch.compile(step_fn, optimizer=opt)
     run_both(step, lambda x, y: train(m_eager, o_eager, x, y), [(model, m_eager), (opt, o_eager)])
     assert step.captures == 1
+
+
+def test_a_model_added_to_a_list_is_used_from_the_next_call_and_cycles_end():
+    def make(seed):
+        first = net(seed)
+        holder = types.SimpleNamespace(nets=[first], opt=sgd(first.parameters()))
+        holder.me = holder  # a cycle: walked once
+        holder.nets.append(holder.nets)  # and a list that holds itself
+
+        def step(x, y):
+            holder.opt.zero_grad()
+            loss = sum(F.mse_loss(m(x), y) for m in holder.nets if isinstance(m, nn.Module))
+            loss.backward()
+            holder.opt.step()
+            return loss
+        return step, holder
+
+    eager_step, eager = make(0)
+    lazy_fn, lazy = make(0)
+    step = lazyrt.torch.compile(lazy_fn)
+    data = batches(2 * STEPS)
+    run_both(step, eager_step, [(lazy.nets[0], eager.nets[0]), (lazy.opt, eager.opt)], data[:STEPS])
+    assert step.captures == 1
+    # A second model, trained by a new optimizer over both: found from the next call.
+    for h in (eager, lazy):
+        h.nets.append(copy.deepcopy(eager.nets[0]) if h is lazy else net(7))
+    lazy.nets[2].load_state_dict(eager.nets[2].state_dict())
+    for h in (eager, lazy):
+        h.opt = sgd(list(h.nets[0].parameters()) + list(h.nets[2].parameters()))
+    run_both(step, eager_step, [(lazy.nets[0], eager.nets[0]), (lazy.nets[2], eager.nets[2]), (lazy.opt, eager.opt)],
+             data[STEPS:], what="two models:")
+    assert step.captures == 2

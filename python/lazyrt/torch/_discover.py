@@ -185,7 +185,10 @@ def find(fn, args=(), kwargs=None):
             items = list(v.values())
             reach.add(v, dict.values)
         elif _user_class(cls):
-            d = getattr(v, "__dict__", None)
+            try:  # the instance's own dict; a class's __getattr__ may answer for a missing one
+                d = object.__getattribute__(v, "__dict__")
+            except Exception:  # noqa: BLE001 - no __dict__ (__slots__): not walked
+                return
             if d.__class__ is not dict or len(d) > MAX_ITEMS:
                 return
             walked.add(id(v))
