@@ -47,8 +47,9 @@ namespace {
 // ---- Guard ------------------------------------------------------------------------------------
 // The facts lazyrt.torch's quick key (_capture.quick_key) compares between two calls, recorded
 // from one call and checked on the next without building the key: what the step function
-// reaches (its code, closure cells and the globals its code names, by identity), the
-// arguments' shapes, dtypes and requires_grad, every submodule's training flag and parameter,
+// reaches (its code, closure cells and the globals its code names, by identity), the Python
+// values the step reads (lazyrt.torch._reads: plain values by value, the objects the walk went
+// through by identity, where the checks before do not cover them), the arguments' shapes, dtypes and requires_grad, every submodule's training flag and parameter,
 // buffer and child objects, every parameter's shape, dtype, requires_grad and gradient shape and
 // dtype, every buffer's shape and dtype, each optimizer's groups (their parameters by identity,
 // every hyperparameter but a learning rate read as an input, by plain value) and state layout
@@ -137,7 +138,8 @@ std::vector<py::object> objects(py::handle seq) {
 class Guard {
  public:
   // spec: function, code, cells [(cell, contents, empty)], globals, names [(name, value,
-  // present)], args [tensors], world_tensors [parameters and buffers], submodules [(module,
+  // present)], reads [(kind: 0 cell, 1 dict, 2 attribute; holder; key; present; value;
+  // by identity)], args [tensors], world_tensors [parameters and buffers], submodules [(module,
   // training, parameters, buffers, children)], params [tensors], buffers [tensors], optimizers
   // [(optimizer, lr_input, groups [(params, [(key, value)])], states [(param, None or [(key,
   // value)])])], modes (grad enabled, default dtype, autocast, autocast dtype). Shapes, dtypes,
@@ -154,6 +156,13 @@ class Guard {
       auto t = n.cast<py::tuple>();
       names_.push_back({t[0], t[1], t[2].cast<bool>()});
     }
+    if (spec.contains("reads"))
+      for (py::handle r : spec["reads"]) {
+        auto t = r.cast<py::tuple>();
+        reads_.push_back({t[0].cast<int>(), py::reinterpret_borrow<py::object>(t[1]),
+                          py::reinterpret_borrow<py::object>(t[2]), t[3].cast<bool>(),
+                          py::reinterpret_borrow<py::object>(t[4]), t[5].cast<bool>()});
+      }
     for (py::handle a : spec["args"]) args_.push_back(meta_of(tensor_of(a)));
     world_tensor_refs_ = spec["world_tensors"];
     for (py::handle t : world_tensor_refs_) world_tensors_.push_back(t.ptr());
@@ -224,6 +233,31 @@ class Guard {
       }
       if (now != (n.present ? n.value.ptr() : nullptr)) return false;
     }
+    // The Python values the step reads.
+    for (const Read& r : reads_) {
+      PyObject* now = nullptr;
+      if (r.kind == Read::Cell) {
+        now = PyCell_GET(r.holder.ptr());
+      } else {
+        PyObject* dict = r.holder.ptr();
+        if (r.kind == Read::Attribute) {
+          PyObject** d = _PyObject_GetDictPtr(dict);
+          dict = d ? *d : nullptr;
+        }
+        if (dict) {
+          now = PyDict_GetItemWithError(dict, r.key.ptr());
+          if (!now && PyErr_Occurred()) {
+            PyErr_Clear();
+            return false;
+          }
+        }
+      }
+      if (!now || !r.present) {
+        if (now || r.present) return false;
+        continue;
+      }
+      if (now != r.value.ptr() && (r.identity || !same_plain(now, r.value))) return false;
+    }
     // Arguments.
     if (static_cast<size_t>(PyTuple_GET_SIZE(args.ptr())) != args_.size()) return false;
     for (size_t i = 0; i < args_.size(); ++i) {
@@ -278,6 +312,17 @@ class Guard {
   }
 
  private:
+  // A place the step reads a Python value from (lazyrt.torch._reads): a closure cell, an entry
+  // of a globals dict, or an attribute in an object's own dict (a class's included); its value
+  // compared by identity or as a plain value.
+  struct Read {
+    enum Kind { Cell = 0, Dict = 1, Attribute = 2 };
+    int kind;
+    py::object holder, key;
+    bool present;
+    py::object value;
+    bool identity;
+  };
   struct Sub {
     py::object module;
     bool training;
@@ -377,6 +422,7 @@ class Guard {
   };
   py::object function_, code_, globals_;
   std::vector<Ref> cells_, names_;
+  std::vector<Read> reads_;
   std::vector<Meta> args_;
   std::vector<PyObject*> world_tensors_;  // parameters and buffers: no argument may be one
   py::object world_tensor_refs_;

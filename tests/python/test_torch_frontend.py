@@ -6,6 +6,7 @@ made), on the same batches, and compares losses, parameters, gradients and
 optimizer.state_dict() (float32, rtol 1e-5).
 """
 
+import argparse
 import copy
 import math
 import os
@@ -1512,8 +1513,10 @@ def _guarded_world():
     opt = torch.optim.AdamW([{"params": model[0].parameters(), "weight_decay": 0.1},
                              {"params": list(model[1].parameters()) + list(model[3].parameters())}],
                             lr=1e-2, betas=(0.9, 0.99))
+    model.cfg = argparse.Namespace(scale=1.0)  # a Python value the step reads (guarded)
+
     def step(x, y):
-        loss = nn.functional.mse_loss(model(x), y)
+        loss = nn.functional.mse_loss(model(x), y) * model.cfg.scale
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)  # gradients stay, so changing them is a change to guard
@@ -1560,6 +1563,13 @@ GUARD_CHANGES = {  # name: (change(model, opt, args, rebind) -> new args, the sa
     "state entry a number": (lambda m, o, a, r: _state_of(o, m[3].bias).__setitem__("step", 3.0) or a, False),
     "state cleared": (lambda m, o, a, r: o.state.pop(m[3].bias) and a, False),
     "model rebound": (lambda m, o, a, r: r(copy.deepcopy(m)) or a, False),
+    "a value the step reads": (lambda m, o, a, r: setattr(m.cfg, "scale", 0.5) or a, False),
+    "the same value again": (lambda m, o, a, r: setattr(m.cfg, "scale", float("1.0")) or a, True),
+    "a value the step reads, retyped": (lambda m, o, a, r: setattr(m.cfg, "scale", 1) or a, False),
+    "a value no code reads": (lambda m, o, a, r: setattr(m.cfg, "epochs", 3) or a, True),
+    "the object read replaced": (lambda m, o, a, r: setattr(m, "cfg", argparse.Namespace(scale=1.0)) or a, False),
+    "a module hyperparameter forward reads": (lambda m, o, a, r: setattr(m[1], "momentum", 0.2) or a, False),
+    "a module attribute no code reads": (lambda m, o, a, r: setattr(m[0], "note", "x") or a, True),
 }
 
 

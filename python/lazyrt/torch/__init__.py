@@ -97,16 +97,28 @@ the modules' parameters and buffers (identity, shapes, dtypes, ``requires_grad``
 non-tensor state values, and every hyperparameter except the learning rate (a scheduler
 changing ``lr`` does not recapture); the grad mode, the default dtype and the CPU autocast mode
 and dtype the step is called under (``torch.autocast`` inside the step is captured as any other
-code: its casts are ops of the graph). Not guarded: Python
-values the step reads other than these (a global float, a module attribute that is not a
-tensor), and any Python side effect of the step beyond those refused at capture (it runs only
+code: its casts are ops of the graph); and the **Python values the step reads** (`_reads`),
+which a replay cannot read again: plain numbers, strings, bools, None and tuples of them in the
+globals its code names and its closure's cells (a global learning rate of a hand-written SGD
+update, a loss weight rebound with ``nonlocal``), in the same places of the user functions it
+calls, and in the attributes its code (and the ``forward`` and methods of the modules' and
+objects' classes) reads of its bound self, of objects with a ``__dict__`` found in those places
+(``args.clip``) and of every submodule (``self.scale``, ``nn.ELU``'s ``alpha``),
+the instance's own value or its class's; the objects followed to them are guarded by identity.
+Each distinct value is a capture of its own, kept with the others: a value that changes every
+call (a schedule computed in Python) recaptures every call; pass it as a tensor argument, or use
+an optimizer's learning rate, which is a graph input. Attributes are found by name, so an
+attribute of a reached object that changes every call and shares its name with one the code
+reads recaptures too. Not guarded: values read through a computed name (``getattr``), subscripts
+(``cfg["clip"]``), ``__slots__``, the globals of library code (torch, NumPy, the standard
+library), and any Python side effect of the step beyond those refused at capture (it runs only
 when captured: changes to other objects' attributes, printing). A call with
 positional tensor arguments on the same modules and optimizers as the last call is checked
 first by a cheaper key over the same facts (identities of the modules' parameters, buffers and
-submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes), checked in C++
-where the step is a plain function (with what it reaches: its code, closure cells and the
-globals it names, by identity); any difference, or a value that is not a plain number, string
-or tuple of them, takes the full signature.
+submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes, the values
+read), checked in C++ where the step is a plain function (with what it reaches: its code,
+closure cells and the globals it names, by identity); any difference, or a value that is not a
+plain number, string or tuple of them, takes the full signature.
 
 **Data-parallel training** (`lazyrt.torch.distributed`): a step that calls
 ``lazyrt.torch.distributed.reduce_gradients(optimizer)`` (or ``optimizer_step(optimizer)``, or

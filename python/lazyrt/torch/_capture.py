@@ -39,6 +39,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from lazyrt.torch import _optim
+from lazyrt.torch._reads import read_now
 
 aten = torch.ops.aten
 
@@ -285,6 +286,9 @@ class World:
         self.param_index = {id(p): i for i, p in enumerate(self.params)}
         self.tensor_ids = frozenset(index_of)
         self.training = tuple(training)
+        # The Python values the step reads (_reads.python_reads; set by the compiled function):
+        # constants of a capture, so their values are part of the signature.
+        self.reads = ()
 
         for leaf in self.args_leaves:
             if isinstance(leaf, torch.Tensor):
@@ -368,7 +372,12 @@ class World:
                 states.append(tuple(sorted((k, _value_sig(v)) for k, v in d.items())))
             opts.append((type(o), lr_in, groups, tuple(states)))
         return (str(self.args_spec), args, params, buffers, self.training, tuple(grads), tuple(opts),
-                torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode())
+                torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode(), self.read_values())
+
+    def read_values(self):
+        """The values the step reads by value (`reads`), each with where it was read and its type;
+        always the signature's last part."""
+        return tuple((what, value.__class__, value) for what, _, _, _, value, identity in self.reads if not identity)
 
 
 _PLAIN_VALUES = (int, float, bool, str, type(None))
@@ -384,7 +393,8 @@ def quick_key(world, modules, optimizers, args):
     """A tuple that is equal on two calls only if they have the same signature (`World.signature`)
     and the same missing gradients and optimizer state: for a call with positional tensor
     arguments only, on the modules and optimizers `world` was built from, with the same
-    parameter and buffer objects in the same places. None when the call is not of that kind
+    parameter and buffer objects in the same places, and the same Python values at the places the
+    step read when `world` was built (`World.reads`). None when the call is not of that kind
     (then the signature decides). Cheaper than building a World: it walks the submodules
     `world` found and compares identities, shapes, dtypes and plain values, never tensors' values
     and never objects by ==. The world (held with the key) keeps every object whose id is in the
@@ -432,6 +442,13 @@ def quick_key(world, modules, optimizers, args):
     enabled = torch.is_autocast_enabled("cpu")
     parts.append((torch.is_grad_enabled(), torch.get_default_dtype(), enabled,
                   torch.get_autocast_dtype("cpu") if enabled else None))
+    # The Python values the step read when `world` was built: each place's value (type and
+    # value) or, for an object the walk went on through, its identity.
+    values = []
+    for _, kind, holder, name, value, identity in world.reads:
+        now = read_now(kind, holder, name)
+        values.append(id(now) if identity else (now.__class__, now))
+    parts.append(tuple(values))
     return tuple(parts)
 
 

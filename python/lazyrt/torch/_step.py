@@ -11,6 +11,7 @@ import torch
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
 from lazyrt.torch._capture import CaptureError, World, capture, quick_key
+from lazyrt.torch._reads import ABSENT as _READ_ABSENT, code_reads, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
 from lazyrt.torch import _discover
@@ -485,14 +486,10 @@ def _item_source(kind, plan):
     return how[1] if how[0] in ("own", "new") else None
 
 
-@functools.lru_cache(maxsize=256)
 def _code_names(code):
-    """The global names a code object (and the code nested in it) may read, sorted."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if inspect.iscode(const):
-            names.update(_code_names(const))
-    return tuple(sorted(names))
+    """The global names a code object (and the code nested in it) loads or binds, sorted (by its
+    bytecode: attribute names are not global names)."""
+    return code_reads(code)[0]
 
 
 class _Place:
@@ -605,7 +602,9 @@ def discover(fn, *args, **kwargs):
 
 def _guard(fn, world, modules, optimizers, args):
     """A _torch_C.Guard of the facts quick_key(world, modules, optimizers, args) compares, and of
-    what discover(fn) reads (fn's code, closure cells and named globals, by identity); None
+    what discover(fn) reads (fn's code, closure cells and named globals, by identity) and of the
+    Python values the step reads (world.reads: those the checks of fn's cells and named globals
+    do not cover); None
     where fn is not a plain function or a method of one (then the Python path decides)."""
     f = fn.__func__ if inspect.ismethod(fn) else fn
     if not inspect.isfunction(f):
@@ -617,6 +616,7 @@ def _guard(fn, world, modules, optimizers, args):
         except ValueError:  # an empty cell
             cells.append((cell, None, False))
     g = f.__globals__
+    own_names = set(_code_names(f.__code__))
     params = world.params
     spec = {
         "function": f, "code": f.__code__, "cells": cells, "globals": g,
@@ -625,6 +625,12 @@ def _guard(fn, world, modules, optimizers, args):
         "submodules": [(sub, sub.training, list(sub._parameters.values()), list(sub._buffers.values()),
                         list(sub._modules.values())) for sub in world.submodules],
         "params": list(params), "buffers": list(world.buffers),
+        # The Python values the step reads (world.reads) but those the checks of cells and named
+        # globals above already compare by identity.
+        "reads": [(_READ_KINDS[kind], holder, name, value is not _READ_ABSENT, value, identity)
+                  for _, kind, holder, name, value, identity in world.reads
+                  if not (kind == "c" and any(holder is c for c, _, _ in cells) or
+                          kind == "g" and holder is g and name in own_names)],
         "modes": (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled("cpu"),
                   torch.get_autocast_dtype("cpu")),
     }
@@ -641,6 +647,13 @@ def _guard(fn, world, modules, optimizers, args):
         opts.append((o, lr_in, groups, states))
     spec["optimizers"] = opts
     return _torch_C.Guard(spec)
+
+
+# Captures for other values of the Python values a step reads (and nothing else) before a
+# warning says so.
+_VALUE_CAPTURES = 8
+
+_READ_KINDS = {"c": 0, "g": 1, "a": 2}  # a read's place for the guard: cell, dict item, attribute
 
 
 def _reach_holds(world, args):
@@ -680,6 +693,7 @@ class CompiledFunction:
         self._last = None  # (world, entry, quick key, guard, fast call) of the last call that had a quick key
         self.captures = 0
         self._warned_aliasing = False
+        self._warned_values = False
         functools.update_wrapper(self, fn, updated=())
 
     def _found(self, args=(), kwargs=None):
@@ -703,7 +717,10 @@ class CompiledFunction:
                 raise TypeError(f"lazyrt.torch.compile: model= takes torch.nn modules, got {type(m).__name__}")
         # No module is fine (a function of its arguments); a parameter of a module not found
         # is refused when captured, naming model=.
-        return World(modules, optimizers, args, kwargs)
+        world = World(modules, optimizers, args, kwargs)
+        # The Python values the step reads are constants of a capture: part of the signature.
+        world.reads = python_reads(self.fn, modules)
+        return world
 
     @property
     def traces(self):
@@ -755,6 +772,7 @@ class CompiledFunction:
             _C._debug.release_free_heap()
             entries.append(entry)
             self.captures += 1
+            self._warn_value_captures(signature)
             if entry.collectives:
                 _distributed._before_first_run(world)
         key = None if kwargs else quick_key(world, modules, optimizers, args)
@@ -770,6 +788,23 @@ class CompiledFunction:
         if key is not None:
             self._last = (world, entry, key, guard, entry.fast_call(world, guard))
         return result
+
+    def _warn_value_captures(self, signature):
+        """Warns once where the step has been captured _VALUE_CAPTURES times for nothing but
+        other Python values it reads (the signature's last part): each is a compile of its own."""
+        if self._warned_values or not signature[-1]:
+            return
+        others = [s for s in self._entries if s[:-1] == signature[:-1] and s != signature]
+        if len(others) + 1 < _VALUE_CAPTURES:
+            return
+        self._warned_values = True
+        before = dict((what, value) for what, _, value in others[-1][-1])
+        changed = [what for what, _, value in signature[-1] if what not in before or before[what] != value]
+        warnings.warn(f"lazyrt.torch: the step has been captured {len(others) + 1} times for other values of "
+                      f"Python values it reads ({', '.join(changed) or 'its reads'}); a replay cannot read them, "
+                      "so each value is a capture and compile of its own: pass a value that changes often as a "
+                      "tensor argument (a learning rate: the optimizer's, which is a graph input)",
+                      RuntimeWarning, stacklevel=3)
 
     def _eager(self, world, entry, aliased, args, kwargs):
         """Runs the step in PyTorch eager: its inputs share memory in a way the capture cannot

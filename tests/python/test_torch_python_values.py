@@ -1,0 +1,334 @@
+"""lazyrt.torch: the Python values a step reads are constants of its capture, guarded.
+
+A replay runs no Python, so a global learning rate, a loss weight in a closure, ``args.clip``
+or a module's non-tensor attribute is the value it had when the step was captured. Each test
+changes such a value between calls of a training loop and compares every call with PyTorch
+eager from the same initial state (losses, parameters, gradients): the compiled step captures
+again exactly when a value it reads changed, and replays otherwise.
+"""
+
+import argparse
+import copy
+import types
+import warnings
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import lazyrt
+import lazyrt.metrics
+import lazyrt.torch
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def close(a, b, what):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+def same_state(m1, m2, what):
+    for (name, p1), (_, p2) in zip(m1.named_parameters(), m2.named_parameters()):
+        close(p1.detach().numpy(), p2.detach().numpy(), f"{what}: parameter {name}")
+        assert (p1.grad is None) == (p2.grad is None), f"{what}: {name}.grad"
+        if p1.grad is not None:
+            close(p1.grad.numpy(), p2.grad.numpy(), f"{what}: {name}.grad")
+
+
+def batches(n, seed=0, shape=(8, 6), out=3):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(*shape, generator=g), torch.randn(shape[0], out, generator=g)) for _ in range(n)]
+
+
+def run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, data):
+    """Calls both steps on `data`; before call k, schedule(k) changes the value(s) (returns
+    True where it changed one the step reads, None where it changed only others, else False).
+    Compares every call with eager, counts that the compiled step captured once at the start
+    and once per change of a value it reads, and that a call with no change after a call with
+    no capture is a fast call (the guard in C++ holds with the values it checks)."""
+    schedule_changed_last = [True]
+    expected = 0
+    for k, (x, y) in enumerate(data):
+        changed = schedule(k)
+        if k == 0 or changed is True:
+            expected += 1
+        ref = eager_step(x, y)
+        fast = lazyrt.metrics.counter("TorchFastCall")
+        got = compiled(x, y)
+        if k > 0 and changed is False and schedule_changed_last[0] is not True:
+            assert lazyrt.metrics.counter("TorchFastCall") == fast + 1, f"call {k} is no fast call"
+        schedule_changed_last[0] = True if k == 0 else changed
+        close(got.item(), ref.item(), f"loss of call {k}")
+        same_state(lazy_model, eager_model, f"call {k}")
+        assert compiled.captures == expected, f"call {k}: {compiled.captures} captures, expected {expected}"
+
+
+def pair(make):
+    torch.manual_seed(0)
+    eager = make()
+    return eager, copy.deepcopy(eager)
+
+
+# ---- a global: hand-written SGD with a learning rate divided when validation stalls -----------
+
+lr = 0.5
+
+
+def _hand_sgd(model):
+    def step(x, y):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
+            p.grad = None
+        return loss
+    return step
+
+
+def test_a_global_learning_rate_of_hand_written_sgd():
+    global lr
+    eager_model, lazy_model = pair(lambda: nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
+    compiled = lazyrt.torch.compile(_hand_sgd(lazy_model))
+    fast = lazyrt.metrics.counter("TorchFastCall")
+
+    def schedule(k):
+        global lr
+        if k in (3, 6):
+            lr = lr / 4
+            return True
+        return False
+    lr = 0.5
+    try:
+        run_schedule(_hand_sgd(eager_model), compiled, eager_model, lazy_model, schedule, batches(9))
+    finally:
+        lr = 0.5
+    assert lazyrt.metrics.counter("TorchFastCall") > fast, "the calls between changes are fast calls"
+
+
+# ---- a closure variable rebound with nonlocal -------------------------------------------------
+
+def _weighted(model, opt):
+    weight = 1.0
+
+    def step(x, y):
+        loss = weight * F.mse_loss(model(x), y) + (1 - weight) * model(x).abs().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def set_weight(w):
+        nonlocal weight
+        weight = w
+    return step, set_weight
+
+
+def test_a_loss_weight_in_a_closure_rebound_with_nonlocal():
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step, eager_set = _weighted(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9))
+    lazy_step, lazy_set = _weighted(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1, momentum=0.9))
+    compiled = lazyrt.torch.compile(lazy_step)
+    weights = {2: 0.25, 5: 0.75}
+
+    def schedule(k):
+        if k in weights:
+            eager_set(weights[k])
+            lazy_set(weights[k])
+            return True
+        return False
+    run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(8))
+
+
+# ---- an attribute of an object the step reads: args.clip --------------------------------------
+
+def _clipped(model, opt, args):
+    def step(x, y):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        for p in model.parameters():
+            p.grad.clamp_(-args.clip, args.clip)
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_args_clip_on_a_namespace_changed_between_calls():
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_args, lazy_args = argparse.Namespace(clip=0.05), argparse.Namespace(clip=0.05)
+    eager_step = _clipped(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.5), eager_args)
+    compiled = lazyrt.torch.compile(_clipped(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.5), lazy_args))
+
+    def schedule(k):
+        if k in (2, 4):
+            eager_args.clip = lazy_args.clip = eager_args.clip * 3
+            return True
+        if k == 6:  # another attribute, which the step does not read: no capture
+            eager_args.epochs = lazy_args.epochs = 7
+            return None
+        return False
+    run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(8))
+
+
+def test_a_namespace_in_a_global_read_by_a_called_function():
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_opt = torch.optim.SGD(eager_model.parameters(), lr=0.3)
+    lazy_opt = torch.optim.SGD(lazy_model.parameters(), lr=0.3)
+
+    def make(model, opt):
+        def step(x, y):
+            loss = _config_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    compiled = lazyrt.torch.compile(make(lazy_model, lazy_opt))
+
+    def schedule(k):
+        if k == 3:
+            CONFIG.smooth = 0.5
+            return True
+        if k == 5:  # a new object in the global
+            globals()["CONFIG"] = types.SimpleNamespace(smooth=2.0)
+            return True
+        return False
+    try:
+        run_schedule(make(eager_model, eager_opt), compiled, eager_model, lazy_model, schedule, batches(7))
+    finally:
+        globals()["CONFIG"] = types.SimpleNamespace(smooth=1.0)
+
+
+CONFIG = types.SimpleNamespace(smooth=1.0)
+
+
+def _config_loss(out, y):
+    return F.mse_loss(out * CONFIG.smooth, y)
+
+
+# ---- a module's attribute that is not a tensor -------------------------------------------------
+
+class _Scaled(nn.Module):
+    shift = 0.0  # a class attribute, until an instance sets its own
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self._scaled(self.lin(x)) + self.shift
+
+    def _scaled(self, h):  # a method forward calls: its reads are the module's too
+        return h * self.scale
+
+
+def _sgd_step(model, opt):
+    def step(x, y):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_a_module_attribute_changed_between_calls():
+    eager_model, lazy_model = pair(_Scaled)
+    eager_step = _sgd_step(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.05))
+    compiled = lazyrt.torch.compile(_sgd_step(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.05)))
+
+    def schedule(k):
+        if k == 2:
+            eager_model.scale = lazy_model.scale = 0.5
+            return True
+        if k == 4:  # the instance's own value hides the class's
+            eager_model.shift = lazy_model.shift = 0.25
+            return True
+        if k == 6:  # an attribute no code reads: no capture
+            eager_model.note = lazy_model.note = "x"
+            return None
+        return False
+    run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(8))
+
+
+def test_a_torch_module_hyperparameter_changed_between_calls():
+    eager_model, lazy_model = pair(lambda: nn.Sequential(nn.Linear(6, 8), nn.ELU(alpha=1.0), nn.Linear(8, 3)))
+    eager_step = _sgd_step(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.05))
+    compiled = lazyrt.torch.compile(_sgd_step(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.05)))
+
+    def schedule(k):
+        if k == 3:
+            eager_model[1].alpha = lazy_model[1].alpha = 0.5
+            return True
+        return False
+    run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6, shape=(16, 6)))
+
+
+def test_a_class_attribute_changed_between_calls():
+    eager_model, lazy_model = pair(_Scaled)
+    eager_step = _sgd_step(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.05))
+    compiled = lazyrt.torch.compile(_sgd_step(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.05)))
+
+    def schedule(k):
+        if k == 3:
+            _Scaled.shift = 1.5
+            return True
+        return False
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6))
+    finally:
+        _Scaled.shift = 0.0
+
+
+# ---- the step's bound self ---------------------------------------------------------------------
+
+class _Trainer:
+    def __init__(self, model):
+        self.model = model
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        self.loss_scale = 1.0
+        self.calls = 0  # changed by the loop every call, read by no step code
+
+    def train_step(self, x, y):
+        loss = self.loss_scale * F.mse_loss(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss
+
+
+def test_an_attribute_of_the_bound_self_changed_between_calls():
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager, lazy = _Trainer(eager_model), _Trainer(lazy_model)
+    compiled = lazyrt.torch.compile(lazy.train_step, model=lazy_model, optimizer=lazy.opt)
+
+    def schedule(k):
+        eager.calls = lazy.calls = k
+        if k in (2, 5):
+            eager.loss_scale = lazy.loss_scale = eager.loss_scale * 0.5
+            return True
+        return False
+    run_schedule(eager.train_step, compiled, eager_model, lazy_model, schedule, batches(7))
+
+
+# ---- a value that changes every call ----------------------------------------------------------
+
+def test_a_value_changed_every_call_recaptures_every_call_and_warns_once():
+    global lr
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    compiled = lazyrt.torch.compile(_hand_sgd(lazy_model))
+
+    def schedule(k):
+        global lr
+        lr = 0.5 / (k + 1)  # a schedule computed in Python: a new value every call
+        return True
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_schedule(_hand_sgd(eager_model), compiled, eager_model, lazy_model, schedule, batches(10))
+    finally:
+        lr = 0.5
+    said = [w for w in caught if "captured 8 times" in str(w.message)]
+    assert len(said) == 1 and "global 'lr'" in str(said[0].message), [str(w.message) for w in caught]
