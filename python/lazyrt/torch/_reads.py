@@ -115,9 +115,6 @@ def _class_attr(cls, name):
     return None, ABSENT
 
 
-_CALLED = "<what calling it runs>"  # marks a holder whose forward and __call__ were walked
-
-
 def read_now(kind, holder, key):
     """What the place of a read holds now (ABSENT: nothing)."""
     if kind == "c":
@@ -151,9 +148,22 @@ def python_reads(fn, modules=()):
             functions.append((what, f, full))
 
     def add_holder(what, obj, depth):
-        if id(obj) not in seen_holders:
-            seen_holders.add(id(obj))
-            holders.append((what, obj, depth, set()))
+        if id(obj) in seen_holders:
+            return
+        seen_holders.add(id(obj))
+        d = _dict_of(obj)
+        if d.__class__ is not dict:  # a bound self with __slots__
+            return
+        done = set()
+        if isinstance(obj, torch.nn.Module):
+            done.add("training")  # every submodule's flag is guarded already (World.training)
+        holders.append((what, obj, depth, done))
+        if not inspect.ismodule(obj):
+            cls = type(obj)
+            for special in ("forward", "__call__"):  # what calling the object runs
+                _, f = _class_attr(cls, special)
+                if f is not ABSENT:
+                    walk_class_function(f"{what}.{special}", cls, f)
 
     def found(what, kind, holder, key, v, depth):
         if v is ABSENT:
@@ -196,19 +206,8 @@ def python_reads(fn, modules=()):
     def walk_holder(h):
         what, obj, depth, done = h
         d = _dict_of(obj)
-        if d.__class__ is not dict:  # a bound self with __slots__
-            done.update(names)
-            return
         pymodule = inspect.ismodule(obj)
         cls = type(obj)
-        if isinstance(obj, torch.nn.Module):
-            done.add("training")  # every submodule's flag is guarded already (World.training)
-        if not pymodule and _CALLED not in done:
-            done.add(_CALLED)
-            for special in ("forward", "__call__"):  # what calling the object runs
-                _, f = _class_attr(cls, special)
-                if f is not ABSENT:
-                    walk_class_function(f"{what}.{special}", cls, f)
         for name in sorted(names - done):
             done.add(name)
             v = d.get(name, ABSENT)
@@ -216,6 +215,11 @@ def python_reads(fn, modules=()):
                 found(f"{what}.{name}", "a", obj, name, v, depth)
                 continue
             if pymodule:
+                continue
+            try:
+                if not hasattr(cls, name):  # (through the type's attribute cache: most names)
+                    continue
+            except Exception:  # noqa: BLE001 - a metaclass's __getattr__
                 continue
             klass, a = _class_attr(cls, name)
             if klass is None:
@@ -246,7 +250,8 @@ def python_reads(fn, modules=()):
         while done_functions < len(functions):
             walk_function(*functions[done_functions])
             done_functions += 1
-        for h in list(holders):
-            walk_holder(h)
-        if done_functions == len(functions) and all(h[3] >= names for h in holders):
+        pending = [h for h in holders if not h[3] >= names]
+        if not pending:
             return reads
+        for h in pending:
+            walk_holder(h)
