@@ -204,23 +204,18 @@ def test_no_gradient_is_recorded_under_no_grad_or_for_tensors_that_need_none():
 # node, lowered to one lazyrt loop node: compiled once whatever the trip count. The oracle is
 # the same function run eagerly by PyTorch.
 
-def test_torch_while_loop_in_a_compiled_function_gives_13_and_compiles_once_for_every_count():
+def _seed_count(iteri, x):
+    """The first seed's counter through torch's own while_loop: (0, x + iteri)."""
     from torch._higher_order_ops.while_loop import while_loop
+    return while_loop(lambda i, v: i > 0, lambda i, v: (i - 1, torch.add(v, 1)), (iteri, x))
 
-    def cond_fn(iteri, x):
-        return iteri > 0
 
-    def body_fn(iteri, x):
-        return iteri - 1, torch.add(x, 1)
-
-    def count(iteri, x):
-        return while_loop(cond_fn, body_fn, (iteri, x))
-
-    compiled = lt.compile(count)
+def test_torch_while_loop_in_a_compiled_function_gives_13_and_compiles_once_for_every_count():
+    compiled = lt.compile(_seed_count)
     lr.metrics.reset()
     for n in (10, 1000, 3):
         args = (torch.tensor(n), torch.tensor(3, dtype=torch.int32))
-        got, want = compiled(*args), count(*args)
+        got, want = compiled(*args), _seed_count(*args)
         assert [t.dtype for t in got] == [torch.int64, torch.int32]
         assert [int(t) for t in got] == [int(t) for t in want] == [0, 3 + n]
     # one capture, traced by lazyrt once: one graph, one executable for every trip count
@@ -275,23 +270,12 @@ def test_torch_scan_in_a_compiled_function_matches_eager():
 
 
 def test_torch_while_loop_through_the_torch_compile_backend_compiles_once():
-    from torch._higher_order_ops.while_loop import while_loop
-
-    def cond_fn(iteri, x):
-        return iteri > 0
-
-    def body_fn(iteri, x):
-        return iteri - 1, torch.add(x, 1)
-
-    def count(iteri, x):
-        return while_loop(cond_fn, body_fn, (iteri, x))
-
     torch._dynamo.reset()
-    compiled = torch.compile(count, backend="lazyrt")
+    compiled = torch.compile(_seed_count, backend="lazyrt")
     lr.metrics.reset()
     for n in (10, 1000):
         args = (torch.tensor(n), torch.tensor(3, dtype=torch.int32))
-        assert [int(t) for t in compiled(*args)] == [int(t) for t in count(*args)] == [0, 3 + n]
+        assert [int(t) for t in compiled(*args)] == [int(t) for t in _seed_count(*args)] == [0, 3 + n]
     # one Dynamo graph, lowered to one lazyrt loop, compiled once, nothing run in eager
     assert lr.metrics.counter("DynamoGraph") == 1 and lr.metrics.counter("GraphBreak") == 0
     assert lr.metrics.counter("UncachedCompile") <= 1

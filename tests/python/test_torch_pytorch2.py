@@ -37,22 +37,27 @@ def test_functional_call_with_parameters_passed_in_matches_eager_and_is_never_st
     assert compiled.captures == 1
 
 
+def _twin_steps(m_eager, o_eager, m_lazy, o_lazy, loss_of):
+    """An unmodified training step (loss, backward, step, zero_grad) of each model: the eager
+    one, and the other through lazyrt.torch.compile."""
+    def step_of(model, opt):
+        def step(*args):
+            loss = loss_of(model, *args)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    return step_of(m_eager, o_eager), lazyrt.torch.compile(step_of(m_lazy, o_lazy))
+
+
 def _train(make_opt, make_eager_opt, steps=4):
     torch.manual_seed(1)
     m_eager = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
     m_lazy = copy.deepcopy(m_eager)
     o_eager, o_lazy = make_eager_opt(m_eager.parameters()), make_opt(m_lazy.parameters())
 
-    def step_of(model, opt):
-        def step(x, y):
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-        return step
-
-    eager, lazy = step_of(m_eager, o_eager), lazyrt.torch.compile(step_of(m_lazy, o_lazy))
+    eager, lazy = _twin_steps(m_eager, o_eager, m_lazy, o_lazy, lambda model, x, y: F.mse_loss(model(x), y))
     g = torch.Generator().manual_seed(2)
     for k in range(steps):
         x, y = torch.randn(8, 6, generator=g), torch.randn(8, 3, generator=g)
@@ -104,16 +109,8 @@ def test_scaled_dot_product_attention_trains_as_eager_without_a_graph_break(kind
     o_eager = torch.optim.SGD(m_eager.parameters(), lr=0.1, momentum=0.9)
     o_lazy = torch.optim.SGD(m_lazy.parameters(), lr=0.1, momentum=0.9)
 
-    def step_of(model, opt):
-        def step(x):
-            loss = model(x, mask, kind == "causal").square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-        return step
-
-    eager, lazy = step_of(m_eager, o_eager), lazyrt.torch.compile(step_of(m_lazy, o_lazy))
+    eager, lazy = _twin_steps(m_eager, o_eager, m_lazy, o_lazy,
+                              lambda model, x: model(x, mask, kind == "causal").square().mean())
     breaks = lazyrt.metrics.counter("GraphBreak")
     g = torch.Generator().manual_seed(4)
     with warnings.catch_warnings():
