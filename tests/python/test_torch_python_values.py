@@ -11,6 +11,7 @@ import argparse
 import copy
 import types
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -332,3 +333,25 @@ def test_a_value_changed_every_call_recaptures_every_call_and_warns_once():
         lr = 0.5
     said = [w for w in caught if "captured 8 times" in str(w.message)]
     assert len(said) == 1 and "global 'lr'" in str(said[0].message), [str(w.message) for w in caught]
+
+
+# ---- what the walk cannot look at --------------------------------------------------------------
+
+class _Gone:
+    pass
+
+
+_gone = _Gone()
+_dead = weakref.proxy(_gone)
+del _gone
+
+
+def _names_a_dead_proxy(x):
+    if x is None:
+        print(_dead)  # never run; named all the same
+    return x
+
+
+def test_a_value_that_cannot_be_looked_at_is_passed_over():
+    from lazyrt.torch._reads import python_reads
+    assert python_reads(_names_a_dead_proxy) == []

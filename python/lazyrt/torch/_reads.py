@@ -168,6 +168,10 @@ def python_reads(fn, modules=()):
     def found(what, kind, holder, key, v, depth):
         if v is ABSENT:
             return
+        try:
+            v.__class__
+        except Exception:  # noqa: BLE001 - a value that cannot be looked at (a dead weakref proxy)
+            return
         if plain(v):
             read(what, kind, holder, key, v, False)
         elif _user_function(v):
