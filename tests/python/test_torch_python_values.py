@@ -355,3 +355,36 @@ def _names_a_dead_proxy(x):
 def test_a_value_that_cannot_be_looked_at_is_passed_over():
     from lazyrt.torch._reads import python_reads
     assert python_reads(_names_a_dead_proxy) == []
+
+
+# ---- a NumPy scalar ------------------------------------------------------------------------------
+
+np_weight = np.float32(1.0)
+
+
+def _np_weighted(model, opt):
+    def step(x, y):
+        loss = F.mse_loss(model(x), y) * np_weight
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_a_numpy_scalar_read_from_a_global_changed_between_calls():
+    global np_weight
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step = _np_weighted(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1))
+    compiled = lazyrt.torch.compile(_np_weighted(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1)))
+
+    def schedule(k):
+        global np_weight
+        if k == 3:
+            np_weight = np.float32(0.25)
+            return True
+        return False
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6))
+    finally:
+        np_weight = np.float32(1.0)

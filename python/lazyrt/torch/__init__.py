@@ -98,7 +98,8 @@ non-tensor state values, and every hyperparameter except the learning rate (a sc
 changing ``lr`` does not recapture); the grad mode, the default dtype and the CPU autocast mode
 and dtype the step is called under (``torch.autocast`` inside the step is captured as any other
 code: its casts are ops of the graph); and the **Python values the step reads** (`_reads`),
-which a replay cannot read again: plain numbers, strings, bools, None and tuples of them in the
+which a replay cannot read again: plain numbers, strings, bools, None and tuples of them (also
+torch dtypes and NumPy scalars) in the
 globals its code names and its closure's cells (a global learning rate of a hand-written SGD
 update, a loss weight rebound with ``nonlocal``), in the same places of the user functions it
 calls, and in the attributes its code (and the ``forward`` and methods of the modules' and

@@ -10,7 +10,7 @@ holder the dict, key the name) or ``"a"`` (an attribute in an object's own ``__d
 class's included: holder the object, key the name), value is what the place holds (`ABSENT`
 where it holds nothing) and identity says whether it is compared by identity (an object the walk
 went on through: a namespace, a called function) or by value (a plain number, string, bool,
-None or tuple of them: same type and ``==``). The values are part of the call's signature and
+None or tuple of them: same type and ``==``; a ``torch.dtype`` or NumPy scalar, see `_by_value`). The values are part of the call's signature and
 quick key and the identities of its quick key; the C++ guard checks both.
 
 What the walk reads, by the bytecode of each function it meets (`code_reads`: the global names
@@ -28,9 +28,8 @@ a code object loads or binds, and the attribute names it loads, nested code incl
   ``__dict__`` or, where it has none there, in its class's.
 
 Not seen: values read through ``getattr`` with a computed name, subscripts (``cfg["clip"]``),
-``__slots__``, values that are neither plain nor objects with a ``__dict__`` (a ``torch.dtype``
-read from a global is compared by identity only where the step's own guard checks its globals),
-and the globals of library code.
+``__slots__``, values that are none of plain values, ``torch.dtype``, NumPy scalars and objects
+with a ``__dict__`` (a list's contents), and the globals of library code.
 """
 
 import dis
@@ -38,6 +37,7 @@ import functools
 import inspect
 import sys
 
+import numpy as np
 import torch
 
 ABSENT = object()  # what a read finds where its place holds nothing
@@ -55,6 +55,13 @@ _PLAIN_VALUES = (int, float, bool, str, type(None))
 def plain(v):
     """Whether v compares by value without surprises (as _capture._plain)."""
     return v.__class__ in _PLAIN_VALUES or (v.__class__ is tuple and all(x.__class__ in _PLAIN_VALUES for x in v))
+
+
+def _by_value(v):
+    """Whether a read of v compares values: a plain value, a torch.dtype or a NumPy scalar (the
+    last two by value in the signature and the quick key, by identity in the C++ guard: another
+    object of an equal value takes the Python path, which finds the same capture)."""
+    return plain(v) or v.__class__ is torch.dtype or isinstance(v, np.generic)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -172,7 +179,7 @@ def python_reads(fn, modules=()):
             v.__class__
         except Exception:  # noqa: BLE001 - a value that cannot be looked at (a dead weakref proxy)
             return
-        if plain(v):
+        if _by_value(v):
             read(what, kind, holder, key, v, False)
         elif _user_function(v):
             read(what, kind, holder, key, v, True)
@@ -228,7 +235,7 @@ def python_reads(fn, modules=()):
             klass, a = _class_attr(cls, name)
             if klass is None:
                 continue
-            if plain(a):  # the class's value, while the instance has none of its own
+            if _by_value(a):  # the class's value, while the instance has none of its own
                 read(f"{what}.{name}", "a", obj, name, ABSENT, False)
                 read(f"{klass.__name__}.{name}", "a", klass, name, a, False)
             else:
