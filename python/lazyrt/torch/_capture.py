@@ -19,8 +19,8 @@ Gradients and state the step *replaced* (``p.grad = new``, a state entry created
 of the graph, found by comparing what the swapped-in objects hold after pass 1.
 
 **One graph for the first step and the later ones.** A fresh model has ``.grad`` None and a
-fresh optimizer has no state; after one step (PyTorch 1.13's ``zero_grad()`` keeps zeroed
-gradients) both exist. Eager runs the same arithmetic either way (backward's first
+fresh optimizer has no state; after one step the state exists, and so do the gradients where
+``zero_grad(set_to_none=False)`` keeps them as zeros (PyTorch 2's default sets them to None). Eager runs the same arithmetic either way (backward's first
 accumulation into a missing gradient *is* the gradient; SGD/Adam/AdamW's state starts at
 zeros), so a missing gradient is captured as a zero tensor and missing state as the optimizer's
 initial state (`_optim.initial_state`), and one graph serves every step. That stand-in is
