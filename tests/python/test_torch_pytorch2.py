@@ -137,3 +137,40 @@ def test_scaled_dot_product_attention_dropout_draws_a_new_mask_every_call():
     model.eval()
     with torch.no_grad():
         close(compiled(x), model(x), "eval mode: no dropout")
+
+
+def test_an_argument_that_requires_grad_gets_eagers_gradient_and_later_calls_compile():
+    # The capture writes back the gradients of the modules' parameters; an argument that
+    # requires grad runs the call in eager (counted, warned once), so its .grad is eager's and
+    # accumulates as there. Calls with arguments that do not require grad compile as usual.
+    torch.manual_seed(6)
+    lin = nn.Linear(3, 2)
+
+    def step(w, x):
+        loss = lin(w * x).square().sum()
+        loss.backward()
+        return loss
+
+    compiled = lazyrt.torch.compile(step)
+    w_lazy = torch.randn(3, requires_grad=True)
+    w_eager = w_lazy.detach().clone().requires_grad_(True)
+    x = torch.randn(4, 3)
+    before = lazyrt.metrics.counter("EagerStep")
+    with pytest.warns(lazyrt.torch.GraphBreakWarning, match="requires grad"):
+        got = compiled(w_lazy, x)
+    lin_grads = [p.grad.clone() for p in lin.parameters()]
+    for p in lin.parameters():
+        p.grad = None
+    close(got, step(w_eager, x), "loss")
+    close(w_lazy.grad, w_eager.grad, "the argument's gradient")
+    for g, p in zip(lin_grads, lin.parameters()):
+        close(g, p.grad, "the module's gradients")
+    compiled(w_lazy, x)
+    step(w_eager, x)
+    close(w_lazy.grad, w_eager.grad, "accumulated over two calls")
+    assert lazyrt.metrics.counter("EagerStep") == before + 2 and compiled.captures == 0
+    for p in lin.parameters():
+        p.grad = None
+    plain = w_eager.detach()
+    compiled(plain, x)
+    assert compiled.captures == 1

@@ -86,7 +86,8 @@ with graph breaks) is copied in after the run (``copy_``). Gradients and state e
 replaced or created become new tensors, as in eager; gradients it set to None are None. The
 capture treats its inputs as separate values: a call whose inputs share memory, one of them
 written by the step (parameters that are overlapping views of one storage), runs the step in
-PyTorch eager instead, counted in ``lazyrt.metrics.counter("EagerStep")`` and warned about once. Results are new torch tensors, not
+PyTorch eager instead, counted in ``lazyrt.metrics.counter("EagerStep")`` and warned about once; so
+does a call given an argument that requires grad (its ``.grad`` is made as eager makes it). Results are new torch tensors, not
 attached to autograd (``loss.item()`` after the call, not inside the step). The compiled
 function keeps the views of the last call's tensors, hence their memory, until its next call.
 

@@ -693,6 +693,7 @@ class CompiledFunction:
         self._last = None  # (world, entry, quick key, guard, fast call) of the last call that had a quick key
         self.captures = 0
         self._warned_aliasing = False
+        self._warned_grad_arguments = False
         self._warned_values = False
         functools.update_wrapper(self, fn, updated=())
 
@@ -757,6 +758,8 @@ class CompiledFunction:
                 finally:
                     world.args_leaves = None  # the world is kept; the arguments are not
         self._last = None
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in torch.utils._pytree.tree_leaves((args, kwargs))):
+            return self._eager_for_grad_arguments(args, kwargs)
         modules, optimizers, reach = self._discovery(args, kwargs)
         world = self._world(args, kwargs, (modules, optimizers))
         world.reach = reach  # checked before the last call's key or guard is (_reach_holds)
@@ -816,6 +819,19 @@ class CompiledFunction:
             warnings.warn(f"lazyrt.torch: the step's inputs share memory and the step writes one of them ({kind} "
                           f"{ref} overlaps another input); lazyrt's capture treats inputs as separate values, so "
                           "this call runs in PyTorch eager (and every call while they share memory)",
+                          GraphBreakWarning, stacklevel=3)
+        return self.fn(*args, **kwargs)
+
+    def _eager_for_grad_arguments(self, args, kwargs):
+        """Runs the step in PyTorch eager: an argument requires grad, and the capture writes back
+        the gradients of the modules' parameters only, so its .grad is made as eager makes it.
+        Counted as EagerStep; warned about once per function."""
+        _C._metrics._increment("EagerStep", 1)
+        if not self._warned_grad_arguments:
+            self._warned_grad_arguments = True
+            warnings.warn("lazyrt.torch: an argument of the step requires grad; its gradient is written back only by "
+                          "PyTorch eager, so this call (and every call with such an argument) runs in eager; make it a "
+                          "parameter of a module the step uses to compile the step",
                           GraphBreakWarning, stacklevel=3)
         return self.fn(*args, **kwargs)
 
