@@ -1983,8 +1983,8 @@ def test_binary_cross_entropy_clamps_its_logs_as_torch():
 
 
 def test_one_hot_with_a_number_of_classes_compiles():
-    # PyTorch 1.13's one_hot checks its indices' range by reading them; with num_classes given
-    # the capture computes it without (soft targets made from labels, a common recipe).
+    # one_hot with num_classes given compiles with no value read (soft targets made from labels,
+    # a common recipe): PyTorch traces it as a comparison with an arange.
     loss_fn = lambda o, y: F.cross_entropy(o, F.one_hot(y, 4).float() * 0.9 + 0.025)  # noqa: E731
     step = _train_and_compare(lambda: mlp(nn.ReLU(), seed=2), OPTIMIZERS["adam"], loss_fn, batches("ce"))
     assert step.traces == 1

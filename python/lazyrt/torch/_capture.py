@@ -93,7 +93,7 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     # cells' products and gates, and scaled_dot_product_attention's flash kernel (forward and
     # backward) its math: products, softmax, dropout.
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with mode, _traceable_functions(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), warnings.catch_warnings():
+    with mode, _loop_ops_traceable(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), warnings.catch_warnings():
         # torch's scan reads its fake operands' data pointers (PyTorch's own warning, not the step's)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
@@ -111,69 +111,12 @@ def _onednn_off():
         torch._C._set_mkldnn_enabled(was)
 
 
-def _cross_entropy(input, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
-    """torch.nn.functional.cross_entropy over class indices with label smoothing, as PyTorch
-    1.13's kernel computes it but for the mean of the smoothing term over the targets not
-    ignored: PyTorch takes it through masked_select, whose result has a data-dependent shape
-    (which a captured graph cannot hold); this divides the term's sum by their count."""
-    class_dim = 0 if input.dim() == 1 else 1
-    classes = input.shape[class_dim]
-    logp = torch.log_softmax(input, class_dim)
-    nll = torch.nn.functional.nll_loss(logp, target, weight, ignore_index=ignore_index,
-                                       reduction=("none", "mean", "sum")[reduction])
-    ignored = target == ignore_index
-    if weight is not None:
-        shape = [1] * input.dim()
-        shape[class_dim] = classes
-        smooth = -(logp * weight.reshape(shape)).sum(class_dim)
-    else:
-        smooth = -logp.sum(class_dim)
-    smooth = smooth.masked_fill(ignored, 0.0)
-    if reduction == 1:
-        if weight is not None:  # PyTorch: the weights of the targets not ignored
-            count = weight.gather(0, target.masked_fill(ignored, 0).flatten()).masked_fill(ignored.flatten(), 0).sum()
-        else:
-            count = (~ignored).sum()
-        smooth = smooth.sum() / count
-    elif reduction == 2:
-        smooth = smooth.sum()
-    return nll * (1 - label_smoothing) + smooth * (label_smoothing / classes)
-
-
-def _one_hot(tensor, num_classes):
-    """torch.nn.functional.one_hot for a given number of classes, without PyTorch 1.13's checks
-    that the indices lie in [0, num_classes), which read their values (a captured step cannot):
-    an index outside gives a row of zeros."""
-    return torch.eq(tensor.unsqueeze(-1), torch.arange(num_classes, dtype=tensor.dtype)).to(torch.int64)
-
-
-class _traceable_functions:
-    """While a step is traced, functions of torch that PyTorch 1.13 computes through a value
-    read or a data-dependent shape are computed without, where the arguments allow:
-    cross_entropy with label smoothing over class indices (_cross_entropy) and one_hot with a
-    number of classes (_one_hot). Every other call is PyTorch's own."""
+class _loop_ops_traceable:
+    """While a step is traced: PyTorch's structured loop ops traced with a shape environment of
+    their own (see _with_shape_env). Every other call is PyTorch's own."""
 
     def __enter__(self):
         self.saved = []
-        original_ce = torch._C._nn.cross_entropy_loss
-
-        def cross_entropy_loss(input, target, weight=None, reduction=1, ignore_index=-100, label_smoothing=0.0):
-            if label_smoothing > 0 and not target.is_floating_point():
-                return _cross_entropy(input, target, weight, reduction, ignore_index, label_smoothing)
-            return original_ce(input, target, weight, reduction, ignore_index, label_smoothing)
-
-        original_one_hot = torch.nn.functional.one_hot
-
-        def one_hot(tensor, num_classes=-1):
-            if num_classes > 0:
-                return _one_hot(tensor, num_classes)
-            return original_one_hot(tensor, num_classes)
-
-        # F.one_hot is the builtin itself: torch.nn.functional's name and torch._C._nn's.
-        for module, name, fn in ((torch._C._nn, "cross_entropy_loss", cross_entropy_loss),
-                                 (torch.nn.functional, "one_hot", one_hot), (torch._C._nn, "one_hot", one_hot)):
-            self.saved.append((module, name, getattr(module, name)))
-            setattr(module, name, fn)
         # PyTorch's structured loops: their fake-tensor rules count trips with a size symbol of
         # a shape environment, which the trace has none of (it refuses data-dependent shapes):
         # each loop op is traced with one of its own.
