@@ -712,6 +712,49 @@ def test_an_op_without_a_lowering_runs_in_eager_at_a_graph_break(layer, breaks_p
     assert "aten.addmm.default" in lazyrt.torch.supported_ops()
 
 
+class DetHead(nn.Module):
+    """A regression net whose output adds the determinants of 2x2 blocks of its hidden layer:
+    linalg_det has no lowering, so forward and backward break the graph around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = nn.Linear(6, 8), nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.hidden(x))
+        return self.out(h) + 0.5 * torch.linalg.det(h[:, :4].reshape(-1, 2, 2)).unsqueeze(1)
+
+
+def test_an_eager_op_at_a_graph_break_sees_the_strides_it_was_traced_with():
+    # linalg_det factors A, or A's transpose when A is contiguous, and the captured backward
+    # solves with that factorization as traced (here A is a strided view): an input handed to
+    # the eager op contiguous made every step's gradient of the hidden layer wrong.
+    m_eager, o_eager, m_lazy, o_lazy = twins(DetHead, OPTIMIZERS["sgd_momentum"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    before = lazyrt.metrics.counter("GraphBreak")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", lazyrt.torch.GraphBreakWarning)
+        for k, (x, y) in enumerate(batches("mse")):
+            close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+            same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+    assert lazyrt.metrics.counter("GraphBreak") > before and step.captures == 1
+
+
+@pytest.mark.parametrize("shape,stride", [((4, 3), (1, 4)), ((2, 3, 4), (12, 1, 3)), ((3, 4), (0, 1)),
+                                          ((5, 2, 2), (8, 2, 1)), ((3, 4), (4, 1))])
+def test_traced_layout_keeps_values_and_takes_the_traced_strides(shape, stride):
+    from lazyrt.torch._lower import _traced_layout
+
+    extent = 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+    traced = torch.arange(float(extent)).as_strided(shape, stride)
+    t = torch.randn(shape) if 0 not in stride else torch.randn(shape[1]).expand(shape).contiguous()
+    out = _traced_layout(t, traced)
+    assert out.stride() == stride
+    torch.testing.assert_close(out, t, rtol=0, atol=0)
+
+
 def test_arange_of_a_float_bound_without_dtype_is_float_as_in_eager():
     # torch.arange(-1, 1.5) and torch.arange(2.5): a float bound and no dtype give the default
     # float dtype (an int64 arange would give [-1, 0, 1] and [0, 1, 2] and integer products).

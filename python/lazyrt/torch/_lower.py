@@ -1494,7 +1494,7 @@ def _run_eager(n, e, env, torch_env):
     def torch_value(a):
         if a not in torch_env:
             v = env[a]
-            torch_env[a] = lazyrt.to_torch(v) if _is_tensor(v) else v
+            torch_env[a] = _traced_layout(lazyrt.to_torch(v), a.meta.get("val")) if _is_tensor(v) else v
         return torch_env[a]
 
     args = torch.fx.node.map_arg(n.args, torch_value)
@@ -1513,6 +1513,34 @@ def _run_eager(n, e, env, torch_env):
         env[n] = lazyrt.from_torch(result.contiguous())
     else:
         env[n] = result  # a tuple: its items are taken by eager getitem nodes
+
+
+def _traced_layout(t, val):
+    """`t` laid out in memory as the traced value `val` was: an op run at a graph break sees the
+    strides it saw while the step was traced. Some ops' results depend on them, not only on the
+    values (linalg_det factors the transpose of a contiguous matrix, and the captured backward
+    solves with that factorization), so an input that arrives contiguous where the trace had a
+    view would make the eager op disagree with the rest of the graph."""
+    if not isinstance(val, torch.Tensor) or tuple(t.shape) != tuple(val.shape) or t.numel() <= 1:
+        return t
+    stride = tuple(int(s) for s in val.stride())
+    if tuple(t.stride()) == stride:
+        return t
+    shape = tuple(int(s) for s in t.shape)
+    # Expanded dims (stride 0) are filled once and expanded again.
+    small = [1 if st == 0 else s for s, st in zip(shape, stride)]
+    src = t
+    for d, (s, st) in enumerate(zip(shape, stride)):
+        if st == 0 and s > 1:
+            src = src.narrow(d, 0, 1)
+    reach = 0  # the furthest element the dims of smaller strides reach
+    for st, s in sorted((st, s) for s, st in zip(small, stride) if s > 1):
+        if st <= reach:
+            return t  # overlapping windows (unfold) cannot be written one element per place
+        reach += (s - 1) * st
+    out = torch.empty(reach + 1, dtype=t.dtype).as_strided(small, stride)
+    out.copy_(src)
+    return out.expand(shape)
 
 
 class _Piece:
