@@ -1,12 +1,17 @@
 # The Python tests: pytest over tests/python, one ctest test per file (so that ctest -j runs
-# them side by side), against the package in the build tree. Included from
+# them side by side), against the package in the build tree; the public-example programs of
+# tests/python/programs are named Python.programs.<file>. Included from
 # tests/CMakeLists.txt; needs the Python package (LAZYRT_BUILD_PYTHON). In a sanitized build
 # the interpreter runs with LAZYRT_UNINSTRUMENTED_ENV (tests/CMakeLists.txt).
 if(TARGET lazyrt_python)
   file(GLOB LAZYRT_PY_TEST_FILES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/test_*.py
-       ${CMAKE_CURRENT_LIST_DIR}/upstream/test_*.py)
+       ${CMAKE_CURRENT_LIST_DIR}/upstream/test_*.py ${CMAKE_CURRENT_LIST_DIR}/programs/test_*.py)
   foreach(f ${LAZYRT_PY_TEST_FILES})
     get_filename_component(name ${f} NAME_WE)
+    get_filename_component(dir ${f} DIRECTORY)
+    if(dir STREQUAL "${CMAKE_CURRENT_LIST_DIR}/programs")
+      set(name "programs.${name}")
+    endif()
     # The benchmark suite's smoke test runs the benchmarks' own libraries: only where they are built.
     if(name STREQUAL "test_bench_suite" AND NOT LAZYRT_BUILD_BENCH)
       continue()
