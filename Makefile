@@ -20,6 +20,9 @@ FUZZ_SECONDS ?= 3600
 FUZZ_REPLAY_PROGRAMS ?= 10000
 FUZZ_REPLAY_ACTIONS  ?= 12
 FUZZ_REPLAY_SEED     ?= 0
+# `make fuzz-frontend`: random PyTorch programs for lazyrt.torch.compile, from this seed on.
+FUZZ_FRONTEND_PROGRAMS ?= 10000
+FUZZ_FRONTEND_SEED     ?= 0
 # `make fuzz-jit`: random programs for generated code against the interpreter, from this seed on.
 FUZZ_JIT_PROGRAMS ?= 3000
 FUZZ_JIT_SEED     ?= 1000
@@ -33,7 +36,7 @@ TSAN_STRESS_ROUNDS ?= 24
 
 # Prerequisites must run in order: setup before build before running anything.
 .NOTPARALLEL:
-.PHONY: setup build demo demo-dp test bench fuzz fuzz-replay fuzz-jit stress-threads check-reference check-asan check-tsan clean
+.PHONY: setup build demo demo-dp test bench fuzz fuzz-replay fuzz-frontend fuzz-jit stress-threads check-reference check-asan check-tsan clean
 
 setup:
 	@LAZYRT_VENV=$(VENV) bash $(ROOT)/scripts/setup.sh
@@ -108,6 +111,17 @@ fuzz-replay: setup build
 	  --programs $(FUZZ_REPLAY_PROGRAMS) --actions $(FUZZ_REPLAY_ACTIONS) --seed $(FUZZ_REPLAY_SEED)
 	LAZYRT_REPLAY_FUZZ_PROGRAMS=$(FUZZ_REPLAY_PROGRAMS) LAZYRT_REPLAY_FUZZ_SEED=$$(( $(FUZZ_REPLAY_SEED) + 1 )) \
 	  $(BUILD)/tests/lazyrt_replay_tests --gtest_filter='ReplayFuzz.*'
+
+# Randomized differential test of the PyTorch frontend (tests/python/frontend_fuzz.py): seeded
+# PyTorch training programs (a model from a zoo of modules and aten ops, some without a lowering,
+# views and in-place edits; an optimizer or a hand-written update, schedulers, clipping, autocast,
+# modes, batch sizes and Python values changed between calls) run in eager and through
+# lazyrt.torch.compile, compared after every call; a refusal is counted, a difference is shrunk
+# and printed. Rerun one with `PYTHONPATH=build/python .venv/bin/python
+# tests/python/frontend_fuzz.py --seed S --programs 1`. ctest runs a fixed slice.
+fuzz-frontend: setup build
+	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 $(PYTHON) $(ROOT)/tests/python/frontend_fuzz.py \
+	  --programs $(FUZZ_FRONTEND_PROGRAMS) --seed $(FUZZ_FRONTEND_SEED)
 
 # Randomized differential test of generated kernels (tests/cpp/jit/differential_test.cpp):
 # seeded programs of elementwise ops, casts, constants and reductions over broadcast shapes,
