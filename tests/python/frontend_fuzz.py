@@ -770,7 +770,7 @@ class World:
         elif mode == "dynamo":
             self.fn = torch.compile(self.fn, backend="lazyrt")
         elif mode == "dynamo-eager":  # Dynamo alone (diagnosis: is a difference Dynamo's or lazyrt's?)
-            self.fn = torch.compile(self.fn, backend="eager")
+            self.fn = torch.compile(self.fn, backend=os.environ.get("FRONTEND_FUZZ_DIAG_BACKEND", "eager"))
 
     def before_call(self, call):
         if "loss_w" in call:
@@ -1156,6 +1156,16 @@ def shrink(p, outcome, mode="lazyrt", budget_s=180.0, perturb=None):
 # ---------------------------------------------------------------------------------------------
 
 
+def refusal_hint(p):
+    """The features of a refused program that PyTorch's own code reads values for."""
+    hints = []
+    if any(k == "bn" and a == "momentum_none" for k, a, _ in p.layers):
+        hints.append("BatchNorm momentum=None: float(num_batches_tracked)")
+    if p.config["opt"]["name"] in ("asgd", "rprop"):
+        hints.append(f"optimizer {p.config['opt']['name']}")
+    return "; ".join(hints) or "other"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--programs", type=int, default=100)
@@ -1200,7 +1210,7 @@ def main(argv=None):
         for w in o.warns:
             warns[w] = warns.get(w, 0) + 1
         if o.kind == "refused":
-            key = o.text.split(": ", 1)[1][:140]
+            key = o.text.split(": ", 1)[1][:110] + f" [{refusal_hint(p)}]"
             refusals.setdefault(key, []).append(s)
         elif o.kind == "noisy":
             noisy.append(f"seed {s}: {_first_line(o.text)}")
