@@ -1,10 +1,14 @@
 """Seed program: a training step traced once and replayed from the compile cache.
 
 Linear(5, 3) trained with AdamW (a sync-free step taking found_inf, as for mixed precision).
-One step is traced, its graph hashed and compiled without running (warm-up), and then run
-three times with run_cached_graph, PyTorch/XLA-style: no tracing, and the weights and the
-optimizer state are written back on every replay. The replayed losses change from step to
-step and equal those of three plain steps from the same start.
+As the seed's user writes it: the model, the optimizer and the input are made with no
+mark_step(), one step is traced, and the outputs handed to the low-level calls are the loss and
+the parameters (not the optimizer's moments or step count). The step's
+graph is hashed and compiled without running (warm-up), and then run three times with
+run_cached_graph, PyTorch/XLA-style: no tracing; the model's making is computed once when the
+step is cut, and the weights and the optimizer state (every tensor the step updates in place,
+listed or not) are written back on every replay. The replayed losses change from
+step to step and equal those of three plain steps from the same start.
 
     PYTHONPATH=build/python .venv/bin/python examples/seed/cached_graph_step.py
 """
@@ -19,14 +23,12 @@ def make_model_and_optimizer(state=None):
     if state is not None:
         model.load_state_dict(state)
     optimizer = lr.optim.AdamW(model.parameters(), lr=1e-2)
-    lr.mark_step()
     return model, optimizer
 
 
 model, optimizer = make_model_and_optimizer()
 found_inf = lr.zeros(1)  # non-zero would skip the update
 x = lr.randn(10, 5)
-lr.mark_step()
 start = {k: v.clone() for k, v in model.state_dict().items()}  # copies: state_dict() aliases, as PyTorch's
 
 
@@ -40,9 +42,11 @@ def train_step(x):
 
 # Trace one step, hash its graph and compile it; nothing runs.
 loss = train_step(x)
-graph_hash = lr.graph_hash([loss])
-lr.warm_up_cache([loss])
-graph_input_tensor_ids, graph_input_values = lr.graph_inputs([loss])
+params = list(model.parameters())
+outputs = [loss] + params  # the gradients are None again at the end of the step
+graph_hash = lr.graph_hash(outputs)
+lr.warm_up_cache(outputs)
+graph_input_tensor_ids, graph_input_values = lr.graph_inputs(outputs)
 matcher = lr.GraphInputMatcher({lr.tensor_id(x): 0}, graph_input_tensor_ids, graph_input_values)
 print(f"graph hash: {graph_hash}")
 

@@ -23,10 +23,15 @@ int64_t tensor_id(const Tensor& t);
 /// under graph_hash(outputs). Nothing is executed; the tensors stay pending.
 ///
 /// graph_hash, warm_up_cache and graph_inputs take what was recorded since the last
-/// mark_step() as the traced step: call mark_step() right before tracing it. They throw
-/// lazyrt::Error for a step they could not replay exactly: one that recomputes state that was
-/// still pending when it began, updates a tensor the outputs' graph does not reach, or
-/// changes the gradient of a tensor the graph reads (use compile_step for those).
+/// mark_step() as the traced step: the graph of the outputs and every tensor updated in place
+/// since then (optimizer moments and step counts the outputs do not list, a counter set by
+/// fill_ or copy_), all performed and written back by each replay. State made since then and
+/// before the step (a model built or loaded, an input drawn, an optimizer's state made, with
+/// no mark_step() in between) is computed once, by the first of these calls: the replays read
+/// it as data, and never make it again. They throw lazyrt::Error for a step they could not
+/// replay exactly: one that changes the gradient of a tensor the graph reads (gradients made
+/// by the step and left set: use compile_step, or zero_grad(set_to_none) at its end), or
+/// reads an earlier value of pending state that cannot be computed apart from the step.
 void warm_up_cache(const std::vector<Tensor>& outputs);
 
 struct GraphInputs {
@@ -40,9 +45,11 @@ GraphInputs graph_inputs(const std::vector<Tensor>& outputs);
 
 /// Runs the graph warmed up under `hash` once on the inputs' current values (in the order of
 /// graph_inputs). Every input the traced code updated in place gets its new value (written
-/// into its own buffer when nothing else holds that buffer). Returns every output of the
-/// graph; an updated input is returned as that input tensor. Throws lazyrt::Error for an
-/// unknown hash or inputs of the wrong number, shapes or dtypes, changing nothing.
+/// into its own buffer when nothing else holds that buffer), and so does every other tensor
+/// the step set in place. Returns one result per tensor given to warm_up_cache, in that order
+/// (one the step does not compute is returned as it is), then the step's other in-place
+/// updates; an updated tensor is returned as that tensor. Throws lazyrt::Error for an unknown
+/// hash or inputs of the wrong number, shapes or dtypes, changing nothing.
 std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Tensor>& inputs);
 
 /// A step function traced once and replayed. Calling it binds the arguments, runs the

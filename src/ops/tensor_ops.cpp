@@ -322,12 +322,14 @@ Tensor& Tensor::copy_(const Tensor& src) {
     v = apply(OpKind::Expand, {v}, {s.type.shape});
   }
   rebind(*this, v);
+  s.value_replaced();
   return *this;
 }
 Tensor& Tensor::zero_() {
   auto& s = impl_of(*this, "zero_");
   check_in_place(*this, "zero_");
   rebind(*this, constant_tensor(0, s.type.dtype, s.type.shape));
+  s.value_replaced();
   return *this;
 }
 

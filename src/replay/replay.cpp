@@ -49,9 +49,141 @@ std::vector<ImplPtr> pending_impls(const std::vector<Tensor>& ts, const char* op
   return trace::pending_only(impls);
 }
 
-// The outputs plus, repeatedly, every pending tensor whose old value the graph reads: the
-// in-place updates a replay must perform and write back.
+// Whether a tensor is state the step updated in place: it held data at the last mark_step()
+// (or its making was computed once, below) and holds a pending value now.
+bool updated_state(const TensorImpl& t) {
+  return t.is_pending() && t.pending_from_data() && !t.saved_for_backward && t.scope == 0 && !t.view_of;
+}
+
+// The nodes reachable from some (parameter leaves included).
+std::unordered_set<const trace::LazyNode*> reachable(std::vector<const trace::LazyNode*> stack) {
+  std::unordered_set<const trace::LazyNode*> seen;
+  while (!stack.empty()) {
+    const trace::LazyNode* n = stack.back();
+    stack.pop_back();
+    if (!seen.insert(n).second) continue;
+    for (const trace::LazyValue& v : n->operands) stack.push_back(v.node.get());
+  }
+  return seen;
+}
+
+// The state the step updates in place, the random generator's aside.
+std::unordered_set<const TensorImpl*> updated_states(const std::vector<ImplPtr>& live) {
+  std::unordered_set<const TensorImpl*> updated;
+  for (const ImplPtr& t : live)
+    if (updated_state(*t) && !t->shared_state) updated.insert(t.get());
+  return updated;
+}
+
+// Whether a value reads state the step updates: then the step made it (a gradient, an
+// activation), and a replay computes it again, exactly.
+bool reads_updated_state(const trace::LazyNode* value, const std::unordered_set<const TensorImpl*>& updated) {
+  for (const trace::LazyNode* n : reachable({value})) {
+    if (n->op != ir::OpKind::Parameter) continue;
+    ImplPtr src = n->source.lock();
+    if (src && updated.count(src.get())) return true;
+  }
+  return false;
+}
+
+// Whether a value reads no data but the random generator's state: draws and constants (data
+// no live tensor holds, such as the counts a draw advances the generator by).
+bool made_of_draws(const trace::LazyNode* value) {
+  for (const trace::LazyNode* n : reachable({value})) {
+    if (n->op != ir::OpKind::Parameter) continue;
+    ImplPtr src = n->source.lock();
+    if (n->placeholder >= 0 || (src && !src->shared_state)) return false;
+  }
+  return true;
+}
+
+// The gradients of the pending tensors and of the tensors a graph reads: the step's (its
+// backward's) whatever they read.
+std::unordered_set<const TensorImpl*> gradients(const std::vector<ImplPtr>& live,
+                                                const std::unordered_set<const trace::LazyNode*>& graph) {
+  std::unordered_set<const TensorImpl*> grads;
+  for (const ImplPtr& t : live)
+    if (t->grad) grads.insert(t->grad.get());
+  for (const trace::LazyNode* n : graph)
+    if (n->op == ir::OpKind::Parameter)
+      if (ImplPtr src = n->source.lock(); src && src->grad) grads.insert(src->grad.get());
+  return grads;
+}
+
+// State made since the last mark_step() and before the step — a module built or loaded, an
+// optimizer's state made, an input drawn, without a mark_step() in between — whose making the
+// step's graph reads is computed once, now: the value that ended its making becomes data, so
+// every replay reads the tensor's current value instead of making it again (and writes the
+// update back). That value is the earliest of the tensor's making() the graph reads (its first
+// pending value, or one that replaced it whole: an initialisation, a load). A tensor counts as
+// such state when that value reads none of the state the step updates (the random generator's
+// aside: it is then no gradient or activation of the step, which read the parameters), and the
+// tensor was updated in place since, is a parameter (a leaf that requires grad) or, not being
+// an output, is made of draws and constants alone (an input drawn before the step, which the
+// replays then take as an input).
+void compute_pre_step_state(const std::vector<ImplPtr>& roots) {
+  std::vector<ImplPtr> live = trace::live_pending_tensors();
+  const std::unordered_set<const TensorImpl*> updated = updated_states(live);
+  std::vector<const trace::LazyNode*> from;
+  for (const ImplPtr& r : roots) from.push_back(r->pending().node.get());
+  for (const TensorImpl* t : updated) from.push_back(t->pending().node.get());
+  const std::unordered_set<const trace::LazyNode*> graph = reachable(std::move(from));
+  const std::unordered_set<const TensorImpl*> grads = gradients(live, graph);
+  // Per tensor, the value that ends its making: the earliest of them the step reads.
+  struct Candidate {
+    ImplPtr t;
+    std::shared_ptr<trace::LazyNode> made;
+    bool parameter;
+  };
+  std::vector<Candidate> candidates;
+  for (const ImplPtr& t : live) {
+    if (t->pending_from_data() || t->saved_for_backward || t->scope != 0 || t->view_of || t->shared_state ||
+        grads.count(t.get()))
+      continue;
+    std::shared_ptr<trace::LazyNode> made;
+    for (std::shared_ptr<trace::LazyNode>& v : t->making())
+      if (graph.count(v.get())) {
+        made = std::move(v);
+        break;
+      }
+    if (!made || made->op == ir::OpKind::Parameter || made->shared || made->types.size() != 1) continue;
+    if (reads_updated_state(made.get(), updated)) continue;
+    candidates.push_back({t, std::move(made), t->requires_grad && !t->grad_fn});
+  }
+  // Parameters are state; a value that reads a parameter's making is the step's (a gradient
+  // of weights made without a mark_step(), say), however it was updated since.
+  std::unordered_set<const trace::LazyNode*> parameters;
+  for (const Candidate& c : candidates)
+    if (c.parameter) parameters.insert(c.made.get());
+  std::vector<std::pair<ImplPtr, std::shared_ptr<trace::LazyNode>>> todo;
+  for (Candidate& c : candidates) {
+    if (!c.parameter) {
+      const auto read = reachable({c.made.get()});
+      if (std::any_of(read.begin(), read.end(), [&](const trace::LazyNode* n) { return parameters.count(n) > 0; }))
+        continue;
+      // Never updated since: state only where made of draws and constants alone and not an
+      // output (an input drawn before the step); a value computed from data is the step's.
+      if (c.made == c.t->pending().node &&
+          (std::find(roots.begin(), roots.end(), c.t) != roots.end() || !made_of_draws(c.made.get())))
+        continue;
+    }
+    todo.emplace_back(std::move(c.t), std::move(c.made));
+  }
+  if (todo.empty()) return;
+  std::vector<ImplPtr> made;
+  for (const auto& [t, value] : todo) made.push_back(trace::make_pending({value, 0}));
+  trace::sync_tensors(made);
+  for (size_t k = 0; k < todo.size(); ++k) todo[k].first->take_computed(todo[k].second, made[k]->data());
+}
+
+// The outputs plus every tensor updated in place since the last mark_step() (after the state
+// made before the step is computed), and, repeatedly, every pending tensor whose old value the
+// graph reads: the in-place updates a replay must perform and write back.
 trace::Extracted extract_with_updates(std::vector<ImplPtr>& roots) {
+  compute_pre_step_state(roots);
+  roots = trace::pending_only(roots);  // a parameter made before the step and never updated is data now
+  for (ImplPtr& t : trace::live_pending_tensors())
+    if (updated_state(*t) && std::find(roots.begin(), roots.end(), t) == roots.end()) roots.push_back(std::move(t));
   while (true) {
     trace::Extracted ex = trace::extract_graph(roots);
     bool added = false;
@@ -68,15 +200,16 @@ trace::Extracted extract_with_updates(std::vector<ImplPtr>& roots) {
   }
 }
 
-// The low-level calls take what was recorded since the last mark_step() as the step, and the
-// graph of the outputs with the in-place updates it reaches as what a replay performs. They
-// refuse, naming the tensor, every step they could not replay exactly:
-// - a live tensor updated in place since it last held data whose earlier pending value the
-//   graph computes: it started the step as pending IR (a fresh module's weights, state loaded
-//   with load_state_dict): every replay would compute that earlier value again instead of
-//   reading the tensor, and never write the update back;
-// - a live tensor updated in place that the graph does not reach (a counter the outputs do
-//   not depend on, a value set by zero_ or copy_): a replay would not update it;
+// The low-level calls take what was recorded since the last mark_step() as the step: the
+// graph of the outputs, every tensor updated in place since then, and the in-place updates the
+// graph reaches, all performed and written back by a replay (state made before the step
+// without a mark_step() computed once first, above). They refuse, naming the tensor, every step
+// they could not replay exactly:
+// - a live tensor updated in place while pending whose earlier value the graph computes and
+//   which could not be computed apart from the step: every replay would compute that earlier
+//   value again instead of reading the tensor, and never write the update back;
+// - a live tensor updated in place that the graph does not reach (a view whose base the step
+//   does not update): a replay would not update it;
 // - a tensor the graph reads whose gradient the step replaced, cleared or created: the
 //   low-level calls do not replay gradients (compile_step does).
 void check_replayable(const std::vector<ImplPtr>& roots, const trace::Extracted& ex, const char* op) {
@@ -89,17 +222,21 @@ void check_replayable(const std::vector<ImplPtr>& roots, const trace::Extracted&
     if (!nodes.insert(n).second) continue;
     for (const trace::LazyValue& v : n->operands) stack.push_back(v.node.get());
   }
-  for (const ImplPtr& t : trace::live_pending_tensors()) {
+  const std::vector<ImplPtr> live = trace::live_pending_tensors();
+  const std::unordered_set<const TensorImpl*> updated = updated_states(live);
+  const std::unordered_set<const TensorImpl*> grads = gradients(live, nodes);
+  for (const ImplPtr& t : live) {
     if (t->saved_for_backward || std::find(roots.begin(), roots.end(), t) != roots.end()) continue;
     const ImplPtr view_base = t->view_of ? t->view_of->root() : nullptr;
     const std::string what = detail::str_cat("a tensor (id ", t->id, ", ", ir::type_str(t->type),
                                              view_base ? detail::str_cat(", a view of tensor ", view_base->id) : "", ")");
     std::shared_ptr<trace::LazyNode> origin = t->origin();
-    if (origin && origin != t->pending().node && nodes.count(origin.get()))
+    if (origin && origin != t->pending().node && nodes.count(origin.get()) && !grads.count(t.get()) &&
+        !reads_updated_state(origin.get(), updated))
       throw Error(detail::str_cat(op, ": the graph reads an earlier value of ", what,
-                                  " that was updated in place while still pending: its value before the step "
-                                  "was never computed, so every replay would compute it again (its "
-                                  "initialisation or load, say) and never write the update back. Call "
+                                  " that was updated in place while still pending, and that value cannot be "
+                                  "computed apart from the step (one of several results of an op): every "
+                                  "replay would compute it again and never write the update back. Call "
                                   "mark_step() before tracing the step, so that its state is device data"));
     // A view of a tensor the graph writes is re-derived whenever that tensor is written back.
     if (view_base && std::find(roots.begin(), roots.end(), view_base) != roots.end()) continue;
@@ -154,6 +291,14 @@ struct GradAtWarmUp {
 struct WarmGraph {
   std::shared_ptr<Executable> exe;
   std::vector<int32_t> updates;  // per output, the parameter it updates in place, or -1
+  // Per output, the state it is written back into where the graph does not read that
+  // state's old value (a value set by zero_ or copy_), else empty.
+  std::vector<std::weak_ptr<TensorImpl>> writes;
+  // Per tensor given to warm_up_cache, the output that gives its new value, or -1 for one the
+  // step does not compute (data, returned as it is: held in `given`). Results come in that
+  // order, then the other outputs (the in-place updates the step performs).
+  std::vector<int32_t> layout;
+  std::vector<ImplPtr> given;
   uint64_t epoch = 0;            // step_epoch when warmed up
   std::vector<GradAtWarmUp> grads;
 };
@@ -194,7 +339,19 @@ void warm_up_cache(const std::vector<Tensor>& outputs) {
   check_replayable(roots, ex, "warm_up_cache");
   std::vector<int32_t> offers = update_offers(roots, ex);
   GraphHash key = exec::cache_key(ex.graph, offers);
-  WarmGraph w{exec::executable_for(key, ex.graph, offers), offers, step_epoch.load(std::memory_order_relaxed), {}};
+  std::vector<std::weak_ptr<TensorImpl>> writes(roots.size());
+  for (size_t k = 0; k < roots.size(); ++k)
+    if (offers[k] < 0 && updated_state(*roots[k])) writes[k] = roots[k];
+  std::vector<int32_t> layout;
+  std::vector<ImplPtr> given;
+  for (const Tensor& t : outputs) {
+    const ImplPtr& impl = trace::impl_of(t);
+    auto it = std::find(roots.begin(), roots.end(), impl);
+    layout.push_back(it == roots.end() ? -1 : static_cast<int32_t>(it - roots.begin()));
+    given.push_back(it == roots.end() ? impl : nullptr);
+  }
+  WarmGraph w{exec::executable_for(key, ex.graph, offers), offers, std::move(writes), std::move(layout),
+              std::move(given), step_epoch.load(std::memory_order_relaxed), {}};
   auto note_grad = [&](const std::weak_ptr<TensorImpl>& weak) {
     if (ImplPtr t = weak.lock(); t && t->requires_grad) w.grads.push_back({t, t->grad, t->grad != nullptr});
   };
@@ -306,12 +463,32 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
       trace::impl_of(inputs[p])->set_data(std::move(frame.outs[k]));
       written.push_back(trace::impl_of(inputs[p]).get());
       results.push_back(inputs[p]);
+    } else if (ImplPtr state = w.writes[k].lock()) {
+      // A buffer of its own, not one of the executable's constants or another output's (as a sync gives).
+      const runtime::OutputSource::Kind kind = exe.outputs()[k].kind;
+      if (kind == runtime::OutputSource::Kind::Const || kind == runtime::OutputSource::Kind::Alias)
+        frame.outs[k] = backend::current().copy(*frame.outs[k]);
+      state->set_data(std::move(frame.outs[k]));
+      written.push_back(state.get());
+      results.push_back(trace::tensor_of(state));
     } else {
       results.push_back(trace::tensor_of(trace::make_data(exe.output_types()[k], std::move(frame.outs[k]))));
     }
   }
   rederive_written_views(written);
-  return results;
+  std::vector<Tensor> ordered;
+  std::vector<char> placed(results.size(), 0);
+  for (size_t i = 0; i < w.layout.size(); ++i) {
+    if (w.layout[i] >= 0) {
+      ordered.push_back(results[w.layout[i]]);
+      placed[w.layout[i]] = 1;
+      continue;
+    }
+    ordered.push_back(trace::tensor_of(w.given[i]));
+  }
+  for (size_t k = 0; k < results.size(); ++k)
+    if (!placed[k]) ordered.push_back(std::move(results[k]));
+  return ordered;
 }
 
 // ---- compile_step ---------------------------------------------------------------------------

@@ -242,6 +242,7 @@ void TensorImpl::set_ir(LazyValue v) {
       r.insert(this);
       origin_ = v.node;
       from_data_ = data_ != nullptr;
+      replaced_.clear();
     }
     old = std::exchange(ir, std::move(v));
   }
@@ -263,6 +264,43 @@ void TensorImpl::set_data(std::shared_ptr<runtime::Buffer> buffer) {
   data_ = std::move(buffer);
 }
 
+std::vector<std::shared_ptr<LazyNode>> TensorImpl::making() const {
+  auto& r = pending_registry();
+  std::lock_guard<util::SpinLock> lock(r.mu);
+  std::vector<std::shared_ptr<LazyNode>> out;
+  if (auto o = origin_.lock()) out.push_back(std::move(o));
+  for (const auto& w : replaced_)
+    if (auto n = w.lock()) out.push_back(std::move(n));
+  return out;
+}
+
+void TensorImpl::value_replaced() {
+  constexpr size_t kKept = 8;  // an initialisation replaces a value once or twice
+  if (!ir || from_data_ || view_of) return;
+  auto& r = pending_registry();
+  std::lock_guard<util::SpinLock> lock(r.mu);
+  if (replaced_.size() < kKept) replaced_.push_back(ir.node);
+}
+
+void TensorImpl::take_computed(const std::shared_ptr<LazyNode>& o, std::shared_ptr<runtime::Buffer> buffer) {
+  LAZYRT_ASSERT(o && ir && o->types.size() == 1 && o->types[0] == type, "tensor ", id, ": no value to compute");
+  o->op = ir::OpKind::Parameter;
+  o->operands.clear();
+  o->attrs = {};
+  o->regions.clear();
+  o->data = buffer;
+  o->source_tensor = id;
+  o->source = weak_from_this();
+  if (ir.node == o) {
+    set_data(std::move(buffer));
+  } else {
+    auto& r = pending_registry();
+    std::lock_guard<util::SpinLock> lock(r.mu);
+    from_data_ = true;
+    replaced_.clear();
+  }
+}
+
 void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value) {
   if (value) {
     LazyValue old;
@@ -274,6 +312,7 @@ void TensorImpl::restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue 
       if (!ir) {
         r.insert(this);
         origin_ = value.node;
+        replaced_.clear();
       }
       old = std::exchange(ir, std::move(value));
     }

@@ -138,6 +138,18 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   /// Whether its gradient is another tensor (or none instead of one, or one instead of none)
   /// than at the last mark_step().
   bool grad_changed_since_mark_step() const;
+  /// The values that may end the tensor's making since it last held data, earliest first: its
+  /// origin, then each pending value that replaced the one before whole (copy_, zero_, fill_:
+  /// an initialisation or a load), the first few of them. The low-level replay calls compute
+  /// the one the step reads once (state made before the step).
+  std::vector<std::shared_ptr<LazyNode>> making() const;
+  /// The pending value was replaced whole (copy_, zero_, fill_), not derived in place.
+  void value_replaced();
+  /// Makes `value`, one of making()'s (computed into `buffer`), data: its node becomes a
+  /// parameter leaf of that buffer, so every graph reading it reads the data, and the tensor
+  /// counts as state updated in place since it held data (or, where it is still the tensor's
+  /// value, holds the data).
+  void take_computed(const std::shared_ptr<LazyNode>& value, std::shared_ptr<runtime::Buffer> buffer);
   /// Puts back a value saved by a RebindJournal (data, or pending IR).
   void restore_value(std::shared_ptr<runtime::Buffer> data, LazyValue value);
   /// Drops the cached parameter leaf, so the data buffer's owners are the tensor and whatever
@@ -153,6 +165,7 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   LazyValue ir;
   LazyValue leaf_;  // cached parameter leaf for data_
   std::weak_ptr<LazyNode> origin_;
+  std::vector<std::weak_ptr<LazyNode>> replaced_;  // see making()
   bool from_data_ = false;
   // The gradient at the last mark_step(), noted at the first change after it.
   uint64_t grad_mark_ = 0;

@@ -297,18 +297,111 @@ def test_grad_mode_at_the_call_is_a_guard():
     assert s.traces == 2
 
 
-def test_low_level_calls_refuse_a_step_traced_on_pending_state_and_change_nothing():
-    w = World()
+@pytest.mark.parametrize("opt,zero_grad", [("adamw", "end"), ("sgd", "end"), ("adam", "end")])
+def test_low_level_calls_compute_state_made_before_the_step_once(opt, zero_grad):
+    # A model and optimizer built without a mark_step() and a step traced on them: the
+    # low-level calls compute the model's making once (the weights' initialisation, the
+    # optimizer state the step creates) instead of refusing, so each replay starts from the
+    # state the last one wrote back, and three replays equal three plain steps, state and all.
+    # (They used to be refused, and before that every replay recomputed the initial weights.)
     x = data(1, 10, 5)
+    plain = World(opt, zero_grad=zero_grad)
+    losses, states = [], []
+    for _ in range(3):
+        loss = plain.step(x)
+        lr.mark_step()
+        losses.append(loss.item())
+        states.append(plain.state())
+    assert len(set(losses)) == 3
+    w = World(opt, zero_grad=zero_grad)
     loss = w.step(x)
-    for call in (lr.graph_hash, lr.warm_up_cache, lr.graph_inputs):
-        with pytest.raises(lr.Error, match="mark_step"):
-            call([loss])
-    assert loss.is_pending()
-    # Nothing changed: the pending step still computes the plain program's first loss.
-    first = loss.item()
-    w2 = World()
-    assert first == pytest.approx(w2.step(x).item(), rel=1e-6)
+    outputs = [loss] + list(w.model.parameters())
+    h = lr.graph_hash(outputs)
+    lr.warm_up_cache(outputs)
+    ids, values = lr.graph_inputs(outputs)
+    for k in range(3):
+        out = lr.run_cached_graph(h, values)
+        assert out[0].item() == pytest.approx(losses[k], rel=1e-6), f"replay {k}"
+        assert_same_state(w.state(), states[k])
+
+
+@pytest.mark.parametrize("making", ["built", "initialised", "loaded"])
+@pytest.mark.parametrize("zero_grad", ["none", "zeros_after_a_first_step"])
+def test_low_level_calls_replay_the_seed_program_as_written(making, zero_grad):
+    # The seed's user: a model built (then re-initialised in place, or loaded) and an input
+    # drawn with no mark_step(), one step traced, [loss] + params + grads handed to the
+    # low-level calls (not the optimizer's moments or step count). Three replays equal three
+    # plain steps: losses, weights, gradients and optimizer state.
+    def run(replayed):
+        lr.manual_seed(0)
+        model = nn.Linear(5, 3)
+        if making == "initialised":
+            nn.init.xavier_uniform_(model.weight)
+        elif making == "loaded":
+            model.load_state_dict({"weight": lr.ones(3, 5) * 0.1, "bias": lr.zeros(3)})
+        opt = lr.optim.AdamW(model.parameters(), lr=1e-2)
+        x = lr.randn(10, 5)
+        if zero_grad != "none":  # gradients (zeros) from a first step: the traced one accumulates into them
+            (model(x) ** 2).mean().backward()
+            opt.zero_grad(set_to_none=False)
+            lr.mark_step()
+
+        def step():
+            loss = (model(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=zero_grad == "none")
+            return loss
+
+        if not replayed:
+            losses = []
+            for _ in range(3):
+                loss = step()
+                lr.mark_step()
+                losses.append(loss.item())
+        else:
+            loss = step()
+            params = list(model.parameters())
+            outputs = [loss] + params + [p.grad for p in params if p.grad is not None]
+            h = lr.graph_hash(outputs)
+            lr.warm_up_cache(outputs)
+            ids, values = lr.graph_inputs(outputs)
+            losses = [lr.run_cached_graph(h, values)[0].item() for _ in range(3)]
+        state = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        state["grads"] = [None if p.grad is None else p.grad.numpy().copy() for p in model.parameters()]
+        state["opt"] = [t.numpy().copy() for t in opt.state_tensors()]
+        return losses, state
+
+    (got, got_state), (want, want_state) = run(True), run(False)
+    assert len(set(want)) == 3
+    assert got == want
+    for k in ("weight", "bias"):
+        np.testing.assert_array_equal(got_state[k], want_state[k])
+    for a, b in zip(got_state["grads"] + got_state["opt"], want_state["grads"] + want_state["opt"]):
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_array_equal(a, b)
+
+
+def test_low_level_calls_take_an_input_drawn_before_the_step_as_an_input():
+    # x drawn (pending) right before the step, no mark_step() anywhere: it is computed once
+    # and is a graph input the matcher can replace, not a draw each replay makes anew.
+    w = World("sgd")
+    x = lr.randn(10, 5)
+    loss = w.step(x)
+    outputs = [loss] + list(w.model.parameters())
+    h = lr.graph_hash(outputs)
+    lr.warm_up_cache(outputs)
+    ids, values = lr.graph_inputs(outputs)
+    assert not x.is_pending() and lr.tensor_id(x) in ids
+    matcher = lr.GraphInputMatcher({lr.tensor_id(x): 0}, ids, values)
+    got = [lr.run_cached_graph(h, matcher([x]))[0].item() for _ in range(2)]
+    plain = World("sgd")
+    want = []
+    for _ in range(2):
+        want.append(plain.step(x).item())
+        lr.mark_step()
+    assert got == pytest.approx(want, rel=1e-6)
 
 
 def test_low_level_calls_after_mark_step_match_plain_steps_across_lr_changes():
@@ -464,14 +557,35 @@ def test_low_level_calls_refuse_a_step_that_changes_gradients():
         low_level_trace(w, data(1, 10, 5))
 
 
-def test_low_level_calls_refuse_an_update_the_outputs_do_not_reach():
-    # A counter the step advances in place, which neither the loss nor the updates read.
-    w = World()
-    counter = lr.zeros([])
-    step = w.step
-    w.step = lambda x: (counter.add_(1), step(x))[1]
-    with pytest.raises(lr.Error, match="does not reach"):
-        low_level_trace(w, data(1, 10, 5))
+@pytest.mark.parametrize("update", ["add_", "fill_", "copy_"])
+def test_low_level_calls_replay_an_update_the_outputs_do_not_reach(update):
+    # A counter the step changes in place, which neither the loss nor the updates read: it is
+    # part of the step all the same (everything updated in place since the last mark_step()),
+    # and each replay changes it as a plain step does, whether or not the new value reads the
+    # old one. (It used to be refused.)
+    def run(replayed):
+        w = World()
+        counter = lr.zeros([])
+        step = w.step
+        change = {"add_": lambda: counter.add_(1), "fill_": lambda: counter.fill_(7.0),
+                  "copy_": lambda: counter.copy_(lr.ones([]) * 3)}[update]
+        w.step = lambda x: (change(), step(x))[1]
+        x = data(1, 10, 5)
+        if replayed:
+            h, values = low_level_trace(w, x)
+            out = []
+            for _ in range(3):
+                out.append((lr.run_cached_graph(h, values)[0].item(), counter.item()))
+            return out
+        lr.mark_step()
+        out = []
+        for _ in range(3):
+            loss = w.step(x)
+            lr.mark_step()
+            out.append((loss.item(), counter.item()))
+        return out
+
+    assert run(True) == run(False)
 
 
 def test_low_level_calls_replay_plain_sgd_and_its_step_count_as_plain_steps():
