@@ -2051,14 +2051,15 @@ def test_cross_entropy_over_positions_trains_as_eager(reduction, shape):
     _train_and_compare(make, OPTIMIZERS["sgd_momentum"], loss_fn, data)
 
 
-def test_a_step_that_changes_python_state_is_refused_and_the_state_put_back():
+def test_a_step_that_changes_python_state_runs_first_in_eager_then_is_refused_and_the_state_put_back():
     # Gradient accumulation written with a counter the step keeps in a closure: a replay runs no
     # Python, so the counter would never move and the optimizer would step on every call or on
-    # none. The capture refuses it, naming the variable, and leaves the counter, the list the
-    # step appends to and the model as they were.
+    # none. The first call's capture changes the counter: undone, and that call runs in eager
+    # (state a first call sets up is set up for real that way); the next capture changes it
+    # again and is refused, naming the variable, leaving the counter, the list the step appends
+    # to and the model as the eager call left them.
     torch.manual_seed(0)
     model = mlp(nn.ReLU())
-    before = copy.deepcopy(model.state_dict())
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     calls = [0]
     seen = []
@@ -2074,11 +2075,51 @@ def test_a_step_that_changes_python_state_is_refused_and_the_state_put_back():
         return loss
     compiled = lazyrt.torch.compile(step, model=model, optimizer=opt)
     (x, y), = batches("ce", n=1)
+    eager_steps = lazyrt.metrics.counter("EagerStep")
+    with pytest.warns(lazyrt.torch.GraphBreakWarning, match="changed Python state"):
+        compiled(x, y)
+    assert calls == [1] and len(seen) == 1 and lazyrt.metrics.counter("EagerStep") == eager_steps + 1
+    before = copy.deepcopy(model.state_dict())
+    grads = [p.grad.clone() for p in model.parameters()]
     with pytest.raises(lazyrt.torch.CaptureError, match=r"changes Python state.*closure variable 'calls'"):
         compiled(x, y)
-    assert calls == [0] and seen == []
+    assert calls == [1] and len(seen) == 1
     same_tree(model.state_dict(), before, "parameters after the refused capture")
-    assert all(p.grad is None for p in model.parameters())
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g, rtol=0, atol=0)
+
+
+class _MaskCache(nn.Module):
+    """Caches a mask on itself on its first call, as the word language model's transformer
+    does: the capture must not leave its stand-in tensor there."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 4)
+        self.mask = None
+
+    def forward(self, x):
+        if self.mask is None:
+            self.mask = torch.triu(torch.ones(4, 4))
+        return self.lin(x) @ self.mask
+
+
+def test_a_module_that_caches_a_tensor_on_its_first_call_trains_as_eager():
+    # The first capture made the cached mask a fake tensor: the next call failed, and any eager
+    # use of the module after it raised. Now that call runs in eager and the next is captured.
+    m_eager, o_eager, m_lazy, o_lazy = twins(_MaskCache, OPTIMIZERS["sgd_momentum"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", lazyrt.torch.GraphBreakWarning)
+        for k, (x, y) in enumerate(batches("mse")):
+            close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+            same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+            assert type(m_lazy.mask) is torch.Tensor
+    # The first capture makes the mask (a result the call sets on the module), the second
+    # reads it (the Python value `mask is None` changed).
+    assert step.captures == 2
 
 
 def test_a_step_that_steps_a_scheduler_is_refused():
@@ -2162,12 +2203,19 @@ def _step_binding_a_global(model):
 @pytest.mark.parametrize("kind", ["global", "bound_self"])
 def test_a_step_that_changes_a_global_or_its_own_attribute_is_refused(kind):
     # The other places a step reaches: a global its code names, an attribute of its bound self.
+    # The first call runs in eager (its capture changed them), the second is refused.
     model = mlp(nn.ReLU())
     if kind == "global":
         fn, what, value = _step_binding_a_global(model), "global '_STEPS_BOUND'", lambda: _STEPS_BOUND
     else:
         trainer = _CountingTrainer(model)
         fn, what, value = trainer.step, "attribute 'count' of the step's _CountingTrainer", lambda: trainer.count
+    compiled = lazyrt.torch.compile(fn, model=model)
+    start = value()
+    with pytest.warns(lazyrt.torch.GraphBreakWarning, match="changed Python state"):
+        compiled(torch.randn(3, 6))
+    assert value() != start
+    after_eager = value()
     with pytest.raises(lazyrt.torch.CaptureError, match=re.escape(what)):
-        lazyrt.torch.compile(fn, model=model)(torch.randn(3, 6))
-    assert value() == 0
+        compiled(torch.randn(3, 6))
+    assert value() == after_eager

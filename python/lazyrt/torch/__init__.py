@@ -49,10 +49,13 @@ every step a new capture; a ``.item()`` in their step cannot be captured. LBFGS'
 reads the loss with ``float()`` and decides by values how many evaluations to run, is refused
 with `CaptureError` (``torch.compile(step, backend="lazyrt")`` runs it, breaking the graph at
 those reads).
-A replay runs no Python, so a step that changes Python state is refused with `CaptureError`
-(and that state put back): a value or the contents of a list, dict or set it reaches directly
-(its closure's variables, the globals its code names, its bound self's attributes), and the
-optimizers' param groups (a learning-rate scheduler stepped inside the step).
+A replay runs no Python. Tensors the step sets on its modules (a cached mask) are results of
+the capture, set again after every run. Other Python state a step changes — a value or the
+contents of a list, dict or set it reaches directly (its closure's variables, the globals its
+code names, its bound self's attributes, its modules' other attributes) — is put back after
+the capture and that call runs in PyTorch eager (setting up what a first call sets up); a
+step whose next capture changes such state again is refused with `CaptureError`, as is one
+that changes the optimizers' param groups (a learning-rate scheduler stepped inside it).
 
 A fresh model (``.grad`` None) and a fresh optimizer (no state) are captured as if they had
 zero gradients and the optimizer's initial state, so the first step and the later ones share

@@ -93,10 +93,31 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     # cells' products and gates, and scaled_dot_product_attention's flash kernel (forward and
     # backward) its math: products, softmax, dropout.
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with mode, _loop_ops_traceable(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), warnings.catch_warnings():
+    with mode, _loop_ops_traceable(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), _causal_hint_unread(), \
+            warnings.catch_warnings():
         # torch's scan reads its fake operands' data pointers (PyTorch's own warning, not the step's)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
+
+
+@contextlib.contextmanager
+def _causal_hint_unread():
+    """nn.TransformerEncoder and nn.Transformer compare a mask given without is_causal with a
+    causal one (bool() of a tensor: a value read a captured step cannot make) to pick a faster
+    kernel. While tracing, such a mask is taken as not known to be causal: the layers apply it
+    as the mask it is, which gives the same values (the hint only swaps the mask for the
+    attention's own causal masking)."""
+    from torch.nn.modules import transformer
+
+    detect = transformer._detect_is_causal_mask
+
+    def given_hint_only(mask, is_causal=None, size=None):
+        return is_causal is True
+    transformer._detect_is_causal_mask = given_hint_only
+    try:
+        yield
+    finally:
+        transformer._detect_is_causal_mask = detect
 
 
 @contextlib.contextmanager

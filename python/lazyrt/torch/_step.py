@@ -130,6 +130,7 @@ class _Entry:
         self.state_empty_ok = c.state_empty_ok
         self.state_keys = set(c.state_in)
         self._state_creates = None  # (optimizer, group, param index) of state_keys, in order
+        self.side_attrs = ()  # (module, attribute name) the step sets to tensors, in result order
 
     def accepts(self, world):
         """Whether this capture is right for `world` (which has this capture's signature): the
@@ -170,6 +171,11 @@ class _Entry:
             for o, p in created:  # a step that did not run leaves no state behind
                 o.state.pop(p, None)
             raise
+        if self.side_attrs:
+            # Tensors the step sets on modules (see CompiledFunction._capture): set again.
+            result, values = result
+            for (sub, name), value in zip(self.side_attrs, values):
+                setattr(sub, name, value)
         if self._zeros and all(world.params[self._slot_refs[s][1]].grad is not None for s in self._zeros):
             # The step made the gradients it stood in for (the usual first step): the zeros go,
             # rather than hold a gradient's worth of memory for the capture's life.
@@ -191,7 +197,7 @@ class _Entry:
         nothing is copied back after the step (gradients it sets to None or makes anew aside)
         and every result is a constant, an input or a result of its own; None for other
         captures, which take the Python path every call."""
-        if guard is None or self._packed is None or self._in_sources:
+        if guard is None or self._packed is None or self._in_sources or self.side_attrs:
             return None
         clear_grads, set_grads = [], []
         uses = {}
@@ -473,6 +479,10 @@ def _no_grad_if(needed):
 _MISS, _OTHER = object(), object()
 
 
+class _StateChanged(CaptureError):
+    """A capture changed Python state the step reaches (put back as it was)."""
+
+
 class _AliasedMemory(Exception):
     """An input of the step shares memory with another, and the step writes one of them."""
 
@@ -497,8 +507,9 @@ class _Place:
     its bound self), snapshotted shallowly: the object there and, for a list, dict or set, its
     elements (held, so identities stay unique)."""
 
-    def __init__(self, what, get, put):
+    def __init__(self, what, get, put, by_items=False):
         self.what, self.get, self.put = what, get, put
+        self.by_items = by_items  # get() makes a new dict each time: compare its items only
         self.obj = get()
         self.items = self._items(self.obj)
 
@@ -514,7 +525,7 @@ class _Place:
 
     def changed(self):
         obj = self.get()
-        if obj is not self.obj:
+        if obj is not self.obj and not self.by_items:
             return True
         now = self._items(obj)
         if now is None:
@@ -529,6 +540,8 @@ class _Place:
 
     def restore(self):
         self.put(self.obj)
+        if self.by_items:
+            return
         if self.obj.__class__ is list:
             self.obj[:] = self.items
         elif self.obj.__class__ is dict:
@@ -570,6 +583,57 @@ def _reached(fn):
         for name in _code_names(code):  # also a name not bound yet (_MISSING), which the step may bind
             yield (f"global '{name}'", g.get(name, _MISSING), lambda n=name: g.get(n, _MISSING),
                    lambda v, n=name: g.__setitem__(n, v) if v is not _MISSING else g.pop(n, None))
+
+
+_TRACKED_ATTRS = ("_parameters", "_buffers", "_modules", "_flat_weights", "_flat_weight_refs")
+
+
+class _ModulePlace(_Place):
+    """The attributes of a module other than what the capture tracks itself (parameters,
+    buffers, submodules, a recurrent module's weight list): a forward that caches a tensor on
+    its module (a mask made on the first call, what a layer saw) changes them."""
+
+    def __init__(self, module):
+        self.module = module
+        attrs = module.__dict__
+
+        def get():
+            return {k: v for k, v in attrs.items() if k not in _TRACKED_ATTRS}
+
+        def put(v):
+            for k in [k for k in attrs if k not in _TRACKED_ATTRS and k not in v]:
+                del attrs[k]
+            attrs.update(v)
+        super().__init__(f"attributes of a {type(module).__name__}", get, put, by_items=True)
+
+    def changed_names(self):
+        before = dict(self.items)
+        now = self.get()
+        return [k for k in sorted(set(before) | set(now), key=str) if now.get(k, _MISSING) is not before.get(k, _MISSING)]
+
+    def tensors_set(self):
+        """The attributes the step set to tensors (or tuples, lists, dicts of them), if every
+        change is such a setting; else None."""
+        now = self.get()
+        names = self.changed_names()
+        for k in names:
+            if k not in now:
+                return None
+            leaves = torch.utils._pytree.tree_leaves(now[k])
+            if not leaves or not all(isinstance(v, torch.Tensor) for v in leaves):
+                return None
+        return [(self.module, k) for k in names]
+
+
+def _module_places(modules):
+    """A _ModulePlace per module reached (submodules included, each once)."""
+    places, seen = [], set()
+    for m in modules:
+        for sub in m.modules():
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                places.append(_ModulePlace(sub))
+    return places
 
 
 def _python_places(fn):
@@ -695,6 +759,7 @@ class CompiledFunction:
         self._warned_aliasing = False
         self._warned_grad_arguments = False
         self._warned_values = False
+        self._state_changed = set()  # signatures whose capture changed Python state once (run in eager)
         functools.update_wrapper(self, fn, updated=())
 
     def _found(self, args=(), kwargs=None):
@@ -769,7 +834,9 @@ class CompiledFunction:
             if entry.accepts(world):
                 break
         else:
-            entry = self._capture(world)
+            entry = self._capture_or_eager(world, signature, args, kwargs)
+            if entry is None:
+                return self.fn(*args, **kwargs)
             # The capture ran the step in torch and freed what it made: hand those pages back
             # before the first run allocates its own (the first step's peak would hold both).
             _C._debug.release_free_heap()
@@ -837,27 +904,61 @@ class CompiledFunction:
 
     def _capture(self, world):
         # A replay runs no Python: a step that changes Python state it reaches (a counter in a
-        # closure, a list it appends to) would change it when captured only. Refused, with that
-        # state put back as it was.
-        places = _python_places(self.fn)
-        try:
-            # An optimizer the step runs that discovery did not find is refused, naming it.
-            with _discover.foreign_optimizers(world.optimizers):
-                return self._capture_entry(world)
-        finally:
-            changed = [p for p in places if p.changed()]
-            for p in changed:
-                p.restore()
-            if changed:
-                raise CaptureError(
+        # closure, a list it appends to) would change it when captured only, and leave the
+        # capture's stand-in tensors there. That state is put back as it was, and _StateChanged
+        # raised (see _capture_or_eager). Tensors the step sets on modules (a mask it caches,
+        # what a layer saw) are the exception: captured as results of the step, and set again
+        # after every run (Entry.side_attrs).
+        side_attrs = []
+        while True:
+            places = _python_places(self.fn) + _module_places(world.modules)
+            try:
+                # An optimizer the step runs that discovery did not find is refused, naming it.
+                with _discover.foreign_optimizers(world.optimizers):
+                    entry = self._capture_entry(world, side_attrs)
+            finally:
+                changed = [p for p in places if p.changed()]
+                sets = [p.tensors_set() if isinstance(p, _ModulePlace) else None for p in changed]
+                for p in changed:
+                    p.restore()
+            found = [a for names in sets if names for a in names]
+            declared = {(id(m), k) for m, k in side_attrs}
+            if not changed or (side_attrs and all(sets) and all((id(m), k) in declared for m, k in found)):
+                entry.side_attrs = tuple(side_attrs)
+                return entry
+            if side_attrs or not all(sets):
+                raise _StateChanged(
                     "lazyrt.torch: the step changes Python state that its replays would not change ("
-                    + ", ".join(p.what for p in changed) + "); keep such state outside the step (pass what the "
-                    "step needs as an argument) or in tensors")
+                    + ", ".join(p.what for p in changed) + ") on every call; keep such state outside the "
+                    "step (pass what the step needs as an argument) or in tensors")
+            side_attrs = found  # captured again, with them as results
+    def _capture_or_eager(self, world, signature, args, kwargs):
+        """The capture for `world`, or None where this call ran in eager: a capture that changes
+        Python state (state a first call sets up: a cached mask, a lazily made attribute) is
+        undone and the call runs in PyTorch eager, which sets that state up for real; the next
+        call captures again. A step whose capture changes Python state again is refused."""
+        structure = signature[:-1]  # the Python values it reads aside: the state may be one of them
+        try:
+            return self._capture(world)
+        except _StateChanged:
+            if structure in self._state_changed:
+                raise
+            self._state_changed.add(structure)
+        _C._metrics._increment("EagerStep", 1)
+        warnings.warn("lazyrt.torch: capturing the step changed Python state it reaches (an attribute a module "
+                      "sets on its first call, say); this call runs in PyTorch eager and the next one is captured",
+                      GraphBreakWarning, stacklevel=3)
+        return None
 
-    def _capture_entry(self, world):
+    def _capture_entry(self, world, side_attrs=()):
+        fn = self.fn
+        if side_attrs:
+            def fn(*args, **kwargs):
+                result = self.fn(*args, **kwargs)
+                return result, [getattr(m, k) for m, k in side_attrs]
         exact_grads, exact_states = set(), set()
         for _ in range(3):
-            c = capture(world, self.fn, frozenset(exact_grads), frozenset(exact_states))
+            c = capture(world, fn, frozenset(exact_grads), frozenset(exact_states))
             bad_grads = {i for i in c.grad_canonical if i not in c.grad_none_ok}
             bad_states = {k for k in c.state_canonical if k not in c.state_empty_ok}
             if not bad_grads and not bad_states:
@@ -872,7 +973,7 @@ class CompiledFunction:
             for gi, i in entries:
                 if world.state_kind(oi, gi, i) == "empty_canonical":
                     exact_states.add((oi, i))
-        return _Entry(capture(world, self.fn, frozenset(exact_grads), frozenset(exact_states)))
+        return _Entry(capture(world, fn, frozenset(exact_grads), frozenset(exact_states)))
 
 
 def compile(fn=None, *, model=None, optimizer=None):
