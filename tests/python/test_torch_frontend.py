@@ -755,6 +755,34 @@ def test_traced_layout_keeps_values_and_takes_the_traced_strides(shape, stride):
     torch.testing.assert_close(out, t, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dims", [1, 2])
+def test_batch_norm_with_a_cumulative_average_trains_as_eager(dims):
+    # momentum=None: PyTorch's forward reads float(num_batches_tracked) for the factor, which
+    # failed the capture (a value read); the factor changes every step, so it must not be a
+    # constant of the capture either.
+    torch.manual_seed(0)
+    if dims == 1:
+        make = lambda: nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8, momentum=None), nn.ReLU(),  # noqa: E731
+                                     nn.Linear(8, 4))
+        data = [(x, y) for x, y in batches("mse")]
+    else:
+        make = lambda: nn.Sequential(nn.Unflatten(1, (1, 2, 3)), nn.Conv2d(1, 3, 2, padding=1),  # noqa: E731
+                                     nn.BatchNorm2d(3, momentum=None), nn.ReLU(), nn.Flatten(), nn.Linear(36, 4))
+        data = [(x, y) for x, y in batches("mse")]
+    # SGD: the bias before the batch norm has a gradient that is rounding noise (the norm
+    # removes the mean), which Adam would scale up to whole steps.
+    m_eager, o_eager, m_lazy, o_lazy = twins(make, OPTIMIZERS["sgd_momentum"])
+    loss_fn = nn.MSELoss()
+    eager = standard_step(m_eager, o_eager, loss_fn)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, loss_fn), model=m_lazy, optimizer=o_lazy)
+    for k, (x, y) in enumerate(data):
+        close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+        same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+        same_tree(m_lazy.state_dict(), m_eager.state_dict(), f"buffers after step {k}")
+    assert int(m_lazy[1 if dims == 1 else 2].num_batches_tracked) == len(data)
+    assert step.captures == 1
+
+
 def test_arange_of_a_float_bound_without_dtype_is_float_as_in_eager():
     # torch.arange(-1, 1.5) and torch.arange(2.5): a float bound and no dtype give the default
     # float dtype (an int64 arange would give [-1, 0, 1] and [0, 1, 2] and integer products).

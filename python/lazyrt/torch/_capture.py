@@ -94,7 +94,7 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     # backward) its math: products, softmax, dropout.
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with mode, _loop_ops_traceable(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), _causal_hint_unread(), \
-            warnings.catch_warnings():
+            _cumulative_batch_norm_in_tensors(), warnings.catch_warnings():
         # torch's scan reads its fake operands' data pointers (PyTorch's own warning, not the step's)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
@@ -118,6 +118,39 @@ def _causal_hint_unread():
         yield
     finally:
         transformer._detect_is_causal_mask = detect
+
+
+@contextlib.contextmanager
+def _cumulative_batch_norm_in_tensors():
+    """Batch norm with momentum=None (a cumulative average of the batches' statistics) takes its
+    factor as float(1 / num_batches_tracked): a value read a captured step cannot make, and a
+    constant of the capture if it could. While tracing, that update is made with tensor ops
+    (factor 1 / num_batches_tracked as a tensor, the batch's mean and unbiased variance), and
+    the normalization with the batch's statistics: PyTorch's arithmetic, the counter a graph
+    input like every buffer."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    forward = _BatchNorm.forward
+
+    def traced_forward(self, input):
+        if self.momentum is not None or not (self.training and self.track_running_stats) or \
+                self.num_batches_tracked is None or self.running_mean is None:
+            return forward(self, input)
+        self._check_input_dim(input)
+        self.num_batches_tracked.add_(1)
+        dims = [0] + list(range(2, input.dim()))
+        with torch.no_grad():
+            factor = 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
+            mean = input.detach().mean(dims)
+            var = input.detach().var(dims, unbiased=True)
+            self.running_mean.mul_(1 - factor).add_(factor * mean)
+            self.running_var.mul_(1 - factor).add_(factor * var)
+        return torch.nn.functional.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+    _BatchNorm.forward = traced_forward
+    try:
+        yield
+    finally:
+        _BatchNorm.forward = forward
 
 
 @contextlib.contextmanager
