@@ -296,7 +296,9 @@ class World:
                     raise CaptureError("lazyrt.torch: arguments that require grad are not supported yet "
                                        "(their .grad would not be written back)")
 
-        # The optimizers' parameters (each must be one of the modules'), in group order.
+        # The optimizers' parameters, in group order. One no module holds (an image optimized
+        # by style transfer, an adversarial input) is a parameter of its own, with no place in a
+        # module: the step reaches it through its closure or globals (see _FreeParameters).
         self.opt_params = []  # per optimizer: [(group index, param index)]
         for o in optimizers:
             seen, entries = set(), []
@@ -304,8 +306,14 @@ class World:
                 for p in group["params"]:
                     i = self.param_index.get(id(p))
                     if i is None:
-                        raise CaptureError(f"lazyrt.torch: {type(o).__name__} updates a tensor (shape {list(p.shape)}) "
-                                           "that is not a parameter of the given model(s); pass the module owning it")
+                        if id(p) in index_of:
+                            raise CaptureError(f"lazyrt.torch: {type(o).__name__} updates a buffer (shape "
+                                               f"{list(p.shape)}) of the model(s)")
+                        i = self.param_index[id(p)] = len(self.params)
+                        index_of[id(p)] = ("p", i)
+                        self.params.append(p)
+                        self.param_places.append([])
+                        self.tensor_ids = frozenset(index_of)
                     if i not in seen:
                         seen.add(i)
                         entries.append((gi, i))
@@ -477,6 +485,29 @@ class Captured:
     its outputs. Built by `capture`; used by `lazyrt.torch._step`."""
 
 
+class _FreeParameters(torch.overrides.TorchFunctionMode):
+    """While a step is captured, its parameters that no module holds (`free`: id of the tensor
+    -> its stand-in) are their stand-ins wherever the step's code reaches them (its closure,
+    its globals): every torch function, method and attribute (``.grad``) given one gets the
+    stand-in, as a module's table holds the stand-in of its parameters."""
+
+    def __init__(self, free):
+        super().__init__()
+        self.free = free
+
+    def __enter__(self):
+        return super().__enter__() if self.free else self
+
+    def __exit__(self, *exc):
+        return super().__exit__(*exc) if self.free else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        swap = lambda v: self.free.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        args = pytree.tree_map(swap, args)
+        kwargs = pytree.tree_map(swap, kwargs or {})
+        return func(*args, **kwargs)
+
+
 def _first_use(graph_order, node):
     """How the value of a stand-in gradient placeholder is first used in pass 1's graph:
     'untouched' (never), 'accumulated' (backward's add_ writes it before anything reads it,
@@ -628,7 +659,8 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
             # The groups as the graph reads them: a step that changes them (a learning-rate
             # scheduler stepped inside it) would change them when captured only.
             groups_in = [[dict(g) for g in o.param_groups] for o in world.optimizers]
-            with _optim.patched_updates(world.optimizers, record):
+            free = {id(world.params[i]): proxies[i] for i, places in enumerate(world.param_places) if not places}
+            with _optim.patched_updates(world.optimizers, record), _FreeParameters(free):
                 result = fn(*args, **kwargs)
             for o, before in zip(world.optimizers, groups_in):
                 _check_groups_unchanged(o, before)
