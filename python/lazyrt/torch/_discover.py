@@ -218,6 +218,14 @@ def _owned():
     return stack[-1] if stack else None
 
 
+def own(optimizer):
+    """An optimizer the step made while being captured (on this thread) is the capture's own:
+    its state is made afresh by every call, in eager as in the captured graph."""
+    stack = getattr(_local, "owned", None)
+    if stack:
+        stack[-1].add(id(optimizer))
+
+
 def _refuse(o, what):
     from lazyrt.torch._capture import CaptureError
     shapes = [list(p.shape) for g in o.param_groups for p in g["params"]][:4]
@@ -260,7 +268,7 @@ def foreign_optimizers(optimizers):
     stack = getattr(_local, "owned", None)
     if stack is None:
         stack = _local.owned = []
-    stack.append(frozenset(map(id, optimizers)))
+    stack.append(set(map(id, optimizers)))
     try:
         yield
     finally:

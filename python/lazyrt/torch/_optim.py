@@ -27,6 +27,8 @@ import importlib
 import torch
 import torch.optim
 
+from lazyrt.torch import _discover
+
 
 def _lr_as(lr, like):
     """The learning rate (a tensor while capturing, else a float) in `like`'s dtype."""
@@ -321,12 +323,32 @@ def patched_updates(optimizers, record):
     ``torch.optim.LBFGS.step`` raises CaptureError: its first act reads the closure's loss with
     ``float()``, and what it does next depends on values, so no capture can replay it."""
     saved = []
+    patched = set()
+
+    def patch(o):
+        entry = _UPDATES.get(type(o))
+        if entry is None or not lr_is_input(o) or entry in patched:
+            return
+        module, name, update = entry
+        patched.add(entry)
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, lambda *a, _u=update, **k: _u(record, *a, **k))
+
+    init = torch.optim.Optimizer.__init__
+
+    def made_in_step(self, *args, **kwargs):
+        # An optimizer the step makes (its state fresh every call): the capture's own, its
+        # update ours too.
+        init(self, *args, **kwargs)
+        _discover.own(self)
+        patch(self)
     try:
-        for module, name, update in {_UPDATES[type(o)] for o in optimizers if lr_is_input(o)}:
-            saved.append((module, name, getattr(module, name)))
-            setattr(module, name, lambda *a, _u=update, **k: _u(record, *a, **k))
+        for o in optimizers:
+            patch(o)
         saved.append((torch.optim.LBFGS, "step", torch.optim.LBFGS.__dict__["step"]))
         torch.optim.LBFGS.step = _refuse_lbfgs_step
+        saved.append((torch.optim.Optimizer, "__init__", init))
+        torch.optim.Optimizer.__init__ = made_in_step
         yield
     finally:
         for module, name, original in reversed(saved):
