@@ -367,6 +367,36 @@ def test_graph_break_in_user_code():
     assert _count("GraphBreak") == breaks0  # none inside the graphs (max's backward included)
 
 
+_LOSS_WEIGHT = 1.0
+
+
+def test_a_python_float_that_changes_between_calls_recompiles_and_matches_eager():
+    # Dynamo makes a float that changed an input of the graph (a symbolic float): AOTAutograd's
+    # default partitioner failed on such a joint graph (an assertion), so the second call raised.
+    global _LOSS_WEIGHT
+    m, m_ref = _mlp_pair(3)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = torch.optim.SGD(m_ref.parameters(), lr=0.05, momentum=0.9)
+
+    def make(m, opt):
+        def step(x, y):
+            loss = F.mse_loss(m(x), y) * _LOSS_WEIGHT
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    step, step_ref = torch.compile(make(m, opt), backend="lazyrt"), make(m_ref, opt_ref)
+    try:
+        for k, (x, y) in enumerate(_mlp_data(torch.Generator().manual_seed(4), STEPS)):
+            _LOSS_WEIGHT = 1.0 + 0.5 * k
+            _close(step(x, y).detach(), step_ref(x, y).detach(), f"loss at step {k}")
+            _same_state(m, m_ref, opt, opt_ref)
+    finally:
+        _LOSS_WEIGHT = 1.0
+
+
 def test_batchnorm_inference_graphs():
     """Without autograd AOT makes one inference graph: in train mode it updates batch norm's
     running statistics in place (a write-back of the graph), in eval mode it reads them."""

@@ -410,9 +410,12 @@ def lazyrt_backend(gm, example_inputs, **kwargs):
     """The ``"lazyrt"`` Dynamo backend: AOTAutograd with lazyrt forward, backward and inference
     compilers (see the module docstring)."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    # The partitioner Inductor and aot_eager use: AOT's default one fails on a joint graph that
+    # computes with a symbolic float (a Python float Dynamo made an input after it changed).
     backend = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
                            inference_compiler=_compiler("inference"), decompositions=decompositions(),
-                           keep_inference_input_mutations=True)
+                           partition_fn=min_cut_rematerialization_partition, keep_inference_input_mutations=True)
     return backend(gm, example_inputs, **kwargs)
 
 

@@ -873,7 +873,7 @@ def _identity(e, x, *args, **kwargs):
     return x
 
 
-@lowering(aten._to_copy.default)
+@lowering(aten._to_copy.default, torch.ops.prims.convert_element_type.default)
 def _to_copy(e, x, *args, **kwargs):
     return _cast(x, e.dtype)
 
