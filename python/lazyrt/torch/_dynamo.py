@@ -12,9 +12,10 @@ lowering run in PyTorch eager between compiled pieces), compiles it once with
 AOT configuration: ``keep_inference_input_mutations=True``, so a graph that changes its inputs
 in place (an optimizer step: parameters and optimizer state; batch norm's running statistics)
 keeps those updates as ``aten.copy_(input, new value)`` nodes at its end rather than returning
-them for AOT's runtime wrapper to copy. The lazyrt step computes every new value, and the call
-copies them into the caller's tensors after the step ran, so every update lands in the user's
-tensors (same tensors, version counters bumped as by eager's in-place update). Where AOT still
+them for AOT's runtime wrapper to copy. The lazyrt step computes every new value and writes it
+into the caller's tensor (lent to it, see `_Static`) or the call copies it there after the step
+ran, so every update lands in the user's tensors (same tensors, version counters bumped as by
+eager's in-place update). Where AOT still
 returns a mutation as an extra output (an input that requires grad in a training graph), its
 runtime wrapper applies it as usual.
 
@@ -50,8 +51,9 @@ import torch
 import torch.fx
 
 import lazyrt
-from lazyrt import _C
+from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LOWERINGS, LoweredGraph, UnsupportedOperatorError, _computed
+from lazyrt.torch._step import _PACKABLE, _AliasedMemory
 
 aten = torch.ops.aten
 
@@ -119,6 +121,35 @@ class _Static:
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True) if roots else None
         self.compiled = None  # False until the first call compiles it; True where it has pieces
         self._dummy = None
+        # Without graph breaks, the inputs are handed over as views of the caller's tensors
+        # (kept from call to call), and an update of an input of its own shape and dtype is
+        # written by the compiled step into that input's memory, lent to it
+        # (`_torch_C.Handover`, as lazyrt.torch.compile's steps): no copy in, none back. The
+        # other updates are copied after the step (`late`); the step returns only the roots a
+        # result or a late copy reads (`needed`).
+        self.handover = None
+        if self.lowered is not None and self.lowered.pieces is None:
+            self.inplace, self.late = [], []
+            for k, src in self.copies:
+                old, new = placeholders[k].meta.get("val"), roots[src[1]].meta.get("val") if src[0] == "out" else None
+                if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype and \
+                        old.shape == new.shape and old.dtype in _PACKABLE and k not in {i for i, _ in self.inplace}:
+                    self.inplace.append((k, src[1]))
+                else:
+                    self.late.append((k, src))
+            self.needed = sorted({v for kind, v in self.outputs if kind == "out"} |
+                                 {src[1] for _, src in self.late if src[0] == "out"})
+            # An input a returned value passes on (a clone of it, a view: lazyrt may return the
+            # input's own memory for it) is not lent: the step's write into that memory would
+            # show through the returned value (SGD's nesterov foreach step clones a gradient
+            # and then updates the gradient in place).
+            passed_on = {_passed_on(roots[j], index) for j in self.needed} - {None}
+            if passed_on & {k for k, _ in self.inplace}:
+                self.late = [(k, ("out", j)) for k, j in self.inplace if k in passed_on] + self.late
+                self.inplace = [(k, j) for k, j in self.inplace if k not in passed_on]
+                self.needed = sorted(set(self.needed) | {src[1] for _, src in self.late if src[0] == "out"})
+            self.handover = _torch_C.Handover(len(placeholders) + len(self.lowered.constants),
+                                              [k for k, _ in self.inplace], _AliasedMemory)
 
     def _lazy_inputs(self, args):
         inputs = []
@@ -149,8 +180,65 @@ class _Static:
         outs = self.compiled(*lazy)
         return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
 
+    def _handed_over(self, args):
+        """The call through the hand-over: the results, or None where the inputs' memory
+        overlaps in a way the hand-over cannot lend (then the call copies, as with pieces)."""
+        inputs = [a if t else 0.0 for a, t in zip(args, self.tensor_inputs)] + self.lowered.constants
+        try:
+            lazy = self.handover.views(inputs)
+        except _AliasedMemory:
+            return None
+        try:
+            if self.compiled is None:
+                _C._metrics._increment("DynamoGraph", 1)
+                lowered, inplace, needed = self.lowered, self.inplace, self.needed
+
+                def step(*xs):
+                    vals = lowered(*xs)
+                    for k, j in inplace:
+                        xs[k].copy_(vals[j])  # an update of the input: replays write it in its memory
+                    return [_computed(vals[j]) for j in needed]
+
+                self.compiled = lazyrt.compile_step(step, list(lazy))
+            outs = self.compiled(*lazy)
+        except BaseException:
+            self.handover.release()
+            raise
+        self.handover.finish()
+        outs = [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
+        values = dict(zip(self.needed, (lazyrt.to_torch(v) if isinstance(v, _C.Tensor) else v for v in outs)))
+        order = list(values)
+        got = [values[j] for j in order]
+        _own_memory(got, [a for a, t in zip(args, self.tensor_inputs) if t] + self.lowered.constants)
+        values = dict(zip(order, got))
+
+        def value(src):
+            kind, v = src
+            return args[v] if kind == "in" else values[v] if kind == "out" else v
+
+        results = [value(src) for src in self.outputs]
+        self._copy_back(args, self.late, value)
+        return results
+
+    def _copy_back(self, args, copies, value):
+        if copies:
+            # Every new value is read before any input is written: an input that is the new
+            # value of another is copied first.
+            written = {id(args[k]) for k, _ in copies}
+            updates = []
+            for k, src in copies:
+                v = value(src)
+                updates.append((k, v.clone() if src[0] == "in" and id(v) in written else v))
+            with torch.no_grad():
+                for k, v in updates:
+                    args[k].copy_(v)
+
     def __call__(self, args):
         _C._metrics._increment("DynamoCall", 1)
+        if self.handover is not None:
+            results = self._handed_over(args)
+            if results is not None:
+                return results
         values = []
         if self.lowered is not None:
             lazy = self._lazy_inputs(args)
@@ -167,18 +255,24 @@ class _Static:
             return v
 
         results = [value(src) for src in self.outputs]
-        if self.copies:
-            # Every new value is read before any input is written: an input that is the new
-            # value of another is copied first.
-            written = {id(args[k]) for k, _ in self.copies}
-            updates = []
-            for k, src in self.copies:
-                v = value(src)
-                updates.append((k, v.clone() if src[0] == "in" and id(v) in written else v))
-            with torch.no_grad():
-                for k, v in updates:
-                    args[k].copy_(v)
+        self._copy_back(args, self.copies, value)
         return results
+
+
+_PASSING_ON = {aten.clone.default, aten.alias.default, aten.detach.default, aten.view.default,
+               aten._unsafe_view.default, aten.reshape.default, aten.t.default, aten.transpose.int,
+               aten.permute.default, aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default,
+               aten.expand.default, aten.slice.Tensor, aten.select.int, aten._to_copy.default, aten.lift_fresh.default,
+               aten.lift_fresh_copy.default, aten._reshape_alias.default, aten.expand_copy.default,
+               aten.squeeze.default, torch.ops.prims.convert_element_type.default}
+
+
+def _passed_on(node, index):
+    """The input (placeholder position) whose values `node` only passes on, through clones and
+    views, else None."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _PASSING_ON:
+        node = node.args[0]
+    return index.get(node) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
 
 
 def _span(t):
