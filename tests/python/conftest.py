@@ -90,21 +90,25 @@ def rng(request):
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
-def same_tree(a, b, what, rtol=1e-5, atol=1e-6):
-    """Two nested structures (state dicts, results) agree: tensors to tolerance (dtype and shape
-    exactly), everything else exactly."""
+def _allclose(a, b, what, rtol, atol):
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=atol, err_msg=what)
+
+
+def same_tree(a, b, what, rtol=1e-5, atol=1e-6, close=_allclose):
+    """Two nested structures (state dicts, results) agree: tensors by close(a, b, what, rtol,
+    atol) (dtype and shape exactly; to tolerance by default), everything else exactly."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), f"{what}: {type(a)} vs {type(b)}"
         assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=atol, err_msg=what)
+        close(a, b, what, rtol, atol)
     elif isinstance(a, dict):
         assert isinstance(b, dict) and list(a) == list(b), f"{what}: keys {list(a)} vs {list(b)}"
         for k in a:
-            same_tree(a[k], b[k], f"{what}[{k!r}]", rtol, atol)
+            same_tree(a[k], b[k], f"{what}[{k!r}]", rtol, atol, close)
     elif isinstance(a, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b), f"{what}: {a!r} vs {b!r}"
         for k, (x, y) in enumerate(zip(a, b)):
-            same_tree(x, y, f"{what}[{k}]", rtol, atol)
+            same_tree(x, y, f"{what}[{k}]", rtol, atol, close)
     else:
         assert a == b, f"{what}: {a!r} vs {b!r}"
 

@@ -36,6 +36,9 @@ except ImportError:  # run by hand from the repository root: the build tree's pa
 
 import lazyrt.torch  # noqa: E402,F401
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import conftest  # noqa: E402  (tests/python's: same_tree)
+
 RTOL, ATOL = 1e-5, 1e-6
 
 
@@ -58,20 +61,7 @@ def close(a, b, what, rtol=RTOL, atol=ATOL):
 def same_tree(a, b, what, rtol=RTOL, atol=ATOL):
     """Two nested structures (state dicts, results) agree: tensors by close() (dtype and shape
     exactly), everything else exactly."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), f"{what}: {type(a)} vs {type(b)}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-        close(a, b, what, rtol, atol)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), f"{what}: keys {list(a)} vs {list(b)}"
-        for k in a:
-            same_tree(a[k], b[k], f"{what}[{k!r}]", rtol, atol)
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), f"{what}: {a!r} vs {b!r}"
-        for k, (x, y) in enumerate(zip(a, b)):
-            same_tree(x, y, f"{what}[{k}]", rtol, atol)
-    else:
-        assert a == b, f"{what}: {a!r} vs {b!r}"
+    conftest.same_tree(a, b, what, rtol, atol, close=close)
 
 
 def same_module(a, b, what, rtol=RTOL, atol=ATOL, noise=(), noise_atol=0.0):
