@@ -163,7 +163,17 @@ class Guard {
                           py::reinterpret_borrow<py::object>(t[2]), t[3].cast<bool>(),
                           py::reinterpret_borrow<py::object>(t[4]), t[5].cast<bool>()});
       }
-    for (py::handle a : spec["args"]) args_.push_back(meta_of(tensor_of(a)));
+    for (py::handle a : spec["args"]) {
+      Arg arg;
+      if (THPVariable_Check(a.ptr())) {
+        arg.meta = meta_of(tensor_of(a));
+      } else {
+        arg.tensor = false;
+        arg.plain = is_plain(a);
+        arg.value = py::reinterpret_borrow<py::object>(a);
+      }
+      args_.push_back(std::move(arg));
+    }
     world_tensor_refs_ = spec["world_tensors"];
     for (py::handle t : world_tensor_refs_) world_tensors_.push_back(t.ptr());
     for (py::handle m : spec["submodules"]) {
@@ -262,9 +272,16 @@ class Guard {
     if (static_cast<size_t>(PyTuple_GET_SIZE(args.ptr())) != args_.size()) return false;
     for (size_t i = 0; i < args_.size(); ++i) {
       PyObject* a = PyTuple_GET_ITEM(args.ptr(), static_cast<Py_ssize_t>(i));
+      const Arg& want = args_[i];
+      if (!want.tensor) {
+        // A module, optimizer or other object: that very object (what discovery and the step
+        // read through it is checked apart); a plain value: an equal one.
+        if (want.plain ? !same_plain(a, want.value) : a != want.value.ptr()) return false;
+        continue;
+      }
       if (!THPVariable_Check(a)) return false;
       const at::Tensor& t = THPVariable_Unpack(a);
-      if (!same_meta(t, args_[i]) || t.requires_grad() != args_[i].requires_grad) return false;
+      if (!same_meta(t, want.meta) || t.requires_grad() != want.meta.requires_grad) return false;
       for (PyObject* w : world_tensors_)
         if (w == a) return false;
     }
@@ -423,7 +440,15 @@ class Guard {
   py::object function_, code_, globals_;
   std::vector<Ref> cells_, names_;
   std::vector<Read> reads_;
-  std::vector<Meta> args_;
+  // Per positional argument: a tensor's metadata, or a non-tensor compared by identity (or,
+  // plain, by value).
+  struct Arg {
+    bool tensor = true;
+    Meta meta;
+    bool plain = false;
+    py::object value;
+  };
+  std::vector<Arg> args_;
   std::vector<PyObject*> world_tensors_;  // parameters and buffers: no argument may be one
   py::object world_tensor_refs_;
   std::vector<Sub> subs_;

@@ -394,21 +394,38 @@ def _plain(v):
     return v.__class__ in _PLAIN_VALUES or (v.__class__ is tuple and all(x.__class__ in _PLAIN_VALUES for x in v))
 
 
+def key_object(a):
+    """Whether argument `a` (not a tensor) may enter the quick key: by value if plain (a number,
+    a string), else by identity (a module, an optimizer, another object). It must be an argument
+    leaf itself (pytree; unlike a list, tuple, dict or None), so that the arguments are the
+    step's argument leaves, in order. What the step reads through an object is guarded apart
+    (discovery's reach, the Python values read). Whoever keeps the key keeps `a` alive, so its
+    id stays its."""
+    return pytree.tree_leaves(a) == [a]
+
+
 def quick_key(world, modules, optimizers, args):
     """A tuple that is equal on two calls only if they have the same signature (`World.signature`)
-    and the same missing gradients and optimizer state: for a call with positional tensor
-    arguments only, on the modules and optimizers `world` was built from, with the same
+    and the same missing gradients and optimizer state: for a call with positional arguments
+    only (tensors, plain values and key objects: modules, optimizers), on the modules and
+    optimizers `world` was built from, with the same
     parameter and buffer objects in the same places, and the same Python values at the places the
     step read when `world` was built (`World.reads`). None when the call is not of that kind
     (then the signature decides). Cheaper than building a World: it walks the submodules
     `world` found and compares identities, shapes, dtypes and plain values, never tensors' values
     and never objects by ==. The world (held with the key) keeps every object whose id is in the
     key alive, so those ids stay unique."""
+    arg_parts = []
     for a in args:
-        if not isinstance(a, torch.Tensor):
+        if isinstance(a, torch.Tensor):
+            arg_parts.append((a.shape, a.dtype, a.requires_grad, id(a) in world.tensor_ids))
+        elif not key_object(a):
             return None
-    parts = [tuple(map(id, modules)), tuple(map(id, optimizers)),
-             tuple((a.shape, a.dtype, a.requires_grad, id(a) in world.tensor_ids) for a in args),
+        elif _plain(a):
+            arg_parts.append(("P", a.__class__, a))
+        else:
+            arg_parts.append(("O", id(a)))  # held by the caller with the key (see key_object)
+    parts = [tuple(map(id, modules)), tuple(map(id, optimizers)), tuple(arg_parts),
              tuple((sub.training, tuple(map(id, sub._parameters.values())), tuple(map(id, sub._buffers.values())),
                     tuple(map(id, sub._modules.values()))) for sub in world.submodules),
              tuple((p.shape, p.dtype, p.requires_grad, None if p.grad is None else (p.grad.shape, p.grad.dtype))

@@ -10,7 +10,7 @@ import torch
 
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
-from lazyrt.torch._capture import CaptureError, World, capture, quick_key
+from lazyrt.torch._capture import CaptureError, World, capture, key_object, quick_key
 from lazyrt.torch._reads import ABSENT as _READ_ABSENT, code_reads, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
@@ -847,6 +847,9 @@ class CompiledFunction:
                 _distributed._before_first_run(world)
         key = None if kwargs else quick_key(world, modules, optimizers, args)
         guard = None if key is None else _guard(self.fn, world, modules, optimizers, args)
+        if key is not None:
+            # The objects the key holds by identity, alive while the key is (their ids stay theirs).
+            world.key_objects = [a for a in args if not isinstance(a, torch.Tensor)]
         try:
             result = entry.run(world)
         except _AliasedMemory as e:
