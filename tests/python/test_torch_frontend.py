@@ -1669,6 +1669,48 @@ def test_the_call_guard_passes_only_where_the_quick_key_is_the_same(change):
                            f"{'is the same' if same else 'differs'}"
 
 
+ARGUMENT_CHANGES = {  # name: (change(model, opt, args) -> new args, the same key expected)
+    "nothing": (lambda m, o, a: a, True),
+    "the same number again": (lambda m, o, a: a[:4] + (float("2.0"),), True),
+    "another number": (lambda m, o, a: a[:4] + (3.0,), False),
+    "the number retyped": (lambda m, o, a: a[:4] + (2,), False),
+    "another model": (lambda m, o, a: (copy.deepcopy(m),) + a[1:], False),
+    "another optimizer": (lambda m, o, a: (a[0], torch.optim.SGD(m.parameters(), lr=0.1)) + a[2:], False),
+    "None for the number": (lambda m, o, a: a[:4] + (None,), False),
+    "a tuple for the number": (lambda m, o, a: a[:4] + ((2.0,),), False),
+}
+
+
+@pytest.mark.parametrize("change", list(ARGUMENT_CHANGES))
+def test_the_call_guard_takes_module_optimizer_and_number_arguments(change):
+    # train(model, opt, x, y, scale): objects by identity, numbers by value; None and tuples
+    # (no argument leaf of their own) leave the call to the full signature.
+    from lazyrt.torch._capture import quick_key
+    torch.manual_seed(12)
+    model = mlp(nn.Tanh())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def step(m, o, x, y, scale):
+        loss = nn.functional.cross_entropy(m(x), y) * (scale if isinstance(scale, (int, float)) else 1.0)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+    compiled = lazyrt.torch.compile(step)
+    (x, y), = batches("ce", n=1)
+    args = (model, opt, x, y, 2.0)
+    for _ in range(3):
+        compiled(*args)
+    world, _, key, guard, _ = compiled._last
+    assert guard is not None
+    make, same = ARGUMENT_CHANGES[change]
+    new_args = make(model, opt, args)
+    modules, optimizers = compiled._found(new_args)
+    key_now = quick_key(world, modules, optimizers, new_args)
+    assert (key_now == key) == same, f"{change}: the test's change did not do what it says"
+    assert guard.check(new_args) == same, f"{change}: the guard and the quick key disagree"
+
+
 @pytest.mark.parametrize("mode", ["no_grad", "autocast", "default dtype"])
 def test_the_call_guard_sees_the_modes(mode):
     from lazyrt.torch._capture import quick_key
