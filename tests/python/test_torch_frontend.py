@@ -1854,14 +1854,18 @@ MORE_OPTIMIZERS = {
     "adadelta": lambda p: torch.optim.Adadelta(p, lr=0.5),
     "adadelta_decay_maximize": lambda p: torch.optim.Adadelta(p, lr=0.5, rho=0.8, eps=1e-5, weight_decay=1e-2,
                                                               maximize=True),
+    # ASGD: averaging starts at step t0 (mu below 1 from then on); its step reads .item().
+    "asgd": lambda p: torch.optim.ASGD(p, lr=5e-2, t0=3, weight_decay=1e-2),
+    "asgd_lambd_maximize_foreach": lambda p: torch.optim.ASGD(p, lr=5e-2, lambd=1e-2, t0=2, maximize=True,
+                                                              foreach=True),
 }
 
 
 @pytest.mark.parametrize("opt_name", list(MORE_OPTIMIZERS))
 def test_more_optimizers_train_as_eager_with_one_capture(opt_name):
-    # PyTorch 1.13's Adagrad, Adamax, NAdam and RAdam read their step count with .item(), which
-    # a capture cannot: their updates are replaced by the same arithmetic over the step tensor
-    # and a learning-rate input. 8 steps: RAdam's rectified branch starts at step 6. A scheduler
+    # Adagrad, Adamax, NAdam, RAdam and ASGD read their step count (ASGD its eta and mu too)
+    # with .item(), which a capture cannot: their updates are replaced by the same arithmetic
+    # over the state tensors and a learning-rate input. 8 steps: RAdam's rectified branch starts at step 6. A scheduler
     # changes the learning rate halfway without a recapture.
     torch.manual_seed(0)
     m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.Tanh(), seed=3), MORE_OPTIMIZERS[opt_name])

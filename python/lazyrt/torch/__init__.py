@@ -38,7 +38,7 @@ under ``functionalize``: a pure aten graph whose ``aten.copy_(input, value)`` no
 the step changed in place. Nothing runs while capturing and no torch tensor changes (a capture
 that fails leaves everything as it was). SGD (momentum, nesterov, dampening, weight decay,
 maximize), Adam and AdamW (amsgrad, maximize, weight decay), Adagrad, Adamax, NAdam, RAdam,
-RMSprop (centered, momentum, weight decay, maximize) and Adadelta (weight decay, maximize) run
+RMSprop (centered, momentum, weight decay, maximize), Adadelta (weight decay, maximize) and ASGD run
 their own ``step()`` with the update arithmetic replaced by an equivalent that reads the learning
 rate and the step count as tensors (`_optim`): the learning rate is a graph input and no
 ``.item()`` is needed.

@@ -231,6 +231,28 @@ def _adadelta_update(record, params, grads, square_avgs, acc_deltas, state_steps
         param.add_(delta * _lr_as(_neg(lr), param))
 
 
+def _asgd_update(record, params, grads, axs, mus, etas, state_steps, *_, lambd, lr, t0, alpha, weight_decay,
+                 maximize=False, **_ignored):
+    for i, param in enumerate(params):
+        record(param)
+        grad = grads[i] if not maximize else _neg(grads[i])
+        mu, ax, eta, step_t = mus[i], axs[i], etas[i], state_steps[i]
+        step_t.add_(1)
+        if weight_decay != 0:
+            grad = grad.add(param, alpha=weight_decay)
+        eta_value = eta.to(torch.float64)  # eager: a Python float from .item()
+        param.mul_((1 - lambd * eta_value).to(param.dtype))
+        # param -= eta * grad, the product rounded to the parameter's dtype as eager's alpha is.
+        param.add_(grad * _neg(eta_value).to(param.dtype))
+        # Eager copies the parameter when mu is 1 and averages otherwise (a branch on .item()).
+        ax.copy_(torch.where(mu == 1, param, ax + (param - ax) * mu))
+        # The next eta and mu, in double as eager's Python floats, rounded into the state.
+        step = step_t.to(torch.float64)
+        rate = lr.to(torch.float64) if isinstance(lr, torch.Tensor) else lr
+        eta.copy_(rate / (1 + lambd * rate * step) ** alpha)
+        mu.copy_(1 / torch.clamp(step - t0, min=1))
+
+
 # class -> (module whose update function step() calls, that function's name, our replacement)
 # (torch.optim deletes the submodule names from its namespace: import them by name.)
 _UPDATES = {
@@ -243,6 +265,7 @@ _UPDATES = {
     torch.optim.RAdam: (importlib.import_module("torch.optim.radam"), "radam", _radam_update),
     torch.optim.RMSprop: (importlib.import_module("torch.optim.rmsprop"), "rmsprop", _rmsprop_update),
     torch.optim.Adadelta: (importlib.import_module("torch.optim.adadelta"), "adadelta", _adadelta_update),
+    torch.optim.ASGD: (importlib.import_module("torch.optim.asgd"), "asgd", _asgd_update),
 }
 
 # Group options none of the replacements handles: such an optimizer runs its own code.
@@ -300,6 +323,9 @@ def initial_state(optimizer, group, param, device=None):
         return state
     if kind is torch.optim.Adadelta:
         return {"step": torch.tensor(0.0, device=device), "square_avg": zeros(), "acc_delta": zeros()}
+    if kind is torch.optim.ASGD:
+        return {"step": torch.tensor(0.0, device=device), "eta": torch.tensor(float(group["lr"]), device=device),
+                "mu": torch.tensor(1.0, device=device), "ax": zeros()}
     state = {"step": torch.tensor(0.0, device=device), "exp_avg": zeros(), "exp_avg_sq": zeros()}
     if group["amsgrad"]:
         state["max_exp_avg_sq"] = zeros()
