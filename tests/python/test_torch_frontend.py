@@ -1946,12 +1946,12 @@ def test_rmsprop_and_adadelta_train_as_eager_with_one_capture(opt_name):
 
 
 @pytest.mark.parametrize("with_closure", [True, False], ids=["closure", "no_closure"])
-def test_lbfgs_step_is_refused_clearly_and_changes_nothing(with_closure):
+def test_lbfgs_step_runs_in_eager_and_trains_as_eager(with_closure):
     # LBFGS's step reads the closure's loss with float() and decides by values how many
-    # evaluations to run: no capture can replay it. Refused with a CaptureError that names it
-    # and the way out, on every call, with the model and the optimizer left as they were; the
-    # way out (torch.compile with lazyrt's backend, which breaks the graph at the reads) trains
-    # as eager.
+    # evaluations to run: no capture can replay it. The call runs in PyTorch eager instead (it
+    # used to be refused), warned once and counted as EagerStep, with no capture attempted
+    # again; without a closure it fails as eager fails. torch.compile with lazyrt's backend,
+    # which breaks the graph at the reads, trains as eager too.
     def make(model):
         opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
 
@@ -1965,25 +1965,32 @@ def test_lbfgs_step_is_refused_clearly_and_changes_nothing(with_closure):
         return opt, step
     torch.manual_seed(0)
     model = nn.Linear(6, 4)
-    before = copy.deepcopy(model.state_dict())
+    m_eager, m_dynamo = copy.deepcopy(model), copy.deepcopy(model)
     opt, step = make(model)
-    compiled = lazyrt.torch.compile(step, model=model, optimizer=opt)
-    x, y = batches("mse", n=1)[0]
-    for _ in range(2):
-        with pytest.raises(lazyrt.torch.CaptureError, match=r"LBFGS's step\(\) cannot be captured.*backend=\"lazyrt\""):
-            compiled(x, y)
-    assert compiled.captures == 0
-    same_tree(model.state_dict(), before, "parameters after the refused calls")
-    assert all(p.grad is None for p in model.parameters()) and not opt.state
-    assert torch.optim.LBFGS.step is not None and "_refuse" not in torch.optim.LBFGS.step.__name__
-    if not with_closure:
-        return
-    m_eager = copy.deepcopy(model)
     _, eager = make(m_eager)
-    dynamo = torch.compile(step, backend="lazyrt")
+    compiled = lazyrt.torch.compile(step, model=model, optimizer=opt)
+    if not with_closure:
+        x, y = batches("mse", n=1)[0]
+        with pytest.raises(TypeError):
+            eager(x, y)
+        with pytest.warns(lazyrt.torch.GraphBreakWarning, match=r"LBFGS's step\(\) cannot be captured"), \
+                pytest.raises(TypeError):
+            compiled(x, y)
+        return
+    eager_steps = lazyrt.metrics.counter("EagerStep")
     for k, (x, y) in enumerate(batches("mse", n=3)):
-        close(dynamo(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+        close(compiled(x, y).item(), eager(x, y).item(), f"loss at step {k}")
         same_training_state(model, None, m_eager, None, f"after step {k}:")
+    assert compiled.captures == 0 and lazyrt.metrics.counter("EagerStep") - eager_steps == 3
+    assert torch.optim.LBFGS.step is not None and "_refuse" not in torch.optim.LBFGS.step.__name__
+    _, dynamo_step = make(m_dynamo)
+    dynamo = torch.compile(dynamo_step, backend="lazyrt")
+    m_eager2 = copy.deepcopy(model)
+    m_dynamo.load_state_dict(model.state_dict())
+    _, eager2 = make(m_eager2)
+    for k, (x, y) in enumerate(batches("mse", n=3)):
+        close(dynamo(x, y).item(), eager2(x, y).item(), f"loss at step {k}")
+        same_training_state(m_dynamo, None, m_eager2, None, f"after step {k}:")
 
 
 class _Apply(nn.Module):

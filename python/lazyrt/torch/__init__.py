@@ -46,9 +46,9 @@ rate and the step count as tensors (`_optim`): the learning rate is a graph inpu
 ``torch._foreach_zero_`` as one ``zero_`` per gradient). Other optimizers run their own code:
 their learning rate is a constant of the capture, and a Python number in their state makes
 every step a new capture; a ``.item()`` in their step cannot be captured. LBFGS's step, which
-reads the loss with ``float()`` and decides by values how many evaluations to run, is refused
-with `CaptureError` (``torch.compile(step, backend="lazyrt")`` runs it, breaking the graph at
-those reads).
+reads the loss with ``float()`` and decides by values how many evaluations to run, cannot be
+captured: such a step runs in PyTorch eager, warned once (``torch.compile(step,
+backend="lazyrt")`` compiles it, breaking the graph at those reads).
 A replay runs no Python. Tensors the step sets on its modules (a cached mask) are results of
 the capture, set again after every run. Other Python state a step changes — a value or the
 contents of a list, dict or set it reaches directly (its closure's variables, the globals its

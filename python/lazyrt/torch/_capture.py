@@ -48,6 +48,11 @@ class CaptureError(RuntimeError):
     """A step lazyrt.torch cannot capture (the message says why)."""
 
 
+class EagerOnly(CaptureError):
+    """A step no capture can replay, which runs in PyTorch eager instead (LBFGS's step: how many
+    evaluations and line-search steps it runs is decided by values)."""
+
+
 def tracing():
     """PyTorch's tracing machinery, imported on first use (make_fx imports sympy and the symbolic
     shapes machinery, about a second): (make_fx, functionalize, FakeTensorMode, FakeTensor)."""

@@ -333,20 +333,21 @@ def initial_state(optimizer, group, param, device=None):
 
 
 def _refuse_lbfgs_step(self, closure=None):
-    """LBFGS's step() while a step is captured: refused before it runs (see patched_updates)."""
-    from lazyrt.torch._capture import CaptureError
-    raise CaptureError(
+    """LBFGS's step() while a step is captured: stops the capture before it runs (see
+    patched_updates); the step runs in eager instead."""
+    from lazyrt.torch._capture import EagerOnly
+    raise EagerOnly(
         f"lazyrt.torch: {type(self).__name__}'s step() cannot be captured: it reads the loss, the gradient's size "
         "and its convergence tests as Python numbers (float(), .item()) to decide how many evaluations and line "
-        "search steps to run, which one captured graph cannot decide anew on each call; run the LBFGS step in eager, "
-        "or compile it with torch.compile(step, backend=\"lazyrt\"), whose graph breaks run those reads in Python")
+        "search steps to run, which one captured graph cannot decide anew on each call; the step runs in PyTorch "
+        "eager (torch.compile(step, backend=\"lazyrt\") compiles it, breaking the graph at those reads)")
 
 
 @contextlib.contextmanager
 def patched_updates(optimizers, record):
     """Within: the update functions of the given optimizers' classes are ours; `record(param)` is
     called for every parameter an update touches (the parameters the step really updated).
-    ``torch.optim.LBFGS.step`` raises CaptureError: its first act reads the closure's loss with
+    ``torch.optim.LBFGS.step`` raises EagerOnly: its first act reads the closure's loss with
     ``float()``, and what it does next depends on values, so no capture can replay it."""
     saved = []
     patched = set()

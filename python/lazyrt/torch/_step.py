@@ -10,7 +10,7 @@ import torch
 
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
-from lazyrt.torch._capture import CaptureError, World, capture, key_object, quick_key
+from lazyrt.torch._capture import CaptureError, EagerOnly, World, capture, key_object, quick_key
 from lazyrt.torch._reads import ABSENT as _READ_ABSENT, code_reads, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
@@ -760,6 +760,8 @@ class CompiledFunction:
         self._warned_grad_arguments = False
         self._warned_values = False
         self._state_changed = set()  # signatures whose capture changed Python state once (run in eager)
+        self._eager_only = {}  # signature but the Python values read -> why it runs in eager (EagerOnly)
+        self._warned_eager_only = False
         functools.update_wrapper(self, fn, updated=())
 
     def _found(self, args=(), kwargs=None):
@@ -830,6 +832,9 @@ class CompiledFunction:
         world.reach = reach  # checked before the last call's key or guard is (_reach_holds)
         signature = world.signature()
         entries = self._entries.setdefault(signature, [])
+        if signature[:-1] in self._eager_only:  # no capture can replay it (see EagerOnly)
+            self._warn_eager_only(signature[:-1])
+            return self.fn(*args, **kwargs)
         for entry in entries:
             if entry.accepts(world):
                 break
@@ -935,6 +940,12 @@ class CompiledFunction:
                     + ", ".join(p.what for p in changed) + ") on every call; keep such state outside the "
                     "step (pass what the step needs as an argument) or in tensors")
             side_attrs = found  # captured again, with them as results
+    def _warn_eager_only(self, structure):
+        _C._metrics._increment("EagerStep", 1)
+        if not self._warned_eager_only:
+            self._warned_eager_only = True
+            warnings.warn(self._eager_only[structure], GraphBreakWarning, stacklevel=4)
+
     def _capture_or_eager(self, world, signature, args, kwargs):
         """The capture for `world`, or None where this call ran in eager: a capture that changes
         Python state (state a first call sets up: a cached mask, a lazily made attribute) is
@@ -943,6 +954,10 @@ class CompiledFunction:
         structure = signature[:-1]  # the Python values it reads aside: the state may be one of them
         try:
             return self._capture(world)
+        except EagerOnly as e:
+            self._eager_only[structure] = str(e)
+            self._warn_eager_only(structure)
+            return None
         except _StateChanged:
             if structure in self._state_changed:
                 raise
