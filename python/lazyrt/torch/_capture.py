@@ -635,6 +635,7 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
         proxies = [inputs[s] for s in param_slot]
         proxy_index = {id(t): i for i, t in enumerate(proxies)}
         restore = []
+        foreach = set()  # the parameters of groups that asked for for-each steps (see _optim)
         try:
             for places, s in ((world.param_places, param_slot), (world.buffer_places, buffer_slot)):
                 for i, where in enumerate(places):
@@ -657,6 +658,8 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
                 restore.append(("optimizer", o, list(o.param_groups), saved_groups, saved_state))
                 for gi, g in enumerate(o.param_groups):
                     g["params"] = [proxies[world.param_index[id(p)]] for p in g["params"]]
+                    if g.get("foreach"):
+                        foreach.update(id(p) for p in g["params"])
                     if (oi, gi) in lr_slot:
                         g["lr"] = inputs[lr_slot[(oi, gi)]]
                         # The update runs as lazyrt's replacement whatever the implementation
@@ -682,7 +685,7 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
             # scheduler stepped inside it) would change them when captured only.
             groups_in = [[dict(g) for g in o.param_groups] for o in world.optimizers]
             free = {id(world.params[i]): proxies[i] for i, places in enumerate(world.param_places) if not places}
-            with _optim.patched_updates(world.optimizers, record), _FreeParameters(free):
+            with _optim.patched_updates(world.optimizers, record, frozenset(foreach)), _FreeParameters(free):
                 result = fn(*args, **kwargs)
             for o, before in zip(world.optimizers, groups_in):
                 _check_groups_unchanged(o, before)

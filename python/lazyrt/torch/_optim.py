@@ -47,7 +47,10 @@ def _bias_correction(beta, step):
 
 
 def _sgd_update(record, params, grads, momentum_buffers, *_, weight_decay, momentum, lr, dampening,
-                nesterov, maximize, **_ignored):
+                nesterov, maximize, foreach=False, **_ignored):
+    # Eager's for-each nesterov step adds the momentum into the gradients themselves (they are
+    # its working list unless maximize or weight decay made a copy): the step leaves them so.
+    grads_changed = foreach and nesterov and momentum != 0 and not maximize and weight_decay == 0
     for i, param in enumerate(params):
         record(param)
         d_p = grads[i] if not maximize else _neg(grads[i])
@@ -61,6 +64,8 @@ def _sgd_update(record, params, grads, momentum_buffers, *_, weight_decay, momen
             else:
                 buf.mul_(momentum).add_(d_p, alpha=1 - dampening)
             d_p = d_p.add(buf, alpha=momentum) if nesterov else buf
+            if grads_changed:
+                grads[i].copy_(d_p)
         # param -= lr * d_p, the product rounded to the parameter's dtype as eager's alpha is.
         param.add_(d_p * _lr_as(_neg(lr), param))
 
@@ -344,7 +349,7 @@ def _refuse_lbfgs_step(self, closure=None):
 
 
 @contextlib.contextmanager
-def patched_updates(optimizers, record):
+def patched_updates(optimizers, record, foreach=frozenset()):
     """Within: the update functions of the given optimizers' classes are ours; `record(param)` is
     called for every parameter an update touches (the parameters the step really updated).
     ``torch.optim.LBFGS.step`` raises EagerOnly: its first act reads the closure's loss with
@@ -359,7 +364,13 @@ def patched_updates(optimizers, record):
         module, name, update = entry
         patched.add(entry)
         saved.append((module, name, getattr(module, name)))
-        setattr(module, name, lambda *a, _u=update, **k: _u(record, *a, **k))
+
+        def replaced(*a, _u=update, **k):
+            # `foreach`: what the group asked for (the capture turns the option off in the group,
+            # see IMPLEMENTATION_OPTIONS): eager's for-each steps have side effects of their own.
+            k["foreach"] = bool(k.get("foreach")) or bool(a and a[0] and id(a[0][0]) in foreach)
+            return _u(record, *a, **k)
+        setattr(module, name, replaced)
 
     init = torch.optim.Optimizer.__init__
 
