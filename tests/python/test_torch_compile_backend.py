@@ -367,6 +367,25 @@ def test_graph_break_in_user_code():
     assert _count("GraphBreak") == breaks0  # none inside the graphs (max's backward included)
 
 
+@pytest.mark.parametrize("op,fn", [(torch.ops.aten.sub.Tensor, lambda c, x: c - x),
+                                   (torch.ops.aten.add.Tensor, lambda c, x: c + x),
+                                   (torch.ops.aten.mul.Tensor, lambda c, x: c * x)])
+def test_a_number_first_in_an_arithmetic_op_is_lowered(op, fn):
+    # A graph Dynamo specialized from a symbolic float can hold the number as the first operand
+    # of sub/add/mul (the frontend fuzzer's seeds 1157, 1356, 1377, 1898: "sub(): incompatible
+    # function arguments").
+    from lazyrt.torch._lower import LoweredGraph
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    x.meta["val"] = torch.empty(3, dtype=torch.float64)
+    n = g.call_function(op, (2.5, x))
+    n.meta["val"] = torch.empty(3, dtype=torch.float64)
+    g.output([n])
+    t = torch.tensor([1.0, -2.0, 0.25], dtype=torch.float64)
+    got = lazyrt.to_torch(LoweredGraph(torch.fx.GraphModule({}, g), [n])(lazyrt.from_torch(t))[0])
+    torch.testing.assert_close(got, fn(2.5, t), rtol=0, atol=0)
+
+
 _LOSS_WEIGHT = 1.0
 
 

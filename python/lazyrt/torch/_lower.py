@@ -114,12 +114,15 @@ def _elementwise(fn):
     return lower
 
 
-lowering(aten.add.Tensor, aten.add.Scalar)(_elementwise(lambda a, b, alpha=1: _C.add(a, b, alpha=alpha)))
-lowering(aten.sub.Tensor, aten.sub.Scalar)(_elementwise(lambda a, b, alpha=1: _C.sub(a, b, alpha=alpha)))
+# A graph that Dynamo specialized from a symbolic float may hold the number first (1.5 - x).
+lowering(aten.add.Tensor, aten.add.Scalar)(_elementwise(
+    lambda a, b, alpha=1: _C.add(a, b, alpha=alpha) if _is_tensor(a) else _C.add(_C.mul(b, alpha), a)))
+lowering(aten.sub.Tensor, aten.sub.Scalar)(_elementwise(
+    lambda a, b, alpha=1: _C.sub(a, b, alpha=alpha) if _is_tensor(a) else _C.add(_C.mul(b, -alpha), a)))
 lowering(aten.rsub.Tensor, aten.rsub.Scalar)(
     _elementwise(lambda a, b, alpha=1: _C.sub(b, a, alpha=alpha) if _is_tensor(b)
                  else _C.add(_C.mul(a, -alpha), b)))
-lowering(aten.mul.Tensor, aten.mul.Scalar)(_elementwise(_C.mul))
+lowering(aten.mul.Tensor, aten.mul.Scalar)(_elementwise(lambda a, b: _C.mul(a, b) if _is_tensor(a) else _C.mul(b, a)))
 lowering(aten.div.Tensor, aten.div.Scalar)(_elementwise(_C.div))
 lowering(aten.maximum.default)(_elementwise(_C.maximum))
 lowering(aten.minimum.default)(_elementwise(_C.minimum))
