@@ -77,14 +77,18 @@ def batches(loss, n=STEPS, batch=8, seed=1):
     return [(x, torch.randint(0, 4, (batch,), generator=g)) for x in xs]
 
 
-def standard_step(model, opt, loss_fn, set_to_none=True):
+def standard_step(model, opt, loss_fn, set_to_none=True, zero_grad_first=False):
     """forward, backward, step, zero_grad (PyTorch 2's default sets the gradients to None;
-    set_to_none=False keeps them as zeros, as a step that reuses gradient memory does)."""
+    set_to_none=False keeps them as zeros, as a step that reuses gradient memory does);
+    zero_grad_first: zero_grad before the forward instead, so the step leaves its gradients."""
     def step(x, y):
+        if zero_grad_first:
+            opt.zero_grad(set_to_none=set_to_none)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        opt.zero_grad(set_to_none=set_to_none)
+        if not zero_grad_first:
+            opt.zero_grad(set_to_none=set_to_none)
         return loss
     return step
 
@@ -1892,16 +1896,8 @@ def test_gradients_after_the_step_are_eager_s_with_zero_grad_first(opt_name):
                 "nesterov_foreach_decay": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True,
                                                                     weight_decay=1e-2, foreach=True)}[opt_name]
     m_eager, o_eager, m_lazy, o_lazy = twins(lambda: mlp(nn.Tanh()), make_opt)
-
-    def make(model, opt):
-        def step(x, y):
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-        return step
-    eager, step = make(m_eager, o_eager), lazyrt.torch.compile(make(m_lazy, o_lazy))
+    eager = standard_step(m_eager, o_eager, nn.MSELoss(), zero_grad_first=True)
+    step = lazyrt.torch.compile(standard_step(m_lazy, o_lazy, nn.MSELoss(), zero_grad_first=True))
     for k, (x, y) in enumerate(batches("mse")):
         close(step(x, y).item(), eager(x, y).item(), f"loss at step {k}")
         same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
