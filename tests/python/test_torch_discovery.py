@@ -387,3 +387,62 @@ def test_a_model_added_to_a_list_is_used_from_the_next_call_and_cycles_end():
     run_both(step, eager_step, [(lazy.nets[0], eager.nets[0]), (lazy.nets[2], eager.nets[2]), (lazy.opt, eager.opt)],
              data[STEPS:], what="two models:")
     assert step.captures == 2
+
+
+_HELPER_NET = None
+_HELPER_OPT = None
+
+
+def _global_helper_step(x, y):  # reaches the model and optimizer through a global helper
+    return _helper_train(x, y)
+
+
+def _helper_train(x, y):
+    return train(_HELPER_NET, _HELPER_OPT, x, y)
+
+
+def test_model_and_optimizer_reached_through_helper_functions():
+    # The step calls a helper kept in its closure, which reaches the model through its own
+    # closure; and a step calls a global helper that names global model and optimizer. Both are
+    # found, train as eager, and a helper rebound to another model is followed on the next call.
+    global _HELPER_NET, _HELPER_OPT
+
+    def make(seed):
+        model = net(seed)
+        opt = sgd(model.parameters())
+
+        def forward_loss(x, y):
+            return F.mse_loss(model(x), y)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = helpers["loss"](x, y)
+            loss.backward()
+            opt.step()
+            return loss
+        helpers = {"loss": forward_loss}
+        return step, model, opt, helpers
+
+    eager_step, m_eager, o_eager, _ = make(0)
+    lazy_fn, m_lazy, o_lazy, helpers = make(0)
+    step = lazyrt.torch.compile(lazy_fn)
+    run_both(step, eager_step, [(m_lazy, m_eager), (o_lazy, o_eager)])
+    assert step.captures == 1
+    # Rebound to a helper over another model (whose parameters the optimizer does not hold):
+    # the next call captures again and trains only through the new model's gradients.
+    other, other_eager = net(5), net(5)
+    helpers["loss"] = lambda x, y: F.mse_loss(other(x), y) + 0 * sum(p.sum() for p in m_lazy.parameters())
+    x, y = batches(1, seed=9)[0]
+    got = step(x, y)
+    want = F.mse_loss(other_eager(x), y)
+    close(got.detach().numpy(), want.detach().numpy(), "loss through the rebound helper")
+    assert step.captures == 2
+    assert all(p.grad is not None for p in other.parameters()), "the new model was found"
+
+    _HELPER_NET, _HELPER_OPT = net(3), None
+    _HELPER_OPT = sgd(_HELPER_NET.parameters())
+    m_eager2 = copy.deepcopy(_HELPER_NET)
+    o_eager2 = sgd(m_eager2.parameters())
+    step2 = lazyrt.torch.compile(_global_helper_step)
+    run_both(step2, lambda x, y: train(m_eager2, o_eager2, x, y), [(_HELPER_NET, m_eager2), (_HELPER_OPT, o_eager2)])
+    assert step2.captures == 1

@@ -800,41 +800,36 @@ def test_arange_of_a_float_bound_without_dtype_is_float_as_in_eager():
     torch.testing.assert_close(g(x), x * torch.arange(-1, 1.5, dtype=torch.float64))
 
 
-def test_data_dependent_shape_is_refused():
-    # A loss over the positive outputs only (masked_select): a shape that depends on values
-    # cannot be captured.
+@pytest.mark.parametrize("read", ["item", "mask"])
+def test_a_step_that_reads_a_value_runs_in_eager(read):
+    # A value read (loss.item()) or a shape made from values (x[x > 0]) cannot be replayed: the
+    # call runs in PyTorch eager, warned once and counted, with eager's results and state; the
+    # capture's patches are undone. Later calls run in eager without a new capture.
     torch.manual_seed(0)
-    model = mlp(nn.ReLU())
-    before = copy.deepcopy(model.state_dict())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    loss_fn = lambda out, y: torch.masked_select(out, out > 0).mean()  # noqa: E731
-    step = lazyrt.torch.compile(standard_step(model, opt, loss_fn), model=model, optimizer=opt)
-    (x, y), = batches("ce", n=1)
-    with pytest.raises(lazyrt.torch.CaptureError, match="masked_select"):
-        step(x, y)
-    same_tree(model.state_dict(), before, "parameters after the failed capture")
-    assert all(p.grad is None for p in model.parameters()) and not opt.state
+    model, model_e = nn.Linear(3, 2), nn.Linear(3, 2)
+    model_e.load_state_dict(model.state_dict())
+    opt, opt_e = torch.optim.Adam(model.parameters(), lr=0.1), torch.optim.Adam(model_e.parameters(), lr=0.1)
 
+    def make(model, opt):
+        def step(x):
+            out = model(x)
+            loss = out.pow(2).sum() if read == "item" else out[out > 0].sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.item() if read == "item" else loss
+        return step
 
-def test_reading_a_value_inside_the_step_is_refused():
-    torch.manual_seed(0)
-    model = nn.Linear(3, 2)
-    opt = torch.optim.Adam(model.parameters(), lr=0.1)
-
-    def step(x):
-        loss = model(x).pow(2).sum()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.item()
-
-    before = copy.deepcopy(model.state_dict())
     originals = (torch._foreach_zero_, sys.modules["torch.optim.adam"].adam)
-    with pytest.raises(lazyrt.torch.CaptureError, match=r"reads a tensor's value: \.item\(\)"):
-        lazyrt.torch.compile(step)(torch.ones(4, 3))
-    same_tree(model.state_dict(), before, "parameters after the failed capture")
-    assert model.weight.grad is None and not opt.state
-    assert opt.param_groups[0]["params"] == [model.weight, model.bias] and opt.param_groups[0]["lr"] == 0.1
+    compiled, eager = lazyrt.torch.compile(make(model, opt)), make(model_e, opt_e)
+    steps = lazyrt.metrics.counter("EagerStep")
+    with pytest.warns(lazyrt.torch.GraphBreakWarning, match="run in PyTorch eager"):
+        got = [compiled(torch.full((4, 3), float(k) - 1)) for k in range(3)]
+    want = [eager(torch.full((4, 3), float(k) - 1)) for k in range(3)]
+    same_tree(got, want, "results")
+    same_tree(model.state_dict(), model_e.state_dict(), "parameters")
+    same_tree(opt.state_dict(), opt_e.state_dict(), "optimizer state")
+    assert lazyrt.metrics.counter("EagerStep") == steps + 3 and compiled.captures == 0
     assert (torch._foreach_zero_, sys.modules["torch.optim.adam"].adam) == originals  # patches undone
 
 
@@ -1248,9 +1243,20 @@ def test_discovers_model_and_optimizer_from_globals_and_closure():
         return loss
 
     assert lazyrt.torch.discover(step) == ([model], [opt])
+    # Through a method that calls the step: found through the function it calls (its closure).
+    m_eager = copy.deepcopy(model)
+    o_eager = torch.optim.SGD(m_eager.parameters(), lr=0.1)
     bound = type("Trainer", (), {"step": lambda self, x: step(x)})()
-    with pytest.raises(lazyrt.torch.CaptureError, match="model="):
-        lazyrt.torch.compile(bound.step)(torch.ones(1, 3))
+    compiled = lazyrt.torch.compile(bound.step)
+    for k in range(3):
+        x = torch.full((1, 3), float(k + 1))
+        want = m_eager(x).pow(2).sum()
+        want.backward()
+        o_eager.step()
+        o_eager.zero_grad()
+        close(compiled(x).item(), want.item(), f"loss at step {k}")
+        same_tree(model.state_dict(), m_eager.state_dict(), f"parameters after step {k}")
+    assert compiled.captures == 1
 
 
 def test_values_changed_between_calls_are_read():
@@ -2075,7 +2081,26 @@ _LOWERED_OPS = {  # name -> (fn, image input)
     "sort_topk": (lambda t: torch.cat([t.sort(1, descending=True).values[:, :4], t.sort(1).values[:, :2],
                                        t.topk(3, 1).values, t.topk(2, 1, largest=False).values], 1), False),
     "scatter": (lambda t: t.scatter(1, _SCATTER_INDEX.expand(t.shape[0], 3), t[:, :3] * 2), False),
+    "leaky_relu": (lambda t: F.leaky_relu(t, 0.2), False),
+    "softplus": (lambda t: F.softplus(t * 3, beta=2, threshold=4), False),
+    "log1p_expm1": (lambda t: torch.log1p(t.abs()) + torch.expm1(t * 0.5), False),
+    "sin_cos_atan": (lambda t: torch.sin(t) * torch.cos(t) + torch.atan(t) + torch.atan2(t, t.flip(1) + 0.5), False),
+    "cumprod_prod": (lambda t: torch.cumprod(t.tanh() + 1.5, 1) + t.prod(1, keepdim=True), False),
+    "smooth_l1": (lambda t: F.smooth_l1_loss(t, t.flip(1) * 2, reduction="none", beta=0.5), False),
+    "index": (lambda t: torch.cat([t[torch.arange(t.shape[0] - 1, -1, -1)], t[:, _INDEX_COLUMNS] * 2,
+                                   t[:, _INDEX_GRID].flatten(1)], 1), False),
+    # rows 5 (twice), 0 and 11 of t's transpose get t's first four columns added
+    "index_put_accumulate": (lambda t: t.t().index_put((_INDEX_COLUMNS,), t[:, :4].t() * 3, accumulate=True).t(),
+                             False),
+    "repeat": (lambda t: t.repeat(1, 3) + t.repeat(1, 3).flip(1), False),
+    "pixel_shuffle": (lambda t: F.pixel_shuffle(torch.cat([t, t.flip(2), -t, t * 2], 1), 2), True),
+    "pixel_unshuffle": (lambda t: F.pixel_unshuffle(t[..., :4, :], 2), True),
+    "nearest_scale": (lambda t: F.interpolate(t, scale_factor=2, mode="nearest"), True),
+    "nearest_size": (lambda t: F.interpolate(t, size=(7, 9), mode="nearest"), True),
+    "noise_times_zero": (lambda t: t + 0 * torch.randn_like(t) + 0 * torch.empty_like(t).normal_(), False),
 }
+_INDEX_COLUMNS = torch.tensor([5, 0, -1, 5])
+_INDEX_GRID = torch.tensor([[1, 2], [0, -3]])
 
 
 @pytest.mark.parametrize("name", list(_LOWERED_OPS))
@@ -2267,6 +2292,13 @@ _ACTIVATIONS_AT_SPECIAL_VALUES = {  # name -> (fn of [x, g], rtol)
                                _ATEN.log_sigmoid_backward(t[1], t[0], _ATEN.log_sigmoid_forward(t[0])[1])], 1e-6),
     "xlogy": (lambda t: [_ATEN.xlogy(t[0], t[1].abs()), _ATEN.xlogy(torch.zeros_like(t[0]), t[0])], 1e-6),
     "huber": (lambda t: [_ATEN.huber_loss(t[0], t[1], 0, 0.5)], 1e-6),
+    "smooth_l1": (lambda t: [_ATEN.smooth_l1_loss(t[0], t[1], 0, 0.5), _ATEN.smooth_l1_loss(t[0], t[1], 0, 0.0)], 1e-6),
+    "leaky_relu": (lambda t: [_ATEN.leaky_relu(t[0], 0.2), _ATEN.leaky_relu_backward(t[1], t[0], 0.2, False)], 1e-6),
+    "softplus": (lambda t: [_ATEN.softplus(t[0], 1.0, 20.0), _ATEN.softplus(t[0], 2.0, 3.0),
+                            _ATEN.softplus_backward(t[1], t[0], 2.0, 3.0)], 1e-6),
+    "log1p_expm1": (lambda t: [torch.log1p(t[0]), torch.expm1(t[0])], 1e-6),
+    "rounding": (lambda t: [torch.floor(t[0]), torch.ceil(t[0]), torch.round(t[0]), torch.round(t[0] * 7, decimals=1),
+                            torch.isnan(t[0]), torch.isinf(t[0])], 1e-6),
 }
 
 

@@ -106,3 +106,49 @@ def test_native_compile_step_advances_a_generator_its_trace_made():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_dir, os.environ.get("PYTHONPATH")])))
     r = subprocess.run([sys.executable, "-c", _NATIVE], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+def test_normal_draws_in_a_step_are_new_every_call_and_standard():
+    # torch.randn, randn_like, Tensor.normal_ and torch.normal(mean, std) inside a compiled step:
+    # lowered (no graph break), drawn anew on every call from lazyrt's generator, with the
+    # asked mean and standard deviation; the noise carries gradients to the mean (a VAE's
+    # reparameterization).
+    import warnings
+
+    import torch
+
+    import lazyrt.metrics
+    import lazyrt.torch
+
+    torch.manual_seed(0)
+    mu = torch.nn.Linear(3, 4000)
+    opt = torch.optim.SGD(mu.parameters(), lr=0.0)
+
+    @lazyrt.torch.compile
+    def step(x):
+        opt.zero_grad()
+        m = mu(x)
+        a = torch.randn(2, 4000)
+        b = torch.randn_like(m)
+        c = torch.empty(2, 4000).normal_(3.0, 0.5)
+        d = torch.normal(m.detach(), 2.0)
+        z = m + 0.1 * b
+        z.sum().backward()
+        opt.step()
+        return a, b, c, d - m.detach(), mu.bias.grad.clone()
+
+    x = torch.zeros(2, 3)
+    breaks = lazyrt.metrics.counter("GraphBreak")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", lazyrt.torch.GraphBreakWarning)
+        calls = [step(x) for _ in range(3)]
+    assert lazyrt.metrics.counter("GraphBreak") == breaks and step.captures == 1
+    for k, (mean, std) in enumerate([(0.0, 1.0), (0.0, 1.0), (3.0, 0.5), (0.0, 2.0)]):
+        draws = [c[k] for c in calls]
+        for a, b in zip(draws, draws[1:]):
+            assert not torch.equal(a, b), f"draw {k} repeated across calls"
+        allv = torch.cat([v.flatten() for v in draws])  # 24,000 values: mean within ~5 sigma
+        assert abs(allv.mean().item() - mean) < 5 * std / allv.numel() ** 0.5 + 1e-6, (k, allv.mean().item())
+        assert abs(allv.std().item() - std) < 0.03 * std, (k, allv.std().item())
+    for c in calls:
+        torch.testing.assert_close(c[4], torch.full((4000,), 2.0))  # d(sum(m + 0.1 b))/d bias, per row 1

@@ -49,8 +49,9 @@ class CaptureError(RuntimeError):
 
 
 class EagerOnly(CaptureError):
-    """A step no capture can replay, which runs in PyTorch eager instead (LBFGS's step: how many
-    evaluations and line-search steps it runs is decided by values)."""
+    """A step no capture can replay, which runs in PyTorch eager instead: one that reads a
+    tensor's value or makes a shape from values (`loss.item()`, `x[mask]`), LBFGS's step (how
+    many evaluations and line-search steps it runs is decided by values)."""
 
 
 def tracing():
@@ -218,14 +219,16 @@ def _decompositions():
     """PyTorch's own decompositions of the ops lazyrt.torch takes as compositions of the ops it
     lowers (batch norm, forward and backward: its running statistics become plain in-place
     updates, which functionalize turns into write-backs; dropout: a bernoulli mask; the Huber
-    loss's backward), rather than lowering each."""
+    loss's backward and the smooth L1 loss's; pixel shuffles: views and a permutation), rather
+    than lowering each."""
     global _DECOMPOSED
     if _DECOMPOSED is None:
         from torch._decomp import get_decompositions
         aten = torch.ops.aten
         _DECOMPOSED = get_decompositions([aten.native_batch_norm, aten.native_batch_norm_backward,
                                           aten.native_dropout, aten.native_dropout_backward,
-                                          aten.huber_loss_backward.default])
+                                          aten.huber_loss_backward.default, aten.smooth_l1_loss_backward.default,
+                                          aten.pixel_shuffle, aten.pixel_unshuffle])
     return _DECOMPOSED
 
 
@@ -757,10 +760,14 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
         raise
     except Exception as e:  # noqa: BLE001 - name what failed, keep the cause
         hint = ""
-        if "value out of a tracing tensor" in str(e) or "DataDependentOutput" in type(e).__name__:
-            hint = (" (the step reads a tensor's value: .item(), float(), bool() or an `if` on a tensor; a captured "
-                    "step cannot yet — return the tensor and read it after the call)")
-        elif "ProcessGroup" in str(e) or "process group" in str(e):
+        if "value out of a tracing tensor" in str(e) or type(e).__name__ in ("DataDependentOutputException",
+                                                                            "DynamicOutputShapeException"):
+            raise EagerOnly(
+                "lazyrt.torch: the step reads a tensor's value (.item(), float(), bool() or an `if` on a tensor) or "
+                f"makes a shape only values give (x[mask], nonzero): {type(e).__name__}: {e}; no capture can replay "
+                "that, so its calls run in PyTorch eager (return the tensor and read it after the call, or use "
+                "torch.where, to compile the step)") from e
+        if "ProcessGroup" in str(e) or "process group" in str(e):
             hint = (" (torch.distributed's collectives over its own backends run outside the graph and cannot be "
                     "captured: initialize torch.distributed with backend 'lazyrt' (import lazyrt.torch.distributed), "
                     "or call lazyrt.torch.distributed.all_reduce, reduce_gradients or optimizer_step, which are ops "

@@ -13,10 +13,13 @@ a walk over what they hold, up to `DEPTH` steps from a root:
   `MAX_ITEMS`;
 - objects with a ``__dict__`` of a class outside torch, NumPy, lazyrt and the standard library
   (a dataclass, a trainer object) and namespaces (``types.SimpleNamespace``,
-  ``argparse.Namespace``): their attributes.
+  ``argparse.Namespace``): their attributes;
+- the program's own functions (a helper the step calls): their closure cells and the globals
+  their code names; bound methods: their object and function.
 
-Each object is walked once (cycles end there). Functions, classes, Python modules, tensors,
-plain values and library objects (a data loader, a learning-rate scheduler) are not walked.
+Each object is walked once (cycles end there). Library functions, classes, Python modules,
+tensors, plain values and library objects (a data loader, a learning-rate scheduler) are not
+walked.
 
 **What it read** (`Reach`): every list, dict and ``__dict__`` the walk went through, with the
 values it held — by identity, but for values of a plain class (numbers, strings, tensors, ...)
@@ -53,8 +56,7 @@ _LIBRARIES = frozenset(("torch", "numpy", "lazyrt", "builtins")) | frozenset(sys
 # Classes whose values are recorded by class only: a value of one can hold nothing discovery finds.
 _PLAIN = {c: object() for c in (int, float, bool, str, bytes, complex, type(None), torch.Tensor,
                                 torch.nn.Parameter, torch.dtype, torch.device, torch.Size,
-                                types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-                                types.ModuleType, type)}
+                                types.BuiltinFunctionType, types.ModuleType, type)}
 
 
 _is = operator.is_
@@ -75,6 +77,36 @@ def _user_class(cls):
                         types.MethodType, types.BuiltinFunctionType, functools.partial, torch.Tensor)):
         return False
     return (cls.__module__ or "").split(".")[0] not in _LIBRARIES
+
+
+_EMPTY_CELL = object()
+
+
+def _cell_values(cells):
+    out = []
+    for c in cells:
+        try:
+            out.append(c.cell_contents)
+        except ValueError:  # an empty cell
+            out.append(_EMPTY_CELL)
+    return out
+
+
+class _NamedGlobals:
+    """The globals a function's code names, as a container the reach can read again."""
+
+    __slots__ = ("globals", "names")
+
+    def __init__(self, g, names):
+        self.globals, self.names = g, names
+
+    def values(self):
+        return [self.globals.get(n, _EMPTY_CELL) for n in self.names]
+
+
+def _user_function(fn):
+    """Whether a Python function is the program's own (walked), not a library's."""
+    return (getattr(fn, "__module__", None) or "").split(".")[0] not in _LIBRARIES
 
 
 class Reach:
@@ -184,6 +216,25 @@ def find(fn, args=(), kwargs=None):
             walked.add(id(v))
             items = list(v.values())
             reach.add(v, dict.values)
+        elif cls is types.FunctionType:
+            if not _user_function(v):
+                return
+            # A helper the step calls (a loss function, a forward pass written as a function):
+            # what its closure and the globals its code names hold.
+            walked.add(id(v))
+            items = []
+            if v.__closure__:
+                reach.add(v.__closure__, _cell_values)
+                items += _cell_values(v.__closure__)
+            from lazyrt.torch._step import _code_names
+            names = tuple(n for n in _code_names(v.__code__) if n in v.__globals__)
+            if names:
+                named = _NamedGlobals(v.__globals__, names)
+                reach.add(named, _NamedGlobals.values)
+                items += named.values()
+        elif cls is types.MethodType:
+            walked.add(id(v))
+            items = [v.__self__, v.__func__]
         elif _user_class(cls):
             try:  # the instance's own dict; a class's __getattr__ may answer for a missing one
                 d = object.__getattribute__(v, "__dict__")

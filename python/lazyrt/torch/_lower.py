@@ -48,6 +48,9 @@ _DTYPES = {
 }
 
 
+_TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
+
+
 def lazy_dtype(dtype, what="a tensor"):
     d = _DTYPES.get(dtype)
     if d is None:
@@ -142,6 +145,26 @@ lowering(aten.sigmoid.default)(_elementwise(_C.sigmoid))
 lowering(aten.relu.default)(_elementwise(_C.relu))
 lowering(aten.silu.default)(_elementwise(_C.silu))
 lowering(aten.erf.default)(_elementwise(_C.erf))
+lowering(aten.log1p.default)(_elementwise(_C.log1p))
+lowering(aten.expm1.default)(_elementwise(_C.expm1))
+lowering(aten.sin.default)(_elementwise(_C.sin))
+lowering(aten.cos.default)(_elementwise(_C.cos))
+lowering(aten.atan.default)(_elementwise(_C.atan))
+lowering(aten.atan2.default)(_elementwise(_C.atan2))
+lowering(aten.floor.default)(_elementwise(_C.floor))
+lowering(aten.ceil.default)(_elementwise(_C.ceil))
+lowering(aten.round.default)(_elementwise(_C.round))
+lowering(aten.round.decimals)(_elementwise(lambda x, decimals=0: _C.round(x, decimals=decimals)))
+
+
+@lowering(aten.isnan.default)
+def _isnan(e, x):
+    return _C.isnan(x)
+
+
+@lowering(aten.isinf.default)
+def _isinf(e, x):
+    return _C.isinf(x)
 
 
 @lowering(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
@@ -190,7 +213,7 @@ def _common_dtype(a, b):
     """PyTorch's promoted dtype of two operands (lazyrt tensors or Python numbers)."""
     def probe(x):
         if _is_tensor(x):
-            td = {v: k for k, v in _DTYPES.items()}[x.dtype]
+            td = _TORCH_DTYPES[x.dtype]
             return torch.empty((1,) * x.dim(), dtype=td) if x.dim() else torch.empty((), dtype=td)
         return x
     return lazy_dtype(torch.result_type(probe(a), probe(b)))
@@ -345,6 +368,35 @@ def _hardswish_backward(e, grad, x):
     return _C.where(_C.le(x, -3.0), 0.0, _C.where(_C.lt(x, 3.0), middle, grad))
 
 
+@lowering(aten.leaky_relu.default)
+def _leaky_relu(e, x, negative_slope=0.01):
+    return _C.leaky_relu(_cast(x, e.dtype), negative_slope)
+
+
+@lowering(aten.leaky_relu_backward.default)
+def _leaky_relu_backward(e, grad, x, negative_slope, self_is_result):
+    # x > 0: grad, else grad * slope (x may be the result: same sign for a positive slope)
+    grad = _cast(grad, e.dtype)
+    return _C.where(_C.gt(x, 0.0), grad, _C.mul(grad, negative_slope))
+
+
+@lowering(aten.softplus.default)
+def _softplus(e, x, beta=1, threshold=20):
+    # x where x * beta > threshold, else log1p(exp(x * beta)) / beta, as ATen's kernel
+    x = _cast(x, e.dtype)
+    xb = _C.mul(x, beta)
+    return _C.where(_C.gt(xb, threshold), x, _C.div(_C.log1p(_C.exp(xb)), beta))
+
+
+@lowering(aten.softplus_backward.default)
+def _softplus_backward(e, grad, x, beta, threshold):
+    # grad where x * beta > threshold, else grad * z / (z + 1), z = exp(x * beta)
+    grad = _cast(grad, e.dtype)
+    xb = _C.mul(x, beta)
+    z = _C.exp(xb)
+    return _C.where(_C.gt(xb, threshold), grad, _C.div(_C.mul(grad, z), _C.add(z, 1.0)))
+
+
 @lowering(aten.log_sigmoid_forward.default)
 def _log_sigmoid_forward(e, x):
     # min(x, 0) - log1p(exp(-|x|)); the buffer (exp(-|x|), what torch's kernel keeps) is not read
@@ -397,6 +449,21 @@ def _xlogy(e, x, y):
 @lowering(aten.cumsum.default)
 def _cumsum(e, x, dim, dtype=None):
     return _C.cumsum(_cast(x, e.dtype), dim)
+
+
+@lowering(aten.cumprod.default)
+def _cumprod(e, x, dim, dtype=None):
+    return _C.cumprod(_cast(x, e.dtype), dim)
+
+
+@lowering(aten.prod.default)
+def _prod(e, x, dtype=None):
+    return _C.prod(_cast(x, e.dtype))
+
+
+@lowering(aten.prod.dim_int)
+def _prod_dim(e, x, dim, keepdim=False, dtype=None):
+    return _C.prod(_cast(x, e.dtype), dim, keepdim)
 
 
 @lowering(aten.logsumexp.default)
@@ -497,6 +564,28 @@ def _upsample_bilinear2d(e, x, output_size, align_corners, scales_h=None, scales
 def _upsample_bilinear2d_backward(e, grad, output_size, input_size, align_corners, scales_h=None, scales_w=None):
     x = _C.zeros(tuple(input_size), dtype=grad.dtype)  # the map is linear: any input stands in
     return _vjp(_bilinear(output_size, _scales(scales_h, scales_w), align_corners), [x], grad, [True])[0]
+
+
+def _nearest(size, scale_factors):
+    if scale_factors:
+        return lambda t: lazyrt.nn.functional.interpolate(t, scale_factor=list(scale_factors), mode="nearest")
+    return lambda t: lazyrt.nn.functional.interpolate(t, size=list(size), mode="nearest")
+
+
+@lowering(aten.upsample_nearest2d.vec)
+def _upsample_nearest2d_vec(e, x, output_size, scale_factors):
+    return _nearest(output_size, scale_factors)(x)
+
+
+@lowering(aten.upsample_nearest2d.default)
+def _upsample_nearest2d(e, x, output_size, scales_h=None, scales_w=None):
+    return _nearest(output_size, _scales(scales_h, scales_w))(x)
+
+
+@lowering(aten.upsample_nearest2d_backward.default)
+def _upsample_nearest2d_backward(e, grad, output_size, input_size, scales_h=None, scales_w=None):
+    x = _C.zeros(tuple(input_size), dtype=grad.dtype)  # the map is linear: any input stands in
+    return _vjp(_nearest(output_size, _scales(scales_h, scales_w)), [x], grad, [True])[0]
 
 
 @lowering(aten._log_softmax.default)
@@ -640,6 +729,17 @@ def _binary_cross_entropy_backward(e, grad, x, target, weight=None, reduction=_R
     if weight is not None:
         g = _C.mul(g, _cast(weight, e.dtype))
     return _C.div(g, float(max(x.numel(), 1))) if reduction == _REDUCTION_MEAN else g
+
+
+@lowering(aten.smooth_l1_loss.default)
+def _smooth_l1_loss(e, x, target, reduction=_REDUCTION_MEAN, beta=1.0):
+    # |d| < beta: d^2 / 2 / beta; else |d| - beta / 2, as ATen's kernel (beta 0: the L1 loss; its
+    # backward is PyTorch's decomposition, captured as plain ops)
+    z = _C.abs(_C.sub(_cast(x, e.dtype), _cast(target, e.dtype)))
+    if beta == 0:
+        return _reduce(z, reduction)
+    quadratic = _C.div(_C.mul(_C.mul(z, 0.5), z), beta)
+    return _reduce(_C.where(_C.lt(z, beta), quadratic, _C.sub(z, 0.5 * beta)), reduction)
 
 
 @lowering(aten.huber_loss.default)
@@ -884,7 +984,8 @@ def _to_copy(e, x, *args, **kwargs):
 # ---- factories: PyTorch's shape and dtype, a value ---------------------------------------------
 
 @lowering(aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default, aten.zero.default,
-          aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default)
+          aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default,
+          aten.new_empty_strided.default, aten.empty_strided.default)
 def _zeros(e, *args, **kwargs):
     # lazyrt has no uninitialized memory: empty is zeros (PyTorch promises nothing about it).
     return _full(e.shape, 0, e.dtype)
@@ -922,6 +1023,38 @@ def _rand(e, *args, generator=None, **kwargs):
     if generator is not None:
         raise UnsupportedOperatorError("lazyrt.torch: rand with a torch.Generator")
     return lazyrt.rand(e.shape, dtype=e.dtype)
+
+
+@lowering(aten.randn_like.default, aten.randn.default)
+def _randn(e, *args, generator=None, **kwargs):
+    return _standard_normal(e, generator)
+
+
+def _standard_normal(e, generator):
+    if generator is not None:
+        raise UnsupportedOperatorError("lazyrt.torch: a normal draw with a torch.Generator")
+    if e.dtype in (_C.float16, _C.bfloat16):  # drawn in float32, as a half draw would lose its tails
+        return _C.cast(lazyrt.randn(e.shape, dtype=_C.float32), e.dtype)
+    return lazyrt.randn(e.shape, dtype=e.dtype)
+
+
+def _scaled_normal(e, mean, std, generator):
+    return _C.add(_C.mul(_standard_normal(e, generator), _cast(std, e.dtype)), _cast(mean, e.dtype))
+
+
+@lowering(aten.normal_functional.default)  # x.normal_(mean, std), functionalized
+def _normal_functional(e, x, mean=0.0, std=1.0, generator=None):
+    return _scaled_normal(e, mean, std, generator)
+
+
+@lowering(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
+def _normal(e, mean, std=1.0, generator=None):
+    return _scaled_normal(e, mean, std, generator)
+
+
+@lowering(aten.normal.float_float)
+def _normal_of_size(e, mean, std, size, generator=None, **kwargs):
+    return _scaled_normal(e, mean, std, generator)
 
 
 @lowering(aten.full.default)
@@ -1190,7 +1323,7 @@ def _bitwise_not_refusal(node):
 
 
 REFUSALS = {aten.convolution.default: _conv_refusal, aten.convolution_backward.default: _conv_refusal,
-            aten.bitwise_not.default: _bitwise_not_refusal}
+            aten.bitwise_not.default: _bitwise_not_refusal}  # and the indexing ops' (below)
 
 
 def _pool_window(kernel_size, stride, padding, dilation):
@@ -1257,6 +1390,80 @@ def _embedding_backward(e, grad, indices, num_weights, padding_idx, scale_grad_b
     if padding_idx >= 0:
         rows = _C.where(_C.unsqueeze(_C.eq(flat, padding_idx), 1), 0.0, rows)
     return _C.index_add(_full(e.shape, 0, e.dtype), 0, flat, rows)
+
+
+# ---- advanced indexing: x[i, :, j] and its writes -------------------------------------------
+
+def _index_key(indices, what):
+    """aten's index list (a tensor or None per leading dim) as lazyrt's indexing key."""
+    key = []
+    for i in indices:
+        if i is None:
+            key.append(slice(None))
+        elif i.dtype is _C.bool:
+            # a mask selects as many elements as it has true values: a shape only its values give
+            raise UnsupportedOperatorError(f"lazyrt.torch: {what} with a boolean mask")
+        else:
+            key.append(_cast(i, _C.int64))
+    return tuple(key)
+
+
+@lowering(aten.index.Tensor, aten._unsafe_index.Tensor)
+def _index(e, x, indices):
+    return x[_index_key(indices, "index")]
+
+
+def _masked_put(indices, values, accumulate):
+    """Whether index_put is x[mask] = v: one boolean mask over x's leading dims and one value."""
+    return (len(indices) == 1 and indices[0] is not None and _val_dtype(indices[0]) == torch.bool
+            and _numel(values) == 1 and not accumulate)
+
+
+def _val_dtype(x):
+    """The torch dtype of a graph node's value (when refusing) or of a lowered value."""
+    if _is_tensor(x):
+        return _TORCH_DTYPES[x.dtype]
+    v = x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
+def _numel(x):
+    if _is_tensor(x):
+        return math.prod(x.shape)
+    v = x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+    return v.numel() if isinstance(v, torch.Tensor) else 1
+
+
+def _index_refusal(node):
+    indices = node.args[1]
+    if not any(i is not None and _val_dtype(i) in (torch.bool, torch.uint8) for i in indices):
+        return None
+    if node.target in (aten.index_put.default, aten._unsafe_index_put.default) and \
+            _masked_put(indices, node.args[2], node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate")):
+        return None
+    return "with a boolean mask (a shape only its values give)"
+
+
+REFUSALS.update(dict.fromkeys((aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default,
+                                aten._unsafe_index_put.default), _index_refusal))
+
+
+@lowering(aten.index_put.default, aten._unsafe_index_put.default)
+def _index_put(e, x, indices, values, accumulate=False):
+    if _masked_put(indices, values, accumulate):
+        # x[mask] = v (Rprop's grad[sign == etaminus] = 0): v where the mask is set
+        mask = indices[0]
+        for _ in range(x.dim() - mask.dim()):
+            mask = _C.unsqueeze(mask, -1)
+        return _C.where(mask, _C.reshape(_cast(values, e.dtype), ()), _cast(x, e.dtype))
+    key = _index_key(indices, "index_put")
+    return _C.index_put(_cast(x, e.dtype), tuple(None if isinstance(k, slice) else k for k in key),
+                        _cast(values, e.dtype), accumulate)
+
+
+@lowering(aten.repeat.default)
+def _repeat(e, x, repeats):
+    return _C.repeat(x, list(repeats))
 
 
 @lowering(operator.getitem)
