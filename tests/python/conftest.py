@@ -125,3 +125,46 @@ def lowered_results(fn, inputs):
     lowered = LoweredGraph(gm, list(next(n for n in gm.graph.nodes if n.op == "output").args[0]))
     got = lowered(*[lr.from_torch(t) for t in inputs], *[lr.from_torch(t) for t in lowered.constants])
     return [lr.to_torch(g) for g in got]
+
+
+# ---- the accuracy rule: as accurate as eager, against a float64 run -------------------------
+
+ACCURACY_FACTOR, ACCURACY_ROUNDING = 2.0, 1e-7
+# Per tensor, a guard against gross errors (a layer's gradient 1% off) that leaves room for one
+# small tensor's luck: within 10x eager's relative distance plus 1e-5.
+ACCURACY_TENSOR_FACTOR, ACCURACY_TENSOR_FLOOR = 10.0, 1e-5
+# A tensor eager float32 gets less than 3 digits of is rounding noise (a value zero in exact
+# arithmetic: a bias right before a normalization, its Adam moments).
+ACCURACY_NOISE = 1e-3
+
+
+def accuracy_against_float64(tested, eager, ref, what=""):
+    """None, or a text naming how `tested` (float32 tensors by name) is less accurate than
+    `eager` (the same names, float32 PyTorch eager) against `ref` (float64): the rms over
+    tensors of the relative distance (2-norm of the difference over the reference's) must be at
+    most 2x eager's plus 1e-7; each tensor's within 10x eager's plus 1e-5; a tensor eager has
+    fewer than 3 digits of (rounding noise), within 10x eager's distance. Returns the text and
+    prints nothing; (rms tested, rms eager) of the kept tensors is in the returned text."""
+    rel_t, rel_e, dist_t, dist_e = {}, {}, {}, {}
+    for n, r in ref.items():
+        r = r.double()
+        norm = max(r.norm().item(), 1e-300)
+        dist_t[n] = (tested[n].double() - r).norm().item()
+        dist_e[n] = (eager[n].double() - r).norm().item()
+        rel_t[n], rel_e[n] = dist_t[n] / norm, dist_e[n] / norm
+    kept = []
+    for n in ref:
+        if rel_e[n] >= ACCURACY_NOISE:
+            if dist_t[n] > ACCURACY_TENSOR_FACTOR * dist_e[n]:
+                return f"{what}{n} (rounding noise in eager): {dist_t[n]:.3g} from float64, eager {dist_e[n]:.3g}"
+            continue
+        kept.append(n)
+        if rel_t[n] > ACCURACY_TENSOR_FACTOR * rel_e[n] + ACCURACY_TENSOR_FLOOR:
+            return f"{what}{n}: {rel_t[n]:.3g} (relative) from float64, eager {rel_e[n]:.3g}"
+    if kept:
+        rms_t = (sum(rel_t[n] ** 2 for n in kept) / len(kept)) ** 0.5
+        rms_e = (sum(rel_e[n] ** 2 for n in kept) / len(kept)) ** 0.5
+        if rms_t > ACCURACY_FACTOR * rms_e + ACCURACY_ROUNDING:
+            return (f"{what}rms relative distance to float64 over {len(kept)} tensors: {rms_t:.3g}, eager "
+                    f"{rms_e:.3g}")
+    return None

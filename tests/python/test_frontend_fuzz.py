@@ -101,3 +101,23 @@ def test_programs_are_reproducible_printable_and_features_can_be_disabled():
     assert off.config["stem"] == "dense" and not off.config["sched"]
     assert all(k not in ("bn", "ln", "dropout", "view", "inplace") for k, _, _ in off.layers)
     assert all(c["mode"] == "train" and c["batch"] == off.calls[0]["batch"] for c in off.calls)
+
+
+def test_the_accuracy_rule_holds_the_tested_run_to_eager_accuracy():
+    import conftest
+    g = torch.Generator().manual_seed(0)
+    ref = {f"t{i}": torch.randn(50, generator=g, dtype=torch.float64) for i in range(8)}
+    ref["noise"] = torch.full((4,), 1e-12, dtype=torch.float64)  # zero in exact arithmetic
+
+    def off(rel, noise):
+        out = {k: (v * (1 + rel * torch.randn(v.shape, generator=g, dtype=torch.float64))).float()
+               for k, v in ref.items() if k != "noise"}
+        out["noise"] = torch.full((4,), noise)
+        return out
+    eager = off(1e-7, 1e-7)
+    assert conftest.accuracy_against_float64(off(1.5e-7, 3e-7), eager, ref) is None
+    assert "rms" in conftest.accuracy_against_float64(off(1e-6, 1e-7), eager, ref)  # 10x less accurate
+    one_off = off(1e-7, 1e-7)
+    one_off["t3"] = one_off["t3"] * 1.001  # one tensor 0.1% off
+    assert "t3" in conftest.accuracy_against_float64(one_off, eager, ref)
+    assert "noise" in conftest.accuracy_against_float64(off(1e-7, 1e-5), eager, ref)
