@@ -673,6 +673,35 @@ def test_calling_under_autocast_recaptures():
     assert results == [1, 2, 2, 2]
 
 
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_under_bf16_autocast_has_eager_gradients(affine):
+    # A Linear before a batch norm under bf16 autocast: the norm's statistics and the saved mean
+    # and inverse deviation are float32, as in ATen's CPU kernel, so the backward sums to zero
+    # over the batch as eager's does (the bias's gradient, zero in exact arithmetic, was 80x
+    # eager's rounding noise when the saved statistics were rounded to bf16).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm1d(4, affine=affine), nn.Linear(4, 2))
+    m_eager = copy.deepcopy(model)
+
+    def make(m):
+        def step(x, y):
+            for p in m.parameters():
+                p.grad = None
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.mse_loss(m(x), y)
+            loss.backward()
+            return loss
+        return step
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(3, 6, generator=g) * 3, torch.randn(3, 2, generator=g)
+    got, want = lazyrt.torch.compile(make(model))(x, y), make(m_eager)(x, y)
+    close(got.item(), want.item(), "loss")
+    for (name, p), q in zip(model.named_parameters(), m_eager.parameters()):
+        scale = max(float(q.grad.abs().max()), 1e-3)
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=0, atol=1e-2 * scale, err_msg=name)
+    same_tree(dict(model[1].named_buffers()), dict(m_eager[1].named_buffers()), "running statistics")
+
+
 class Bessel(nn.Module):
     def forward(self, x):
         return torch.special.bessel_j0(x)  # PyTorch 1.13: no gradient flows through it

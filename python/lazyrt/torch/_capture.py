@@ -229,7 +229,31 @@ def _decompositions():
                                           aten.native_dropout, aten.native_dropout_backward,
                                           aten.huber_loss_backward.default, aten.smooth_l1_loss_backward.default,
                                           aten.pixel_shuffle, aten.pixel_unshuffle])
+        _DECOMPOSED[aten.native_batch_norm.default] = _batch_norm_saving_float(
+            _DECOMPOSED[aten.native_batch_norm.default])
     return _DECOMPOSED
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _batch_norm_saving_float(decomposition):
+    """Batch norm of a bfloat16 or float16 input as ATen's CPU kernel computes it: statistics,
+    normalization and the saved mean and inverse deviation in float32, the output rounded once.
+    (PyTorch's decomposition rounds the saved statistics to the input's dtype, and the backward
+    that reads them then no longer sums to zero over the batch: a gradient that is zero in exact
+    arithmetic, a bias right before the norm, came out 80x eager's rounding noise under bf16
+    autocast.)"""
+    def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        if input.dtype not in _HALF:
+            return decomposition(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+        def up(t):
+            return t.float() if t is not None and t.dtype in _HALF else t
+        out, save_mean, save_invstd = decomposition(up(input), up(weight), up(bias), running_mean, running_var,
+                                                    training, momentum, eps)
+        return out.to(input.dtype), save_mean, save_invstd
+    return native_batch_norm
 
 
 # ---- what a step touches -------------------------------------------------------------------
