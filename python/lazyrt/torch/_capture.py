@@ -286,6 +286,10 @@ class World:
         self.modules = modules
         self.optimizers = optimizers
         self.args_leaves, self.args_spec = pytree.tree_flatten((args, kwargs))
+        # Whether the positional arguments are the leaves themselves (no tuple, list or dict
+        # among them): then a later call's arguments are its leaves without flattening.
+        self.args_flat = not kwargs and len(self.args_leaves) == len(args) and all(
+            leaf is a for leaf, a in zip(self.args_leaves, args))
 
         # Unique parameters and buffers, each with every (submodule, attribute) place holding it
         # (tied weights: one tensor, several places).
@@ -436,10 +440,22 @@ def key_object(a):
     return pytree.tree_leaves(a) == [a]
 
 
+def call_leaves(world, args):
+    """The argument leaves of a call with positional arguments `args` (the quick key's, the
+    guard's and the fast call's arguments): args itself where `world`'s were flat, else their
+    pytree leaves where they have `world`'s structure (a hidden state passed as a tuple of
+    tensors), else None."""
+    if world.args_flat:
+        return args
+    leaves, spec = pytree.tree_flatten((args, {}))
+    return tuple(leaves) if spec == world.args_spec else None
+
+
 def quick_key(world, modules, optimizers, args):
     """A tuple that is equal on two calls only if they have the same signature (`World.signature`)
     and the same missing gradients and optimizer state: for a call with positional arguments
-    only (tensors, plain values and key objects: modules, optimizers), on the modules and
+    only, given as their leaves (`call_leaves`: tensors, plain values and key objects: modules,
+    optimizers), on the modules and
     optimizers `world` was built from, with the same
     parameter and buffer objects in the same places, and the same Python values at the places the
     step read when `world` was built (`World.reads`). None when the call is not of that kind

@@ -251,7 +251,10 @@ def find(fn, args=(), kwargs=None):
             walk(x, depth + 1)
 
     for k, v in roots(fn, args, kwargs):
-        if k is not None and v.__class__ not in _PLAIN:
+        # A tuple, list or dict argument is not held by identity: the quick key and the guard
+        # compare its structure and its leaves (by identity, shape or value), which is what the
+        # walk could find in it (a list the walk went through is recorded as a container).
+        if k is not None and v.__class__ not in _PLAIN and not isinstance(v, (tuple, list, dict)):
             reach.args.append((k, v))
         walk(v, 0)
     return modules, optimizers, reach

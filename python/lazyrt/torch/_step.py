@@ -10,7 +10,7 @@ import torch
 
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
-from lazyrt.torch._capture import CaptureError, EagerOnly, World, capture, key_object, quick_key
+from lazyrt.torch._capture import CaptureError, EagerOnly, World, call_leaves, capture, key_object, quick_key
 from lazyrt.torch._reads import ABSENT as _READ_ABSENT, code_reads, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
@@ -797,7 +797,10 @@ class CompiledFunction:
 
     def __call__(self, *args, **kwargs):
         last = self._last
+        leaves = None
         if last is not None and not kwargs and _reach_holds(last[0], args):
+            leaves = call_leaves(last[0], args)
+        if leaves is not None:
             # Same modules, optimizers, structure, shapes, dtypes, flags, hyperparameters, state
             # layout and modes as the last call: its signature and its entry (see quick_key;
             # the guard checks the same facts in C++, the function's reach included). The fast
@@ -805,19 +808,19 @@ class CompiledFunction:
             world, entry, key, guard, fast = last
             if fast is not None:
                 try:
-                    r = fast(args)
+                    r = fast(leaves)
                 except _AliasedMemory as e:
                     return self._eager(world, entry, e, args, kwargs)
                 if r is not _MISS and r is not _OTHER:
                     return r
                 same = r is _OTHER
             elif guard is not None:
-                same = guard.check(args)
+                same = guard.check(leaves)
             else:
                 modules, optimizers = self._found(args)
-                same = quick_key(world, modules, optimizers, args) == key
+                same = quick_key(world, modules, optimizers, leaves) == key
             if same:
-                world.args_leaves = list(args)
+                world.args_leaves = list(leaves)
                 try:
                     return entry.run(world)
                 except _AliasedMemory as e:
@@ -850,11 +853,12 @@ class CompiledFunction:
             self._warn_value_captures(signature)
             if entry.collectives:
                 _distributed._before_first_run(world)
-        key = None if kwargs else quick_key(world, modules, optimizers, args)
-        guard = None if key is None else _guard(self.fn, world, modules, optimizers, args)
+        leaves = None if kwargs else call_leaves(world, args)
+        key = None if leaves is None else quick_key(world, modules, optimizers, leaves)
+        guard = None if key is None else _guard(self.fn, world, modules, optimizers, leaves)
         if key is not None:
             # The objects the key holds by identity, alive while the key is (their ids stay theirs).
-            world.key_objects = [a for a in args if not isinstance(a, torch.Tensor)]
+            world.key_objects = [a for a in leaves if not isinstance(a, torch.Tensor)]
         try:
             result = entry.run(world)
         except _AliasedMemory as e:
