@@ -8,6 +8,7 @@ optimizer.state_dict() (float32, rtol 1e-5).
 
 import argparse
 import copy
+import types
 import math
 import os
 import re
@@ -783,8 +784,10 @@ def test_traced_layout_keeps_values_and_takes_the_traced_strides(shape, stride):
     extent = 1 + sum((s - 1) * st for s, st in zip(shape, stride))
     traced = torch.arange(float(extent)).as_strided(shape, stride)
     t = torch.randn(shape) if 0 not in stride else torch.randn(shape[1]).expand(shape).contiguous()
-    out = _traced_layout(t, traced)
+    node = types.SimpleNamespace(meta={"val": traced})  # a graph node: its traced value
+    out = _traced_layout(t, node)
     assert out.stride() == stride
+    assert _traced_layout(t, node).stride() == stride, "again, from the strides kept on the node"
     torch.testing.assert_close(out, t, rtol=0, atol=0)
 
 
@@ -2126,6 +2129,8 @@ _LOWERED_OPS = {  # name -> (fn, image input)
     "pixel_unshuffle": (lambda t: F.pixel_unshuffle(t[..., :4, :], 2), True),
     "nearest_scale": (lambda t: F.interpolate(t, scale_factor=2, mode="nearest"), True),
     "nearest_size": (lambda t: F.interpolate(t, size=(7, 9), mode="nearest"), True),
+    "diagonal_diag_embed": (lambda t: torch.diag_embed(t[:, :4], 1).flatten(1) + torch.diagonal(
+        t.reshape(-1, 3, 4), -1, 1, 2).sum(1, keepdim=True), False),
     "noise_times_zero": (lambda t: t + 0 * torch.randn_like(t) + 0 * torch.empty_like(t).normal_(), False),
 }
 _INDEX_COLUMNS = torch.tensor([5, 0, -1, 5])

@@ -887,6 +887,48 @@ def _slice(e, x, dim=0, start=None, end=None, step=1):
     return _C.slice(x, dim, *_norm_slice(x.shape[dim], start, end, step))
 
 
+@lowering(aten.diagonal.default, aten.diagonal_copy.default)
+def _diagonal(e, x, offset=0, dim1=0, dim2=1):
+    # dim1 and dim2 moved last, flattened: the diagonal is every (m + 1)-th element from the
+    # offset's start (last in the result)
+    nd = x.dim()
+    dim1, dim2 = dim1 % nd, dim2 % nd
+    rest = [d for d in range(nd) if d not in (dim1, dim2)]
+    n, m = x.shape[dim1], x.shape[dim2]
+    t = _C.reshape(_C.permute(x, tuple(rest + [dim1, dim2])), tuple(x.shape[d] for d in rest) + (n * m,))
+    length = max(min(n, m - offset) if offset >= 0 else min(n + offset, m), 0)
+    start = offset if offset >= 0 else -offset * m
+    return _C.slice(t, len(rest), start, start + length * (m + 1) - m if length else start, m + 1)
+
+
+@lowering(aten.diagonal_backward.default)
+def _diagonal_backward(e, grad, input_sizes, offset, dim1, dim2):
+    x = _C.zeros(tuple(input_sizes), dtype=grad.dtype)  # the map is linear: any input stands in
+    return _vjp(lambda t: _diagonal(None, t, offset, dim1, dim2), [x], grad, [True])[0]
+
+
+@lowering(aten.diag_embed.default)
+def _diag_embed(e, x, offset=0, dim1=-2, dim2=-1):
+    # x's last dim laid along a diagonal of two new dims (size n + |offset|), zeros elsewhere;
+    # built as the last two dims, then moved to dim1 and dim2
+    x = _cast(x, e.dtype)
+    n = x.shape[-1]
+    size = n + abs(offset)
+    if size > n:
+        x = _C.cat([x, _C.zeros(tuple(x.shape[:-1]) + (size - n,), dtype=x.dtype)], x.dim() - 1)
+    i = _C.unsqueeze(lazyrt.arange(size, dtype=_C.int64), 1)
+    j = _C.unsqueeze(lazyrt.arange(size, dtype=_C.int64), 0)
+    on = _C.eq(_C.sub(j, i), offset)  # [size, size]
+    values = _C.unsqueeze(x, x.dim()) if offset >= 0 else _C.unsqueeze(x, x.dim() - 1)
+    out = _C.where(on, values, 0.0)  # [..., size, size]
+    nd = out.dim()
+    dim1, dim2 = dim1 % nd, dim2 % nd
+    order = [None] * nd
+    order[dim1], order[dim2] = nd - 2, nd - 1
+    rest = iter(range(nd - 2))
+    return _C.permute(out, tuple(next(rest) if o is None else o for o in order))
+
+
 @lowering(aten.select.int)
 def _select(e, x, dim, index):
     size = x.shape[dim]
@@ -1655,19 +1697,25 @@ class LoweredGraph:
         env = self._inputs_env(inputs)
         torch_env = {}
         k = 0
+
+        def lazy_value(n):  # an eager op's result is made a lazyrt tensor where a piece reads it
+            v = env.get(n, _MISSING)
+            if v is _MISSING:
+                v = env[n] = lazyrt.from_torch(torch_env[n].contiguous())
+            return v
         for kind, nodes, needs, gives in self.pieces:
             if kind == "eager":
                 for n in nodes:
-                    _run_eager(n, self.expect[n], env, torch_env)
+                    _run_eager(n, self.expect[n], env, torch_env, convert=False)
                 _C._metrics._increment("GraphBreak", sum(n.target is not operator.getitem for n in nodes))
                 continue
-            args = [env[n] for n in needs]
+            args = [lazy_value(n) for n in needs]
             if k == len(self.compiled):
                 self.compiled.append(lazyrt.compile_step(_Piece(nodes, needs, gives, self.expect), args))
             outs = self.compiled[k](*args)
             k += 1
             env.update(zip(gives, [outs] if isinstance(outs, lazyrt.Tensor) else outs))
-        return [env[r] for r in self.roots]
+        return [lazy_value(r) if isinstance(r, torch.fx.Node) else r for r in self.roots]
 
     @property
     def traces(self):
@@ -1699,13 +1747,19 @@ def _lower_node(n, e, env):
     env[n] = _checked(n, e, result)
 
 
-def _run_eager(n, e, env, torch_env):
-    """Runs node n in PyTorch eager on the torch values of its inputs (a graph break)."""
+_MISSING = object()
+
+
+def _run_eager(n, e, env, torch_env, convert=True):
+    """Runs node n in PyTorch eager on the torch values of its inputs (a graph break). Its
+    result goes to torch_env and, with convert, to env as a lazyrt tensor (else the caller
+    converts it where a lowered op reads it)."""
     def torch_value(a):
-        if a not in torch_env:
+        v = torch_env.get(a, _MISSING)
+        if v is _MISSING:
             v = env[a]
-            torch_env[a] = _traced_layout(lazyrt.to_torch(v), a.meta.get("val")) if _is_tensor(v) else v
-        return torch_env[a]
+            v = torch_env[a] = _traced_layout(lazyrt.to_torch(v), a) if _is_tensor(v) else v
+        return v
 
     args = torch.fx.node.map_arg(n.args, torch_value)
     kwargs = torch.fx.node.map_arg(n.kwargs, torch_value)
@@ -1720,21 +1774,27 @@ def _run_eager(n, e, env, torch_env):
         if e.shape is not None and (tuple(result.shape) != e.shape or lazy_dtype(result.dtype) is not e.dtype):
             raise lazyrt.Error(f"lazyrt.torch: {op_name(n.target)} (node '{n.name}') gave {result.dtype}"
                                f"{list(result.shape)} in eager, the captured graph has {list(e.shape)}")
-        env[n] = lazyrt.from_torch(result.contiguous())
+        if convert:
+            env[n] = lazyrt.from_torch(result.contiguous())
     else:
         env[n] = result  # a tuple: its items are taken by eager getitem nodes
 
 
-def _traced_layout(t, val):
-    """`t` laid out in memory as the traced value `val` was: an op run at a graph break sees the
+def _traced_layout(t, node):
+    """`t` laid out in memory as the traced value of `node` was: an op run at a graph break sees the
     strides it saw while the step was traced. Some ops' results depend on them, not only on the
     values (linalg_det factors the transpose of a contiguous matrix, and the captured backward
     solves with that factorization), so an input that arrives contiguous where the trace had a
     view would make the eager op disagree with the rest of the graph."""
-    if not isinstance(val, torch.Tensor) or tuple(t.shape) != tuple(val.shape) or t.numel() <= 1:
+    stride = node.meta.get("lazyrt_stride", _MISSING)
+    if stride is _MISSING:  # the traced value's shape and strides, read once per node
+        val = node.meta.get("val")
+        stride = node.meta["lazyrt_stride"] = (
+            (tuple(val.shape), tuple(int(s) for s in val.stride())) if isinstance(val, torch.Tensor) else None)
+    if stride is None or t.shape != stride[0] or t.numel() <= 1:
         return t
-    stride = tuple(int(s) for s in val.stride())
-    if tuple(t.stride()) == stride:
+    stride = stride[1]
+    if t.stride() == stride:
         return t
     shape = tuple(int(s) for s in t.shape)
     # Expanded dims (stride 0) are filled once and expanded again.

@@ -136,16 +136,19 @@ def programs():
             if kind == "Transformer":
                 return wlm.make_transformer_step(model, criterion), {"model": model}
             rnn_step = wlm.make_rnn_step(model, criterion)
-            hidden = [model.init_hidden(wlm.args.batch_size)]
 
-            def step(data, targets):  # the example carries the hidden state from batch to batch
-                loss, hidden[0], dropped = rnn_step(data, targets, hidden[0])
+            def step(data, targets, hidden):  # the hidden state each batch starts from: zeros
+                loss, _, dropped = rnn_step(data, targets, hidden)
                 return loss, dropped
             return step, {"model": model}
 
-        def lm_batches():
+        def lm_batches(kind=kind):
             train = wlm.corpus(1, 3 * wlm.args.bptt * wlm.args.batch_size + wlm.args.batch_size)
-            return [wlm.get_batch(train, i) for i in range(0, train.size(0) - 1, wlm.args.bptt)][:BATCHES]
+            batches = [wlm.get_batch(train, i) for i in range(0, train.size(0) - 1, wlm.args.bptt)][:BATCHES]
+            if kind == "Transformer":
+                return batches
+            shape = (wlm.args.nlayers, wlm.args.batch_size, wlm.args.nhid)
+            return [(x, y, (torch.zeros(shape), torch.zeros(shape))) for x, y in batches]
         out.append(Program(f"word language model {kind} (dropout, clipping, hand-written SGD)", language_model,
                            lm_batches, random=True))
     return out
