@@ -31,7 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-WORKLOADS = ("seed_step", "torch_frontend", "mlp_step", "adamw_update", "fused_rows", "conv_layers", "resnet_step",
+WORKLOADS = ("seed_step", "torch_frontend", "programs", "mlp_step", "adamw_update", "fused_rows", "conv_layers", "resnet_step",
              "gpt_step", "loop_scaling", "loop_grad", "distributed")
 # Run by the workloads themselves (seed_step reads replay_bench --json), not reported alone.
 CPP_USED_BY_WORKLOADS = ("replay_bench",)
