@@ -92,7 +92,10 @@ bool is_tensor(py::handle h) { return THPVariable_Check(h.ptr()); }
 const at::Tensor& tensor_of(py::handle h) { return THPVariable_Unpack(h.ptr()); }
 
 Meta meta_of(const at::Tensor& t) { return {t.sizes().vec(), t.scalar_type(), t.requires_grad()}; }
-bool same_meta(const at::Tensor& t, const Meta& m) { return t.scalar_type() == m.dtype && t.sizes().equals(m.sizes); }
+// Metas are recorded from strided tensors only: a sparse (or other storage-less) tensor never matches.
+bool same_meta(const at::Tensor& t, const Meta& m) {
+  return t.layout() == c10::Layout::Strided && t.scalar_type() == m.dtype && t.sizes().equals(m.sizes);
+}
 c10::ScalarType dtype_of(py::handle dtype) { return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type; }
 
 // Python values compared by value (int, float, bool, str, None, tuples of them): same type and

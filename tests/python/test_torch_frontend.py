@@ -2389,3 +2389,48 @@ def test_a_step_that_changes_a_global_or_its_own_attribute_is_refused(kind):
     with pytest.raises(lazyrt.torch.CaptureError, match=re.escape(what)):
         compiled(torch.randn(3, 6))
     assert value() == after_eager
+
+
+@pytest.mark.parametrize("where", ["argument", "closure"])
+def test_a_sparse_tensor_runs_the_step_in_eager(where):
+    # A graph network's sparse adjacency (torch.sparse.mm): lazyrt has no sparse form, so the
+    # call runs in PyTorch eager (warned, counted) with eager's results and training state,
+    # never a crash; a dense adjacency argument of the same shape compiles, and a sparse one
+    # after it is not taken for it by the guard.
+    torch.manual_seed(0)
+    m_lazy = nn.Linear(5, 3)
+    m_eager = copy.deepcopy(m_lazy)
+    o_lazy, o_eager = torch.optim.SGD(m_lazy.parameters(), lr=0.1), torch.optim.SGD(m_eager.parameters(), lr=0.1)
+    dense = torch.eye(6) * 0.5 + torch.ones(6, 6).triu() * 0.1
+    holder = {"adj": dense.to_sparse()}
+
+    def make(model, opt):
+        def step(x, adj=None):
+            opt.zero_grad()
+            a = holder["adj"] if adj is None else adj
+            h = torch.sparse.mm(a, model(x)) if a.is_sparse else a @ model(x)
+            loss = h.pow(2).sum()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    compiled, eager = lazyrt.torch.compile(make(m_lazy, o_lazy)), make(m_eager, o_eager)
+    steps = lazyrt.metrics.counter("EagerStep")
+    g = torch.Generator().manual_seed(2)
+    for k in range(5):
+        x = torch.randn(6, 5, generator=g)
+        sparse = k in (0, 1, 4)
+        if where == "argument":
+            args = (x, dense.to_sparse() if sparse else dense)
+        else:
+            holder["adj"] = dense.to_sparse() if sparse else dense
+            args = (x,)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", lazyrt.torch.GraphBreakWarning)
+            got = compiled(*args)
+        close(got.item(), eager(*args).item(), f"loss at call {k}")
+        same_tree(m_lazy.state_dict(), m_eager.state_dict(), f"parameters after call {k}")
+    # A sparse argument is seen per call; a sparse tensor read from a closure makes the step's
+    # calls run in eager from then on (a tensor it reads is no part of the call's structure).
+    assert lazyrt.metrics.counter("EagerStep") - steps == (3 if where == "argument" else 5)
+    assert compiled.captures == (1 if where == "argument" else 0)

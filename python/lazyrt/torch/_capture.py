@@ -466,7 +466,7 @@ def quick_key(world, modules, optimizers, args):
     arg_parts = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            arg_parts.append((a.shape, a.dtype, a.requires_grad, id(a) in world.tensor_ids))
+            arg_parts.append((a.shape, a.dtype, a.layout, a.requires_grad, id(a) in world.tensor_ids))
         elif not key_object(a):
             return None
         elif _plain(a):
@@ -828,6 +828,13 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
         pass2 = _fake_trace(functionalize(pass1), plain)
     except Exception as e:  # noqa: BLE001
         raise CaptureError(f"lazyrt.torch: functionalizing the captured step failed: {type(e).__name__}: {e}") from e
+
+    for n in pass2.graph.nodes:
+        value = getattr(pass2, n.target, None) if n.op == "get_attr" else None
+        if isinstance(value, torch.Tensor) and value.layout is not torch.strided:
+            raise EagerOnly(f"lazyrt.torch: the step reads a tensor of layout {value.layout} (shape "
+                            f"{list(value.shape)}) from outside its arguments, which lazyrt has no form of; its calls "
+                            "run in PyTorch eager (keep it dense, to_dense(), to compile the step)")
 
     c = Captured()
     c.graph_module = pass2

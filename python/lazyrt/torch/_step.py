@@ -762,6 +762,7 @@ class CompiledFunction:
         self._state_changed = set()  # signatures whose capture changed Python state once (run in eager)
         self._eager_only = {}  # signature but the Python values read -> why it runs in eager (EagerOnly)
         self._warned_eager_only = False
+        self._warned_layout = False
         functools.update_wrapper(self, fn, updated=())
 
     def _found(self, args=(), kwargs=None):
@@ -828,8 +829,11 @@ class CompiledFunction:
                 finally:
                     world.args_leaves = None  # the world is kept; the arguments are not
         self._last = None
-        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in torch.utils._pytree.tree_leaves((args, kwargs))):
+        tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if any(t.requires_grad for t in tensors):
             return self._eager_for_grad_arguments(args, kwargs)
+        if any(t.layout is not torch.strided for t in tensors):
+            return self._eager_for_layout(args, kwargs)
         modules, optimizers, reach = self._discovery(args, kwargs)
         world = self._world(args, kwargs, (modules, optimizers))
         world.reach = reach  # checked before the last call's key or guard is (_reach_holds)
@@ -899,6 +903,20 @@ class CompiledFunction:
                           f"{ref} overlaps another input); lazyrt's capture treats inputs as separate values, so "
                           "this call runs in PyTorch eager (and every call while they share memory)",
                           GraphBreakWarning, stacklevel=3)
+        return self.fn(*args, **kwargs)
+
+    def _eager_for_layout(self, args, kwargs):
+        """Runs the step in PyTorch eager: an argument is a sparse (or other storage-less)
+        tensor, which lazyrt has no form of. Counted as EagerStep; warned about once per
+        function."""
+        _C._metrics._increment("EagerStep", 1)
+        if not self._warned_layout:
+            self._warned_layout = True
+            layouts = sorted({str(t.layout) for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                              if isinstance(t, torch.Tensor) and t.layout is not torch.strided})
+            warnings.warn(f"lazyrt.torch: an argument of the step is a tensor of layout {', '.join(layouts)}, which "
+                          "lazyrt has no form of; this call (and every call with such an argument) runs in PyTorch "
+                          "eager (pass it dense, to_dense(), to compile the step)", GraphBreakWarning, stacklevel=3)
         return self.fn(*args, **kwargs)
 
     def _eager_for_grad_arguments(self, args, kwargs):
