@@ -393,7 +393,9 @@ def _flash_attention_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, a
     out = torch.matmul(probs.to(value.dtype), value)
     # The op's layout: (N, L, H, E) memory seen as (N, H, L, E).
     out = out.transpose(1, 2).contiguous().transpose(1, 2)
-    return out, lse.to(torch.float32)
+    # logsumexp in the kernel's accumulation type: float32 for half types and float32, float64
+    # for float64 (rounded to float32, a float64 step's backward lost half its digits)
+    return out, lse.to(torch.promote_types(query.dtype, torch.float32))
 
 
 def _flash_attention_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
