@@ -511,19 +511,22 @@ def test_results_own_their_memory():
     assert len({r.data_ptr() for r in results}) == 3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("variant", ["causal", "causal_rectangular", "bool_mask", "float_mask_scale"])
-def test_attention_forward_and_backward(variant):
+def test_attention_forward_and_backward(variant, dtype):
     """scaled_dot_product_attention, which reaches AOT as CPU flash attention: its forward and
-    backward as plain ops (the backward reads the forward's logsumexp)."""
+    backward as plain ops (the backward reads the forward's logsumexp, kept in float64 for a
+    float64 step: rounded to float32, the gradients were 1e-8 off)."""
     g = torch.Generator().manual_seed(7)
     L, S = (3, 5) if variant == "causal_rectangular" else (4, 4)
-    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (L, S, S))
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g, dtype=dtype) for n in (L, S, S))
+    rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-11, 1e-12)
     kwargs = {"is_causal": variant.startswith("causal")}
     if variant == "bool_mask":
         kwargs["attn_mask"] = torch.rand(L, S, generator=g) > 0.3
         kwargs["attn_mask"][:, 0] = True  # no row without a key
     elif variant == "float_mask_scale":
-        kwargs["attn_mask"] = torch.randn(2, 1, L, S, generator=g)
+        kwargs["attn_mask"] = torch.randn(2, 1, L, S, generator=g, dtype=dtype)
         kwargs["scale"] = 0.3
 
     def fn(q, k, v):
@@ -533,12 +536,12 @@ def test_attention_forward_and_backward(variant):
     inputs = [t.clone().requires_grad_() for t in (q, k, v)]
     inputs_ref = [t.clone().requires_grad_() for t in (q, k, v)]
     out, out_ref = f(*inputs), fn(*inputs_ref)
-    _close(out.detach(), out_ref.detach(), "output", 1e-5, 1e-6)
-    w = torch.randn(out.shape, generator=g)
+    _close(out.detach(), out_ref.detach(), "output", rtol, atol)
+    w = torch.randn(out.shape, generator=g, dtype=dtype)
     (out * w).sum().backward()
     (out_ref * w).sum().backward()
     for name, a, b in zip("qkv", inputs, inputs_ref):
-        _close(a.grad, b.grad, f"gradient of {name}", 1e-5, 1e-6)
+        _close(a.grad, b.grad, f"gradient of {name}", rtol, atol)
 
 
 def test_gradient_accumulation_and_zero_grad_in_place():
