@@ -96,9 +96,10 @@ FEATURES = ("conv", "embed", "rnn", "attn", "bn", "ln", "dropout", "breaks", "vi
 
 # Ops applied to the (batch, features) tensor. "break": no lowering in lazyrt (graph break).
 LOWERED_OPS = ["tanh", "sigmoid", "exp_clamped", "abs_sqrt", "softmax", "log_softmax", "cumsum",
-               "clamp", "where", "center", "square", "normalize", "erf", "rsqrt", "sort", "topk_pad"]
-BREAK_OPS = ["i0e", "det2x2", "bessel_j0", "cummax", "erfinv", "sin", "log1p", "expm1", "atan2",
-             "logit", "sinh", "cumprod", "frac_round"]
+               "clamp", "where", "center", "square", "normalize", "erf", "rsqrt", "sort", "topk_pad",
+               "sin", "log1p", "expm1", "atan2", "cumprod", "frac_round", "index_cols", "index_put_acc",
+               "repeat_fold", "diagonal"]
+BREAK_OPS = ["i0e", "det2x2", "bessel_j0", "cummax", "erfinv", "logit", "sinh"]
 ACTS = ["relu", "gelu", "tanh", "sigmoid", "silu", "elu", "leaky_relu", "softplus", "hardswish",
         "mish", "celu", "hardtanh", "prelu"]
 VIEWS = ["reshape_t", "slice_step", "narrow", "flip", "unsqueeze_sum", "cat_slice", "expand_mean"]
@@ -548,7 +549,21 @@ def _op(a, h):
         return torch.sort(h, dim=1, descending=True).values
     if a == "topk_pad":
         return torch.topk(h, min(h.shape[1], 2), dim=1).values
-    # ops without a lowering: graph breaks
+    if a == "index_cols":  # advanced indexing: columns gathered, some twice, one from the end
+        f = h.shape[1]
+        idx = torch.tensor([(3 * j + 1) % f for j in range(f)][:-1] + [-1])
+        return h[:, idx]
+    if a == "index_put_acc":  # index_put with accumulate: columns added into others, repeats adding up
+        f = h.shape[1]
+        idx = torch.tensor([j // 2 for j in range(f)])
+        return h.t().index_put((idx,), h.t() * 0.5, accumulate=True).t()
+    if a == "repeat_fold":  # repeat, then the copies folded back with different weights
+        r = h.repeat(1, 3).reshape(h.shape[0], 3, h.shape[1])
+        return (r * torch.tensor([0.5, -0.25, 1.0]).view(1, 3, 1)).sum(1)
+    if a == "diagonal":  # the diagonal of each sample's outer product, and diag_embed's sum
+        outer = h.unsqueeze(2) * h.unsqueeze(1)
+        return torch.diagonal(outer, 0, 1, 2) * 0.5 + torch.diag_embed(h).sum(2) * 0.5
+    # BREAK_OPS (no lowering: graph breaks), then more of LOWERED_OPS
     if a == "i0e":
         return torch.special.i0e(h)
     if a == "det2x2":
