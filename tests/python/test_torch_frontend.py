@@ -2434,3 +2434,62 @@ def test_a_sparse_tensor_runs_the_step_in_eager(where):
     # calls run in eager from then on (a tensor it reads is no part of the call's structure).
     assert lazyrt.metrics.counter("EagerStep") - steps == (3 if where == "argument" else 5)
     assert compiled.captures == (1 if where == "argument" else 0)
+
+
+def test_a_capture_leaves_other_threads_running_pytorch_own_code():
+    # While the main thread captures steps (which swap optimizer updates, LBFGS's step, batch
+    # norm's forward and Optimizer.__init__ for lazyrt's), another thread trains in eager with
+    # LBFGS, Adam and a cumulative batch norm: it runs PyTorch's own code throughout (before, it
+    # got LBFGS refused mid-step and lazyrt's updates), bit for bit as when run alone.
+    import threading
+
+    def eager_program():
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=None), nn.Tanh(), nn.Linear(6, 1))
+        lbfgs = torch.optim.LBFGS(model[0].parameters(), lr=0.5, max_iter=3)
+        adam = torch.optim.Adam(model[3].parameters(), lr=1e-2)
+        x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+        def closure():
+            lbfgs.zero_grad()
+            adam.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        def step():
+            loss = lbfgs.step(closure)
+            adam.step()
+            return loss
+        return step, model
+
+    done, errors, steps_run = threading.Event(), [], []
+    step_b, model_b = eager_program()
+
+    def other_thread():
+        try:
+            while not done.is_set():
+                step_b()
+                steps_run.append(1)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    try:
+        for seed in range(3):  # three captures, each of a new step with its own optimizers
+            torch.manual_seed(seed)
+            m = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6, momentum=None), nn.ReLU(), nn.Linear(6, 2))
+            o = torch.optim.Adam(m.parameters(), lr=1e-3)
+            compiled = lazyrt.torch.compile(standard_step(m, o, nn.MSELoss()))
+            compiled(torch.randn(8, 4), torch.randn(8, 2))
+            assert compiled.captures == 1
+    finally:
+        done.set()
+        t.join()
+    assert not errors, f"the other thread failed: {errors[0]!r}"
+    assert steps_run, "the other thread ran during the captures"
+    step_a, model_a = eager_program()
+    for _ in steps_run:
+        step_a()
+    same_tree(model_b.state_dict(), model_a.state_dict(), "the other thread's model against a run alone", 0, 0)

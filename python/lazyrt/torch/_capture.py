@@ -38,7 +38,7 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from lazyrt.torch import _optim
+from lazyrt.torch import _optim, _patch
 from lazyrt.torch._reads import read_now
 
 aten = torch.ops.aten
@@ -99,8 +99,8 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
     # cells' products and gates, and scaled_dot_product_attention's flash kernel (forward and
     # backward) its math: products, softmax, dropout.
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    with mode, _loop_ops_traceable(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), _causal_hint_unread(), \
-            _cumulative_batch_norm_in_tensors(), warnings.catch_warnings():
+    with _patch.capturing(), mode, _loop_ops_traceable(), _onednn_off(), sdpa_kernel(SDPBackend.MATH), \
+            _causal_hint_unread(), _cumulative_batch_norm_in_tensors(), warnings.catch_warnings():
         # torch's scan reads its fake operands' data pointers (PyTorch's own warning, not the step's)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
@@ -115,15 +115,10 @@ def _causal_hint_unread():
     attention's own causal masking)."""
     from torch.nn.modules import transformer
 
-    detect = transformer._detect_is_causal_mask
-
     def given_hint_only(mask, is_causal=None, size=None):
         return is_causal is True
-    transformer._detect_is_causal_mask = given_hint_only
-    try:
+    with _patch.patch(transformer, "_detect_is_causal_mask", given_hint_only):
         yield
-    finally:
-        transformer._detect_is_causal_mask = detect
 
 
 @contextlib.contextmanager
@@ -136,7 +131,7 @@ def _cumulative_batch_norm_in_tensors():
     input like every buffer."""
     from torch.nn.modules.batchnorm import _BatchNorm
 
-    forward = _BatchNorm.forward
+    forward = _BatchNorm.__dict__["forward"]
 
     def traced_forward(self, input):
         if self.momentum is not None or not (self.training and self.track_running_stats) or \
@@ -152,11 +147,8 @@ def _cumulative_batch_norm_in_tensors():
             self.running_mean.mul_(1 - factor).add_(factor * mean)
             self.running_var.mul_(1 - factor).add_(factor * var)
         return torch.nn.functional.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
-    _BatchNorm.forward = traced_forward
-    try:
+    with _patch.patch(_BatchNorm, "forward", traced_forward):
         yield
-    finally:
-        _BatchNorm.forward = forward
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import importlib
 import torch
 import torch.optim
 
-from lazyrt.torch import _discover
+from lazyrt.torch import _discover, _patch
 
 
 def _lr_as(lr, like):
@@ -354,40 +354,32 @@ def patched_updates(optimizers, record, foreach=frozenset()):
     called for every parameter an update touches (the parameters the step really updated).
     ``torch.optim.LBFGS.step`` raises EagerOnly: its first act reads the closure's loss with
     ``float()``, and what it does next depends on values, so no capture can replay it."""
-    saved = []
     patched = set()
+    with contextlib.ExitStack() as stack:
+        def patch(o):
+            entry = _UPDATES.get(type(o))
+            if entry is None or not lr_is_input(o) or entry in patched:
+                return
+            module, name, update = entry
+            patched.add(entry)
 
-    def patch(o):
-        entry = _UPDATES.get(type(o))
-        if entry is None or not lr_is_input(o) or entry in patched:
-            return
-        module, name, update = entry
-        patched.add(entry)
-        saved.append((module, name, getattr(module, name)))
+            def replaced(*a, _u=update, **k):
+                # `foreach`: what the group asked for (the capture turns the option off in the
+                # group, see IMPLEMENTATION_OPTIONS): eager's for-each steps have side effects.
+                k["foreach"] = bool(k.get("foreach")) or bool(a and a[0] and id(a[0][0]) in foreach)
+                return _u(record, *a, **k)
+            stack.enter_context(_patch.patch(module, name, replaced))
 
-        def replaced(*a, _u=update, **k):
-            # `foreach`: what the group asked for (the capture turns the option off in the group,
-            # see IMPLEMENTATION_OPTIONS): eager's for-each steps have side effects of their own.
-            k["foreach"] = bool(k.get("foreach")) or bool(a and a[0] and id(a[0][0]) in foreach)
-            return _u(record, *a, **k)
-        setattr(module, name, replaced)
+        init = torch.optim.Optimizer.__dict__["__init__"]
 
-    init = torch.optim.Optimizer.__init__
-
-    def made_in_step(self, *args, **kwargs):
-        # An optimizer the step makes (its state fresh every call): the capture's own, its
-        # update ours too.
-        init(self, *args, **kwargs)
-        _discover.own(self)
-        patch(self)
-    try:
+        def made_in_step(self, *args, **kwargs):
+            # An optimizer the step makes (its state fresh every call): the capture's own, its
+            # update ours too.
+            init(self, *args, **kwargs)
+            _discover.own(self)
+            patch(self)
         for o in optimizers:
             patch(o)
-        saved.append((torch.optim.LBFGS, "step", torch.optim.LBFGS.__dict__["step"]))
-        torch.optim.LBFGS.step = _refuse_lbfgs_step
-        saved.append((torch.optim.Optimizer, "__init__", init))
-        torch.optim.Optimizer.__init__ = made_in_step
+        stack.enter_context(_patch.patch(torch.optim.LBFGS, "step", _refuse_lbfgs_step))
+        stack.enter_context(_patch.patch(torch.optim.Optimizer, "__init__", made_in_step))
         yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
