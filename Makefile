@@ -68,10 +68,16 @@ test: setup build
 # bench/results-<n>-threads.md, without plots.
 BENCH_THREADS ?= 1
 BENCH_OUT = $(if $(filter 1,$(BENCH_THREADS)),--out $(ROOT)/bench/results.md --plots $(ROOT)/bench/plots,--out $(ROOT)/bench/results-$(BENCH_THREADS)-threads.md)
+# The peers of bench/peers.py (PyTorch/XLA, JAX) are installed here only, never by `make test`:
+# bench/install_peers.sh puts bench/requirements.txt into $(VENV) and bench/requirements-jax.txt
+# into $(JAX_VENV) (jax 0.10 needs numpy>=2, the project 1.26.4); nothing to do when both are up
+# to date, and a peer that cannot be installed gets a row saying why instead of failing the run.
+JAX_VENV ?= $(VENV)-jax
 bench: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j$(JOBS) --target lazyrt_benchmarks
-	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 $(PYTHON) $(ROOT)/bench/suite.py --build $(BUILD) \
-	  --threads $(BENCH_THREADS) $(BENCH_OUT)
+	bash $(ROOT)/bench/install_peers.sh $(VENV) $(JAX_VENV)
+	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 LAZYRT_BENCH_JAX_VENV=$(JAX_VENV) $(PYTHON) \
+	  $(ROOT)/bench/suite.py --build $(BUILD) --threads $(BENCH_THREADS) $(BENCH_OUT)
 
 # Two libFuzzer targets, with ASan and UBSan, in their own build tree (clang, everything
 # instrumented), one after the other, each for FUZZ_RUNS inputs or FUZZ_SECONDS, whichever
