@@ -260,21 +260,40 @@ def ltc_live_tensors():
 
 # ---- memory of the process ------------------------------------------------------------------
 
-def run_child(opts, *child_args):
+def run_child(opts, *child_args, env=None, timeout=None):
     """Runs bench/suite.py --child CHILD_ARGS... in a process of its own (same build, same thread
-    count) and returns the JSON object its last output line holds."""
+    count) and returns the JSON object its last output line holds. env: variables to add to the
+    child's environment."""
     here = os.path.dirname(os.path.abspath(__file__))
     cmd = [sys.executable, os.path.join(here, "suite.py"), "--build", opts.build, "--threads", str(opts.threads),
            "--child", *[str(a) for a in child_args]]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return run_command(cmd, env=env, timeout=timeout)
+
+
+def run_command(cmd, env=None, timeout=None):
+    """Runs cmd (a child process, any interpreter) with env added to this process's environment,
+    for at most timeout seconds; returns the JSON object its last output line holds."""
+    full_env = dict(os.environ, **(env or {}))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=full_env, timeout=timeout).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_child_or_why(opts, *child_args):
+def run_child_or_why(opts, *child_args, env=None, timeout=None):
     """(run_child's JSON object, None), or (None, why) where the child process ended with an error
     or a signal: the last line of its standard error, without glog's prefix."""
+    return _or_why(lambda: run_child(opts, *child_args, env=env, timeout=timeout))
+
+
+def run_command_or_why(cmd, env=None, timeout=None):
+    """(run_command's JSON object, None), or (None, why), as run_child_or_why."""
+    return _or_why(lambda: run_command(cmd, env=env, timeout=timeout))
+
+
+def _or_why(run):
     try:
-        return run_child(opts, *child_args), None
+        return run(), None
+    except subprocess.TimeoutExpired as e:
+        return None, f"a child process running it did not end within {e.timeout:.0f} s and was killed"
     except subprocess.CalledProcessError as e:
         how = (f"killed by {signal.Signals(-e.returncode).name}" if e.returncode < 0
                else f"exit status {e.returncode}")

@@ -2,7 +2,7 @@
 
 Runs the C++ benchmarks of the build tree (build/bench/*_bench) and the Python workloads of this
 folder (seed_step, torch_frontend, mlp_step, adamw_update, fused_rows, conv_layers, resnet_step, gpt_step,
-loop_scaling, loop_grad, distributed), checks every peer's results against
+loop_scaling, loop_grad, distributed, peers: PyTorch/XLA and JAX), checks every peer's results against
 lazyrt's before timing anything, and writes one markdown report with a summary table, and PNG
 plots of the scaling studies. `make bench` runs it:
 
@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKLOADS = ("seed_step", "torch_frontend", "programs", "mlp_step", "adamw_update", "fused_rows", "conv_layers", "resnet_step",
-             "gpt_step", "loop_scaling", "loop_grad", "distributed")
+             "gpt_step", "loop_scaling", "loop_grad", "distributed", "peers")
 # Run by the workloads themselves (seed_step reads replay_bench --json), not reported alone.
 CPP_USED_BY_WORKLOADS = ("replay_bench",)
 
@@ -137,6 +137,14 @@ def main(argv):
         if args.child[0] == "torch-frontend-lazy":
             import torch_frontend
             torch_frontend.child_lazy_probe()
+            return 0
+        if args.child[0] == "peers-loop":
+            import peers
+            peers.child_loop(args.child[1], int(args.child[2]), int(args.child[3]))
+            return 0
+        if args.child[0] == "peers-xla-step":
+            import peers
+            peers.child_xla_step(int(args.child[1]))
             return 0
         raise SystemExit(f"unknown child {args.child[0]}")
 
