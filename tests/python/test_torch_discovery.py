@@ -488,3 +488,74 @@ def test_model_and_optimizer_reached_through_helper_functions():
     step2 = lazyrt.torch.compile(_global_helper_step)
     run_both(step2, lambda x, y: train(m_eager2, o_eager2, x, y), [(_HELPER_NET, m_eager2), (_HELPER_OPT, o_eager2)])
     assert step2.captures == 1
+
+
+_W1, _W2, _LEARNING_RATE = None, None, 1e-3
+
+
+def _global_weights_step(x, y):  # the classic tensors-and-autograd example's loop body
+    global _W1, _W2
+    loss = ((x @ _W1).clamp(min=0) @ _W2 - y).pow(2).sum()
+    loss.backward()
+    with torch.no_grad():
+        _W1 -= _LEARNING_RATE * _W1.grad
+        _W2 -= _LEARNING_RATE * _W2.grad
+        _W1.grad = None
+        _W2.grad = None
+    return loss.detach()
+
+
+def test_weights_trained_by_hand_without_module_or_optimizer():
+    # Leaf tensors that require grad, kept in globals (w -= lr * w.grad under no_grad, as the
+    # tensors-and-autograd example writes it) or in a list in a closure, are parameters of their
+    # own: trained as eager, one capture (a changed learning rate, a Python value the step
+    # reads, is another); a tensor replaced in the list is followed. Before, the capture refused
+    # them as parameters of no module.
+    global _W1, _W2, _LEARNING_RATE
+    g = torch.Generator().manual_seed(1)
+    init = [torch.randn(3, 5, generator=g), torch.randn(5, 2, generator=g)]
+    x, y = torch.randn(16, 3, generator=g), torch.randn(16, 2, generator=g)
+    _W1, _W2 = (t.clone().requires_grad_() for t in init)
+    _LEARNING_RATE = 1e-3
+    e1, e2 = (t.clone().requires_grad_() for t in init)
+
+    def eager(lr):
+        loss = ((x @ e1).clamp(min=0) @ e2 - y).pow(2).sum()
+        loss.backward()
+        with torch.no_grad():
+            e1.sub_(lr * e1.grad)
+            e2.sub_(lr * e2.grad)
+            e1.grad = e2.grad = None
+        return loss.detach()
+
+    step = lazyrt.torch.compile(_global_weights_step)
+    for k in range(5):
+        if k == 3:
+            _LEARNING_RATE = 1e-4
+        close(step(x, y).numpy(), eager(_LEARNING_RATE).numpy(), f"loss at step {k}")
+        close(_W1.detach().numpy(), e1.detach().numpy(), f"w1 after step {k}")
+        close(_W2.detach().numpy(), e2.detach().numpy(), f"w2 after step {k}")
+        assert _W1.grad is None and _W2.grad is None
+    assert step.captures == 2
+
+    weights = [t.clone().requires_grad_() for t in init]
+    ref = [t.clone().requires_grad_() for t in init]
+
+    def train(ws):
+        def step(x, y):
+            loss = ((x @ ws[0]).tanh() @ ws[1] - y).pow(2).mean()
+            loss.backward()
+            with torch.no_grad():
+                for w in ws:
+                    w.sub_(0.1 * w.grad)
+                    w.grad.zero_()
+            return loss.detach()
+        return step
+    compiled, eager_list = lazyrt.torch.compile(train(weights)), train(ref)
+    for k in range(4):
+        if k == 2:  # a new tensor in the list: the step trains it from the next call on
+            weights[1] = init[1].clone().requires_grad_()
+            ref[1] = init[1].clone().requires_grad_()
+        close(compiled(x, y).numpy(), eager_list(x, y).numpy(), f"list: loss at step {k}")
+        for a, b in zip(weights, ref):
+            close(a.detach().numpy(), b.detach().numpy(), f"list: weight after step {k}")

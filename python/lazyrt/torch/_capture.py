@@ -274,7 +274,7 @@ class World:
     hyperparameter shows up in the signature.
     """
 
-    def __init__(self, modules, optimizers, args, kwargs):
+    def __init__(self, modules, optimizers, args, kwargs, free=()):
         self.modules = modules
         self.optimizers = optimizers
         self.args_leaves, self.args_spec = pytree.tree_flatten((args, kwargs))
@@ -324,9 +324,20 @@ class World:
                     raise CaptureError("lazyrt.torch: arguments that require grad are not supported yet "
                                        "(their .grad would not be written back)")
 
-        # The optimizers' parameters, in group order. One no module holds (an image optimized
-        # by style transfer, an adversarial input) is a parameter of its own, with no place in a
-        # module: the step reaches it through its closure or globals (see _FreeParameters).
+        # Leaf tensors that require grad which the step reaches outside modules (discovery's
+        # `free`: weights a step trains by hand, w -= lr * w.grad) are parameters of their own,
+        # with no place in a module, as are those an optimizer holds that no module does (an
+        # image optimized by style transfer): the step reaches them through its closure or
+        # globals (see _FreeParameters).
+        for t in free:
+            if id(t) not in index_of:
+                index_of[id(t)] = ("p", len(self.params))
+                self.param_index[id(t)] = len(self.params)
+                self.params.append(t)
+                self.param_places.append([])
+        self.tensor_ids = frozenset(index_of)
+
+        # The optimizers' parameters, in group order.
         self.opt_params = []  # per optimizer: [(group index, param index)]
         for o in optimizers:
             seen, entries = set(), []
@@ -560,9 +571,15 @@ class _FreeParameters(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         swap = lambda v: self.free.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        given = args
         args = pytree.tree_map(swap, args)
         kwargs = pytree.tree_map(swap, kwargs or {})
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if args and result is args[0] and args[0] is not given[0]:
+            # An in-place op on a parameter (w -= lr * w.grad, which rebinds w to what -= gives)
+            # gives back the parameter itself, as eager's does: the step's variables keep it.
+            return given[0]
+        return result
 
 
 def _first_use(graph_order, node):

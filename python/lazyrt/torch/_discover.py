@@ -15,7 +15,9 @@ a walk over what they hold, up to `DEPTH` steps from a root:
   (a dataclass, a trainer object) and namespaces (``types.SimpleNamespace``,
   ``argparse.Namespace``): their attributes;
 - the program's own functions (a helper the step calls): their closure cells and the globals
-  their code names; bound methods: their object and function.
+  their code names; bound methods: their object and function;
+- a leaf tensor that requires grad (outside the arguments) is found too (`Reach.free`): a
+  parameter of no module, which the step may train by hand (``w -= lr * w.grad``).
 
 Each object is walked once (cycles end there). Library functions, classes, Python modules,
 tensors, plain values and library objects (a data loader, a learning-rate scheduler) are not
@@ -63,8 +65,11 @@ _is = operator.is_
 
 
 def _marker(v):
-    """What the reach records for a value: its class's marker for a plain one, else the value."""
+    """What the reach records for a value: its class's marker for a plain one, else the value
+    (a tensor that requires grad too: it may be a parameter the step trains, see `find`)."""
     m = _PLAIN.get(v.__class__)
+    if m is not None and isinstance(v, torch.Tensor) and v.requires_grad:
+        return v
     return v if m is None else m
 
 
@@ -115,10 +120,11 @@ class Reach:
     the container, its values then, and their markers (`_marker`). Holds them all, so their
     identities stay unique."""
 
-    __slots__ = ("args", "containers")
+    __slots__ = ("args", "containers", "free")
 
     def __init__(self):
         self.args, self.containers = [], []
+        self.free = []  # leaf tensors that require grad, found outside modules and arguments
 
     def __bool__(self):
         return bool(self.args or self.containers)
@@ -135,7 +141,7 @@ class Reach:
             if all(map(_is, now, exact)):  # the usual case: nothing rebound (compared in C)
                 continue
             for v, r in zip(now, was):
-                if v is not r and _PLAIN.get(v.__class__) is not r:
+                if v is not r and _marker(v) is not r:
                     return False
         return True
 
@@ -180,9 +186,16 @@ def find(fn, args=(), kwargs=None):
     modules, optimizers, reach = [], [], Reach()
     found, walked = set(), set()
 
+    free = reach.free
+    free_ids = set()
+
     def walk(v, depth):
         cls = v.__class__
         if cls in _PLAIN:
+            if isinstance(v, torch.Tensor) and v.requires_grad and v.is_leaf and id(v) not in free_ids:
+                # A tensor the step may train by hand (w -= lr * w.grad): a parameter of no module.
+                free_ids.add(id(v))
+                free.append(v)
             return
         if isinstance(v, torch.nn.Module):
             if id(v) not in found:
@@ -256,6 +269,8 @@ def find(fn, args=(), kwargs=None):
         # walk could find in it (a list the walk went through is recorded as a container).
         if k is not None and v.__class__ not in _PLAIN and not isinstance(v, (tuple, list, dict)):
             reach.args.append((k, v))
+        if k is not None and isinstance(v, torch.Tensor):
+            continue  # an argument is an input of the step, not a parameter
         walk(v, 0)
     return modules, optimizers, reach
 

@@ -763,6 +763,7 @@ class CompiledFunction:
         self._eager_only = {}  # signature but the Python values read -> why it runs in eager (EagerOnly)
         self._warned_eager_only = False
         self._warned_layout = False
+        self._free = []  # the last discovery's leaf tensors that require grad (see _discover.find)
         functools.update_wrapper(self, fn, updated=())
 
     def _found(self, args=(), kwargs=None):
@@ -773,8 +774,9 @@ class CompiledFunction:
         kwargs, and what finding them read (a _discover.Reach; None where it read nothing the
         guard of the function's cells and named globals does not check)."""
         found_modules, found_optimizers, reach = _discover.find(self.fn, args, kwargs)
+        self._free = reach.free
         return (_union(self._modules or [], found_modules), _union(self._optimizers or [], found_optimizers),
-                reach or None)
+                reach if reach or reach.free else None)
 
     def _world(self, args, kwargs, found=None):
         modules, optimizers = found or self._found()
@@ -786,7 +788,7 @@ class CompiledFunction:
                 raise TypeError(f"lazyrt.torch.compile: model= takes torch.nn modules, got {type(m).__name__}")
         # No module is fine (a function of its arguments); a parameter of a module not found
         # is refused when captured, naming model=.
-        world = World(modules, optimizers, args, kwargs)
+        world = World(modules, optimizers, args, kwargs, free=self._free)
         # The Python values the step reads are constants of a capture: part of the signature.
         world.reads = python_reads(self.fn, modules)
         return world
