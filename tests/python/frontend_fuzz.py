@@ -20,7 +20,9 @@ printed:
     (``with torch.no_grad(): p.add_(p.grad, alpha=-lr)``, lr a global or closure value that the
     program changes between calls), a learning-rate scheduler stepped between calls, gradient
     clipping, zero_grad first, last or never (set_to_none True/False, or ``p.grad = None``),
-    autocast to bf16, a metric under torch.no_grad(), a loss weight that changes between calls;
+    autocast to bf16, a metric under torch.no_grad(), a loss weight that changes between calls,
+    a global weight of no module applied to the output and trained by hand (``fw -= 0.1 *
+    fw.grad``);
   * a list of calls: data seed, batch size (it changes between calls), train() or eval().
 
 The step is Python source (printed as is with a failure) executed twice: once in eager, once
@@ -92,7 +94,7 @@ NOISE_REL = {"float32": 1e-4, "float64": 1e-11, "autocast": 5e-2}
 # other draws), so a feature that exposes a library bug can be left out and re-enabled later.
 FEATURES = ("conv", "embed", "rnn", "attn", "bn", "ln", "dropout", "breaks", "views", "inplace",
             "nograd_stat", "autocast", "float64", "sched", "clip", "groups", "manual", "modes",
-            "batch_change", "scalar_change", "metric", "foreach", "fused", "zero_grad_first")
+            "batch_change", "scalar_change", "metric", "foreach", "fused", "zero_grad_first", "free_weight")
 
 # Ops applied to the (batch, features) tensor. "break": no lowering in lazyrt (graph break).
 LOWERED_OPS = ["tanh", "sigmoid", "exp_clamped", "abs_sqrt", "softmax", "log_softmax", "cumsum",
@@ -308,6 +310,9 @@ def generate(seed, disable=()):
             call["loss_w"] = float(pick([0.5, 2.0, 1.5]))
             call["lr"] = float(pick([0.02, 0.05, 0.2]))
         calls.append(call)
+    # A weight of no module, a global trained by hand in the step (w -= lr * w.grad); drawn last,
+    # so that the draws before it are those of programs made without it.
+    c["step"]["free_weight"] = coin(0.2)
     p = Program(seed, c, layers, calls)
     return apply_disabled(p, disable)
 
@@ -354,6 +359,8 @@ def apply_disabled(p, disable):
         c["opt"]["kwargs"].pop("fused", None)
     if "zero_grad_first" in d and c["step"]["order"] == "zg_first":
         c["step"]["order"] = "zg_last"
+    if "free_weight" in d:
+        c["step"]["free_weight"] = False
     calls = [dict(x) for x in p.calls]
     for call in calls:
         if "modes" in d:
@@ -693,6 +700,8 @@ def step_source(p):
     if s["order"] == "zg_first":
         body.append(zg)
     fwd = ["out = model(x)", "loss = " + LOSS_SRC[c["loss"]]]
+    if s.get("free_weight"):
+        fwd.insert(1, "out = out + 0.5 * torch.tanh(out @ fw)")
     if s["loss_weight"]:
         fwd[-1] += " * loss_w"
     if s["autocast"]:
@@ -712,6 +721,8 @@ def step_source(p):
                     "        if p.grad is not None:\n            p.add_(p.grad, alpha=-lr)")
     else:
         body.append("opt.step()")
+    if s.get("free_weight"):
+        body.append("with torch.no_grad():\n    fw -= 0.1 * fw.grad\nfw.grad = None")
     if s["order"] == "zg_last":
         body.append(zg)
     rets = ["loss" if s["ret"] == "loss" else "loss.detach()"]
@@ -724,6 +735,8 @@ def step_source(p):
     if s["ret"] == "tuple":
         rets.append("out.detach()")
     body.append("return " + ", ".join(rets))
+    if s.get("free_weight"):
+        body.insert(0, "global fw")
     step = "def step(x, y):\n" + textwrap.indent("\n".join(body), "    ")
     if s["holder"] == "closure":
         return ("def make_step(model, opt, loss_w, lr):\n" + textwrap.indent(step, "    ") +
@@ -776,6 +789,10 @@ class World:
         s = p.config["step"]
         self.loss_w, self.lr = 1.0, 0.05
         self.g = {"torch": torch, "F": F, "model": model, "opt": self.opt, "loss_w": self.loss_w, "lr": self.lr}
+        if s.get("free_weight"):  # the same values in every world of the program
+            n, dtype = p.config["out_dim"], getattr(torch, p.config["dtype"])
+            w = torch.randn(n, n, generator=torch.Generator().manual_seed(p.seed + 7), dtype=torch.float64) * 0.3
+            self.g["fw"] = w.to(dtype).requires_grad_()
         src = step_source(p)
         exec(compile(src, f"<fuzz step seed={p.seed}>", "exec"), self.g)  # noqa: S102
         if s["holder"] == "closure":
@@ -847,6 +864,10 @@ class World:
         for n, t in self.model.named_parameters():
             snap[f"param {n}"] = t.detach().clone()
             snap[f"grad {n}"] = None if t.grad is None else t.grad.detach().clone()
+        if "fw" in self.g:  # the global weight trained by hand
+            fw = self.g["fw"]
+            snap["param fw (global)"] = fw.detach().clone()
+            snap["grad fw (global)"] = None if fw.grad is None else fw.grad.detach().clone()
         for n, t in self.model.named_buffers():
             snap[f"buffer {n}"] = t.detach().clone()
         names = [n for n, _ in self.model.named_parameters()]
