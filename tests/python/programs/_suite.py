@@ -32,6 +32,7 @@ def programs():
     import test_fast_neural_style as fns
     import test_graph_networks as gn
     import test_mnist as mnist
+    import test_mobilenet_v2 as mbv2
     import test_nanogpt as gpt
     import test_neural_style as ns
     import test_regression_graph_break as det
@@ -53,6 +54,9 @@ def programs():
         return [(torch.randn(cifar.BATCH, 3, 8, 8, generator=g), torch.randint(0, 10, (cifar.BATCH,), generator=g))
                 for _ in range(BATCHES)]
     out.append(Program("cifar ResNet (SGD nesterov, cosine)", lambda: cifar.program("cosine"), cifar_batches))
+
+    out.append(Program("MobileNetV2 (depthwise convolutions, no dropout)", lambda: mbv2.program(dropout=0.0),
+                       lambda: mbv2.batches(BATCHES)))
 
     def dcgan_batches():
         g = _gen(7)
