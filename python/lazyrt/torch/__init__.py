@@ -21,15 +21,18 @@
 tuples, lists and dicts), its bound self, its closure and the globals its code names, and in
 what those hold up to three steps deep — a module's own attributes (an optimizer kept as
 ``self.opt``), lists, tuples, dicts, dataclasses, namespaces and objects of the program's own
-classes (``state.model``, ``nets["G"]``, ``opts[0]``). They are found again whenever what that
-search read has changed (``self.opt`` rebound, another model passed). An optimizer whose
+classes (``state.model``, ``nets["G"]``, ``opts[0]``), and the program's own helper functions
+the step calls (their closures and the globals they name). They are found again whenever what
+that search read has changed (``self.opt`` rebound, another model passed, a helper rebound). An optimizer whose
 ``step()`` or ``zero_grad()`` runs in the step but that was neither found nor given (held only
 by a default argument, or deeper) is refused with ``CaptureError`` naming it. Their
 parameters, buffers, the parameters' ``.grad``,
 the optimizers' state and learning rates, and the tensors among the arguments are the inputs
 of the captured graph. Other tensors the step reads (a class-weight tensor in a closure) are
-read anew on every call too; a tensor that requires grad and belongs to no known module is
-refused (pass its module as ``model=``).
+read anew on every call too. A leaf tensor that requires grad and belongs to no module, met on
+that search (weights trained by hand: ``w -= lr * w.grad`` under ``torch.no_grad()``), is a
+parameter of its own; one out of its reach (a module in a default argument) is refused (pass
+its module as ``model=``). A sparse tensor runs the call in eager.
 
 **Capture** (`_capture`): the first call with a given signature traces the step with
 ``make_fx`` over fake tensors — with the modules' parameters and buffers, the gradients, the
@@ -75,8 +78,9 @@ is a graph break: it runs in PyTorch eager on the values the compiled piece befo
 the graph's other ops run as compiled pieces around it (each its own ``compile_step``); every
 such op run counts in ``lazyrt.metrics.counter("GraphBreak")`` and the first capture that
 meets it warns once naming it (`GraphBreakWarning`). Loop bodies cannot break: there it raises
-`UnsupportedOperatorError`. Reading a value inside the step (``.item()``, ``if loss > 0``) or a
-shape that depends on values raises `CaptureError`.
+`UnsupportedOperatorError`. A step that reads a value (``.item()``, ``if loss > 0``) or makes a
+shape that depends on values (``x[x > 0]``) cannot be replayed: its calls run in PyTorch eager,
+warned once (counted as ``EagerStep``).
 
 **A call**: the torch tensors are handed to lazyrt without a copy (``lazyrt.from_torch``; a
 tensor still at the same address and contiguous reuses the view handed over on the last call),
