@@ -998,21 +998,27 @@ def tolerance(p):
     return TOL[p.config["dtype"]]
 
 
+def _snapshots(p, mode):
+    """The program's snapshots after every call, run alone through `mode` (no comparison), or
+    the text of what went wrong."""
+    torch.manual_seed(p.seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            snaps, err, _ = _run_world(p, mode, FuzzNet(p).to(getattr(torch, p.config["dtype"])), tolerance(p))
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {_first_line(str(e))}"
+    return err or snaps
+
+
 def _noise_of_float64(p, oracle="eager"):
     """Per call, the elements whose gradient in the float64 run of the program was ever rounding
     noise (NOISE_REL['float64']: a value zero in exact arithmetic, such as a bias right before a
     batch norm): in float32 such an element's gradient has no correct digit, and an optimizer
     that divides by its size (RMSprop, Adam) moves it by its sign, in eager as much as in
     lazyrt. None where the float64 run fails."""
-    p64 = p.replace(dtype="float64")
-    torch.manual_seed(p64.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            snaps, err, _ = _run_world(p64, oracle, FuzzNet(p64).to(torch.float64), tolerance(p64))
-        except Exception:  # noqa: BLE001
-            return None
-    return None if err else [snap["__noise__"] for _, snap in snaps]
+    snaps = _snapshots(p.replace(dtype="float64"), oracle)
+    return None if isinstance(snaps, str) else [snap["__noise__"] for _, snap in snaps]
 
 
 def _as_accurate_as_eager(p, mode, oracle="eager"):
@@ -1021,13 +1027,7 @@ def _as_accurate_as_eager(p, mode, oracle="eager"):
     over every floating tensor of the snapshots), each run on its own."""
     import conftest
 
-    def snaps(q, m):
-        torch.manual_seed(q.seed)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            s, err, _ = _run_world(q, m, FuzzNet(q).to(getattr(torch, q.config["dtype"])), tolerance(q))
-        return s if not err else err
-
+    snaps = _snapshots
     tested, eager, ref = snaps(p, mode), snaps(p, oracle), snaps(p.replace(dtype="float64"), oracle)
     for run in (tested, eager, ref):
         if isinstance(run, str):
