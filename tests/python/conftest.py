@@ -138,13 +138,14 @@ ACCURACY_TENSOR_FACTOR, ACCURACY_TENSOR_FLOOR = 10.0, 1e-5
 ACCURACY_NOISE = 1e-3
 
 
-def accuracy_against_float64(tested, eager, ref, what=""):
+def accuracy_against_float64(tested, eager, ref, what="", floors=(ACCURACY_ROUNDING, ACCURACY_TENSOR_FLOOR)):
     """None, or a text naming how `tested` (float32 tensors by name) is less accurate than
     `eager` (the same names, float32 PyTorch eager) against `ref` (float64): the rms over
     tensors of the relative distance (2-norm of the difference over the reference's) must be at
     most 2x eager's plus 1e-7; each tensor's within 10x eager's plus 1e-5; a tensor eager has
     fewer than 3 digits of (rounding noise), within 10x eager's distance. Returns the text and
-    prints nothing; (rms tested, rms eager) of the kept tensors is in the returned text."""
+    prints nothing; (rms tested, rms eager) of the kept tensors is in the returned text. `floors`:
+    the rms and per-tensor floors (float32's by default)."""
     rel_t, rel_e, dist_t, dist_e = {}, {}, {}, {}
     for n, r in ref.items():
         r = r.double()
@@ -159,12 +160,12 @@ def accuracy_against_float64(tested, eager, ref, what=""):
                 return f"{what}{n} (rounding noise in eager): {dist_t[n]:.3g} from float64, eager {dist_e[n]:.3g}"
             continue
         kept.append(n)
-        if rel_t[n] > ACCURACY_TENSOR_FACTOR * rel_e[n] + ACCURACY_TENSOR_FLOOR:
+        if rel_t[n] > ACCURACY_TENSOR_FACTOR * rel_e[n] + floors[1]:
             return f"{what}{n}: {rel_t[n]:.3g} (relative) from float64, eager {rel_e[n]:.3g}"
     if kept:
         rms_t = (sum(rel_t[n] ** 2 for n in kept) / len(kept)) ** 0.5
         rms_e = (sum(rel_e[n] ** 2 for n in kept) / len(kept)) ** 0.5
-        if rms_t > ACCURACY_FACTOR * rms_e + ACCURACY_ROUNDING:
+        if rms_t > ACCURACY_FACTOR * rms_e + floors[0]:
             return (f"{what}rms relative distance to float64 over {len(kept)} tensors: {rms_t:.3g}, eager "
                     f"{rms_e:.3g}")
     return None
