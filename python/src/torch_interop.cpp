@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "compiled_step.h"
+#include "torch_device.h"
 #include "trace/lazy_tensor.h"
 #include "util/metrics_cells.h"
 
@@ -1086,4 +1087,6 @@ PYBIND11_MODULE(_torch_C, m) {
       .def(py::init<const py::dict&>(), py::arg("spec"))
       .def("__call__", &FastCall::call, py::arg("args"),
            "The call's result, or spec's miss (the guard fails) or other (nothing ran).");
+  m.def("set_device_dispatcher", &lazyrt_torch::set_device_dispatcher, py::arg("fn"),
+        "Sets fn(op name, args, kwargs), which computes the ops reaching the lazyrt device's C++ kernel.");
 }

@@ -142,6 +142,14 @@ captured (forward, backward, or inference: an optimizer step, whose updates of p
 state land in the user's tensors) through the same lowering and ``lazyrt.compile_step``, compiled
 once and replayed on every call. ``lazyrt.metrics.counter("DynamoGraph")`` counts the lazyrt
 graphs compiled, ``counter("DynamoCall")`` their calls.
+
+**The lazyrt device** (`_device`): ``torch.device("lazyrt")`` (``lazyrt.torch.device()``), as
+PyTorch/XLA's device: ``model.to(device)``, ``torch.randn(..., device=device)``, and every op on
+such tensors records lazyrt ops (views, in-place ops, autograd and torch.optim as in eager);
+``lazyrt.torch.sync()`` (``mark_step``) computes every pending device tensor as one compiled,
+cached graph, and ``.cpu()``, ``.item()`` and printing compute what they read. An op without
+a lowering runs on the CPU and comes back (``GraphBreak``, warned once).
+``torch._higher_order_ops.while_loop`` on device tensors is one lazyrt loop.
 """
 
 from lazyrt.torch._capture import CaptureError
@@ -150,6 +158,8 @@ from lazyrt.torch._lower import LOWERINGS as _LOWERINGS, GraphBreakWarning, Unsu
 from lazyrt.torch._step import CompiledFunction, compile, discover
 from lazyrt.torch import distributed  # noqa: F401  (lazyrt.torch.distributed)
 from lazyrt.torch import _dynamo  # noqa: F401  (registers torch.compile's backend="lazyrt")
+from lazyrt.torch._device import device, sync, mark_step, from_device, to_device
+from lazyrt.torch import _device as _device_module
 
 
 def supported_ops():
@@ -159,4 +169,10 @@ def supported_ops():
 
 
 __all__ = ["compile", "CompiledFunction", "CaptureError", "UnsupportedOperatorError", "GraphBreakWarning",
-           "supported_ops", "discover", "while_loop", "fori_loop", "scan", "distributed"]
+           "supported_ops", "discover", "while_loop", "fori_loop", "scan", "distributed",
+           "device", "sync", "mark_step", "from_device", "to_device"]
+
+try:  # torch.device("lazyrt") from the import on, where PyTorch's PrivateUse1 device type is free
+    _device_module._ensure()
+except RuntimeError:
+    pass  # lazyrt.torch.device() raises saying why

@@ -1,0 +1,245 @@
+"""The lazyrt device (lazyrt.torch._device): torch tensors on torch.device("lazyrt") are lazy,
+and everything done with them equals PyTorch eager on the CPU (the oracle) — factories, views
+and in-place ops, autograd, torch.optim training with sync() per step, ops that run on the CPU,
+and PyTorch's while_loop as one lazyrt loop."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import lazyrt
+import lazyrt.torch
+from lazyrt.torch import GraphBreakWarning
+
+DEV = lazyrt.torch.device()
+
+
+def close(a, b, tol=1e-5):
+    a, b = a.detach().cpu(), b.detach().cpu()
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, a.dtype, b.shape, b.dtype)
+    torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_the_device_is_pytorchs_and_values_come_back():
+    assert DEV == torch.device("lazyrt:0") and torch.device("lazyrt").type == "lazyrt"
+    x = torch.arange(6.0).reshape(2, 3)
+    d = x.to(DEV)
+    assert d.device == DEV and d.is_lazyrt and d.shape == (2, 3) and d.dtype == torch.float32
+    x.add_(100)  # the device copy is a copy
+    assert d.cpu().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert (d * 2).sum().item() == 30.0
+    assert "device='lazyrt:0'" in repr(d) and "30." in repr((d * 2).sum())
+    assert d.to(torch.float64).cpu().dtype == torch.float64
+    m = nn.Linear(3, 2).lazyrt()
+    assert m.weight.device == DEV and isinstance(m.weight, nn.Parameter)
+
+
+def test_factories_make_device_tensors():
+    t = torch.tensor(3, device=DEV)
+    assert t.device == DEV and (t + 10).item() == 13 and t.dtype == torch.int64
+    assert torch.zeros(2, 3, device=DEV).cpu().eq(0).all()
+    assert torch.ones(4, device="lazyrt", dtype=torch.float64).sum().item() == 4.0
+    assert torch.arange(5, device=DEV).cpu().tolist() == [0, 1, 2, 3, 4]
+    assert torch.full((2,), 7.0, device=DEV).cpu().tolist() == [7.0, 7.0]
+    torch.manual_seed(3)
+    r = torch.randn(4, 5, device=DEV)
+    torch.manual_seed(3)
+    assert torch.equal(r.cpu(), torch.randn(4, 5))  # drawn as on the CPU, from PyTorch's generator
+    e = torch.empty(3, 2, device=DEV)
+    assert e.shape == (3, 2) and e.device == DEV
+    assert torch.zeros_like(r).device == DEV
+
+
+def _views_and_in_place(dev):
+    x = torch.arange(12.0, device=dev).reshape(3, 4)
+    y = x * 2
+    y[0].add_(10)  # a write through a view shows in its base
+    t = y.t()
+    t[1, 2] = -1.0  # and through a transposed view
+    z = y[:, 1:3]
+    z.mul_(3)
+    y.clamp_(max=50)
+    x.relu_()
+    w = y.view(-1)
+    w[5] = 0.5
+    return y, z, t, w, x
+
+
+def test_views_and_in_place_ops_as_eager():
+    for got, want in zip(_views_and_in_place(DEV), _views_and_in_place("cpu")):
+        close(got, want)
+
+
+def test_autograd_through_the_device_equals_eager():
+    torch.manual_seed(0)
+    m0 = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    x, y = torch.randn(5, 8), torch.randint(0, 4, (5,))
+    grads = []
+    for dev in ("cpu", DEV):
+        m = copy.deepcopy(m0).to(dev)
+        xi = x.to(dev).detach().requires_grad_()
+        loss = F.cross_entropy(m(xi), y.to(dev))
+        loss.backward()
+        grads.append([loss] + [p.grad for p in m.parameters()] + [xi.grad])
+    for a, b in zip(*grads):
+        close(b, a)
+
+
+class _CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        # no bias before the batch norm: its gradient would be rounding noise (zero in exact
+        # arithmetic), which Adam-like optimizers divide by its own size
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+        return self.fc(F.dropout(h.flatten(1), 0.0, self.training))
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 10))
+
+
+def _train(model, dev, make_opt, batches):
+    """PyTorch/XLA-style training: everything on `dev`, sync() after each step."""
+    m = copy.deepcopy(model).to(dev)
+    opt = make_opt(m.parameters())
+    losses = []
+    for x, y in batches:
+        loss = F.cross_entropy(m(x.to(dev)), y.to(dev))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if dev != "cpu":
+            lazyrt.torch.sync()
+        losses.append(loss.detach())
+    return losses, m, opt
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adamw-amsgrad": lambda p: torch.optim.AdamW(p, lr=1e-2, amsgrad=True),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-2, momentum=0.5),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-1),
+}
+
+
+# float64, where a float32 gradient's rounding divided by its own size (RMSprop, Adagrad) cannot
+# hide a difference; float32 once (Adam, MLP).
+@pytest.mark.parametrize("model", ["mlp", "cnn"])
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS) + ["adam-float32"])
+def test_training_on_the_device_equals_eager(model, opt):
+    dtype, tol = (torch.float32, 1e-4) if opt.endswith("float32") else (torch.float64, 1e-9)
+    make = OPTIMIZERS[opt.replace("-float32", "")]
+    torch.manual_seed(1)
+    if model == "mlp":
+        net = _mlp()
+        batches = [(torch.randn(8, 10, dtype=dtype), torch.randint(0, 10, (8,))) for _ in range(4)]
+    else:
+        net = _CNN()
+        batches = [(torch.randn(4, 3, 8, 8, dtype=dtype), torch.randint(0, 10, (4,))) for _ in range(4)]
+    net = net.to(dtype)
+    want = _train(net, "cpu", make, batches)
+    lazyrt.metrics.reset()
+    got = _train(net, DEV, make, batches)
+    for a, b in zip(want[0], got[0]):
+        close(b, a, tol)
+    for (n, a), b in zip(want[1].state_dict().items(), got[1].state_dict().values()):
+        close(b, a, tol)  # parameters and batch norm's running statistics
+    assert len(want[2].state) == len(got[2].state)
+    for sa, sb in zip(want[2].state.values(), got[2].state.values()):
+        for k in sa:
+            if isinstance(sa[k], torch.Tensor):
+                close(sb[k], sa[k], tol)
+    assert lazyrt.metrics.counter("GraphBreak") == 0
+
+
+@pytest.mark.parametrize("opt", ["sgd-momentum", "adam", "adamw-cosine"])
+def test_one_compile_per_step_shape(opt):
+    # Adam's bias corrections and a scheduled learning rate change every step: they enter the
+    # graph as data, not as constants, so the steps share one executable.
+    torch.manual_seed(2)
+    m = _mlp().to(DEV)
+    o = OPTIMIZERS[opt.replace("-cosine", "-amsgrad")](m.parameters())
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(o, 10) if opt.endswith("cosine") else None
+    compiles = []
+    for _ in range(5):
+        lazyrt.metrics.reset()
+        x, y = torch.randn(8, 10), torch.randint(0, 10, (8,))
+        F.cross_entropy(m(x.to(DEV)), y.to(DEV)).backward()
+        o.step()
+        o.zero_grad()
+        if sched is not None:
+            sched.step()
+        lazyrt.torch.sync()
+        compiles.append(lazyrt.metrics.counter("UncachedCompile"))
+        assert lazyrt.metrics.counter("ExecuteGraph") >= 1
+    # the first step (no optimizer state yet) and the second are graphs of their own; then
+    # every step runs the second's executable
+    assert compiles[2:] == [0, 0, 0], compiles
+
+
+def test_python_numbers_enter_as_data_with_eagers_values():
+    x = torch.randn(6, dtype=torch.float32)
+    d = x.to(DEV)
+    cases = [lambda t: t * 0.3, lambda t: t / 7.0, lambda t: t.add(t, alpha=0.25), lambda t: t - 1.5,
+             lambda t: torch.addcdiv(t, t, t.abs() + 1, value=-0.01), lambda t: torch.addcmul(t, t, t, value=0.5),
+             lambda t: torch.lerp(t, t * 2, 0.1), lambda t: torch.arange(6, device=t.device) * 0.5]
+    for f in cases:
+        close(f(d), f(x), 1e-6)
+
+
+def test_an_op_without_a_lowering_runs_on_the_cpu_and_comes_back():
+    torch.manual_seed(4)
+    a = torch.randn(3, 2, 2)
+    lazyrt.metrics.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = []
+        for dev in ("cpu", DEV):
+            x = a.to(dev).detach().requires_grad_()
+            y = torch.linalg.det(x * 2).sum() + torch.special.i0e(x).sum()
+            y.backward()
+            outs.append((y, x.grad))
+    close(outs[1][0], outs[0][0])
+    close(outs[1][1], outs[0][1])
+    assert lazyrt.metrics.counter("GraphBreak") > 0
+    assert any(issubclass(w.category, GraphBreakWarning) for w in caught)
+
+
+def test_mixing_devices_is_refused_as_in_pytorch():
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3, device=DEV) + torch.ones(3)
+    assert (torch.ones(3, device=DEV) + torch.tensor(2.0)).cpu().tolist() == [3.0, 3.0, 3.0]  # a CPU scalar mixes
+
+
+def test_seed_while_loop_on_the_device_is_one_loop_compiled_once():
+    # The first seed program with only its device changed (examples/seed/torch_while_loop.py).
+    from torch._higher_order_ops.while_loop import while_loop
+
+    def cond_fn(iteri, x):
+        return iteri > 0
+
+    def body_fn(iteri, x):
+        return iteri - 1, torch.add(x, 1)
+
+    init_val = torch.tensor(3, dtype=torch.int32, device=DEV)
+    _, res = while_loop(cond_fn, body_fn, (torch.tensor(10, device=DEV), init_val))
+    assert res.device == DEV and res.dtype == torch.int32 and res.item() == 13
+    lazyrt.metrics.reset()
+    for n in (1000, 100000):
+        _, res = while_loop(cond_fn, body_fn, (torch.tensor(n, device=DEV), init_val))
+        assert res.item() == n + 3
+    assert lazyrt.metrics.counter("UncachedCompile") == 0  # any trip count: the same executable
+    x = torch.tensor(1, device=DEV)
+    for _ in range(50):  # the host loop it replaces
+        x = x + 1
+    assert x.item() == 51
