@@ -20,9 +20,11 @@ FUZZ_SECONDS ?= 3600
 FUZZ_REPLAY_PROGRAMS ?= 10000
 FUZZ_REPLAY_ACTIONS  ?= 12
 FUZZ_REPLAY_SEED     ?= 0
-# `make fuzz-frontend`: random PyTorch programs for lazyrt.torch.compile, from this seed on.
+# `make fuzz-frontend`: random PyTorch programs for lazyrt.torch.compile (or, with mode device,
+# on the lazyrt device), from this seed on.
 FUZZ_FRONTEND_PROGRAMS ?= 10000
 FUZZ_FRONTEND_SEED     ?= 0
+FUZZ_FRONTEND_MODE     ?= lazyrt
 # `make fuzz-jit`: random programs for generated code against the interpreter, from this seed on.
 FUZZ_JIT_PROGRAMS ?= 3000
 FUZZ_JIT_SEED     ?= 1000
@@ -123,11 +125,12 @@ fuzz-replay: setup build
 # views and in-place edits; an optimizer or a hand-written update, schedulers, clipping, autocast,
 # modes, batch sizes and Python values changed between calls) run in eager and through
 # lazyrt.torch.compile, compared after every call; a refusal is counted, a difference is shrunk
-# and printed. Rerun one with `PYTHONPATH=build/python .venv/bin/python
-# tests/python/frontend_fuzz.py --seed S --programs 1`. ctest runs a fixed slice.
+# and printed; FUZZ_FRONTEND_MODE=device runs them on the lazyrt device instead (sync() after
+# every call). Rerun one with `PYTHONPATH=build/python .venv/bin/python
+# tests/python/frontend_fuzz.py --seed S --programs 1 [--mode device]`. ctest runs fixed slices.
 fuzz-frontend: setup build
 	PYTHONPATH=$(BUILD)/python PYTHONDONTWRITEBYTECODE=1 $(PYTHON) $(ROOT)/tests/python/frontend_fuzz.py \
-	  --programs $(FUZZ_FRONTEND_PROGRAMS) --seed $(FUZZ_FRONTEND_SEED)
+	  --programs $(FUZZ_FRONTEND_PROGRAMS) --seed $(FUZZ_FRONTEND_SEED) --mode $(FUZZ_FRONTEND_MODE)
 
 # Randomized differential test of generated kernels (tests/cpp/jit/differential_test.cpp):
 # seeded programs of elementwise ops, casts, constants and reductions over broadcast shapes,

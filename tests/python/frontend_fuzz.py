@@ -568,7 +568,7 @@ def _op(a, h):
         return h.t().index_put((idx,), h.t() * 0.5, accumulate=True).t()
     if a == "repeat_fold":  # repeat, then the copies folded back with different weights
         r = h.repeat(1, 3).reshape(h.shape[0], 3, h.shape[1])
-        return (r * torch.tensor([0.5, -0.25, 1.0]).view(1, 3, 1)).sum(1)
+        return (r * torch.tensor([0.5, -0.25, 1.0], device=h.device).view(1, 3, 1)).sum(1)
     if a == "diagonal":  # the diagonal of each sample's outer product, and diag_embed's sum
         outer = h.unsqueeze(2) * h.unsqueeze(1)
         return torch.diagonal(outer, 0, 1, 2) * 0.5 + torch.diag_embed(h).sum(2) * 0.5
@@ -620,7 +620,7 @@ def _view(a, h):
     if a == "flip":
         return h.flip(1)
     if a == "unsqueeze_sum":
-        return (h.unsqueeze(2) * torch.ones(1, 1, 2, dtype=h.dtype)).sum(2) * 0.5
+        return (h.unsqueeze(2) * torch.ones(1, 1, 2, dtype=h.dtype, device=h.device)).sum(2) * 0.5
     if a == "cat_slice":
         return torch.cat([h, h[:, : f // 2]], dim=1)
     if a == "expand_mean":
@@ -785,6 +785,8 @@ class World:
 
     def __init__(self, p, model, mode):
         self.p, self.mode = p, mode
+        if mode == "device":  # PyTorch/XLA's way: the model on the device before its optimizer is made
+            model.to(lazyrt.torch.device())
         self.model = model
         self.opt = make_optimizer(p, model)
         self.sched = make_scheduler(p, self.opt)
@@ -794,7 +796,10 @@ class World:
         if s.get("free_weight"):  # the same values in every world of the program
             n, dtype = p.config["out_dim"], getattr(torch, p.config["dtype"])
             w = torch.randn(n, n, generator=torch.Generator().manual_seed(p.seed + 7), dtype=torch.float64) * 0.3
-            self.g["fw"] = w.to(dtype).requires_grad_()
+            w = w.to(dtype)
+            if mode == "device":
+                w = w.to(lazyrt.torch.device())
+            self.g["fw"] = w.requires_grad_()
         src = step_source(p)
         exec(compile(src, f"<fuzz step seed={p.seed}>", "exec"), self.g)  # noqa: S102
         if s["holder"] == "closure":
@@ -824,6 +829,11 @@ class World:
 
     def call(self, x, y):
         self._grads = {}
+        if self.mode == "device":
+            dev = lazyrt.torch.device()
+            res = self.fn(x.to(dev), y.to(dev))
+            lazyrt.torch.sync()
+            return res
         res = self.fn(x, y)
         if self._grads:
             top = max(float(g.abs().max()) for g in self._grads.values() if g.numel())
@@ -851,12 +861,12 @@ class World:
                 m = noise.get(f"param {n}")
                 if m is None:
                     continue
-                t[m] = ref[f"param {n}"][m]
+                t[m.to(t.device)] = ref[f"param {n}"][m].to(t.device)
                 st = self.opt.state.get(t, {}) if self.opt is not None else {}
                 for name, v in st.items():
                     src = ref.get(f"opt state[{k}][{name}]")
                     if isinstance(v, torch.Tensor) and isinstance(src, torch.Tensor) and v.shape == m.shape:
-                        v[m] = src[m]
+                        v[m.to(v.device)] = src[m].to(v.device)
 
     def snapshot(self, result):
         snap = {}
@@ -887,6 +897,8 @@ class World:
                 for name, v in g.items():
                     if name != "params":
                         snap[f"opt group[{gi}][{name}]"] = v
+        if self.mode == "device":  # compared on the CPU
+            snap = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in snap.items()}
         return snap
 
 
@@ -1087,10 +1099,29 @@ def _within_conditioning(p, mode, oracle="eager", perturb=None):
     return None
 
 
+def _as_on_a_device(p):
+    """The program as the device runs it, for the oracle too: torch.autocast("cpu") in the step
+    does not reach device tensors (nor does lazyrt have a device autocast yet), so it is left
+    out; and an optimizer left to choose runs its foreach implementation, as PyTorch picks on a
+    device (on the CPU it picks the per-tensor one, and the two differ: SGD's foreach nesterov
+    step adds the momentum into .grad itself); a fused one runs foreach (see below)."""
+    o = p.config["opt"]
+    if o["name"] != "manual" and "foreach" not in o["kwargs"]:
+        # fused=True as foreach=True: the device has no fused optimizer kernels yet (PyTorch's
+        # functionalization asks for their meta kernels, which PyTorch does not have)
+        kwargs = {k: v for k, v in o["kwargs"].items() if k != "fused"}
+        p = p.replace(opt=dict(o, kwargs=dict(kwargs, foreach=True)))
+    if p.config["step"]["autocast"]:
+        p = p.replace(step=dict(p.config["step"], autocast=False))
+    return p
+
+
 def run_program(p, mode="lazyrt", perturb=None, recheck=True, tol_scale=1.0, noise=None, oracle="eager"):
     """Runs the program in `oracle` (PyTorch eager; or torch.compile(backend="eager"), where
     Dynamo's own semantics differ from eager's) and through `mode`, compares after every call.
     noise: per call, more elements to leave out as rounding noise (see _noise_of_float64)."""
+    if mode == "device":
+        p = _as_on_a_device(p)
     dtype = getattr(torch, p.config["dtype"])
     torch.manual_seed(p.seed)
     try:
@@ -1327,6 +1358,10 @@ def main(argv=None):
     ap.add_argument("--disable", default="", help=f"features to turn off, comma-separated, of: {','.join(FEATURES)}")
     ap.add_argument("--dynamo", type=float, default=0.0,
                     help="fraction of programs also run through torch.compile(step, backend='lazyrt')")
+    ap.add_argument("--mode", default="lazyrt", choices=("lazyrt", "device"),
+                    help="the tested path: lazyrt.torch.compile, or the lazyrt device")
+    ap.add_argument("--device", type=float, default=0.0,
+                    help="fraction of programs also run on the lazyrt device (sync() after every call)")
     ap.add_argument("--shrink-limit", type=int, default=8)
     ap.add_argument("--shrink-seconds", type=float, default=180.0)
     ap.add_argument("--print", action="store_true", help="print every program")
@@ -1342,6 +1377,7 @@ def main(argv=None):
     noisy = []
     refusals, invalid, warns, failures = {}, {}, {}, []
     dyn_counts = dict.fromkeys(counts, 0)
+    dev_counts = dict.fromkeys(counts, 0)
     with_breaks = 0
     seeds = [args.seed] if args.only is not None else range(args.seed, args.seed + args.programs)
     for s in seeds:
@@ -1354,7 +1390,7 @@ def main(argv=None):
                           calls=[x for x in p.calls if keep_c is None or x["index"] in keep_c])
         if args.print:
             print(p.describe())
-        o = run_program(p)
+        o = run_program(p, args.mode)
         gc.collect()
         counts[o.kind] += 1
         with_breaks += o.breaks > 0
@@ -1368,8 +1404,9 @@ def main(argv=None):
         elif o.kind == "invalid":
             invalid.setdefault(o.text[:120], []).append(s)
         elif o.failed:
-            failures.append((o, "lazyrt"))
-            print(f"FAIL seed={s}: {_first_line(o.text)}", flush=True)
+            failures.append((o, args.mode))
+            print(f"FAIL seed={s}{'' if args.mode == 'lazyrt' else f' ({args.mode})'}: {_first_line(o.text)}",
+                  flush=True)
         if args.dynamo and (s * 0.6180339887) % 1.0 < args.dynamo and o.kind != "invalid":
             d = run_program(p, "dynamo")
             gc.collect()
@@ -1387,6 +1424,15 @@ def main(argv=None):
                 print(f"FAIL (torch.compile backend=lazyrt) seed={s}: {_first_line(d.text)}", flush=True)
             elif d.kind == "refused":
                 refusals.setdefault("[dynamo] " + d.text.split(": ", 1)[1][:140], []).append(s)
+        if args.device and (s * 0.7548776662) % 1.0 < args.device and o.kind != "invalid":
+            d = run_program(p, "device")
+            gc.collect()
+            dev_counts[d.kind] = dev_counts.get(d.kind, 0) + 1
+            if d.failed:
+                failures.append((d, "device"))
+                print(f"FAIL (lazyrt device) seed={s}: {_first_line(d.text)}", flush=True)
+            elif d.kind == "refused":
+                refusals.setdefault("[device] " + d.text.split(": ", 1)[1][:140], []).append(s)
         if not args.quiet and (s - args.seed) % 50 == 49:
             print(f"... {s - args.seed + 1} programs: {counts}, {time.time() - t0:.0f} s", flush=True)
 
@@ -1416,6 +1462,8 @@ def main(argv=None):
           f"{time.time() - t0:.1f} s")
     if args.dynamo:
         print(f"torch.compile(backend='lazyrt'): {dyn_counts}")
+    if args.device:
+        print(f"lazyrt device: {dev_counts}")
     if refusals:
         print("refused (message: seeds):")
         for k, v in sorted(refusals.items(), key=lambda kv: -len(kv[1])):
@@ -1433,7 +1481,7 @@ def main(argv=None):
         for k, v in sorted(warns.items(), key=lambda kv: -kv[1])[:10]:
             print(f"  {v:5d}  {k}")
     if failures:
-        print("failing seeds: " + " ".join(f"{o.program.seed}{'(dynamo)' if m == 'dynamo' else ''}"
+        print("failing seeds: " + " ".join(f"{o.program.seed}{'' if m == 'lazyrt' else f'({m})'}"
                                            for o, m in failures))
     return 1 if failures else 0
 

@@ -42,6 +42,23 @@ def test_random_programs_compiled_agree_with_eager(first):
     assert kinds.get("match", 0) >= CHUNK // 2, f"too few programs ran to the end: {kinds}"
 
 
+DEVICE_FIRST, DEVICE_COUNT = 100, 12  # a slice on the lazyrt device (PyTorch/XLA-style: sync() per call)
+
+
+def test_random_programs_on_the_device_agree_with_eager():
+    failures, kinds = [], {}
+    for seed in range(DEVICE_FIRST, DEVICE_FIRST + DEVICE_COUNT):
+        o = ff.run_program(ff.generate(seed, DISABLED), "device")
+        kinds[o.kind] = kinds.get(o.kind, 0) + 1
+        if o.failed:
+            failures.append(f"seed {seed}: {o.text.splitlines()[0]}")
+    assert not failures, (
+        f"{len(failures)} of {DEVICE_COUNT} programs differ from eager on the lazyrt device (shrink and print "
+        f"one with: PYTHONPATH=build/python .venv/bin/python tests/python/frontend_fuzz.py --programs 1 --seed SEED "
+        f"--mode device):\n" + "\n".join(failures))
+    assert kinds.get("match", 0) >= DEVICE_COUNT // 2, f"too few programs ran to the end: {kinds}"
+
+
 # ---- the harness is not vacuous ---------------------------------------------------------------
 
 

@@ -197,7 +197,9 @@ def test_python_numbers_enter_as_data_with_eagers_values():
         close(f(d), f(x), 1e-6)
 
 
-def test_an_op_without_a_lowering_runs_on_the_cpu_and_comes_back():
+def test_an_op_without_a_lowering_runs_on_the_cpu_and_comes_back(monkeypatch):
+    from lazyrt.torch import _lower
+    monkeypatch.setattr(_lower, "_WARNED_BREAKS", set())  # warned once per process: not yet here
     torch.manual_seed(4)
     a = torch.randn(3, 2, 2)
     lazyrt.metrics.reset()
@@ -243,3 +245,21 @@ def test_seed_while_loop_on_the_device_is_one_loop_compiled_once():
     for _ in range(50):  # the host loop it replaces
         x = x + 1
     assert x.item() == 51
+
+
+@pytest.mark.parametrize("cls", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("bias", [True, False])
+def test_recurrent_layers_on_the_device_equal_eager(cls, bias):
+    # On a device PyTorch steps these layers with fused cell ops (CUDA's); the device computes them.
+    torch.manual_seed(5)
+    m0 = cls(3, 4, batch_first=True, num_layers=2, bias=bias).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    results = []
+    for dev in ("cpu", DEV):
+        m = copy.deepcopy(m0).to(dev)
+        xi = x.to(dev).detach().requires_grad_()
+        out = m(xi)[0]
+        (out * out.tanh()).sum().backward()
+        results.append([out] + [p.grad for p in m.parameters()] + [xi.grad])
+    for a, b in zip(*results):
+        close(b, a, 1e-10)

@@ -214,6 +214,9 @@ def _dispatch(func, args, kwargs):
     special = _SPECIAL.get(func)
     if special is not None:
         return special(*args, **kwargs)
+    if func in _INDEXING and isinstance(args[1], (list, tuple)):  # CPU indices, as PyTorch takes them
+        args = (args[0], [_Value(_cpu_to_lazy(i)) if isinstance(i, torch.Tensor) and not isinstance(i, _Value)
+                          else i for i in args[1]], *args[2:])
     lift = _LIFTS.get(func)
     if lift is not None:
         lifted = lift(*args, **kwargs)
@@ -240,13 +243,20 @@ def _dispatch(func, args, kwargs):
     return _results(node, e, result)
 
 
+# Ops whose index tensors may be on the CPU while the indexed tensor is on a device.
+_INDEXING = {aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.default, aten._unsafe_index_put.default,
+             aten.index_put_.default, aten._index_put_impl_.default}
+
+
 def _in_place(func, args, kwargs):
     """An in-place op on a device value (a decomposition's, below functionalization): its
     functional twin computes the value the first argument takes."""
     packet = getattr(aten, func._schema.name.split("::")[1][:-1], None)
     functional = getattr(packet, func._overloadname, None) if packet is not None else None
-    if functional is None:
-        return _on_cpu(func, args, kwargs)
+    returns = func._schema.returns
+    if (functional is None or len(returns) != 1 or returns[0].alias_info is None
+            or _plan(_functional_of(functional), args, kwargs) is None and _decomposition(functional) is None):
+        return _on_cpu(func, args, kwargs)  # (a fused optimizer step: its lists written back)
     out = _dispatch(functional, args, kwargs)
     target = args[0]
     target._v = _lower._cast(_value_of(out)._v if _is_wrapper(out) else out._v, _lower.lazy_dtype(target.dtype))
@@ -258,7 +268,7 @@ def _decomposition(op):
     others, such as aten.to or flatten, which decompositions call), or None."""
     from lazyrt.torch import _capture
     from torch._decomp import decomposition_table
-    found = _capture._decompositions().get(op) or decomposition_table.get(op)
+    found = _RECURRENT.get(op) or _capture._decompositions().get(op) or decomposition_table.get(op)
     if found is None and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
         found = op.decompose
     return found
@@ -547,24 +557,86 @@ def _moved(t, wrap):
     return torch._to_functional_tensor(value) if wrap else value
 
 
+# ---- recurrent cells --------------------------------------------------------------------------
+#
+# On a device PyTorch's LSTM and GRU layers compute each step with fused cell ops that only
+# CUDA implements; here they are written with the ops their math is made of. The workspace a
+# forward leaves for the backward is the fused kernels': the LSTM's activated gates (i, f, g,
+# o), the GRU's reset and update gates, the candidate, the previous hidden state and the
+# hidden side of the candidate's pre-activation.
+
+def _lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    gates = input_gates + hidden_gates
+    if input_bias is not None:
+        gates = gates + input_bias + hidden_bias
+    i, f, g, o = gates.chunk(4, 1)
+    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+    cy = f * cx + i * g
+    hy = o * cy.tanh()
+    return hy, cy, torch.cat([i, f, g, o], 1)
+
+
+def _lstm_cell_backward(grad_hy, grad_cy, cx, cy, workspace, has_bias):
+    i, f, g, o = workspace.chunk(4, 1)
+    tanh_cy = cy.tanh()
+    grad_c = grad_cy if grad_cy is not None else torch.zeros_like(cy)
+    if grad_hy is not None:
+        grad_c = grad_c + grad_hy * o * (1 - tanh_cy * tanh_cy)
+        grad_o = grad_hy * tanh_cy * o * (1 - o)
+    else:
+        grad_o = torch.zeros_like(o)
+    grad_gates = torch.cat([grad_c * g * i * (1 - i), grad_c * cx * f * (1 - f), grad_c * i * (1 - g * g), grad_o], 1)
+    return grad_gates, grad_c * f, grad_gates.sum(0) if has_bias else None
+
+
+def _gru_cell(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    if input_bias is not None:
+        input_gates, hidden_gates = input_gates + input_bias, hidden_gates + hidden_bias
+    ir, iz, in_ = input_gates.chunk(3, 1)
+    hr, hz, hn = hidden_gates.chunk(3, 1)
+    r, z = (ir + hr).sigmoid(), (iz + hz).sigmoid()
+    n = (in_ + r * hn).tanh()
+    hy = n + z * (hx - n)
+    return hy, torch.cat([r, z, n, hx, hn], 1)
+
+
+def _gru_cell_backward(grad_hy, workspace, has_bias):
+    r, z, n, hx, hn = workspace.chunk(5, 1)
+    grad_n = grad_hy * (1 - z) * (1 - n * n)
+    grad_z = grad_hy * (hx - n) * z * (1 - z)
+    grad_r = grad_n * hn * r * (1 - r)
+    grad_input = torch.cat([grad_r, grad_z, grad_n], 1)
+    grad_hidden = torch.cat([grad_r, grad_z, grad_n * r], 1)
+    bias = (grad_input.sum(0), grad_hidden.sum(0)) if has_bias else (None, None)
+    return grad_input, grad_hidden, grad_hy * z, *bias
+
+
+_RECURRENT = {aten._thnn_fused_lstm_cell.default: _lstm_cell,
+              aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward,
+              aten._thnn_fused_gru_cell.default: _gru_cell,
+              aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward}
+
+
 # ---- Python numbers as graph inputs ------------------------------------------------------------
 #
 # A number that changes from step to step (Adam's bias corrections, a scheduled learning rate)
 # would be a constant of each step's graph, and every step a new graph to compile. As on
-# PyTorch/XLA, such numbers enter the graph as data: the ops that scale a floating tensor by a
-# Python float take it as a 0-dim float64 tensor (a graph input; PyTorch's promotion gives the
-# same result dtype, and the value is rounded to it as PyTorch rounds the number).
+# PyTorch/XLA, such numbers enter the graph as data: the ops that scale a float32 or float64
+# tensor by a Python float take it as a 0-dim tensor of the tensor's dtype (a graph input, the
+# number rounded to that dtype as PyTorch's kernels round it; the result dtype is PyTorch's).
 
 def _number(x):
     return isinstance(x, float) and not isinstance(x, bool)
 
 
-def _data(x):
-    return _Value(lazyrt.from_torch(torch.tensor(x, dtype=torch.float64)))
+def _data(x, like):
+    return _Value(lazyrt.from_torch(torch.tensor(x, dtype=like.dtype)))
 
 
 def _floating(t):
-    return isinstance(t, _Value) and t.dtype.is_floating_point
+    """A float32/float64 device value: its ops round a Python float to its own dtype (half
+    types compute with the number in float32, so their numbers stay constants)."""
+    return isinstance(t, _Value) and t.dtype in (torch.float32, torch.float64)
 
 
 def _scaled(op):
@@ -572,7 +644,7 @@ def _scaled(op):
     def lift(t, other, *rest, **kwargs):
         if not (_floating(t) and _number(other)):
             return NotImplemented
-        return op(t, _data(other), *rest, **kwargs)
+        return op(t, _data(other, t), *rest, **kwargs)
     return lift
 
 
@@ -580,26 +652,26 @@ def _with_alpha(op):
     """add/sub with a number for alpha: b scaled by alpha as data, then the op without it."""
     def lift(a, b, alpha=1):
         if _number(b) and _floating(a):
-            return op(a, _data(b * alpha))
-        if not (_number(alpha) and _floating(a) and _floating(b)):
+            return op(a, _data(b * alpha, a))
+        if not (_number(alpha) and _floating(a) and _floating(b) and a.dtype == b.dtype):
             return NotImplemented
-        return op(a, aten.mul.Tensor(b, _data(alpha)))
+        return op(a, aten.mul.Tensor(b, _data(alpha, b)))
     return lift
 
 
 def _addc(inner):
     """addcmul/addcdiv: self + value * t1 (inner) t2, PyTorch's order, with value as data."""
     def lift(s, t1, t2, value=1):
-        if not (_number(value) and _floating(s) and _floating(t1) and _floating(t2)):
+        if not (_number(value) and _floating(s) and s.dtype == t1.dtype == t2.dtype):
             return NotImplemented
-        return aten.add.Tensor(s, inner(aten.mul.Tensor(t1, _data(value)), t2))
+        return aten.add.Tensor(s, inner(aten.mul.Tensor(t1, _data(value, t1)), t2))
     return lift
 
 
 def _lerp(a, b, weight):
     if not (_number(weight) and _floating(a)):
         return NotImplemented
-    return aten.lerp.Tensor(a, b, _data(weight))
+    return aten.lerp.Tensor(a, b, _data(weight, a))
 
 
 _LIFTS = {
