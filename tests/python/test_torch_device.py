@@ -263,3 +263,54 @@ def test_recurrent_layers_on_the_device_equal_eager(cls, bias):
         results.append([out] + [p.grad for p in m.parameters()] + [xi.grad])
     for a, b in zip(*results):
         close(b, a, 1e-10)
+
+
+def test_gpt_trains_on_the_device_as_in_eager():
+    # examples/models/gpt.py: causal attention, tied embedding and head, AdamW with two param
+    # groups, gradient clipping. Moving a module makes new Parameters (as on PyTorch/XLA), so the
+    # tie is made again after the move.
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "models"))
+    from gpt import GPT, GPTConfig
+
+    torch.manual_seed(6)
+    m0 = GPT(GPTConfig()).double()
+    batches = [torch.randint(0, 96, (4, 33)) for _ in range(4)]
+    runs = []
+    for dev in ("cpu", DEV):
+        m = copy.deepcopy(m0).to(dev)
+        m.transformer.wte.weight = m.lm_head.weight
+        opt = m.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
+        losses = []
+        lazyrt.metrics.reset()
+        for d in batches:
+            _, loss = m(d[:, :-1].contiguous().to(dev), d[:, 1:].contiguous().to(dev))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if dev != "cpu":
+                lazyrt.torch.sync()
+            losses.append(loss.detach())
+        runs.append((losses, list(m.parameters()), opt))
+    for a, b in zip(runs[0][0], runs[1][0]):
+        close(b, a, 1e-10)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        close(b, a, 1e-10)
+    assert lazyrt.metrics.counter("GraphBreak") == 0
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_scaled_dot_product_attention_on_the_device(causal):
+    x = torch.randn(2, 4, 8, 16, dtype=torch.float64)
+    mask = torch.rand(8, 8) > 0.3
+    runs = []
+    for dev in ("cpu", DEV):
+        q = x.to(dev).detach().requires_grad_()
+        o = F.scaled_dot_product_attention(q, q * 2, q.sin(), is_causal=causal,
+                                           attn_mask=None if causal else mask.to(dev))
+        (o * o).sum().backward()
+        runs.append((o, q.grad))
+    for a, b in zip(*runs):
+        close(b, a, 1e-10)
