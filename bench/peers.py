@@ -57,6 +57,7 @@ XLA_PLAIN = "torch_xla traced step, torch_xla.sync() every step"
 LAZYRT_REPLAY = "lazyrt run_cached_graph (the same low-level calls)"
 LAZYRT_COMPILE_STEP = "lazyrt compile_step"
 LAZYRT_FRONTEND = "lazyrt.torch.compile (torch Linear and AdamW)"
+LAZYRT_DEVICE = "lazyrt device: step traced every call, lazyrt.torch.sync()"
 EAGER = "PyTorch eager"
 
 
@@ -414,10 +415,14 @@ def cached_step(opts):
     compiled = lr.compile_step(compiled_model.step, (lx,))
     frontend, frontend_model = torch_compiled(w, b)
     timed_eager = TorchSeed(w, b)
+    import lazyrt.torch
+    on_device = TorchSeed(w, b, lazyrt.torch.device())  # the program as on torch_xla, device changed
+    dx = tx.to(lazyrt.torch.device())
     fns = {LAZYRT_REPLAY: lazyrt_replay, LAZYRT_COMPILE_STEP: lambda: compiled(lx),
-           LAZYRT_FRONTEND: lambda: frontend(tx), EAGER: lambda: timed_eager.step(tx)}
+           LAZYRT_FRONTEND: lambda: frontend(tx), LAZYRT_DEVICE: lambda: on_device.step(dx),
+           EAGER: lambda: timed_eager.step(tx)}
     for name, model in ((LAZYRT_COMPILE_STEP, compiled_model.model), (LAZYRT_FRONTEND, frontend_model),
-                        (EAGER, timed_eager.model)):
+                        (LAZYRT_DEVICE, on_device.model), (EAGER, timed_eager.model)):
         fn = fns[name]
         check_steps(name, [float(fn().item()) for _ in range(STEP_REPLAYS)], {STEP_REPLAYS: params_of(model)})
     calls = {name: calls_for(fn, 0.005 if opts.quick else 0.02) for name, fn in fns.items()}
@@ -484,8 +489,10 @@ def cached_step(opts):
         "`_run_cached_graph(hash, matcher([x]))` and `xm.wait_device_ops()`, as its dynamo bridge does; beside it "
         "torch_xla's ordinary training: the step traced every call, `torch_xla.sync()`, `wait_device_ops()`. "
         "lazyrt: the same low-level calls (`lr.graph_hash`, `lr.warm_up_cache`, `lr.graph_inputs`, "
-        "`lr.GraphInputMatcher`, `lr.run_cached_graph`), `lr.compile_step`, and `lazyrt.torch.compile` of the "
-        f"unmodified torch step, with PyTorch eager, alternating in this process; torch_xla's two alternate in "
+        "`lr.GraphInputMatcher`, `lr.run_cached_graph`), `lr.compile_step`, `lazyrt.torch.compile` of the "
+        "unmodified torch step, and the torch step on the lazyrt device (torch_xla's ordinary training with the "
+        f"device changed: traced every call, `lazyrt.torch.sync()`), with PyTorch eager, alternating in this "
+        f"process; torch_xla's two alternate in "
         f"its child. {reps} batches of about {'5' if opts.quick else '20'} ms after warm-up.\n",
         table(["path", "us per step, median [min, max]", "vs lazyrt run_cached_graph"], rows),
         "",
@@ -501,6 +508,11 @@ def cached_step(opts):
         if peer in us:
             summary.append(("seed step, replayed", "lazyrt run_cached_graph", base.cell(), "us", peer, us[peer].cell(),
                             ratio(us[peer].median / base.median)))
+    device = us[LAZYRT_DEVICE]
+    for peer in (XLA_PLAIN, EAGER):  # PyTorch/XLA-style training on each device
+        if peer in us:
+            summary.append(("seed step, traced every call", LAZYRT_DEVICE, device.cell(), "us", peer, us[peer].cell(),
+                            ratio(us[peer].median / device.median)))
     return "\n".join(md), summary
 
 

@@ -75,6 +75,9 @@ class TorchSeed:
         self.opt.zero_grad()
         if self.device == "lazy":
             torch._lazy.mark_step()
+        elif torch.device(self.device).type == "lazyrt":  # the lazyrt device, PyTorch/XLA-style
+            import lazyrt.torch
+            lazyrt.torch.sync()
         return loss
 
 

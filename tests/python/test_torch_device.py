@@ -314,3 +314,18 @@ def test_scaled_dot_product_attention_on_the_device(causal):
         runs.append((o, q.grad))
     for a, b in zip(*runs):
         close(b, a, 1e-10)
+
+
+def test_a_backward_before_lazyrt_torch_is_imported_does_not_break_the_device():
+    # PyTorch's autograd engine sizes its per-device queues at its first backward.
+    import subprocess
+    import sys
+    code = ("import torch\n"
+            "torch.nn.Linear(3, 2)(torch.randn(4, 3)).sum().backward()\n"
+            "import lazyrt.torch\n"
+            "m = torch.nn.Linear(3, 2).to(lazyrt.torch.device())\n"
+            "m(torch.ones(4, 3, device='lazyrt')).sum().backward()\n"
+            "print(m.weight.grad.cpu().sum().item())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert float(out.stdout.split()[-1]) == 24.0  # d(sum of 4 rows of W @ ones)/dW: 4 per element, 6 elements

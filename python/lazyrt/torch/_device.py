@@ -27,7 +27,6 @@ import warnings
 import weakref
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 import lazyrt
 from lazyrt import _C
@@ -68,6 +67,11 @@ def _ensure():
         _torch_C.set_device_dispatcher(_boxed)
         _patch_printing()
         _register_loops()
+        # The backward of device tensors runs on the thread that calls it, as the CPU's does:
+        # PyTorch's engine sizes its per-device queues once, at its first backward, which may
+        # come before lazyrt.torch is imported (a queue for this device would then be missing),
+        # and lazyrt records a thread's ops for that thread's sync().
+        torch._C._set_multithreading_enabled(False)
         _STATE["registered"] = True
 
 
@@ -274,6 +278,30 @@ def _decomposition(op):
     return found
 
 
+def tree_map(fn, x):
+    """fn applied to the leaves of x (nested tuples, lists and dicts: an op's arguments)."""
+    if isinstance(x, (tuple, list)):
+        items = [tree_map(fn, a) for a in x]
+        return type(x)(*items) if hasattr(type(x), "_fields") else type(x)(items)
+    if isinstance(x, dict):
+        return {k: tree_map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def tree_leaves(x, out=None):
+    """The leaves of x, in order."""
+    out = [] if out is None else out
+    if isinstance(x, (tuple, list)):
+        for a in x:
+            tree_leaves(a, out)
+    elif isinstance(x, dict):
+        for a in x.values():
+            tree_leaves(a, out)
+    else:
+        out.append(x)
+    return out
+
+
 def _functional_of(func):
     """The op whose lowering computes func: a view op's copying twin (``t_copy``, which
     functionalization calls) is computed as the view op."""
@@ -404,7 +432,7 @@ def _on_cpu(func, args, kwargs):
         warnings.warn(f"lazyrt.torch: graph break: {name} has no lowering to lazyrt; on the lazyrt device it runs "
                       f"in PyTorch on the CPU, after its inputs are computed", GraphBreakWarning, stacklevel=4)
     _C._metrics._increment("GraphBreak", 1)
-    values = [a._v for a in tree_flatten((args, kwargs))[0] if isinstance(a, _Value)]
+    values = [a._v for a in tree_leaves((args, kwargs)) if isinstance(a, _Value)]
     if values:
         _C.sync(values)
     targs, tkwargs = tree_map(_torch_arg, (args, kwargs))
@@ -516,7 +544,7 @@ def _boxed(name, args, kwargs):
         namespace, _, rest = name.partition("::")
         packet, _, overload = rest.partition(".")
         op = _OPS[name] = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
-    flat = tree_flatten((args, kwargs))[0]
+    flat = tree_leaves((args, kwargs))
     if any(isinstance(a, _Value) for a in flat):
         return _dispatch(op, args, kwargs)
     if op is aten._copy_from.default:
