@@ -26,37 +26,32 @@ CHUNKS = 5  # 50 programs
 DISABLED = ()
 
 
-@pytest.mark.parametrize("first", [FIRST + i * CHUNK for i in range(CHUNKS)],
-                         ids=lambda f: f"seeds{f}-{f + CHUNK - 1}")
-def test_random_programs_compiled_agree_with_eager(first):
+def _slice(seeds, mode):
+    """Runs the seeds' programs through `mode` against eager; fails naming the failing seeds."""
     failures, kinds = [], {}
-    for seed in range(first, first + CHUNK):
-        o = ff.run_program(ff.generate(seed, DISABLED))
+    for seed in seeds:
+        o = ff.run_program(ff.generate(seed, DISABLED), mode)
         kinds[o.kind] = kinds.get(o.kind, 0) + 1
         if o.failed:
             failures.append(f"seed {seed}: {o.text.splitlines()[0]}")
     assert not failures, (
-        f"{len(failures)} of {CHUNK} programs differ from eager (shrink and print one with: "
-        f"PYTHONPATH=build/python .venv/bin/python tests/python/frontend_fuzz.py --programs 1 --seed SEED"
-        + (f" --disable {','.join(DISABLED)}" if DISABLED else "") + "):\n" + "\n".join(failures))
-    assert kinds.get("match", 0) >= CHUNK // 2, f"too few programs ran to the end: {kinds}"
+        f"{len(failures)} of {len(seeds)} programs differ from eager ({mode}; shrink and print one with: "
+        f"PYTHONPATH=build/python .venv/bin/python tests/python/frontend_fuzz.py --programs 1 --seed SEED "
+        f"--mode {mode}" + (f" --disable {','.join(DISABLED)}" if DISABLED else "") + "):\n" + "\n".join(failures))
+    assert kinds.get("match", 0) >= len(seeds) // 2, f"too few programs ran to the end: {kinds}"
+
+
+@pytest.mark.parametrize("first", [FIRST + i * CHUNK for i in range(CHUNKS)],
+                         ids=lambda f: f"seeds{f}-{f + CHUNK - 1}")
+def test_random_programs_compiled_agree_with_eager(first):
+    _slice(range(first, first + CHUNK), "lazyrt")
 
 
 DEVICE_FIRST, DEVICE_COUNT = 100, 12  # a slice on the lazyrt device (PyTorch/XLA-style: sync() per call)
 
 
 def test_random_programs_on_the_device_agree_with_eager():
-    failures, kinds = [], {}
-    for seed in range(DEVICE_FIRST, DEVICE_FIRST + DEVICE_COUNT):
-        o = ff.run_program(ff.generate(seed, DISABLED), "device")
-        kinds[o.kind] = kinds.get(o.kind, 0) + 1
-        if o.failed:
-            failures.append(f"seed {seed}: {o.text.splitlines()[0]}")
-    assert not failures, (
-        f"{len(failures)} of {DEVICE_COUNT} programs differ from eager on the lazyrt device (shrink and print "
-        f"one with: PYTHONPATH=build/python .venv/bin/python tests/python/frontend_fuzz.py --programs 1 --seed SEED "
-        f"--mode device):\n" + "\n".join(failures))
-    assert kinds.get("match", 0) >= DEVICE_COUNT // 2, f"too few programs ran to the end: {kinds}"
+    _slice(range(DEVICE_FIRST, DEVICE_FIRST + DEVICE_COUNT), "device")
 
 
 # ---- the harness is not vacuous ---------------------------------------------------------------
