@@ -60,3 +60,12 @@ def test_cached_graph_step_replays_equal_the_plain_loop():
     assert value(out, "replayed losses equal the plain loop's") == "True"
     assert value(out, "weights equal") == "True"
     assert re.fullmatch(r"[0-9a-f]{32}", value(out, "graph hash"))
+
+
+def test_device_while_loop_gives_13_and_reuses_its_executable():
+    out = run("device_while_loop.py")
+    assert value(out, "result") == "13"
+    assert value(out, "counting from 1000") == "1003"
+    assert value(out, "counting from 100000") == "100003"
+    assert value(out, "compiles for the other trip counts") == "0"
+    assert value(out, "host loop result") == "51"
