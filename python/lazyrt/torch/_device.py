@@ -226,11 +226,16 @@ def _dispatch(func, args, kwargs):
         lifted = lift(*args, **kwargs)
         if lifted is not NotImplemented:
             return lifted
-    if func.__name__.startswith("_foreach_"):
+    kind = _KINDS.get(func)
+    if kind is None:
+        kind = _KINDS[func] = ("foreach" if func.__name__.startswith("_foreach_") else
+                               "in_place" if func._schema.is_mutable and func._schema.name.endswith("_")
+                               and _functional_of(func) is func else "op")
+    if kind == "foreach":
         return _foreach(func, args, kwargs)
-    op = _functional_of(func)
-    if op is func and func._schema.is_mutable and func._schema.name.endswith("_"):
+    if kind == "in_place":
         return _in_place(func, args, kwargs)
+    op = _functional_of(func)
     plan = _plan(op, args, kwargs)
     if plan is None:
         decomposition = _decomposition(op)
@@ -245,6 +250,9 @@ def _dispatch(func, args, kwargs):
     except UnsupportedOperatorError:
         return _on_cpu(func, args, kwargs)
     return _results(node, e, result)
+
+
+_KINDS = {}  # op -> "foreach", "in_place" or "op"
 
 
 # Ops whose index tensors may be on the CPU while the indexed tensor is on a device.
@@ -340,8 +348,10 @@ def _meta(a):
 
 def _key(a):
     """The part of an argument that PyTorch's answer for the result depends on."""
+    if type(a) is _Value:
+        return (a.dtype, a.shape)
     if isinstance(a, torch.Tensor):
-        return (a.dtype, tuple(a.shape), a.device.type == "cpu")
+        return (a.dtype, tuple(a.shape), a.device.type)
     if isinstance(a, float):
         return float
     if isinstance(a, (list, tuple)):
