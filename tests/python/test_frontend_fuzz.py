@@ -135,7 +135,7 @@ def test_the_accuracy_rule_holds_the_tested_run_to_eager_accuracy():
     assert "noise" in conftest.accuracy_against_float64(off(1e-7, 1e-5), eager, ref)
 
 
-def test_float64_differences_are_held_to_the_programs_own_conditioning():
+def test_differences_are_held_to_the_programs_own_conditioning():
     # Well conditioned: a weight moved by 1e-9 (relative) is far more than rounding moves it.
     p = _plain_program().replace(dtype="float64")
     assert ff._within_conditioning(p, "lazyrt") is None
@@ -144,6 +144,14 @@ def test_float64_differences_are_held_to_the_programs_own_conditioning():
         with torch.no_grad():
             next(iter(model.parameters())).view(-1)[0] *= 1 + 1e-9
     assert ff._within_conditioning(p, "lazyrt", perturb=tiny) is not None
+    # float32: 1e-3 (relative) on one weight is far more than 64 units in the last place move it.
+    q32 = _plain_program()
+    assert ff._within_conditioning(q32, "lazyrt") is None
+
+    def small(model):
+        with torch.no_grad():
+            next(iter(model.parameters())).view(-1)[0] *= 1 + 1e-3
+    assert ff._within_conditioning(q32, "lazyrt", perturb=small) is not None
     # Ill conditioned (found by the fuzzer, seed 50031): layer norms of the running maximum of a
     # row, whose plateaus leave a nearly constant row, cancel the stem's gradient down to 1e-7 of
     # the terms it is summed from; AdamW divides it by its own size. float64 lazyrt and eager
