@@ -1042,18 +1042,28 @@ def _as_accurate_as_eager(p, mode, oracle="eager"):
     """None, or why the program run through `mode` in float32 is less accurate than eager float32
     against the program in float64 eager (conftest.accuracy_against_float64, after every call,
     over every floating tensor of the snapshots), each run on its own."""
+    snaps = _snapshots
+    return _accuracy_after_each_call(snaps(p, mode), snaps(p, oracle), snaps(p.replace(dtype="float64"), oracle))
+
+
+def _accuracy_after_each_call(tested, compared, ref, floors=None, noise=False):
+    """None, or the first call after which the `tested` snapshots are less accurate against
+    `ref` than the `compared` ones (conftest.accuracy_against_float64 over every floating tensor;
+    `floors` as there; with `noise`, elements `ref` found rounding noise take its values first).
+    A run given as a text (it failed) is returned as is."""
     import conftest
 
-    snaps = _snapshots
-    tested, eager, ref = snaps(p, mode), snaps(p, oracle), snaps(p.replace(dtype="float64"), oracle)
-    for run in (tested, eager, ref):
+    for run in (tested, compared, ref):
         if isinstance(run, str):
             return run
-    for (index, t), (_, e), (_, r) in zip(tested, eager, ref):
+    for (index, t), (_, c), (_, r) in zip(tested, compared, ref):
         names = [k for k, v in r.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
-                 and isinstance(t.get(k), torch.Tensor) and isinstance(e.get(k), torch.Tensor)]
-        bad = conftest.accuracy_against_float64({k: t[k] for k in names}, {k: e[k] for k in names},
-                                                {k: r[k] for k in names}, f"after call {index}: ")
+                 and isinstance(t.get(k), torch.Tensor) and isinstance(c.get(k), torch.Tensor)]
+        if noise:
+            t, c = _noise_as_reference(t, r), _noise_as_reference(c, r)
+        bad = conftest.accuracy_against_float64({k: t[k] for k in names}, {k: c[k] for k in names},
+                                                {k: r[k] for k in names}, f"after call {index}: ",
+                                                **({"floors": floors} if floors else {}))
         if bad:
             return bad
     return None
@@ -1076,8 +1086,6 @@ def _within_conditioning(p, mode, oracle="eager", perturb=None):
     of summation moves every intermediate value; `mode` must be as close to the oracle as the
     perturbed run is (conftest.accuracy_against_float64 with the oracle as the reference).
     perturb(model) edits the tested run's model (the harness's self-test)."""
-    import conftest
-
     size, floors = CONDITIONING[p.config["dtype"]]
 
     def nudge(model):
@@ -1086,20 +1094,8 @@ def _within_conditioning(p, mode, oracle="eager", perturb=None):
             for t in model.parameters():
                 t.mul_(1 + size * torch.randn(t.shape, generator=gen, dtype=torch.float64).to(t.dtype))
 
-    tested, ref, moved = _snapshots(p, mode, perturb), _snapshots(p, oracle), _snapshots(p, oracle, nudge)
-    for run in (tested, ref, moved):
-        if isinstance(run, str):
-            return run
-    for (index, t), (_, r), (_, m) in zip(tested, ref, moved):
-        names = [k for k, v in r.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
-                 and isinstance(t.get(k), torch.Tensor) and isinstance(m.get(k), torch.Tensor)]
-        t, m = _noise_as_reference(t, r), _noise_as_reference(m, r)
-        bad = conftest.accuracy_against_float64({k: t[k] for k in names}, {k: m[k] for k in names},
-                                                {k: r[k] for k in names}, f"after call {index}: ",
-                                                floors=floors)
-        if bad:
-            return bad
-    return None
+    return _accuracy_after_each_call(_snapshots(p, mode, perturb), _snapshots(p, oracle, nudge), _snapshots(p, oracle),
+                                     floors=floors, noise=True)
 
 
 def _as_on_a_device(p):
