@@ -1402,6 +1402,14 @@ def main(argv=None):
     dev_counts = dict.fromkeys(counts, 0)
     with_breaks = 0
     seeds = [args.seed] if args.only is not None else range(args.seed, args.seed + args.programs)
+
+    def tally(d, mode, label, mode_counts):  # a second path's outcome for the same program
+        mode_counts[d.kind] = mode_counts.get(d.kind, 0) + 1
+        if d.failed:
+            failures.append((d, mode))
+            print(f"FAIL ({label}) seed={d.program.seed}: {_first_line(d.text)}", flush=True)
+        elif d.kind == "refused":
+            refusals.setdefault(f"[{mode}] " + d.text.split(": ", 1)[1][:140], []).append(d.program.seed)
     for s in seeds:
         p = generate(s, disable)
         if args.only is not None:
@@ -1440,21 +1448,11 @@ def main(argv=None):
                 own = run_program(p, "dynamo", oracle="dynamo-eager")
                 if not own.failed and own.kind != "invalid":
                     d = Outcome(p, "dynamo_differs", d.text)
-            dyn_counts[d.kind] = dyn_counts.get(d.kind, 0) + 1
-            if d.failed:
-                failures.append((d, "dynamo"))
-                print(f"FAIL (torch.compile backend=lazyrt) seed={s}: {_first_line(d.text)}", flush=True)
-            elif d.kind == "refused":
-                refusals.setdefault("[dynamo] " + d.text.split(": ", 1)[1][:140], []).append(s)
+            tally(d, "dynamo", "torch.compile backend=lazyrt", dyn_counts)
         if args.device and (s * 0.7548776662) % 1.0 < args.device and o.kind != "invalid":
             d = run_program(p, "device")
             gc.collect()
-            dev_counts[d.kind] = dev_counts.get(d.kind, 0) + 1
-            if d.failed:
-                failures.append((d, "device"))
-                print(f"FAIL (lazyrt device) seed={s}: {_first_line(d.text)}", flush=True)
-            elif d.kind == "refused":
-                refusals.setdefault("[device] " + d.text.split(": ", 1)[1][:140], []).append(s)
+            tally(d, "device", "lazyrt device", dev_counts)
         if not args.quiet and (s - args.seed) % 50 == 49:
             print(f"... {s - args.seed + 1} programs: {counts}, {time.time() - t0:.0f} s", flush=True)
 
@@ -1478,8 +1476,9 @@ def main(argv=None):
               + (f"; configuration changed by shrinking: {delta}" if delta else "") + "):")
         print(textwrap.indent(sp.describe(), "    "))
         print(textwrap.indent("-> " + so.text, "    "), flush=True)
-    print(f"\nfrontend_fuzz: {len(seeds)} programs: {counts['match']} match, {counts['noisy']} noisy (float32 "
-          f"rounding: match in float64, and at 10x tolerance or as accurate as eager against it), {counts['refused']} refused, "
+    print(f"\nfrontend_fuzz: {len(seeds)} programs: {counts['match']} match, {counts['noisy']} noisy (rounding "
+          f"the program amplifies: match in float64, and at 10x tolerance, as accurate as eager against it or "
+          f"within the program's conditioning), {counts['refused']} refused, "
           f"{counts['invalid']} invalid, {counts['failed']} failed; {with_breaks} with graph breaks; "
           f"{time.time() - t0:.1f} s")
     if args.dynamo:

@@ -21,6 +21,7 @@ warned once per op with `GraphBreakWarning`. Tensors on the device report contig
 PyTorch/XLA's do.
 """
 
+import functools
 import itertools
 import threading
 import warnings
@@ -275,6 +276,7 @@ def _in_place(func, args, kwargs):
     return target
 
 
+@functools.lru_cache(maxsize=None)
 def _decomposition(op):
     """PyTorch's decomposition of op (the capture's choices first; an op PyTorch composes of
     others, such as aten.to or flatten, which decompositions call), or None."""
