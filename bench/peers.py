@@ -58,6 +58,7 @@ LAZYRT_REPLAY = "lazyrt run_cached_graph (the same low-level calls)"
 LAZYRT_COMPILE_STEP = "lazyrt compile_step"
 LAZYRT_FRONTEND = "lazyrt.torch.compile (torch Linear and AdamW)"
 LAZYRT_DEVICE = "lazyrt device: step traced every call, lazyrt.torch.sync()"
+LAZYRT_DEVICE_REPLAY = "lazyrt device: _run_cached_graph (torch_xla's calls on device tensors, capturable AdamW)"
 EAGER = "PyTorch eager"
 
 
@@ -361,6 +362,28 @@ def loops(opts):
     return "\n".join(md), summary, failed
 
 
+def device_replayed(w, b, dx):
+    """The seed step on the lazyrt device (AdamW capturable, as replay on the device needs),
+    traced once and replayed by torch_xla's low-level calls, as lazyrt.torch's
+    (examples/seed/device_cached_step.py). Returns (a function running one replay and
+    returning the loss, the model)."""
+    import lazyrt.torch as L
+    from seed_step import TorchSeed
+    seed = TorchSeed(w, b, L.device(), capturable=True)
+    L.sync()
+    loss = seed.model(dx).sum()
+    loss.backward()
+    seed.opt.step()
+    seed.opt.zero_grad()
+    outputs = [loss] + list(seed.model.parameters())
+    graph_hash = L._get_graph_hash(outputs)
+    L._xla_warm_up_cache(outputs, [])
+    ids, values = L._get_tensors_xla_device_data_node(outputs)
+    x_id = L._xla_get_tensor_id(dx)
+    matcher = L.GraphInputMatcher({x_id: 0}, ids, values, {x_id})
+    return (lambda: L._run_cached_graph(graph_hash, matcher([dx]))[0]), seed.model
+
+
 def cached_step(opts):
     """(markdown, summary rows) of the cached-step part."""
     from seed_step import LazyrtSeed, TorchSeed, params_of, seed_values, torch_compiled
@@ -418,11 +441,13 @@ def cached_step(opts):
     import lazyrt.torch
     on_device = TorchSeed(w, b, lazyrt.torch.device())  # the program as on torch_xla, device changed
     dx = tx.to(lazyrt.torch.device())
+    device_replay, replayed_model = device_replayed(w, b, dx)
     fns = {LAZYRT_REPLAY: lazyrt_replay, LAZYRT_COMPILE_STEP: lambda: compiled(lx),
            LAZYRT_FRONTEND: lambda: frontend(tx), LAZYRT_DEVICE: lambda: on_device.step(dx),
-           EAGER: lambda: timed_eager.step(tx)}
+           LAZYRT_DEVICE_REPLAY: device_replay, EAGER: lambda: timed_eager.step(tx)}
     for name, model in ((LAZYRT_COMPILE_STEP, compiled_model.model), (LAZYRT_FRONTEND, frontend_model),
-                        (LAZYRT_DEVICE, on_device.model), (EAGER, timed_eager.model)):
+                        (LAZYRT_DEVICE, on_device.model), (LAZYRT_DEVICE_REPLAY, replayed_model),
+                        (EAGER, timed_eager.model)):
         fn = fns[name]
         check_steps(name, [float(fn().item()) for _ in range(STEP_REPLAYS)], {STEP_REPLAYS: params_of(model)})
     calls = {name: calls_for(fn, 0.005 if opts.quick else 0.02) for name, fn in fns.items()}
@@ -491,7 +516,9 @@ def cached_step(opts):
         "lazyrt: the same low-level calls (`lr.graph_hash`, `lr.warm_up_cache`, `lr.graph_inputs`, "
         "`lr.GraphInputMatcher`, `lr.run_cached_graph`), `lr.compile_step`, `lazyrt.torch.compile` of the "
         "unmodified torch step, and the torch step on the lazyrt device (torch_xla's ordinary training with the "
-        f"device changed: traced every call, `lazyrt.torch.sync()`), with PyTorch eager, alternating in this "
+        "device changed: traced every call, `lazyrt.torch.sync()`; and torch_xla's low-level calls of the "
+        "dynamo bridge on device tensors, lazyrt.torch's of the same names, with AdamW(capturable=True)), "
+        f"with PyTorch eager, alternating in this "
         f"process; torch_xla's two alternate in "
         f"its child. {reps} batches of about {'5' if opts.quick else '20'} ms after warm-up.\n",
         table(["path", "us per step, median [min, max]", "vs lazyrt run_cached_graph"], rows),
@@ -508,6 +535,11 @@ def cached_step(opts):
         if peer in us:
             summary.append(("seed step, replayed", "lazyrt run_cached_graph", base.cell(), "us", peer, us[peer].cell(),
                             ratio(us[peer].median / base.median)))
+    replayed = us[LAZYRT_DEVICE_REPLAY]
+    for peer in (XLA_REPLAY, EAGER):  # torch_xla's cached-graph calls on each device
+        if peer in us:
+            summary.append(("seed step, replayed on the device", LAZYRT_DEVICE_REPLAY, replayed.cell(), "us", peer,
+                            us[peer].cell(), ratio(us[peer].median / replayed.median)))
     device = us[LAZYRT_DEVICE]
     for peer in (XLA_PLAIN, EAGER):  # PyTorch/XLA-style training on each device
         if peer in us:

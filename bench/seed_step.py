@@ -61,12 +61,12 @@ class LazyrtSeed:
 
 
 class TorchSeed:
-    def __init__(self, w, b, device="cpu"):
+    def __init__(self, w, b, device="cpu", capturable=False):
         self.device = device
         model = torch.nn.Linear(5, 3)
         model.load_state_dict({"weight": torch.from_numpy(w.copy()), "bias": torch.from_numpy(b.copy())})
         self.model = model.to(device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, capturable=capturable)
 
     def step(self, x):
         loss = self.model(x).sum()

@@ -11,12 +11,18 @@ class GraphInputMatcher:
     """Built from graph_inputs(...) of a traced step and the step's arguments' ids.
 
     tensor_id_to_arg_idx: {tensor_id(arg): position} for the traced step's arguments.
-    graph_input_tensor_ids, graph_input_values: what graph_inputs(outputs) returned.
+    graph_input_tensor_ids, graph_input_values: what graph_inputs(outputs) returned (or, on the
+    lazyrt device, lazyrt.torch._get_tensors_xla_device_data_node).
+    args_tensor_ids: the arguments' ids, as PyTorch/XLA's matcher takes them; when given, they
+    must be tensor_id_to_arg_idx's.
     """
 
-    def __init__(self, tensor_id_to_arg_idx, graph_input_tensor_ids, graph_input_values):
+    def __init__(self, tensor_id_to_arg_idx, graph_input_tensor_ids, graph_input_values, args_tensor_ids=None):
         if len(graph_input_tensor_ids) != len(graph_input_values):
             raise ValueError("GraphInputMatcher: graph_input_tensor_ids and graph_input_values differ in length")
+        if args_tensor_ids is not None and set(args_tensor_ids) != set(tensor_id_to_arg_idx):
+            raise ValueError(f"GraphInputMatcher: args_tensor_ids {sorted(args_tensor_ids)} are not the ids of "
+                             f"tensor_id_to_arg_idx, {sorted(tensor_id_to_arg_idx)}")
         self.tensor_id_to_arg_idx = dict(tensor_id_to_arg_idx)
         self.graph_input_tensor_ids = list(graph_input_tensor_ids)
         self.graph_input_values = list(graph_input_values)

@@ -137,3 +137,9 @@ void lazyrt_torch::set_device_dispatcher(py::object fn) {
   if (dispatcher == nullptr) dispatcher = new py::object();
   *dispatcher = std::move(fn);
 }
+
+void lazyrt_torch::set_device_shape(const at::Tensor& t, c10::IntArrayRef sizes) {
+  TORCH_CHECK(t.device().type() == kDevice, "set_device_shape: expected a tensor on the lazyrt device, got one on ",
+              t.device());
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+}

@@ -1089,4 +1089,8 @@ PYBIND11_MODULE(_torch_C, m) {
            "The call's result, or spec's miss (the guard fails) or other (nothing ran).");
   m.def("set_device_dispatcher", &lazyrt_torch::set_device_dispatcher, py::arg("fn"),
         "Sets fn(op name, args, kwargs), which computes the ops reaching the lazyrt device's C++ kernel.");
+  m.def("set_device_shape", [](py::handle t, std::vector<int64_t> sizes) {
+    lazyrt_torch::set_device_shape(tensor_of(t), sizes);
+  }, py::arg("tensor"), py::arg("sizes"),
+        "Gives a lazyrt device tensor a new shape in place (contiguous strides): its metadata only.");
 }

@@ -69,3 +69,15 @@ def test_device_while_loop_gives_13_and_reuses_its_executable():
     assert value(out, "counting from 100000") == "100003"
     assert value(out, "compiles for the other trip counts") == "0"
     assert value(out, "host loop result") == "51"
+
+
+def test_device_cached_step_replays_update_weights_and_adamw_state_as_pytorch():
+    out = run("device_cached_step.py")
+    replayed = [float(value(out, f"replay {i}").split()[1]) for i in (1, 2, 3)]
+    plain = [float(value(out, f"plain {i}").split()[1]) for i in (1, 2, 3)]  # PyTorch on the CPU
+    assert len(set(replayed)) == 3, "the losses change from replay to replay"
+    assert all(abs(a - b) <= 1e-5 * abs(b) for a, b in zip(replayed, plain)), (replayed, plain)
+    assert value(out, "compiles during the replays") == "0"
+    assert value(out, "weights equal PyTorch's") == "True"
+    assert value(out, "AdamW step count") == "3 (PyTorch: 3); moments equal PyTorch's: True"
+    assert re.fullmatch(r"[0-9a-f]{32}", value(out, "graph hash"))

@@ -329,3 +329,163 @@ def test_a_backward_before_lazyrt_torch_is_imported_does_not_break_the_device():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.split()[-1]) == 24.0  # d(sum of 4 rows of W @ ones)/dW: 4 per element, 6 elements
+
+
+# ---- the second seed: PyTorch/XLA's cached-graph calls on device tensors -------------------------
+
+def _replay_setup(model, optimizer, x, warm=0):
+    """After `warm` plain steps, traces one step of model/optimizer on x (device tensors) and
+    prepares its replay as PyTorch/XLA's dynamo bridge does. Returns a function running one
+    replay."""
+    L = lazyrt.torch
+    _eager_steps(model, optimizer, x, warm)
+    L.sync()
+    loss = model(x).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    outputs = [loss] + list(model.parameters())
+    graph_hash = L._get_graph_hash(outputs)
+    L._xla_warm_up_cache(outputs, [])
+    ids, values = L._get_tensors_xla_device_data_node(outputs)
+    x_id = L._xla_get_tensor_id(x)
+    matcher = L.GraphInputMatcher({x_id: 0}, ids, values, {x_id})
+    return lambda: L._run_cached_graph(graph_hash, matcher([x]))
+
+
+def _eager_steps(model, optimizer, x, n):
+    losses = []
+    for _ in range(n):
+        loss = model(x).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _replay_program(seed):
+    """A random small training program for the replay's differential test: layer widths,
+    depth, activation, optimizer and its settings, dtype, replays."""
+    import random
+    r = random.Random(seed)
+    widths = [r.randint(1, 6) for _ in range(r.randint(2, 4))]
+    act = r.choice([nn.ReLU, nn.Tanh, nn.GELU, nn.Sigmoid])
+    # float64: the replay is tested, not float32's rounding, which centered RMSprop amplifies
+    # (the float32 seed program is in test_seed_programs.py)
+    dtype = torch.float64
+    kind = r.choice(["sgd", "sgd-momentum", "adam", "adamw", "rmsprop"])
+    settings = {"lr": r.choice([1e-3, 1e-2, 0.1]), "weight_decay": r.choice([0.0, 0.01, 0.1])}
+    if kind == "sgd-momentum":
+        settings.update(momentum=0.9, nesterov=r.random() < 0.5)
+    if kind in ("adam", "adamw"):
+        settings.update(amsgrad=r.random() < 0.3, capturable=True)
+    if kind == "rmsprop":
+        settings.update(momentum=r.choice([0.0, 0.5]), centered=r.random() < 0.5, capturable=True)
+    # SGD's first step makes its momentum buffer from the gradient: a step to replay is a later one
+    warm = r.randint(1, 2) if kind == "sgd-momentum" else r.randint(0, 1)
+    return dict(widths=widths, act=act, dtype=dtype, kind=kind, settings=settings, batch=r.randint(1, 5),
+                replays=r.randint(2, 5), warm=warm)
+
+
+_OPT_CLASSES = {"sgd": torch.optim.SGD, "sgd-momentum": torch.optim.SGD, "adam": torch.optim.Adam,
+                "adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_steps_replayed_on_the_device_equal_eager_steps(seed):
+    # Replay by PyTorch/XLA's low-level calls against the same steps in PyTorch eager on the
+    # CPU: after every replay the loss, the parameters and the optimizer state agree to 1e-9.
+    # The programs run with float64 as the default dtype, which is the dtype of the step
+    # counts that capturable optimizers compute their bias corrections in (eager's are
+    # Python floats).
+    p = _replay_program(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(p["dtype"])
+    try:
+        _replayed_program(seed, p)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _replayed_program(seed, p):
+    torch.manual_seed(seed)
+    layers = []
+    for a, b in zip(p["widths"], p["widths"][1:]):
+        layers += [nn.Linear(a, b), p["act"]()]
+    cpu = nn.Sequential(*layers[:-1]).to(p["dtype"])
+    dev = copy.deepcopy(cpu).to(DEV)
+    cls, settings = _OPT_CLASSES[p["kind"]], p["settings"]
+    cpu_opt = cls(cpu.parameters(), **{k: v for k, v in settings.items() if k != "capturable"})
+    dev_opt = cls(dev.parameters(), **settings)
+    x = torch.randn(p["batch"], p["widths"][0], dtype=p["dtype"])
+    tol = 1e-4 if p["dtype"] == torch.float32 else 1e-9
+    replay = _replay_setup(dev, dev_opt, x.to(DEV), p["warm"])
+    want = _eager_steps(cpu, cpu_opt, x, p["warm"] + p["replays"])[p["warm"]:]
+    lazyrt.metrics.reset()
+    for k in range(p["replays"]):
+        got = replay()
+        close(got[0], torch.tensor(want[k], dtype=p["dtype"]), tol)
+    assert lazyrt.metrics.counter("UncachedCompile") == 0
+    assert lazyrt.metrics.counter("ReplayGraph") == p["replays"]
+    for a, b in zip(cpu.parameters(), dev.parameters()):
+        close(b, a, tol)
+    for sa, sb in zip(cpu_opt.state.values(), dev_opt.state.values()):
+        for key, value in sa.items():
+            if isinstance(value, torch.Tensor):
+                close(sb[key].to(value.dtype), value, tol)
+
+
+def test_replay_refuses_cpu_optimizer_state_and_changed_hyperparameters():
+    torch.manual_seed(0)
+    m = nn.Linear(5, 3).to(DEV)
+    x = torch.randn(10, 5).to(DEV)
+    # AdamW's default (capturable=False) computes its bias corrections from a step count on the
+    # CPU: a replay would repeat the traced step's, so it is refused, not replayed stale.
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        _replay_setup(m, torch.optim.AdamW(m.parameters(), lr=1e-2), x)
+    # SGD's first step makes its momentum buffer from the gradient, where later steps update
+    # it in place: replaying the first would restart the momentum every time, so it is refused.
+    with pytest.raises(RuntimeError, match="momentum_buffer"):
+        _replay_setup(m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), x)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, capturable=True)
+    replay = _replay_setup(m, opt, x)
+    first = replay()[0].item()
+    assert replay()[0].item() != first
+    opt.param_groups[0]["lr"] = 0.5  # the graph holds the traced learning rate
+    weight = m.weight.cpu()
+    with pytest.raises(RuntimeError, match="lr changed since the step was traced"):
+        replay()
+    close(m.weight, weight, 0)  # nothing ran
+
+
+def test_device_tensors_alias_as_in_pytorch():
+    # A device tensor's lazyrt tensor is its identity: detach() and .data share it, clone()
+    # does not, in-place ops that change a shape, out= ops and set_ work as on the CPU.
+    def program(dev):
+        p = nn.Parameter(torch.ones(3, device=dev))
+        p.data.mul_(3)
+        d = p.detach()
+        c = p.clone()
+        with torch.no_grad():
+            p.add_(1)
+        q = torch.arange(3.0, device=dev)
+        p.data = q
+        q.add_(1)
+        x = torch.arange(6.0, device=dev).reshape(2, 3)
+        y = x.view(6)
+        x.t_()
+        x[0, 1] = 100
+        z = torch.arange(4.0, device=dev)
+        z.unsqueeze_(0)
+        o = torch.empty(0, device=dev)
+        torch.add(x, 1, out=o)
+        s = torch.zeros(2, device=dev)
+        s.set_(q)
+        g = torch.zeros(3, 3, device=dev)
+        g.diagonal().add_(5)
+        return p, d, c, q, x, y, z, o, s, g
+    for got, want in zip(program(DEV), program("cpu")):
+        close(got, want, 0)
+    with pytest.raises(RuntimeError, match="as_strided.*is a copy"):
+        torch.arange(6.0, device=DEV).as_strided((2, 2), (1, 1)).add_(1)

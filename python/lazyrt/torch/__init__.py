@@ -159,6 +159,9 @@ from lazyrt.torch._step import CompiledFunction, compile, discover
 from lazyrt.torch import distributed  # noqa: F401  (lazyrt.torch.distributed)
 from lazyrt.torch import _dynamo  # noqa: F401  (registers torch.compile's backend="lazyrt")
 from lazyrt.torch._device import device, sync, mark_step, from_device, to_device
+from lazyrt.torch._device import (_get_graph_hash, _xla_warm_up_cache, _get_tensors_xla_device_data_node,  # noqa: F401
+                                  _run_cached_graph, _xla_get_tensor_id)
+from lazyrt._replay import GraphInputMatcher
 from lazyrt.torch import _device as _device_module
 
 
@@ -170,7 +173,7 @@ def supported_ops():
 
 __all__ = ["compile", "CompiledFunction", "CaptureError", "UnsupportedOperatorError", "GraphBreakWarning",
            "supported_ops", "discover", "while_loop", "fori_loop", "scan", "distributed",
-           "device", "sync", "mark_step", "from_device", "to_device"]
+           "device", "sync", "mark_step", "from_device", "to_device", "GraphInputMatcher"]
 
 try:  # torch.device("lazyrt") from the import on, where PyTorch's PrivateUse1 device type is free
     _device_module._ensure()

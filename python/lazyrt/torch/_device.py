@@ -1,20 +1,21 @@
 """The lazyrt device: torch tensors whose values are lazyrt tensors, as on PyTorch/XLA's device.
 
 ``torch.device("lazyrt")`` is PyTorch's PrivateUse1 device type, renamed (its device guard and
-hooks are registered in C++ by lazyrt._torch_C). A tensor on it is two tensors:
-
-* the one the user holds: PyTorch's functionalization wrapper (``torch._to_functional_tensor``).
-  PyTorch's own functionalization turns every in-place op and view on it into functional ops and
-  keeps views and their bases in step (a write through ``y[0]`` shows in ``y``), and PyTorch's
-  own autograd records on it: ``backward()``, hooks and ``torch.optim`` work as on any device;
-* under it, a `_Value`: a tensor subclass holding one lazyrt tensor (``_v``), whose
-  ``__torch_dispatch__`` receives the functional aten ops and records each as lazyrt ops through
-  the lowering table every captured step uses (``_lower.LOWERINGS``, with PyTorch's answer for
-  the result's shape and dtype from its meta kernel, computed once per op and argument types).
+hooks are registered in C++ by lazyrt._torch_C). A tensor on it is a `_Value`: a tensor subclass
+holding one lazyrt tensor (``_v``) for its whole life, as an XLA tensor holds its XLA data. Its
+``__torch_dispatch__`` records every aten op as lazyrt ops through the lowering table every
+captured step uses (``_lower.LOWERINGS``, with PyTorch's answer for the result's shape and dtype
+from its meta kernel, computed once per op and argument types). PyTorch's own autograd records
+on it (``backward()``, hooks and ``torch.optim`` work as on any device), and lazyrt's own
+tensor semantics give PyTorch's: an in-place op updates the lazyrt tensor in place (its
+functional form computes the new value), views are lazyrt views (a write through ``y[0]``
+shows in ``y``), and ``detach()``/``.data`` share the lazyrt tensor. So the lazyrt tensors are
+the device tensors' identities, and lazyrt's cached-graph replay (`_get_graph_hash` and the
+calls after it) writes a step's updates back into them.
 
 Nothing runs until a value is read (``.cpu()``, ``.item()``, printing) or `sync()` cuts the
-graph: every live device tensor's pending value is computed as one lazyrt graph, compiled once
-per graph hash and cached. Factories (``torch.zeros(..., device="lazyrt")``) reach the device
+graph: every live device tensor's pending value is computed as one lazyrt graph (lazyrt's
+``mark_step()``), compiled once per graph hash and cached. Factories (``torch.zeros(..., device="lazyrt")``) reach the device
 through its C++ kernel (lazyrt._torch_C), which hands them to `_boxed`. An op without a lowering computes its inputs, runs on the CPU
 in PyTorch and comes back as a device tensor: counted as ``GraphBreak`` in `lazyrt.metrics` and
 warned once per op with `GraphBreakWarning`. Tensors on the device report contiguous strides, as
@@ -22,7 +23,7 @@ PyTorch/XLA's do.
 """
 
 import functools
-import itertools
+import math
 import threading
 import warnings
 import weakref
@@ -38,8 +39,6 @@ NAME = "lazyrt"
 aten = torch.ops.aten
 
 _LOCK = threading.RLock()
-_LIVE = weakref.WeakSet()  # every _Value alive: sync() computes the pending ones
-_SEQ = itertools.count()  # _Value._seq: the order values were made in
 _STATE = {"registered": None}  # None: not tried; True; or the text of why the device is not there
 
 
@@ -68,6 +67,8 @@ def _ensure():
         _torch_C.set_device_dispatcher(_boxed)
         _patch_printing()
         _register_loops()
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        register_optimizer_step_pre_hook(_optimizer_stepped)
         # The backward of device tensors runs on the thread that calls it, as the CPU's does:
         # PyTorch's engine sizes its per-device queues once, at its first backward, which may
         # come before lazyrt.torch is imported (a queue for this device would then be missing),
@@ -87,12 +88,15 @@ def device(index=0):
 
 def sync(tensors=None, wait=True):
     """Computes the pending values of every live tensor on the device (or of `tensors`) as one
-    lazyrt graph: PyTorch/XLA's ``mark_step()``. Compiled once per graph hash and cached."""
-    if tensors is None:  # in the order they were made: the same step gives the same graph
-        values = sorted(list(_LIVE), key=lambda t: t._seq)
-    else:
-        values = [_value_of(t) for t in tensors]
-    pending = [t._v for t in values if t._v.is_pending]
+    lazyrt graph: PyTorch/XLA's ``mark_step()`` (lazyrt's, which also starts the step that
+    `_get_graph_hash` and the calls after it take). Compiled once per graph hash and cached."""
+    if tensors is None:
+        lazyrt.mark_step()
+        _STEPPED.clear()
+        _WRITTEN.clear()
+        return
+    pending = [_value_of(t)._v for t in tensors]
+    pending = [v for v in pending if v.is_pending]
     if pending:
         _C.sync(pending)
 
@@ -149,8 +153,8 @@ class _Module:
 # ---- the tensors -----------------------------------------------------------------------------
 
 class _Value(torch.Tensor):
-    """A lazyrt tensor with PyTorch's tensor metadata: the value under a device tensor's
-    functionalization wrapper. Its aten ops go to `_dispatch`."""
+    """A device tensor: a lazyrt tensor (``_v``) with PyTorch's tensor metadata. Its aten ops go
+    to `_dispatch`."""
 
     @staticmethod
     def __new__(cls, v, dtype=None):
@@ -158,14 +162,25 @@ class _Value(torch.Tensor):
         r = torch.Tensor._make_wrapper_subclass(cls, tuple(v.shape), dtype=dtype or _lower._TORCH_DTYPES[v.dtype],
                                                 device=_DEVICE[0])
         r._v = v
-        r._seq = next(_SEQ)
-        _LIVE.add(r)
         return r
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    def __repr__(self):
-        return f"lazyrt value {list(self.shape)} {self.dtype}"
+    @property
+    def data(self):
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        """``t.data = value``: t takes value's lazyrt tensor (the two share it, as PyTorch's
+        share storage) and shape, keeping its autograd state."""
+        from lazyrt import _torch_C
+        value = _value_of(value)
+        if value.dtype != self.dtype:
+            raise RuntimeError(f"lazyrt.torch: t.data = value: the lazyrt device keeps a tensor's dtype, "
+                               f"{self.dtype}; got a value of {value.dtype}")
+        _torch_C.set_device_shape(self, list(value.shape))
+        self._v = value._v
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -175,31 +190,25 @@ class _Value(torch.Tensor):
 _DEVICE = [None]
 
 
-def _wrap(v):
-    """A device tensor (the functional wrapper the user holds) over lazyrt tensor v."""
-    return torch._to_functional_tensor(_Value(v))
-
-
 def _value_of(t):
-    """The _Value under device tensor t."""
+    """Device tensor t, checked."""
     if isinstance(t, _Value):
         return t
-    if not isinstance(t, torch.Tensor) or t.device.type != NAME:
-        raise TypeError(f"lazyrt.torch: expected a tensor on the lazyrt device, got "
-                        f"{type(t).__name__}{' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
-    torch._sync(t)
-    return torch._from_functional_tensor(t)
+    raise TypeError(f"lazyrt.torch: expected a tensor on the lazyrt device, got "
+                    f"{type(t).__name__}{' on ' + str(t.device) if isinstance(t, torch.Tensor) else ''}")
 
 
 def from_device(t):
-    """The lazyrt tensor holding device tensor t's value (no copy, nothing computed)."""
+    """The lazyrt tensor of device tensor t: the same tensor, not a copy (an in-place op on
+    either shows in both); nothing is computed."""
     return _value_of(t)._v
 
 
 def to_device(v):
-    """A device tensor whose value is lazyrt tensor v (no copy, nothing computed)."""
+    """A device tensor whose lazyrt tensor is v: the same tensor, not a copy; nothing is
+    computed."""
     _ensure()
-    return _wrap(v)
+    return _Value(v)
 
 
 def _cpu_to_lazy(t):
@@ -229,13 +238,19 @@ def _dispatch(func, args, kwargs):
             return lifted
     kind = _KINDS.get(func)
     if kind is None:
-        kind = _KINDS[func] = ("foreach" if func.__name__.startswith("_foreach_") else
-                               "in_place" if func._schema.is_mutable and func._schema.name.endswith("_")
-                               and _functional_of(func) is func else "op")
+        kind = _KINDS[func] = _kind(func)
     if kind == "foreach":
         return _foreach(func, args, kwargs)
     if kind == "in_place":
         return _in_place(func, args, kwargs)
+    if kind == "view":
+        return _view(func, args, kwargs)
+    if kind == "out":
+        return _out(func, args, kwargs)
+    return _op(func, args, kwargs)
+
+
+def _op(func, args, kwargs):
     op = _functional_of(func)
     plan = _plan(op, args, kwargs)
     if plan is None:
@@ -253,7 +268,60 @@ def _dispatch(func, args, kwargs):
     return _results(node, e, result)
 
 
-_KINDS = {}  # op -> "foreach", "in_place" or "op"
+def _view(func, args, kwargs):
+    """A view op: lazyrt views of the input's lazyrt tensor where lazyrt has them (every view
+    torch.nn and torch.optim make); a result that is a copy (as_strided, view(dtype), unfold)
+    is marked so that writing to it is refused rather than lost."""
+    out = _op(func, args, kwargs)
+    base = args[0]._v
+    for r in (out if isinstance(out, (list, tuple)) else (out,)):
+        if isinstance(r, _Value) and r._v is not base and not r._v._is_view():
+            r._copy_of_view = str(func)
+    return out
+
+
+_KINDS = {}  # op -> "foreach", "in_place", "view", "out" or "op"
+
+
+def _kind(func):
+    schema = func._schema
+    if func.__name__.startswith("_foreach_"):
+        return "foreach"
+    if schema.is_mutable and schema.name.endswith("_") and _functional_of(func) is func:
+        return "in_place"
+    returns = schema.returns
+    if returns and returns[0].alias_info is not None and not schema.is_mutable:
+        return "view"
+    if any(a.is_out for a in schema.arguments) and _out_twin(func) is not None:
+        return "out"
+    return "op"
+
+
+@functools.lru_cache(maxsize=None)
+def _out_twin(func):
+    """The functional form of out= op func (maximum.out: maximum.default), or None."""
+    packet = getattr(aten, func._schema.name.split("::")[1], None)
+    names = [a.name for a in func._schema.arguments if not a.is_out]
+    for overload in packet.overloads() if packet is not None else ():
+        candidate = getattr(packet, overload)
+        if candidate is not func and [a.name for a in candidate._schema.arguments] == names:
+            return candidate
+    return None
+
+
+def _out(func, args, kwargs):
+    """An out= op: its functional form's results written into the out tensors (resized first
+    where their shape differs, as PyTorch does)."""
+    outs = [a.name for a in func._schema.arguments if a.is_out]
+    kwargs = dict(kwargs)
+    targets = [kwargs.pop(name) for name in outs]
+    result = _dispatch(_out_twin(func), args, kwargs)
+    results = result if isinstance(result, (list, tuple)) else (result,)
+    for target, r in zip(targets, results):
+        if tuple(target.shape) != tuple(r.shape):
+            _resize(target, r.shape)
+        _assign(target, r._v)
+    return tuple(targets) if len(targets) > 1 else targets[0]
 
 
 # Ops whose index tensors may be on the CPU while the indexed tensor is on a device.
@@ -262,17 +330,62 @@ _INDEXING = {aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.defaul
 
 
 def _in_place(func, args, kwargs):
-    """An in-place op on a device value (a decomposition's, below functionalization): its
-    functional twin computes the value the first argument takes."""
-    packet = getattr(aten, func._schema.name.split("::")[1][:-1], None)
-    functional = getattr(packet, func._overloadname, None) if packet is not None else None
+    """An in-place op on a device tensor: its functional twin computes the value the first
+    argument's lazyrt tensor takes in place."""
+    functional = _twin(func)
+    if functional is not None and torch.Tag.inplace_view in func.tags:
+        return _reshaped(functional, args, kwargs)
     returns = func._schema.returns
     if (functional is None or len(returns) != 1 or returns[0].alias_info is None
             or _plan(_functional_of(functional), args, kwargs) is None and _decomposition(functional) is None):
         return _on_cpu(func, args, kwargs)  # (a fused optimizer step: its lists written back)
     out = _dispatch(functional, args, kwargs)
     target = args[0]
-    target._v = _lower._cast(_value_of(out)._v if _is_wrapper(out) else out._v, _lower.lazy_dtype(target.dtype))
+    _assign(target, out._v)
+    return target
+
+
+@functools.lru_cache(maxsize=None)
+def _twin(func):
+    """The functional form of in-place op func (add_.Tensor: add.Tensor; transpose_: transpose.int),
+    or None."""
+    packet = getattr(aten, func._schema.name.split("::")[1][:-1], None)
+    if packet is None:
+        return None
+    same = getattr(packet, func._overloadname, None)
+    if same is not None:
+        return same
+    names = [a.name for a in func._schema.arguments]
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if [a.name for a in candidate._schema.arguments] == names:
+            return candidate
+    return None
+
+
+def _assign(target, v):
+    """Device tensor target takes lazyrt value v (cast to its dtype, broadcast to its shape) in
+    place: its lazyrt tensor keeps its identity, and its views and aliases see the new value."""
+    if getattr(target, "_copy_of_view", None):
+        raise RuntimeError(f"lazyrt.torch: a tensor made by {target._copy_of_view} on the lazyrt device is a copy, not "
+                           f"a view of its input, so writing to it in place would not reach that input; write to "
+                           f"the input (or a clone()) instead")
+    v = _lower._cast(v, _lower.lazy_dtype(target.dtype))
+    if tuple(v.shape) != tuple(target.shape):
+        v = _C.expand(v, list(target.shape))
+    target._v.copy_(v)
+    if _STEPPED:
+        _WRITTEN.add(id(target._v))
+
+
+def _reshaped(functional, args, kwargs):
+    """An in-place op that changes its tensor's shape (t_, unsqueeze_, squeeze_, transpose_):
+    the tensor takes the view its functional form makes, and that view's shape."""
+    from lazyrt import _torch_C
+    out = _dispatch(functional, args, kwargs)
+    target = args[0]
+    _torch_C.set_device_shape(target, list(out.shape))
+    target._v = out._v
     return target
 
 
@@ -455,7 +568,7 @@ def _on_cpu(func, args, kwargs):
     if func._schema.is_mutable:
         for arg, (given, copied) in zip(func._schema.arguments, _bound(func, (args, kwargs), (targs, tkwargs))):
             if arg.alias_info is not None and arg.alias_info.is_write and isinstance(given, _Value):
-                given._v = lazyrt.from_torch(copied.contiguous())
+                _assign(given, lazyrt.from_torch(copied.contiguous()))
                 if out is copied:
                     return given
     return _from_cpu(out)
@@ -477,6 +590,8 @@ def _foreach(func, args, kwargs):
     """A _foreach_ op (torch.optim's default on a device): its single-tensor op, with overloads
     resolved by PyTorch, at each position of its lists."""
     name = func.__name__.split(".")[0][len("_foreach_"):]
+    in_place = name.endswith("_")  # the functional op, and the first list takes its values
+    name = name.rstrip("_")
     packet = aten.linalg_vector_norm if name == "norm" else getattr(aten, name)
     n = len(next(a for a in args if isinstance(a, (list, tuple))))
     outs = []
@@ -486,8 +601,12 @@ def _foreach(func, args, kwargs):
         if name in ("addcmul", "addcdiv") and len(item) > 3:  # the scalar (or scalars) is `value`
             value = item.pop(3)
             kw = dict(kwargs, value=value.tolist()[i] if isinstance(value, torch.Tensor) else value)
-        outs.append(packet(*item, **kw))
-    return outs
+        out = packet(*item, **kw)
+        if in_place:
+            _assign(item[0], out._v)
+        else:
+            outs.append(out)
+    return None if in_place else outs
 
 
 # Ops with the device's own meaning.
@@ -497,7 +616,7 @@ def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_block
     if target is not None and target.type != NAME:
         t = _to_cpu(x._v)
         return t.to(device=target, dtype=dtype or t.dtype)
-    v = x._v
+    v = x._v.clone()  # a tensor of its own, as a copy is
     if dtype is not None:
         v = _lower._cast(v, _lower.lazy_dtype(dtype))
     return _Value(v)
@@ -518,33 +637,64 @@ def _copy(x, src, non_blocking=False):
 
 def _copy_from(src, dst, non_blocking=False):
     """PyTorch's copy between devices, called by copy_ when the Python key is off (torch.tensor
-    on the device): dst, a device value, takes src's values."""
+    on the device): dst takes src's values."""
     if isinstance(dst, _Value):
-        dst._v = _copy(dst, _value_of(src) if _is_wrapper(src) else src)._v
-        return dst
-    if _is_wrapper(dst):  # functionalization is off: the wrapper's value is replaced, as copy_ would
-        torch._functionalize_replace(dst, _copy(_value_of(dst), _value_of(src) if _is_wrapper(src) else src))
-        torch._functionalize_commit_update(dst)
+        _assign(dst, _copy(dst, src)._v)
         return dst
     dst.copy_(_to_cpu(src._v) if isinstance(src, _Value) else src)  # to the CPU
     return dst
+
+
+def _resize(x, size, memory_format=None):
+    """resize_: a new shape keeps the elements that fit, in order (growth adds zeros, where
+    PyTorch leaves memory uninitialized)."""
+    from lazyrt import _torch_C
+    size = tuple(size)
+    if size == tuple(x.shape):
+        return x
+    n, flat = math.prod(size), _C.reshape(x._v, (x.numel(),))
+    if n <= x.numel():
+        flat = _C.slice(flat, 0, 0, n, 1)
+    else:
+        flat = _C.cat([flat, _C.full((n - x.numel(),), 0, dtype=flat.dtype)], 0)
+    _torch_C.set_device_shape(x, list(size))
+    x._v = _C.reshape(flat, size).clone()
+    return x
+
+
+def _set(x, source):
+    """set_(source): x becomes another name for source's lazyrt tensor, with its shape."""
+    from lazyrt import _torch_C
+    if x.dtype != source.dtype:
+        raise RuntimeError(f"set_: expected a source of dtype {x.dtype}, got {source.dtype}")
+    _torch_C.set_device_shape(x, list(source.shape))
+    x._v = _value_of(source)._v
+    return x
 
 
 def _item(x):
     return lazyrt.to_torch(x._v).item()
 
 
-def _same(x, *args, **kwargs):
-    return _Value(x._v)
+def _alias(x, *args, **kwargs):
+    """detach, alias: another device tensor over the same lazyrt tensor."""
+    return _Value(x._v, dtype=x.dtype)
+
+
+def _copied(x, *args, **kwargs):
+    """clone and the copying forms: a lazyrt tensor of its own (values are immutable: no data
+    is copied)."""
+    return _Value(x._v.clone(), dtype=x.dtype)
 
 
 _SPECIAL = {
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy, aten._copy_from.default: _copy_from,
     aten._local_scalar_dense.default: _item,
-    aten.detach.default: _same, aten.detach_copy.default: _same, aten.alias.default: _same,
-    aten.alias_copy.default: _same, aten.clone.default: _same, aten.lift_fresh.default: _same,
-    aten.lift_fresh_copy.default: _same,
+    aten.detach.default: _alias, aten.alias.default: _alias, aten.lift_fresh.default: _alias,
+    aten.detach_copy.default: _copied, aten.alias_copy.default: _copied, aten.clone.default: _copied,
+    aten.lift_fresh_copy.default: _copied,
+    aten.resize_.default: _resize, aten.set_.source_Tensor: _set,
 }
 
 
@@ -561,15 +711,7 @@ def _boxed(name, args, kwargs):
         return _dispatch(op, args, kwargs)
     if op is aten._copy_from.default:
         return _copy_from(*args, **kwargs)
-    if any(_is_wrapper(a) for a in flat):  # functionalization is off: the op sees the values, the user wrappers
-        args, kwargs = tree_map(lambda a: _value_of(a) if _is_wrapper(a) else a, (args, kwargs))
-        return tree_map(lambda o: torch._to_functional_tensor(o) if isinstance(o, _Value) else o,
-                        _dispatch(op, args, kwargs))
     return _factory(op, *args, **kwargs)
-
-
-def _is_wrapper(a):
-    return isinstance(a, torch.Tensor) and not isinstance(a, _Value) and a.device.type == NAME
 
 
 _OPS = {}
@@ -577,24 +719,17 @@ _OPS = {}
 
 def _factory(op, *args, **kwargs):
     """Ops with no device tensor among their arguments but the device as their target
-    (factories: empty, zeros, arange, ...), run on the CPU and moved over; wrapped for the user
-    unless functionalization called them (it wraps their results itself)."""
+    (factories: empty, zeros, arange, ...), run on the CPU and moved over."""
     targs, tkwargs = tree_map(_torch_arg, (args, kwargs))
     with torch.no_grad():
         out = op(*targs, **tkwargs)
-    # Functionalization calls factories with its own key off (and wraps their results); torch.tensor
-    # calls them with every key above the backend off, the Python key too (and returns the result).
-    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
-    wrap = not excluded(torch._C.DispatchKey.Functionalize) or excluded(torch._C.DispatchKey.Python)
-    return tree_map(lambda o: _moved(o, wrap) if isinstance(o, torch.Tensor) else o, out)
+    return tree_map(lambda o: _moved(o) if isinstance(o, torch.Tensor) else o, out)
 
 
-def _moved(t, wrap):
+def _moved(t):
     if t.dtype not in _lower._DTYPES and t.numel() == 0:
-        value = _Value(_C.full(tuple(t.shape), 0, dtype=_C.int32), dtype=t.dtype)
-    else:
-        value = _Value(_cpu_to_lazy(t))
-    return torch._to_functional_tensor(value) if wrap else value
+        return _Value(_C.full(tuple(t.shape), 0, dtype=_C.int32), dtype=t.dtype)
+    return _Value(_cpu_to_lazy(t))
 
 
 # ---- recurrent cells --------------------------------------------------------------------------
@@ -727,11 +862,30 @@ _LIFTS = {
 # ---- structured loops ------------------------------------------------------------------------
 
 def _register_loops():
-    """torch._higher_order_ops.while_loop called on device tensors: after PyTorch's own checks
-    (it traces the body with Dynamo) and functionalization, the loop reaches the device's values
-    and becomes one lazyrt while_loop node, whose body is the user's body run on device tensors
-    over the loop's traced carries: traced and compiled once, whatever the trip count."""
-    from torch._higher_order_ops.while_loop import while_loop_op
+    """torch._higher_order_ops.while_loop called on device tensors becomes one lazyrt
+    while_loop node, whose body is the user's body run on device tensors over the loop's traced
+    carries: traced and compiled once, whatever the trip count. PyTorch's while_loop checks its
+    arguments and then traces the loop with Dynamo, which cannot trace tensors that are not
+    PyTorch's own; on device tensors it calls PyTorch's while_loop operator directly instead,
+    after the same checks (`_while_loop_call`), and the operator reaches the device below."""
+    import importlib
+    module = importlib.import_module("torch._higher_order_ops.while_loop")
+    while_loop_op = module.while_loop_op
+
+    function = module.while_loop
+    if not getattr(function, "_lazyrt", False):
+        # Every name for PyTorch's while_loop (torch.while_loop, and those imported before
+        # lazyrt.torch) is the same function object: its code is replaced by a call of
+        # _while_loop_call, with PyTorch's own code kept as a function of its own.
+        pytorch = type(function)(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                                 function.__closure__)
+        module.__dict__["_lazyrt_while_loop_call"] = _while_loop_call
+        module.__dict__["_lazyrt_pytorch_while_loop"] = pytorch
+
+        def while_loop(cond_fn, body_fn, carried_inputs):
+            return _lazyrt_while_loop_call(cond_fn, body_fn, carried_inputs, _lazyrt_pytorch_while_loop)  # noqa: F821
+        function.__code__ = while_loop.__code__
+        function._lazyrt = True
 
     @while_loop_op.py_impl(_Value)
     def _while_loop(cond_fn, body_fn, carried_inputs, additional_inputs):
@@ -749,6 +903,138 @@ def _register_loops():
 
         out = lazyrt.while_loop(cond, body, tuple(a._v if isinstance(a, _Value) else a for a in carried_inputs))
         return tuple(_Value(v) if isinstance(v, _C.Tensor) else v for v in out)
+
+
+def _while_loop_call(cond_fn, body_fn, carried_inputs, pytorch):
+    """PyTorch's while_loop(cond_fn, body_fn, carried_inputs): on device tensors its operator,
+    called as PyTorch's while_loop calls it (carries flattened), after PyTorch's checks."""
+    from torch._higher_order_ops.while_loop import while_loop_op
+    from torch.utils import _pytree as pytree
+    flat, spec = pytree.tree_flatten((carried_inputs, ()))
+    if not any(isinstance(t, _Value) for t in flat):
+        return pytorch(cond_fn, body_fn, carried_inputs)
+    if not callable(cond_fn) or not callable(body_fn):
+        raise RuntimeError("Expect cond_fn and body_fn to be callable.")
+    if not all(isinstance(t, (torch.Tensor, torch.SymInt, int)) for t in flat):
+        raise RuntimeError(f"Expect carried_inputs to be a tuple of possibly nested dict/list/tuple that only "
+                           f"consists of tensor or int leaves, but got {carried_inputs}.")
+
+    def flat_fn(fn):
+        def call(*args):
+            carried, additional = pytree.tree_unflatten(list(args), spec)
+            return fn(*carried, *additional)
+        return call
+    return while_loop_op(flat_fn(cond_fn), flat_fn(body_fn), tuple(flat), ())
+
+
+# ---- cached-graph replay ----------------------------------------------------------------------
+#
+# PyTorch/XLA's low-level calls (torch_xla._XLAC's, which its dynamo bridge makes) over device
+# tensors, as lazyrt's own (lazyrt.graph_hash and the rest) over their lazyrt tensors: the
+# traced step is what was recorded since the last sync(), and every tensor it updated in place
+# (parameters, optimizer state, listed or not) takes its new value on every replay. What the
+# step read from the host is guarded: an optimizer that stepped in it keeps its hyperparameters
+# (a replay with another learning rate raises), and one that keeps state on the CPU (a
+# capturable=False step count, whose bias corrections the graph holds as numbers) is refused.
+
+# For each optimizer stepped since the last sync(): (optimizer, its groups' numbers, the ids of
+# the state tensors it had before).
+_STEPPED = []
+_WRITTEN = set()  # id() of the lazyrt tensors written in place while _STEPPED is not empty
+_GUARDS = {}  # graph hash -> what its step read from optimizers
+
+
+def _optimizer_stepped(optimizer, args, kwargs):
+    """torch.optim's global pre-step hook: remembers the device's optimizers stepped in this step."""
+    for group in optimizer.param_groups:
+        if any(isinstance(p, _Value) for p in group["params"]):
+            if not any(entry[0] is optimizer for entry in _STEPPED):
+                had = {id(t) for state in optimizer.state.values() for t in state.values()}
+                _STEPPED.append((optimizer, _numbers(optimizer), had))
+            return
+
+
+def _numbers(optimizer):
+    return [{k: v for k, v in group.items() if isinstance(v, (bool, int, float, str)) or v is None}
+            for group in optimizer.param_groups]
+
+
+def _step_read(call):
+    """What the traced step read from its optimizers, checked: refuses state a replay could not
+    keep up to date."""
+    for optimizer, _, had in _STEPPED:
+        name = type(optimizer).__name__
+        for p, state in optimizer.state.items():
+            if not isinstance(p, _Value):
+                continue
+            host = [k for k, v in state.items() if isinstance(v, torch.Tensor) and not isinstance(v, _Value)]
+            if host:
+                raise RuntimeError(
+                    f"lazyrt.torch.{call}: the traced step ran {name}.step(), which keeps "
+                    f"{', '.join(repr(k) for k in host)} of the lazyrt device's parameters on the CPU "
+                    f"(capturable=False): a replay would reuse the traced step's values of what it computes "
+                    f"from them (the bias corrections), so it cannot replay exactly. Create the optimizer "
+                    f"with capturable=True, which keeps that state on the device, where replays update it.")
+            made = [k for k, v in state.items()
+                    if isinstance(v, _Value) and id(v) not in had and id(v._v) not in _WRITTEN]
+            if made:
+                raise RuntimeError(
+                    f"lazyrt.torch.{call}: the traced step is {name}'s first: it made "
+                    f"{', '.join(repr(k) for k in made)} from the step's values, where later steps update it "
+                    f"in place, so replaying this step would make it afresh every time. Run one step and "
+                    f"sync() before the step to trace.")
+    return [(weakref.ref(entry[0]), entry[1]) for entry in _STEPPED]
+
+
+def _values(tensors, call):
+    if isinstance(tensors, torch.Tensor):
+        tensors = [tensors]
+    return [_value_of(t)._v for t in tensors]
+
+
+def _get_graph_hash(tensors):
+    """The hash of the graph of these device tensors and of every in-place update since the
+    last sync() (torch_xla._XLAC._get_graph_hash); computes nothing."""
+    return lazyrt.graph_hash(_values(tensors, "_get_graph_hash"))
+
+
+def _xla_warm_up_cache(tensors, devices=()):
+    """Compiles and caches that graph without running it (torch_xla._XLAC._xla_warm_up_cache).
+    Raises for a step that could not be replayed exactly (see `_step_read`)."""
+    values = _values(tensors, "_xla_warm_up_cache")
+    guards = _step_read("_xla_warm_up_cache")
+    lazyrt.warm_up_cache(values)
+    _GUARDS[lazyrt.graph_hash(values)] = guards
+
+
+def _get_tensors_xla_device_data_node(tensors):
+    """(tensor ids, device tensors): the graph's inputs in order
+    (torch_xla._XLAC._get_tensors_xla_device_data_node). A tensor the step updated in place is
+    given as itself, holding its value from before the step."""
+    ids, values = lazyrt.graph_inputs(_values(tensors, "_get_tensors_xla_device_data_node"))
+    return list(ids), [_Value(v) for v in values]
+
+
+def _run_cached_graph(graph_hash, inputs):
+    """Runs the graph warmed up under graph_hash on inputs (in graph-input order:
+    a GraphInputMatcher's call), writing every tensor the step updated in place back, and
+    returns the graph's outputs as device tensors (torch_xla._XLAC._run_cached_graph). Raises
+    where an optimizer the step ran has changed a hyperparameter since (trace the step again)."""
+    for ref, numbers in _GUARDS.get(graph_hash, ()):
+        optimizer = ref()
+        if optimizer is not None and _numbers(optimizer) != numbers:
+            changed = sorted({k for now, then in zip(_numbers(optimizer), numbers) for k in now
+                              if now.get(k) != then.get(k)} or {"param_groups"})
+            raise RuntimeError(f"lazyrt.torch._run_cached_graph: {type(optimizer).__name__}'s {', '.join(changed)} "
+                               f"changed since the step was traced, and the graph holds the traced values; trace "
+                               f"the step again (after sync()) for the new ones")
+    outs = lazyrt.run_cached_graph(graph_hash, [_value_of(t)._v for t in inputs])
+    return [_Value(v) for v in outs]
+
+
+def _xla_get_tensor_id(t):
+    """A device tensor's id, kept by in-place ops (torch_xla._XLAC._xla_get_tensor_id)."""
+    return lazyrt.tensor_id(_value_of(t)._v)
 
 
 # ---- printing --------------------------------------------------------------------------------
