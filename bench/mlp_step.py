@@ -13,6 +13,12 @@ each computed alone through the faster for it of the two GEMM libraries lazyrt c
 the least a step can take in GEMMs; that time over a step's time is the share of the limit the
 step reaches.
 
+On the lazyrt device: the torch model moved to torch.device("lazyrt"), PyTorch/XLA-style,
+traced every step with lazyrt.torch.sync(), and replayed by PyTorch/XLA's low-level calls
+(lazyrt.torch._run_cached_graph; AdamW capturable, as replay on the device needs); beside them,
+PyTorch/XLA itself (torch_xla 2.9, PJRT_DEVICE=CPU) training the same torch model with
+torch_xla.sync() every step, in a child process, where it is installed (`make bench`).
+
 Peak memory: each peer runs in a child process of its own; the process's peak resident size
 grows from just before the model is built to the end of the measured steps (Linux VmHWM, reset
 through /proc/self/clear_refs). For lazyrt the device memory it accounts itself is given too.
@@ -76,7 +82,9 @@ class TrainingStep:
         return loss
 
     def state(self):
-        return {k: np.array(v.detach().numpy()) for k, v in self.model.state_dict().items()}
+        def arr(t):
+            return np.array(t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else t.detach().numpy())
+        return {k: arr(v) for k, v in self.model.state_dict().items()}
 
 
 class LazyrtMlp(TrainingStep):
@@ -89,10 +97,65 @@ class LazyrtMlp(TrainingStep):
 
 
 class TorchMlp(TrainingStep):
-    def __init__(self, state):
+    def __init__(self, state, device="cpu", capturable=False):
         model = mlp(torch.nn)
         model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
-        super().__init__(model, torch.optim, torch.nn)
+        self.model = model.to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, capturable=capturable)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+
+
+def device_paths(state, x_np, y_np):
+    """{name: (step function, state function)} of the torch MLP on the lazyrt device: traced
+    every step, and traced once and replayed by PyTorch/XLA's low-level calls."""
+    import lazyrt.torch as L
+    dev = L.device()
+    dx, dy = torch.from_numpy(x_np).to(dev), torch.from_numpy(y_np).to(dev)
+    traced = TorchMlp(state, dev)
+
+    def traced_step():
+        loss = traced.step(dx, dy)
+        L.sync()
+        return loss
+    replayed = TorchMlp(state, dev, capturable=True)
+    L.sync()
+    loss = replayed.step(dx, dy)
+    outputs = [loss] + list(replayed.model.parameters())
+    graph_hash = L._get_graph_hash(outputs)
+    L._xla_warm_up_cache(outputs, [])
+    ids, values = L._get_tensors_xla_device_data_node(outputs)
+    x_id, y_id = L._xla_get_tensor_id(dx), L._xla_get_tensor_id(dy)
+    matcher = L.GraphInputMatcher({x_id: 0, y_id: 1}, ids, values, {x_id, y_id})
+    return {DEVICE_TRACED: (traced_step, traced.state),
+            DEVICE_REPLAYED: (lambda: L._run_cached_graph(graph_hash, matcher([dx, dy]))[0], replayed.state)}
+
+
+DEVICE_TRACED = "lazyrt device: torch MLP traced every step, lazyrt.torch.sync()"
+DEVICE_REPLAYED = "lazyrt device: torch MLP replayed (_run_cached_graph, AdamW capturable)"
+XLA_TRACED = "torch_xla: torch MLP traced every step, torch_xla.sync() (child process)"
+
+
+def child_xla(reps):
+    """In a child process (bench/suite.py --child mlp-xla REPS): the torch MLP trained on
+    torch_xla's device, torch_xla.sync() and wait_device_ops() every step. Prints the first
+    losses and state (checked by the parent) and the seconds per step of each batch."""
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    from harness import time_side_by_side as timed_batches
+    x_np, y_np = data()
+    dev = torch_xla.device()
+    m = TorchMlp(initial_state(), dev)
+    tx, ty = torch.from_numpy(x_np).to(dev), torch.from_numpy(y_np).to(dev)
+
+    def step():
+        loss = m.step(tx, ty)
+        torch_xla.sync()
+        xm.wait_device_ops()
+        return loss
+    losses = [float(step().cpu()) for _ in range(STEPS_CHECKED)]
+    state = {k: v.tolist() for k, v in m.state().items()}
+    samples = timed_batches({"xla": step}, {"xla": calls_for(step, 0.1, most=20)}, reps, warmup=2)
+    print(json.dumps({"losses": losses, "state": state, "seconds": samples["xla"].in_order}))
 
 
 def initial_state():
@@ -244,6 +307,7 @@ def run(opts):
     peers = {
         "lazyrt replayed (compile_step)": (lambda: replayed(lx, ly), replay.state),
         "lazyrt traced (mark_step every step)": (traced_step, traced.state),
+        **device_paths(state, x_np, y_np),
         "PyTorch eager": (lambda: eager.step(tx, ty), eager.state),
     }
     # GEMMs sum in another order in each library: losses agree to ~1e-6 relative. AdamW divides
@@ -272,6 +336,7 @@ def run(opts):
     if replayed.traces != 1:
         raise BenchmarkError("MLP step: compile_step retraced")
     limit = None if gemm is None else (gemm[0], gemm[1], ms.pop(LIMIT))
+    xla_why = xla_mlp(opts, reps, ref_losses, ref_state, ms)
 
     # The step's kernels other than its products, against their byte limits.
     lib = limits.library(opts.build)
@@ -328,8 +393,15 @@ def run(opts):
               f"{16 * n_params() / 2**20:.1f} "
               "MiB of that.\n")
 
+    if xla_why is not None:
+        md.append(f"{XLA_TRACED}: not measured: {xla_why}\n")
     summary = [("MLP step 784-1024-1024-10", "lazyrt replayed", ms[base].cell(), "ms", "PyTorch eager",
                 ms["PyTorch eager"].cell(), ratio(ms["PyTorch eager"].median / ms[base].median))]
+    for peer in (XLA_TRACED, "PyTorch eager"):  # PyTorch/XLA-style training on each device
+        if peer in ms:
+            for path in (DEVICE_TRACED, DEVICE_REPLAYED):
+                summary.append(("MLP step 784-1024-1024-10, torch model on a device", path, ms[path].cell(), "ms",
+                                peer, ms[peer].cell(), ratio(ms[peer].median / ms[path].median)))
     if limit is not None:
         summary.append(("MLP step: GEMM limit", "lazyrt replayed", ms[base].cell(), "ms",
                         "the faster GEMM library per product, on the step's shapes", limit[2].cell(),
@@ -341,6 +413,25 @@ def run(opts):
                     "MiB", "PyTorch eager", f"{mem['PyTorch eager']['peak_rss'] * mib:.1f}",
                     ratio(mem["PyTorch eager"]["peak_rss"] / max(mem["lazyrt replayed"]["peak_rss"], 1))))
     return {"markdown": "\n".join(md), "summary": summary}
+
+
+def xla_mlp(opts, reps, ref_losses, ref_state, ms):
+    """Runs the torch_xla child, checks its steps as the other paths' and adds its times to ms;
+    returns why it was not measured, or None."""
+    from harness import Samples, run_child_or_why
+    from peers import CHILD_TIMEOUT_S, install_failure, xla_env, xla_installed
+    import sys
+    if not xla_installed():
+        return install_failure(sys.prefix) or "torch_xla is not installed (`make bench` installs it)"
+    out, why = run_child_or_why(opts, "mlp-xla", reps, env=xla_env(opts.threads), timeout=CHILD_TIMEOUT_S)
+    if out is None:
+        return why
+    check_close(f"MLP step, {XLA_TRACED}: losses", out["losses"], ref_losses, rtol=1e-4, atol=1e-5)
+    for k in ref_state:
+        check_close(f"MLP step, {XLA_TRACED}: {k} after {STEPS_CHECKED} steps", np.array(out["state"][k]),
+                    ref_state[k], rtol=0, atol=1.01e-3 * STEPS_CHECKED)
+    ms[XLA_TRACED] = Samples(out["seconds"]).scaled(1e3)
+    return None
 
 
 def n_params():
