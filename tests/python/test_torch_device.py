@@ -489,3 +489,44 @@ def test_device_tensors_alias_as_in_pytorch():
         close(got, want, 0)
     with pytest.raises(RuntimeError, match="as_strided.*is a copy"):
         torch.arange(6.0, device=DEV).as_strided((2, 2), (1, 1)).add_(1)
+
+
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("zero", ["first", "last"])
+def test_compiled_step_of_device_tensors_equals_eager(opt, zero):
+    # lazyrt.torch.compile of a step on device tensors: captured once, replayed, its results on
+    # the device, and the parameters, gradients (left set, or cleared) and optimizer state equal
+    # eager's on the CPU after every call.
+    torch.manual_seed(3)
+    cpu = _mlp().double()
+    dev = copy.deepcopy(cpu).to(DEV)
+    cpu_opt, dev_opt = OPTIMIZERS[opt](cpu.parameters()), OPTIMIZERS[opt](dev.parameters())
+
+    def body(model, o, x, y):
+        if zero == "first":
+            o.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        o.step()
+        if zero == "last":
+            o.zero_grad()
+        return loss
+
+    step = lazyrt.torch.compile(lambda x, y: body(dev, dev_opt, x, y), model=dev, optimizer=dev_opt)
+    for _ in range(4):
+        x, y = torch.randn(8, 10, dtype=torch.float64), torch.randint(0, 10, (8,))
+        got = step(x.to(DEV), y.to(DEV))
+        want = body(cpu, cpu_opt, x, y)
+        assert got.device == DEV
+        close(got, want, 1e-9)
+        for a, b in zip(cpu.parameters(), dev.parameters()):
+            close(b, a, 1e-9)
+            assert (a.grad is None) == (b.grad is None)
+            if a.grad is not None:
+                assert b.grad.device == DEV
+                close(b.grad, a.grad, 1e-9)
+        for sa, sb in zip(cpu_opt.state.values(), dev_opt.state.values()):
+            for k, v in sa.items():
+                if isinstance(v, torch.Tensor):
+                    close(sb[k].to(v.dtype).cpu(), v, 1e-9)
+    assert step.captures == 1

@@ -14,7 +14,7 @@ from lazyrt.torch._capture import CaptureError, EagerOnly, World, call_leaves, c
 from lazyrt.torch._reads import ABSENT as _READ_ABSENT, code_reads, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
-from lazyrt.torch import _discover
+from lazyrt.torch import _device, _discover
 
 # dtypes whose write-backs travel packed in one flat output per dtype.
 _PACKABLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
@@ -72,6 +72,8 @@ class _Entry:
         self.result_spec = c.result_spec
         self.result = [("T", _source(outputs[v[1]], placeholder_index, roots)) if v[0] == "T" else v
                        for v in c.result]
+        # Results on the lazyrt device (a step of device tensors) are returned there.
+        self._device_results = [v[0] == "T" and _on_device(outputs[v[1]]) for v in c.result]
 
         def final(kind_entry, own_slot):
             _, k, own = kind_entry
@@ -197,7 +199,7 @@ class _Entry:
         nothing is copied back after the step (gradients it sets to None or makes anew aside)
         and every result is a constant, an input or a result of its own; None for other
         captures, which take the Python path every call."""
-        if guard is None or self._packed is None or self._in_sources or self.side_attrs:
+        if guard is None or self._packed is None or self._in_sources or self.side_attrs or any(self._device_results):
             return None
         clear_grads, set_grads = [], []
         uses = {}
@@ -411,6 +413,11 @@ class _Entry:
             f = flat[k]
             return lazyrt.to_torch(direct[k]) if f is None else f.view(where[k][2])
 
+        def new(src, like):
+            """A tensor of its own with src's values, on like's device (the lazyrt device's
+            tensors get theirs there)."""
+            return _device._moved(value(src)) if isinstance(like, _device._Value) else value(src).clone()
+
         # Written in place: the new values are in the torch tensors' memory (the hand-over
         # bumps their version counters), or copied in where they could not land there.
         for j, grad in self._handover.finish():  # a missing gradient, written into a stand-in's view
@@ -429,7 +436,7 @@ class _Entry:
                     elif plan[0] == "own" and p.grad is not None:
                         p.grad.copy_(value(plan[1]))
                     else:
-                        p.grad = value(plan[1]).clone()
+                        p.grad = new(plan[1], p)
                 else:
                     oi, i = key
                     state = world.optimizers[oi].state[params[i]]
@@ -439,7 +446,7 @@ class _Entry:
                     elif how[0] == "own" and isinstance(state.get(k), torch.Tensor):
                         state[k].copy_(value(how[1]))
                     else:
-                        state[k] = value(how[1]).clone()
+                        state[k] = new(how[1], params[i])
 
         # A returned value is a torch view of the lazyrt buffer the replay wrote it into: the
         # view holds that buffer, so lazyrt never writes into it again (the next call's result
@@ -454,6 +461,9 @@ class _Entry:
                 leaves.append(lazyrt.to_torch(direct[r[1][1]]))
             else:
                 leaves.append(value(r[1]).clone())
+        for i, on_device in enumerate(self._device_results):
+            if on_device and leaves[i].device.type == "cpu":
+                leaves[i] = _device.to_device(lazyrt.from_torch(leaves[i]))
         if self._single_result:
             return leaves[0]
         return torch.utils._pytree.tree_unflatten(leaves, self.result_spec)
@@ -485,6 +495,11 @@ class _StateChanged(CaptureError):
 
 class _AliasedMemory(Exception):
     """An input of the step shares memory with another, and the step writes one of them."""
+
+
+def _on_device(node):
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.device.type == _device.NAME
 
 
 def _item_source(kind, plan):
