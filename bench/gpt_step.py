@@ -16,6 +16,12 @@ position under no_grad, in eval mode.
 
 lazyrt.torch.compile captures each step once and replays it, writing parameters and AdamW's
 state back into the torch tensors every call. Both peers start from the same state_dict.
+
+On a device, PyTorch/XLA-style: the same model moved to the lazyrt device (the head re-tied to
+the token embedding after the move, as on PyTorch/XLA), trained with lazyrt.torch.sync() every
+step, and traced once and replayed by PyTorch/XLA's low-level calls (AdamW capturable); and
+torch_xla 2.9 (PJRT_DEVICE=CPU) training it with torch_xla.sync() every step, in a child
+process, where `make bench` installed it.
 """
 
 import copy
@@ -85,7 +91,7 @@ class GPT(nn.Module):
 
     def forward(self, idx):
         t = idx.shape[1]
-        x = self.tokens(idx) + self.positions(torch.arange(t))
+        x = self.tokens(idx) + self.positions(torch.arange(t, device=idx.device))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
@@ -144,6 +150,110 @@ def state(model, opt):
     return out
 
 
+DEVICE_TRACED = "lazyrt device: traced every step, lazyrt.torch.sync()"
+DEVICE_REPLAYED = "lazyrt device: replayed (_run_cached_graph, AdamW capturable)"
+XLA_TRACED = "torch_xla: traced every step, torch_xla.sync() (child process)"
+
+
+def on_device(dev, capturable=False):
+    """(model, optimizer) of the start state on a device, the head re-tied after the move."""
+    model = models()[0].to(dev)
+    model.head.weight = model.tokens.weight
+    opt = optimizer(model)
+    if capturable:
+        for group in opt.param_groups:
+            group["capturable"] = True
+    return model, opt
+
+
+def device_steps():
+    """{name: one training step returning its loss} of the lazyrt device's two paths."""
+    import lazyrt.torch as L
+    dev = L.device()
+    idx, targets = (t.to(dev) for t in data())
+    model, opt = on_device(dev)
+    traced = training_step(model, opt, loss_fn)
+
+    def traced_step():
+        loss = traced(idx, targets)
+        L.sync()
+        return loss
+    model, opt = on_device(dev, capturable=True)
+    L.sync()
+    loss = training_step(model, opt, loss_fn)(idx, targets)
+    outputs = [loss] + list(model.parameters())
+    graph_hash = L._get_graph_hash(outputs)
+    L._xla_warm_up_cache(outputs, [])
+    ids, values = L._get_tensors_xla_device_data_node(outputs)
+    arg_ids = {L._xla_get_tensor_id(idx): 0, L._xla_get_tensor_id(targets): 1}
+    matcher = L.GraphInputMatcher(arg_ids, ids, values, set(arg_ids))
+    return {DEVICE_TRACED: traced_step,
+            DEVICE_REPLAYED: lambda: L._run_cached_graph(graph_hash, matcher([idx, targets]))[0]}
+
+
+def child_xla(reps):
+    """In a child process (bench/suite.py --child gpt-xla REPS): the training step on torch_xla's
+    device, torch_xla.sync() and wait_device_ops() every step. Prints the first losses (checked
+    by the parent) and the seconds of each timed step."""
+    import json
+    import time
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    dev = torch_xla.device()
+    idx, targets = (t.to(dev) for t in data())
+    model, opt = on_device(dev)
+    step = training_step(model, opt, loss_fn)
+
+    def one():
+        loss = step(idx, targets)
+        torch_xla.sync()
+        xm.wait_device_ops()
+        return loss
+    losses = [float(one().cpu()) for _ in range(STEPS_CHECKED)]
+    seconds = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        one()
+        seconds.append(time.perf_counter() - t)
+    print(json.dumps({"losses": losses, "seconds": seconds}))
+
+
+def on_devices(opts, ref_losses, eager, args, reps):
+    """(markdown, summary rows) of the training step on devices: the lazyrt device's paths and
+    torch_xla's, each checked against eager's first losses, timed beside eager."""
+    import sys
+    from harness import Samples, check_close, ratio, run_child_or_why
+    from peers import CHILD_TIMEOUT_S, install_failure, xla_env, xla_installed
+    fns = device_steps()
+    for name, fn in fns.items():
+        check_close(f"GPT step, {name}: losses", [float(fn().item()) for _ in range(STEPS_CHECKED)], ref_losses,
+                    rtol=1e-4, atol=1e-5)
+    fns["PyTorch eager"] = lambda: eager(*args)
+    ms = {n: s.scaled(1e3) for n, s in time_side_by_side(fns, 1, reps, warmup=1).items()}
+    why = install_failure(sys.prefix) or "torch_xla is not installed (`make bench` installs it)"
+    if xla_installed():
+        out, why = run_child_or_why(opts, "gpt-xla", reps, env=xla_env(opts.threads), timeout=4 * CHILD_TIMEOUT_S)
+        if out is not None:
+            check_close(f"GPT step, {XLA_TRACED}: losses", out["losses"], ref_losses, rtol=1e-4, atol=1e-5)
+            ms[XLA_TRACED] = Samples(out["seconds"]).scaled(1e3)
+    rows = [(name, s.cell(), ratio(s.median / ms[DEVICE_TRACED].median)) for name, s in ms.items()]
+    if XLA_TRACED not in ms:
+        rows.append((XLA_TRACED, f"failed: {why}", "-"))
+    md = ["### The training step on a device, PyTorch/XLA-style\n",
+          f"The model moved to the device (head re-tied), AdamW as above; each path's {STEPS_CHECKED} first losses "
+          f"checked against eager's (rtol 1e-4) before timing; {reps} steps each after 1 warm-up (torch_xla: in its "
+          "child, in a row).\n",
+          table(["path", "ms per step, median [min, max]", "vs lazyrt device traced"], rows), ""]
+    summary = []
+    for peer in (XLA_TRACED, "PyTorch eager"):
+        if peer in ms:
+            for path in (DEVICE_TRACED, DEVICE_REPLAYED):
+                summary.append((f"GPT ({LAYERS} layers, {WIDTH} wide), batch {BATCH}: training step on a device",
+                                path, ms[path].cell(), "ms", peer, ms[peer].cell(),
+                                ratio(ms[peer].median / ms[path].median)))
+    return "\n".join(md), summary
+
+
 def run(opts):
     import lazyrt.torch
 
@@ -158,7 +268,7 @@ def run(opts):
     # gradient is rounding noise the two runs may step apart: a weight may differ by up to
     # 2 lr per step (the hard bound checked), and all but a few per million agree to 1e-3
     # relative, 1e-4 absolute.
-    _, ref, got = check_same_training("GPT step, lazyrt.torch.compile", eager, compiled, (idx, targets),
+    ref_losses, ref, got = check_same_training("GPT step, lazyrt.torch.compile", eager, compiled, (idx, targets),
                                       lambda: state(m_eager, o_eager), lambda: state(m_lazy, o_lazy),
                                       STEPS_CHECKED, rtol=1e-3, atol=2 * LR * STEPS_CHECKED)
     for k in ref:
@@ -178,6 +288,7 @@ def run(opts):
         {"train lazyrt": lambda: compiled(idx, targets), "train eager": lambda: eager(idx, targets)}, 1, reps,
         warmup=1).items()})
 
+    device_md, device_summary = on_devices(opts, ref_losses, eager, (idx, targets), reps)
     mem_steps = 2
     mem = model_peak_memory(opts, "gpt_step", mem_steps)
     lazy_reps = 2 if opts.quick else 3
@@ -196,5 +307,5 @@ def run(opts):
           "is rounding noise; all but 1e-5 of them within rtol 1e-3, atol 1e-4) and the eval-mode logits (rtol "
           f"1e-3, atol 1e-4) are checked against eager's. {reps} steps per peer after 1 warm-up, alternating.\n",
           table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), "",
-          torch_lazy_note(lazy_why, STEPS_CHECKED, lazy_reps), ""]
-    return {"markdown": "\n".join(md), "summary": summary}
+          torch_lazy_note(lazy_why, STEPS_CHECKED, lazy_reps), "", device_md]
+    return {"markdown": "\n".join(md), "summary": summary + device_summary}

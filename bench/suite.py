@@ -142,6 +142,10 @@ def main(argv):
             import peers
             peers.child_loop(args.child[1], int(args.child[2]), int(args.child[3]))
             return 0
+        if args.child[0] == "gpt-xla":
+            import gpt_step
+            gpt_step.child_xla(int(args.child[1]))
+            return 0
         if args.child[0] == "mlp-xla":
             import mlp_step
             mlp_step.child_xla(int(args.child[1]))

@@ -9,6 +9,7 @@
 // Registered when lazyrt._torch_C is loaded.
 #include <pybind11/pybind11.h>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -132,6 +133,33 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                            "randn", "randint", "randint.low", "randperm", "tril_indices", "triu_indices"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&to_python>());
 }
+
+// torch.autocast("lazyrt"): PyTorch's autocast policy for devices (the op lists it keeps for
+// backends to share: matrix products and convolutions in the lower precision, reductions,
+// norms and losses in float32, mixed inputs promoted), registered on the device's autocast key
+// with PyTorch's own kernels; every other op falls through. Device tensors are cast by
+// _to_copy, which the device records as lazyrt casts.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+namespace at::autocast {  // the names PyTorch's op lists use unqualified
+namespace {
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define LAZYRT_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define LAZYRT_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define LAZYRT_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define LAZYRT_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(LAZYRT_LOWER_PRECISION_FP)
+  AT_FORALL_FP32(LAZYRT_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(LAZYRT_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(LAZYRT_PROMOTE)
+#undef LAZYRT_LOWER_PRECISION_FP
+#undef LAZYRT_FP32
+#undef LAZYRT_FP32_SET_OPT_DTYPE
+#undef LAZYRT_PROMOTE
+}
+}  // namespace
+}  // namespace at::autocast
 
 void lazyrt_torch::set_device_dispatcher(py::object fn) {
   if (dispatcher == nullptr) dispatcher = new py::object();

@@ -530,3 +530,40 @@ def test_compiled_step_of_device_tensors_equals_eager(opt, zero):
                 if isinstance(v, torch.Tensor):
                     close(sb[k].to(v.dtype).cpu(), v, 1e-9)
     assert step.captures == 1
+
+
+def test_autocast_on_the_device_follows_pytorchs_device_policy():
+    # torch.autocast("lazyrt") uses PyTorch's autocast lists for devices (documented in
+    # torch.amp as CUDA's: matrix products and convolutions in the lower precision; exp,
+    # layer_norm, softmax, log_softmax, sum and the losses in float32; mixed inputs promoted).
+    # Each result is checked against eager on the CPU computing the same casts by hand.
+    torch.manual_seed(0)
+    x, w, img, k = torch.randn(4, 8), torch.randn(3, 8), torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    y = torch.randint(0, 3, (4,))
+    bf = torch.bfloat16
+    lin = F.linear(x.to(bf), w.to(bf))
+    cases = {
+        "linear": (lambda x, w, img, k, y: F.linear(x, w), lin),
+        "conv2d": (lambda x, w, img, k, y: F.conv2d(img, k), F.conv2d(img.to(bf), k.to(bf))),
+        "softmax": (lambda x, w, img, k, y: F.softmax(F.linear(x, w), -1), F.softmax(lin.float(), -1)),
+        "layer_norm": (lambda x, w, img, k, y: F.layer_norm(F.linear(x, w), (3,)), F.layer_norm(lin.float(), (3,))),
+        "sum": (lambda x, w, img, k, y: F.linear(x, w).sum(), lin.float().sum()),
+        "exp": (lambda x, w, img, k, y: torch.exp(F.linear(x, w)), torch.exp(lin.float())),
+        "cross_entropy": (lambda x, w, img, k, y: F.cross_entropy(F.linear(x, w), y), F.cross_entropy(lin.float(), y)),
+        "promote": (lambda x, w, img, k, y: F.linear(x, w) + x[:, :3], lin.float() + x[:, :3]),
+    }
+    for name, (f, want) in cases.items():
+        with torch.autocast(DEV.type, dtype=bf):
+            got = f(*(t.to(DEV) for t in (x, w, img, k, y)))
+        assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+        close(got, want, 1e-2)
+    # and a training step under it: the gradients reach the float32 parameters
+    m = nn.Linear(8, 3).to(DEV)
+    with torch.autocast(DEV.type, dtype=bf):
+        loss = F.cross_entropy(m(x.to(DEV)), y.to(DEV))
+    loss.backward()
+    ref = nn.Linear(8, 3)
+    ref.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})
+    F.cross_entropy(F.linear(x.to(bf), ref.weight.to(bf), ref.bias.to(bf)).float(), y).backward()
+    assert m.weight.grad.dtype == torch.float32
+    close(m.weight.grad, ref.weight.grad, 1e-2)
