@@ -1100,16 +1100,14 @@ def _within_conditioning(p, mode, oracle="eager", perturb=None):
 
 def _as_on_a_device(p):
     """The program as the device runs it, for the oracle too: torch.autocast("cpu") in the step
-    does not reach device tensors (nor does lazyrt have a device autocast yet), so it is left
-    out; and an optimizer left to choose runs its foreach implementation, as PyTorch picks on a
-    device (on the CPU it picks the per-tensor one, and the two differ: SGD's foreach nesterov
-    step adds the momentum into .grad itself); a fused one runs foreach (see below)."""
+    does not reach device tensors (the device's torch.autocast("lazyrt") follows PyTorch's
+    device policy, not the CPU's), so it is left out; and an optimizer left to choose runs its
+    foreach implementation, as PyTorch picks on a device (on the CPU it picks the per-tensor
+    one, and the two differ: SGD's foreach nesterov step adds the momentum into .grad itself).
+    A fused one stays fused: the device runs PyTorch's fused CPU kernel (a graph break)."""
     o = p.config["opt"]
-    if o["name"] != "manual" and "foreach" not in o["kwargs"]:
-        # fused=True as foreach=True: the device has no fused optimizer kernels yet (PyTorch's
-        # functionalization asks for their meta kernels, which PyTorch does not have)
-        kwargs = {k: v for k, v in o["kwargs"].items() if k != "fused"}
-        p = p.replace(opt=dict(o, kwargs=dict(kwargs, foreach=True)))
+    if o["name"] != "manual" and "foreach" not in o["kwargs"] and not o["kwargs"].get("fused"):
+        p = p.replace(opt=dict(o, kwargs=dict(o["kwargs"], foreach=True)))
     if p.config["step"]["autocast"]:
         p = p.replace(step=dict(p.config["step"], autocast=False))
     return p
