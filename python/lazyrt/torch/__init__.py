@@ -149,7 +149,14 @@ such tensors records lazyrt ops (views, in-place ops, autograd and torch.optim a
 ``lazyrt.torch.sync()`` (``mark_step``) computes every pending device tensor as one compiled,
 cached graph, and ``.cpu()``, ``.item()`` and printing compute what they read. An op without
 a lowering runs on the CPU and comes back (``GraphBreak``, warned once).
-``torch._higher_order_ops.while_loop`` on device tensors is one lazyrt loop.
+``torch._higher_order_ops.while_loop`` on device tensors is one lazyrt loop, and
+``torch.autocast("lazyrt")`` follows PyTorch's device autocast policy. PyTorch/XLA's
+cached-graph calls take device tensors: ``_get_graph_hash``, ``_xla_warm_up_cache``,
+``_get_tensors_xla_device_data_node``, ``_xla_get_tensor_id`` and ``_run_cached_graph`` with a
+``GraphInputMatcher`` replay the step traced since the last ``sync()``, writing every tensor it
+updated in place (parameters, optimizer state) back on every replay; a step whose optimizer
+keeps state on the CPU (``capturable=False``), made its state from the step's values (SGD's
+first step), or changed a hyperparameter since the trace raises rather than replay stale.
 """
 
 from lazyrt.torch._capture import CaptureError
