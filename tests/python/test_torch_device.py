@@ -567,3 +567,25 @@ def test_autocast_on_the_device_follows_pytorchs_device_policy():
     F.cross_entropy(F.linear(x.to(bf), ref.weight.to(bf), ref.bias.to(bf)).float(), y).backward()
     assert m.weight.grad.dtype == torch.float32
     close(m.weight.grad, ref.weight.grad, 1e-2)
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
+                                  lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True, fused=True),
+                                  lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, fused=True)])
+def test_fused_optimizers_on_the_device_equal_eager(make):
+    # PyTorch's fused optimizer kernels exist for the CPU only: on the device the step runs
+    # there (a graph break) and every list it updates in place (parameters, moments) comes back.
+    torch.manual_seed(4)
+    net = _mlp().double()
+    batches = [(torch.randn(8, 10, dtype=torch.float64), torch.randint(0, 10, (8,))) for _ in range(3)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphBreakWarning)
+        want, got = _train(net, "cpu", make, batches), _train(net, DEV, make, batches)
+    for a, b in zip(want[0], got[0]):
+        close(b, a, 1e-9)
+    for a, b in zip(want[1].parameters(), got[1].parameters()):
+        close(b, a, 1e-9)
+    for sa, sb in zip(want[2].state.values(), got[2].state.values()):
+        for k, v in sa.items():
+            if isinstance(v, torch.Tensor) and v.dim():
+                close(sb[k], v, 1e-9)

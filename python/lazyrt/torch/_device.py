@@ -567,10 +567,16 @@ def _on_cpu(func, args, kwargs):
         out = func(*targs, **tkwargs)
     if func._schema.is_mutable:
         for arg, (given, copied) in zip(func._schema.arguments, _bound(func, (args, kwargs), (targs, tkwargs))):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(given, _Value):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            if isinstance(given, _Value):
                 _assign(given, lazyrt.from_torch(copied.contiguous()))
                 if out is copied:
                     return given
+            elif isinstance(given, (list, tuple)):  # a list written in place (a fused optimizer's)
+                for g, c in zip(given, copied):
+                    if isinstance(g, _Value):
+                        _assign(g, lazyrt.from_torch(c.contiguous()))
     return _from_cpu(out)
 
 
