@@ -589,3 +589,20 @@ def test_fused_optimizers_on_the_device_equal_eager(make):
         for k, v in sa.items():
             if isinstance(v, torch.Tensor) and v.dim():
                 close(sb[k], v, 1e-9)
+
+
+def test_replay_refuses_random_values_drawn_on_the_host_and_redraws_the_devices():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(5, 16), nn.Dropout(0.5), nn.Linear(16, 1)).to(DEV)
+    x = torch.randn(10, 5).to(DEV)
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    # dropout draws from lazyrt's generator, whose state every replay advances: new masks
+    replay = _replay_setup(m, opt, x)
+    losses = [replay()[0].item() for _ in range(3)]
+    assert len(set(losses)) == 3, losses
+    # torch.randn(..., device=) draws on the host, from PyTorch's generator: a replay would
+    # repeat that draw, so it is refused
+    lazyrt.torch.sync()
+    noisy = m(x + torch.randn(10, 5, device=DEV)).sum()
+    with pytest.raises(RuntimeError, match="drew random values on the host"):
+        lazyrt.torch._xla_warm_up_cache([noisy], [])

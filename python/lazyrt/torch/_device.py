@@ -94,6 +94,7 @@ def sync(tensors=None, wait=True):
         lazyrt.mark_step()
         _STEPPED.clear()
         _WRITTEN.clear()
+        _DRAWN.clear()
         return
     pending = [_value_of(t)._v for t in tensors]
     pending = [v for v in pending if v.is_pending]
@@ -729,6 +730,8 @@ def _factory(op, *args, **kwargs):
     targs, tkwargs = tree_map(_torch_arg, (args, kwargs))
     with torch.no_grad():
         out = op(*targs, **tkwargs)
+    if torch.Tag.nondeterministic_seeded in op.tags:  # values a replay would repeat
+        _DRAWN.add(str(op))
     return tree_map(lambda o: _moved(o) if isinstance(o, torch.Tensor) else o, out)
 
 
@@ -947,6 +950,7 @@ def _while_loop_call(cond_fn, body_fn, carried_inputs, pytorch):
 # the state tensors it had before).
 _STEPPED = []
 _WRITTEN = set()  # id() of the lazyrt tensors written in place while _STEPPED is not empty
+_DRAWN = set()  # random factories run on the host (PyTorch's generator) since the last sync()
 _GUARDS = {}  # graph hash -> what its step read from optimizers
 
 
@@ -966,8 +970,14 @@ def _numbers(optimizer):
 
 
 def _step_read(call):
-    """What the traced step read from its optimizers, checked: refuses state a replay could not
-    keep up to date."""
+    """What the traced step read from the host, checked: refuses random values drawn by
+    PyTorch's generator and optimizer state a replay could not keep up to date."""
+    if _DRAWN:
+        raise RuntimeError(
+            f"lazyrt.torch.{call}: since the last sync() the traced step drew random values on the host "
+            f"({', '.join(sorted(_DRAWN))}, PyTorch's generator, as torch.randn(..., device=) does): "
+            f"a replay would repeat them. Make them before a sync() and pass them in, or draw them from "
+            f"device tensors (torch.randn_like, dropout), which lazyrt's generator draws anew every replay.")
     for optimizer, _, had in _STEPPED:
         name = type(optimizer).__name__
         for p, state in optimizer.state.items():
