@@ -606,3 +606,21 @@ def test_replay_refuses_random_values_drawn_on_the_host_and_redraws_the_devices(
     noisy = m(x + torch.randn(10, 5, device=DEV)).sum()
     with pytest.raises(RuntimeError, match="drew random values on the host"):
         lazyrt.torch._xla_warm_up_cache([noisy], [])
+
+
+def test_replay_refuses_steps_with_graph_breaks_or_reads():
+    # An op run on the CPU (no lowering) computes its result once, at the trace; a value read in
+    # the step (.item()) computes part of the step and may steer its Python: neither replays.
+    torch.manual_seed(0)
+    m = nn.Linear(3, 3).to(DEV)
+    lazyrt.torch.sync()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphBreakWarning)
+        out = torch.linalg.det(m.weight) * m(torch.ones(1, 3, device=DEV)).sum()
+    with pytest.raises(RuntimeError, match="aten._linalg_det.default on the CPU"):
+        lazyrt.torch._xla_warm_up_cache([out], [])
+    lazyrt.torch.sync()
+    out = m(torch.ones(1, 3, device=DEV)).sum()
+    scale = 2.0 if out.item() > 0 else 3.0
+    with pytest.raises(RuntimeError, match=r"read device values \(.item\(\)\)"):
+        lazyrt.torch._xla_warm_up_cache([out * scale], [])

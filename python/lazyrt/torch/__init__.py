@@ -157,7 +157,8 @@ cached-graph calls take device tensors: ``_get_graph_hash``, ``_xla_warm_up_cach
 updated in place (parameters, optimizer state) back on every replay; a step whose optimizer
 keeps state on the CPU (``capturable=False``), made its state from the step's values (SGD's
 first step), or changed a hyperparameter since the trace raises rather than replay stale, as
-does one that drew random values on the host (``torch.randn(..., device=)``).
+does one that drew random values on the host (``torch.randn(..., device=)``), ran an op on the
+CPU (a graph break) or read a value (``.item()``).
 """
 
 from lazyrt.torch._capture import CaptureError

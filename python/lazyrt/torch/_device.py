@@ -94,7 +94,7 @@ def sync(tensors=None, wait=True):
         lazyrt.mark_step()
         _STEPPED.clear()
         _WRITTEN.clear()
-        _DRAWN.clear()
+        _HOST.clear()
         return
     pending = [_value_of(t)._v for t in tensors]
     pending = [v for v in pending if v.is_pending]
@@ -558,6 +558,7 @@ def _on_cpu(func, args, kwargs):
         warnings.warn(f"lazyrt.torch: graph break: {name} has no lowering to lazyrt; on the lazyrt device it runs "
                       f"in PyTorch on the CPU, after its inputs are computed", GraphBreakWarning, stacklevel=4)
     _C._metrics._increment("GraphBreak", 1)
+    _HOST.setdefault("ran", set()).add(name)
     values = [a._v for a in tree_leaves((args, kwargs)) if isinstance(a, _Value)]
     if values:
         _C.sync(values)
@@ -621,6 +622,7 @@ def _foreach(func, args, kwargs):
 def _to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     target = torch.device(device) if device is not None else None
     if target is not None and target.type != NAME:
+        _HOST.setdefault("read", set()).add(f"a copy to {target.type}")
         t = _to_cpu(x._v)
         return t.to(device=target, dtype=dtype or t.dtype)
     v = x._v.clone()  # a tensor of its own, as a copy is
@@ -680,6 +682,7 @@ def _set(x, source):
 
 
 def _item(x):
+    _HOST.setdefault("read", set()).add(".item()")
     return lazyrt.to_torch(x._v).item()
 
 
@@ -731,7 +734,7 @@ def _factory(op, *args, **kwargs):
     with torch.no_grad():
         out = op(*targs, **tkwargs)
     if torch.Tag.nondeterministic_seeded in op.tags:  # values a replay would repeat
-        _DRAWN.add(str(op))
+        _HOST.setdefault("drew", set()).add(str(op))
     return tree_map(lambda o: _moved(o) if isinstance(o, torch.Tensor) else o, out)
 
 
@@ -950,7 +953,9 @@ def _while_loop_call(cond_fn, body_fn, carried_inputs, pytorch):
 # the state tensors it had before).
 _STEPPED = []
 _WRITTEN = set()  # id() of the lazyrt tensors written in place while _STEPPED is not empty
-_DRAWN = set()  # random factories run on the host (PyTorch's generator) since the last sync()
+# What the device did on the host since the last sync(), by kind: "drew" (random factories, from
+# PyTorch's generator), "ran" (ops run on the CPU at a graph break), "read" (values read).
+_HOST = {}
 _GUARDS = {}  # graph hash -> what its step read from optimizers
 
 
@@ -972,12 +977,22 @@ def _numbers(optimizer):
 def _step_read(call):
     """What the traced step read from the host, checked: refuses random values drawn by
     PyTorch's generator and optimizer state a replay could not keep up to date."""
-    if _DRAWN:
+    if "drew" in _HOST:
         raise RuntimeError(
             f"lazyrt.torch.{call}: since the last sync() the traced step drew random values on the host "
-            f"({', '.join(sorted(_DRAWN))}, PyTorch's generator, as torch.randn(..., device=) does): "
+            f"({', '.join(sorted(_HOST['drew']))}, PyTorch's generator, as torch.randn(..., device=) does): "
             f"a replay would repeat them. Make them before a sync() and pass them in, or draw them from "
             f"device tensors (torch.randn_like, dropout), which lazyrt's generator draws anew every replay.")
+    if "ran" in _HOST:
+        raise RuntimeError(
+            f"lazyrt.torch.{call}: since the last sync() the traced step ran {', '.join(sorted(_HOST['ran']))} on "
+            f"the CPU (no lowering to lazyrt: a graph break), whose results a replay would repeat rather than "
+            f"compute: it cannot be replayed. Trace it every step (sync()), or leave those ops out of the step.")
+    if "read" in _HOST:
+        raise RuntimeError(
+            f"lazyrt.torch.{call}: since the last sync() the traced step read device values "
+            f"({', '.join(sorted(_HOST['read']))}), which computed part of it and may have steered its Python: "
+            f"a replay could not do the same. Read them after the replays, or sync() before the step.")
     for optimizer, _, had in _STEPPED:
         name = type(optimizer).__name__
         for p, state in optimizer.state.items():
