@@ -58,6 +58,7 @@ LAZYRT_REPLAY = "lazyrt run_cached_graph (the same low-level calls)"
 LAZYRT_COMPILE_STEP = "lazyrt compile_step"
 LAZYRT_FRONTEND = "lazyrt.torch.compile (torch Linear and AdamW)"
 LAZYRT_DEVICE = "lazyrt device: step traced every call, lazyrt.torch.sync()"
+LAZYRT_DEVICE_COMPILE = "lazyrt device: lazyrt.torch.compile (torch Linear and AdamW on the device)"
 LAZYRT_DEVICE_REPLAY = "lazyrt device: _run_cached_graph (torch_xla's calls on device tensors, capturable AdamW)"
 EAGER = "PyTorch eager"
 
@@ -442,12 +443,22 @@ def cached_step(opts):
     on_device = TorchSeed(w, b, lazyrt.torch.device())  # the program as on torch_xla, device changed
     dx = tx.to(lazyrt.torch.device())
     device_replay, replayed_model = device_replayed(w, b, dx)
+    device_compiled = TorchSeed(w, b, lazyrt.torch.device())
+
+    def device_plain_step(x):  # TorchSeed.step without its sync(): the compiled step runs the graph
+        loss = device_compiled.model(x).sum()
+        loss.backward()
+        device_compiled.opt.step()
+        device_compiled.opt.zero_grad()
+        return loss
+    device_step = lazyrt.torch.compile(device_plain_step)
     fns = {LAZYRT_REPLAY: lazyrt_replay, LAZYRT_COMPILE_STEP: lambda: compiled(lx),
            LAZYRT_FRONTEND: lambda: frontend(tx), LAZYRT_DEVICE: lambda: on_device.step(dx),
-           LAZYRT_DEVICE_REPLAY: device_replay, EAGER: lambda: timed_eager.step(tx)}
+           LAZYRT_DEVICE_REPLAY: device_replay, LAZYRT_DEVICE_COMPILE: lambda: device_step(dx),
+           EAGER: lambda: timed_eager.step(tx)}
     for name, model in ((LAZYRT_COMPILE_STEP, compiled_model.model), (LAZYRT_FRONTEND, frontend_model),
                         (LAZYRT_DEVICE, on_device.model), (LAZYRT_DEVICE_REPLAY, replayed_model),
-                        (EAGER, timed_eager.model)):
+                        (LAZYRT_DEVICE_COMPILE, device_compiled.model), (EAGER, timed_eager.model)):
         fn = fns[name]
         check_steps(name, [float(fn().item()) for _ in range(STEP_REPLAYS)], {STEP_REPLAYS: params_of(model)})
     calls = {name: calls_for(fn, 0.005 if opts.quick else 0.02) for name, fn in fns.items()}

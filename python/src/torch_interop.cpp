@@ -516,6 +516,17 @@ struct Input {
 using Span = std::pair<uintptr_t, uintptr_t>;  // bytes [first, one past the last)
 
 bool contiguous_cpu(const at::Tensor& t) { return t.device().is_cpu() && t.is_contiguous(); }
+
+// A tensor on the lazyrt device (lazyrt.torch._device): its value is a lazyrt tensor already.
+bool on_lazyrt_device(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// The lazyrt tensor of a lazyrt device tensor (its Python object's `_v`): the tensor itself, so
+// that a compiled step reads it without a copy and writes its in-place updates into it.
+lz::Tensor device_value(const at::Tensor& t) {
+  py::gil_scoped_acquire gil;
+  py::object obj = py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+  return obj.attr("_v").cast<lz::Tensor>();
+}
 // The bytes a contiguous CPU tensor occupies; for others, its whole storage (a bound on what
 // they occupy), or nothing off the CPU.
 Span span_of(const at::Tensor& t) {
@@ -653,6 +664,10 @@ class Handover {
     for (size_t j = 0; j < inplace_.size(); ++j) {
       const auto s = static_cast<size_t>(inplace_[j]);
       const at::Tensor& t = current_[s].tensor;
+      if (on_lazyrt_device(t)) {  // the step wrote the device tensor's own lazyrt tensor
+        torch::autograd::impl::bump_version(t);
+        continue;
+      }
       const auto& impl = lz::trace::impl_of(lazy_[s]);
       const bool moved = impl->is_pending() || !impl->data() ||
                          reinterpret_cast<uintptr_t>(impl->data()->data()) != expect_[j];
@@ -722,6 +737,11 @@ class Handover {
   lz::Tensor new_view(size_t s) {
     const at::Tensor& t = current_[s].tensor;
     Held& h = held_[s];
+    if (on_lazyrt_device(t)) {  // its own lazyrt tensor: nothing to lend or copy, nothing kept
+      if (h.lent || written_[s]) expect_valid_ = false;
+      h = Held{};
+      return device_value(t);
+    }
     const bool contiguous = contiguous_cpu(t);
     const Span span = span_of(t);
     const bool written = written_[s];

@@ -199,8 +199,9 @@ class _Entry:
         nothing is copied back after the step (gradients it sets to None or makes anew aside)
         and every result is a constant, an input or a result of its own; None for other
         captures, which take the Python path every call."""
-        if guard is None or self._packed is None or self._in_sources or self.side_attrs or any(self._device_results):
-            return None
+        if guard is None or self._packed is None or self._in_sources or self.side_attrs or any(self._device_results) \
+                or any(isinstance(p, _device._Value) for p in world.params):
+            return None  # (the lazyrt device's tensors take the Python path: their values are lazyrt's)
         clear_grads, set_grads = [], []
         uses = {}
         for r in self.result:
@@ -452,18 +453,19 @@ class _Entry:
         # view holds that buffer, so lazyrt never writes into it again (the next call's result
         # goes to another buffer), and it is the caller's alone.
         leaves = []
-        for r in self.result:
+        for r, on_device in zip(self.result, self._device_results):
             if r[0] == "C":
                 leaves.append(r[1])
             elif r[1][0] == "in":
                 leaves.append(_as_tensor(inputs[r[1][1]]))
+            elif on_device:  # a device tensor of its own over the result's lazyrt value
+                k = r[1][1]
+                leaves.append(_device.to_device(direct[k].clone() if direct[k] is not None else
+                                                lazyrt.from_torch(value(r[1]).clone())))
             elif r[1][1] in self._result_roots:
                 leaves.append(lazyrt.to_torch(direct[r[1][1]]))
             else:
                 leaves.append(value(r[1]).clone())
-        for i, on_device in enumerate(self._device_results):
-            if on_device and leaves[i].device.type == "cpu":
-                leaves[i] = _device.to_device(lazyrt.from_torch(leaves[i]))
         if self._single_result:
             return leaves[0]
         return torch.utils._pytree.tree_unflatten(leaves, self.result_spec)
