@@ -82,6 +82,9 @@ TOL = {"float32": (1e-4, 1e-5), "float64": (1e-7, 1e-9), "autocast": (5e-2, 5e-2
 # The modes that serve as the oracle: PyTorch eager, and torch.compile(backend="eager") where
 # Dynamo's own semantics differ from eager's.
 ORACLES = ("eager", "dynamo-eager")
+# The lazyrt device's modes: its tensors traced and synced every call ("device"), or the step of
+# device tensors through lazyrt.torch.compile ("device-compile").
+DEVICE_MODES = ("device", "device-compile")
 REFUSALS = (CaptureError, UnsupportedOperatorError, lazyrt.Error)
 # Rounding-noise gradients: an element whose gradient is zero in exact arithmetic (a bias in front
 # of a batch norm, attention's key bias, anything in front of a centering) gets whatever rounding
@@ -785,7 +788,7 @@ class World:
 
     def __init__(self, p, model, mode):
         self.p, self.mode = p, mode
-        if mode == "device":  # PyTorch/XLA's way: the model on the device before its optimizer is made
+        if mode in DEVICE_MODES:  # PyTorch/XLA's way: the model on the device before its optimizer is made
             model.to(lazyrt.torch.device())
         self.model = model
         self.opt = make_optimizer(p, model)
@@ -797,7 +800,7 @@ class World:
             n, dtype = p.config["out_dim"], getattr(torch, p.config["dtype"])
             w = torch.randn(n, n, generator=torch.Generator().manual_seed(p.seed + 7), dtype=torch.float64) * 0.3
             w = w.to(dtype)
-            if mode == "device":
+            if mode in DEVICE_MODES:
                 w = w.to(lazyrt.torch.device())
             self.g["fw"] = w.requires_grad_()
         src = step_source(p)
@@ -811,7 +814,7 @@ class World:
         if mode in ORACLES:
             for n, t in model.named_parameters():
                 t.register_post_accumulate_grad_hook(lambda t, n=n: self._grads.__setitem__(n, t.grad.detach().clone()))
-        if mode == "lazyrt":
+        if mode in ("lazyrt", "device-compile"):
             self.fn = lazyrt.torch.compile(self.fn)
         elif mode == "dynamo":
             self.fn = torch.compile(self.fn, backend="lazyrt")
@@ -829,7 +832,7 @@ class World:
 
     def call(self, x, y):
         self._grads = {}
-        if self.mode == "device":
+        if self.mode in DEVICE_MODES:
             dev = lazyrt.torch.device()
             res = self.fn(x.to(dev), y.to(dev))
             lazyrt.torch.sync()
@@ -897,7 +900,7 @@ class World:
                 for name, v in g.items():
                     if name != "params":
                         snap[f"opt group[{gi}][{name}]"] = v
-        if self.mode == "device":  # compared on the CPU
+        if self.mode in DEVICE_MODES:  # compared on the CPU
             snap = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in snap.items()}
         return snap
 
@@ -980,7 +983,7 @@ def _run_world(p, mode, model, tol, eager_snaps=None, floor=None):
             if eager_snaps is None and mode in ORACLES:
                 return snaps, f"eager raised {type(e).__name__}: {e}", "invalid"
             msg = f"call {call['index']}: {type(e).__name__}: {_first_line(str(e))}"
-            if eager_snaps is not None and mode == "lazyrt":
+            if eager_snaps is not None and mode in ("lazyrt", "device-compile"):
                 before = w.snapshot(())
                 ref = eager_snaps[i - 1][1] if i else None
                 if ref is not None:
@@ -1139,7 +1142,7 @@ def run_program(p, mode="lazyrt", perturb=None, recheck=True, tol_scale=1.0, noi
     """Runs the program in `oracle` (PyTorch eager; or torch.compile(backend="eager"), where
     Dynamo's own semantics differ from eager's) and through `mode`, compares after every call.
     noise: per call, more elements to leave out as rounding noise (see _noise_of_float64)."""
-    if mode == "device":
+    if mode in DEVICE_MODES:
         p = _as_on_a_device(p)
     dtype = getattr(torch, p.config["dtype"])
     torch.manual_seed(p.seed)
@@ -1378,8 +1381,9 @@ def main(argv=None):
     ap.add_argument("--disable", default="", help=f"features to turn off, comma-separated, of: {','.join(FEATURES)}")
     ap.add_argument("--dynamo", type=float, default=0.0,
                     help="fraction of programs also run through torch.compile(step, backend='lazyrt')")
-    ap.add_argument("--mode", default="lazyrt", choices=("lazyrt", "device"),
-                    help="the tested path: lazyrt.torch.compile, or the lazyrt device")
+    ap.add_argument("--mode", default="lazyrt", choices=("lazyrt",) + DEVICE_MODES,
+                    help="the tested path: lazyrt.torch.compile, the lazyrt device (synced every call), "
+                         "or lazyrt.torch.compile of the step on the lazyrt device")
     ap.add_argument("--device", type=float, default=0.0,
                     help="fraction of programs also run on the lazyrt device (sync() after every call)")
     ap.add_argument("--shrink-limit", type=int, default=8)

@@ -54,6 +54,13 @@ def test_random_programs_on_the_device_agree_with_eager():
     _slice(range(DEVICE_FIRST, DEVICE_FIRST + DEVICE_COUNT), "device")
 
 
+DEVICE_COMPILE_FIRST = 200  # and lazyrt.torch.compile of the step of device tensors
+
+
+def test_random_compiled_steps_of_device_tensors_agree_with_eager():
+    _slice(range(DEVICE_COMPILE_FIRST, DEVICE_COMPILE_FIRST + DEVICE_COUNT), "device-compile")
+
+
 # ---- the harness is not vacuous ---------------------------------------------------------------
 
 

@@ -211,8 +211,8 @@ def _decompositions():
     """PyTorch's own decompositions of the ops lazyrt.torch takes as compositions of the ops it
     lowers (batch norm, forward and backward: its running statistics become plain in-place
     updates, which functionalize turns into write-backs; dropout: a bernoulli mask; the Huber
-    loss's backward and the smooth L1 loss's; pixel shuffles: views and a permutation), rather
-    than lowering each."""
+    loss's backward and the smooth L1 loss's; pixel shuffles: views and a permutation; a
+    device's fused LSTM and GRU cells), rather than lowering each."""
     global _DECOMPOSED
     if _DECOMPOSED is None:
         from torch._decomp import get_decompositions
@@ -223,6 +223,10 @@ def _decompositions():
                                           aten.pixel_shuffle, aten.pixel_unshuffle])
         _DECOMPOSED[aten.native_batch_norm.default] = _batch_norm_saving_float(
             _DECOMPOSED[aten.native_batch_norm.default])
+        # LSTM and GRU cells as PyTorch steps them on a device (CUDA's fused cell ops, which the
+        # lazyrt device's tensors get too), written with the ops of their math.
+        from lazyrt.torch._device import RECURRENT_CELLS
+        _DECOMPOSED.update(RECURRENT_CELLS)
     return _DECOMPOSED
 
 

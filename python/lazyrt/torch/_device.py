@@ -396,7 +396,7 @@ def _decomposition(op):
     others, such as aten.to or flatten, which decompositions call), or None."""
     from lazyrt.torch import _capture
     from torch._decomp import decomposition_table
-    found = _RECURRENT.get(op) or _capture._decompositions().get(op) or decomposition_table.get(op)
+    found = _capture._decompositions().get(op) or decomposition_table.get(op)
     if found is None and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
         found = op.decompose
     return found
@@ -798,7 +798,7 @@ def _gru_cell_backward(grad_hy, workspace, has_bias):
     return grad_input, grad_hidden, grad_hy * z, *bias
 
 
-_RECURRENT = {aten._thnn_fused_lstm_cell.default: _lstm_cell,
+RECURRENT_CELLS = {aten._thnn_fused_lstm_cell.default: _lstm_cell,
               aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward,
               aten._thnn_fused_gru_cell.default: _gru_cell,
               aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward}

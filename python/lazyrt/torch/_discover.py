@@ -56,8 +56,10 @@ _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 _LIBRARIES = frozenset(("torch", "numpy", "lazyrt", "builtins")) | frozenset(sys.stdlib_module_names)
 
 # Classes whose values are recorded by class only: a value of one can hold nothing discovery finds.
+from lazyrt.torch._device import _Value as _DeviceTensor  # noqa: E402  (tensors of the lazyrt device)
+
 _PLAIN = {c: object() for c in (int, float, bool, str, bytes, complex, type(None), torch.Tensor,
-                                torch.nn.Parameter, torch.dtype, torch.device, torch.Size,
+                                torch.nn.Parameter, _DeviceTensor, torch.dtype, torch.device, torch.Size,
                                 types.BuiltinFunctionType, types.ModuleType, type)}
 
 

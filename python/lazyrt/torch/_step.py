@@ -424,7 +424,7 @@ class _Entry:
         for j, grad in self._handover.finish():  # a missing gradient, written into a stand-in's view
             (kind, key, _), _, _ = self._inplace[j]
             assert kind == "g", kind
-            params[key].grad = grad
+            params[key].grad = _device._moved(grad) if isinstance(params[key], _device._Value) else grad
         late = self._items
         with _no_grad_if(late):
             for kind, key, plan in late:
