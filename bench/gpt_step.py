@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, BenchmarkError, ModelWorkload, check_same_training,
-                     compiled_inference, model_peak_memory, model_step_rows, table, time_side_by_side,
+                     compiled_inference, device_replay, model_peak_memory, model_step_rows, table, time_side_by_side,
                      torch_lazy_model_steps, torch_lazy_note, training_step)
 
 LAYERS, HEADS, WIDTH, CONTEXT, VOCAB, BATCH = 6, 6, 384, 256, 65, 8
@@ -179,16 +179,8 @@ def device_steps():
         L.sync()
         return loss
     model, opt = on_device(dev, capturable=True)
-    L.sync()
-    loss = training_step(model, opt, loss_fn)(idx, targets)
-    outputs = [loss] + list(model.parameters())
-    graph_hash = L._get_graph_hash(outputs)
-    L._xla_warm_up_cache(outputs, [])
-    ids, values = L._get_tensors_xla_device_data_node(outputs)
-    arg_ids = {L._xla_get_tensor_id(idx): 0, L._xla_get_tensor_id(targets): 1}
-    matcher = L.GraphInputMatcher(arg_ids, ids, values, set(arg_ids))
     return {DEVICE_TRACED: traced_step,
-            DEVICE_REPLAYED: lambda: L._run_cached_graph(graph_hash, matcher([idx, targets]))[0]}
+            DEVICE_REPLAYED: device_replay(training_step(model, opt, loss_fn), (idx, targets), model.parameters())}
 
 
 def child_xla(reps):

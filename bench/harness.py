@@ -145,6 +145,22 @@ def training_step(model, opt, loss_fn):
     return step
 
 
+def device_replay(step, args, params):
+    """Traces step(*args) (lazyrt device tensors) once, after a sync(), and prepares its replay by
+    PyTorch/XLA's low-level calls, lazyrt.torch's of the same names, on the graph of its loss and
+    `params`, as examples/seed/device_cached_step.py does. Returns a function running one replay
+    and returning the loss."""
+    import lazyrt.torch as L
+    L.sync()
+    outputs = [step(*args)] + list(params)
+    graph_hash = L._get_graph_hash(outputs)
+    L._xla_warm_up_cache(outputs, [])
+    ids, values = L._get_tensors_xla_device_data_node(outputs)
+    arg_ids = {L._xla_get_tensor_id(a): i for i, a in enumerate(args)}
+    matcher = L.GraphInputMatcher(arg_ids, ids, values, set(arg_ids))
+    return lambda: L._run_cached_graph(graph_hash, matcher(list(args)))[0]
+
+
 def check_same_training(what, eager, compiled, args, eager_state, compiled_state, steps, rtol, atol):
     """Runs `steps` training steps of both peers on args; raises BenchmarkError unless their
     losses agree (rtol 1e-4, atol 1e-5) and change from step to step, and every state tensor

@@ -34,8 +34,8 @@ import torch
 
 import lazyrt as lr
 import limits
-from harness import (BenchmarkError, calls_for, check_close, peak_rss, ratio, reset_peak_rss, run_child, table,
-                     time_side_by_side)
+from harness import (BenchmarkError, calls_for, check_close, device_replay, peak_rss, ratio, reset_peak_rss,
+                     run_child, table, time_side_by_side)
 
 BATCH, SIZES = 256, (784, 1024, 1024, 10)
 LIMIT = "the step's 8 GEMMs alone (the faster GEMM library for each)"
@@ -118,16 +118,8 @@ def device_paths(state, x_np, y_np):
         L.sync()
         return loss
     replayed = TorchMlp(state, dev, capturable=True)
-    L.sync()
-    loss = replayed.step(dx, dy)
-    outputs = [loss] + list(replayed.model.parameters())
-    graph_hash = L._get_graph_hash(outputs)
-    L._xla_warm_up_cache(outputs, [])
-    ids, values = L._get_tensors_xla_device_data_node(outputs)
-    x_id, y_id = L._xla_get_tensor_id(dx), L._xla_get_tensor_id(dy)
-    matcher = L.GraphInputMatcher({x_id: 0, y_id: 1}, ids, values, {x_id, y_id})
     return {DEVICE_TRACED: (traced_step, traced.state),
-            DEVICE_REPLAYED: (lambda: L._run_cached_graph(graph_hash, matcher([dx, dy]))[0], replayed.state)}
+            DEVICE_REPLAYED: (device_replay(replayed.step, (dx, dy), replayed.model.parameters()), replayed.state)}
 
 
 DEVICE_TRACED = "lazyrt device: torch MLP traced every step, lazyrt.torch.sync()"

@@ -369,20 +369,21 @@ def device_replayed(w, b, dx):
     (examples/seed/device_cached_step.py). Returns (a function running one replay and
     returning the loss, the model)."""
     import lazyrt.torch as L
+    from harness import device_replay
     from seed_step import TorchSeed
     seed = TorchSeed(w, b, L.device(), capturable=True)
-    L.sync()
-    loss = seed.model(dx).sum()
-    loss.backward()
-    seed.opt.step()
-    seed.opt.zero_grad()
-    outputs = [loss] + list(seed.model.parameters())
-    graph_hash = L._get_graph_hash(outputs)
-    L._xla_warm_up_cache(outputs, [])
-    ids, values = L._get_tensors_xla_device_data_node(outputs)
-    x_id = L._xla_get_tensor_id(dx)
-    matcher = L.GraphInputMatcher({x_id: 0}, ids, values, {x_id})
-    return (lambda: L._run_cached_graph(graph_hash, matcher([dx]))[0]), seed.model
+    return device_replay(plain_step(seed), (dx,), seed.model.parameters()), seed.model
+
+
+def plain_step(seed):
+    """A TorchSeed's step without the sync() its step makes on the lazyrt device."""
+    def step(x):
+        loss = seed.model(x).sum()
+        loss.backward()
+        seed.opt.step()
+        seed.opt.zero_grad()
+        return loss
+    return step
 
 
 def cached_step(opts):
@@ -444,14 +445,7 @@ def cached_step(opts):
     dx = tx.to(lazyrt.torch.device())
     device_replay, replayed_model = device_replayed(w, b, dx)
     device_compiled = TorchSeed(w, b, lazyrt.torch.device())
-
-    def device_plain_step(x):  # TorchSeed.step without its sync(): the compiled step runs the graph
-        loss = device_compiled.model(x).sum()
-        loss.backward()
-        device_compiled.opt.step()
-        device_compiled.opt.zero_grad()
-        return loss
-    device_step = lazyrt.torch.compile(device_plain_step)
+    device_step = lazyrt.torch.compile(plain_step(device_compiled))
     fns = {LAZYRT_REPLAY: lazyrt_replay, LAZYRT_COMPILE_STEP: lambda: compiled(lx),
            LAZYRT_FRONTEND: lambda: frontend(tx), LAZYRT_DEVICE: lambda: on_device.step(dx),
            LAZYRT_DEVICE_REPLAY: device_replay, LAZYRT_DEVICE_COMPILE: lambda: device_step(dx),

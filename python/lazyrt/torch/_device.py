@@ -15,11 +15,12 @@ calls after it) writes a step's updates back into them.
 
 Nothing runs until a value is read (``.cpu()``, ``.item()``, printing) or `sync()` cuts the
 graph: every live device tensor's pending value is computed as one lazyrt graph (lazyrt's
-``mark_step()``), compiled once per graph hash and cached. Factories (``torch.zeros(..., device="lazyrt")``) reach the device
-through its C++ kernel (lazyrt._torch_C), which hands them to `_boxed`. An op without a lowering computes its inputs, runs on the CPU
-in PyTorch and comes back as a device tensor: counted as ``GraphBreak`` in `lazyrt.metrics` and
-warned once per op with `GraphBreakWarning`. Tensors on the device report contiguous strides, as
-PyTorch/XLA's do.
+``mark_step()``), compiled once per graph hash and cached. Factories
+(``torch.zeros(..., device="lazyrt")``) reach the device through its C++ kernel
+(lazyrt._torch_C), which hands them to `_boxed`. An op without a lowering computes its inputs,
+runs on the CPU in PyTorch and comes back as a device tensor: counted as ``GraphBreak`` in
+`lazyrt.metrics` and warned once per op with `GraphBreakWarning`. Tensors on the device report
+contiguous strides, as PyTorch/XLA's do.
 """
 
 import functools
