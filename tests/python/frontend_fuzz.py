@@ -1101,16 +1101,21 @@ def _within_conditioning(p, mode, oracle="eager", perturb=None):
                                      floors=floors, noise=True)
 
 
-def _as_on_a_device(p):
+def _as_on_a_device(p, mode="device"):
     """The program as the device runs it, for the oracle too: torch.autocast("cpu") in the step
     does not reach device tensors (the device's torch.autocast("lazyrt") follows PyTorch's
     device policy, not the CPU's), so it is left out; and an optimizer left to choose runs its
     foreach implementation, as PyTorch picks on a device (on the CPU it picks the per-tensor
     one, and the two differ: SGD's foreach nesterov step adds the momentum into .grad itself).
-    A fused one stays fused: the device runs PyTorch's fused CPU kernel (a graph break)."""
+    A fused one stays fused: the device runs PyTorch's fused CPU kernel (a graph break).
+    Under lazyrt.torch.compile ("device-compile"), which captures foreach groups with the
+    per-tensor arithmetic, ASGD and Rprop run per-tensor (foreach=False) in both: their foreach
+    implementations round differently from their own per-tensor ones (6e-5 relative apart in
+    float64 eager), which is why the generator never makes them foreach."""
     o = p.config["opt"]
     if o["name"] != "manual" and "foreach" not in o["kwargs"] and not o["kwargs"].get("fused"):
-        p = p.replace(opt=dict(o, kwargs=dict(o["kwargs"], foreach=True)))
+        per_tensor = mode == "device-compile" and o["name"] in ("asgd", "rprop")
+        p = p.replace(opt=dict(o, kwargs=dict(o["kwargs"], foreach=not per_tensor)))
     if p.config["step"]["autocast"]:
         p = p.replace(step=dict(p.config["step"], autocast=False))
     return p
@@ -1143,7 +1148,7 @@ def run_program(p, mode="lazyrt", perturb=None, recheck=True, tol_scale=1.0, noi
     Dynamo's own semantics differ from eager's) and through `mode`, compares after every call.
     noise: per call, more elements to leave out as rounding noise (see _noise_of_float64)."""
     if mode in DEVICE_MODES:
-        p = _as_on_a_device(p)
+        p = _as_on_a_device(p, mode)
     dtype = getattr(torch, p.config["dtype"])
     torch.manual_seed(p.seed)
     try:
