@@ -624,3 +624,20 @@ def test_replay_refuses_steps_with_graph_breaks_or_reads():
     scale = 2.0 if out.item() > 0 else 3.0
     with pytest.raises(RuntimeError, match=r"read device values \(.item\(\)\)"):
         lazyrt.torch._xla_warm_up_cache([out * scale], [])
+
+
+def test_views_computed_as_copies_see_their_inputs_changes():
+    # unfold, as_strided and view(dtype) are copies in lazyrt: each is computed again from its
+    # input when the input (or a view of it) was changed in place since, as a view would show.
+    def program(dev):
+        x = torch.arange(8.0, device=dev)
+        u, s, v = x.unfold(0, 3, 2), x.as_strided((3, 2), (2, 1)), x.view(torch.int32)
+        x.add_(1)
+        before = (u * 1, s + 0, v.clone())
+        x[0] = 100
+        x.view(2, 4)[1].mul_(2)
+        return (*before, u + 0, s.sum(), v.cpu())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GraphBreakWarning)
+        for got, want in zip(program(DEV), program("cpu")):
+            assert torch.equal(got.cpu(), want)

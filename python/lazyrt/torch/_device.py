@@ -227,6 +227,8 @@ def _to_cpu(v):
 # ---- dispatch --------------------------------------------------------------------------------
 
 def _dispatch(func, args, kwargs):
+    if _COPIED[0]:
+        _refresh(args, kwargs)
     special = _SPECIAL.get(func)
     if special is not None:
         return special(*args, **kwargs)
@@ -272,14 +274,34 @@ def _op(func, args, kwargs):
 
 def _view(func, args, kwargs):
     """A view op: lazyrt views of the input's lazyrt tensor where lazyrt has them (every view
-    torch.nn and torch.optim make); a result that is a copy (as_strided, view(dtype), unfold)
-    is marked so that writing to it is refused rather than lost."""
+    torch.nn and torch.optim make). A result that is a copy (as_strided, view(dtype), unfold)
+    is marked: writing to it is refused rather than lost, and it is computed again from its
+    input whenever that input (or a view of it: they share PyTorch's version counter) was
+    changed in place since (`_refresh`), so that it reads as a view would."""
     out = _op(func, args, kwargs)
-    base = args[0]._v
-    for r in (out if isinstance(out, (list, tuple)) else (out,)):
-        if isinstance(r, _Value) and r._v is not base and not r._v._is_view():
+    base = args[0]
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    for i, r in enumerate(outs):
+        if isinstance(r, _Value) and r._v is not base._v and not r._v._is_view():
             r._copy_of_view = str(func)
+            r._regen = (func, args, kwargs, i if isinstance(out, (list, tuple)) else None, base._version)
+            _COPIED[0] = True
     return out
+
+
+_COPIED = [False]  # whether a copy-computed view was ever made (else _refresh is skipped)
+
+
+def _refresh(args, kwargs):
+    """Computes again the copy-computed views among an op's arguments whose input changed in
+    place since they were computed."""
+    for a in tree_leaves((args, kwargs)):
+        regen = getattr(a, "_regen", None) if isinstance(a, _Value) else None
+        if regen is not None and regen[4] != regen[1][0]._version:
+            func, fargs, fkwargs, index, _ = regen
+            new = _op(func, fargs, fkwargs)
+            a._v = (new if index is None else new[index])._v
+            a._regen = (func, fargs, fkwargs, index, fargs[0]._version)
 
 
 _KINDS = {}  # op -> "foreach", "in_place", "view", "out" or "op"
@@ -688,8 +710,13 @@ def _item(x):
 
 
 def _alias(x, *args, **kwargs):
-    """detach, alias: another device tensor over the same lazyrt tensor."""
-    return _Value(x._v, dtype=x.dtype)
+    """detach, alias: another device tensor over the same lazyrt tensor (an alias of a
+    copy-computed view is one too)."""
+    r = _Value(x._v, dtype=x.dtype)
+    for mark in ("_copy_of_view", "_regen"):
+        if mark in x.__dict__:
+            setattr(r, mark, x.__dict__[mark])
+    return r
 
 
 def _copied(x, *args, **kwargs):
