@@ -17,8 +17,8 @@ position under no_grad, in eval mode.
 lazyrt.torch.compile captures each step once and replays it, writing parameters and AdamW's
 state back into the torch tensors every call. Both peers start from the same state_dict.
 
-On a device, PyTorch/XLA-style: the same model moved to the lazyrt device (the head re-tied to
-the token embedding after the move, as on PyTorch/XLA), trained with lazyrt.torch.sync() every
+On a device, PyTorch/XLA-style: the same model moved to the lazyrt device (which keeps the head
+tied to the token embedding; PyTorch/XLA's users tie them again after the move), trained with lazyrt.torch.sync() every
 step, and traced once and replayed by PyTorch/XLA's low-level calls (AdamW capturable); and
 torch_xla 2.9 (PJRT_DEVICE=CPU) training it with torch_xla.sync() every step, in a child
 process, where `make bench` installed it.
@@ -156,9 +156,11 @@ XLA_TRACED = "torch_xla: traced every step, torch_xla.sync() (child process)"
 
 
 def on_device(dev, capturable=False):
-    """(model, optimizer) of the start state on a device, the head re-tied after the move."""
+    """(model, optimizer) of the start state on a device. PyTorch/XLA unties the head from the
+    embedding when the model moves (its users tie them again after the move); lazyrt keeps it."""
     model = models()[0].to(dev)
-    model.head.weight = model.tokens.weight
+    if model.head.weight is not model.tokens.weight:
+        model.head.weight = model.tokens.weight
     opt = optimizer(model)
     if capturable:
         for group in opt.param_groups:
@@ -232,7 +234,7 @@ def on_devices(opts, ref_losses, eager, args, reps):
     if XLA_TRACED not in ms:
         rows.append((XLA_TRACED, f"failed: {why}", "-"))
     md = ["### The training step on a device, PyTorch/XLA-style\n",
-          f"The model moved to the device (head re-tied), AdamW as above; each path's {STEPS_CHECKED} first losses "
+          f"The model moved to the device (head tied: re-tied on PyTorch/XLA), AdamW as above; each path's {STEPS_CHECKED} first losses "
           f"checked against eager's (rtol 1e-4) before timing; {reps} steps each after 1 warm-up (torch_xla: in its "
           "child, in a row).\n",
           table(["path", "ms per step, median [min, max]", "vs lazyrt device traced"], rows), ""]

@@ -64,6 +64,7 @@ def _ensure():
         _DEVICE[0] = torch.device(NAME, 0)
         torch._register_device_module(NAME, _Module)
         torch.utils.generate_methods_for_privateuse1_backend(for_storage=False)
+        _keep_ties_on_moves()
         from lazyrt import _torch_C
         _torch_C.set_device_dispatcher(_boxed)
         _patch_printing()
@@ -987,8 +988,72 @@ _HOST = {}
 _GUARDS = {}  # graph hash -> what its step read from optimizers
 
 
+# ---- modules moved to and from the device ---------------------------------------------------
+
+# Module._apply (behind model.to(device), .double(), ...) gives every parameter of a module a new
+# Parameter object when the old one cannot take the new tensor in place (a device tensor, as on
+# PyTorch/XLA). Two modules sharing one Parameter (a tied embedding and head) would get a copy
+# each, and an optimizer made before the move would keep stepping the old tensors: both silent.
+_MOVED = {}  # id(tensor) -> weakref of it: parameters and buffers a move left behind
+_APPLYING = threading.local()
+
+
+def _keep_ties_on_moves():
+    """Wraps torch.nn.Module._apply once: after a move to or from the device, the positions that
+    held one Parameter (or buffer) hold one again, and the tensors left behind are remembered so
+    that an optimizer still holding them is refused (`_optimizer_stepped`)."""
+    original = torch.nn.Module._apply
+    if getattr(original, "_lazyrt_keeps_ties", False):
+        return
+
+    @functools.wraps(original)
+    def _apply(self, fn, recurse=True):
+        if getattr(_APPLYING, "active", False):  # a child's _apply inside the outermost one
+            return original(self, fn, recurse)
+        modules = list(self.modules()) if recurse else [self]
+        before = [(m, table, key, t) for m in modules for table in (m._parameters, m._buffers)
+                  for key, t in table.items() if t is not None]
+        _APPLYING.active = True
+        try:
+            result = original(self, fn, recurse)
+        finally:
+            _APPLYING.active = False
+        firsts, retied = {}, set()
+        for m, table, key, old in before:
+            new = table.get(key)
+            if new is None or new is old or not (isinstance(old, _Value) or isinstance(new, _Value)):
+                continue
+            _MOVED[id(old)] = weakref.ref(old, lambda _, i=id(old): _MOVED.pop(i, None))
+            first = firsts.setdefault(id(old), new)
+            if first is not new:
+                table[key] = first  # one tensor for every position that shared one before the move
+                retied.add(m)
+        for m in retied:
+            if isinstance(m, torch.nn.RNNBase):
+                m._init_flat_weights()  # its list of weights, made in _apply, named the copies
+        return result
+
+    _apply._lazyrt_keeps_ties = True
+    torch.nn.Module._apply = _apply
+
+
+def _left_behind(t):
+    ref = _MOVED.get(id(t))
+    return ref is not None and ref() is t
+
+
 def _optimizer_stepped(optimizer, args, kwargs):
-    """torch.optim's global pre-step hook: remembers the device's optimizers stepped in this step."""
+    """torch.optim's global pre-step hook: remembers the device's optimizers stepped in this step,
+    and refuses an optimizer holding parameters that a move to or from the device left behind."""
+    if _MOVED:
+        stale = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"] if _left_behind(p)]
+        if stale:
+            raise RuntimeError(
+                f"lazyrt.torch: {type(optimizer).__name__}.step(): {len(stale)} of its parameters (shapes "
+                f"{stale[:4]}{' ...' if len(stale) > 4 else ''}) belong to a module that has since moved to or "
+                f"from the lazyrt device, which gave the module new tensors: stepping these would train nothing "
+                f"the module uses. Make the optimizer after moving the model (as on PyTorch/XLA), or give it the "
+                f"module's parameters again.")
     for group in optimizer.param_groups:
         if any(isinstance(p, _Value) for p in group["params"]):
             if not any(entry[0] is optimizer for entry in _STEPPED):
