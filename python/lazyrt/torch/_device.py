@@ -400,7 +400,7 @@ def _assign(target, v):
         v = _C.expand(v, list(target.shape))
     target._v.copy_(v)
     if _STEPPED:
-        _WRITTEN.add(id(target._v))
+        _WRITTEN.add(target._v)
 
 
 def _reshaped(functional, args, kwargs):
@@ -980,8 +980,29 @@ def _while_loop_call(cond_fn, body_fn, carried_inputs, pytorch):
 
 # For each optimizer stepped since the last sync(): (optimizer, its groups' numbers, the ids of
 # the state tensors it had before).
+class _Identities:
+    """A set of objects by identity, holding none alive (tensors compare by value, so Python's
+    sets and weak sets cannot hold them; a bare id() may be reused by a later object)."""
+
+    def __init__(self):
+        self._refs = {}
+
+    def add(self, obj):
+        self._refs[id(obj)] = weakref.ref(obj, lambda _, i=id(obj): self._refs.pop(i, None))
+
+    def __contains__(self, obj):
+        ref = self._refs.get(id(obj))
+        return ref is not None and ref() is obj
+
+    def __bool__(self):
+        return bool(self._refs)
+
+    def clear(self):
+        self._refs.clear()
+
+
 _STEPPED = []
-_WRITTEN = set()  # id() of the lazyrt tensors written in place while _STEPPED is not empty
+_WRITTEN = _Identities()  # the lazyrt tensors written in place while _STEPPED is not empty
 # What the device did on the host since the last sync(), by kind: "drew" (random factories, from
 # PyTorch's generator), "ran" (ops run on the CPU at a graph break), "read" (values read).
 _HOST = {}
@@ -994,7 +1015,7 @@ _GUARDS = {}  # graph hash -> what its step read from optimizers
 # Parameter object when the old one cannot take the new tensor in place (a device tensor, as on
 # PyTorch/XLA). Two modules sharing one Parameter (a tied embedding and head) would get a copy
 # each, and an optimizer made before the move would keep stepping the old tensors: both silent.
-_MOVED = {}  # id(tensor) -> weakref of it: parameters and buffers a move left behind
+_MOVED = _Identities()  # the parameters and buffers a move left behind
 _APPLYING = threading.local()
 
 
@@ -1023,7 +1044,7 @@ def _keep_ties_on_moves():
             new = table.get(key)
             if new is None or new is old or not (isinstance(old, _Value) or isinstance(new, _Value)):
                 continue
-            _MOVED[id(old)] = weakref.ref(old, lambda _, i=id(old): _MOVED.pop(i, None))
+            _MOVED.add(old)
             first = firsts.setdefault(id(old), new)
             if first is not new:
                 table[key] = first  # one tensor for every position that shared one before the move
@@ -1037,16 +1058,11 @@ def _keep_ties_on_moves():
     torch.nn.Module._apply = _apply
 
 
-def _left_behind(t):
-    ref = _MOVED.get(id(t))
-    return ref is not None and ref() is t
-
-
 def _optimizer_stepped(optimizer, args, kwargs):
     """torch.optim's global pre-step hook: remembers the device's optimizers stepped in this step,
     and refuses an optimizer holding parameters that a move to or from the device left behind."""
     if _MOVED:
-        stale = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"] if _left_behind(p)]
+        stale = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"] if p in _MOVED]
         if stale:
             raise RuntimeError(
                 f"lazyrt.torch: {type(optimizer).__name__}.step(): {len(stale)} of its parameters (shapes "
@@ -1100,7 +1116,7 @@ def _step_read(call):
                     f"from them (the bias corrections), so it cannot replay exactly. Create the optimizer "
                     f"with capturable=True, which keeps that state on the device, where replays update it.")
             made = [k for k, v in state.items()
-                    if isinstance(v, _Value) and id(v) not in had and id(v._v) not in _WRITTEN]
+                    if isinstance(v, _Value) and id(v) not in had and v._v not in _WRITTEN]
             if made:
                 raise RuntimeError(
                     f"lazyrt.torch.{call}: the traced step is {name}'s first: it made "
