@@ -23,7 +23,7 @@ import torch
 
 import lazyrt as lr
 import limits
-from harness import BenchmarkError, Samples, check_close, num, ratio, table, time_side_by_side
+from harness import INDUCTOR, BenchmarkError, Samples, check_close, num, ratio, table, time_side_by_side, torch_compile
 
 TENSORS, NUMEL = 10, 1_000_000
 QUICK_NUMEL = 100_000  # --quick: a smoke run on 10 tensors of 100,000
@@ -31,6 +31,7 @@ BYTES_PER_PARAM = limits.ADAMW_BYTES
 STEPS_CHECKED = 3
 C_ADAMW = "AdamW's update in C (the limit)"
 C_ADAMW_RATE = "AdamW's update"
+INDUCTOR_STEP = f"{INDUCTOR}: torch.compile(opt.step)"
 HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
 
 
@@ -92,11 +93,14 @@ def run(opts):
         lr.mark_step()
     fp, fopt = torch_peer(True)
     lp, lopt = torch_peer(False)
+    ip, iopt = torch_peer(None)
+    inductor = torch_compile(iopt.step)  # PyTorch's recipe for a compiled optimizer
     peers = {
         "lazyrt replayed (compile_step)": (lambda: replayed(), lambda: [p.numpy() for p in rp]),
         "lazyrt traced (mark_step every step)": (traced, lambda: [p.numpy() for p in tp]),
         "PyTorch AdamW(foreach=True)": (fopt.step, lambda: [p.detach().numpy() for p in fp]),
         "PyTorch AdamW(foreach=False), the for-loop": (lopt.step, lambda: [p.detach().numpy() for p in lp]),
+        INDUCTOR_STEP: (inductor, lambda: [p.detach().numpy() for p in ip]),
     }
     for name, (fn, get) in peers.items():
         for _ in range(STEPS_CHECKED):
@@ -141,7 +145,9 @@ def run(opts):
           f"parameters after {STEPS_CHECKED} steps are checked against lazyrt's traced steps (rtol 1e-5, atol "
           f"1e-6), and the C limit's against `torch.optim.AdamW(foreach=False)` (parameters and second moments), "
           f"before timing. After 2 warm-up steps (not counted) and lazyrt's generated kernels compiled, {reps} single "
-          "steps per peer and limit, alternating.\n",
+          f"steps per peer and limit, alternating. {INDUCTOR_STEP}: PyTorch's recipe for a compiled optimizer, "
+          f"the step of `AdamW(...)` (foreach left to PyTorch) through `torch.compile`; its first call (capture "
+          f"and compile) took {inductor.first_seconds:.1f} s.\n",
           table(["peer", "ms per step, median [min, max]", "vs lazyrt replayed", "effective GB/s",
                  "share of the AdamW limit", "GB/s over the triad's"], rows), "",
           f"Limits: `{os.path.basename(lib.path)}` (bench/limits.c, gcc -O3 -march=native, one thread), each pass "
@@ -160,7 +166,7 @@ def run(opts):
                 [(name, nbytes, samples.cell(), what) for name, (samples, nbytes, what) in rates.items()], "lrrl"), "",
           f"copy and triad run over f32[{stream.numel}] arrays ({stream.numel * 4 // 2**20} MiB each).\n"]
     summary = []
-    for peer in ("PyTorch AdamW(foreach=True)", "PyTorch AdamW(foreach=False), the for-loop"):
+    for peer in ("PyTorch AdamW(foreach=True)", "PyTorch AdamW(foreach=False), the for-loop", INDUCTOR_STEP):
         summary.append((f"AdamW update, {size}", "lazyrt replayed", ms[base].cell(), "ms", peer, ms[peer].cell(),
                         ratio(ms[peer].median / ms[base].median)))
     summary.append(("AdamW update: bandwidth limit", "lazyrt replayed", ms[base].cell(), "ms",

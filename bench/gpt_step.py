@@ -32,8 +32,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness import (MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, BenchmarkError, ModelWorkload, check_same_training,
-                     compiled_inference, device_replay, model_peak_memory, model_step_rows, table, time_side_by_side,
+from harness import (INDUCTOR_NOTE, INDUCTOR_STEP_HEADER, MODEL_MEMORY_NOTE, MODEL_STEP_HEADER, BenchmarkError,
+                     FirstCallTimed, ModelWorkload, check_same_training, compiled_inference, device_replay,
+                     inductor_model_steps, inductor_step_rows, model_peak_memory, model_step_rows, table,
+                     time_side_by_side,
                      torch_lazy_model_steps, torch_lazy_note, training_step)
 
 LAYERS, HEADS, WIDTH, CONTEXT, VOCAB, BATCH = 6, 6, 384, 256, 65, 8
@@ -255,7 +257,7 @@ def run(opts):
     m_eager, m_lazy = models()
     o_eager, o_lazy = optimizer(m_eager), optimizer(m_lazy)
     eager = training_step(m_eager, o_eager, loss_fn)
-    compiled = lazyrt.torch.compile(training_step(m_lazy, o_lazy, loss_fn))
+    compiled = FirstCallTimed(lazyrt.torch.compile(training_step(m_lazy, o_lazy, loss_fn)))
 
     # Matrix products sum in other orders in each library: the losses agree to ~1e-6 relative.
     # AdamW moves every weight by about lr a step whatever its gradient's size, so where a
@@ -273,14 +275,25 @@ def run(opts):
 
     infer_eager, infer_lazy = compiled_inference("GPT inference", m_eager, m_lazy, infer_step_of, (idx,))
 
-    reps = 3 if opts.quick else 5
-    ms = {n: s.scaled(1e3) for n, s in time_side_by_side(
-        {"infer lazyrt": lambda: infer_lazy(idx), "infer eager": lambda: infer_eager(idx)}, 1, reps, warmup=1).items()}
     m_eager.train()
     m_lazy.train()
+    m_ind, train_ind, infer_ind = inductor_model_steps(
+        workload(), "GPT step", lambda m: {k: v.detach().numpy().copy() for k, v in m.state_dict().items()},
+        STEPS_CHECKED, rtol=1e-3, atol=2 * LR * STEPS_CHECKED)
+    firsts = {("lazyrt", "train"): compiled.first_seconds, ("lazyrt", "infer"): infer_lazy.first_seconds,
+              ("inductor", "train"): train_ind.first_seconds, ("inductor", "infer"): infer_ind.first_seconds}
+
+    reps = 3 if opts.quick else 5
+    for m in (m_eager, m_lazy, m_ind):
+        m.eval()
+    ms = {n: s.scaled(1e3) for n, s in time_side_by_side(
+        {"infer lazyrt": lambda: infer_lazy(idx), "infer eager": lambda: infer_eager(idx),
+         "infer inductor": lambda: infer_ind(idx)}, 1, reps, warmup=1).items()}
+    for m in (m_eager, m_lazy, m_ind):
+        m.train()
     ms.update({n: s.scaled(1e3) for n, s in time_side_by_side(
-        {"train lazyrt": lambda: compiled(idx, targets), "train eager": lambda: eager(idx, targets)}, 1, reps,
-        warmup=1).items()})
+        {"train lazyrt": lambda: compiled(idx, targets), "train eager": lambda: eager(idx, targets),
+         "train inductor": lambda: train_ind(idx, targets)}, 1, reps, warmup=1).items()})
 
     device_md, device_summary = on_devices(opts, ref_losses, eager, (idx, targets), reps)
     mem_steps = 2
@@ -289,6 +302,8 @@ def run(opts):
     lazy_ms, lazy_why = torch_lazy_model_steps(opts, "gpt_step", STEPS_CHECKED, lazy_reps)
     rows, summary = model_step_rows(f"GPT ({LAYERS} layers, {WIDTH} wide, context {CONTEXT}), batch {BATCH},", LABELS,
                                     ms, mem, lazy_ms)
+    ind_rows, ind_summary = inductor_step_rows(f"GPT ({LAYERS} layers, {WIDTH} wide, context {CONTEXT}), batch {BATCH},",
+                                               LABELS, ms, mem, firsts)
     n_params = sum(p.numel() for p in m_lazy.parameters())
     md = [f"## GPT (nanoGPT's architecture), batch {BATCH} x {CONTEXT} tokens: unmodified PyTorch through "
           "lazyrt.torch.compile\n",
@@ -301,5 +316,6 @@ def run(opts):
           "is rounding noise; all but 1e-5 of them within rtol 1e-3, atol 1e-4) and the eval-mode logits (rtol "
           f"1e-3, atol 1e-4) are checked against eager's. {reps} steps per peer after 1 warm-up, alternating.\n",
           table(MODEL_STEP_HEADER, rows), "", MODEL_MEMORY_NOTE.format(steps=mem_steps), "",
-          torch_lazy_note(lazy_why, STEPS_CHECKED, lazy_reps), "", device_md]
-    return {"markdown": "\n".join(md), "summary": summary + device_summary}
+          torch_lazy_note(lazy_why, STEPS_CHECKED, lazy_reps), "",
+          table(INDUCTOR_STEP_HEADER, ind_rows), "", INDUCTOR_NOTE.format(steps=STEPS_CHECKED), "", device_md]
+    return {"markdown": "\n".join(md), "summary": summary + ind_summary + device_summary}

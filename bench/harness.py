@@ -161,14 +161,14 @@ def device_replay(step, args, params):
     return lambda: L._run_cached_graph(graph_hash, matcher(list(args)))[0]
 
 
-def check_same_training(what, eager, compiled, args, eager_state, compiled_state, steps, rtol, atol):
+def check_same_training(what, eager, compiled, args, eager_state, compiled_state, steps, rtol, atol, loss_rtol=1e-4):
     """Runs `steps` training steps of both peers on args; raises BenchmarkError unless their
-    losses agree (rtol 1e-4, atol 1e-5) and change from step to step, and every state tensor
+    losses agree (loss_rtol, atol 1e-5) and change from step to step, and every state tensor
     (name -> array, from eager_state() and compiled_state()) agrees within rtol and atol.
     Returns eager's losses and both states."""
     ref_losses = [float(eager(*args).item()) for _ in range(steps)]
     losses = [float(compiled(*args).item()) for _ in range(steps)]
-    check_close(f"{what}: losses", losses, ref_losses, rtol=1e-4, atol=1e-5)
+    check_close(f"{what}: losses", losses, ref_losses, rtol=loss_rtol, atol=1e-5)
     if len(set(losses)) != len(losses):
         raise BenchmarkError(f"{what}: the losses do not change from step to step")
     ref, got = eager_state(), compiled_state()
@@ -180,11 +180,11 @@ def check_same_training(what, eager, compiled, args, eager_state, compiled_state
 def compiled_inference(what, m_eager, m_lazy, infer_step_of, args, rtol=1e-3, atol=1e-4):
     """Puts both models in eval mode and returns (eager, compiled) inference steps,
     infer_step_of(model) as is and through lazyrt.torch.compile, after checking that their
-    outputs on args agree (BenchmarkError otherwise)."""
+    outputs on args agree (BenchmarkError otherwise). The compiled step is a FirstCallTimed."""
     import lazyrt.torch
     m_eager.eval()
     m_lazy.eval()
-    eager, compiled = infer_step_of(m_eager), lazyrt.torch.compile(infer_step_of(m_lazy))
+    eager, compiled = infer_step_of(m_eager), FirstCallTimed(lazyrt.torch.compile(infer_step_of(m_lazy)))
     check_close(f"{what}, lazyrt.torch.compile: outputs", compiled(*args).numpy(), eager(*args).numpy(),
                 rtol=rtol, atol=atol)
     return eager, compiled
@@ -194,6 +194,7 @@ def compiled_inference(what, m_eager, m_lazy, infer_step_of, args, rtol=1e-3, at
 
 DYNAMO_LAZYRT = 'torch.compile(backend="lazyrt")'
 INDUCTOR = "torch.compile (Inductor, its default backend)"
+INDUCTOR_MAX_AUTOTUNE = 'torch.compile(mode="max-autotune-no-cudagraphs") (Inductor)'
 
 
 def dynamo_unique_graphs():
@@ -236,12 +237,13 @@ class FirstCallTimed:
         return out
 
 
-def torch_compile(step, backend=None):
-    """torch.compile(step, backend=backend) (None: its default, Inductor, from a fresh cache), as a
-    FirstCallTimed: Dynamo captures the step and the backend compiles its graphs in the first call."""
+def torch_compile(step, backend=None, mode=None):
+    """torch.compile(step, backend=backend, mode=mode) (backend None: its default, Inductor, from a
+    fresh cache), as a FirstCallTimed: Dynamo captures the step and the backend compiles its graphs
+    in the first call."""
     import torch
-    compiled = torch.compile(step) if backend is None else torch.compile(step, backend=backend)
-    return FirstCallTimed(compiled, fresh_inductor_cache=backend is None)
+    options = {k: v for k, v in (("backend", backend), ("mode", mode)) if v is not None}
+    return FirstCallTimed(torch.compile(step, **options), fresh_inductor_cache=backend is None)
 
 
 def why_failed(e):
@@ -352,22 +354,25 @@ class ModelWorkload:
 
 def child_model_memory(workload, peer, mode, steps):
     """In a child process: child_model_peak_memory of `steps` steps of `peer` ("lazyrt", through
-    lazyrt.torch.compile, or "PyTorch eager") in `mode` ("train" or "infer") of a ModelWorkload."""
+    lazyrt.torch.compile, INDUCTOR, through torch.compile, or "PyTorch eager") in `mode` ("train"
+    or "infer") of a ModelWorkload."""
     def make():
         import lazyrt.torch
         step, args = workload.step(workload.make_model(), mode)
         if peer == "lazyrt":
             step = lazyrt.torch.compile(step)
+        elif peer == INDUCTOR:
+            step = torch_compile(step)
         return lambda: step(*args)
     child_model_peak_memory(make, steps)
 
 
 def model_peak_memory(opts, module, steps):
     """{(peer, mode): peak MiB} of module's steps ("lazyrt" through lazyrt.torch.compile, "PyTorch
-    eager"; "train" and "infer"), each peer and mode in a child process of its own
+    eager", INDUCTOR; "train" and "infer"), each peer and mode in a child process of its own
     (child_model_memory of module.workload())."""
     return {(peer, mode): run_child(opts, "model-memory", module, peer, mode, steps)["peak_rss"] / 2**20
-            for peer in ("lazyrt", "PyTorch eager") for mode in ("train", "infer")}
+            for peer in ("lazyrt", "PyTorch eager", INDUCTOR) for mode in ("train", "infer")}
 
 
 # ---- PyTorch's lazy tensors on a whole model ----------------------------------------------------
@@ -458,6 +463,63 @@ def model_step_rows(model, labels, ms, mem, lazy_ms):
         summary.append((f"{model} {labels[mode]}: peak memory", "lazyrt.torch.compile", f"{lazy_mib:.1f}", "MiB",
                         "PyTorch eager", f"{peer_mib:.1f}", ratio(peer_mib / max(lazy_mib, 1e-9))))
     return rows, summary
+
+
+def inductor_model_steps(workload, what, state_of, steps, rtol, atol):
+    """(model, train step, infer step) of Inductor on a ModelWorkload: the unmodified steps through
+    torch.compile (FirstCallTimed, from a fresh Inductor cache), checked first against eager steps
+    of a model from the same make_model(): check_same_training's losses (INDUCTOR_LOSS_RTOL) and
+    state (state_of(model), within rtol and atol) over `steps` training steps, then the eval-mode
+    outputs (as the state, or rtol 1e-3, atol 1e-4 if tighter). The model is left in train mode."""
+    m_ref, m_ind = workload.make_model(), workload.make_model()
+    ref, args = workload.step(m_ref, "train")
+    step, _ = workload.step(m_ind, "train")
+    train = torch_compile(step)
+    check_same_training(f"{what}, {INDUCTOR}", ref, train, args, lambda: state_of(m_ref), lambda: state_of(m_ind),
+                        steps, rtol=rtol, atol=atol, loss_rtol=INDUCTOR_LOSS_RTOL)
+    ref, args = workload.step(m_ref, "infer")
+    step, _ = workload.step(m_ind, "infer")
+    infer = torch_compile(step)
+    check_close(f"{what} inference, {INDUCTOR}: outputs", infer(*args).detach().numpy(), ref(*args).detach().numpy(),
+                rtol=max(rtol, 1e-3), atol=max(atol, 1e-4))
+    m_ind.train()
+    return m_ind, train, infer
+
+
+# Inductor rewrites reductions and batch norm (ResNet-18's third loss: 3e-4 from eager's, where
+# lazyrt's is within 1e-4), so its losses are held to 1e-3.
+INDUCTOR_LOSS_RTOL = 1e-3
+INDUCTOR_STEP_HEADER = ["step", "lazyrt.torch.compile ms", f"{INDUCTOR} ms", "Inductor / lazyrt",
+                        "first call s: lazyrt", "first call s: Inductor", "Inductor / lazyrt (first call)",
+                        "lazyrt peak MiB", "Inductor peak MiB", "Inductor / lazyrt peak"]
+
+
+def inductor_step_rows(model, labels, ms, mem, firsts):
+    """(table rows under INDUCTOR_STEP_HEADER, summary rows): per mode, lazyrt.torch.compile
+    (ms["<mode> lazyrt"]) against Inductor (ms["<mode> inductor"]): steady-state time, first call
+    (firsts[(peer, mode)] seconds, peer "lazyrt" or "inductor") and peak memory (mem)."""
+    rows, summary = [], []
+    for mode in ("train", "infer"):
+        lazy, peer = ms[f"{mode} lazyrt"], ms[f"{mode} inductor"]
+        first_lazy, first_peer = firsts[("lazyrt", mode)], firsts[("inductor", mode)]
+        lazy_mib, peer_mib = mem[("lazyrt", mode)], mem[(INDUCTOR, mode)]
+        rows.append((labels[mode], lazy.cell(), peer.cell(), ratio(peer.median / lazy.median), f"{first_lazy:.2f}",
+                     f"{first_peer:.2f}", ratio(first_peer / first_lazy), f"{lazy_mib:.1f}", f"{peer_mib:.1f}",
+                     ratio(peer_mib / max(lazy_mib, 1e-9))))
+        summary.append((f"{model} {labels[mode]}", "lazyrt.torch.compile", lazy.cell(), "ms", INDUCTOR, peer.cell(),
+                        ratio(peer.median / lazy.median)))
+        summary.append((f"{model} {labels[mode]}: first call", "lazyrt.torch.compile", f"{first_lazy:.2f}", "s",
+                        INDUCTOR, f"{first_peer:.2f}", ratio(first_peer / first_lazy)))
+    return rows, summary
+
+
+INDUCTOR_NOTE = (f"{INDUCTOR}: the same unmodified steps through `torch.compile(step)` on a model of its own from "
+                 "the same state, checked against eager steps of another (the losses of {steps} training steps, "
+                 f"rtol {INDUCTOR_LOSS_RTOL:g}, as Inductor reorders reductions; the state after them as for "
+                 "lazyrt; the eval-mode outputs as the state, at least rtol 1e-3, atol 1e-4), "
+                 "then timed alternating with the others. First call: the step's first call (Dynamo's capture and "
+                 "Inductor's compile from an emptied on-disk cache; lazyrt's capture and compile), timed alone. "
+                 "Inductor's peak memory is measured as the others' (its compile in the same process).")
 
 
 def torch_lazy_note(lazy_why, steps_checked, reps):

@@ -19,6 +19,10 @@ traced every step with lazyrt.torch.sync(), and replayed by PyTorch/XLA's low-le
 PyTorch/XLA itself (torch_xla 2.9, PJRT_DEVICE=CPU) training the same torch model with
 torch_xla.sync() every step, in a child process, where it is installed (`make bench`).
 
+The same torch step, unmodified, through lazyrt.torch.compile and through torch.compile's
+default backend (Inductor), default mode and mode="max-autotune-no-cudagraphs", beside the
+others: steady state, and the first call (capture and compile) on its own.
+
 Peak memory: each peer runs in a child process of its own; the process's peak resident size
 grows from just before the model is built to the end of the measured steps (Linux VmHWM, reset
 through /proc/self/clear_refs). For lazyrt the device memory it accounts itself is given too.
@@ -34,8 +38,9 @@ import torch
 
 import lazyrt as lr
 import limits
-from harness import (BenchmarkError, calls_for, check_close, device_replay, peak_rss, ratio, reset_peak_rss,
-                     run_child, table, time_side_by_side)
+from harness import (INDUCTOR, INDUCTOR_MAX_AUTOTUNE, BenchmarkError, FirstCallTimed, calls_for, check_close,
+                     device_replay, peak_rss, ratio, reset_peak_rss, run_child, table, time_side_by_side,
+                     torch_compile)
 
 BATCH, SIZES = 256, (784, 1024, 1024, 10)
 LIMIT = "the step's 8 GEMMs alone (the faster GEMM library for each)"
@@ -122,6 +127,9 @@ def device_paths(state, x_np, y_np):
             DEVICE_REPLAYED: (device_replay(replayed.step, (dx, dy), replayed.model.parameters()), replayed.state)}
 
 
+TORCH_COMPILED = "lazyrt.torch.compile: torch MLP"
+INDUCTOR_PATH = f"{INDUCTOR}: torch MLP"
+INDUCTOR_MAX_PATH = f"{INDUCTOR_MAX_AUTOTUNE}: torch MLP"
 DEVICE_TRACED = "lazyrt device: torch MLP traced every step, lazyrt.torch.sync()"
 DEVICE_REPLAYED = "lazyrt device: torch MLP replayed (_run_cached_graph, AdamW capturable)"
 XLA_TRACED = "torch_xla: torch MLP traced every step, torch_xla.sync() (child process)"
@@ -296,9 +304,19 @@ def run(opts):
         lr.mark_step()
         return loss
     eager = TorchMlp(state)
+    # The same torch step, unmodified, through lazyrt.torch.compile and through Inductor: the
+    # first call of each (capture and compile) is timed on its own.
+    import lazyrt.torch
+    frontend, inductor_mlp, autotuned_mlp = TorchMlp(state), TorchMlp(state), TorchMlp(state)
+    compiled = FirstCallTimed(lazyrt.torch.compile(frontend.step))
+    inductor = torch_compile(inductor_mlp.step)
+    autotuned = torch_compile(autotuned_mlp.step, mode="max-autotune-no-cudagraphs")
     peers = {
         "lazyrt replayed (compile_step)": (lambda: replayed(lx, ly), replay.state),
         "lazyrt traced (mark_step every step)": (traced_step, traced.state),
+        TORCH_COMPILED: (lambda: compiled(tx, ty), frontend.state),
+        INDUCTOR_PATH: (lambda: inductor(tx, ty), inductor_mlp.state),
+        INDUCTOR_MAX_PATH: (lambda: autotuned(tx, ty), autotuned_mlp.state),
         **device_paths(state, x_np, y_np),
         "PyTorch eager": (lambda: eager.step(tx, ty), eager.state),
     }
@@ -361,7 +379,10 @@ def run(opts):
           "99% within 1e-4: AdamW turns last-bit differences of near-zero gradients into steps of up to lr) are "
           "checked against lazyrt's traced steps before timing. "
           f"After 2 warm-up batches (not counted), {reps} batches per path, alternating.\n",
-          table(header, rows), ""]
+          table(header, rows), "",
+          f"First call (capture and compile, fresh caches): {TORCH_COMPILED} {compiled.first_seconds:.2f} s, "
+          f"{INDUCTOR_PATH} {inductor.first_seconds:.2f} s, {INDUCTOR_MAX_PATH} {autotuned.first_seconds:.2f} s "
+          f"(Inductor's on-disk cache emptied before each).\n"]
     if limit is not None:
         lib, flops, gemm_ms = limit
         shapes = ', '.join(f"{m}x{k}x{n}{' (A^T)' if ta else ''}{' (B^T)' if tb else ''}"
@@ -389,6 +410,15 @@ def run(opts):
         md.append(f"{XLA_TRACED}: not measured: {xla_why}\n")
     summary = [("MLP step 784-1024-1024-10", "lazyrt replayed", ms[base].cell(), "ms", "PyTorch eager",
                 ms["PyTorch eager"].cell(), ratio(ms["PyTorch eager"].median / ms[base].median))]
+    summary.append(("MLP step 784-1024-1024-10, torch model", TORCH_COMPILED, ms[TORCH_COMPILED].cell(), "ms",
+                    INDUCTOR_PATH, ms[INDUCTOR_PATH].cell(),
+                    ratio(ms[INDUCTOR_PATH].median / ms[TORCH_COMPILED].median)))
+    summary.append(("MLP step 784-1024-1024-10, torch model", TORCH_COMPILED, ms[TORCH_COMPILED].cell(), "ms",
+                    INDUCTOR_MAX_PATH, ms[INDUCTOR_MAX_PATH].cell(),
+                    ratio(ms[INDUCTOR_MAX_PATH].median / ms[TORCH_COMPILED].median)))
+    summary.append(("MLP step 784-1024-1024-10, torch model: first call", TORCH_COMPILED,
+                    f"{compiled.first_seconds:.2f}", "s", INDUCTOR_PATH, f"{inductor.first_seconds:.2f}",
+                    ratio(inductor.first_seconds / compiled.first_seconds)))
     for peer in (XLA_TRACED, "PyTorch eager"):  # PyTorch/XLA-style training on each device
         if peer in ms:
             for path in (DEVICE_TRACED, DEVICE_REPLAYED):
