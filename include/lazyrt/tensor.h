@@ -328,6 +328,10 @@ Tensor slice(const Tensor& a, int64_t dim = 0, std::optional<int64_t> start = st
              std::optional<int64_t> end = std::nullopt, int64_t step = 1);
 /// length elements of dim from start (which may be negative); no clamping.
 Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
+/// The slice of a at position `index` along dim, that dim removed (a view, as select with an
+/// int): index is a one-element integer tensor read when the graph runs, so a loop body may
+/// select by its counter. Negative positions count from the end; one out of range fails then.
+Tensor select(const Tensor& a, int64_t dim, const Tensor& index);
 /// Concatenation along dim, in the dtype torch.cat promotes the inputs to. 1-D empty tensors
 /// (shape [0]) are skipped, as torch does for legacy reasons.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);

@@ -492,9 +492,12 @@ def _dim_index(dim, ndim, call):
 
 
 def _select(self, dim, index):
-    """The slice at `index` along `dim`, that dim removed (as t[..., index, ...])."""
+    """The slice at `index` along `dim`, that dim removed (as t[..., index, ...]). `index` may be
+    a one-element integer tensor, read when the graph runs (a loop body's counter)."""
     if self.dim() == 0:
         raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    if isinstance(index, _C.Tensor):
+        return _C.select(self, dim, index)
     d = _dim_index(dim, self.dim(), "select()")
     size = self.shape[d]
     if not -size <= index < size:

@@ -429,6 +429,8 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
                       int64_t step) { return slice(a, dim, start, end, step); },
           arg("dim") = 0, arg("start") = py::none(), arg("end") = py::none(), arg("step") = 1)
       .op("narrow", &narrow, arg("dim"), arg("start"), arg("length"))
+      .fn("select", static_cast<Tensor (*)(const Tensor&, int64_t, const Tensor&)>(&select), arg("input"), arg("dim"),
+          arg("index"))
       .fn("cat", [](py::handle ts, int64_t dim) { return cat(tensors_from(ts, "cat"), dim); }, arg("tensors"),
           arg("dim") = 0)
       .fn("concat", [](py::handle ts, int64_t dim) { return cat(tensors_from(ts, "concat"), dim); }, arg("tensors"),

@@ -51,7 +51,7 @@ Tensor slice_dim(const Tensor& a, int64_t dim, int64_t start, int64_t end, int64
   std::vector<int64_t> strides = strides_of(t);
   const int64_t offset = detail::stride_mul_add(start, strides[dim], t.storage_offset);
   strides[dim] = detail::stride_mul_add(strides[dim], step);
-  make_view(a, r, {trace::ViewStep::Kind::Slice, s, std::move(starts), std::move(ends), std::move(steps)},
+  make_view(a, r, {trace::ViewStep::Kind::Slice, s, std::move(starts), std::move(ends), std::move(steps), nullptr},
             std::move(strides), offset);
   return r;
 }
@@ -150,6 +150,33 @@ Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
                length, ") exceeds the size ", size, " of dim ", dim, " of shape ",
                shape_str(a.shape()));
   return slice_dim(a, dim, start, start + length, 1);
+}
+
+Tensor select(const Tensor& a, int64_t dim, const Tensor& index) {
+  impl_of(index, "select");
+  check_has_dims(a, "select");
+  dim = wrap_dim(dim, a.shape(), "select");
+  LAZYRT_CHECK(is_integral(index.dtype()) && index.numel() == 1,
+               "select: a tensor index must be one integer (i32 or i64), got ", dtype_name(index.dtype()),
+               shape_str(index.shape()));
+  const int64_t size = a.shape()[dim];
+  LAZYRT_CHECK(size > 0, "select: dim ", dim, " of shape ", shape_str(a.shape()), " is empty");
+  // The position as a value of its own (a later in-place change of `index` moves no view), with
+  // negative positions counted from the end as PyTorch's; an index still out of range fails
+  // when the graph runs (index_select checks it).
+  Tensor i = reshape(cast_to(index, DType::i64), {1});
+  i = where(lt(i, full({}, 0, DType::i64)), add(i, full({}, size, DType::i64)), i);
+  const auto& t = *trace::impl_of(a);
+  trace::ViewStep step{trace::ViewStep::Kind::SelectAt, a.shape(), {dim}, {}, {},
+                       trace::impl_of(detail::detached_value(i))};
+  Shape out = a.shape();
+  out.erase(out.begin() + dim);
+  Tensor r = reshape(index_select(a, dim, trace::tensor_of(step.index)), out);
+  std::vector<int64_t> strides = strides_of(t);
+  strides.erase(strides.begin() + dim);
+  // The storage offset depends on the position, known when the graph runs: the base's is given.
+  make_view(a, r, std::move(step), std::move(strides), t.storage_offset);
+  return r;
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {

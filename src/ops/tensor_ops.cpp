@@ -440,7 +440,8 @@ Tensor Tensor::clone() const {
 Tensor Tensor::detach() const {
   auto& s = impl_of(*this, "detach");
   Tensor t = detached_value(*this);
-  make_view(*this, t, {trace::ViewStep::Kind::Detach, s.type.shape, {}, {}, {}}, strides_of(s), s.storage_offset);
+  make_view(*this, t, {trace::ViewStep::Kind::Detach, s.type.shape, {}, {}, {}, nullptr}, strides_of(s),
+            s.storage_offset);
   return t;
 }
 
@@ -614,7 +615,7 @@ namespace {
 Tensor reshaped_view(const Tensor& a, Shape shape, std::vector<int64_t> strides) {
   const auto& s = *trace::impl_of(a);
   Tensor r = apply(OpKind::Reshape, {a}, {shape});
-  make_view(a, r, {trace::ViewStep::Kind::Reshape, s.type.shape, std::move(shape), {}, {}}, std::move(strides),
+  make_view(a, r, {trace::ViewStep::Kind::Reshape, s.type.shape, std::move(shape), {}, {}, nullptr}, std::move(strides),
             s.storage_offset);
   return r;
 }
@@ -649,7 +650,8 @@ Tensor reshape(const Tensor& a, Shape shape) {
   auto strides = view_strides(s.type.shape, strides_of(s), shape);
   Tensor r = apply(OpKind::Reshape, {a}, {shape});
   // An alias where PyTorch's reshape is one (its view() succeeds), a copy otherwise.
-  if (strides) make_view(a, r, {trace::ViewStep::Kind::Reshape, s.type.shape, shape, {}, {}}, *strides, s.storage_offset);
+  if (strides)
+    make_view(a, r, {trace::ViewStep::Kind::Reshape, s.type.shape, shape, {}, {}, nullptr}, *strides, s.storage_offset);
   return r;
 }
 
@@ -663,7 +665,8 @@ Tensor permute(const Tensor& a, std::vector<int64_t> dims) {
   const std::vector<int64_t> from = strides_of(s);
   std::vector<int64_t> strides;
   for (int64_t d : dims) strides.push_back(from[static_cast<size_t>(d)]);
-  make_view(a, r, {trace::ViewStep::Kind::Permute, s.type.shape, dims, {}, {}}, std::move(strides), s.storage_offset);
+  make_view(a, r, {trace::ViewStep::Kind::Permute, s.type.shape, dims, {}, {}, nullptr}, std::move(strides),
+            s.storage_offset);
   return r;
 }
 
@@ -695,7 +698,7 @@ Tensor expand(const Tensor& a, Shape shape) {
   std::vector<int64_t> strides(shape.size(), 0);
   for (size_t i = lead; i < shape.size(); ++i)
     if (in[i - lead] == shape[i]) strides[i] = from[i - lead];
-  make_view(a, r, {trace::ViewStep::Kind::Expand, in, shape, {}, {}}, std::move(strides), s.storage_offset);
+  make_view(a, r, {trace::ViewStep::Kind::Expand, in, shape, {}, {}, nullptr}, std::move(strides), s.storage_offset);
   return r;
 }
 

@@ -50,6 +50,11 @@ Tensor forward(const ViewStep& s, const Tensor& t) {
     case Kind::Permute: return apply(ir::OpKind::Permute, {t}, {s.a});
     case Kind::Expand: return apply(ir::OpKind::Expand, {t}, {Shape(s.a)});
     case Kind::Slice: return apply(ir::OpKind::Slice, {t}, {s.a, s.b, s.c});
+    case Kind::SelectAt: {
+      Shape out = s.in;
+      out.erase(out.begin() + s.a[0]);
+      return reshape(index_select(t, s.a[0], trace::tensor_of(s.index)), out);
+    }
     case Kind::Detach: break;
   }
   return detached_value(t);
@@ -65,6 +70,7 @@ Tensor scatter(const ViewStep& s, const Tensor& in, const Tensor& out) {
       return apply(ir::OpKind::Permute, {out}, {inverse});
     }
     case Kind::Slice: return slice_scatter(in, s.a, s.b, s.c, out);
+    case Kind::SelectAt: return index_copy(in, s.a[0], trace::tensor_of(s.index), unsqueeze(out, s.a[0]));
     case Kind::Detach: break;
     case Kind::Expand: LAZYRT_ASSERT(false, "a write through expand()");  // refused by check_view_write
   }

@@ -69,12 +69,16 @@ inline const ir::TensorType& LazyValue::type() const { return node->types[index]
 // from its base's by a chain of view steps. A write to a view is turned into a new value of the
 // base (each step's inverse scatters the new value back), and every new value of a base
 // re-derives its live views; graphs stay pure, no buffer is ever shared for writing.
+struct TensorImpl;
 struct ViewStep {
-  enum class Kind : uint8_t { Reshape, Permute, Expand, Slice, Detach };
+  enum class Kind : uint8_t { Reshape, Permute, Expand, Slice, Detach, SelectAt };
   Kind kind;
   Shape in;                      // the shape the step reads
   std::vector<int64_t> a, b, c;  // Reshape, Expand: a = shape; Permute: a = dims;
-                                 // Slice: a = starts, b = ends, c = steps
+                                 // Slice: a = starts, b = ends, c = steps; SelectAt: a = {dim}
+  // SelectAt: the position, an i64[1] tensor of its own (its value when the view was made),
+  // read when the graph runs: a select by a tensor, as by a loop's counter in its body.
+  std::shared_ptr<TensorImpl> index;
 };
 struct ViewOf {
   std::weak_ptr<TensorImpl> base;  // never a view itself

@@ -395,6 +395,70 @@ def test_views_of_a_carry_inside_a_loop_body():
     assert got.tolist() == x.tolist()
 
 
+# ---- select by a tensor index ------------------------------------------------------------------
+
+
+def test_select_by_a_tensor_index_is_a_view_as_select_by_an_int_is():
+    # PyTorch's select(dim, int) is the oracle; lazyrt's takes the position as a tensor too.
+    t, l = base_pair((4, 6))
+    tv, lv = t.select(0, 2), l.select(0, lr.tensor(2))
+    same(lv, tv, "select")
+    tv.add_(1.5)
+    lv.add_(1.5)  # through the view: the base changes
+    same(l, t, "base after a write through the view")
+    t.mul_(2)
+    l.mul_(2)  # to the base: the view follows
+    same(lv, tv, "view after a write to the base")
+    same(l.select(1, lr.tensor(-1, dtype=lr.int32)), t.select(1, -1), "negative position, i32")
+    i = lr.tensor(3)
+    lw = l.select(0, i)
+    i.add_(-3)  # the position is the index's value when the view was made
+    l.add_(1)
+    same(lw, t.add(1).select(0, 3), "a later change of the index moves no view")
+    lr.mark_step()
+    same(lw, t.add(1).select(0, 3), "after a sync")
+
+
+def test_select_by_a_tensor_index_has_pytorchs_gradient():
+    t = torch.arange(12.0, dtype=torch.float64).reshape(3, 4).requires_grad_()
+    l = lr.tensor(t.detach().numpy(), requires_grad=True)
+    w = torch.tensor([1.0, -2.0, 3.0, 0.5], dtype=torch.float64)
+    for ti, li in ((t, l), (t * 1.0, l * 1.0)):
+        (ti.select(0, 1).sin() * w).sum().backward()
+        (li.select(0, lr.tensor(1)).sin() * lazy(w)).sum().backward()
+    same(l.grad, t.grad, "gradient through select by a tensor, of a leaf and of a computed tensor")
+
+
+def test_select_by_a_tensor_index_out_of_range_fails_when_the_graph_runs():
+    l = lr.zeros([3, 2])
+    v = l.select(0, lr.tensor(3))
+    with pytest.raises(lr.Error, match="index_select"):
+        v.numpy()
+    with pytest.raises(lr.Error, match="one integer"):
+        l.select(0, lr.tensor([0, 1]))
+    with pytest.raises(lr.Error, match="one integer"):
+        l.select(0, lr.tensor(1.0))
+
+
+def test_a_loop_writes_the_row_its_counter_selects():
+    # The commonest loop: row i of a buffer written in iteration i, by the counter as index.
+    x = np.random.default_rng(3).standard_normal((5, 3))
+
+    def body(i, buf):
+        row = buf.select(0, i)
+        row.copy_(row * 2 + i.to(lr.float64))
+        return buf
+
+    got = lr.fori_loop(0, 5, body, lr.tensor(x))
+    want = torch.tensor(x)
+    for i in range(5):
+        want.select(0, i).copy_(want.select(0, i) * 2 + i)
+    same(got, want, "fori_loop writing row i")
+    it, got = lr.while_loop(lambda it, b: it < 5, lambda it, b: (it + 1, body(it, b.clone())), (lr.tensor(0), lr.tensor(x)))
+    assert it.item() == 5
+    same(got, want, "while_loop writing row it")
+
+
 # ---- random programs -------------------------------------------------------------------------
 
 
@@ -409,6 +473,8 @@ def random_view(rng, t_view, l_view):
         if n >= 1:
             i = rng.randrange(-n, n)
             choices.append(lambda t: t.select(d, i))
+            # by a tensor index (read when the graph runs): lazyrt's side only
+            choices.append(lambda t: t.select(d, lr.tensor(i) if isinstance(t, lr.Tensor) else i))
             a = rng.randrange(0, n + 1)
             b = rng.randrange(a, n + 1)
             s = rng.choice([1, 1, 2, 3])

@@ -49,6 +49,31 @@ TEST(Views, WritesToTheBaseReachItsViews) {
   EXPECT_THAT(every_other.to_vector<float>(), ElementsAre(7, 4));
 }
 
+TEST(Views, SelectAtATensorPositionIsAView) {
+  Tensor base = t2x3();
+  Tensor row = select(base, 0, tensor(std::vector<int64_t>{-1}, {}));  // base[1]: the position read when it runs
+  EXPECT_TRUE(row.is_view());
+  EXPECT_THAT(row.to_vector<float>(), ElementsAre(3, 4, 5));
+  row.add_(full({}, 10));  // through the view
+  EXPECT_THAT(base.to_vector<float>(), ElementsAre(0, 1, 2, 13, 14, 15));
+  base.mul_(full({}, 2));  // to the base
+  EXPECT_THAT(row.to_vector<float>(), ElementsAre(26, 28, 30));
+  EXPECT_THAT(error_of([&] { select(base, 0, tensor(std::vector<int64_t>{0, 1}, {2})); }),
+              HasSubstr("select: a tensor index must be one integer"));
+  EXPECT_THAT(error_of([&] { select(base, 1, tensor(std::vector<int64_t>{3}, {})).to_vector<float>(); }),
+              HasSubstr("index_select"));
+}
+
+TEST(Views, ALoopWritesTheRowItsCounterSelects) {
+  // fori_loop's body writes row i of its carried buffer, selected by the counter itself.
+  Carry out = fori_loop(0, 3, [](const Tensor& i, const Carry& c) {
+    Tensor buf = c[0];
+    select(buf, 0, i).copy_(add(select(buf, 0, i), cast(i, DType::f32)));
+    return Carry{buf};
+  }, {tensor({0, 1, 2, 3, 4, 5}, {3, 2})});
+  EXPECT_THAT(out[0].to_vector<float>(), ElementsAre(0, 1, 3, 4, 6, 7));
+}
+
 TEST(Views, LayoutIsPyTorchs) {
   Tensor base = t2x3();
   Tensor tr = transpose(base, 0, 1);

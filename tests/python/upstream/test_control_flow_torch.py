@@ -24,8 +24,8 @@ Differences from upstream, where lazyrt's model needs them:
   int_carry). Not upstream: the two Linear programs are differentiated too (the weights'
   gradients through the while loops, nested included).
 - "int_carry": upstream writes `x_clone.select(0, it).copy_(...)` with a Python-int carry that
-  becomes a SymInt; here the row is read and written with the carried 0-d int64 tensor as an
-  index (`x[it] = x[it] + it`), the way lazyrt's model expresses it. The output
+  becomes a SymInt; lazyrt's carry is a 0-d int64 tensor, and select takes it as the position
+  (a view whose position is read when the graph runs), so the body is upstream's. The output
   `torch.ones(out_it * 2)` (a shape from a loop result) reads the count first with `.item()`:
   lazyrt's shapes are static.
 - "pytree_int_carry": upstream's input shape (2, 3) stops the loop before its first iteration
@@ -220,7 +220,7 @@ def int_carry(lib, x):
 
     def body_fn(it, x):
         x_clone = x.clone()
-        x_clone[it] = x_clone[it] + it
+        x_clone.select(0, it).copy_(x_clone.select(0, it) + it)
         return it + 1, x_clone
 
     out_it, out_x = lib.while_loop(lambda it, x: it < rows, body_fn, (0, x))
