@@ -332,6 +332,8 @@ Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length);
 /// int): index is a one-element integer tensor read when the graph runs, so a loop body may
 /// select by its counter. Negative positions count from the end; one out of range fails then.
 Tensor select(const Tensor& a, int64_t dim, const Tensor& index);
+/// narrow with a tensor start (one integer, read when the graph runs), as select above.
+Tensor narrow(const Tensor& a, int64_t dim, const Tensor& start, int64_t length);
 /// Concatenation along dim, in the dtype torch.cat promotes the inputs to. 1-D empty tensors
 /// (shape [0]) are skipped, as torch does for legacy reasons.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);

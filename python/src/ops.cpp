@@ -428,7 +428,11 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .op("slice", [](const Tensor& a, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end,
                       int64_t step) { return slice(a, dim, start, end, step); },
           arg("dim") = 0, arg("start") = py::none(), arg("end") = py::none(), arg("step") = 1)
-      .op("narrow", &narrow, arg("dim"), arg("start"), arg("length"))
+      // A tensor start first: pybind11 would take a tensor as an int (through __index__, a read).
+      .op("narrow", static_cast<Tensor (*)(const Tensor&, int64_t, const Tensor&, int64_t)>(&narrow), arg("dim"),
+          arg("start"), arg("length"))
+      .op("narrow", static_cast<Tensor (*)(const Tensor&, int64_t, int64_t, int64_t)>(&narrow), arg("dim"),
+          arg("start"), arg("length"))
       .fn("select", static_cast<Tensor (*)(const Tensor&, int64_t, const Tensor&)>(&select), arg("input"), arg("dim"),
           arg("index"))
       .fn("cat", [](py::handle ts, int64_t dim) { return cat(tensors_from(ts, "cat"), dim); }, arg("tensors"),

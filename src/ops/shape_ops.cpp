@@ -152,31 +152,48 @@ Tensor narrow(const Tensor& a, int64_t dim, int64_t start, int64_t length) {
   return slice_dim(a, dim, start, start + length, 1);
 }
 
-Tensor select(const Tensor& a, int64_t dim, const Tensor& index) {
-  impl_of(index, "select");
-  check_has_dims(a, "select");
-  dim = wrap_dim(dim, a.shape(), "select");
-  LAZYRT_CHECK(is_integral(index.dtype()) && index.numel() == 1,
-               "select: a tensor index must be one integer (i32 or i64), got ", dtype_name(index.dtype()),
-               shape_str(index.shape()));
+namespace {
+// a's elements at positions start, ..., start + length - 1 along dim (start a one-element
+// integer tensor, read when the graph runs; negative counts from the end), as a view; `drop`:
+// length 1 and the dim removed (select). A position out of range fails when the graph runs
+// (index_select checks it).
+Tensor take_at(const Tensor& a, int64_t dim, const Tensor& start, int64_t length, bool drop, const char* op) {
+  impl_of(start, op);
+  check_has_dims(a, op);
+  dim = wrap_dim(dim, a.shape(), op);
+  LAZYRT_CHECK(is_integral(start.dtype()) && start.numel() == 1, op,
+               ": a tensor position must be one integer (i32 or i64), got ", dtype_name(start.dtype()),
+               shape_str(start.shape()));
   const int64_t size = a.shape()[dim];
-  LAZYRT_CHECK(size > 0, "select: dim ", dim, " of shape ", shape_str(a.shape()), " is empty");
-  // The position as a value of its own (a later in-place change of `index` moves no view), with
-  // negative positions counted from the end as PyTorch's; an index still out of range fails
-  // when the graph runs (index_select checks it).
-  Tensor i = reshape(cast_to(index, DType::i64), {1});
+  LAZYRT_CHECK(size > 0 && length >= 0 && length <= size, op, ": ", length, " element(s) of dim ", dim,
+               " of shape ", shape_str(a.shape()), " cannot be taken");
+  // The positions as a value of their own: a later in-place change of `start` moves no view.
+  Tensor i = reshape(cast_to(start, DType::i64), {1});
   i = where(lt(i, full({}, 0, DType::i64)), add(i, full({}, size, DType::i64)), i);
+  if (!drop) i = add(arange(length, DType::i64), i);
   const auto& t = *trace::impl_of(a);
-  trace::ViewStep step{trace::ViewStep::Kind::SelectAt, a.shape(), {dim}, {}, {},
+  trace::ViewStep step{trace::ViewStep::Kind::Take, a.shape(), {dim, drop ? 1 : 0}, {}, {},
                        trace::impl_of(detail::detached_value(i))};
-  Shape out = a.shape();
-  out.erase(out.begin() + dim);
-  Tensor r = reshape(index_select(a, dim, trace::tensor_of(step.index)), out);
+  Tensor r = index_select(a, dim, trace::tensor_of(step.index));
   std::vector<int64_t> strides = strides_of(t);
-  strides.erase(strides.begin() + dim);
+  if (drop) {
+    Shape out = a.shape();
+    out.erase(out.begin() + dim);
+    r = reshape(r, out);
+    strides.erase(strides.begin() + dim);
+  }
   // The storage offset depends on the position, known when the graph runs: the base's is given.
   make_view(a, r, std::move(step), std::move(strides), t.storage_offset);
   return r;
+}
+}  // namespace
+
+Tensor select(const Tensor& a, int64_t dim, const Tensor& index) {
+  return take_at(a, dim, index, 1, true, "select");
+}
+
+Tensor narrow(const Tensor& a, int64_t dim, const Tensor& start, int64_t length) {
+  return take_at(a, dim, start, length, false, "narrow");
 }
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {

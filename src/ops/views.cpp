@@ -50,10 +50,12 @@ Tensor forward(const ViewStep& s, const Tensor& t) {
     case Kind::Permute: return apply(ir::OpKind::Permute, {t}, {s.a});
     case Kind::Expand: return apply(ir::OpKind::Expand, {t}, {Shape(s.a)});
     case Kind::Slice: return apply(ir::OpKind::Slice, {t}, {s.a, s.b, s.c});
-    case Kind::SelectAt: {
+    case Kind::Take: {
+      Tensor r = index_select(t, s.a[0], trace::tensor_of(s.index));
+      if (!s.a[1]) return r;
       Shape out = s.in;
       out.erase(out.begin() + s.a[0]);
-      return reshape(index_select(t, s.a[0], trace::tensor_of(s.index)), out);
+      return reshape(r, out);
     }
     case Kind::Detach: break;
   }
@@ -70,7 +72,8 @@ Tensor scatter(const ViewStep& s, const Tensor& in, const Tensor& out) {
       return apply(ir::OpKind::Permute, {out}, {inverse});
     }
     case Kind::Slice: return slice_scatter(in, s.a, s.b, s.c, out);
-    case Kind::SelectAt: return index_copy(in, s.a[0], trace::tensor_of(s.index), unsqueeze(out, s.a[0]));
+    case Kind::Take:
+      return index_copy(in, s.a[0], trace::tensor_of(s.index), s.a[1] ? unsqueeze(out, s.a[0]) : out);
     case Kind::Detach: break;
     case Kind::Expand: LAZYRT_ASSERT(false, "a write through expand()");  // refused by check_view_write
   }

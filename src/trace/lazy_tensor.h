@@ -71,13 +71,15 @@ inline const ir::TensorType& LazyValue::type() const { return node->types[index]
 // re-derives its live views; graphs stay pure, no buffer is ever shared for writing.
 struct TensorImpl;
 struct ViewStep {
-  enum class Kind : uint8_t { Reshape, Permute, Expand, Slice, Detach, SelectAt };
+  enum class Kind : uint8_t { Reshape, Permute, Expand, Slice, Detach, Take };
   Kind kind;
   Shape in;                      // the shape the step reads
   std::vector<int64_t> a, b, c;  // Reshape, Expand: a = shape; Permute: a = dims;
-                                 // Slice: a = starts, b = ends, c = steps; SelectAt: a = {dim}
-  // SelectAt: the position, an i64[1] tensor of its own (its value when the view was made),
-  // read when the graph runs: a select by a tensor, as by a loop's counter in its body.
+                                 // Slice: a = starts, b = ends, c = steps;
+                                 // Take: a = {dim, 1 if the dim is dropped (a select) else 0}
+  // Take: the positions along dim, an i64 vector of its own (their values when the view was
+  // made), read when the graph runs: select or narrow at a tensor position, as at a loop's
+  // counter in its body.
   std::shared_ptr<TensorImpl> index;
 };
 struct ViewOf {

@@ -440,6 +440,39 @@ def test_select_by_a_tensor_index_out_of_range_fails_when_the_graph_runs():
         l.select(0, lr.tensor(1.0))
 
 
+def test_narrow_at_a_tensor_start_is_a_view_as_narrow_at_an_int_is():
+    t, l = base_pair((5, 4))
+    tv, lv = t.narrow(0, 1, 3), l.narrow(0, lr.tensor(1), 3)
+    same(lv, tv, "narrow")
+    tv.mul_(-1)
+    lv.mul_(-1)
+    same(l, t, "base after a write through the narrowed view")
+    same(l.narrow(1, lr.tensor(-2), 2), t.narrow(1, -2, 2), "negative start")
+    with pytest.raises(lr.Error, match="index_select"):
+        l.narrow(0, lr.tensor(3), 3).numpy()  # 3 + 3 > 5
+    w = torch.arange(20.0, dtype=torch.float64).reshape(5, 4).requires_grad_()
+    lw = lr.tensor(w.detach().numpy(), requires_grad=True)
+    (w.narrow(0, 2, 2).exp() * 0.5).sum().backward()
+    (lw.narrow(0, lr.tensor(2), 2).exp() * 0.5).sum().backward()
+    same(lw.grad, w.grad, "gradient through narrow at a tensor start")
+
+
+def test_a_loop_writes_the_window_its_counter_starts():
+    # scan-free sliding window: iteration i adds i to rows i and i + 1 of the carried buffer.
+    x = np.random.default_rng(4).standard_normal((6, 2))
+
+    def body(i, buf):
+        window = buf.narrow(0, i, 2)
+        window.add_(i.to(lr.float64))
+        return buf
+
+    got = lr.fori_loop(0, 5, body, lr.tensor(x))
+    want = torch.tensor(x)
+    for i in range(5):
+        want.narrow(0, i, 2).add_(i)
+    same(got, want, "fori_loop writing rows i, i + 1")
+
+
 def test_a_loop_writes_the_row_its_counter_selects():
     # The commonest loop: row i of a buffer written in iteration i, by the counter as index.
     x = np.random.default_rng(3).standard_normal((5, 3))
@@ -481,6 +514,8 @@ def random_view(rng, t_view, l_view):
             idx = (slice(None),) * d + (slice(a, b, s),)
             choices.append(lambda t: t[idx])
             choices.append(lambda t: t.narrow(d, a, b - a))
+            if a < n:  # by a tensor start: lazyrt's side only
+                choices.append(lambda t: t.narrow(d, lr.tensor(a - n) if isinstance(t, lr.Tensor) else a, b - a))
     if nd >= 2:
         d0, d1 = rng.sample(range(nd), 2)
         choices.append(lambda t: t.transpose(d0, d1))

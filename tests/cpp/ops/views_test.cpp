@@ -59,7 +59,10 @@ TEST(Views, SelectAtATensorPositionIsAView) {
   base.mul_(full({}, 2));  // to the base
   EXPECT_THAT(row.to_vector<float>(), ElementsAre(26, 28, 30));
   EXPECT_THAT(error_of([&] { select(base, 0, tensor(std::vector<int64_t>{0, 1}, {2})); }),
-              HasSubstr("select: a tensor index must be one integer"));
+              HasSubstr("select: a tensor position must be one integer"));
+  Tensor window = narrow(base, 1, tensor(std::vector<int64_t>{1}, {}), 2);  // base[:, 1:3]
+  window.zero_();
+  EXPECT_THAT(base.to_vector<float>(), ElementsAre(0, 0, 0, 26, 0, 0));
   EXPECT_THAT(error_of([&] { select(base, 1, tensor(std::vector<int64_t>{3}, {})).to_vector<float>(); }),
               HasSubstr("index_select"));
 }
