@@ -242,6 +242,12 @@ def torch_compile(step, backend=None, mode=None):
     fresh cache), as a FirstCallTimed: Dynamo captures the step and the backend compiles its graphs
     in the first call."""
     import torch
+    import torch._dynamo
+    # Dynamo counts recompiles of a frame over the process, and every benchmark compiles
+    # optimizer.step() again for its own optimizer: past its default limit (8) it would run the
+    # later benchmarks' optimizer steps in eager.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+    torch._dynamo.config.accumulated_recompile_limit = max(torch._dynamo.config.accumulated_recompile_limit, 1024)
     options = {k: v for k, v in (("backend", backend), ("mode", mode)) if v is not None}
     return FirstCallTimed(torch.compile(step, **options), fresh_inductor_cache=backend is None)
 
