@@ -119,6 +119,17 @@ def calls_for(fn, target_seconds=0.02, most=100000):
     return max(1, min(most, int(target_seconds / once)))
 
 
+def first_and_warm(run):
+    """(seconds of run()'s first call, seconds of a second call, the second call's result): the
+    first pays for tracing and compiling, the second is warm."""
+    t0 = time.perf_counter()
+    run()
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result = run()
+    return first, time.perf_counter() - t0, result
+
+
 def check_close(what, got, expected, rtol, atol):
     """Raises BenchmarkError unless every element of got is within atol + rtol * |expected|."""
     import numpy as np

@@ -22,13 +22,13 @@ device-buffer peak. Every form's gradients are checked against PyTorch's where b
 
 import json
 import os
-import time
 
 import numpy as np
 import torch
 
 import lazyrt as lr
-from harness import check_close, num, peak_rss, ratio, reset_peak_rss, run_child, run_command_or_why, table
+from harness import (check_close, first_and_warm, num, peak_rss, ratio, reset_peak_rss, run_child, run_command_or_why,
+                     table)
 
 BATCH, WIDTH, DT = 64, 256, 0.1
 SNAPSHOTS = 100
@@ -89,12 +89,7 @@ def child(form, n):
     lr.debug.reset_peak_memory()
     device_before = lr.debug.live_memory_bytes()
     lr.metrics.reset()
-    t0 = time.perf_counter()
-    run()
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    g1, g2 = run()
-    warm = time.perf_counter() - t0
+    first, warm, (g1, g2) = first_and_warm(run)
     print(json.dumps({"first": first, "run": warm, "peak_rss": peak_rss() - before,
                       "device_peak": lr.debug.peak_memory_bytes() - device_before,
                       "recomputed": lr.metrics.counter("CheckpointForwardSteps") // 2,

@@ -35,11 +35,9 @@ DT = 0.1  # loop_grad.DT
 
 
 def grad_main(form, n, path):
-    import time
-
     import numpy as np
 
-    from harness import peak_rss, reset_peak_rss
+    from harness import first_and_warm, peak_rss, reset_peak_rss
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -61,12 +59,7 @@ def grad_main(form, n, path):
 
     def run():
         return [np.asarray(g) for g in jax.block_until_ready(grad(w1, w2))]
-    t0 = time.perf_counter()
-    run()
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    g1, g2 = run()
-    warm = time.perf_counter() - t0
+    first, warm, (g1, g2) = first_and_warm(run)
     print(json.dumps({"first": first, "run": warm, "peak_rss": peak_rss() - before, "device_peak": None,
                       "recomputed": None, "g1": g1[:4, :4].tolist(), "g2": g2[:4, :4].tolist(),
                       "g_norm": [float(np.linalg.norm(g1)), float(np.linalg.norm(g2))],

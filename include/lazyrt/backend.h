@@ -17,4 +17,13 @@ void set_backend(const std::string& name);
 std::string current_backend();
 std::vector<std::string> available_backends();
 
+/// Whether lazyrt's kernels treat floats too small for a normal exponent (denormals) as zero,
+/// read and written (x86's FTZ and DAZ modes, set on each thread only while it runs lazyrt's
+/// kernels), as XLA's CPU backend does and torch.set_flush_denormal(True) asks of PyTorch:
+/// arithmetic on denormals is 10 to 100 times slower, and a long loop's decaying gradients reach
+/// them. On by default (LAZYRT_FLUSH_DENORMAL=0 turns it off at start). Returns false, changing
+/// nothing, where the CPU has no such mode; oneDNN's convolutions keep their own mode.
+bool set_flush_denormal(bool on);
+bool flush_denormal();
+
 }  // namespace lazyrt

@@ -497,7 +497,7 @@ def _select(self, dim, index):
     if self.dim() == 0:
         raise IndexError("select() cannot be applied to a 0-dim tensor.")
     if isinstance(index, _C.Tensor):
-        return _C.select(self, dim, index)
+        return _C._select_at(self, dim, index)
     d = _dim_index(dim, self.dim(), "select()")
     size = self.shape[d]
     if not -size <= index < size:

@@ -84,6 +84,10 @@ void bind_metrics_cache(py::module_& m) {
         "Makes `name` ('cpu' or 'reference') the backend of every graph compiled from now on.");
   m.def("current_backend", &current_backend);
   m.def("available_backends", &available_backends);
+  m.def("set_flush_denormal", &set_flush_denormal, py::arg("mode"),
+        "Whether lazyrt's kernels treat denormal floats as zero (on by default, as XLA's CPU backend; "
+        "torch.set_flush_denormal's signature). Returns False where the CPU has no such mode.");
+  m.def("flush_denormal", &flush_denormal);
 
   py::module_ d = m.def_submodule("_debug", "Pending graphs and memory (debug.h).");
   d.def("graph_text", [](py::handle ts) { return debug::graph_text(tensors_from(ts, "graph_text")); },

@@ -433,8 +433,9 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
           arg("start"), arg("length"))
       .op("narrow", static_cast<Tensor (*)(const Tensor&, int64_t, int64_t, int64_t)>(&narrow), arg("dim"),
           arg("start"), arg("length"))
-      .fn("select", static_cast<Tensor (*)(const Tensor&, int64_t, const Tensor&)>(&select), arg("input"), arg("dim"),
-          arg("index"))
+      // Tensor.select / lazyrt.select (python/lazyrt/_tensor.py) call it for a tensor position.
+      .fn("_select_at", static_cast<Tensor (*)(const Tensor&, int64_t, const Tensor&)>(&select), arg("input"),
+          arg("dim"), arg("index"))
       .fn("cat", [](py::handle ts, int64_t dim) { return cat(tensors_from(ts, "cat"), dim); }, arg("tensors"),
           arg("dim") = 0)
       .fn("concat", [](py::handle ts, int64_t dim) { return cat(tensors_from(ts, "concat"), dim); }, arg("tensors"),

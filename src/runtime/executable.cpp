@@ -9,6 +9,7 @@
 #include <string>
 
 #include "util/check.h"
+#include "util/denormals.h"
 #include "lazyrt/metrics.h"
 #include "util/metrics_cells.h"
 
@@ -74,6 +75,7 @@ void Executable::patch(std::vector<void*>& args, const void* const* params,
 }
 
 void Executable::run_steps(void* const* args) {
+  const util::FlushDenormals flushed;
   if (metrics::detail::kernel_timings_flag().load(std::memory_order_relaxed)) {
     run_steps_timed(args);
     return;

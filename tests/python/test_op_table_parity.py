@@ -662,6 +662,7 @@ ELSEWHERE = {
     "unique": "test_torch_surface2.py",
     # the backend choice (test_backends.py)
     "set_backend": "test_backends.py", "current_backend": "test_backends.py", "available_backends": "test_backends.py",
+    "set_flush_denormal": "test_backends.py", "flush_denormal": "test_backends.py",
     # gradient mode (test_tensor.py)
     "is_grad_enabled": "test_tensor.py",
     # structured loops (test_loops.py)

@@ -435,7 +435,21 @@ OpCase with_values(OpCase c) {
 }
 
 // Runs the case's op in lazyrt and checks dtype, shape and values against torch's.
+// The kernels' exact values against torch's, denormals included: lazyrt flushes them to zero by
+// default (set_flush_denormal, as XLA's CPU backend), PyTorch does not.
+class KeepDenormals {
+ public:
+  KeepDenormals() : was_(flush_denormal()) { set_flush_denormal(false); }
+  ~KeepDenormals() { set_flush_denormal(was_); }
+  KeepDenormals(const KeepDenormals&) = delete;
+  KeepDenormals& operator=(const KeepDenormals&) = delete;
+
+ private:
+  bool was_;
+};
+
 void check_case(const OpCase& unread, bool pending_inputs) {
+  const KeepDenormals keep;
   ASSERT_NE(unread.op, kLoadError) << unread.attrs.at("error").at(0);
   OpCase c;
   try {

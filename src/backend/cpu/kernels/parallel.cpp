@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "util/denormals.h"
+
 extern "C" int omp_get_max_threads();
 extern "C" void omp_set_num_threads(int n);
 extern "C" int omp_get_max_active_levels();
@@ -45,6 +47,7 @@ class Job {
       : fn_(fn), ctx_(ctx), n_(n), count_(std::min<int64_t>(n / grain, static_cast<int64_t>(threads) * 4)) {}
 
   void take_chunks() noexcept {
+    const util::FlushDenormals flushed;  // on the threads that help, as on the caller's
     for (int64_t c; (c = next_.fetch_add(1)) < count_;) {
       // In 128 bits: n_ * (c + 1) may pass 2^63 for the largest tensors.
       const auto begin = static_cast<int64_t>(static_cast<__int128>(n_) * c / count_);
