@@ -93,15 +93,21 @@ def run(opts):
         lr.mark_step()
     fp, fopt = torch_peer(True)
     lp, lopt = torch_peer(False)
-    ip, iopt = torch_peer(None)
-    inductor = torch_compile(iopt.step)  # PyTorch's recipe for a compiled optimizer
+    # PyTorch's recipe for a compiled optimizer; not in --quick runs (a smoke test, where the
+    # seed step's Inductor peer already runs harness.torch_compile and Inductor's compile of
+    # this step would be most of the time).
+    inductor = None
+    if not opts.quick:
+        ip, iopt = torch_peer(None)
+        inductor = torch_compile(iopt.step)
     peers = {
         "lazyrt replayed (compile_step)": (lambda: replayed(), lambda: [p.numpy() for p in rp]),
         "lazyrt traced (mark_step every step)": (traced, lambda: [p.numpy() for p in tp]),
         "PyTorch AdamW(foreach=True)": (fopt.step, lambda: [p.detach().numpy() for p in fp]),
         "PyTorch AdamW(foreach=False), the for-loop": (lopt.step, lambda: [p.detach().numpy() for p in lp]),
-        INDUCTOR_STEP: (inductor, lambda: [p.detach().numpy() for p in ip]),
     }
+    if inductor is not None:
+        peers[INDUCTOR_STEP] = (inductor, lambda: [p.detach().numpy() for p in ip])
     for name, (fn, get) in peers.items():
         for _ in range(STEPS_CHECKED):
             fn()
@@ -145,9 +151,10 @@ def run(opts):
           f"parameters after {STEPS_CHECKED} steps are checked against lazyrt's traced steps (rtol 1e-5, atol "
           f"1e-6), and the C limit's against `torch.optim.AdamW(foreach=False)` (parameters and second moments), "
           f"before timing. After 2 warm-up steps (not counted) and lazyrt's generated kernels compiled, {reps} single "
-          f"steps per peer and limit, alternating. {INDUCTOR_STEP}: PyTorch's recipe for a compiled optimizer, "
-          f"the step of `AdamW(...)` (foreach left to PyTorch) through `torch.compile`; its first call (capture "
-          f"and compile) took {inductor.first_seconds:.1f} s.\n",
+          "steps per peer and limit, alternating."
+          + (f" {INDUCTOR_STEP}: PyTorch's recipe for a compiled optimizer, the step of `AdamW(...)` (foreach left "
+             f"to PyTorch) through `torch.compile`; its first call (capture and compile) took "
+             f"{inductor.first_seconds:.1f} s." if inductor is not None else "") + "\n",
           table(["peer", "ms per step, median [min, max]", "vs lazyrt replayed", "effective GB/s",
                  "share of the AdamW limit", "GB/s over the triad's"], rows), "",
           f"Limits: `{os.path.basename(lib.path)}` (bench/limits.c, gcc -O3 -march=native, one thread), each pass "
@@ -167,6 +174,8 @@ def run(opts):
           f"copy and triad run over f32[{stream.numel}] arrays ({stream.numel * 4 // 2**20} MiB each).\n"]
     summary = []
     for peer in ("PyTorch AdamW(foreach=True)", "PyTorch AdamW(foreach=False), the for-loop", INDUCTOR_STEP):
+        if peer not in ms:
+            continue
         summary.append((f"AdamW update, {size}", "lazyrt replayed", ms[base].cell(), "ms", peer, ms[peer].cell(),
                         ratio(ms[peer].median / ms[base].median)))
     summary.append(("AdamW update: bandwidth limit", "lazyrt replayed", ms[base].cell(), "ms",
