@@ -135,10 +135,12 @@ fuzz-frontend: setup build
 # Randomized differential test of generated kernels (tests/cpp/jit/differential_test.cpp):
 # seeded programs of elementwise ops, casts, constants and reductions over broadcast shapes,
 # compiled whole and run with generation off and with every region compiled, compared bit for
-# bit; a failure is shrunk and printed with the seed that reruns it alone. ctest runs 120.
+# bit; a failure is shrunk and printed with the seed that reruns it alone. Then as many random
+# while loops over one-element values, run by their sub-executables and as one generated loop.
+# ctest runs 120 of each.
 fuzz-jit: setup build
 	LAZYRT_JIT_FUZZ_PROGRAMS=$(FUZZ_JIT_PROGRAMS) LAZYRT_JIT_FUZZ_SEED=$(FUZZ_JIT_SEED) \
-	  $(BUILD)/tests/lazyrt_jit_tests --gtest_filter='Generated.RandomPrograms*'
+	  $(BUILD)/tests/lazyrt_jit_tests --gtest_filter='Generated.Random*'
 
 # tests/cpp/threads/threads_stress.cpp: four threads replaying compiled steps of their own models
 # (one architecture, so one executable); three replaying beside one training with plain traced

@@ -71,6 +71,12 @@ std::string encode_regions(const std::vector<FusedRegion>& regions) {
     s += g;
     put_u32(s, static_cast<uint32_t>(r.inner_strides.size()));
     for (int64_t st : r.inner_strides) put_u64(s, static_cast<uint64_t>(st));
+    put_u32(s, r.cond ? 1 : 0);
+    if (r.cond) {
+      const std::string c = ir::serialize_graph(*r.cond);
+      put_u64(s, c.size());
+      s += c;
+    }
   }
   return s;
 }
@@ -84,9 +90,14 @@ std::vector<FusedRegion> decode_regions(std::string_view bytes) {
     const uint64_t len = in.get<uint64_t>();
     r.region = ir::deserialize_graph(in.take(static_cast<size_t>(len)));
     const uint32_t strides = in.get<uint32_t>();
-    if (strides != r.region.num_params)
-      throw Error(detail::str_cat("generated kernels: a region of ", r.region.num_params, " parameters with ", strides, " strides"));
+    if (strides > bytes.size()) throw Error(detail::str_cat("generated kernels: a region with ", strides, " strides"));
     for (uint32_t k = 0; k < strides; ++k) r.inner_strides.push_back(static_cast<int64_t>(in.get<uint64_t>()));
+    if (in.get<uint32_t>() != 0) {
+      const uint64_t cond_len = in.get<uint64_t>();
+      r.cond = ir::deserialize_graph(in.take(static_cast<size_t>(cond_len)));
+    } else if (strides != r.region.num_params) {
+      throw Error(detail::str_cat("generated kernels: a region of ", r.region.num_params, " parameters with ", strides, " strides"));
+    }
   }
   if (in.at != bytes.size()) throw Error(detail::str_cat("generated kernels: ", bytes.size() - in.at, " bytes after the request"));
   return out;

@@ -6,6 +6,9 @@
 // present, as ORC's host detection finds them), emitted as a relocatable object and linked
 // into a shared object by the system linker.
 //
+// A while loop over one-element values becomes one function too (jit.h's LoopFn): its cond
+// and body inline in one machine loop, the carries in registers (emit_loop).
+//
 // Each region becomes one function (jit.h's FusedFn). Its loop walks the run in blocks of
 // kBlock elements: for each element it loads the operands (strides fixed when the kernel is
 // made: 0 for a broadcast operand, 1 for a contiguous one), runs the region's ops, and stores
@@ -44,6 +47,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "backend/cpu/kernels/elementwise_fns.h"
@@ -245,8 +249,85 @@ class Emitter {
     return f;
   }
 
+  // A while loop over one-element values (jit.h's LoopFn). Each carry lives in a stack slot
+  // of its stored dtype, so every iteration rounds it as the interpreter's buffers do (bf16,
+  // f16); the body's new values are all computed before any slot is written. The captures are
+  // loaded once.
+  void emit_loop(const FusedRegion& r, const std::string& name) {
+    const ir::Graph& body = r.region;
+    const ir::Graph& cond = *r.cond;
+    auto* ptr = llvm::PointerType::get(c_, 0);
+    auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(c_), {ptr, ptr}, false);
+    llvm::Function* f = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m_);
+    llvm::Argument* in = f->getArg(0);
+    llvm::Argument* out = f->getArg(1);
+    for (unsigned a = 0; a < 2; ++a) {
+      f->addParamAttr(a, llvm::Attribute::NoCapture);
+      f->addParamAttr(a, llvm::Attribute::ReadOnly);
+    }
+    auto* entry = llvm::BasicBlock::Create(c_, "entry", f);
+    auto* test = llvm::BasicBlock::Create(c_, "test", f);
+    auto* step = llvm::BasicBlock::Create(c_, "step", f);
+    auto* done = llvm::BasicBlock::Create(c_, "done", f);
+
+    b_.SetInsertPoint(entry);
+    const size_t carries = body.outputs.size();
+    std::vector<DType> dtype(carries);
+    std::vector<llvm::Value*> slot(carries);
+    auto operand_ptr = [&](llvm::Value* array, size_t k) {
+      return b_.CreateLoad(ptr, b_.CreateConstInBoundsGEP1_64(ptr, array, k));
+    };
+    for (size_t k = 0; k < carries; ++k) {
+      dtype[k] = body.type(body.outputs[k]).dtype;
+      auto* a = b_.CreateAlloca(llvm::ArrayType::get(llvm::Type::getInt8Ty(c_), dtype_size(dtype[k])));
+      a->setAlignment(llvm::Align(16));
+      slot[k] = a;
+      b_.CreateMemCpy(a, llvm::MaybeAlign(16), operand_ptr(in, k), llvm::MaybeAlign(1), dtype_size(dtype[k]));
+    }
+    std::map<size_t, llvm::Value*> captured;
+    for (const ir::Graph* g : {&cond, &body})
+      for (const ir::Node& n : g->nodes) {
+        if (n.op != ir::OpKind::Parameter) continue;
+        const auto p = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"index">());
+        if (p >= carries && !captured.count(p))
+          captured[p] = call("lazyrt_jit_load_" + std::string(dtype_name(n.results[0].dtype)), {operand_ptr(in, p), b_.getInt64(0)});
+      }
+    auto load = [&](size_t p, const std::string& dt) {
+      return p < carries ? call("lazyrt_jit_load_" + dt, {slot[p], b_.getInt64(0)}) : captured.at(p);
+    };
+    auto values = [&](const ir::Graph& g) {
+      std::vector<llvm::Value*> value(g.nodes.size(), nullptr), row(g.nodes.size(), nullptr);
+      for (size_t i = 0; i < g.nodes.size(); ++i) {
+        const ir::Node& node = g.nodes[i];
+        if (node.op == ir::OpKind::Full)
+          value[i] = constant_value(c_, node.results[0].dtype, ir::NodeAttrs(node.op, node.attrs).f<"value">());
+        else if (kernels::has_elementwise_fn(node.op))
+          row[i] = row_bytes(node);
+      }
+      element_values(g, value, row, load);
+      return value;
+    };
+    b_.CreateBr(test);
+
+    b_.SetInsertPoint(test);
+    const std::vector<llvm::Value*> pred = values(cond);
+    b_.CreateCondBr(pred[static_cast<size_t>(cond.outputs[0].node)], step, done);
+
+    b_.SetInsertPoint(step);
+    const std::vector<llvm::Value*> next = values(body);
+    for (size_t k = 0; k < carries; ++k)
+      call(std::string("lazyrt_jit_store_") + dtype_name(dtype[k]), {slot[k], b_.getInt64(0), next[static_cast<size_t>(body.outputs[k].node)]});
+    b_.CreateBr(test);
+
+    b_.SetInsertPoint(done);
+    for (size_t k = 0; k < carries; ++k)
+      b_.CreateMemCpy(operand_ptr(out, k), llvm::MaybeAlign(1), slot[k], llvm::MaybeAlign(16), dtype_size(dtype[k]));
+    b_.CreateRetVoid();
+  }
+
   void emit(const FusedRegion& r, const std::string& name, const llvm::Module* lib) {
     lib_declarations_ = lib;
+    if (r.cond) return emit_loop(r, name);
     const ir::Graph& g = r.region;
     auto* i64 = llvm::Type::getInt64Ty(c_);
     auto* ptr = llvm::PointerType::get(c_, 0);

@@ -199,8 +199,16 @@ std::shared_ptr<Module> new_module() {
 }
 
 int Module::add(FusedRegion r) {
-  for (const ir::Node& n : r.region.nodes)
-    if (!generated_form(n)) return -1;
+  auto takes = [&](const ir::Graph& g) {
+    for (const ir::Node& n : g.nodes) {
+      if (!generated_form(n)) return false;
+      if (r.cond)
+        for (const ir::TensorType& t : n.results)
+          if (t.numel() != 1) return false;
+    }
+    return true;
+  };
+  if (!takes(r.region) || (r.cond && !takes(*r.cond))) return -1;
   // Equal regions by their 128-bit hash, as the compile caches tell graphs apart.
   const GraphHash gh = ir::hash_graph(r.region);
   ir::Hasher h;
@@ -208,6 +216,11 @@ int Module::add(FusedRegion r) {
   h.add(gh.lo);
   h.add(static_cast<uint64_t>(r.inner_strides.size()));
   for (int64_t s : r.inner_strides) h.add(static_cast<uint64_t>(s));
+  if (r.cond) {
+    const GraphHash ch = ir::hash_graph(*r.cond);
+    h.add(ch.hi);
+    h.add(ch.lo);
+  }
   const GraphHash key = h.finish();
   const auto [at, fresh] = region_index_.try_emplace({key.hi, key.lo}, static_cast<int>(regions_.size()));
   if (fresh) {

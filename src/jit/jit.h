@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,10 +51,18 @@ void set_mode(Mode m);
 using FusedFn = void (*)(const void* const* in, const int64_t* off, void* const* out, int64_t out_offset,
                          int64_t n);
 
-/// What a generated loop is made from.
+/// A whole while loop over one-element values: in[k] holds operand k (the carries, then the
+/// captures), out[k] receives carry k's final value. An out may be an in's buffer.
+using LoopFn = void (*)(const void* const* in, void* const* out);
+
+/// What a generated loop is made from: a fusion region (a FusedFn), or a while loop whose
+/// operands and values all have one element (a LoopFn).
 struct FusedRegion {
-  ir::Graph region;                    // the fusion node's region: parameters, full, elementwise ops
-  std::vector<int64_t> inner_strides;  // per operand, its element stride within a run
+  ir::Graph region;                    // the fusion node's region, or the loop's body
+  std::vector<int64_t> inner_strides;  // per operand, its element stride within a run; none for a loop
+  /// A loop's condition (one b8 value); the body's outputs are the new carries. Both read the
+  /// loop's operands as their parameters. Every op is one the generator takes.
+  std::optional<ir::Graph> cond;
 };
 
 /// The generated kernels of one lowered graph. Kernels with equal regions (the same ops, types
@@ -64,7 +73,8 @@ class Module {
   static constexpr int kCompileAfterRuns = 2;
 
   /// Whether the generator takes this region (parameters, constants, casts, where and the ops
-  /// of the elementwise table: the kernel library has a function for each); if so, adds it
+  /// of the elementwise table: the kernel library has a function for each; for a loop, in
+  /// its cond and body, over one-element values only); if so, adds it
   /// (or finds an equal one added before) and returns the kernel's index, else -1. Indices
   /// number the kernels added, 0 the first.
   int add(FusedRegion r);
@@ -77,6 +87,8 @@ class Module {
   FusedFn fn(int k) const {
     return fns_[static_cast<size_t>(region_of_[static_cast<size_t>(k)])]->load(std::memory_order_acquire);
   }
+  /// The same for a kernel added as a while loop (a region with a cond).
+  LoopFn loop_fn(int k) const { return reinterpret_cast<LoopFn>(reinterpret_cast<void (*)()>(fn(k))); }
   /// Kernel k of the module ran interpreted, `work` element-ops: counts toward compilation.
   /// Kernel 0 counts the graph's runs.
   void ran_interpreted(const std::shared_ptr<Module>& self, int k, int64_t work);

@@ -22,15 +22,20 @@ def adamw_like(p, g, m, v, lr_):
     return p, m, v
 
 
+def rerun_in_child(test, jit):
+    """Whether the test must run in a child with LAZYRT_JIT=jit on the cpu backend (whose code it
+    is), whatever LAZYRT_JIT and LAZYRT_BACKEND the suite runs with; if so, runs it there."""
+    if os.environ.get("LAZYRT_JIT") == jit and os.environ.get("LAZYRT_BACKEND", "cpu") == "cpu":
+        return False
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__ + "::" + test.__name__],
+                       env=dict(os.environ, LAZYRT_JIT=jit, LAZYRT_BACKEND="cpu"), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    return True
+
+
 def test_a_hot_graph_gives_torchs_values_before_and_after_it_is_compiled():
-    # Generation on, on the cpu backend (whose code it is), whatever LAZYRT_JIT and LAZYRT_BACKEND
-    # the suite runs with: the test runs in a child.
-    if os.environ.get("LAZYRT_JIT") != "1" or os.environ.get("LAZYRT_BACKEND", "cpu") != "cpu":
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__ + "::" +
-                            "test_a_hot_graph_gives_torchs_values_before_and_after_it_is_compiled"],
-                           env=dict(os.environ, LAZYRT_JIT="1", LAZYRT_BACKEND="cpu"), capture_output=True, text=True,
-                           timeout=300)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    if rerun_in_child(test_a_hot_graph_gives_torchs_values_before_and_after_it_is_compiled, "1"):
         return
     rng = np.random.default_rng(0)
     n = 1 << 20  # 2^20 elements x ~20 ops: hot after its second run
@@ -50,6 +55,34 @@ def test_a_hot_graph_gives_torchs_values_before_and_after_it_is_compiled():
     # One graph, hot at its second run, compiled by the wait after the third: steps 4 to 6 ran
     # generated code.
     assert lr.metrics.counter("JitModules") == before + 1
+
+
+def test_a_loop_of_scalars_runs_as_one_generated_loop_with_torchs_values():
+    # A while loop whose carries and captures have one element each, and whose cond and body are
+    # elementwise: one generated function (generated code from the first run in sync mode).
+    if rerun_in_child(test_a_loop_of_scalars_runs_as_one_generated_loop_with_torchs_values, "sync"):
+        return
+
+    def step(c, x, y, h, scale):
+        x = x * 0.999 + (c.to(x.dtype) * scale).sin()
+        y = (y + x.to(y.dtype) * 1e-3).to(torch.bfloat16 if isinstance(y, torch.Tensor) else lr.bfloat16).to(y.dtype)
+        h = torch.where(x > 0, h + 1, h) if isinstance(h, torch.Tensor) else lr.where(x > 0, h + 1, h)
+        return c + 1, x, y, h
+
+    for n in (0, 1, 2000):
+        want = (torch.tensor(0), torch.tensor(0.25), torch.tensor(0.0, dtype=torch.float64), torch.tensor(3, dtype=torch.int32))
+        scale = torch.tensor(0.01)
+        while want[0] < n:
+            want = step(*want, scale)
+        before = lr.metrics.counter("GeneratedLoopRuns")
+        limit, lscale = lr.tensor(n, dtype=lr.int64), lr.tensor(0.01)
+        got = lr.while_loop(lambda c, x, y, h: c < limit, lambda c, x, y, h: step(c, x, y, h, lscale),
+                            (lr.tensor(0, dtype=lr.int64), lr.tensor(0.25), lr.tensor(0.0, dtype=lr.float64),
+                             lr.tensor(3, dtype=lr.int32)))
+        lr.sync(list(got))
+        assert lr.metrics.counter("GeneratedLoopRuns") == before + 1
+        assert got[0].item() == n and got[3].item() == want[3].item()
+        np.testing.assert_allclose([got[1].item(), got[2].item()], [want[1].item(), want[2].item()], rtol=1e-5)
 
 
 CHILD = r"""

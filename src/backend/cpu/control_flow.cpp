@@ -7,6 +7,12 @@
 // buffers (parity 0: read set A, write set B; parity 1: the reverse). Both are bound into the
 // sub-executables once per run of the loop, so an iteration is the cond's kernels, a flag
 // test, the body's kernels and any copies the body needs, with no pointer resolution.
+//
+// A loop whose operands all have one element and whose cond and body are ops the code
+// generator takes (elementwise ops, casts, constants, where; reshapes of one element dropped)
+// is also handed to the graph's jit::Module as one region: once hot, the whole loop runs as
+// one generated function, cond and body inlined, carries in registers (jit.h's LoopFn), with
+// the same bits as the sub-executables.
 #include "backend/cpu/control_flow.h"
 
 #include <algorithm>
@@ -79,6 +85,12 @@ struct CarrySets {
 
 struct WhileState {
   std::shared_ptr<runtime::Executable> cond, body;
+  // A loop of one-element values the code generator takes: its generated whole loop, once
+  // compiled (until then the sub-executables run, and their iterations count toward it).
+  std::shared_ptr<jit::Module> generated;
+  int generated_index = -1;
+  int64_t ops_per_iteration = 0;
+  metrics::detail::CounterCell* generated_runs = nullptr;
   size_t carries = 0, operands = 0;
   CarrySets sets;
   size_t cond_offset = 0;
@@ -121,12 +133,19 @@ void arrange(WhileState& st, int p, char* ws, const void* const* in, void* cond_
 }
 
 void run_while(WhileState& st, const void* const* in, void* const* out) {
+  if (st.generated_index >= 0)
+    if (jit::LoopFn fn = st.generated->loop_fn(st.generated_index)) {
+      fn(in, out);
+      st.generated_runs->add(1);
+      return;
+    }
   char* ws = static_cast<char*>(out[st.carries]);
   void* cond_out = ws + st.cond_offset;
   arrange(st, 0, ws, in, cond_out);
   arrange(st, 1, ws, in, cond_out);
   st.sets.copy_in(ws, in);
   int p = 0;
+  int64_t iterations = 0;
   while (true) {
     WhileState::Arrangement& a = st.parity[p];
     st.cond->run_bound(a.cond);
@@ -135,8 +154,37 @@ void run_while(WhileState& st, const void* const* in, void* const* out) {
     for (size_t c = 0; c < a.copies.size(); ++c)
       std::memcpy(a.copies[c].first, a.copies[c].second, a.copy_bytes[c]);
     p ^= 1;
+    ++iterations;
   }
   st.sets.copy_out(ws, out, p);
+  if (st.generated_index >= 0)
+    st.generated->ran_interpreted(st.generated, st.generated_index, (iterations + 1) * st.ops_per_iteration);
+}
+
+// A loop region for the code generator: the ops that only reshape one element (reshape,
+// expand, permute, flip, slice, stop_gradient) dropped, their readers reading their operand.
+// Parameters keep their indices (the loop's operands).
+ir::Graph without_one_element_reshapes(const ir::Graph& g) {
+  ir::Graph out;
+  out.num_params = g.num_params;
+  std::vector<ir::ValueRef> to(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& n = g.nodes[i];
+    const bool reshape = (n.op == ir::OpKind::Reshape || n.op == ir::OpKind::Expand || n.op == ir::OpKind::Permute ||
+                          n.op == ir::OpKind::Flip || n.op == ir::OpKind::Slice || n.op == ir::OpKind::StopGradient) &&
+                         n.operands.size() == 1 && g.type(n.operands[0]).numel() == 1 && n.results.size() == 1 &&
+                         n.results[0].numel() == 1 && n.results[0].dtype == g.type(n.operands[0]).dtype;
+    if (reshape) {
+      to[i] = to[static_cast<size_t>(n.operands[0].node)];
+      continue;
+    }
+    ir::Node copy = n;
+    for (ir::ValueRef& v : copy.operands) v = to[static_cast<size_t>(v.node)];
+    out.nodes.push_back(std::move(copy));
+    to[i] = {static_cast<int32_t>(out.nodes.size() - 1), 0};
+  }
+  for (ir::ValueRef v : g.outputs) out.outputs.push_back(to[static_cast<size_t>(v.node)]);
+  return out;
 }
 
 // ---- scan ----------------------------------------------------------------------------------
@@ -430,6 +478,20 @@ kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::Tens
   st->body = compile(*n.regions[1], {}, backend);
   st->carries = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"carries">());
   st->operands = operands.size();
+  if (generated && std::all_of(operands.begin(), operands.end(), [](const ir::TensorType& t) { return t.numel() == 1; })) {
+    jit::FusedRegion r{without_one_element_reshapes(*n.regions[1]), {}, without_one_element_reshapes(*n.regions[0])};
+    // Toward the module's compile threshold (in element-ops), an interpreted iteration counts
+    // each of its ops as several: one-element kernels cost their dispatch, not their element.
+    constexpr int64_t kOneElementOpCost = 4;
+    for (const ir::Graph* g : {&r.region, &*r.cond})
+      for (const ir::Node& node : g->nodes)
+        st->ops_per_iteration += node.op == ir::OpKind::Parameter || node.op == ir::OpKind::Full ? 0 : kOneElementOpCost;
+    st->generated_index = generated->add(std::move(r));
+    if (st->generated_index >= 0) {
+      st->generated = generated;
+      st->generated_runs = &metrics::detail::counter_cell("GeneratedLoopRuns");
+    }
+  }
   size_t ws = st->sets.place(operands, st->carries, *st->body, 0);
   st->cond_offset = ws;
   ws += 64;

@@ -333,7 +333,7 @@ Kernel make_fused(const ir::Graph& region, const std::vector<ir::TensorType>& in
   p->program = std::make_unique<ElementwiseProgram>(region);
   if (module && p->layout->repeat.empty()) {
     const size_t rank = p->layout->shape.size();
-    jit::FusedRegion r{region, {}};
+    jit::FusedRegion r{region, {}, std::nullopt};
     for (const auto& st : p->layout->strides) r.inner_strides.push_back(rank ? st[rank - 1] : 0);
     p->generated_index = module->add(std::move(r));
     if (p->generated_index >= 0) p->generated = module;

@@ -508,7 +508,7 @@ class Builder {
       part.layout = std::make_unique<BroadcastLayout>(Shape(shape_.begin() + static_cast<std::ptrdiff_t>(lead_rank_), shape_.end()), shapes);
       k->work += shape_numel(shape_) * static_cast<int64_t>(part.program->num_ops());
       if (module) {
-        jit::FusedRegion fr{*part_regions_.back(), {}};
+        jit::FusedRegion fr{*part_regions_.back(), {}, std::nullopt};
         for (const Binding& b : part.params)
           fr.inner_strides.push_back(b.kept >= 0 ? 1 : part.stride(b, part.layout->shape.size() - 1));
         part.generated = module->add(std::move(fr));
@@ -525,7 +525,7 @@ class Builder {
         return kind_[v] == Kind::Reduce || (kind_[v] == Kind::Row && static_cast<size_t>(level_[v]) < level);
       }, kPerRow);
       for (int32_t t : targets) part.outs.push_back({-1, -1, static_cast<int>(t), 0});
-      if (module) part.generated = module->add({*part_regions_.back(), std::vector<int64_t>(part.params.size(), 0)});
+      if (module) part.generated = module->add({*part_regions_.back(), std::vector<int64_t>(part.params.size(), 0), std::nullopt});
     }
     k->result_slot.assign(outputs.size(), -1);
     k->result_bytes.assign(outputs.size(), 0);
