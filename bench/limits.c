@@ -15,6 +15,9 @@
  *   exp from the same polynomial as lazyrt's (vmath.h). Not a byte limit but an arithmetic
  *   one: what these exact sums and that exp cost one thread of this machine.
  *
+ * - counter_loop: bench/peers.py's counter loop (c = 0, x = 0.0f; while c < n: c + 1, x + 1),
+ *   whose x is a chain of n dependent f32 adds: the latency of one add an iteration bounds it.
+ *
  * As STREAM, the bytes counted are the ones the pattern must move; the read-for-ownership of
  * written lines is not counted. Loops are kept loops (no memcpy: -fno-tree-loop-distribute-
  * patterns), stores are ordinary stores, and each f32 operation rounds once (-ffp-contract=off),
@@ -179,4 +182,16 @@ void lazyrt_limits_row_mse(const float* restrict x, const float* restrict t, flo
     }
     out[r] = (float)(sum / (double)n);
   }
+}
+
+/* The counter loop; n is read through a pointer so that the compiler cannot assume it. */
+void lazyrt_limits_counter_loop(const int64_t* n, int64_t* c, float* x) {
+  int64_t cc = 0;
+  float xx = 0.0f;
+  while (cc < *n) {
+    cc += 1;
+    xx += 1.0f;
+  }
+  *c = cc;
+  *x = xx;
 }

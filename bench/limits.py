@@ -33,6 +33,8 @@ def library(build):
     lib.lazyrt_limits_copy.restype = None
     lib.lazyrt_limits_copy_timed_ns.argtypes = [fptr, fptr, size_t, size_t]
     lib.lazyrt_limits_copy_timed_ns.restype = ctypes.c_double
+    lib.lazyrt_limits_counter_loop.argtypes = [fptr, fptr, fptr]
+    lib.lazyrt_limits_counter_loop.restype = None
     lib.lazyrt_limits_triad.argtypes = [fptr, fptr, fptr, ctypes.c_float, size_t]
     lib.lazyrt_limits_triad.restype = None
     lib.lazyrt_limits_adamw.argtypes = [size_t, fptr, fptr, fptr, fptr, fptr] + [ctypes.c_double] * 5 + [
@@ -205,3 +207,14 @@ def step_kernels_markdown(kernels, kernels_ns, limit_ns, calls):
         f"step. Those below 70% take {sum(k['ns'] for k in below) / 1e3:.1f} us per step "
         f"({sum(k['ns'] for k in below) / kernels_ns:.0%} of these kernels' time).\n",
     ])
+
+
+def counter_loop(lib, n):
+    """A function running bench/limits.c's counter loop to N = n and returning (c, x) as Python
+    numbers (as bench/loop_timing.measure_loop calls the peers' loops)."""
+    limit, c, x = ctypes.c_int64(n), ctypes.c_int64(), ctypes.c_float()
+
+    def call():
+        lib.lazyrt_limits_counter_loop(ctypes.byref(limit), ctypes.byref(c), ctypes.byref(x))
+        return c.value, float(x.value)
+    return call

@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 import lazyrt as lr
+import limits
 from harness import (BenchmarkError, Samples, calls_for, check_close, num, ratio, run_child_or_why,
                      run_command_or_why, table, time_side_by_side, why_failed)
-from loop_timing import measure_loop
+from loop_timing import WARMUP_S, measure_loop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = (10, 1000, 100_000, 1_000_000)
@@ -44,6 +45,8 @@ CHILD_TIMEOUT_S = 240
 STEP_REPLAYS = 5
 
 LAZYRT_WHILE = "lazyrt.while_loop"
+# The machine's limit: the same loop in C, -O3 -march=native (bench/limits.c), called through ctypes.
+LIMIT_LOOP = "the loop in C (bench/limits.c: the machine's limit)"
 LAZYRT_TORCH_WHILE = "lazyrt.torch.while_loop (torch tensors)"
 XLA_WHILE = "torch_xla: while_loop, its lowering (experimental.fori_loop imported)"
 XLA_WHILE_EAGER = "torch_xla: while_loop, PyTorch's generic loop (only torch_xla imported)"
@@ -103,13 +106,15 @@ def child_loop(peer, n, reps):
             lr.sync([c, x])
             return int(c.item()), float(x.item())
         limit = lr.tensor(n, dtype=lr.int64)
-        out["forms"][LAZYRT_WHILE] = measure_loop(lazyrt_while, n, reps)
+        # lazyrt compiles a hot loop's generated code on a background thread: waited for after
+        # the warm-up, so that the warm calls time what a long-running program runs.
+        out["forms"][LAZYRT_WHILE] = measure_loop(lazyrt_while, n, reps, settle=lr._C._jit.wait_idle)
 
         def torch_while():
             c, x, _ = lazyrt.torch.while_loop(lambda c, x, m: c < m, lambda c, x, m: (c + 1, x + 1, m),
                                               (torch.tensor(0), torch.tensor(0.0), torch.tensor(n)))
             return int(c.item()), float(x.item())
-        out["forms"][LAZYRT_TORCH_WHILE] = measure_loop(torch_while, n, reps)
+        out["forms"][LAZYRT_TORCH_WHILE] = measure_loop(torch_while, n, reps, settle=lr._C._jit.wait_idle)
         if n == SIZES[0]:
             out["seed"] = seed_loop(lambda cond, body, init: lr.while_loop(cond, body, init),
                                     lambda: (lr.tensor(10), lr.tensor(3, dtype=lr.int32)), lr.add, lambda t: t.item())
@@ -299,8 +304,11 @@ def loops(opts):
             versions[peer.split("-")[0]] = out.get("version")
             timed = [max(r["warm"]) for r in out["forms"].values() if "warm" in r]
             slowest, prev_n = (max(timed) if timed else None), n
+    lib = limits.library(opts.build)
+    for n in sizes:
+        results[(LIMIT_LOOP, n)] = (measure_loop(limits.counter_loop(lib, n), n, reps), None)
     forms = [LAZYRT_WHILE, LAZYRT_TORCH_WHILE, XLA_WHILE, XLA_FORI, XLA_WHILE_EAGER, "JAX lax.while_loop (jit)",
-             "JAX lax.fori_loop (jit)"]
+             "JAX lax.fori_loop (jit)", LIMIT_LOOP]
     rows = []
     for n in sizes:
         for form in forms:
@@ -313,7 +321,7 @@ def loops(opts):
             r, rss = results[(form, n)]
             warm = Samples(r["warm"])
             rows.append([f"{n:,}", form, num(r["first"] * 1e3), warm.cell(1e3), num(warm.median / n * 1e9),
-                         f"{rss / 2**20:.0f}"])
+                         "-" if rss is None else f"{rss / 2**20:.0f}"])
     for peer, why in failed.items():
         rows.append(["-", f"{peer}: failed", "-", "-", "-", why])
     seed_rows = [(peer, str(s["result"]), num(s["first"] * 1e3), num(s["warm"] * 1e3)) for peer, s in seeds.items()]
@@ -331,10 +339,14 @@ def loops(opts):
         "body x only: c = N less the count left); JAX `lax.while_loop` and `lax.fori_loop(0, N, ...)` inside "
         "`jax.jit`, N an argument (x64 on, for an i64 counter), in JAX's own environment. A call makes the "
         "starting values, runs the loop and reads c and x back to Python. Every (peer, N) runs in a fresh child "
-        "process, so the first call traces and compiles at every N; then 1 warm-up call, not kept, then "
+        f"process, so the first call traces and compiles at every N; then warm-up calls for {WARMUP_S} s (at "
+        "least one), not kept (lazyrt then waits for its background compiler, which the warm-up may have "
+        "handed the loop's generated code: the warm calls time what a long-running program runs), then "
         f"{reps} batches of about 20 ms of warm calls (2 single calls where one takes over 1 s); c and x are "
         "checked equal to N on the first call, before anything is timed, and on every timed call. ns / "
-        "iteration: the warm median over N (at small N, the call's fixed cost). peak RSS: the child process's "
+        "iteration: the warm median over N (at small N, the call's fixed cost). The machine's limit: the same "
+        "loop in C (-O3 -march=native), whose x is a chain of N dependent f32 adds, called in this process "
+        "through ctypes. peak RSS: the child process's "
         "maximum resident size at its end, the whole process (interpreter, torch or JAX, lazyrt) included. XLA's "
         f"Eigen thread pool is off at 1 thread (`--xla_cpu_multi_thread_eigen=false`). Versions: "
         f"{', '.join(v for v in versions.values() if v) or '-'}.\n",
@@ -354,7 +366,7 @@ def loops(opts):
     for n in reversed(sizes):
         if (LAZYRT_WHILE, n) in results:
             base = Samples(results[(LAZYRT_WHILE, n)][0]["warm"])
-            for form in (XLA_WHILE, XLA_WHILE_EAGER, "JAX lax.while_loop (jit)"):
+            for form in (XLA_WHILE, XLA_FORI, XLA_WHILE_EAGER, "JAX lax.while_loop (jit)", LIMIT_LOOP):
                 if (form, n) in results:
                     peer = Samples(results[(form, n)][0]["warm"])
                     summary.append((f"counter loop, N = {n:,}: warm call", LAZYRT_WHILE, base.cell(1e3), "ms",

@@ -482,7 +482,7 @@ kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::Tens
     jit::FusedRegion r{without_one_element_reshapes(*n.regions[1]), {}, without_one_element_reshapes(*n.regions[0])};
     // Toward the module's compile threshold (in element-ops), an interpreted iteration counts
     // each of its ops as several: one-element kernels cost their dispatch, not their element.
-    constexpr int64_t kOneElementOpCost = 4;
+    constexpr int64_t kOneElementOpCost = 8;
     for (const ir::Graph* g : {&r.region, &*r.cond})
       for (const ir::Node& node : g->nodes)
         st->ops_per_iteration += node.op == ir::OpKind::Parameter || node.op == ir::OpKind::Full ? 0 : kOneElementOpCost;
