@@ -38,7 +38,9 @@ generator made a program PyTorch rejects; counted); "noisy" (float32 differences
 not show: the program matches in float64, and in float32 it matches at ten times the tolerance
 or is as accurate as eager against the float64 run, or differs from eager no more than eager
 does from itself when every parameter moves by some units in the last place; in a float64
-program, that last rule alone: see _within_conditioning); "failed" (a difference, or any other
+program, that last rule alone: see _within_conditioning; a program with attention that matches
+eager run with PyTorch's math attention kernel, whose formula lazyrt computes, where eager's
+default CPU flash kernel rounds otherwise); "failed" (a difference, or any other
 exception). A failure is shrunk — layers, calls and features dropped one at a time while a
 failure of the same class persists — and printed with its seed.
 
@@ -81,7 +83,7 @@ from lazyrt.torch import CaptureError, GraphBreakWarning, UnsupportedOperatorErr
 TOL = {"float32": (1e-4, 1e-5), "float64": (1e-7, 1e-9), "autocast": (5e-2, 5e-2)}
 # The modes that serve as the oracle: PyTorch eager, and torch.compile(backend="eager") where
 # Dynamo's own semantics differ from eager's.
-ORACLES = ("eager", "dynamo-eager")
+ORACLES = ("eager", "dynamo-eager", "eager-math")
 # The lazyrt device's modes: its tensors traced and synced every call ("device"), or the step of
 # device tensors through lazyrt.torch.compile ("device-compile").
 DEVICE_MODES = ("device", "device-compile")
@@ -528,6 +530,13 @@ class Layer(nn.Module):
         raise AssertionError(k)
 
 
+def _untied(h):
+    """h with exact ties along dim 1 broken by a small ramp: among equal values (a cummax before,
+    a constant column), which positions sort or topk pick, and so where the gradient goes, is
+    the kernel's choice, which PyTorch leaves unspecified."""
+    return h + torch.arange(h.shape[1], dtype=h.dtype, device=h.device) * 1e-3
+
+
 def _op(a, h):
     if a == "tanh":
         return torch.tanh(h)
@@ -558,9 +567,9 @@ def _op(a, h):
     if a == "rsqrt":
         return torch.rsqrt(h * h + 1)
     if a == "sort":
-        return torch.sort(h, dim=1, descending=True).values
+        return torch.sort(_untied(h), dim=1, descending=True).values
     if a == "topk_pad":
-        return torch.topk(h, min(h.shape[1], 2), dim=1).values
+        return torch.topk(_untied(h), min(h.shape[1], 2), dim=1).values
     if a == "index_cols":  # advanced indexing: columns gathered, some twice, one from the end
         f = h.shape[1]
         idx = torch.tensor([(3 * j + 1) % f for j in range(f)][:-1] + [-1])
@@ -837,7 +846,12 @@ class World:
             res = self.fn(x.to(dev), y.to(dev))
             lazyrt.torch.sync()
             return res
-        res = self.fn(x, y)
+        if self.mode == "eager-math":  # PyTorch's math attention kernel, the formula lazyrt computes
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+            with sdpa_kernel(SDPBackend.MATH):
+                res = self.fn(x, y)
+        else:
+            res = self.fn(x, y)
         if self._grads:
             top = max(float(g.abs().max()) for g in self._grads.values() if g.numel())
             thr = NOISE_REL["autocast" if self.p.config["step"]["autocast"] else self.p.config["dtype"]] * top
@@ -1214,6 +1228,15 @@ def run_program(p, mode="lazyrt", perturb=None, recheck=True, tol_scale=1.0, noi
             and out.klass() in ("value", "grad", "state") and _within_conditioning(p, mode, oracle) is None):
         # float64 rounding amplified by the program itself (see _within_conditioning).
         return Outcome(p, "noisy", out.text, breaks, warns)
+    if (recheck and out.failed and oracle == "eager" and p.config["stem"] in ("mha", "sdpa")
+            and out.klass() in ("value", "grad", "state")):
+        # PyTorch eager runs attention with its CPU flash kernel, whose rounding (bf16 above all)
+        # differs from its math kernel's; lazyrt computes the math kernel's formula. Where eager
+        # with the math kernel matches, the difference is PyTorch's choice of kernel, which the
+        # program amplifies: counted as "noisy".
+        if run_program(p, mode, perturb, recheck=False, oracle="eager-math").kind == "match":
+            return Outcome(p, "noisy", "eager's attention kernel (eager with its math kernel matches): " + out.text,
+                           breaks, warns)
     if kind == "match" and has_dropout(p) and mode == "lazyrt":
         d = dropout_probe(p)
         if d:
