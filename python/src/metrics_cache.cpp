@@ -2,6 +2,7 @@
 // settings, generated kernels' compiler thread, and looking at pending graphs and memory; the
 // backend choice (backend.h). All thread-safe in C++; nothing here syncs.
 #include "bindings.h"
+#include "ir/op.h"
 #include "jit/jit.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
@@ -90,6 +91,14 @@ void bind_metrics_cache(py::module_& m) {
   m.def("flush_denormal", &flush_denormal);
 
   py::module_ d = m.def_submodule("_debug", "Pending graphs and memory (debug.h).");
+  d.def("op_table", [] {
+    py::list rows;
+    for (int i = 0; i < ir::kNumOps; ++i) {
+      const ir::OpInfo& info = ir::op_info(static_cast<ir::OpKind>(i));
+      rows.append(py::make_tuple(std::string(info.name), std::string(info.aten)));
+    }
+    return rows;
+  }, "The rows of the op table (ir/ops.def): (name, the ATen overloads lazyrt.torch lowers to it, space separated).");
   d.def("graph_text", [](py::handle ts) { return debug::graph_text(tensors_from(ts, "graph_text")); },
         py::arg("tensors"), "The graph a sync of these tensors would compile, as text.");
   d.def("graph_node_count", [](py::handle ts) { return debug::graph_node_count(tensors_from(ts, "graph_node_count")); },

@@ -452,7 +452,7 @@ constexpr GradRule grad_ReduceScatter = nullptr;
 constexpr GradRule grad_Broadcast = nullptr;
 
 constexpr std::array<GradRule, ir::kNumOps> kRules = {
-#define OP(Enum, name, operands, rule, flags, attrs) grad_##Enum,
+#define OP(Enum, name, operands, rule, flags, attrs, aten) grad_##Enum,
 #include "ir/ops.def"
 #undef OP
 };

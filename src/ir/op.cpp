@@ -35,8 +35,8 @@ std::vector<AttrSpec> parse_attr_specs(std::string_view spec) {
 
 const std::array<OpInfo, kNumOps>& table() {
   static const std::array<OpInfo, kNumOps> t = {{
-#define OP(Enum, name, operands, rule, flags, attrs) \
-  OpInfo{name, operands, ResultRule::rule, static_cast<uint32_t>(flags), parse_attr_specs(attrs)},
+#define OP(Enum, name, operands, rule, flags, attrs, aten) \
+  OpInfo{name, operands, ResultRule::rule, static_cast<uint32_t>(flags), parse_attr_specs(attrs), aten},
 #include "ir/ops.def"
 #undef OP
   }};

@@ -9,7 +9,7 @@
 namespace lazyrt::ir {
 
 enum class OpKind : uint16_t {
-#define OP(Enum, name, operands, rule, flags, attrs) Enum,
+#define OP(Enum, name, operands, rule, flags, attrs, aten) Enum,
 #include "ir/ops.def"
 #undef OP
 };
@@ -17,7 +17,7 @@ enum class OpKind : uint16_t {
 // Number of rows in ops.def. Tables indexed by OpKind static_assert against it, so a table
 // that misses an op does not compile.
 inline constexpr int kNumOps = 0
-#define OP(Enum, name, operands, rule, flags, attrs) +1
+#define OP(Enum, name, operands, rule, flags, attrs, aten) +1
 #include "ir/ops.def"
 #undef OP
     ;
@@ -32,7 +32,7 @@ enum OpFlags : uint32_t {
 
 /// Each row's flags, for checks at compile time (has_flag() reads the same values).
 inline constexpr uint32_t kOpFlags[] = {
-#define OP(Enum, name, operands, rule, flags, attrs) (flags),
+#define OP(Enum, name, operands, rule, flags, attrs, aten) (flags),
 #include "ir/ops.def"
 #undef OP
 };
@@ -106,6 +106,7 @@ struct OpInfo {
   ResultRule rule;
   uint32_t flags;
   std::vector<AttrSpec> attrs;
+  std::string_view aten;  // the ATen overloads lazyrt.torch lowers to this op, space separated
 };
 
 const OpInfo& op_info(OpKind op);
@@ -139,7 +140,7 @@ struct AttrName {
 namespace attr_specs {
 
 inline constexpr std::string_view kAttrSpecs[] = {
-#define OP(Enum, name, operands, rule, flags, attrs) attrs,
+#define OP(Enum, name, operands, rule, flags, attrs, aten) attrs,
 #include "ir/ops.def"
 #undef OP
 };

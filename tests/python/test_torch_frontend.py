@@ -744,6 +744,66 @@ def test_layer_and_group_norm_of_bf16_values_as_atens_cpu_kernels(norm):
         assert lazy_err <= 1.05 * eager_err + slack * float(r.norm()), (k, lazy_err, eager_err)
 
 
+def test_every_aten_op_the_op_table_names_has_a_lowering():
+    # ir/ops.def names, per op, the ATen overloads lazyrt.torch lowers to it: each must exist in
+    # this PyTorch and have a lowering (or a decomposition the capture applies), else a step
+    # using it breaks its graph for want of one.
+    from lazyrt.torch._capture import _decompositions
+    from lazyrt.torch._lower import LOWERINGS
+    table = lazyrt._C._debug.op_table()
+    decomposed = _decompositions()
+    unknown, missing = [], []
+    for name, aten in table:
+        for overload in aten.split():
+            packet, _, variant = overload.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet, None), variant, None)
+            if op is None:
+                unknown.append(f"{name}: aten.{overload}")
+            elif op not in LOWERINGS and op not in decomposed:
+                missing.append(f"{name}: aten.{overload}")
+    assert not unknown, f"ops.def names ATen overloads this PyTorch lacks: {unknown}"
+    assert not missing, f"ops.def names ATen overloads lazyrt.torch does not lower: {missing}"
+    assert sum(bool(aten) for _, aten in table) >= 70  # the column is filled
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_amin_index_select_scatter_add_and_index_add_in_a_step_equal_eager(dtype):
+    # Ops the op table names whose lowerings came with the check above: values and gradients
+    # against eager, repeated indices included (index_add and scatter_add accumulate them),
+    # with ties for amin (its gradient splits evenly among them).
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(5, 4, generator=g, dtype=dtype)
+    w0[1, 2] = w0[1, 0]  # a tie along dim 1 in row 1
+
+    def make(holder):
+        def step(idx, src_idx, x):
+            w = holder.w
+            a = torch.amin(w, dim=1) * 2
+            b = torch.index_select(w, 0, idx).sum(1)
+            c = torch.zeros(5, 4, dtype=w.dtype).scatter_add(0, src_idx, w * x)
+            d = torch.zeros(7, 4, dtype=w.dtype).index_add(0, idx, torch.index_select(w, 0, idx), alpha=0.5)
+            loss = a.sum() + (b * b).sum() + (c * c).sum() + d.pow(2).sum()
+            holder.w.grad = None
+            loss.backward()
+            return loss.detach(), a.detach(), c.detach(), d.detach()
+        return step
+    idx = torch.tensor([4, 0, 4, 2, 1, 0])
+    src_idx = torch.tensor([[0, 1, 0, 3], [4, 4, 2, 0], [1, 1, 1, 1], [0, 2, 3, 4], [2, 0, 0, 1]])
+    x = torch.randn(5, 4, generator=g, dtype=dtype)
+    hl, he = nn.Module(), nn.Module()
+    hl.w, he.w = nn.Parameter(w0.clone()), nn.Parameter(w0.clone())
+    compiled, eager = lazyrt.torch.compile(make(hl), model=hl), make(he)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    breaks = lazyrt.metrics.counter("GraphBreak")
+    for call in range(2):
+        got, want = compiled(idx, src_idx, x + call), eager(idx, src_idx, x + call)
+        assert compiled.captures == 1 and lazyrt.metrics.counter("GraphBreak") == breaks
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), **tol)
+        np.testing.assert_allclose(hl.w.grad.numpy(), he.w.grad.numpy(), **tol)
+    assert compiled.captures == 1
+
+
 class Bessel(nn.Module):
     def forward(self, x):
         return torch.special.bessel_j0(x)  # PyTorch 1.13: no gradient flows through it

@@ -504,6 +504,21 @@ def _scatter(e, x, dim, index, src):
     return _C.scatter(_cast(x, e.dtype), dim, index, _cast(src, e.dtype))
 
 
+@lowering(aten.scatter_add.default)
+def _scatter_add(e, x, dim, index, src):
+    return _C.scatter_add(_cast(x, e.dtype), dim, index, _cast(src, e.dtype))
+
+
+@lowering(aten.index_select.default)
+def _index_select(e, x, dim, index):
+    return _C.index_select(x, dim, index)
+
+
+@lowering(aten.index_add.default)
+def _index_add(e, x, dim, index, source, alpha=1):
+    return _C.index_add(_cast(x, e.dtype), dim, index, _cast(source, e.dtype), alpha=alpha)
+
+
 @lowering(aten.triu.default)
 def _triu(e, x, diagonal=0):
     return _C.triu(x, diagonal)
@@ -794,6 +809,11 @@ def _mean(e, x, dim=None, keepdim=False, dtype=None):
 @lowering(aten.amax.default)
 def _amax(e, x, dim=(), keepdim=False):
     return _C.amax(x, _reduce_dims(dim, x.dim()), keepdim)
+
+
+@lowering(aten.amin.default)
+def _amin(e, x, dim=(), keepdim=False):
+    return _C.amin(x, _reduce_dims(dim, x.dim()), keepdim)
 
 
 def _norm(x, p, dim, keepdim):

@@ -11,7 +11,7 @@ class Module;
 
 namespace lazyrt::kernels {
 
-#define OP(Enum, name, operands, rule, flags, attrs) Kernel make_##Enum(const KernelSpec& spec);
+#define OP(Enum, name, operands, rule, flags, attrs, aten) Kernel make_##Enum(const KernelSpec& spec);
 #include "ir/ops.def"
 #undef OP
 

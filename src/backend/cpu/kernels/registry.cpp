@@ -8,7 +8,7 @@ namespace {
 using Maker = Kernel (*)(const KernelSpec&);
 
 constexpr std::array<Maker, ir::kNumOps> kMakers = {
-#define OP(Enum, name, operands, rule, flags, attrs) &make_##Enum,
+#define OP(Enum, name, operands, rule, flags, attrs, aten) &make_##Enum,
 #include "ir/ops.def"
 #undef OP
 };
