@@ -90,6 +90,45 @@ Built build(const Recipe& r) {
 
 constexpr DType kFloats[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 
+// Appends steps to a recipe where the type rules take them (each returns its value, or -1).
+struct Steps {
+  Recipe& r;
+  Built b;
+  explicit Steps(Recipe& recipe) : r(recipe), b(build(recipe)) {}
+  TensorType type_of(int v) const { return b.g.type(b.values[static_cast<size_t>(v)]); }
+  int count() const { return static_cast<int>(b.values.size()); }
+  // An operand: the newest value half the time (chains, which fuse), else any.
+  int pick(std::mt19937& rng) const { return static_cast<int>(rng() % 2 ? b.values.size() - 1 : rng() % b.values.size()); }
+  int add(OpKind op, std::vector<int> operands, ir::Attrs attrs = {}) {
+    Recipe::Step s{op, std::move(operands), std::move(attrs)};
+    try {
+      b.values.push_back(add_step(b, s));
+    } catch (const Error&) {
+      return -1;
+    }
+    r.steps.push_back(std::move(s));
+    return count() - 1;
+  }
+  // v as dtype d: v itself, or a cast of it.
+  int as(int v, DType d) { return type_of(v).dtype == d ? v : add(OpKind::Cast, {v}, {d}); }
+  // A random op of the elementwise table on a and values picked (cast to a's dtype); where's
+  // condition a comparison of a with another value.
+  int table_op(std::mt19937& rng, int a) {
+    static const std::vector<OpKind> table = testing::table_ops();
+    const OpKind op = table[rng() % table.size()];
+    const std::vector<ir::Attrs> variants = testing::attr_variants(op);
+    std::vector<int> operands{a};
+    for (int k = 1; k < ir::op_info(op).operands; ++k) operands.push_back(as(pick(rng), type_of(a).dtype));
+    if (op == OpKind::Where) {
+      const int c = add(rng() % 2 ? OpKind::Gt : OpKind::Le, {a, operands[1]});
+      if (c < 0) return -1;
+      operands = {c, operands[1], operands[2]};
+    }
+    if (std::find(operands.begin(), operands.end(), -1) != operands.end()) return -1;
+    return add(op, operands, variants[rng() % variants.size()]);
+  }
+};
+
 Recipe generate(std::mt19937& rng) {
   const int64_t sizes[] = {1, 2, 3, 5, 7, 16, 17, 64, 100, 257};
   Shape target;
@@ -117,74 +156,44 @@ Recipe generate(std::mt19937& rng) {
     r.params.push_back(std::move(p));
   }
 
-  Built b = build(r);
-  auto type_of = [&](int v) { return b.g.type(b.values[static_cast<size_t>(v)]); };
-  // Operands: the newest value half the time (chains, which fuse), else any.
-  auto pick = [&] { return static_cast<int>(rng() % 2 ? b.values.size() - 1 : rng() % b.values.size()); };
-  // Appends the step where its type rule takes it; returns its value, or -1.
-  auto try_step = [&](OpKind op, std::vector<int> operands, ir::Attrs attrs = {}) {
-    Recipe::Step s{op, std::move(operands), std::move(attrs)};
-    try {
-      b.values.push_back(add_step(b, s));
-    } catch (const Error&) {
-      return -1;
-    }
-    r.steps.push_back(std::move(s));
-    return static_cast<int>(b.values.size()) - 1;
-  };
-  // v as dtype d: v itself, or a cast of it.
-  auto as = [&](int v, DType d) { return type_of(v).dtype == d ? v : try_step(OpKind::Cast, {v}, {d}); };
-  const std::vector<OpKind> table = testing::table_ops();
-
+  Steps st(r);
   const int num_steps = 6 + static_cast<int>(rng() % 19);
   for (int step = 0; step < num_steps; ++step) {
     const int kind = static_cast<int>(rng() % 12);
-    const int a = pick();
-    const TensorType ta = type_of(a);
+    const int a = st.pick(rng);
+    const TensorType ta = st.type_of(a);
     if (kind <= 6) {
-      const OpKind op = table[rng() % table.size()];
-      const std::vector<ir::Attrs> variants = testing::attr_variants(op);
-      std::vector<int> operands{a};
-      const int arity = ir::op_info(op).operands;
-      for (int k = 1; k < arity; ++k) operands.push_back(as(pick(), ta.dtype));
-      if (op == OpKind::Where) {
-        // where(cond, x, y): the condition a comparison of a with another value.
-        const int c = try_step(rng() % 2 ? OpKind::Gt : OpKind::Le, {a, operands[1]});
-        if (c < 0) continue;
-        operands = {c, operands[1], operands[2]};
-      }
-      if (std::find(operands.begin(), operands.end(), -1) != operands.end()) continue;
-      try_step(op, operands, variants[rng() % variants.size()]);
+      st.table_op(rng, a);
     } else if (kind == 7) {
       const DType to[] = {real, others[3], DType::i32, DType::b8};
-      try_step(OpKind::Cast, {a}, {to[rng() % std::size(to)]});
+      st.add(OpKind::Cast, {a}, {to[rng() % std::size(to)]});
     } else if (kind == 8 && !ta.shape.empty()) {
       // A reduction over trailing or leading dims, dims kept (a fused row or a reduction kernel).
       const OpKind ops[] = {OpKind::Sum, OpKind::Amax, OpKind::Mean};
       const int64_t d = static_cast<int64_t>(rng() % ta.shape.size());
       std::vector<int64_t> dims{d};
       if (d + 1 < static_cast<int64_t>(ta.shape.size()) && rng() % 2) dims.push_back(d + 1);
-      try_step(ops[rng() % std::size(ops)], {a}, {dims, true});
+      st.add(ops[rng() % std::size(ops)], {a}, {dims, true});
     } else if (kind == 9 && !ta.shape.empty()) {
-      try_step(OpKind::Flip, {a}, {std::vector<int64_t>{static_cast<int64_t>(rng() % ta.shape.size())}});
+      st.add(OpKind::Flip, {a}, {std::vector<int64_t>{static_cast<int64_t>(rng() % ta.shape.size())}});
     } else if (kind == 10) {
-      try_step(OpKind::Expand, {a}, {target});
+      st.add(OpKind::Expand, {a}, {target});
     } else {
       // With a constant of a's dtype, on either side.
       const double values[] = {0.5, -2.0, 3.0, 1e-3, 100.0, 0.1};
       const OpKind ops[] = {OpKind::Add, OpKind::Mul, OpKind::Sub, OpKind::Div, OpKind::Maximum, OpKind::Pow};
-      const int c = try_step(OpKind::Full, {}, {values[rng() % std::size(values)], Shape{}, ta.dtype});
+      const int c = st.add(OpKind::Full, {}, {values[rng() % std::size(values)], Shape{}, ta.dtype});
       if (c < 0) continue;
       const bool left = rng() % 2;
-      try_step(ops[rng() % std::size(ops)], {left ? c : a, left ? a : c});
+      st.add(ops[rng() % std::size(ops)], {left ? c : a, left ? a : c});
     }
   }
-  if (r.steps.empty()) try_step(OpKind::Neg, {static_cast<int>(rng() % r.params.size())});
-  if (r.steps.empty()) try_step(OpKind::LogicalNot, {0});
+  if (r.steps.empty()) st.add(OpKind::Neg, {static_cast<int>(rng() % r.params.size())});
+  if (r.steps.empty()) st.add(OpKind::LogicalNot, {0});
 
   // Outputs: the last step and two more; some offered a parameter of their type to write over.
   const int first_step = static_cast<int>(r.params.size());
-  const int last = static_cast<int>(b.values.size()) - 1;
+  const int last = st.count() - 1;
   r.outputs.push_back(last);
   for (int k = 0; k < 2; ++k) {
     const int v = first_step + static_cast<int>(rng() % r.steps.size());
@@ -194,7 +203,7 @@ Recipe generate(std::mt19937& rng) {
   for (int v : r.outputs) {
     int32_t donate = -1;
     for (size_t p = 0; p < r.params.size() && donate < 0; ++p)
-      if (!offered[p] && r.params[p].perm.empty() && r.params[p].type == type_of(v) && rng() % 2) {
+      if (!offered[p] && r.params[p].perm.empty() && r.params[p].type == st.type_of(v) && rng() % 2) {
         donate = static_cast<int32_t>(p);
         offered[p] = true;
       }
@@ -375,52 +384,28 @@ LoopRecipe generate_loop(std::mt19937& rng) {
   for (size_t k = 1; k < l.carries; ++k) r.params.push_back({{kinds[rng() % std::size(kinds)], {}}, {}});
   r.params.push_back({{DType::i64, {}}, {}});  // n
   for (size_t k = 1; k < captures; ++k) r.params.push_back({{kinds[rng() % std::size(kinds)], {}}, {}});
-  Built b = build(r);
-  auto type_of = [&](int v) { return b.g.type(b.values[static_cast<size_t>(v)]); };
-  auto try_step = [&](OpKind op, std::vector<int> operands, ir::Attrs attrs = {}) {
-    Recipe::Step s{op, std::move(operands), std::move(attrs)};
-    try {
-      b.values.push_back(add_step(b, s));
-    } catch (const Error&) {
-      return -1;
-    }
-    r.steps.push_back(std::move(s));
-    return static_cast<int>(b.values.size()) - 1;
-  };
-  auto as = [&](int v, DType d) { return type_of(v).dtype == d ? v : try_step(OpKind::Cast, {v}, {d}); };
-  const int one = try_step(OpKind::Full, {}, {1.0, Shape{}, DType::i64});
-  const int counter = try_step(OpKind::Add, {0, one});
-  auto pick = [&] { return static_cast<int>(rng() % 2 ? b.values.size() - 1 : rng() % b.values.size()); };
-  const std::vector<OpKind> table = testing::table_ops();
+  Steps st(r);
+  const int one = st.add(OpKind::Full, {}, {1.0, Shape{}, DType::i64});
+  const int counter = st.add(OpKind::Add, {0, one});
   const int num_steps = 3 + static_cast<int>(rng() % 12);
   for (int step = 0; step < num_steps; ++step) {
     const int kind = static_cast<int>(rng() % 10);
-    const int a = pick();
-    const DType da = type_of(a).dtype;
+    const int a = st.pick(rng);
+    const DType da = st.type_of(a).dtype;
     if (kind <= 5) {
-      const OpKind op = table[rng() % table.size()];
-      const std::vector<ir::Attrs> variants = testing::attr_variants(op);
-      std::vector<int> operands{a};
-      for (int k = 1; k < ir::op_info(op).operands; ++k) operands.push_back(as(pick(), da));
-      if (op == OpKind::Where) {
-        const int c = try_step(rng() % 2 ? OpKind::Gt : OpKind::Le, {a, operands[1]});
-        if (c < 0) continue;
-        operands = {c, operands[1], operands[2]};
-      }
-      if (std::find(operands.begin(), operands.end(), -1) != operands.end()) continue;
-      try_step(op, operands, variants[rng() % variants.size()]);
+      st.table_op(rng, a);
     } else if (kind <= 7) {
-      try_step(OpKind::Cast, {a}, {kinds[rng() % std::size(kinds)]});
+      st.add(OpKind::Cast, {a}, {kinds[rng() % std::size(kinds)]});
     } else {
       const double values[] = {0.5, -2.0, 3.0, 1e-3, 0.99, 1.01};
       const OpKind ops[] = {OpKind::Add, OpKind::Mul, OpKind::Sub, OpKind::Div, OpKind::Maximum, OpKind::Minimum};
-      const int c = try_step(OpKind::Full, {}, {values[rng() % std::size(values)], Shape{}, da});
-      if (c >= 0) try_step(ops[rng() % std::size(ops)], rng() % 2 ? std::vector<int>{c, a} : std::vector<int>{a, c});
+      const int c = st.add(OpKind::Full, {}, {values[rng() % std::size(values)], Shape{}, da});
+      if (c >= 0) st.add(ops[rng() % std::size(ops)], rng() % 2 ? std::vector<int>{c, a} : std::vector<int>{a, c});
     }
   }
   r.outputs.push_back(counter);
   for (size_t k = 1; k < l.carries; ++k) {
-    const int v = as(rng() % 3 ? static_cast<int>(b.values.size()) - 1 - static_cast<int>(rng() % 3) : pick(), r.params[k].type.dtype);
+    const int v = st.as(rng() % 3 ? st.count() - 1 - static_cast<int>(rng() % 3) : st.pick(rng), r.params[k].type.dtype);
     r.outputs.push_back(v < 0 ? static_cast<int>(k) : v);
   }
   r.donations.assign(r.outputs.size(), -1);
