@@ -22,9 +22,7 @@ import torch.utils._pytree as pytree
 
 import lazyrt
 from lazyrt.torch._capture import CaptureError, _fake_trace, tracing
-from lazyrt.torch._lower import _DTYPES, LoweredGraph
-
-_TORCH_DTYPES = {lazy: t for t, lazy in _DTYPES.items()}
+from lazyrt.torch._lower import _TORCH_DTYPES, LoweredGraph
 
 
 class _Inputs:
