@@ -14,7 +14,9 @@ Measures per (form, N):
 - compile: the part of the first run that is not execution (lazyrt: first run minus its ExecuteTime;
   TorchScript: the CompilationUnit's time);
 - run: a warm run, after one more untimed run (lazyrt: compile-cache hit, tracing included as every
-  host-side run pays it; TorchScript: a call after the profiling and the optimizing calls);
+  host-side run pays it, after waiting for the background compiler the untimed run may have
+  handed the loop's generated code; TorchScript: a call after the profiling and the optimizing
+  calls);
 - memory: C heap in use once the program is built, above the start of the first run (lazyrt:
   the traced graph, before it runs; TorchScript: after the first call, its compiled and profiled
   function alive), and lazyrt's own device-buffer peak.
@@ -78,6 +80,10 @@ class LazyrtForm:
         """Drops every compiled program, so that the next run is cold."""
         lr.cache.clear_memory()
 
+    def settle(self):
+        """Waits for the code the background compiler was handed (a loop made hot)."""
+        lr._C._jit.wait_idle()
+
 
 class LazyrtWhile(LazyrtForm):
     name = "lazyrt while_loop"
@@ -108,6 +114,9 @@ class TorchScriptLoop:
 
     def forget(self):
         self.fn = None
+
+    def settle(self):
+        pass
 
     def run(self, n, cold):
         if cold:
@@ -154,6 +163,7 @@ def measure(form, n, cold_reps, warm_reps):
         else:
             compile_.append(elapsed - lr.metrics.timing_total_ns("ExecuteTime") * 1e-9)
     form.run(n, cold=False)  # not counted: TorchScript optimizes the graph on its second call
+    form.settle()
     warm = []
     for _ in range(warm_reps):
         t0 = time.perf_counter()
