@@ -133,6 +133,134 @@ bool same_values(py::handle dict, const std::vector<py::object>& expected) {
   return true;
 }
 
+// What a place of lazyrt.torch._reads holds now (kind: 0 a closure cell, 1 an entry of a dict,
+// 2 an attribute in an object's own dict), borrowed; nullptr where it holds nothing (or the
+// lookup failed: the error is cleared).
+PyObject* read_place(int kind, py::handle holder, py::handle key) {
+  if (kind == 0) return PyCell_GET(holder.ptr());
+  PyObject* dict = holder.ptr();
+  if (kind == 2) {
+    PyObject** d = _PyObject_GetDictPtr(dict);
+    dict = d ? *d : nullptr;
+  }
+  if (!dict) return nullptr;
+  PyObject* now = PyDict_GetItemWithError(dict, key.ptr());
+  if (!now && PyErr_Occurred()) PyErr_Clear();
+  return now;
+}
+
+// An item of a tuple, list or dict (key: an index, or the dict's key), borrowed; nullptr where
+// there is none.
+PyObject* item_of(PyObject* v, PyObject* key) {
+  if (PyDict_CheckExact(v)) {
+    PyObject* x = PyDict_GetItemWithError(v, key);
+    if (!x && PyErr_Occurred()) PyErr_Clear();
+    return x;
+  }
+  if (!PyTuple_CheckExact(v) && !PyList_CheckExact(v)) return nullptr;
+  const Py_ssize_t i = PyLong_AsSsize_t(key);
+  if (i == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  const Py_ssize_t n = PyTuple_CheckExact(v) ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v);
+  if (i < 0 || i >= n) return nullptr;
+  return PyTuple_CheckExact(v) ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i);
+}
+
+// What a capture depends on of a value a step reads from a place by its metadata, by the rules
+// of lazyrt.torch._reads.meta (its limits given): a tensor's class, shape, dtype and device
+// (strided); an exact tuple, list or dict of at most `items` items, up to `depth`
+// deep: its class and its keys and items' metadata, in order; a plain value: the value; another
+// object: that object.
+struct ValueMeta {
+  enum Kind { Tensor, Items, Plain, Object } kind = Object;
+  PyTypeObject* type = nullptr;
+  Meta meta;                      // Tensor
+  c10::Device device{c10::kCPU};  // Tensor
+  py::object value;               // Plain: the value; Object: the object
+  std::vector<std::pair<py::object, ValueMeta>> items;  // Items: (key or index, item)
+};
+struct MetaLimits {
+  int depth = 0;
+  Py_ssize_t items = 0;
+};
+
+// The items of an exact tuple, list or dict within the limits, as (key, item) pairs; false for
+// other values.
+bool items_of(PyObject* v, const MetaLimits& limits, int depth, std::vector<std::pair<PyObject*, PyObject*>>& out) {
+  out.clear();
+  if (depth >= limits.depth) return false;
+  if (PyDict_CheckExact(v)) {
+    if (PyDict_Size(v) > limits.items) return false;
+    Py_ssize_t pos = 0;
+    PyObject *k, *x;
+    while (PyDict_Next(v, &pos, &k, &x)) out.emplace_back(k, x);
+    return true;
+  }
+  if (!PyTuple_CheckExact(v) && !PyList_CheckExact(v)) return false;
+  const Py_ssize_t n = PyTuple_CheckExact(v) ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v);
+  if (n > limits.items) return false;
+  for (Py_ssize_t i = 0; i < n; ++i)
+    out.emplace_back(nullptr, PyTuple_CheckExact(v) ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i));
+  return true;
+}
+
+ValueMeta value_meta_of(PyObject* v, const MetaLimits& limits, int depth = 0) {
+  ValueMeta m;
+  m.type = Py_TYPE(v);
+  if (THPVariable_Check(v)) {
+    const at::Tensor& t = THPVariable_Unpack(v);
+    m.kind = ValueMeta::Tensor;
+    m.meta = meta_of(t);
+    m.device = t.device();
+    return m;
+  }
+  std::vector<std::pair<PyObject*, PyObject*>> items;
+  if (items_of(v, limits, depth, items)) {
+    m.kind = ValueMeta::Items;
+    Py_ssize_t i = 0;
+    for (auto [k, x] : items) {
+      py::object key = k ? py::reinterpret_borrow<py::object>(k) : py::int_(i);
+      m.items.emplace_back(std::move(key), value_meta_of(x, limits, depth + 1));
+      ++i;
+    }
+    return m;
+  }
+  m.kind = is_plain(v) ? ValueMeta::Plain : ValueMeta::Object;
+  m.value = py::reinterpret_borrow<py::object>(v);
+  return m;
+}
+
+bool same_value_meta(PyObject* v, const ValueMeta& m, const MetaLimits& limits, int depth = 0) {
+  if (!v || Py_TYPE(v) != m.type) return false;
+  switch (m.kind) {
+    case ValueMeta::Tensor: {
+      const at::Tensor& t = THPVariable_Unpack(v);
+      return same_meta(t, m.meta) && t.device() == m.device;
+    }
+    case ValueMeta::Plain: return same_plain(v, m.value);
+    case ValueMeta::Object: return v == m.value.ptr();
+    case ValueMeta::Items: {
+      std::vector<std::pair<PyObject*, PyObject*>> items;
+      if (!items_of(v, limits, depth, items) || items.size() != m.items.size()) return false;
+      for (size_t i = 0; i < items.size(); ++i) {
+        const auto& [key, item] = m.items[i];
+        if (items[i].first && !same_plain(items[i].first, key) && items[i].first != key.ptr()) {
+          const int eq = PyObject_RichCompareBool(items[i].first, key.ptr(), Py_EQ);
+          if (eq != 1) {
+            if (eq < 0) PyErr_Clear();
+            return false;
+          }
+        }
+        if (!same_value_meta(items[i].second, item, limits, depth + 1)) return false;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<py::object> objects(py::handle seq) {
   std::vector<py::object> out;
   for (py::handle h : seq) out.push_back(py::reinterpret_borrow<py::object>(h));
@@ -141,9 +269,10 @@ std::vector<py::object> objects(py::handle seq) {
 
 class Guard {
  public:
-  // spec: function, code, cells [(cell, contents, empty)], globals, names [(name, value,
-  // present)], reads [(kind: 0 cell, 1 dict, 2 attribute; holder; key; present; value;
-  // by identity)], args [tensors], world_tensors [parameters and buffers], submodules [(module,
+  // spec: function, code, cells [(cell, contents, present, by metadata)], globals, names
+  // [(name, value, present, by metadata)], reads [(kind: see read_place; holder; key; present;
+  // value; how: 0 by value, 1 by identity, 2 by its metadata)], limits (of the metadata: see
+  // ValueMeta) (by metadata: the cell or name is compared as reads of how 2 are, not by identity), args [tensors], world_tensors [parameters and buffers], submodules [(module,
   // training, parameters, buffers, children)], params [tensors], buffers [tensors], optimizers
   // [(optimizer, lr_input, groups [(params, [(key, value)])], states [(param, None or [(key,
   // value)])])], modes (grad enabled, default dtype, autocast, autocast dtype). Shapes, dtypes,
@@ -151,21 +280,29 @@ class Guard {
   explicit Guard(const py::dict& spec) {
     function_ = spec["function"];
     code_ = spec["code"];
-    for (py::handle c : spec["cells"]) {
-      auto t = c.cast<py::tuple>();
-      cells_.push_back({t[0], t[1], t[2].cast<bool>()});
+    if (spec.contains("limits")) {
+      auto l = spec["limits"].cast<py::tuple>();
+      limits_ = {l[0].cast<int>(), l[1].cast<Py_ssize_t>()};
     }
+    auto ref = [this](const py::tuple& t) {
+      Ref r{t[0], t[1], t[2].cast<bool>(), false, {}};
+      if (t.size() > 3 && t[3].cast<bool>()) {
+        r.by_meta = true;
+        r.meta = value_meta_of(t[1].ptr(), limits_);
+      }
+      return r;
+    };
+    for (py::handle c : spec["cells"]) cells_.push_back(ref(c.cast<py::tuple>()));
     globals_ = spec["globals"];
-    for (py::handle n : spec["names"]) {
-      auto t = n.cast<py::tuple>();
-      names_.push_back({t[0], t[1], t[2].cast<bool>()});
-    }
+    for (py::handle n : spec["names"]) names_.push_back(ref(n.cast<py::tuple>()));
     if (spec.contains("reads"))
       for (py::handle r : spec["reads"]) {
         auto t = r.cast<py::tuple>();
-        reads_.push_back({t[0].cast<int>(), py::reinterpret_borrow<py::object>(t[1]),
-                          py::reinterpret_borrow<py::object>(t[2]), t[3].cast<bool>(),
-                          py::reinterpret_borrow<py::object>(t[4]), t[5].cast<bool>()});
+        Read read{t[0].cast<int>(), py::reinterpret_borrow<py::object>(t[1]),
+                  py::reinterpret_borrow<py::object>(t[2]), t[3].cast<bool>(),
+                  py::reinterpret_borrow<py::object>(t[4]), t[5].cast<int>(), {}};
+        if (read.how == Read::Metadata) read.meta = value_meta_of(read.value.ptr(), limits_);
+        reads_.push_back(std::move(read));
       }
     for (py::handle a : spec["args"]) {
       Arg arg;
@@ -237,40 +374,32 @@ class Guard {
     if (PyFunction_Check(f)) {
       if (PyFunction_GET_CODE(f) != code_.ptr()) return false;
     }
+    auto holds = [this](const Ref& r, PyObject* now) {
+      if (r.by_meta) return same_value_meta(now, r.meta, limits_);
+      return now == (r.present ? r.value.ptr() : nullptr);
+    };
     for (const Ref& c : cells_)
-      if (PyCell_GET(c.where.ptr()) != (c.present ? c.value.ptr() : nullptr)) return false;
+      if (!holds(c, PyCell_GET(c.where.ptr()))) return false;
     for (const Ref& n : names_) {
       PyObject* now = PyDict_GetItemWithError(globals_.ptr(), n.where.ptr());
       if (!now && PyErr_Occurred()) {
         PyErr_Clear();
         return false;
       }
-      if (now != (n.present ? n.value.ptr() : nullptr)) return false;
+      if (!holds(n, now)) return false;
     }
     // The Python values the step reads.
     for (const Read& r : reads_) {
-      PyObject* now = nullptr;
-      if (r.kind == Read::Cell) {
-        now = PyCell_GET(r.holder.ptr());
-      } else {
-        PyObject* dict = r.holder.ptr();
-        if (r.kind == Read::Attribute) {
-          PyObject** d = _PyObject_GetDictPtr(dict);
-          dict = d ? *d : nullptr;
-        }
-        if (dict) {
-          now = PyDict_GetItemWithError(dict, r.key.ptr());
-          if (!now && PyErr_Occurred()) {
-            PyErr_Clear();
-            return false;
-          }
-        }
-      }
+      PyObject* now = read_place(r.kind, r.holder, r.key);
       if (!now || !r.present) {
         if (now || r.present) return false;
         continue;
       }
-      if (now != r.value.ptr() && (r.identity || !same_plain(now, r.value))) return false;
+      if (r.how == Read::Metadata) {
+        if (!same_value_meta(now, r.meta, limits_)) return false;
+      } else if (now != r.value.ptr() && (r.how == Read::Identity || !same_plain(now, r.value))) {
+        return false;
+      }
     }
     // Arguments.
     if (static_cast<size_t>(PyTuple_GET_SIZE(args.ptr())) != args_.size()) return false;
@@ -335,14 +464,15 @@ class Guard {
  private:
   // A place the step reads a Python value from (lazyrt.torch._reads): a closure cell, an entry
   // of a globals dict, or an attribute in an object's own dict (a class's included); its value
-  // compared by identity or as a plain value.
+  // compared as a plain value, by identity, or (a tensor) by its metadata.
   struct Read {
-    enum Kind { Cell = 0, Dict = 1, Attribute = 2 };
-    int kind;
+    enum How { Value = 0, Identity = 1, Metadata = 2 };
+    int kind;  // see read_place
     py::object holder, key;
     bool present;
     py::object value;
-    bool identity;
+    int how;
+    ValueMeta meta;
   };
   struct Sub {
     py::object module;
@@ -440,7 +570,10 @@ class Guard {
   struct Ref {
     py::object where, value;
     bool present;
+    bool by_meta = false;  // compared by its metadata
+    ValueMeta meta;
   };
+  MetaLimits limits_;
   py::object function_, code_, globals_;
   std::vector<Ref> cells_, names_;
   std::vector<Read> reads_;
@@ -863,7 +996,9 @@ class FastCall {
   // spec: guard (a Guard), handover (a Handover), step (the compiled step, a lazyrt
   // CompiledStep), inputs [per input: ("arg", index) | ("tensor", t) | ("grad", parameter,
   // stand-in or None) |
-  // ("state", optimizer, parameter, key) | ("lr", optimizer, group index)], results [per leaf:
+  // ("state", optimizer, parameter, key) | ("lr", optimizer, group index) | ("place", kind,
+  // holder, key, path): a tensor read from a place of lazyrt.torch._reads, at a path of keys in
+  // its tuples, lists and dicts], results [per leaf:
   // ("C", value) | ("in", input) | ("out", output position)], clear_grads (parameters whose
   // .grad the step sets to None), set_grads [(parameter, output position) of gradients the
   // step makes anew], spec (the results' pytree spec),
@@ -906,6 +1041,12 @@ class FastCall {
         src.kind = Source::Lr;
         src.object = py::reinterpret_borrow<py::object>(t[1]);
         src.index = t[2].cast<Py_ssize_t>();
+      } else if (kind == "place") {
+        src.kind = Source::Place;
+        src.index = t[1].cast<int>();
+        src.object = py::reinterpret_borrow<py::object>(t[2]);
+        src.key = py::reinterpret_borrow<py::object>(t[3]);
+        src.path = objects(t[4]);
       } else {
         throw lz::Error("FastCall: unknown input kind " + kind);
       }
@@ -965,11 +1106,13 @@ class FastCall {
 
  private:
   struct Source {
-    enum Kind { Arg, Fixed, Grad, State, Lr } kind = Arg;
-    Py_ssize_t index = 0;  // Arg: position; State: the optimizer in states_; Lr: the group
+    enum Kind { Arg, Fixed, Grad, State, Lr, Place } kind = Arg;
+    Py_ssize_t index = 0;  // Arg: position; State: the optimizer in states_; Lr: the group; Place: its kind
     at::Tensor tensor;  // Fixed: the tensor; Grad: the parameter
     at::Tensor standin;  // Grad: what stands for a missing gradient (undefined: none)
-    py::object object, param, key;  // Fixed: the tensor; State: optimizer, parameter, key; Lr: optimizer
+    py::object object, param, key;  // Fixed: the tensor; State: optimizer, parameter, key; Lr: optimizer;
+                                    // Place: holder, key
+    std::vector<py::object> path;   // Place: the keys of its item
   };
   struct Leaf {
     enum Kind { Const, In, Out } kind = Const;
@@ -1003,6 +1146,14 @@ class FastCall {
       case Source::Fixed:
         in.tensor = src.tensor;
         return true;
+      case Source::Place: {  // (the guard checked its metadata)
+        PyObject* v = read_place(static_cast<int>(src.index), src.object, src.key);
+        for (const py::object& k : src.path)
+          if (v) v = item_of(v, k.ptr());
+        if (!v || !THPVariable_Check(v)) return false;
+        in.tensor = THPVariable_Unpack(v);
+        return true;
+      }
       case Source::Grad:
         in.tensor = src.tensor.grad();
         if (!in.tensor.defined()) in.tensor = src.standin;
@@ -1049,7 +1200,7 @@ class FastCall {
         if (src.kind == Source::Arg) return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(args.ptr(), src.index));
         if (src.kind == Source::Fixed) return src.object;
         at::Tensor t;
-        if (src.kind == Source::Grad || src.kind == Source::State) {
+        if (src.kind == Source::Grad || src.kind == Source::State || src.kind == Source::Place) {
           Input in;
           resolve(src, args, in);
           t = in.tensor;

@@ -22,8 +22,11 @@ printed:
     clipping, zero_grad first, last or never (set_to_none True/False, or ``p.grad = None``),
     autocast to bf16, a metric under torch.no_grad(), a loss weight that changes between calls,
     a global weight of no module applied to the output and trained by hand (``fw -= 0.1 *
-    fw.grad``);
-  * a list of calls: data seed, batch size (it changes between calls), train() or eval().
+    fw.grad``), a tensor and a function the step reads from a global, a dict or a namespace
+    (``out + 0.5 * obj_cfg['act'](out) * obj_cfg['scale']``);
+  * a list of calls: data seed, batch size (it changes between calls), train() or eval(), a new
+    tensor (of the same shape, or of shape (1,)) and another function put where the step reads
+    them.
 
 The step is Python source (printed as is with a failure) executed twice: once in eager, once
 through lazyrt.torch.compile, on deep copies of one model (copied before the optimizers are
@@ -61,6 +64,7 @@ import math
 import os
 import sys
 import textwrap
+import types
 import time
 import traceback
 import warnings
@@ -101,7 +105,14 @@ NOISE_REL = {"float32": 1e-4, "float64": 1e-11, "autocast": 5e-2}
 # other draws), so a feature that exposes a library bug can be left out and re-enabled later.
 FEATURES = ("conv", "embed", "rnn", "attn", "bn", "ln", "dropout", "breaks", "views", "inplace",
             "nograd_stat", "autocast", "float64", "sched", "clip", "groups", "manual", "modes",
-            "batch_change", "scalar_change", "metric", "foreach", "fused", "zero_grad_first", "free_weight")
+            "batch_change", "scalar_change", "metric", "foreach", "fused", "zero_grad_first", "free_weight",
+            "object_reads")
+
+# The functions a step with object_reads applies (a library function or one of the program's),
+# and where it reads the function and the tensor it scales by (see step_source).
+OBJECT_ACTS = {"tanh": torch.tanh, "sigmoid": torch.sigmoid, "softsign": lambda v: v / (1 + v.abs())}
+OBJECT_PLACES = {"global": ("obj_act", "obj_scale"), "dict": ("obj_cfg['act']", "obj_cfg['scale']"),
+                 "attribute": ("obj_ns.act", "obj_ns.scale")}
 
 # Ops applied to the (batch, features) tensor. "break": no lowering in lazyrt (graph break).
 LOWERED_OPS = ["tanh", "sigmoid", "exp_clamped", "abs_sqrt", "softmax", "log_softmax", "cumsum",
@@ -320,6 +331,16 @@ def generate(seed, disable=()):
     # A weight of no module, a global trained by hand in the step (w -= lr * w.grad); drawn last,
     # so that the draws before it are those of programs made without it.
     c["step"]["free_weight"] = coin(0.2)
+    # A tensor and a function the step reads from a place (a global, a dict item, an attribute
+    # of a namespace), each put anew between calls: a new tensor of the same shape (read anew,
+    # no capture), of another shape that broadcasts, another function. Drawn after the rest.
+    if coin(0.3):
+        c["step"]["object_reads"] = pick(["global", "dict", "attribute"])
+        for call in calls[1:]:
+            if coin(0.5):
+                call["scale"] = int(rng.integers(1 << 30)) if coin(0.8) else -1  # -1: a (1,) tensor
+            if coin(0.2):
+                call["act"] = pick(list(OBJECT_ACTS))
     p = Program(seed, c, layers, calls)
     return apply_disabled(p, disable)
 
@@ -368,8 +389,13 @@ def apply_disabled(p, disable):
         c["step"]["order"] = "zg_last"
     if "free_weight" in d:
         c["step"]["free_weight"] = False
+    if "object_reads" in d:
+        c["step"].pop("object_reads", None)
     calls = [dict(x) for x in p.calls]
     for call in calls:
+        if "object_reads" in d:
+            call.pop("scale", None)
+            call.pop("act", None)
         if "modes" in d:
             call["mode"] = "train"
         if "batch_change" in d:
@@ -716,6 +742,8 @@ def step_source(p):
     fwd = ["out = model(x)", "loss = " + LOSS_SRC[c["loss"]]]
     if s.get("free_weight"):
         fwd.insert(1, "out = out + 0.5 * torch.tanh(out @ fw)")
+    if s.get("object_reads"):
+        fwd.insert(1, "out = out + 0.5 * {0}(out) * {1}".format(*OBJECT_PLACES[s["object_reads"]]))
     if s["loss_weight"]:
         fwd[-1] += " * loss_w"
     if s["autocast"]:
@@ -812,6 +840,9 @@ class World:
             if mode in DEVICE_MODES:
                 w = w.to(lazyrt.torch.device())
             self.g["fw"] = w.requires_grad_()
+        if s.get("object_reads"):
+            self.g["obj_cfg"], self.g["obj_ns"] = {}, types.SimpleNamespace()
+            self.put_objects({"scale": p.seed + 11, "act": "tanh"})
         src = step_source(p)
         exec(compile(src, f"<fuzz step seed={p.seed}>", "exec"), self.g)  # noqa: S102
         if s["holder"] == "closure":
@@ -830,7 +861,33 @@ class World:
         elif mode == "dynamo-eager":  # Dynamo alone (diagnosis: is a difference Dynamo's or lazyrt's?)
             self.fn = torch.compile(self.fn, backend=os.environ.get("FRONTEND_FUZZ_DIAG_BACKEND", "eager"))
 
+    def put_objects(self, call):
+        """Puts the tensor and the function a step with object_reads reads where it reads them:
+        the same values in every world of the program (a new tensor object each time)."""
+        where = self.p.config["step"].get("object_reads")
+        if not where:
+            return
+        put = {}
+        if "scale" in call:
+            dtype = getattr(torch, self.p.config["dtype"])
+            if call["scale"] < 0:
+                t = torch.full((1,), 0.75, dtype=dtype)
+            else:
+                g = torch.Generator().manual_seed(call["scale"])
+                t = (0.5 + torch.rand(self.p.config["out_dim"], generator=g, dtype=torch.float64)).to(dtype)
+            put["scale"] = t.to(lazyrt.torch.device()) if self.mode in DEVICE_MODES else t
+        if "act" in call:
+            put["act"] = OBJECT_ACTS[call["act"]]
+        for name, v in put.items():
+            if where == "global":
+                self.g["obj_" + name] = v
+            elif where == "dict":
+                self.g["obj_cfg"][name] = v
+            else:
+                setattr(self.g["obj_ns"], name, v)
+
     def before_call(self, call):
+        self.put_objects(call)
         if "loss_w" in call:
             self.loss_w, self.lr = call["loss_w"], call["lr"]
             if self.set_values is not None:

@@ -279,3 +279,138 @@ def test_torch_while_loop_through_the_torch_compile_backend_compiles_once():
     # one Dynamo graph, lowered to one lazyrt loop, compiled once, nothing run in eager
     assert lr.metrics.counter("DynamoGraph") == 1 and lr.metrics.counter("GraphBreak") == 0
     assert lr.metrics.counter("UncachedCompile") <= 1
+
+
+# ---- captured bodies kept from call to call ------------------------------------------------------
+# A body is captured (make_fx) once and its capture kept for later calls that would capture the
+# same graph; a change of anything the body reads captures again; tensors it reads from places
+# are read there on every call. Each call is compared with the loop run eagerly in PyTorch.
+
+def _eager_scan(fn, init, xs):
+    carry, ys = init, []
+    for x in xs:
+        carry, y = fn(carry, x)
+        ys.append(y)
+    return carry, torch.stack(ys)
+
+
+def _captures():
+    return lr.metrics.counter("LoopBodyCapture")
+
+
+scale = 0.5
+shift = torch.zeros(4)
+
+
+def _cell(w):
+    def fn(h, x):
+        h = torch.tanh(h @ w + x * scale + shift)
+        return h, h.sum(1)
+    return fn
+
+
+def test_ten_identical_scans_capture_their_body_once():
+    torch.manual_seed(0)
+    w, init, xs = torch.randn(4, 4) * 0.5, torch.zeros(2, 4), torch.randn(5, 2, 4)
+    fn = _cell(w)
+    before = _captures()
+    for _ in range(10):
+        h, ys = lt.scan(fn, init, xs)
+        ref_h, ref_ys = _eager_scan(fn, init, xs)
+        torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ys, ref_ys, rtol=1e-5, atol=1e-6)
+    assert _captures() - before == 1
+
+
+def test_a_body_made_anew_for_every_call_is_captured_once_and_reads_its_own_closure():
+    # The same code with another closure: the capture is kept with the code, and the tensor the
+    # new closure holds (another weight each call) is what the call reads.
+    def cell(w):  # (its own code: the captures of _cell's are kept from the tests before)
+        def fn(h, x):
+            h = torch.tanh(h @ w + x)
+            return h, h.sum(1)
+        return fn
+    torch.manual_seed(1)
+    init, xs = torch.zeros(2, 4), torch.randn(3, 2, 4)
+    before = _captures()
+    for k in range(5):
+        w = torch.randn(4, 4) * 0.5  # a new tensor of the same shape for every body
+        fn = cell(w)
+        h, ys = lt.scan(fn, init, xs)
+        torch.testing.assert_close(h, _eager_scan(fn, init, xs)[0], rtol=1e-5, atol=1e-6)
+    assert _captures() - before == 1
+    fn = cell(torch.randn(4, 4, dtype=torch.float64).float()[:, :4])  # same metadata: no capture
+    lt.scan(fn, init, xs)
+    assert _captures() - before == 1
+    w3 = torch.randn(4, 3) * 0.5  # another shape: captured again
+    h, _ = lt.scan(lambda h, x: (torch.tanh(h[:, :4] @ w3).repeat(1, 2)[:, :4] + x, x.sum(1)), init, xs)
+    assert _captures() - before == 2
+
+
+def test_a_python_number_or_a_global_tensor_the_body_reads_changed_between_calls():
+    global scale, shift
+    torch.manual_seed(2)
+    w, init, xs = torch.randn(4, 4) * 0.5, torch.zeros(2, 4), torch.randn(4, 2, 4)
+
+    def fn(h, x):  # (its own code: the captures of _cell's are kept from the tests before)
+        h = torch.tanh(h @ w + x * scale + shift)
+        return h, h.sum(1)
+    before = _captures()
+    try:
+        for k, (new_scale, new_shift) in enumerate([(0.5, None), (0.5, torch.ones(4)), (2.0, None),
+                                                    (0.5, torch.full((4,), -1.0)), (2.0, torch.zeros(4))]):
+            scale = new_scale
+            if new_shift is not None:
+                shift = new_shift  # a new tensor: read anew, no capture
+            h, ys = lt.scan(fn, init, xs)
+            ref_h, ref_ys = _eager_scan(fn, init, xs)
+            torch.testing.assert_close(h, ref_h, rtol=1e-5, atol=1e-6, msg=f"call {k}")
+            torch.testing.assert_close(ys, ref_ys, rtol=1e-5, atol=1e-6, msg=f"call {k}")
+    finally:
+        scale, shift = 0.5, torch.zeros(4)
+    assert _captures() - before == 2, "one capture per value of scale"
+
+
+def test_a_module_whose_weight_is_replaced_or_whose_mode_changes_captures_again():
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+
+    def body(i, x):
+        return net(x)
+
+    x0 = torch.randn(2, 4)
+
+    def eager(n):
+        x = x0
+        with torch.no_grad():
+            for _ in range(n):
+                x = net(x)
+        return x
+    net.eval()
+    before = _captures()
+    torch.testing.assert_close(lt.fori_loop(0, 3, body, x0), eager(3))
+    torch.testing.assert_close(lt.fori_loop(0, 3, body, x0), eager(3))
+    assert _captures() - before == 1
+    net[0].weight = torch.nn.Parameter(torch.randn(4, 4))  # another parameter object
+    torch.testing.assert_close(lt.fori_loop(0, 3, body, x0), eager(3))
+    assert _captures() - before == 2
+    net.train()  # dropout on: another graph (values compared in eval mode only)
+    lt.fori_loop(0, 3, body, x0)
+    assert _captures() - before == 3
+    net.eval()
+    torch.testing.assert_close(lt.fori_loop(0, 3, body, x0), eager(3))
+    assert _captures() - before == 3, "the eval-mode capture again"
+
+
+def test_a_while_loop_called_again_costs_no_capture():
+    def cond_fn(i, x):
+        return i < 10
+
+    def body_fn(i, x):
+        return i + 1, x * 1.5
+
+    before = _captures()
+    for k in range(4):
+        i, x = lt.while_loop(cond_fn, body_fn, (torch.tensor(0), torch.full((3,), float(k))))
+        torch.testing.assert_close(x, torch.full((3,), float(k)) * 1.5 ** 10)
+    assert _captures() - before == 2, "cond and body, once each"

@@ -14,6 +14,7 @@ import warnings
 import weakref
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -388,3 +389,233 @@ def test_a_numpy_scalar_read_from_a_global_changed_between_calls():
         run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6))
     finally:
         np_weight = np.float32(1.0)
+
+
+# ---- tensors a step reads from places ------------------------------------------------------------
+# A tensor a step reads from a global, a closure cell, an attribute, a dict or a list is read
+# from that place on every call (as Dynamo does), so rebinding the place to another tensor of
+# the same shape and dtype (a new mask every call) is what the next call reads, without a
+# capture; another shape or dtype is another capture.
+
+mask = torch.ones(3)
+
+
+def _reads_a_tensor(model, opt, where):
+    """A training step that scales its model's output by a tensor it reads from `where`, and a
+    function that puts another tensor there."""
+    holder = types.SimpleNamespace(t=torch.ones(3))
+    cfg = {"t": torch.ones(3)}
+    masks = [torch.ones(3)]
+    t = torch.ones(3)
+
+    def read():
+        if where == "global":
+            return mask
+        if where == "closure":
+            return t
+        if where == "attribute":
+            return holder.t
+        if where == "dict":
+            return cfg["t"]
+        return masks[0]
+
+    def step(x, y):
+        loss = F.mse_loss(model(x) * read(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def put(v):
+        global mask
+        nonlocal t
+        if where == "global":
+            mask = v
+        elif where == "closure":
+            t = v
+        elif where == "attribute":
+            holder.t = v
+        elif where == "dict":
+            cfg["t"] = v
+        else:
+            masks[0] = v
+    return step, put
+
+
+@pytest.mark.parametrize("where", ["global", "closure", "attribute", "dict", "list"])
+def test_a_tensor_rebound_every_call_is_read_anew_and_another_shape_recaptures(where):
+    global mask
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step, eager_put = _reads_a_tensor(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1), where)
+    lazy_step, lazy_put = _reads_a_tensor(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1), where)
+    compiled = lazyrt.torch.compile(lazy_step)
+    g = torch.Generator().manual_seed(1)
+
+    def schedule(k):
+        if k == 6:  # another shape (broadcast): another capture
+            v = torch.full((1,), 0.5)
+        else:  # a new mask of the same shape every call: read anew, no capture
+            v = (torch.rand(3, generator=g) > 0.4).float()
+        eager_put(v)
+        lazy_put(v.clone())
+        return k == 6
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(9))
+    finally:
+        mask = torch.ones(3)
+
+
+def test_a_tensor_changed_in_place_between_calls_is_read_anew():
+    global mask
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step, _ = _reads_a_tensor(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1), "global")
+    lazy_step, _ = _reads_a_tensor(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1), "global")
+    compiled = lazyrt.torch.compile(lazy_step)
+
+    def schedule(k):
+        mask.mul_(0.5)  # one tensor read by both steps
+        return False
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(5))
+    finally:
+        mask = torch.ones(3)
+
+
+scale_a = scale_b = torch.ones(3)
+
+
+def _two_places(model, opt):
+    def step(x, y):
+        loss = F.mse_loss(model(x) * scale_a + scale_b, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_one_tensor_read_from_two_places_then_two():
+    global scale_a, scale_b
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step = _two_places(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1))
+    compiled = lazyrt.torch.compile(_two_places(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1)))
+
+    def schedule(k):
+        global scale_a, scale_b
+        if k == 3:  # the places part: the capture read one tensor from both
+            scale_a = torch.full((3,), 2.0)
+            return True
+        if k == 5:  # one tensor again, another one: read anew
+            scale_a = scale_b = torch.full((3,), 0.5)
+            return None
+        return False
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(8))
+    finally:
+        scale_a = scale_b = torch.ones(3)
+
+
+class _Accumulating(nn.Module):
+    """A module that keeps what it saw in a plain tensor attribute, set by its forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 3)
+        self.seen = torch.zeros(3)
+
+    def forward(self, x):
+        h = self.lin(x) + self.seen
+        self.seen = h.detach().mean(0)
+        return h
+
+
+def test_a_module_state_kept_in_a_plain_attribute_and_set_by_its_forward():
+    eager_model, lazy_model = pair(_Accumulating)
+
+    def make(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the first call runs in eager: it sets the attribute)
+        run_schedule(make(eager_model), lazyrt.torch.compile(make(lazy_model)), eager_model, lazy_model,
+                     lambda k: None, batches(6))  # (no fast call: the step sets an attribute)
+        close(lazy_model.seen.numpy(), eager_model.seen.numpy(), "the state after the calls")
+
+
+# ---- functions a step calls from places ---------------------------------------------------------
+
+act = torch.tanh
+
+
+def _softer(v):
+    return v / (1 + v.abs())
+
+
+def _activated(model, opt):
+    def step(x, y):
+        loss = F.mse_loss(act(model(x)), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_a_global_function_rebound_between_calls():
+    global act
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step = _activated(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1))
+    compiled = lazyrt.torch.compile(_activated(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1)))
+
+    def schedule(k):
+        global act
+        if k == 2:
+            act = torch.relu  # a library function
+            return True
+        if k == 4:
+            act = _softer  # a function of the program
+            return True
+        if k == 6:
+            act = torch.relu  # back to one captured before
+            return None
+        return False
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(8))
+    finally:
+        act = torch.tanh
+
+
+cfg = {"weight": 1.0}
+
+
+def _dict_weighted(model, opt):
+    def step(x, y):
+        loss = F.mse_loss(model(x), y) * cfg["weight"]
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_a_number_in_a_dict_changed_between_calls():
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step = _dict_weighted(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1))
+    compiled = lazyrt.torch.compile(_dict_weighted(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1)))
+
+    def schedule(k):
+        if k == 3:
+            cfg["weight"] = 0.25
+            return True
+        return False
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6))
+    finally:
+        cfg["weight"] = 1.0

@@ -113,15 +113,22 @@ update, a loss weight rebound with ``nonlocal``), in the same places of the user
 calls, and in the attributes its code (and the ``forward`` and methods of the modules' and
 objects' classes) reads of its bound self, of objects with a ``__dict__`` found in those places
 (``args.clip``) and of every submodule (``self.scale``, ``nn.ELU``'s ``alpha``),
-the instance's own value or its class's; the objects followed to them are guarded by identity.
+the instance's own value or its class's, and the items of tuples, lists and dicts found there
+(``cfg["clip"]``); the objects followed to them, and the functions (``act = torch.relu``, a
+function of the program), classes and other objects found there, are guarded by identity.
 Each distinct value is a capture of its own, kept with the others: a value that changes every
 call (a schedule computed in Python) recaptures every call; pass it as a tensor argument, or use
-an optimizer's learning rate, which is a graph input. Attributes are found by name, so an
+an optimizer's learning rate, which is a graph input. **Tensors** the step reads from those
+places (a mask in a global, ``cfg["mask"]``, a module's state kept in a plain attribute and set
+by its forward) are inputs read from their place on every call, as Dynamo reads a global
+tensor: another tensor of the same shape, dtype and device there is what the next call reads,
+without a capture; another shape is another capture. Attributes are found by name, so an
 attribute of a reached object that changes every call and shares its name with one the code
-reads recaptures too. Not guarded: values read through a computed name (``getattr``), subscripts
-(``cfg["clip"]``), ``__slots__``, the globals of library code (torch, NumPy, the standard
-library), and any Python side effect of the step beyond those refused at capture (it runs only
-when captured: changes to other objects' attributes, printing). A call with
+reads recaptures too. Not guarded: values read through a computed name (``getattr``), the
+contents of lists and dicts of more than 256 items and of other containers (guarded by
+identity), ``__slots__``, the globals of library code (torch, NumPy, the standard library),
+and any Python side effect of the step beyond those refused at capture (it runs only when
+captured: changes to other objects' attributes, printing). A call with
 positional tensor arguments on the same modules and optimizers as the last call is checked
 first by a cheaper key over the same facts (identities of the modules' parameters, buffers and
 submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes, the values

@@ -39,7 +39,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from lazyrt.torch import _optim, _patch
-from lazyrt.torch._reads import read_now
+from lazyrt.torch._reads import META, meta, read_now, read_signature
 
 aten = torch.ops.aten
 
@@ -423,9 +423,9 @@ class World:
                 torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode(), self.read_values())
 
     def read_values(self):
-        """The values the step reads by value (`reads`), each with where it was read and its type;
-        always the signature's last part."""
-        return tuple((what, value.__class__, value) for what, _, _, _, value, identity in self.reads if not identity)
+        """What the Python values the step reads make of the signature (`_reads.read_signature`);
+        always its last part."""
+        return read_signature(self.reads)
 
 
 _PLAIN_VALUES = (int, float, bool, str, type(None))
@@ -520,11 +520,11 @@ def quick_key(world, modules, optimizers, args):
     parts.append((torch.is_grad_enabled(), torch.get_default_dtype(), enabled,
                   torch.get_autocast_dtype("cpu") if enabled else None))
     # The Python values the step read when `world` was built: each place's value (type and
-    # value) or, for an object the walk went on through, its identity.
+    # value), identity, or for a tensor its metadata.
     values = []
     for _, kind, holder, name, value, identity in world.reads:
         now = read_now(kind, holder, name)
-        values.append(id(now) if identity else (now.__class__, now))
+        values.append(meta(now) if identity is META else id(now) if identity else (now.__class__, now))
     parts.append(tuple(values))
     return tuple(parts)
 

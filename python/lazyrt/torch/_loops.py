@@ -6,9 +6,17 @@ A body is captured when lazyrt traces the loop: ``make_fx`` under ``functionaliz
 tensors of the carries' shapes and dtypes (nothing runs), and its aten graph is lowered to
 lazyrt ops on the loop's own body values (`_lower`). The tensors a body reads from outside
 (a module's weights, a tensor in a closure) become the loop's captured values, read anew on
-every call. Every call captures again: a body may read Python values that change between
-calls, and lazyrt's graph cache, keyed by the graph itself, still compiles each distinct body
-once. The carries and results are torch tensors; results are new tensors.
+every call. The carries and results are torch tensors; results are new tensors.
+
+A capture is kept with the body function and used again by a later call that would capture the
+same graph (`_Bodies`), as a compiled step is: the same function, carry structure, shapes and
+dtypes, grad and autocast modes and default dtype, the same modules (discovery's, from the
+function's closure and globals) with the same parameter and buffer objects and training flags,
+and the same Python values the body reads (`_reads`: values by value, functions by identity;
+the tensors it reads from globals, closure cells, attributes and containers are read from their
+place on every call and need only their metadata unchanged). Anything else captures again. As
+with a compiled step, Python side effects of a body (printing, appending to a list) happen only
+when it is captured. ``LoopBodyCapture`` counts the captures.
 
 Gradients: where torch records gradients and a carry, a stacked input or a tensor a body reads
 from outside requires grad, that tensor enters the loop as a lazyrt leaf that requires grad, and
@@ -17,12 +25,18 @@ results join torch's autograd graph through one ``torch.autograd.Function`` whos
 lazyrt's backward and hands each tensor its gradient.
 """
 
+import inspect
+import weakref
+
 import torch
 import torch.utils._pytree as pytree
 
 import lazyrt
-from lazyrt.torch._capture import CaptureError, _fake_trace, tracing
+from lazyrt import _C
+from lazyrt.torch import _discover
+from lazyrt.torch._capture import CaptureError, _autocast_mode, _fake_trace, tracing
 from lazyrt.torch._lower import _TORCH_DTYPES, LoweredGraph
+from lazyrt.torch._reads import Same, TensorReads, python_reads, read_signature
 
 
 class _Inputs:
@@ -105,6 +119,90 @@ class _Attach(torch.autograd.Function):
                                           for _, x in leaves)
 
 
+class _Body:
+    """One capture of a body: its lowered graph, the structure of its results, and the tensors it
+    read from places (`TensorReads`)."""
+
+    def __init__(self, lowered, out_spec, tensor_reads):
+        self.lowered, self.out_spec, self.tensor_reads = lowered, out_spec, tensor_reads
+
+
+class _Bodies:
+    """The captures of the bodies of lazyrt.torch's loops, per body (held weakly: the code of a
+    plain function or method, so that a lambda made anew for every call finds the captures of
+    the last; another callable itself) and signature (see the module docstring)."""
+
+    def __init__(self):
+        self._by_body = weakref.WeakKeyDictionary()  # code or callable -> {signature: [_Body]}
+
+    @staticmethod
+    def _key(fn):
+        """(what captures of fn are kept with, what the signature adds for it)."""
+        f = fn.__func__ if inspect.ismethod(fn) else fn
+        if inspect.isfunction(f) and not f.__defaults__ and not f.__kwdefaults__:
+            # Its closure cells and the globals its code names are read (python_reads).
+            return f.__code__, (Same(f.__globals__), Same(fn.__self__) if f is not fn else None)
+        return fn, ()
+
+    def lookup(self, fn, what, spec, examples):
+        """(key, signature, the Python reads now, the capture that holds for them or None)."""
+        key, own = self._key(fn)
+        modules, _, _ = _discover.find(fn)
+        reads = python_reads(fn, modules)
+        world = tuple((Same(m), tuple(sub.training for sub in m.modules()),
+                       tuple((Same(t), tuple(t.shape), t.dtype, t.requires_grad)
+                             for t in list(m.parameters()) + list(m.buffers())))
+                      for m in modules)
+        signature = (what, own, str(spec), tuple((tuple(e.shape), e.dtype) for e in examples), world,
+                     torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode(), read_signature(reads))
+        try:
+            entries = self._by_body.get(key, {}).get(signature, ())
+        except TypeError:  # a callable that cannot be held weakly: not kept
+            entries = ()
+        return key, signature, reads, next((b for b in entries if b.tensor_reads.hold(reads)), None)
+
+    def keep(self, key, signature, body):
+        try:
+            self._by_body.setdefault(key, {}).setdefault(signature, []).append(body)
+        except TypeError:
+            pass
+
+
+_bodies = _Bodies()
+
+
+def _capture_body(torch_fn, what, spec, examples, reads):
+    """A _Body of torch_fn over fake tensors of `examples`' metadata."""
+    out_spec = [None]
+
+    def flat_fn(xs):
+        result = torch_fn(*pytree.tree_unflatten(list(xs), spec))
+        leaves, out_spec[0] = pytree.tree_flatten(result)
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor):
+                raise CaptureError(f"lazyrt.torch.{what}: the body must return tensors, got "
+                                   f"{type(leaf).__name__}")
+        return leaves
+
+    functionalize = tracing()[1]
+    try:
+        with torch.no_grad():
+            gm = _fake_trace(functionalize(flat_fn), examples, constants_may_require_grad=True)
+    except (CaptureError, lazyrt.Error, TypeError):
+        raise
+    except Exception as e:  # noqa: BLE001 - name what failed, keep the cause
+        raise CaptureError(f"lazyrt.torch.{what}: capturing the body failed: {type(e).__name__}: {e}") from e
+    _C._metrics._increment("LoopBodyCapture", 1)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders:
+            raise CaptureError(f"lazyrt.torch.{what}: the body changes a carried tensor in place; "
+                               "return the new value instead")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    lowered = LoweredGraph(gm, list(output.args[0]))
+    return _Body(lowered, out_spec[0], TensorReads(reads, lowered.constants))
+
+
 def _lazy_body(torch_fn, what, inputs):
     """torch_fn (torch pytrees in and out) as a function of lazyrt pytrees of the same structure."""
     def body(*lazy_args):
@@ -113,35 +211,13 @@ def _lazy_body(torch_fn, what, inputs):
             if not isinstance(x, lazyrt.Tensor):
                 raise TypeError(f"lazyrt.torch.{what}: the body gets tensors, got {type(x).__name__}")
         examples = [torch.empty(tuple(x.shape), dtype=_TORCH_DTYPES[x.dtype], device="meta") for x in flat]
-        out_spec = [None]
-
-        def flat_fn(xs):
-            result = torch_fn(*pytree.tree_unflatten(list(xs), spec))
-            leaves, out_spec[0] = pytree.tree_flatten(result)
-            for leaf in leaves:
-                if not isinstance(leaf, torch.Tensor):
-                    raise CaptureError(f"lazyrt.torch.{what}: the body must return tensors, got "
-                                       f"{type(leaf).__name__}")
-            return leaves
-
-        functionalize = tracing()[1]
-        try:
-            with torch.no_grad():
-                gm = _fake_trace(functionalize(flat_fn), examples, constants_may_require_grad=True)
-        except (CaptureError, lazyrt.Error, TypeError):
-            raise
-        except Exception as e:  # noqa: BLE001 - name what failed, keep the cause
-            raise CaptureError(f"lazyrt.torch.{what}: capturing the body failed: {type(e).__name__}: {e}") from e
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for n in gm.graph.nodes:
-            if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders:
-                raise CaptureError(f"lazyrt.torch.{what}: the body changes a carried tensor in place; "
-                                   "return the new value instead")
-        output = next(n for n in gm.graph.nodes if n.op == "output")
-        lowered = LoweredGraph(gm, list(output.args[0]))
-        constants = [inputs(c) for c in lowered.constants]
-        results = lowered(*flat, *constants)
-        return pytree.tree_unflatten(results, out_spec[0])
+        key, signature, reads, b = _bodies.lookup(torch_fn, what, spec, examples)
+        if b is None:
+            b = _capture_body(torch_fn, what, spec, examples, reads)
+            _bodies.keep(key, signature, b)
+        constants = [inputs(c) for c in b.tensor_reads.constants(reads, b.lowered.constants)]
+        results = b.lowered(*flat, *constants)
+        return pytree.tree_unflatten(results, b.out_spec)
     return body
 
 

@@ -8,10 +8,19 @@ them, with the value each holds now, as *reads*: ``(what, kind, holder, key, val
 where kind is ``"c"`` (a closure cell: holder the cell, key None), ``"g"`` (a globals dict:
 holder the dict, key the name) or ``"a"`` (an attribute in an object's own ``__dict__``, a
 class's included: holder the object, key the name), value is what the place holds (`ABSENT`
-where it holds nothing) and identity says whether it is compared by identity (an object the walk
-went on through: a namespace, a called function) or by value (a plain number, string, bool,
-None or tuple of them: same type and ``==``; a ``torch.dtype`` or NumPy scalar, see `_by_value`). The values are part of the call's signature and
-quick key and the identities of its quick key; the C++ guard checks both.
+where it holds nothing) and identity says how it is compared: ``False`` by value (a plain
+number, string, bool, None or tuple of them: same type and ``==``; a ``torch.dtype`` or NumPy
+scalar, see `_by_value`), ``True`` by identity (an object the walk went on through, a
+function, a library function such as ``torch.relu``, a class, another object), `META` by its
+metadata (`meta`): a tensor, or a tuple, list or dict (of tensors, numbers, other objects).
+A tensor a step reads from a place is a constant of its capture that is read from that place
+(and its path in the tuples, lists and dicts there: `tensors_in`) anew on every call, as
+Dynamo reads a global tensor (a mask in a global, a module's state kept in a plain attribute):
+so its metadata is what the capture depends on. (The world makes a read of one of the
+modules' parameters and buffers, or of the step's other parameters, ``True``: those are
+inputs of their own.) Modules and optimizers are discovery's (`_discover`). The values and
+identities are part of the call's signature and quick key, the metadata part of its quick key
+and of a capture's acceptance; the C++ guard checks all three.
 
 What the walk reads, by the bytecode of each function it meets (`code_reads`: the global names
 a code object loads or binds, and the attribute names it loads, nested code included):
@@ -27,9 +36,9 @@ a code object loads or binds, and the attribute names it loads, nested code incl
   attribute of theirs whose name some walked code loads as an attribute, in the instance's
   ``__dict__`` or, where it has none there, in its class's.
 
-Not seen: values read through ``getattr`` with a computed name, subscripts (``cfg["clip"]``),
-``__slots__``, values that are none of plain values, ``torch.dtype``, NumPy scalars and objects
-with a ``__dict__`` (a list's contents), and the globals of library code.
+Not seen: values read through ``getattr`` with a computed name, ``__slots__``, the contents of
+lists and dicts of more than `MAX_ITEMS` items (compared by identity) and of containers other
+than tuples, lists and dicts, and the globals of library code.
 """
 
 import dis
@@ -42,7 +51,10 @@ import torch
 
 ABSENT = object()  # what a read finds where its place holds nothing
 
-DEPTH = 3  # attributes followed from a root (``args.opt.clip``)
+META = "meta"  # a read of a tensor: compared by its metadata (see the module docstring)
+
+DEPTH = 3  # attributes and items followed from a root (``args.opt.clip``, ``cfg["clip"]``)
+MAX_ITEMS = 256  # larger lists and dicts are read by identity only (a data set in a list)
 
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_NAME", "DELETE_NAME"})
 _ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR"})
@@ -50,6 +62,7 @@ _LIBRARIES = frozenset(getattr(sys, "stdlib_module_names", ())) | {
     "torch", "lazyrt", "numpy", "functorch", "sympy", "typing_extensions", "builtins"}
 
 _PLAIN_VALUES = (int, float, bool, str, type(None))
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)
 
 
 def plain(v):
@@ -122,17 +135,68 @@ def _class_attr(cls, name):
     return None, ABSENT
 
 
-def read_now(kind, holder, key):
-    """What the place of a read holds now (ABSENT: nothing)."""
+def items_of(v):
+    """The (key, item) pairs of an exact tuple, list or dict of at most `MAX_ITEMS` items, in
+    order; None for any other value."""
+    c = v.__class__
+    if c is dict:
+        return list(v.items()) if len(v) <= MAX_ITEMS else None
+    if c is tuple or c is list:
+        return list(enumerate(v)) if len(v) <= MAX_ITEMS else None
+    return None
+
+
+def meta(v, depth=0):
+    """What a capture depends on of a value it reads from a place by its metadata (`META`): of
+    a tensor, its class, shape, dtype, device and layout (not requires_grad: a capture takes no
+    such tensor as a constant, and one that a step trains is the world's, read by identity:
+    `inputs_by_identity`); of a tuple, list or
+    dict (`items_of`, nested up to `DEPTH`), its class and its items' keys and metadata, in
+    order; of a plain value (`_by_value`), the value; of any other object, its identity (whoever
+    compares keeps it alive)."""
+    if isinstance(v, torch.Tensor):
+        return ("T", v.__class__, tuple(v.shape), v.dtype, v.device, v.layout)
+    items = items_of(v) if depth < DEPTH else None
+    if items is not None:
+        return (v.__class__, tuple((k, meta(x, depth + 1)) for k, x in items))
+    if _by_value(v):
+        return ("P", v.__class__, v)
+    return ("O", id(v))
+
+
+def tensors_in(v, depth=0, path=()):
+    """(path, tensor) of the tensors in v as `meta` sees them: v itself (path ()), or the items
+    of its tuples, lists and dicts (a path of keys)."""
+    if isinstance(v, torch.Tensor):
+        yield path, v
+        return
+    items = items_of(v) if depth < DEPTH else None
+    for k, x in items or ():
+        yield from tensors_in(x, depth + 1, path + (k,))
+
+
+def read_now(kind, holder, key, path=()):
+    """What the place of a read holds now (ABSENT: nothing), or the item at `path` in it (see
+    tensors_in)."""
     if kind == "c":
         try:
-            return holder.cell_contents
+            v = holder.cell_contents
         except ValueError:
             return ABSENT
-    d = holder if kind == "g" else _dict_of(holder)
-    if d is None:
-        return ABSENT
-    return d.get(key, ABSENT)
+    else:
+        d = holder if kind == "g" else _dict_of(holder)
+        if d is None:
+            return ABSENT
+        v = d.get(key, ABSENT)
+    for k in path:
+        c = v.__class__
+        if c is dict:
+            v = v.get(k, ABSENT)
+        elif (c is tuple or c is list) and k < len(v):
+            v = v[k]
+        else:
+            return ABSENT
+    return v
 
 
 def python_reads(fn, modules=()):
@@ -163,7 +227,9 @@ def python_reads(fn, modules=()):
             return
         done = set()
         if isinstance(obj, torch.nn.Module):
-            done.add("training")  # every submodule's flag is guarded already (World.training)
+            # Every submodule's flag is guarded already (World.training); its parameters,
+            # buffers, children and hooks are nn.Module's bookkeeping (the world's).
+            done.update(_MODULE_INTERNALS)
         holders.append((what, obj, depth, done))
         if not inspect.ismodule(obj):
             cls = type(obj)
@@ -187,6 +253,24 @@ def python_reads(fn, modules=()):
         elif depth < DEPTH and _holder(v):
             read(what, kind, holder, key, v, True)
             add_holder(what, v, depth + 1)
+        elif isinstance(v, torch.Tensor) or items_of(v) is not None:
+            # A tensor, or a tuple, list or dict (cfg["clip"], masks[0]): by its metadata, and
+            # the functions and objects among its items walked on.
+            read(what, kind, holder, key, v, META)
+            walk_items(what, v, depth)
+        elif not isinstance(v, (torch.nn.Module, torch.optim.Optimizer)):
+            # A library function (act = torch.relu), a class, a large container, another
+            # object: the capture ran what it held, so another object there is another capture.
+            read(what, kind, holder, key, v, True)
+
+    def walk_items(what, v, depth):
+        for k, x in items_of(v) or ():
+            if _user_function(x):
+                add_function(f"{what}[{k!r}]", x, True)
+            elif depth + 1 < DEPTH and _holder(x):
+                add_holder(f"{what}[{k!r}]", x, depth + 2)
+            elif depth + 1 < DEPTH:
+                walk_items(f"{what}[{k!r}]", x, depth + 1)
 
     def walk_function(what, f, full):
         code = getattr(f, "__code__", None)
@@ -219,11 +303,15 @@ def python_reads(fn, modules=()):
         d = _dict_of(obj)
         pymodule = inspect.ismodule(obj)
         cls = type(obj)
+        # A library module's private attributes other than plain values are its bookkeeping
+        # (an LSTM's list of weak references to its weights, made anew when they move).
+        library_module = isinstance(obj, torch.nn.Module) and _library(cls.__module__)
         for name in sorted(names - done):
             done.add(name)
             v = d.get(name, ABSENT)
             if v is not ABSENT:
-                found(f"{what}.{name}", "a", obj, name, v, depth)
+                if not (library_module and name.startswith("_") and not _by_value(v)):
+                    found(f"{what}.{name}", "a", obj, name, v, depth)
                 continue
             if pymodule:
                 continue
@@ -266,3 +354,108 @@ def python_reads(fn, modules=()):
             return reads
         for h in pending:
             walk_holder(h)
+
+
+def inputs_by_identity(reads, tensor_ids):
+    """`reads` with each read of a tensor whose id is in `tensor_ids` (a parameter, a buffer: an
+    input of the capture in its own right), or of a tuple, list or dict holding one, by identity
+    instead of by its metadata."""
+    return [r[:5] + (True,) if r[5] is META and any(id(t) in tensor_ids for _, t in tensors_in(r[4])) else r
+            for r in reads]
+
+
+def read_signature(reads):
+    """The part of a call's signature that `reads` make: each value read by value, with where it
+    was read and its type, and each object read by identity (a function, a library function,
+    a class), with where it was read. (The tensors read are a capture's to check: TensorReads.)"""
+    return tuple((what, value.__class__, value) if identity is False else (what, "is", Same(value))
+                 for what, _, _, _, value, identity in reads if identity is not META)
+
+
+class Same:
+    """An object compared by identity (==, hash), held alive so that its id stays its."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __eq__(self, other):
+        return isinstance(other, Same) and other.obj is self.obj
+
+    def __hash__(self):
+        return id(self.obj)
+
+    def __repr__(self):
+        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
+
+
+class TensorReads:
+    """The tensors a capture read from places (`META` reads) and the constants among them.
+
+    A capture's constants (the real tensors its graph reads from outside its inputs) that one or
+    more places held when it was captured are read from the first of those places (and path:
+    `tensors_in`) on every call, as Dynamo reads a global tensor: a mask rebound in a global, or
+    a module's state kept in a plain attribute and set by the step itself, is what the next call
+    reads. The capture holds for a call whose reads (`python_reads` now: the same places, or the
+    places of another function of the same code) have the places of tensors it read, named as
+    the walk names them, each of the metadata it held then (`meta`), and each constant's places
+    one tensor (`hold`). (A place that holds a tensor now and held nothing then, such as an
+    attribute the step sets, was not read by it.)
+    """
+
+    def __init__(self, reads, constants):
+        index = {id(c): k for k, c in enumerate(constants)}
+        self.metas = {}  # name -> (the value then (kept alive: meta holds ids), its metadata)
+        self.places = {}  # constant index -> [(name, path)]
+        for what, (_, _, _, value) in self._named(reads).items():
+            self.metas[what] = (value, meta(value))
+            for path, t in tensors_in(value):
+                k = index.get(id(t))
+                if k is not None:
+                    self.places.setdefault(k, []).append((what, path))
+
+    @staticmethod
+    def _named(reads):
+        """{name: (kind, holder, key, value)} of the reads of tensors: the walk's name of the
+        place (numbered where two places share one)."""
+        out = {}
+        for what, kind, holder, key, value, identity in reads:
+            if identity is META:
+                name, n = what, 1
+                while name in out:
+                    n += 1
+                    name = f"{what} #{n}"
+                out[name] = (kind, holder, key, value)
+        return out
+
+    @classmethod
+    def _places(cls, reads):
+        return {name: r[:3] for name, r in cls._named(reads).items()}
+
+    def hold(self, reads):
+        """Whether the capture holds for a call with these reads (see the class docstring)."""
+        now = self._places(reads)
+        for what, (_, m) in self.metas.items():
+            if what not in now or meta(read_now(*now[what])) != m:
+                return False
+        for places in self.places.values():
+            first = read_now(*now[places[0][0]], places[0][1])
+            if any(read_now(*now[what], path) is not first for what, path in places[1:]):
+                return False
+        return True
+
+    def where(self, reads):
+        """Per constant read from places: its places in `reads`, [(kind, holder, key, path)]."""
+        now = self._places(reads)
+        return {k: [now[what] + (path,) for what, path in places] for k, places in self.places.items()}
+
+    def constants(self, reads, constants):
+        """The capture's constants for a call with these reads: those read from places, read
+        now."""
+        if not self.places:
+            return constants
+        out = list(constants)
+        for k, places in self.where(reads).items():
+            out[k] = read_now(*places[0])
+        return out

@@ -11,7 +11,8 @@ import torch
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
 from lazyrt.torch._capture import CaptureError, EagerOnly, World, call_leaves, capture, key_object, quick_key
-from lazyrt.torch._reads import ABSENT as _READ_ABSENT, code_reads, python_reads
+from lazyrt.torch._reads import ABSENT as _READ_ABSENT, DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
+    META as _META, TensorReads, code_reads, inputs_by_identity, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
 from lazyrt.torch import _device, _discover
@@ -133,11 +134,15 @@ class _Entry:
         self.state_keys = set(c.state_in)
         self._state_creates = None  # (optimizer, group, param index) of state_keys, in order
         self.side_attrs = ()  # (module, attribute name) the step sets to tensors, in result order
+        self.tensor_reads = TensorReads((), ())  # see source_constants
 
     def accepts(self, world):
         """Whether this capture is right for `world` (which has this capture's signature): the
         missing gradients and state it captured as missing are still missing, and those it
-        captured through a stand-in are missing only where the stand-in was checked."""
+        captured through a stand-in are missing only where the stand-in was checked, and the
+        tensors it read from places are still of their metadata (source_constants)."""
+        if not self.tensor_reads.hold(world.reads):
+            return False
         for i in range(len(world.params)):
             kind = world.grad_kind(i)
             if i in self.exact_grads:
@@ -249,7 +254,9 @@ class _Entry:
             else:
                 oi, gi = ref
                 inputs.append(("lr", world.optimizers[oi], gi))
-        inputs += [("tensor", t) for t in self.lowered.constants]
+        places = self.tensor_reads.where(world.reads)
+        inputs += [("place", _READ_KINDS[places[k][0][0]]) + places[k][0][1:] if k in places else ("tensor", t)
+                   for k, t in enumerate(self.lowered.constants)]
         return _torch_C.FastCall({
             "guard": guard, "handover": self._handover, "step": self._packed, "inputs": inputs,
             "results": leaves, "clear_grads": clear_grads, "set_grads": set_grads, "spec": self.result_spec,
@@ -376,7 +383,13 @@ class _Entry:
                 oi, gi = ref
                 t = float(world.optimizers[oi].param_groups[gi]["lr"])
             inputs.append(t)
-        return inputs + self.lowered.constants
+        return inputs + self.tensor_reads.constants(world.reads, self.lowered.constants)
+
+    def source_constants(self, world):
+        """Takes the tensors the step read from places (world.reads of tensors: `_reads.META`)
+        as inputs read from those places on every call (`_reads.TensorReads`); the capture
+        accepts a call while they hold."""
+        self.tensor_reads = TensorReads(world.reads, self.lowered.constants)
 
     def _standin(self, world, p):
         """Zeros standing in for p's missing gradient: a view of one zeroed buffer per dtype that
@@ -681,37 +694,46 @@ def discover(fn, *args, **kwargs):
     return modules, optimizers
 
 
-def _guard(fn, world, modules, optimizers, args):
+def _guard(fn, world, modules, optimizers, args, entry):
     """A _torch_C.Guard of the facts quick_key(world, modules, optimizers, args) compares, and of
     what discover(fn) reads (fn's code, closure cells and named globals, by identity) and of the
     Python values the step reads (world.reads: those the checks of fn's cells and named globals
-    do not cover); None
+    do not cover; a tensor by its metadata where `entry` reads it from its place, see
+    _Entry.source_constants); None
     where fn is not a plain function or a method of one (then the Python path decides)."""
     f = fn.__func__ if inspect.ismethod(fn) else fn
     if not inspect.isfunction(f):
         return None
+    # The places of tensors compared by their metadata: all but those of a constant read from
+    # several places (which must hold one tensor: by identity here, the capture checks the rest).
+    shared = {(kind, id(holder), key) for places in entry.tensor_reads.where(world.reads).values() if len(places) > 1
+              for kind, holder, key, _ in places}
+    by_meta = {(kind, id(holder), key) for _, kind, holder, key, _, how in world.reads
+               if how is _META and (kind, id(holder), key) not in shared}
     cells = []
     for cell in f.__closure__ or ():
         try:
-            cells.append((cell, cell.cell_contents, True))
+            cells.append((cell, cell.cell_contents, True, ("c", id(cell), None) in by_meta))
         except ValueError:  # an empty cell
-            cells.append((cell, None, False))
+            cells.append((cell, None, False, False))
     g = f.__globals__
     own_names = set(_code_names(f.__code__))
     params = world.params
     spec = {
         "function": f, "code": f.__code__, "cells": cells, "globals": g,
-        "names": [(n, g.get(n), n in g) for n in _code_names(f.__code__)],
+        "names": [(n, g.get(n), n in g, ("g", id(g), n) in by_meta) for n in _code_names(f.__code__)],
         "args": list(args), "world_tensors": list(world.params) + list(world.buffers),
         "submodules": [(sub, sub.training, list(sub._parameters.values()), list(sub._buffers.values()),
                         list(sub._modules.values())) for sub in world.submodules],
         "params": list(params), "buffers": list(world.buffers),
         # The Python values the step reads (world.reads) but those the checks of cells and named
         # globals above already compare by identity.
-        "reads": [(_READ_KINDS[kind], holder, name, value is not _READ_ABSENT, value, identity)
+        "reads": [(_READ_KINDS[kind], holder, name, value is not _READ_ABSENT, value,
+                   2 if (kind, id(holder), name) in by_meta else int(bool(identity)))
                   for _, kind, holder, name, value, identity in world.reads
-                  if not (kind == "c" and any(holder is c for c, _, _ in cells) or
+                  if not (kind == "c" and any(holder is c[0] for c in cells) or
                           kind == "g" and holder is g and name in own_names)],
+        "limits": (_READS_DEPTH, _READS_MAX_ITEMS),
         "modes": (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled("cpu"),
                   torch.get_autocast_dtype("cpu")),
     }
@@ -807,7 +829,10 @@ class CompiledFunction:
         # is refused when captured, naming model=.
         world = World(modules, optimizers, args, kwargs, free=self._free)
         # The Python values the step reads are constants of a capture: part of the signature.
-        world.reads = python_reads(self.fn, modules)
+        # A tensor the world holds (a parameter, a buffer, a weight trained by hand) is an input
+        # of the capture in its own right: a read of one (or of a tuple, list or dict holding
+        # one) is by identity.
+        world.reads = inputs_by_identity(python_reads(self.fn, modules), world.tensor_ids)
         return world
 
     @property
@@ -838,7 +863,9 @@ class CompiledFunction:
                 same = guard.check(leaves)
             else:
                 modules, optimizers = self._found(args)
-                same = quick_key(world, modules, optimizers, leaves) == key
+                # (the key compares the tensors read from places by their metadata; the capture
+                # also needs a constant's places to hold one tensor)
+                same = quick_key(world, modules, optimizers, leaves) == key and entry.tensor_reads.hold(world.reads)
             if same:
                 world.args_leaves = list(leaves)
                 try:
@@ -878,7 +905,7 @@ class CompiledFunction:
                 _distributed._before_first_run(world)
         leaves = None if kwargs else call_leaves(world, args)
         key = None if leaves is None else quick_key(world, modules, optimizers, leaves)
-        guard = None if key is None else _guard(self.fn, world, modules, optimizers, leaves)
+        guard = None if key is None else _guard(self.fn, world, modules, optimizers, leaves, entry)
         if key is not None:
             # The objects the key holds by identity, alive while the key is (their ids stay theirs).
             world.key_objects = [a for a in leaves if not isinstance(a, torch.Tensor)]
@@ -964,7 +991,7 @@ class CompiledFunction:
             try:
                 # An optimizer the step runs that discovery did not find is refused, naming it.
                 with _discover.foreign_optimizers(world.optimizers):
-                    entry = self._capture_entry(world, side_attrs)
+                    entry = self._capture_entry(world, side_attrs, places)
             finally:
                 changed = [p for p in places if p.changed()]
                 sets = [p.tensors_set() if isinstance(p, _ModulePlace) else None for p in changed]
@@ -974,6 +1001,7 @@ class CompiledFunction:
             declared = {(id(m), k) for m, k in side_attrs}
             if not changed or (side_attrs and all(sets) and all((id(m), k) in declared for m, k in found)):
                 entry.side_attrs = tuple(side_attrs)
+                entry.source_constants(world)
                 return entry
             if side_attrs or not all(sets):
                 raise _StateChanged(
@@ -1009,15 +1037,25 @@ class CompiledFunction:
                       GraphBreakWarning, stacklevel=3)
         return None
 
-    def _capture_entry(self, world, side_attrs=()):
+    def _capture_entry(self, world, side_attrs=(), places=()):
+        """The capture of the step in `world`, captured again (up to four times) where a missing
+        gradient or optimizer state cannot stand in as zeros; each capture from the Python state
+        `places` held before the first (a capture that sets a module's attribute would have the
+        next one read its stand-in)."""
         fn = self.fn
+
+        def capture_again(*args):
+            for p in places:
+                if p.changed():
+                    p.restore()
+            return capture(*args)
         if side_attrs:
             def fn(*args, **kwargs):
                 result = self.fn(*args, **kwargs)
                 return result, [getattr(m, k) for m, k in side_attrs]
         exact_grads, exact_states = set(), set()
         for _ in range(3):
-            c = capture(world, fn, frozenset(exact_grads), frozenset(exact_states))
+            c = capture_again(world, fn, frozenset(exact_grads), frozenset(exact_states))
             bad_grads = {i for i in c.grad_canonical if i not in c.grad_none_ok}
             bad_states = {k for k in c.state_canonical if k not in c.state_empty_ok}
             if not bad_grads and not bad_states:
@@ -1032,7 +1070,7 @@ class CompiledFunction:
             for gi, i in entries:
                 if world.state_kind(oi, gi, i) == "empty_canonical":
                     exact_states.add((oi, i))
-        return _Entry(capture(world, fn, frozenset(exact_grads), frozenset(exact_states)))
+        return _Entry(capture_again(world, fn, frozenset(exact_grads), frozenset(exact_states)))
 
 
 def compile(fn=None, *, model=None, optimizer=None):

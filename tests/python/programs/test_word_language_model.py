@@ -256,9 +256,12 @@ def trains_as_in_eager(kind):
     kept_fraction_ok(kept, slack=0.08)
     assert len(set(losses)) == len(losses)
     # One capture per learning rate (the global is read by the step). The transformer caches its
-    # mask on itself on the first call: that call's capture sets it (a result of the step), the
-    # next reads it (`src_mask is None` changed), one more.
-    assert lazy.captures == args.epochs + (0 if recurrent else 1), lazy.captures
+    # mask on itself (a tensor the step reads from the module: its shape is what the capture
+    # depends on): on the first call the capture sets it (a result of the step), and the next
+    # call reads it (`src_mask is None` changed); evaluate() between epochs leaves a mask of the
+    # last validation batch's length there, so the next epoch's first call reads a mask of
+    # another shape (and rebuilds it) and its second the rebuilt one: two captures per epoch.
+    assert lazy.captures == args.epochs * (1 if recurrent else 2), lazy.captures
 
 
 def draws_new_masks(kind):
