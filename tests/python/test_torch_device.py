@@ -217,6 +217,19 @@ def test_an_op_without_a_lowering_runs_on_the_cpu_and_comes_back(monkeypatch):
     assert any(issubclass(w.category, GraphBreakWarning) for w in caught)
 
 
+def test_a_compiled_step_reading_a_device_tensor_from_a_global_is_refused_clearly():
+    lin = torch.nn.Linear(3, 3).to(DEV)
+    scale = torch.ones(3).to(DEV)
+
+    def step(x):
+        return (lin(x) * scale).sum()
+    with pytest.raises(lazyrt.torch.CaptureError, match="reads a device tensor from outside its arguments"):
+        lazyrt.torch.compile(step)(torch.ones(2, 3).to(DEV))
+    want = torch.nn.functional.linear(torch.ones(2, 3), lin.weight.cpu(), lin.bias.cpu()).sum().item()
+    got = lazyrt.torch.compile(lambda x, s: (lin(x) * s).sum())(torch.ones(2, 3).to(DEV), scale)  # as an argument
+    assert got.cpu().item() == pytest.approx(want, rel=1e-5)
+
+
 def test_mixing_devices_is_refused_as_in_pytorch():
     with pytest.raises(RuntimeError, match="same device"):
         torch.ones(3, device=DEV) + torch.ones(3)
