@@ -61,7 +61,8 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
 /// every call: the arguments' number, shapes, dtypes, requires_grad and aliasing; that every
 /// captured tensor still exists, with the same requires_grad; that every gradient the step
 /// read before changing it is the same tensor (or still none); the grad and autocast modes;
-/// and that no module or optimizer setting changed (invalidate_compiled_steps). A failed guard
+/// that no module or optimizer setting changed (invalidate_compiled_steps); and the front end's
+/// guard of its host program (CompileStepOptions::host_guard). A failed guard
 /// retraces (by default) or throws; a replay never runs stale. The gradient of an argument
 /// that requires grad flows on from the argument after each call, as backward would take it.
 /// Tensors the step creates from host data, and scalars in its ops, are constants of the
@@ -103,10 +104,22 @@ class CompiledStep {
 inline constexpr size_t kDefaultMaxVariants = 64;
 inline constexpr uint64_t kDefaultMaxVariantBytes = uint64_t{8} << 30;  // 8 GiB
 
+/// What a step's front end checks of its host program besides what a trace sees (the Python
+/// values a Python step function reads: a global learning rate, a closure's loss weight, the
+/// function it calls). Made when a variant is traced, checked before the variant is replayed;
+/// a variant whose guard fails is not replayed (the call retraces or throws, as for any guard).
+class HostGuard {
+ public:
+  virtual ~HostGuard() = default;
+  virtual bool holds() const = 0;
+};
+
 struct CompileStepOptions {
   bool retrace_on_guard_failure = true;  // false: a failed guard throws lazyrt::Error
   size_t max_variants = kDefaultMaxVariants;  // at least 1
   uint64_t max_variant_bytes = kDefaultMaxVariantBytes;  // 0: no byte cap
+  /// Called right after each trace, from the tracing thread; null or a null result: no guard.
+  std::function<std::shared_ptr<const HostGuard>()> host_guard;
 };
 
 /// Makes every compiled step retrace on its next call (and run_cached_graph refuse graphs

@@ -32,6 +32,10 @@ from lazyrt._autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F40
 from lazyrt._replay import GraphInputMatcher  # noqa: F401
 from lazyrt._loops import while_loop, fori_loop, scan, scan_layers  # noqa: F401  (pytrees over _C's loops)
 from lazyrt import nn, optim, metrics, cache, debug, distributed  # noqa: F401
+from lazyrt import _reads, lr_scheduler as _lr_scheduler
+# A compiled step's guard on the Python values it reads (compile_step) leaves modules, optimizers
+# and schedulers to their own guards (the compiled-step epoch, a learning rate read as a tensor).
+_reads.register(owned=(nn.Module, optim.Optimizer, _lr_scheduler.LRScheduler))
 
 __version__ = "0.1.0"
 from lazyrt._extra import *  # noqa: F401,F403,E402  (torch functions written in Python)

@@ -6,6 +6,7 @@
 // The step's own lock is only ever taken without the GIL, so the two cannot deadlock.
 #include "bindings.h"
 #include "compiled_step.h"
+#include "reads.h"
 #include "util/check.h"
 
 namespace lazyrt::python {
@@ -20,15 +21,43 @@ uint64_t non_negative(int64_t value, const char* call, const char* what) {
   return static_cast<uint64_t>(value);
 }
 
+// The Python values a step function reads (lazyrt._reads), checked with the GIL before a
+// variant traced with them is replayed.
+class PyReadsGuard final : public HostGuard {
+ public:
+  explicit PyReadsGuard(reads::Reads<reads::NoTensors> reads) : reads_(std::move(reads)) {}
+  ~PyReadsGuard() override {
+    py::gil_scoped_acquire gil;
+    reads_ = {};
+  }
+  bool holds() const override {
+    py::gil_scoped_acquire gil;
+    return reads_.hold();
+  }
+
+ private:
+  reads::Reads<reads::NoTensors> reads_;
+};
+
 PyCompiledStep compile_step_py(py::function fn, py::handle example_args, bool retrace, int64_t max_variants,
-                               int64_t max_variant_bytes) {
+                               int64_t max_variant_bytes, bool guard_reads) {
   CompileStepOptions options{retrace, non_negative(max_variants, "compile_step", "max_variants"),
-                             non_negative(max_variant_bytes, "compile_step", "max_variant_bytes")};
+                             non_negative(max_variant_bytes, "compile_step", "max_variant_bytes"), {}};
   auto state = std::make_shared<StepFunction>();
   state->fn = fn;
   std::vector<Tensor> example = tensors_from(example_args, "compile_step");
   // Holds the state weakly: the Python step object owns it, and the C++ step owns this.
   std::weak_ptr<StepFunction> weak = state;
+  if (guard_reads) options.host_guard = [weak]() -> std::shared_ptr<const HostGuard> {
+    py::gil_scoped_acquire gil;
+    std::shared_ptr<StepFunction> st = weak.lock();
+    if (!st) return nullptr;
+    py::module_ r = py::module_::import("lazyrt._reads");
+    py::object spec = r.attr("guard_spec")(r.attr("python_reads")(st->fn));
+    if (py::len(spec) == 0) return nullptr;
+    return std::make_shared<PyReadsGuard>(reads::Reads<reads::NoTensors>(
+        spec, {r.attr("DEPTH").cast<int>(), r.attr("MAX_ITEMS").cast<Py_ssize_t>()}));
+  };
   auto traced = [weak](const std::vector<Tensor>& args) {
     py::gil_scoped_acquire gil;
     std::shared_ptr<StepFunction> st = weak.lock();
@@ -133,12 +162,16 @@ void bind_replay(py::module_& m) {
       }, "Byte cap of the variants together (0: none); the least recently used are evicted first.");
   m.def("compile_step", &compile_step_py, py::arg("fn"), py::arg("example_args"), py::arg("retrace") = true,
         py::arg("max_variants") = static_cast<int64_t>(kDefaultMaxVariants),
-        py::arg("max_variant_bytes") = static_cast<int64_t>(kDefaultMaxVariantBytes),
+        py::arg("max_variant_bytes") = static_cast<int64_t>(kDefaultMaxVariantBytes), py::arg("guard_reads") = true,
         "Traces fn(*example_args) once, without running it and leaving every tensor as it was. "
         "Each call of the result runs one step on new arguments without tracing; a call whose "
-        "arguments do not match the trace retraces (retrace=True) or raises lazyrt.Error. One "
-        "compiled variant is kept per argument signature met, at most max_variants of them and "
-        "max_variant_bytes together (0: no byte cap), the least recently used evicted first.");
+        "arguments do not match the trace retraces (retrace=True) or raises lazyrt.Error, and so "
+        "does a call after a Python value fn reads changed (a global number, a closure's value, "
+        "a function it calls, an item of a dict it reads: lazyrt._reads). One compiled variant is "
+        "kept per argument signature and values met, at most max_variants of them and "
+        "max_variant_bytes together (0: no byte cap), the least recently used evicted first. "
+        "guard_reads=False: fn reads no Python value that changes (lazyrt.torch's own steps, "
+        "whose captures guard the user's).");
 }
 
 }  // namespace lazyrt::python

@@ -36,12 +36,14 @@
 #include <vector>
 
 #include "compiled_step.h"
+#include "reads.h"
 #include "torch_device.h"
 #include "trace/lazy_tensor.h"
 #include "util/metrics_cells.h"
 
 namespace py = pybind11;
 namespace lz = lazyrt;
+namespace reads = lazyrt::python::reads;
 
 namespace {
 
@@ -49,7 +51,7 @@ namespace {
 // The facts lazyrt.torch's quick key (_capture.quick_key) compares between two calls, recorded
 // from one call and checked on the next without building the key: what the step function
 // reaches (its code, closure cells and the globals its code names, by identity), the Python
-// values the step reads (lazyrt.torch._reads: plain values by value, the objects the walk went
+// values the step reads (lazyrt._reads: plain values by value, the objects the walk went
 // through by identity, where the checks before do not cover them), the arguments' shapes, dtypes and requires_grad, every submodule's training flag and parameter,
 // buffer and child objects, every parameter's shape, dtype, requires_grad and gradient shape and
 // dtype, every buffer's shape and dtype, each optimizer's groups (their parameters by identity,
@@ -99,30 +101,6 @@ bool same_meta(const at::Tensor& t, const Meta& m) {
 }
 c10::ScalarType dtype_of(py::handle dtype) { return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type; }
 
-// Python values compared by value (int, float, bool, str, None, tuples of them): same type and
-// the same object or ==, as the quick key's tuple comparison does. Other values are not plain.
-bool is_plain(py::handle v, bool nested = false) {
-  PyObject* o = v.ptr();
-  if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o))
-    return true;
-  if (!nested && PyTuple_CheckExact(o)) {
-    for (py::handle x : py::reinterpret_borrow<py::tuple>(v))
-      if (!is_plain(x, true)) return false;
-    return true;
-  }
-  return false;
-}
-bool same_plain(py::handle v, py::handle expected) {
-  if (v.ptr() == expected.ptr()) return true;
-  if (Py_TYPE(v.ptr()) != Py_TYPE(expected.ptr()) || !is_plain(v)) return false;
-  const int eq = PyObject_RichCompareBool(v.ptr(), expected.ptr(), Py_EQ);
-  if (eq < 0) {
-    PyErr_Clear();
-    return false;
-  }
-  return eq == 1;
-}
-
 // The values of a dict in iteration order are these objects.
 bool same_values(py::handle dict, const std::vector<py::object>& expected) {
   if (!dict || !PyDict_Check(dict.ptr()) || PyDict_Size(dict.ptr()) != static_cast<Py_ssize_t>(expected.size())) return false;
@@ -133,133 +111,29 @@ bool same_values(py::handle dict, const std::vector<py::object>& expected) {
   return true;
 }
 
-// What a place of lazyrt.torch._reads holds now (kind: 0 a closure cell, 1 an entry of a dict,
-// 2 an attribute in an object's own dict), borrowed; nullptr where it holds nothing (or the
-// lookup failed: the error is cleared).
-PyObject* read_place(int kind, py::handle holder, py::handle key) {
-  if (kind == 0) return PyCell_GET(holder.ptr());
-  PyObject* dict = holder.ptr();
-  if (kind == 2) {
-    PyObject** d = _PyObject_GetDictPtr(dict);
-    dict = d ? *d : nullptr;
-  }
-  if (!dict) return nullptr;
-  PyObject* now = PyDict_GetItemWithError(dict, key.ptr());
-  if (!now && PyErr_Occurred()) PyErr_Clear();
-  return now;
-}
-
-// An item of a tuple, list or dict (key: an index, or the dict's key), borrowed; nullptr where
-// there is none.
-PyObject* item_of(PyObject* v, PyObject* key) {
-  if (PyDict_CheckExact(v)) {
-    PyObject* x = PyDict_GetItemWithError(v, key);
-    if (!x && PyErr_Occurred()) PyErr_Clear();
-    return x;
-  }
-  if (!PyTuple_CheckExact(v) && !PyList_CheckExact(v)) return nullptr;
-  const Py_ssize_t i = PyLong_AsSsize_t(key);
-  if (i == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  const Py_ssize_t n = PyTuple_CheckExact(v) ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v);
-  if (i < 0 || i >= n) return nullptr;
-  return PyTuple_CheckExact(v) ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i);
-}
-
-// What a capture depends on of a value a step reads from a place by its metadata, by the rules
-// of lazyrt.torch._reads.meta (its limits given): a tensor's class, shape, dtype and device
-// (strided); an exact tuple, list or dict of at most `items` items, up to `depth`
-// deep: its class and its keys and items' metadata, in order; a plain value: the value; another
-// object: that object.
-struct ValueMeta {
-  enum Kind { Tensor, Items, Plain, Object } kind = Object;
-  PyTypeObject* type = nullptr;
-  Meta meta;                      // Tensor
-  c10::Device device{c10::kCPU};  // Tensor
-  py::object value;               // Plain: the value; Object: the object
-  std::vector<std::pair<py::object, ValueMeta>> items;  // Items: (key or index, item)
-};
-struct MetaLimits {
-  int depth = 0;
-  Py_ssize_t items = 0;
-};
-
-// The items of an exact tuple, list or dict within the limits, as (key, item) pairs; false for
-// other values.
-bool items_of(PyObject* v, const MetaLimits& limits, int depth, std::vector<std::pair<PyObject*, PyObject*>>& out) {
-  out.clear();
-  if (depth >= limits.depth) return false;
-  if (PyDict_CheckExact(v)) {
-    if (PyDict_Size(v) > limits.items) return false;
-    Py_ssize_t pos = 0;
-    PyObject *k, *x;
-    while (PyDict_Next(v, &pos, &k, &x)) out.emplace_back(k, x);
-    return true;
-  }
-  if (!PyTuple_CheckExact(v) && !PyList_CheckExact(v)) return false;
-  const Py_ssize_t n = PyTuple_CheckExact(v) ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v);
-  if (n > limits.items) return false;
-  for (Py_ssize_t i = 0; i < n; ++i)
-    out.emplace_back(nullptr, PyTuple_CheckExact(v) ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i));
-  return true;
-}
-
-ValueMeta value_meta_of(PyObject* v, const MetaLimits& limits, int depth = 0) {
-  ValueMeta m;
-  m.type = Py_TYPE(v);
-  if (THPVariable_Check(v)) {
+// A torch tensor read from a place by its metadata (lazyrt.torch._reads.tensor_meta): its
+// class, shape, dtype and device, strided.
+struct TorchTensors {
+  struct Meta {
+    ::Meta meta;
+    c10::Device device{c10::kCPU};
+  };
+  static bool is(PyObject* v) { return THPVariable_Check(v); }
+  static Meta of(PyObject* v) {
     const at::Tensor& t = THPVariable_Unpack(v);
-    m.kind = ValueMeta::Tensor;
-    m.meta = meta_of(t);
-    m.device = t.device();
-    return m;
+    return {meta_of(t), t.device()};
   }
-  std::vector<std::pair<PyObject*, PyObject*>> items;
-  if (items_of(v, limits, depth, items)) {
-    m.kind = ValueMeta::Items;
-    Py_ssize_t i = 0;
-    for (auto [k, x] : items) {
-      py::object key = k ? py::reinterpret_borrow<py::object>(k) : py::int_(i);
-      m.items.emplace_back(std::move(key), value_meta_of(x, limits, depth + 1));
-      ++i;
-    }
-    return m;
+  static bool same(PyObject* v, const Meta& m) {
+    const at::Tensor& t = THPVariable_Unpack(v);
+    return same_meta(t, m.meta) && t.device() == m.device;
   }
-  m.kind = is_plain(v) ? ValueMeta::Plain : ValueMeta::Object;
-  m.value = py::reinterpret_borrow<py::object>(v);
-  return m;
-}
-
-bool same_value_meta(PyObject* v, const ValueMeta& m, const MetaLimits& limits, int depth = 0) {
-  if (!v || Py_TYPE(v) != m.type) return false;
-  switch (m.kind) {
-    case ValueMeta::Tensor: {
-      const at::Tensor& t = THPVariable_Unpack(v);
-      return same_meta(t, m.meta) && t.device() == m.device;
-    }
-    case ValueMeta::Plain: return same_plain(v, m.value);
-    case ValueMeta::Object: return v == m.value.ptr();
-    case ValueMeta::Items: {
-      std::vector<std::pair<PyObject*, PyObject*>> items;
-      if (!items_of(v, limits, depth, items) || items.size() != m.items.size()) return false;
-      for (size_t i = 0; i < items.size(); ++i) {
-        const auto& [key, item] = m.items[i];
-        if (items[i].first && !same_plain(items[i].first, key) && items[i].first != key.ptr()) {
-          const int eq = PyObject_RichCompareBool(items[i].first, key.ptr(), Py_EQ);
-          if (eq != 1) {
-            if (eq < 0) PyErr_Clear();
-            return false;
-          }
-        }
-        if (!same_value_meta(items[i].second, item, limits, depth + 1)) return false;
-      }
-      return true;
-    }
-  }
-  return false;
-}
+};
+using ValueMeta = reads::ValueMeta<TorchTensors>;
+using reads::is_plain;
+using reads::item_of;
+using reads::MetaLimits;
+using reads::read_place;
+using reads::same_plain;
 
 std::vector<py::object> objects(py::handle seq) {
   std::vector<py::object> out;
@@ -288,22 +162,14 @@ class Guard {
       Ref r{t[0], t[1], t[2].cast<bool>(), false, {}};
       if (t.size() > 3 && t[3].cast<bool>()) {
         r.by_meta = true;
-        r.meta = value_meta_of(t[1].ptr(), limits_);
+        r.meta = ValueMeta::of(t[1].ptr(), limits_);
       }
       return r;
     };
     for (py::handle c : spec["cells"]) cells_.push_back(ref(c.cast<py::tuple>()));
     globals_ = spec["globals"];
     for (py::handle n : spec["names"]) names_.push_back(ref(n.cast<py::tuple>()));
-    if (spec.contains("reads"))
-      for (py::handle r : spec["reads"]) {
-        auto t = r.cast<py::tuple>();
-        Read read{t[0].cast<int>(), py::reinterpret_borrow<py::object>(t[1]),
-                  py::reinterpret_borrow<py::object>(t[2]), t[3].cast<bool>(),
-                  py::reinterpret_borrow<py::object>(t[4]), t[5].cast<int>(), {}};
-        if (read.how == Read::Metadata) read.meta = value_meta_of(read.value.ptr(), limits_);
-        reads_.push_back(std::move(read));
-      }
+    if (spec.contains("reads")) reads_ = reads::Reads<TorchTensors>(spec["reads"], limits_);
     for (py::handle a : spec["args"]) {
       Arg arg;
       if (THPVariable_Check(a.ptr())) {
@@ -375,7 +241,7 @@ class Guard {
       if (PyFunction_GET_CODE(f) != code_.ptr()) return false;
     }
     auto holds = [this](const Ref& r, PyObject* now) {
-      if (r.by_meta) return same_value_meta(now, r.meta, limits_);
+      if (r.by_meta) return r.meta.holds(now, limits_);
       return now == (r.present ? r.value.ptr() : nullptr);
     };
     for (const Ref& c : cells_)
@@ -389,18 +255,7 @@ class Guard {
       if (!holds(n, now)) return false;
     }
     // The Python values the step reads.
-    for (const Read& r : reads_) {
-      PyObject* now = read_place(r.kind, r.holder, r.key);
-      if (!now || !r.present) {
-        if (now || r.present) return false;
-        continue;
-      }
-      if (r.how == Read::Metadata) {
-        if (!same_value_meta(now, r.meta, limits_)) return false;
-      } else if (now != r.value.ptr() && (r.how == Read::Identity || !same_plain(now, r.value))) {
-        return false;
-      }
-    }
+    if (!reads_.hold()) return false;
     // Arguments.
     if (static_cast<size_t>(PyTuple_GET_SIZE(args.ptr())) != args_.size()) return false;
     for (size_t i = 0; i < args_.size(); ++i) {
@@ -462,18 +317,6 @@ class Guard {
   }
 
  private:
-  // A place the step reads a Python value from (lazyrt.torch._reads): a closure cell, an entry
-  // of a globals dict, or an attribute in an object's own dict (a class's included); its value
-  // compared as a plain value, by identity, or (a tensor) by its metadata.
-  struct Read {
-    enum How { Value = 0, Identity = 1, Metadata = 2 };
-    int kind;  // see read_place
-    py::object holder, key;
-    bool present;
-    py::object value;
-    int how;
-    ValueMeta meta;
-  };
   struct Sub {
     py::object module;
     bool training;
@@ -576,7 +419,7 @@ class Guard {
   MetaLimits limits_;
   py::object function_, code_, globals_;
   std::vector<Ref> cells_, names_;
-  std::vector<Read> reads_;
+  reads::Reads<TorchTensors> reads_;
   // Per positional argument: a tensor's metadata, or a non-tensor compared by identity (or,
   // plain, by value).
   struct Arg {
@@ -997,7 +840,7 @@ class FastCall {
   // CompiledStep), inputs [per input: ("arg", index) | ("tensor", t) | ("grad", parameter,
   // stand-in or None) |
   // ("state", optimizer, parameter, key) | ("lr", optimizer, group index) | ("place", kind,
-  // holder, key, path): a tensor read from a place of lazyrt.torch._reads, at a path of keys in
+  // holder, key, path): a tensor read from a place of lazyrt._reads, at a path of keys in
   // its tuples, lists and dicts], results [per leaf:
   // ("C", value) | ("in", input) | ("out", output position)], clear_grads (parameters whose
   // .grad the step sets to None), set_grads [(parameter, output position) of gradients the

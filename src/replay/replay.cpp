@@ -549,6 +549,7 @@ struct Variant {
   bool grad_mode = true;
   bool autocast = false;
   DType autocast_dtype = DType::bf16;
+  std::shared_ptr<const HostGuard> host;  // the front end's (CompileStepOptions::host_guard)
 
   std::shared_ptr<Executable> exe;
   std::recursive_mutex* shared_state = nullptr;  // the generator's lock, where the step draws
@@ -638,6 +639,7 @@ bool matches(const Variant& v, const std::vector<Tensor>& args) {
       return false;
     if (v.pin[i] && v.pinned[i].lock() != trace::impl_of(args[i])) return false;
   }
+  if (v.host && !v.host->holds()) return false;
   if (args.size() > 1) {
     thread_local std::vector<int32_t> classes;
     arg_classes(args, classes);
@@ -885,6 +887,7 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   for (int attempt = 0; attempt < 3 && !v; ++attempt) v = trace_once(st, args, pin);
   LAZYRT_ASSERT(v, "compile_step: tracing did not settle which arguments are captured state");
   v->epoch = step_epoch.load(std::memory_order_relaxed);
+  if (st.options.host_guard) v->host = st.options.host_guard();
   for (const Binding& b : v->bindings)
     if (ImplPtr t = b.state.lock(); t && t->shared_state) v->shared_state = t->shared_state;
   for (const Sink& k : v->sinks)

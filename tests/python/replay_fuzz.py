@@ -6,7 +6,8 @@ fori_loop / while_loop over detached values), and a list of actions a user might
 step (compile_step, or the low-level graph_hash / warm_up_cache / graph_inputs sequence), call
 it (replayed, or directly), mark_step, read values, edit parameters in place, load_state_dict,
 change the learning rate or another hyperparameter, train()/eval(), replace a parameter, zero or
-set gradients, rebuild the optimizer or the whole model, call with another batch size or with
+set gradients, rebuild the optimizer or the whole model, change a Python number the step reads
+(its loss weight, an attribute of the program's object), call with another batch size or with
 arguments that require grad (leaf or non-leaf).
 
 The program runs twice in this process, one world after the other:
@@ -223,6 +224,16 @@ def generate(seed, n_actions=12, vias=VIAS):
         else:
             a = Action(k)
         actions.append(a)
+    # A Python value the step reads (a loss weight on the program's object, self.loss_w) changed
+    # between calls: a replay must trace again. Drawn from a stream of its own, so that a seed's
+    # other actions are those it had before this action existed.
+    extra = np.random.default_rng([seed, 7])
+    with_values = []
+    for a in actions:
+        if a.kind != "create" and extra.random() < 0.06:
+            with_values.append(Action("set_py", value=float(extra.choice([0.5, 1.0, 2.0]))))
+        with_values.append(a)
+    actions = with_values
     for i, a in enumerate(actions):
         a.index = i
     return Program(seed, c, actions)
@@ -346,6 +357,7 @@ class World:
         self.events = []        # (action index, text): raises of plain actions, replay crashes
         self.returns = []       # (call number, [detached tensors]) not read yet
         self.leaves = []        # argument leaves that require grad
+        self.loss_w = 1.0       # a Python value the step reads (set_py)
         self.calls = 0
         self.replay_raises = []  # (action index, message)
         self.ll_trace_raised = set()
@@ -370,7 +382,7 @@ class World:
             loss = F.mse_loss(out, y)
         else:
             loss = F.cross_entropy(out, y)
-        obj = loss
+        obj = loss * self.loss_w
         if c["loop"] == "fori":
             with lr.no_grad():
                 s = lr.fori_loop(0, 3, lambda i, v: v * 0.5 + 0.25, loss.detach())
@@ -521,6 +533,11 @@ class World:
             self.opt.param_groups[0]["lr"] = a.lr
         elif k == "set_hyper":
             self.opt.param_groups[0][a.name] = a.value
+        elif k == "set_py":
+            self.loss_w = a.value
+            # The low-level calls replay the graph the user traced, as PyTorch/XLA's: its user
+            # traces again after changing what the step reads.
+            self.ll = None
         elif k == "mode":
             self.model.train(a.train)
         elif k == "replace_param":

@@ -264,18 +264,22 @@ def test_steps_called_from_several_threads_do_not_deadlock():
     assert step.traces == 2, "the shape change retraced once, while other threads waited"
 
 
-def test_invalidate_compiled_steps_retraces_a_step_that_read_a_python_value():
-    # A Python number the step reads is a constant of its trace; after changing it, the user
-    # says so and the next call retraces instead of replaying the old constant.
+def test_a_python_number_the_step_reads_is_guarded_and_invalidate_still_retraces():
+    # A Python number the step reads (an item of a dict in its closure) is a constant of its
+    # trace, guarded (lazyrt._reads): a change retraces, the old value's variant comes back.
     scale = {"v": 2.0}
     x = lr.tensor([1.0, 2.0])
     step = lr.compile_step(lambda x: x * scale["v"], (x,))
     assert step(x).tolist() == [2.0, 4.0]
     scale["v"] = 3.0
-    assert step(x).tolist() == [2.0, 4.0], "the trace's constant, as documented"
-    lr.invalidate_compiled_steps()
     assert step(x).tolist() == [3.0, 6.0]
     assert step.traces == 2
+    scale["v"] = 2.0
+    assert step(x).tolist() == [2.0, 4.0]
+    assert step.traces == 2, "the first value's variant"
+    lr.invalidate_compiled_steps()  # (for what no guard sees: a value a C++ step reads)
+    assert step(x).tolist() == [2.0, 4.0]
+    assert step.traces == 3
 
 
 # ---- bounded variants: one per argument signature, the least recently used evicted ---------

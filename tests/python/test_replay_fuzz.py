@@ -99,7 +99,7 @@ def test_the_comparison_sees_values_none_shapes_and_counts():
 
 def test_programs_are_reproducible_and_printable():
     a, b = rf.generate(123, 15), rf.generate(123, 15)
-    assert str(a) == str(b) and len(a.actions) == 16
+    assert str(a) == str(b) and len([x for x in a.actions if x.kind != "set_py"]) == 16  # (set_py: drawn apart)
     assert str(rf.generate(124, 15)) != str(a)
     assert a.actions[0].kind == "create"
     only = rf.select(a, [0, 2, 5])

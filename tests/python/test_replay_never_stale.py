@@ -706,3 +706,65 @@ def test_a_result_equal_to_the_old_value_of_an_updated_tensor_keeps_the_old_valu
         np.testing.assert_array_equal(got, want.numpy(), err_msg=f"call {i}")
         np.testing.assert_array_equal(s.numpy(), ts.numpy(), err_msg=f"call {i}")
     assert compiled.traces == 1
+
+
+# ---- the Python values a step reads --------------------------------------------------------------
+# A replay runs no Python: the numbers, functions and tensors a step function reads from its
+# globals, its closure, attributes and containers are guarded (lazyrt._reads), and a change
+# retraces; a variant traced for a value is replayed again when the value comes back.
+
+scale = 2.0
+cfg = {"shift": 1.0}
+act = lr.tanh
+w_a, w_b = lr.ones(3), lr.full((3,), 3.0)
+w = w_a
+
+
+def _reads_globals(x):
+    return act(x * w * scale + cfg["shift"])
+
+
+def test_numbers_functions_and_tensors_a_step_reads_are_guarded():
+    global scale, act, w
+    x = lr.tensor([0.5, -1.0, 2.0])
+    step = lr.compile_step(_reads_globals, (x,))
+
+    def check(what, traces):
+        np.testing.assert_allclose(step(x).numpy(), _reads_globals(x).numpy(), rtol=1e-6, err_msg=what)
+        assert step.traces == traces, f"{what}: {step.traces} traces, expected {traces}"
+    try:
+        check("first call", 1)
+        check("nothing changed", 1)
+        scale = 3.0
+        check("a global number", 2)
+        cfg["shift"] = -1.0
+        check("an item of a global dict", 3)
+        act = lr.sigmoid
+        check("a global function", 4)
+        w = w_b  # the tensor read before is alive still (w_a): the trace read that one
+        check("a global tensor rebound", 5)
+        scale, cfg["shift"], act, w = 2.0, 1.0, lr.tanh, w_a
+        check("back to the first values: its variant", 5)
+    finally:
+        scale, cfg["shift"], act, w = 2.0, 1.0, lr.tanh, w_a
+
+
+def test_a_loss_weight_in_a_closure_changed_between_training_calls():
+    def program(world, call):
+        weight = [1.0]
+
+        def step(x):
+            loss = (world.model(x) ** 2).mean() * weight[0]
+            loss.backward()
+            world.opt.step()
+            world.opt.zero_grad()
+            return loss
+        world.step = step
+        losses = []
+        for k in range(6):
+            if k == 3:
+                weight[0] = 0.25  # a list item of the closure: read by the step
+            losses.append(call(data(k, 4, 5)))
+        return losses
+    step = run_both(program)
+    assert step.traces == 2

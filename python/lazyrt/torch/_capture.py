@@ -39,7 +39,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from lazyrt.torch import _optim, _patch
-from lazyrt.torch._reads import META, meta, read_now, read_signature
+from lazyrt.torch import _reads as _torch_reads  # noqa: F401  (registers PyTorch's objects for the walk)
+from lazyrt._reads import META, meta, read_now, read_signature
 
 aten = torch.ops.aten
 

@@ -176,7 +176,7 @@ class _Static:
                 # leaves through an identity op.
                 return [_computed(v) for v in lowered(*xs)]
 
-            self.compiled = lazyrt.compile_step(step, lazy)
+            self.compiled = lazyrt.compile_step(step, lazy, guard_reads=False)
         outs = self.compiled(*lazy)
         return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
 
@@ -199,7 +199,7 @@ class _Static:
                         xs[k].copy_(vals[j])  # an update of the input: replays write it in its memory
                     return [_computed(vals[j]) for j in needed]
 
-                self.compiled = lazyrt.compile_step(step, list(lazy))
+                self.compiled = lazyrt.compile_step(step, list(lazy), guard_reads=False)
             outs = self.compiled(*lazy)
         except BaseException:
             self.handover.release()

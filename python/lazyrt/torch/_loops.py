@@ -36,7 +36,7 @@ from lazyrt import _C
 from lazyrt.torch import _discover
 from lazyrt.torch._capture import CaptureError, _autocast_mode, _fake_trace, tracing
 from lazyrt.torch._lower import _TORCH_DTYPES, LoweredGraph
-from lazyrt.torch._reads import Same, TensorReads, python_reads, read_signature
+from lazyrt._reads import Same, TensorReads, python_reads, read_signature
 
 
 class _Inputs:

@@ -1770,7 +1770,7 @@ class LoweredGraph:
         each lowered piece as its own compile_step and the eager ops between them in torch."""
         if self.pieces is None:
             if not self.compiled:
-                self.compiled.append(lazyrt.compile_step(self, list(inputs)))
+                self.compiled.append(lazyrt.compile_step(self, list(inputs), guard_reads=False))
             outs = self.compiled[0](*inputs)
             return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
         env = self._inputs_env(inputs)
@@ -1790,7 +1790,7 @@ class LoweredGraph:
                 continue
             args = [lazy_value(n) for n in needs]
             if k == len(self.compiled):
-                self.compiled.append(lazyrt.compile_step(_Piece(nodes, needs, gives, self.expect), args))
+                self.compiled.append(lazyrt.compile_step(_Piece(nodes, needs, gives, self.expect), args, guard_reads=False))
             outs = self.compiled[k](*args)
             k += 1
             env.update(zip(gives, [outs] if isinstance(outs, lazyrt.Tensor) else outs))

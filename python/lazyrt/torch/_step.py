@@ -11,8 +11,8 @@ import torch
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
 from lazyrt.torch._capture import CaptureError, EagerOnly, World, call_leaves, capture, key_object, quick_key
-from lazyrt.torch._reads import ABSENT as _READ_ABSENT, DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
-    META as _META, TensorReads, code_reads, inputs_by_identity, python_reads
+from lazyrt._reads import ABSENT as _READ_ABSENT, DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
+    KINDS as _READ_KINDS, META as _META, TensorReads, code_reads, inputs_by_identity, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
 from lazyrt.torch import _device, _discover
@@ -348,7 +348,7 @@ class _Entry:
                 direct[k] = v
             return direct, flat
         if self._packed is None:
-            self._packed = lazyrt.compile_step(self._packed_fn, lazy_inputs)
+            self._packed = lazyrt.compile_step(self._packed_fn, lazy_inputs, guard_reads=False)
         outs = self._packed(*lazy_inputs)
         if isinstance(outs, lazyrt.Tensor):
             outs = (outs,)
@@ -756,7 +756,6 @@ def _guard(fn, world, modules, optimizers, args, entry):
 # warning says so.
 _VALUE_CAPTURES = 8
 
-_READ_KINDS = {"c": 0, "g": 1, "a": 2}  # a read's place for the guard: cell, dict item, attribute
 
 
 def _reach_holds(world, args):

@@ -165,6 +165,40 @@ TEST(CompileStep, GuardFailureThrowsByPolicyAndChangesNothing) {
   EXPECT_EQ(s.opt->step_count().item(), 1);
 }
 
+// A host value the step function reads (a number outside the trace's tensors), guarded by the
+// front end's HostGuard: a change retraces, and a value that comes back replays its variant.
+TEST(CompileStep, AHostGuardRetracesWhenTheHostValueChangesAndReplaysAVariantWhenItComesBack) {
+  struct SameScale final : HostGuard {
+    const double* scale;
+    double traced;
+    SameScale(const double* s, double t) : scale(s), traced(t) {}
+    bool holds() const override { return *scale == traced; }
+  };
+  double scale = 2.0;
+  CompileStepOptions options;
+  options.host_guard = [&]() -> std::shared_ptr<const HostGuard> { return std::make_shared<SameScale>(&scale, scale); };
+  CompiledStep step = compile_step([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * scale}; },
+                                   {batch(0)}, options);
+  auto check = [&](int traces) {
+    Tensor x = batch(traces + 7);
+    EXPECT_EQ(step({x})[0].to_vector<float>(), (x * scale).to_vector<float>()) << "scale " << scale;
+    EXPECT_EQ(step.traces(), traces) << "scale " << scale;
+  };
+  check(1);
+  check(1);
+  scale = 3.0;
+  check(2);
+  scale = 2.0;
+  check(2);
+  EXPECT_EQ(step.variants(), 2u);
+  CompiledStep strict = compile_step([&](const std::vector<Tensor>& a) { return std::vector<Tensor>{a[0] * scale}; },
+                                     {batch(0)}, CompileStepOptions{false, kDefaultMaxVariants, kDefaultMaxVariantBytes,
+                                                                    options.host_guard});
+  strict({batch(1)});
+  scale = 5.0;
+  EXPECT_THROW(strict({batch(1)}), Error);
+}
+
 TEST(CompileStep, LoadStateDictBetweenReplaysTakesEffect) {
   Seed s;
   nn::StateDict init = snapshot(*s.model);
