@@ -25,18 +25,23 @@ uint64_t non_negative(int64_t value, const char* call, const char* what) {
 // variant traced with them is replayed.
 class PyReadsGuard final : public HostGuard {
  public:
-  explicit PyReadsGuard(reads::Reads<reads::NoTensors> reads) : reads_(std::move(reads)) {}
+  explicit PyReadsGuard(reads::Reads<reads::NoTensors> reads)
+      : reads_(std::make_unique<reads::Reads<reads::NoTensors>>(std::move(reads))) {}
   ~PyReadsGuard() override {
+    if (!Py_IsInitialized()) {  // the interpreter is gone, and its objects with it
+      (void)reads_.release();
+      return;
+    }
     py::gil_scoped_acquire gil;
-    reads_ = {};
+    reads_.reset();
   }
   bool holds() const override {
     py::gil_scoped_acquire gil;
-    return reads_.hold();
+    return reads_->hold();
   }
 
  private:
-  reads::Reads<reads::NoTensors> reads_;
+  std::unique_ptr<reads::Reads<reads::NoTensors>> reads_;
 };
 
 PyCompiledStep compile_step_py(py::function fn, py::handle example_args, bool retrace, int64_t max_variants,

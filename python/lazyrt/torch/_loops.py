@@ -163,11 +163,14 @@ class _Bodies:
 
     def keep(self, key, signature, body):
         try:
-            self._by_body.setdefault(key, {}).setdefault(signature, []).append(body)
+            kept = self._by_body.setdefault(key, {}).setdefault(signature, [])
         except TypeError:
-            pass
+            return
+        kept.append(body)
+        del kept[:-_KEPT]  # the most recent (a body reading a tensor whose shape changes every call)
 
 
+_KEPT = 16  # captures kept per body and signature (for other metadata of the tensors it reads)
 _bodies = _Bodies()
 
 
