@@ -619,3 +619,35 @@ def test_a_number_in_a_dict_changed_between_calls():
         run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6))
     finally:
         cfg["weight"] = 1.0
+
+
+own_mask = torch.ones(3)
+
+
+def _reads_its_own_global(model, opt):
+    def step(x, y):  # the step's own code names the global (the C++ guard's names, by metadata)
+        loss = F.mse_loss(model(x) * own_mask, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_a_tensor_in_a_global_the_step_names_itself_is_read_anew_in_fast_calls():
+    global own_mask
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step = _reads_its_own_global(eager_model, torch.optim.SGD(eager_model.parameters(), lr=0.1))
+    compiled = lazyrt.torch.compile(_reads_its_own_global(lazy_model, torch.optim.SGD(lazy_model.parameters(), lr=0.1)))
+    g = torch.Generator().manual_seed(2)
+
+    def schedule(k):
+        global own_mask
+        own_mask = torch.rand(3, generator=g) + 0.5  # rebound every call, same metadata
+        return False
+    fast = lazyrt.metrics.counter("TorchFastCall")
+    try:
+        run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6))
+    finally:
+        own_mask = torch.ones(3)
+    assert lazyrt.metrics.counter("TorchFastCall") - fast >= 4
