@@ -123,7 +123,8 @@ fuzz-replay: setup build
 # Randomized differential test of the PyTorch frontend (tests/python/frontend_fuzz.py): seeded
 # PyTorch training programs (a model from a zoo of modules and aten ops, some without a lowering,
 # views and in-place edits; an optimizer or a hand-written update, schedulers, clipping, autocast,
-# modes, batch sizes and Python values changed between calls) run in eager and through
+# modes, batch sizes, Python values, tensors and functions the step reads changed between calls)
+# run in eager and through
 # lazyrt.torch.compile, compared after every call; a refusal is counted, a difference is shrunk
 # and printed; FUZZ_FRONTEND_MODE=device runs them on the lazyrt device instead (sync() after
 # every call). Rerun one with `PYTHONPATH=build/python .venv/bin/python
