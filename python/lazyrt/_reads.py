@@ -392,10 +392,15 @@ def inputs_by_identity(reads, tensor_ids):
 KINDS = {"c": 0, "g": 1, "a": 2}  # a read's place for the C++ checks (reads.h): cell, dict item, attribute
 
 
-def guard_spec(reads):
+def guard_spec(reads, by_meta=None):
     """The reads as the C++ checks take them (python/src/reads.h): (kind, holder, key, present,
-    value, how: 0 by value, 1 by identity, 2 by metadata)."""
-    return [(KINDS[kind], holder, key, value is not ABSENT, value, 2 if identity is META else int(bool(identity)))
+    value, how: 0 by value, 1 by identity, 2 by metadata). by_meta: the places (kind,
+    id(holder), key) compared by metadata, if not every `META` read's (the others by identity)."""
+    def how(kind, holder, key, identity):
+        if by_meta is not None:
+            return 2 if (kind, id(holder), key) in by_meta else int(bool(identity))
+        return 2 if identity is META else int(bool(identity))
+    return [(KINDS[kind], holder, key, value is not ABSENT, value, how(kind, holder, key, identity))
             for _, kind, holder, key, value, identity in reads]
 
 

@@ -1,6 +1,7 @@
 """Cached-graph replay from Python: the low-level calls with GraphInputMatcher (as PyTorch/XLA's
 dynamo bridge uses them) and compile_step, checked against plain traced steps."""
 
+import gc
 import threading
 
 import numpy as np
@@ -330,6 +331,7 @@ def test_many_argument_shapes_stay_within_the_variant_cap_exact_and_with_flat_me
     fn, eager, acc, tacc = accumulator()
     step = lr.compile_step(fn, (lr.tensor(values(shapes[0], 0)),), max_variants=8)
     lr.metrics.reset()
+    gc.collect()  # (earlier tests' garbage in cycles, freed by a collection during the loop, is not the step's)
     live = []
     for i, shape in enumerate(shapes):
         a = values(shape, i)

@@ -11,8 +11,8 @@ import torch
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
 from lazyrt.torch._capture import CaptureError, EagerOnly, World, call_leaves, capture, key_object, quick_key
-from lazyrt._reads import ABSENT as _READ_ABSENT, DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
-    KINDS as _READ_KINDS, META as _META, TensorReads, code_reads, inputs_by_identity, python_reads
+from lazyrt._reads import DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
+    KINDS as _READ_KINDS, META as _META, TensorReads, code_reads, guard_spec, inputs_by_identity, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
 from lazyrt.torch import _device, _discover
@@ -728,11 +728,9 @@ def _guard(fn, world, modules, optimizers, args, entry):
         "params": list(params), "buffers": list(world.buffers),
         # The Python values the step reads (world.reads) but those the checks of cells and named
         # globals above already compare by identity.
-        "reads": [(_READ_KINDS[kind], holder, name, value is not _READ_ABSENT, value,
-                   2 if (kind, id(holder), name) in by_meta else int(bool(identity)))
-                  for _, kind, holder, name, value, identity in world.reads
-                  if not (kind == "c" and any(holder is c[0] for c in cells) or
-                          kind == "g" and holder is g and name in own_names)],
+        "reads": guard_spec([r for r in world.reads
+                             if not (r[1] == "c" and any(r[2] is c[0] for c in cells) or
+                                     r[1] == "g" and r[2] is g and r[3] in own_names)], by_meta),
         "limits": (_READS_DEPTH, _READS_MAX_ITEMS),
         "modes": (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled("cpu"),
                   torch.get_autocast_dtype("cpu")),
