@@ -172,3 +172,49 @@ def test_differences_are_held_to_the_programs_own_conditioning():
                             free_weight=False))
     o = ff.run_program(q)
     assert o.kind == "noisy", o.text  # differs at float64's tolerance, within its conditioning
+
+
+def test_float64_gradients_that_are_rounding_noise_are_measured_in_float32():
+    # Found by the fuzzer (seed 53316): after the first call, the first feature of `proj` reaches
+    # the loss only through batch norms that cancel it, so its row and bias have a gradient zero
+    # in exact arithmetic; in float64 it is ~1e-9, whatever the order of summation leaves (lazyrt
+    # -8.4e-10, eager 1.1e-9 at the bias), above the absolute tolerance. Float32 has no digit of
+    # it (0.59 there): its error, scaled to float64, marks those elements as noise, and not the
+    # other features' nor the head's real gradients.
+    p = ff.generate(53316)
+    assert p.config["dtype"] == "float64"
+    o = ff.run_program(p, recheck=False)
+    assert o.failed and "grad proj.bias" in o.text, o.text
+    noise = ff._noise_of_float32(p)
+    last = noise[-1]
+    assert last["grad proj.bias"].tolist() == [True] + [False] * 6
+    assert bool(last["grad proj.weight"][0].all()) and not bool(last["grad proj.weight"][1:].any())
+    assert "grad head.bias" not in last and "grad layers.4.bn.bias" not in last, sorted(last)
+    assert ff.run_program(p, recheck=False, noise=noise).kind == "match"
+    o = ff.run_program(p)
+    assert o.kind == "noisy" and "float32 has no digit" in o.text, o.text
+
+    def head(model):  # a real difference, in a parameter whose gradient is not noise
+        with torch.no_grad():
+            model.head.weight.view(-1)[0] += 1e-6
+    assert ff.run_program(p, perturb=head, recheck=False, noise=noise).failed
+
+
+def test_a_bf16_tie_at_a_kink_is_told_from_a_difference():
+    # Found by the fuzzer (seed 54446): under bf16 autocast three samples of a batch norm's input
+    # (0.29296875, 0.306640625, 0.279296875) have the first as their mean; lazyrt's normalized
+    # value is exactly 0, eager's 7.5e-7, and i0e's derivative jumps from 1 to -1 there. The same
+    # program with its inputs moved by four bf16 units matches; a real difference does not.
+    p = ff.generate(54446)
+    assert p.config["step"]["autocast"]
+    o = ff.run_program(p, recheck=False)
+    assert o.failed and o.klass() == "grad", o.text
+    o = ff.run_program(p)
+    assert o.kind == "noisy" and "tie of bf16 values" in o.text, o.text
+    moved = p.replace(nudge=(ff.AUTOCAST_NUDGE, 0))
+    assert ff.run_program(moved, recheck=False).kind == "match"
+
+    def head(model):  # a real difference, beyond bf16's tolerance
+        with torch.no_grad():
+            model.head.weight.view(-1)[0] += 0.5
+    assert ff.run_program(moved, perturb=head, recheck=False).failed
