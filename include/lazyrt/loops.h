@@ -13,8 +13,8 @@
 // carry each trip starts from; s >= 1 keeps at most s and rebuilds the others. A while loop's
 // trip count is data: a differentiated while_loop counts its trips as it runs, and its backward
 // runs over that count, so one executable serves every count (with snapshots 0 the carries are
-// kept in memory held while the backward runs). A checkpointed fori_loop does the same with
-// upper - lower; one that keeps every carry compiles per trip count (its carries are stacked).
+// kept in memory held while the backward runs). A differentiated fori_loop does the same with
+// upper - lower.
 #pragma once
 
 #include <functional>
@@ -34,7 +34,7 @@ Carry while_loop(std::function<Tensor(const Carry&)> cond_fn,
 
 /// body_fn(i, carry) for i = lower, ..., upper - 1, with i an i64 scalar tensor. lower and
 /// upper are inputs of the graph, not constants: any bounds share one executable (with
-/// gradients, when checkpointed; see above). `snapshots`: the gradient's memory policy.
+/// gradients too; see above). `snapshots`: the gradient's memory policy.
 Carry fori_loop(int64_t lower, int64_t upper,
                 std::function<Carry(const Tensor& i, const Carry&)> body_fn, Carry init,
                 int64_t snapshots = 0);

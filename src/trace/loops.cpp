@@ -10,12 +10,12 @@
 // through the ops with gradients on (apply_graph) and differentiating it (autograd::grad). The
 // forward scan stacks the carries each row starts from as extra outputs, so every row's
 // product starts from its own inputs (memory: one carry per row), or with `snapshots` a
-// scan_vjp node rebuilds them by binomial checkpointing. fori_loop with every carry kept is
-// recorded as such a scan (its trip count is known when it is traced, and the stacked carries
-// have that many rows). A differentiated while_loop, and a checkpointed fori_loop, stay while
-// nodes: the backward is a scan_vjp whose length is counted when it runs (a counter carry of
-// the while, or upper - lower from the bounds, which are inputs), so one executable serves
-// every trip count.
+// scan_vjp node rebuilds them by binomial checkpointing. A differentiated while_loop or
+// fori_loop stays a while node: the backward is a scan_vjp whose length is counted when it
+// runs (a counter carry of the while, or upper - lower from the bounds, which are inputs), so
+// one executable serves every trip count; it rebuilds the carries from the initial ones, every
+// one with snapshots 0 (one more forward pass than a scan that stacks them as it goes, whose
+// stacked rows would fix the count in the graph).
 //
 // A call (trace/call.h) is traced the same way: a function over placeholders in a scope of its
 // own, its region extracted once per list of operand types and shared by every call node.
@@ -629,21 +629,15 @@ Carry fori_loop(int64_t lower, int64_t upper,
       carry, 1);
   if (loop.random) carry.push_back(loop.outer_offset);
   Carry operands = concat(carry, loop.captures);
-  Carry out;
-  if (needs_grad(operands) && snapshots == 0) {
-    // Every carry kept: a scan of upper - lower rows (the bounds are known now), over the body,
-    // stacking the carries each row starts from.
-    ScanShape shape{static_cast<int64_t>(carry.size()), 0, std::max<int64_t>(upper - lower, 0), false, {}};
-    out = record_scan(operands, shape, loop.body, snapshots);
-  } else {
-    out = record_region_op(ir::OpKind::While, operands, {static_cast<int64_t>(carry.size())}, {loop.cond, loop.body});
-    if (needs_grad(operands)) {
-      // Checkpointed: the backward counts upper - lower rows from the bounds, which are inputs
-      // of the graph, so one executable serves every trip count. (A count beyond INT64_MAX
-      // would wrap, but such a loop never ends.)
-      Tensor trips = maximum(hi - carry[0], zeros({}, DType::i64));
-      record_while_grad(out, operands, carry.size(), loop.body, trips, snapshots);
-    }
+  Carry out = record_region_op(ir::OpKind::While, operands, {static_cast<int64_t>(carry.size())},
+                               {loop.cond, loop.body});
+  if (needs_grad(operands)) {
+    // The backward counts upper - lower rows from the bounds, which are inputs of the graph,
+    // so one executable serves every trip count; it rebuilds the carries from the initial
+    // ones (every one with snapshots 0, by binomial checkpointing otherwise). (A count beyond
+    // INT64_MAX would wrap, but such a loop never ends.)
+    Tensor trips = maximum(hi - carry[0], zeros({}, DType::i64));
+    record_while_grad(out, operands, carry.size(), loop.body, trips, snapshots);
   }
   out = settle_random(loop, std::move(out));
   return Carry(out.begin() + 1, out.end());

@@ -294,6 +294,7 @@ int64_t revolve_split(int64_t n, int64_t s) {
 
 struct ScanVjpState {
   std::shared_ptr<runtime::Executable> vjp, fwd;
+  const Backend* backend = nullptr;  // where every state is kept (snapshots 0)
   size_t B = 0, XS = 0, K = 0, C = 0, FX = 0, P = 0, Y = 0;
   int64_t length = 0, snapshots = 1;  // snapshots 0: every state (counted length only)
   bool fwd_reverse = false;
@@ -398,15 +399,18 @@ struct ScanVjpState {
     if (counted) length = std::max<int64_t>(*static_cast<const int64_t*>(in[B + XS + K + C]), 0);
     const int64_t s = snapshots > 0 ? std::min<int64_t>(snapshots, std::max<int64_t>(length, 1))
                                     : std::max<int64_t>(length, 1);
-    std::unique_ptr<char, decltype(&std::free)> held(nullptr, &std::free);
+    std::shared_ptr<runtime::Buffer> held;  // every state: tensor memory, counted as such
     if (snapshots > 0) {
       store = ws + snaps;
     } else {
       const size_t bytes = detail::bytes_mul(static_cast<size_t>(s), st_set, "scan_vjp: every state");
-      held.reset(static_cast<char*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
-      LAZYRT_CHECK(held, "scan_vjp: out of memory keeping every state of ", length, " rows (", bytes,
-                   " bytes); give the loop a number of snapshots");
-      store = held.get();
+      try {
+        held = backend->allocate(bytes);
+      } catch (const Error& e) {
+        throw Error(detail::str_cat("scan_vjp: keeping every state of ", length, " rows (", bytes,
+                                    " bytes): ", e.what(), "; give the loop a number of snapshots"));
+      }
+      store = static_cast<char*>(held->data());
     }
     bw.copy_in(ws, in);
     const size_t first_state = B + XS + K;
@@ -422,6 +426,7 @@ struct ScanVjpState {
 kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorType>& operands,
                                const Backend& backend) {
   auto st = std::make_shared<ScanVjpState>();
+  st->backend = &backend;
   const ir::NodeAttrs at(n.op, n.attrs);
   st->B = static_cast<size_t>(at.i<"carries">());
   st->XS = static_cast<size_t>(at.i<"xs">());
