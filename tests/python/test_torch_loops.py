@@ -113,6 +113,96 @@ def test_bodies_that_cannot_run_as_loops_are_refused_clearly():
         lt.fori_loop(0, 2, lambda i, c: 1.0, torch.zeros(2))
 
 
+# ---- positions from the loop counter --------------------------------------------------------
+# PyTorch's own int_carry while_loop program (test/functorch/test_control_flow.py,
+# `_while_loop_tests()["int_carry"]`): the body writes row `it` of a copy of its carry, with
+# `it` an integer carry, x.clone().select(0, it).copy_(...). Upstream gives it a Python int (a
+# SymInt when traced); lazyrt.torch's carry is a 0-d int64 tensor, and select reads it when the
+# graph runs. The expected values are PyTorch eager's loop.
+
+
+def _int_carry_cond(it, x):
+    return it < x.shape[0]
+
+
+def _int_carry_body(it, x):
+    x_clone = x.clone()
+    x_clone.select(0, it).copy_(x_clone.select(0, it) + it)
+    return it + 1, x_clone
+
+
+def _eager_while(cond_fn, body_fn, carry):
+    while cond_fn(*carry):
+        carry = body_fn(*carry)
+    return carry
+
+
+def test_pytorchs_int_carry_program_indexes_rows_by_its_counter():
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    it, got = lt.while_loop(_int_carry_cond, _int_carry_body, (0, x))
+    want_it, want = _eager_while(_int_carry_cond, _int_carry_body, (0, x))
+    assert int(it) == want_it == 3
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    lr.metrics.reset()
+    for rows in (2, 5):  # the same body, other shapes: other captures, each right
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(lt.while_loop(_int_carry_cond, _int_carry_body, (0, x))[1],
+                                   _eager_while(_int_carry_cond, _int_carry_body, (0, x))[1], rtol=0, atol=0)
+
+
+def test_a_fori_loop_writes_row_i_of_a_buffer_and_reads_column_i():
+    torch.manual_seed(1)
+    w = torch.randn(4, 4)
+
+    def body(i, carry):
+        h, rows = carry
+        h = torch.tanh(h @ w + w.select(1, i))  # column i of a captured tensor
+        rows = rows.clone()
+        rows.select(0, i).copy_(h.sum(0))
+        return h, rows
+
+    h0 = torch.randn(2, 4)
+    h, rows = lt.fori_loop(0, 4, body, (h0, torch.zeros(4, 4)))
+    want = (h0, torch.zeros(4, 4))
+    for i in range(4):
+        want = body(i, want)
+    torch.testing.assert_close(h, want[0], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rows, want[1], rtol=1e-6, atol=1e-6)
+
+
+def test_gradients_flow_through_rows_written_at_the_counter():
+    torch.manual_seed(2)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    scale = torch.randn(4, dtype=torch.float64, requires_grad=True)
+
+    def body(it, y):
+        row = torch.sin(y.select(0, it)) * scale
+        y = y.clone()
+        y.select(0, it).copy_(row)
+        return it + 1, y
+
+    weights = torch.randn(3, 4, dtype=torch.float64)
+    (lt.while_loop(_int_carry_cond, body, (0, x))[1] * weights).sum().backward()
+    got = (x.grad.clone(), scale.grad.clone())
+    x.grad = scale.grad = None
+    (_eager_while(_int_carry_cond, body, (0, x))[1] * weights).sum().backward()
+    torch.testing.assert_close(got[0], x.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], scale.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_a_counter_position_out_of_range_or_used_as_a_number_is_an_error():
+    def past_the_end(it, x):  # runs with it == 3 on 3 rows
+        return it + 1, x + x.select(0, it)
+
+    with pytest.raises(lr.Error, match="select"):
+        lt.while_loop(lambda it, x: it < 4, past_the_end, (0, torch.zeros(3, 3)))[1].sum().item()
+    with pytest.raises(lt.UnsupportedOperatorError, match="position of select"):
+        lt.while_loop(lambda it, x: it < 2, lambda it, x: (it + 1, x * it.item()), (0, torch.ones(2)))
+    with pytest.raises(lt.CaptureError, match="reads the value of a tensor .* a Python int"):
+        lt.while_loop(lambda it, x: it < 2, lambda it, x: (it + 1, x * int(it)), (0, torch.ones(2)))
+
+
 # ---- gradients: torch autograd through lazyrt's loops ---------------------------------------
 
 

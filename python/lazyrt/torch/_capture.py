@@ -64,8 +64,14 @@ def tracing():
     return make_fx, functionalize, FakeTensorMode, FakeTensor
 
 
-def _fake_trace(fn, examples, constants_may_require_grad=False):
+def _fake_trace(fn, examples, constants_may_require_grad=False, positions=False):
     """make_fx of fn(examples) over fake tensors: nothing is computed.
+
+    With `positions` (a loop body that indexes by its integer carry: ``x.select(0, it)``), the
+    fake mode has a shape environment and make_fx traces symbolically: a value read from a
+    0-d integer tensor becomes an unbacked integer symbol (an ``_local_scalar_dense`` node),
+    which the lowering takes as a position read when the graph runs. The examples' shapes stay
+    static either way.
 
     Real tensors that the traced code reads from outside its inputs (a loss module's class
     weights, a tensor in a closure, a scalar tensor PyTorch makes inside a composite op) are
@@ -78,11 +84,16 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
 
     # PyTorch's own fake mode class: higher-order ops such as while_loop have rules for it only.
     # Without a shape environment, a value read or a data-dependent shape fails the trace.
-    mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True)
+    shape_env = None
+    if positions:
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        shape_env = ShapeEnv()
+    mode = FakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=True, shape_env=shape_env)
     # An example on the meta device stands for a CPU tensor of its metadata (a stand-in whose
     # values tracing never reads): no memory is made for it.
     cpu = torch.device("cpu")
-    fakes = [mode.fake_tensor_converter.from_meta_and_device(mode, e, cpu) if e.is_meta else mode.from_tensor(e) for e in examples]
+    fakes = [mode.fake_tensor_converter.from_meta_and_device(mode, e, cpu) if e.is_meta
+             else mode.from_tensor(e, static_shapes=True) if positions else mode.from_tensor(e) for e in examples]
     if not constants_may_require_grad:
         # A real tensor read while tracing is converted here: one that requires grad is refused
         # before backward could give it a gradient.
@@ -104,7 +115,8 @@ def _fake_trace(fn, examples, constants_may_require_grad=False):
             _causal_hint_unread(), _cumulative_batch_norm_in_tensors(), warnings.catch_warnings():
         # torch's scan reads its fake operands' data pointers (PyTorch's own warning, not the step's)
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-        return make_fx(fn, decomposition_table=_decompositions(), tracing_mode="real")(fakes)
+        return make_fx(fn, decomposition_table=_decompositions(),
+                       tracing_mode="symbolic" if positions else "real")(fakes)
 
 
 @contextlib.contextmanager

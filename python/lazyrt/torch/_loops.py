@@ -4,7 +4,9 @@ compiled once whatever the trip count).
 
 A body is captured when lazyrt traces the loop: ``make_fx`` under ``functionalize`` over fake
 tensors of the carries' shapes and dtypes (nothing runs), and its aten graph is lowered to
-lazyrt ops on the loop's own body values (`_lower`). The tensors a body reads from outside
+lazyrt ops on the loop's own body values (`_lower`). A body that indexes by its integer carry
+(``x.clone().select(0, it).copy_(...)``, PyTorch's int_carry program) is captured symbolically:
+the position is read when the graph runs (out of range: a lazyrt.Error then). The tensors a body reads from outside
 (a module's weights, a tensor in a closure) become the loop's captured values, read anew on
 every call. The carries and results are torch tensors; results are new tensors.
 
@@ -188,13 +190,25 @@ def _capture_body(torch_fn, what, spec, examples, reads):
         return leaves
 
     functionalize = tracing()[1]
-    try:
-        with torch.no_grad():
-            gm = _fake_trace(functionalize(flat_fn), examples, constants_may_require_grad=True)
-    except (CaptureError, lazyrt.Error, TypeError):
-        raise
-    except Exception as e:  # noqa: BLE001 - name what failed, keep the cause
-        raise CaptureError(f"lazyrt.torch.{what}: capturing the body failed: {type(e).__name__}: {e}") from e
+    gm = None
+    for positions in (False, True):
+        try:
+            with torch.no_grad():
+                gm = _fake_trace(functionalize(flat_fn), examples, constants_may_require_grad=True,
+                                 positions=positions)
+            break
+        except (CaptureError, lazyrt.Error, TypeError):
+            raise
+        except Exception as e:  # noqa: BLE001 - name what failed, keep the cause
+            if not positions and type(e).__name__ == "DataDependentOutputException":
+                # The body reads a value (its integer carry as a position, x.select(0, it)):
+                # captured again with that value a symbol (_fake_trace's `positions`).
+                continue
+            if positions and type(e).__name__ == "GuardOnDataDependentSymNode":
+                raise CaptureError(f"lazyrt.torch.{what}: the body reads the value of a tensor and uses it as a "
+                                   "Python int (int(t), a shape, a slice bound, a condition); a value read from a "
+                                   "tensor is lowered only as a position of select (x.select(0, it))") from e
+            raise CaptureError(f"lazyrt.torch.{what}: capturing the body failed: {type(e).__name__}: {e}") from e
     _C._metrics._increment("LoopBodyCapture", 1)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in gm.graph.nodes:

@@ -951,8 +951,36 @@ def _diag_embed(e, x, offset=0, dim1=-2, dim2=-1):
 
 @lowering(aten.select.int)
 def _select(e, x, dim, index):
+    if _is_tensor(index):  # a position read when the graph runs (see _local_scalar_dense)
+        return lazyrt.select(x, dim, index)
     size = x.shape[dim]
     return _C.squeeze(_C.narrow(x, dim, index % size, 1), dim)
+
+
+# A value read from a 0-d integer tensor inside a loop body captured symbolically (`positions`
+# in _capture._fake_trace: ``x.select(0, it)`` with `it` the integer carry): an integer symbol
+# whose only uses are as positions of select and select_scatter, which lazyrt reads when the
+# graph runs (out of range: an error then). The lowering keeps the tensor itself.
+_POSITION_USERS = {aten.select.int: 2, aten.select_scatter.default: 3}
+
+
+def _position_refusal(node):
+    src = node.args[0]
+    val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    if not (isinstance(val, torch.Tensor) and val.dim() == 0 and not val.dtype.is_floating_point
+            and val.dtype != torch.bool):
+        return "of a tensor other than a 0-d integer one"
+    for user in node.users:
+        k = _POSITION_USERS.get(user.target)
+        args = list(user.args) + [None] * 4
+        if k is None or args[k] is not node or any(a is node for i, a in enumerate(user.args) if i != k):
+            return f"used by {op_name(user.target)}: lowered as a position of select only"
+    return None
+
+
+@lowering(aten._local_scalar_dense.default)
+def _local_scalar_dense(e, x):
+    return x
 
 
 def _norm_slice(size, start, end, step):
@@ -988,6 +1016,10 @@ def _slice_scatter(e, x, src, dim=0, start=None, end=None, step=1):
 
 @lowering(aten.select_scatter.default)
 def _select_scatter(e, x, src, dim, index):
+    if _is_tensor(index):  # a position read when the graph runs: written through a view of a copy
+        out = _cast(x, e.dtype).clone()
+        lazyrt.select(out, dim, index).copy_(_cast(src, e.dtype))
+        return out
     dim %= x.dim()
     index %= x.shape[dim]
     return _scatter_rows(_cast(x, e.dtype), _C.unsqueeze(_cast(src, e.dtype), dim), dim, index, index + 1, 1)
@@ -1444,7 +1476,8 @@ def _bitwise_not_refusal(node):
 
 
 REFUSALS = {aten.convolution.default: _conv_refusal, aten.convolution_backward.default: _conv_refusal,
-            aten.bitwise_not.default: _bitwise_not_refusal}  # and the indexing ops' (below)
+            aten.bitwise_not.default: _bitwise_not_refusal,
+            aten._local_scalar_dense.default: _position_refusal}  # and the indexing ops' (below)
 
 
 def _pool_window(kernel_size, stride, padding, dilation):

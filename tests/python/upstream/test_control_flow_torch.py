@@ -3,8 +3,8 @@ the while_loop cases, that is the programs of `_while_loop_tests()` and the test
 
 Upstream checks torch.while_loop (eager, traced, compiled, exported) against `_fake_while_loop`,
 a plain Python loop. Here each program is written once, over a namespace of ops, and run twice:
-through lazyrt.while_loop on lazyrt tensors, and as a plain Python loop in PyTorch eager (torch
-1.13, which has no while_loop) on the same values. PyTorch's results are the expected values.
+through lazyrt.while_loop on lazyrt tensors, and as a plain Python loop in PyTorch eager (upstream's
+`_fake_while_loop`) on the same values. PyTorch's results are the expected values.
 
 Ported: every program of `_while_loop_tests()` -- "simple", "simple_with_mutation", "nested",
 "nested2", "simple_with_linear", "nested_with_linear", "simple_with_pytree_carry", "int_carry",

@@ -5,7 +5,7 @@ Upstream checks torch_xla's scan against `_loopy_scan`, a Python loop that calls
 and stacks the ys, and scan_layers against applying the layers one after another; both the
 values and the gradients. Here each scan body is written once, over a namespace of ops, and run
 twice: through lazyrt.scan (or lazyrt.scan_layers) on lazyrt tensors, and as that Python loop
-in PyTorch eager (torch 1.13) on the same values. PyTorch's results and autograd gradients are
+in PyTorch eager on the same values. PyTorch's results and autograd gradients are
 the expected values (except for random numbers drawn in fn, test_scan_rand_in_fn: see below).
 Layers are lazyrt.nn modules whose weights are copied into the equivalent torch.nn modules.
 lazyrt's lr.tensor(a, requires_grad=True), .requires_grad, .backward(), .grad and lr.no_grad()
@@ -49,9 +49,9 @@ Differences from upstream, where lazyrt's model needs them:
   is left out: lazyrt has no partition_fn, so neither the min-cut run nor the HLO sine counts
   have a counterpart. (lazyrt's backward always recomputes a row's intermediates from the carry
   saved for that row.)
-- test_scan_different_dtypes: torch 1.13 has no float16 sin on CPU, so PyTorch's expected values
-  and gradients for the float16 sines (and, alike, the bfloat16 ones) are computed in float32
-  and rounded to the dtype, at float16 / bfloat16 tolerances.
+- test_scan_different_dtypes: PyTorch's expected values and gradients for the float16 sines (and,
+  alike, the bfloat16 ones) are computed in float32 and rounded to the dtype, at float16 /
+  bfloat16 tolerances.
 - test_scan_computation_cache: upstream counts fn's traces across 10 scans with is_fn_pure (no
   such flag here). The lazyrt counterpart: fn is traced once per scan call whatever the number
   of rows, and 10 scans of the same fn and shapes compile one graph.
@@ -558,7 +558,7 @@ def test_scan_different_dtypes():
     assert carry.dtype is lr.float16 and bf16_ys.dtype is lr.bfloat16 and f32_ys.dtype is lr.float32
     (carry.sum() + bf16_ys.sum() + f32_ys.sum()).backward()
 
-    # PyTorch: the loop in float32 (no float16 sin on CPU in torch 1.13), rounded to each dtype;
+    # PyTorch: the loop in float32, rounded to each dtype;
     # autograd goes through those conversions, so its gradients come back in each leaf's dtype.
     def torch_fn(carry, x):
         bf16_value, f32_value = x
