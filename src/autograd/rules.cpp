@@ -439,6 +439,7 @@ constexpr GradRule grad_Fusion = nullptr;  // made by the compiler after autodif
 // Recorded only where no gradient is (detail::TracedFunction runs the function itself then).
 constexpr GradRule grad_Call = nullptr;
 constexpr GradRule grad_Gemm = nullptr;    // likewise
+constexpr GradRule grad_GemmView = nullptr;  // likewise
 constexpr GradRule grad_Random = nullptr;
 constexpr GradRule grad_Iota = nullptr;
 constexpr GradRule grad_Check = nullptr;  // checks detached values (bernoulli's probabilities)

@@ -5,6 +5,7 @@
 #include <optional>
 #include <queue>
 
+#include "ir/gemm_view.h"
 #include "ir/hash.h"
 #include "backend/backend.h"
 #include "util/dtype_dispatch.h"
@@ -523,6 +524,215 @@ Graph transposes_into_gemm(const Graph& g) {
   return rw.finish();
 }
 
+namespace {
+
+// The strides of a view of these sizes and strides reshaped to `to`, where the reshape keeps it
+// a view (each run of the new dims splits or merges dims that are contiguous with one another
+// in the view); nullopt where it needs a copy.
+std::optional<std::vector<int64_t>> reshaped_strides(const std::vector<int64_t>& sizes,
+                                                     const std::vector<int64_t>& strides, const Shape& to) {
+  std::vector<int64_t> out(to.size(), 0);
+  if (shape_numel(to) == 0 || sizes.empty()) {
+    int64_t st = 1;
+    for (size_t d = to.size(); d-- > 0;) {
+      out[d] = st;
+      st *= std::max<int64_t>(to[d], 1);
+    }
+    return out;
+  }
+  auto view_d = static_cast<int64_t>(to.size()) - 1;
+  int64_t chunk_stride = strides.back(), tensor_numel = 1, view_numel = 1;
+  for (auto d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    tensor_numel *= sizes[static_cast<size_t>(d)];
+    // The chunk of dims ends where the next dim out is not laid out right after this one.
+    if (d == 0 || (sizes[static_cast<size_t>(d - 1)] != 1 &&
+                   strides[static_cast<size_t>(d - 1)] != tensor_numel * chunk_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || to[static_cast<size_t>(view_d)] == 1)) {
+        out[static_cast<size_t>(view_d)] = view_numel * chunk_stride;
+        view_numel *= to[static_cast<size_t>(view_d)];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (d > 0) {
+        chunk_stride = strides[static_cast<size_t>(d - 1)];
+        tensor_numel = view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+// A value as a strided view of the value its slices, permutes and reshapes start from (the
+// value itself where it is made otherwise).
+struct ViewOf {
+  ValueRef src;
+  ir::StridedView view;
+};
+
+ViewOf view_of(const Graph& g, ValueRef v) {
+  const Node& n = g.node(v);
+  const Shape& shape = n.results[static_cast<size_t>(v.index)].shape;
+  if (n.results.size() == 1 && (n.op == OpKind::Permute || n.op == OpKind::Slice || n.op == OpKind::Reshape)) {
+    ViewOf in = view_of(g, n.operands[0]);
+    const ir::NodeAttrs at(n.op, n.attrs);
+    ir::StridedView& w = in.view;
+    if (n.op == OpKind::Permute) {
+      const auto& dims = at.ints<"dims">();
+      ir::StridedView p{w.offset, {}, {}};
+      for (int64_t d : dims) {
+        p.sizes.push_back(w.sizes[static_cast<size_t>(d)]);
+        p.strides.push_back(w.strides[static_cast<size_t>(d)]);
+      }
+      return {in.src, std::move(p)};
+    }
+    if (n.op == OpKind::Slice) {
+      const auto& starts = at.ints<"starts">();
+      const auto& steps = at.ints<"steps">();
+      for (size_t d = 0; d < w.sizes.size(); ++d) {
+        w.offset += starts[d] * w.strides[d];
+        w.strides[d] *= steps[d];
+        w.sizes[d] = shape[d];
+      }
+      return in;
+    }
+    if (auto st = reshaped_strides(w.sizes, w.strides, shape)) return {in.src, {w.offset, shape, *st}};
+  }
+  return {v, ir::StridedView::whole(shape)};
+}
+
+// A product's operands as gemm_view reads them, over batch dims `batch` (the product's own, or
+// a split of them that its operands' views keep apart: attention's heads and batch).
+struct ProductViews {
+  ViewOf x, y;
+  Shape batch;
+  bool viewed = false;  // an operand is read through a view (else the product stays as it was)
+};
+
+ProductViews product_views(const Graph& g, const Node& n) {
+  const bool gemm = n.op == OpKind::Gemm;
+  const ir::NodeAttrs at(n.op, n.attrs);
+  const bool t[2] = {gemm && at.b<"transpose_x">(), gemm && at.b<"transpose_y">()};
+  auto transposed = [](ir::StridedView v) {
+    const size_t r = v.sizes.size();
+    std::swap(v.sizes[r - 2], v.sizes[r - 1]);
+    std::swap(v.strides[r - 2], v.strides[r - 1]);
+    return v;
+  };
+  auto batch_of = [](const ir::StridedView& v) { return Shape(v.sizes.begin(), v.sizes.end() - 2); };
+  // Each operand's view through slices, permutes and reshapes, and, where it is a reshape that
+  // merges batch dims only, the view of the reshape's input (the dims unmerged).
+  ViewOf deep[2], split[2];
+  bool has_split[2] = {false, false};
+  for (int k = 0; k < 2; ++k) {
+    const ValueRef v = n.operands[static_cast<size_t>(k)];
+    deep[k] = view_of(g, v);
+    if (t[k]) deep[k].view = transposed(std::move(deep[k].view));
+    const Node& p = g.node(v);
+    if (p.op == OpKind::Reshape) {
+      const Shape& in = g.type(p.operands[0]).shape;
+      const Shape& out = g.type(v).shape;
+      if (in.size() > out.size() && out.size() >= 2 && std::equal(out.end() - 2, out.end(), in.end() - 2)) {
+        split[k] = view_of(g, p.operands[0]);
+        if (t[k]) split[k].view = transposed(std::move(split[k].view));
+        has_split[k] = split[k].src != p.operands[0] && ir::blas_matrix(split[k].view).has_value();
+      }
+    }
+  }
+  const Shape product_batch = batch_of(ir::StridedView::whole(n.results[0].shape));
+  auto whole_of = [&](int k) {
+    const ValueRef v = n.operands[static_cast<size_t>(k)];
+    ir::StridedView w = ir::StridedView::whole(g.type(v).shape);
+    return ViewOf{v, t[k] ? transposed(std::move(w)) : std::move(w)};
+  };
+  ProductViews out;
+  out.batch = has_split[0] ? batch_of(split[0].view) : has_split[1] ? batch_of(split[1].view) : product_batch;
+  // Each operand over those batch dims (its own where it broadcasts), read in place if it can be.
+  for (int k = 0; k < 2; ++k) {
+    const ValueRef v = n.operands[static_cast<size_t>(k)];
+    ViewOf chosen = whole_of(k);
+    const bool regroup = out.batch != product_batch && batch_of(chosen.view) == product_batch;  // takes the split dims
+    auto as_batch = [&](const ViewOf& c) -> std::optional<ViewOf> {
+      if (!regroup) return c;
+      if (batch_of(c.view) == out.batch) return c;
+      Shape to = out.batch;
+      to.push_back(c.view.sizes[c.view.sizes.size() - 2]);
+      to.push_back(c.view.sizes.back());
+      // Regrouping batch dims keeps the matrix dims' strides; reshape them as a whole.
+      if (auto st = reshaped_strides(c.view.sizes, c.view.strides, to)) return ViewOf{c.src, {c.view.offset, to, *st}};
+      return std::nullopt;
+    };
+    std::optional<ViewOf> pick;
+    if (has_split[k] && (pick = as_batch(split[k]))) {
+      chosen = *pick;
+    } else if (deep[k].src != v && ir::blas_matrix(deep[k].view) && (pick = as_batch(deep[k]))) {
+      chosen = *pick;
+    } else if ((pick = as_batch(chosen))) {
+      chosen = *pick;
+    } else {  // cannot regroup: read whole, as the product does
+      return ProductViews{whole_of(0), whole_of(1), product_batch, false};
+    }
+    out.viewed = out.viewed || chosen.src != v;
+    (k == 0 ? out.x : out.y) = std::move(chosen);
+  }
+  return out;
+}
+
+}  // namespace
+
+Graph views_into_gemm(const Graph& g) {
+  std::vector<int32_t> uses(g.nodes.size(), 0);
+  for (const Node& n : g.nodes)
+    for (ValueRef v : n.operands) ++uses[v.node];
+  for (ValueRef v : g.outputs) ++uses[v.node];
+  auto is_product = [](const Node& n) { return n.op == OpKind::Matmul || n.op == OpKind::Gemm; };
+  auto emit = [](GraphRewriter& rw, const ProductViews& p, std::vector<int64_t> perm) {
+    return rw.graph().add(OpKind::GemmView, {rw.map(p.x.src), rw.map(p.y.src)},
+                          {p.x.view.encode(), p.y.view.encode(), std::move(perm)});
+  };
+  GraphRewriter rw(g);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (is_product(n)) {
+      const ProductViews p = product_views(g, n);
+      if (p.viewed) {
+        ValueRef r = emit(rw, p, {});
+        if (rw.graph().type(r).shape != n.results[0].shape)
+          r = rw.graph().add(OpKind::Reshape, {r}, {n.results[0].shape});
+        rw.set(static_cast<int32_t>(i), 0, r);
+        continue;
+      }
+    } else if (n.op == OpKind::Permute) {
+      // A permute keeping the last dim last of a product it alone reads (or of the product's
+      // batch dims split again by a reshape it alone reads): written by the product.
+      const auto& dims = ir::NodeAttrs(n.op, n.attrs).ints<"dims">();
+      const bool keeps_last = !dims.empty() && dims.back() == static_cast<int64_t>(dims.size()) - 1;
+      ValueRef from = n.operands[0];
+      bool single = uses[from.node] == 1;
+      const Node* reshape = nullptr;
+      if (g.node(from).op == OpKind::Reshape) {
+        reshape = &g.node(from);
+        from = reshape->operands[0];
+        single = single && uses[from.node] == 1;
+      }
+      if (keeps_last && single && is_product(g.node(from))) {
+        const ProductViews p = product_views(g, g.node(from));
+        Shape logical = p.batch;
+        const Shape& res = g.node(from).results[0].shape;
+        logical.push_back(res[res.size() - 2]);
+        logical.push_back(res.back());
+        const Shape& permuted_from = reshape ? reshape->results[0].shape : res;
+        if (permuted_from == logical) {
+          rw.set(static_cast<int32_t>(i), 0, emit(rw, p, dims));
+          continue;
+        }
+      }
+    }
+    rw.copy(static_cast<int32_t>(i));
+  }
+  return rw.finish();
+}
+
 Graph order_reads_before_updates(const Graph& g, const std::vector<int32_t>& donations) {
   const size_t n = g.nodes.size();
   std::vector<int32_t> param_node(static_cast<size_t>(g.num_params), -1);
@@ -714,7 +924,7 @@ Graph optimize(const Graph& g, const backend::Capabilities& caps) {
   x = algebraic_simplification(x);
   x = common_subexpression_elimination(x);
   x = dead_code_elimination(x);
-  if (caps.gemm) x = dead_code_elimination(transposes_into_gemm(x));
+  if (caps.gemm) x = dead_code_elimination(views_into_gemm(dead_code_elimination(transposes_into_gemm(x))));
   if (caps.fuses()) x = dead_code_elimination(rematerialize_for_distant_readers(hoist_small_reductions(x)));
   return caps.fuses() ? dead_code_elimination(fuse_elementwise(x, caps)) : x;
 }

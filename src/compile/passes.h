@@ -34,6 +34,13 @@ ir::Graph algebraic_simplification(const ir::Graph& g);
 /// unused are for DCE.
 ir::Graph transposes_into_gemm(const ir::Graph& g);
 
+/// matmul or gemm whose operand is a slice, permute or reshape (or a chain of them) of a value
+/// that a GEMM can read in place (ir/gemm_view.h: its matrices rows or columns of adjacent
+/// elements) -> one gemm_view reading that value; a permute that keeps the last dim last of a
+/// product it alone reads -> the product written permuted (gemm_view's out_perm). The views
+/// and products left unused are for DCE.
+ir::Graph views_into_gemm(const ir::Graph& g);
+
 /// A reader this many nodes or more after a value's producer is a distant one (a backward node
 /// reading a forward activation): rematerialize_for_distant_readers computes such values again
 /// for it, and fusion does not join a node to a group all of whose members are that far back.
@@ -63,7 +70,7 @@ ir::Graph fuse_elementwise(const ir::Graph& g, const backend::Capabilities& caps
 /// Otherwise keeps the order. Same nodes, same outputs.
 ir::Graph order_reads_before_updates(const ir::Graph& g, const std::vector<int32_t>& donations);
 
-/// fold, simplify, CSE, DCE, transposes into gemm, DCE, hoist reductions, rematerialize, DCE,
+/// fold, simplify, CSE, DCE, transposes into gemm, DCE, views into gemm, DCE, hoist reductions, rematerialize, DCE,
 /// fuse, DCE; gemm only where the backend takes it, the memory passes and fusion only where it
 /// fuses.
 ir::Graph optimize(const ir::Graph& g, const backend::Capabilities& caps = backend::current().capabilities());

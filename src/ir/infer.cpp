@@ -5,6 +5,7 @@
 #include <limits>
 #include <span>
 
+#include "ir/gemm_view.h"
 #include "ir/graph.h"
 #include "util/check.h"
 
@@ -280,6 +281,54 @@ std::vector<TensorType> rule_types(OpKind op, std::span<const TensorType> ops, c
       out.push_back(n);
       out.push_back(m);
       return single_result(x.dtype, std::move(out));
+    }
+    case ResultRule::GemmView: {
+      const auto& x = ops[0];
+      const auto& y = ops[1];
+      LAZYRT_CHECK(x.dtype == y.dtype, name, ": expects two operands of one dtype, got ", types_str(ops));
+      check_not_bool(name, x);
+      auto view = [&](const TensorType& t, const std::vector<int64_t>& attr, const char* which) {
+        const StridedView v = StridedView::decode(attr);
+        LAZYRT_CHECK(attr.size() >= 5 && attr.size() % 2 == 1, name, ": the ", which, " view must be an offset "
+                     "and (size, stride) pairs of rank >= 2, got ", attr.size(), " values");
+        const int64_t numel = shape_numel(t.shape);
+        int64_t last = v.offset;
+        bool empty = false;
+        for (size_t d = 0; d < v.sizes.size(); ++d) {
+          LAZYRT_CHECK(v.sizes[d] >= 0 && v.strides[d] >= 0, name, ": the ", which, " view has a negative size "
+                       "or stride");
+          empty = empty || v.sizes[d] == 0;
+          int64_t reach = 0;
+          LAZYRT_CHECK(!__builtin_mul_overflow(std::max<int64_t>(v.sizes[d] - 1, 0), v.strides[d], &reach) &&
+                           !__builtin_add_overflow(last, reach, &last),
+                       name, ": the ", which, " view overflows");
+        }
+        LAZYRT_CHECK(empty || (v.offset >= 0 && last < numel), name, ": the ", which, " view reaches element ",
+                     last, " of an operand of ", numel, " elements (", types_str(ops), ")");
+        LAZYRT_CHECK(empty || blas_matrix(v), name, ": the ", which, " view's matrices are neither rows nor "
+                     "columns of adjacent elements");
+        return v.sizes;
+      };
+      const Shape xs = view(x, at.ints<"x_view">(), "x"), ys = view(y, at.ints<"y_view">(), "y");
+      const int64_t n = xs[xs.size() - 2], k = xs.back(), k2 = ys[ys.size() - 2], m = ys.back();
+      LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", shape_str(xs), " x ", shape_str(ys));
+      Shape bx(xs.begin(), xs.end() - 2), by(ys.begin(), ys.end() - 2);
+      Shape out = bx == by ? std::move(bx) : broadcast_shapes(bx, by, str_cat(name, " batch dims"));
+      out.push_back(n);
+      out.push_back(m);
+      const auto& perm = at.ints<"out_perm">();
+      if (perm.empty()) return single_result(x.dtype, std::move(out));
+      LAZYRT_CHECK(perm.size() == out.size() && perm.back() == static_cast<int64_t>(out.size()) - 1, name,
+                   ": out_perm must permute the ", out.size(), " result dims keeping the last one last");
+      std::vector<bool> seen(out.size(), false);
+      Shape permuted;
+      for (int64_t p : perm) {
+        LAZYRT_CHECK(p >= 0 && p < static_cast<int64_t>(out.size()) && !seen[static_cast<size_t>(p)], name,
+                     ": out_perm is not a permutation");
+        seen[static_cast<size_t>(p)] = true;
+        permuted.push_back(out[static_cast<size_t>(p)]);
+      }
+      return single_result(x.dtype, std::move(permuted));
     }
     case ResultRule::Permute: {
       const auto& perm = at.ints<"dims">();

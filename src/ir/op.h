@@ -88,6 +88,7 @@ enum class ResultRule : uint8_t {
   Random,          // the shape and (floating) dtype attributes; operands i64 scalars
   Iota,            // the shape (one dim) and dtype attributes
   Gemm,            // [.., n, k] (or [.., k, n] transposed) x [.., k, m] (or [.., m, k]) -> [.., n, m]
+  GemmView,        // the views' [.., n, k] x [.., k, m] -> [.., n, m], permuted by out_perm
   Fusion,          // one result per dtype attribute, of the shape attribute or one value per row (ops.def)
   Collective,      // the tensor's type (all_gather: dim 0 times world; reduce_scatter: divided
                    // by it), then the b8 scalar token; operand 1 such a token

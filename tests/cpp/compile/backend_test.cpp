@@ -8,6 +8,7 @@
 #include <lazyrt/lazyrt.h>
 
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "backend/backend.h"
@@ -276,6 +277,88 @@ TEST(Backends, LibraryConvolutionsMatchTheReferenceOnRandomGeometries) {
             << groups;
   }
   EXPECT_GE(metrics::counter("LibraryKernels") - library_before, 3 * 60) << "every conv went through oneDNN";
+}
+
+// Products of slices, permutes and reshapes (gemm_view on the cpu backend: the operands read
+// where they lie, the result written permuted) against the reference backend, which copies
+// every view and multiplies the copies: random operands of rank 2 to 4, each cut from a larger
+// parameter (a slice with steps, its dims in a random order), batch dims merged or broadcast,
+// the result permuted or not.
+TEST(Backends, CpuProductsOfViewsMatchTheReference) {
+  const backend::Backend& cpu = backend::get("cpu");
+  const backend::Backend& ref = backend::get("reference");
+  std::mt19937 rng(77);
+  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  int views = 0, permuted = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const DType dtype = trial % 3 ? DType::f32 : DType::f64;
+    Graph g;
+    // An operand of logical shape `want`: a parameter holding it in another order, padded and
+    // strided, sliced and permuted back (reshaped from a flat parameter half the time).
+    auto operand = [&](const Shape& want) {
+      const size_t r = want.size();
+      std::vector<int64_t> order(r);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      Shape src(r);
+      std::vector<int64_t> starts(r), ends(r), steps(r);
+      for (size_t d = 0; d < r; ++d) {
+        const auto s = static_cast<size_t>(order[d]);
+        steps[s] = uniform(1, 2);
+        starts[s] = uniform(0, 2);
+        ends[s] = starts[s] + (want[d] - 1) * steps[s] + 1;
+        src[s] = ends[s] + uniform(0, 2);
+      }
+      ValueRef p = uniform(0, 1) ? g.add(OpKind::Reshape, {g.add_parameter({dtype, {shape_numel(src)}})}, {src})
+                                 : g.add_parameter({dtype, src});
+      ValueRef v = g.add(OpKind::Slice, {p}, {starts, ends, steps});
+      std::vector<int64_t> back(r);  // dim d of the result is the slice's dim order[d]
+      for (size_t d = 0; d < r; ++d) back[d] = order[d];
+      return g.add(OpKind::Permute, {v}, {back});
+    };
+    const int64_t n = uniform(1, 9), k = uniform(1, 9), m = uniform(1, 9), b1 = uniform(1, 3), b2 = uniform(1, 3);
+    const int64_t rank = uniform(2, 4);
+    Shape bx = rank == 2 ? Shape{} : rank == 3 ? Shape{b1} : Shape{b1, b2};
+    auto with = [](Shape b, int64_t r, int64_t c) {
+      b.push_back(r);
+      b.push_back(c);
+      return b;
+    };
+    ValueRef x = operand(with(bx, n, k));
+    ValueRef y = operand(with(uniform(0, 2) == 0 ? Shape{} : bx, k, m));  // broadcast half the time
+    const bool merge = rank == 4 && uniform(0, 1);
+    if (merge) {
+      x = g.add(OpKind::Reshape, {x}, {Shape{b1 * b2, n, k}});
+      if (g.type(y).shape.size() == 4) y = g.add(OpKind::Reshape, {y}, {Shape{b1 * b2, k, m}});
+    }
+    ValueRef p = g.add(OpKind::Matmul, {x, y});
+    if (merge) p = g.add(OpKind::Reshape, {p}, {with(bx, n, m)});
+    if (rank >= 3 && uniform(0, 1)) {
+      std::vector<int64_t> perm(static_cast<size_t>(rank));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end() - 1, rng);  // the last dim stays last
+      p = g.add(OpKind::Permute, {p}, {perm});
+    }
+    g.outputs = {p};
+    std::vector<std::vector<double>> params;
+    for (const ir::Node& node : g.nodes)
+      if (node.op == OpKind::Parameter) {
+        params.emplace_back(static_cast<size_t>(shape_numel(node.results[0].shape)));
+        for (double& v : params.back()) v = std::uniform_real_distribution<double>(-1, 1)(rng);
+      }
+    auto fast = compile(g, {}, cpu);
+    views += count_ops(fast->graph(), OpKind::GemmView);
+    for (const ir::Node& node : fast->graph().nodes)
+      if (node.op == OpKind::GemmView && !ir::NodeAttrs(node.op, node.attrs).ints<"out_perm">().empty()) ++permuted;
+    const auto got = run(*fast, params, dtype), want = run(*compile(g, {}, ref), params, dtype);
+    const double tol = dtype == DType::f32 ? 1e-5 : 1e-12;
+    ASSERT_EQ(got[0].size(), want[0].size());
+    for (size_t i = 0; i < want[0].size(); ++i)
+      ASSERT_NEAR(got[0][i], want[0][i], tol * (1 + std::abs(want[0][i]))) << "trial " << trial << " element " << i
+                                                                          << "\n" << ir::to_text(g);
+  }
+  EXPECT_GT(views, 150);    // the products did read views: the comparison means something
+  EXPECT_GT(permuted, 40);  // and wrote permuted results
 }
 
 // Every f32 product of the cpu backend goes through oneDNN, weight gradients over a long inner

@@ -1,5 +1,5 @@
-// Transposes folded into gemm: the pass on hand-built graphs (golden text), and the gemm
-// kernel for every pair of transpose flags, small (a loop) and large (BLAS), batched or not,
+// Transposes and views folded into gemm: the passes on hand-built graphs (golden text), and the
+// gemm kernel for every pair of transpose flags, small (a loop) and large (BLAS), batched or not,
 // against products the test computes itself in double.
 #include <gtest/gtest.h>
 
@@ -66,6 +66,68 @@ TEST(TransposesIntoGemm, BatchedProductsReadTransposedMatrices) {
             "%4 = permute(%0) {dims=[1, 0, 2, 3]} : f32[4, 2, 3, 5]\n"
             "%5 = gemm(%4, %2) {transpose_x=false, transpose_y=true} : f32[4, 2, 3, 4]\n"
             "return %3, %5\n");
+}
+
+// Attention's heads: q and k sliced from one qkv value, split into heads, the heads moved in
+// front of the tokens and merged with the batch for a batched product; the weights' product
+// with v, whose result is moved back behind the tokens. Every product reads qkv where it lies,
+// over batch and heads kept apart, and the last one writes its result in the moved order.
+TEST(ViewsIntoGemm, AttentionReadsItsHeadsInPlace) {
+  Graph g;
+  ValueRef qkv = g.add_parameter(f32({2, 5, 24}));  // batch 2, 5 tokens, 3 x (2 heads x 4)
+  auto head = [&](int64_t part, std::vector<int64_t> order) {
+    ValueRef s = g.add(OpKind::Slice, {qkv}, {std::vector<int64_t>{0, 0, 8 * part}, std::vector<int64_t>{2, 5, 8 * part + 8},
+                                            std::vector<int64_t>{1, 1, 1}});
+    ValueRef h = g.add(OpKind::Permute, {g.add(OpKind::Reshape, {s}, {Shape{2, 5, 2, 4}})}, {std::move(order)});
+    const Shape& hs = g.type(h).shape;
+    return g.add(OpKind::Reshape, {h}, {Shape{4, hs[2], hs[3]}});
+  };
+  ValueRef scores = g.add(OpKind::Matmul, {head(0, {0, 2, 1, 3}), head(1, {0, 2, 3, 1})});  // [4, 5, 5]
+  ValueRef w = g.add_parameter(f32({4, 5, 5}));
+  ValueRef y = g.add(OpKind::Matmul, {w, head(2, {0, 2, 1, 3})});                          // [4, 5, 4]
+  ValueRef back = g.add(OpKind::Permute, {g.add(OpKind::Reshape, {y}, {Shape{2, 2, 5, 4}})},
+                        {std::vector<int64_t>{0, 2, 1, 3}});
+  g.outputs = {scores, back};
+  EXPECT_EQ(ir::to_text(dead_code_elimination(views_into_gemm(g))),
+            "%0 = parameter {index=0} : f32[2, 5, 24]\n"
+            "%1 = gemm_view(%0, %0) {x_view=[0, 2, 120, 2, 4, 5, 24, 4, 1], y_view=[8, 2, 120, 2, 4, 4, 1, 5, 24], "
+            "out_perm=[]} : f32[2, 2, 5, 5]\n"
+            "%2 = reshape(%1) {shape=[4, 5, 5]} : f32[4, 5, 5]\n"
+            "%3 = parameter {index=1} : f32[4, 5, 5]\n"
+            "%4 = gemm_view(%3, %0) {x_view=[0, 2, 50, 2, 25, 5, 5, 5, 1], y_view=[16, 2, 120, 2, 4, 5, 24, 4, 1], "
+            "out_perm=[0, 2, 1, 3]} : f32[2, 5, 2, 4]\n"
+            "return %2, %4\n");
+}
+
+// Views a GEMM cannot read (neither dim of the matrices adjacent: a slice with step 2 of the
+// last dim) stay copies, and a product read elsewhere too is not written permuted.
+TEST(ViewsIntoGemm, LeavesWhatAGemmCannotReadAlone) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({3, 8}));
+  ValueRef strided = g.add(OpKind::Slice, {x}, {std::vector<int64_t>{0, 0}, std::vector<int64_t>{3, 8},
+                                                std::vector<int64_t>{1, 2}});  // [3, 4], columns 2 apart
+  ValueRef y = g.add_parameter(f32({2, 4, 4}));
+  ValueRef p = g.add(OpKind::Matmul, {y, y});
+  g.outputs = {g.add(OpKind::Matmul, {strided, g.add_parameter(f32({4, 2}))}), p,
+               g.add(OpKind::Permute, {p}, {std::vector<int64_t>{1, 0, 2}})};
+  EXPECT_EQ(ir::to_text(views_into_gemm(g)), ir::to_text(g));
+}
+
+TEST(ViewsIntoGemm, TheShapeRuleRefusesViewsOutsideTheOperandOrUnreadable) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({4, 4}));
+  EXPECT_THROW(g.add(OpKind::GemmView, {x, x}, {std::vector<int64_t>{1, 4, 4, 4, 1}, std::vector<int64_t>{0, 4, 4, 4, 1},
+                                               std::vector<int64_t>{}}),
+               Error);  // reaches element 16 of 16
+  EXPECT_THROW(g.add(OpKind::GemmView, {x, x}, {std::vector<int64_t>{0, 2, 2, 2, 2}, std::vector<int64_t>{0, 2, 4, 2, 1},
+                                               std::vector<int64_t>{}}),
+               Error);  // neither rows nor columns adjacent
+  EXPECT_THROW(g.add(OpKind::GemmView, {x, x}, {std::vector<int64_t>{0, 4, 4, 4, 1}, std::vector<int64_t>{0, 4, 4, 4, 1},
+                                               std::vector<int64_t>{1, 0}}),
+               Error);  // out_perm moves the last dim
+  EXPECT_EQ(g.type(g.add(OpKind::GemmView, {x, x}, {std::vector<int64_t>{0, 2, 1, 4, 4}, std::vector<int64_t>{0, 4, 4, 4, 1},
+                                                   std::vector<int64_t>{}})).shape,
+            (Shape{2, 4}));  // x read transposed: rows adjacent
 }
 
 TEST(TransposesIntoGemm, LeavesProductsUsedElsewhereAndPlainOnesAlone) {

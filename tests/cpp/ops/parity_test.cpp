@@ -599,6 +599,8 @@ TEST(OpFixtures, EveryOpOfTheTableHasAParityCase) {
       "gemm",                   // made by compile from matmuls of transposes: it runs every
                                 // such case (linear layers, their gradients), and
                                 // tests/cpp/compile/gemm_test.cpp (known values)
+      "gemm_view",              // made by compile from products of views (attention's heads):
+                                // tests/cpp/compile/gemm_test.cpp (against matmul of copies)
       "random",                 // tests/cpp/kernels/random_test.cpp (known answers, moments)
       "all_reduce",             // tests/cpp/distributed/process_group_test.cpp and
       "all_gather",             // tests/python/test_distributed.py, across processes (closed

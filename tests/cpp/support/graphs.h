@@ -201,6 +201,13 @@ inline ir::Graph every_op_graph() {
   // A product with both operands read transposed: [3, 2]^T x [2, 3]^T.
   outs.push_back(g.add(OpKind::Gemm, {g.add_parameter(f32({3, 2})), g.add_parameter(f32({2, 3}))},
                        {true, true}));
+  // Products of views: [2, 3] rows 4 apart (from offset 1) x a [3, 2] transposed view, written
+  // with the batch dims swapped.
+  const ir::ValueRef src = g.add_parameter(f32({2, 2, 12}));
+  outs.push_back(g.add(OpKind::GemmView, {src, src},
+                       {Ints{1, 2, 24, 2, 4, 3, 1}, Ints{0, 3, 1, 2, 3}, Ints{}}));
+  outs.push_back(g.add(OpKind::GemmView, {src, src},
+                       {Ints{0, 2, 24, 2, 12, 2, 4, 3, 1}, Ints{0, 3, 1, 2, 3}, Ints{1, 0, 2, 3}}));
   // A fusion of two elementwise ops.
   const ir::ValueRef f = add_scale_shift_fusion(g, a, g.add_parameter(f32({3})));
   outs.push_back(f);

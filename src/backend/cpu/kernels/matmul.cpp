@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "backend/cpu/kernels/elementwise_fns.h"
+#include "ir/gemm_view.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 #include "backend/cpu/kernels/parallel.h"
@@ -25,11 +26,13 @@
 namespace lazyrt::kernels {
 namespace {
 
-// x @ y over broadcast batch dims; x's matrices stored [k, n] when tx, y's [m, k] when ty.
+// x @ y over broadcast batch dims; x's matrices stored [k, n] when tx, y's [m, k] when ty, each
+// with its leading dimension (row-to-row distance as stored), and the result's rows ldc apart.
 struct MatmulLayout {
   int64_t n = 0, k = 0, m = 0;
   bool tx = false, ty = false;
-  std::vector<int64_t> x_off, y_off;  // per batch, element offsets of the operand matrices
+  int64_t lda = 1, ldb = 1, ldc = 1;
+  std::vector<int64_t> x_off, y_off, o_off;  // per batch, element offsets of the matrices
   bool fold_batch = false;            // x's batches are contiguous rows and y is shared: one GEMM
   bool onednn = false;                // f32 GEMMs through oneDNN, not OpenBLAS
 
@@ -62,9 +65,69 @@ struct MatmulLayout {
     };
     x_off = offsets(xs);
     y_off = offsets(ys);
-    fold_batch = !tx;
-    for (size_t b = 0; fold_batch && b < x_off.size(); ++b)
-      if (x_off[b] != static_cast<int64_t>(b) * n * k || y_off[b] != y_off[0]) fold_batch = false;
+    lda = std::max<int64_t>(tx ? n : k, 1);
+    ldb = std::max<int64_t>(ty ? k : m, 1);
+    ldc = std::max<int64_t>(m, 1);
+    for (size_t b = 0; b < x_off.size(); ++b) o_off.push_back(static_cast<int64_t>(b) * n * m);
+    fold_batch = can_fold();
+  }
+
+  // gemm_view: the operands' matrices as strided views (ir/gemm_view.h), the result permuted.
+  MatmulLayout(const ir::StridedView& xv, const ir::StridedView& yv, const std::vector<int64_t>& out_perm,
+               const Shape& out_shape) {
+    const size_t rx = xv.sizes.size(), ry = yv.sizes.size();
+    n = xv.sizes[rx - 2];
+    k = xv.sizes[rx - 1];
+    m = yv.sizes[ry - 1];
+    const auto bx = ir::blas_matrix(xv), by = ir::blas_matrix(yv);
+    LAZYRT_ASSERT(bx && by, "gemm_view made for views a GEMM cannot read");
+    tx = bx->transposed;
+    lda = bx->ld;
+    ty = by->transposed;
+    ldb = by->ld;
+    // The logical result [batch.., n, m] in the stored one (out_perm of it, row-major).
+    const size_t r = out_shape.size();
+    std::vector<int64_t> logical_stride(r);
+    const std::vector<int64_t> stored = contiguous_strides(out_shape);
+    for (size_t q = 0; q < r; ++q) logical_stride[out_perm.empty() ? q : static_cast<size_t>(out_perm[q])] = stored[q];
+    ldc = n <= 1 ? std::max<int64_t>(m, 1) : logical_stride[r - 2];
+    const size_t nb = r - 2;
+    Shape batch(nb);
+    for (size_t q = 0; q < r; ++q) {
+      const size_t d = out_perm.empty() ? q : static_cast<size_t>(out_perm[q]);
+      if (d < nb) batch[d] = out_shape[q];
+    }
+    // Each batch's offsets, the operands' batch dims aligned to the right of the result's.
+    auto walk = [&](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, size_t rank,
+                    int64_t base, std::vector<int64_t>& out) {
+      std::vector<int64_t> st(nb, 0);
+      for (size_t j = 0; j + 2 < rank; ++j)
+        if (sizes[j] != 1) st[nb - (rank - 2) + j] = strides[j];
+      StridedLayout(batch, st).for_each_run([&](int64_t off, int64_t cnt, int64_t stride) {
+        for (int64_t i = 0; i < cnt; ++i) out.push_back(base + off + i * stride);
+      });
+    };
+    walk(xv.sizes, xv.strides, rx, xv.offset, x_off);
+    walk(yv.sizes, yv.strides, ry, yv.offset, y_off);
+    std::vector<int64_t> batch_stride(logical_stride.begin(), logical_stride.begin() + static_cast<int64_t>(nb));
+    for (size_t j = 0; j < nb; ++j)
+      if (batch[j] == 1) batch_stride[j] = 0;
+    StridedLayout(batch, batch_stride).for_each_run([&](int64_t off, int64_t cnt, int64_t stride) {
+      for (int64_t i = 0; i < cnt; ++i) o_off.push_back(off + i * stride);
+    });
+    fold_batch = can_fold();
+  }
+
+  // One GEMM for every batch: x's batches are consecutive rows (row-major, ld apart), y is
+  // shared, and the result's batches are consecutive rows too.
+  bool can_fold() const {
+    if (tx || x_off.empty()) return false;
+    for (size_t b = 0; b < x_off.size(); ++b) {
+      const auto i = static_cast<int64_t>(b);
+      if (x_off[b] != x_off[0] + i * n * lda || y_off[b] != y_off[0] || o_off[b] != o_off[0] + i * n * ldc)
+        return false;
+    }
+    return true;
   }
   size_t batches() const { return x_off.size(); }
 };
@@ -100,13 +163,13 @@ void small_gemm_cols(const T* __restrict arow, int64_t sa_p, const T* __restrict
   for (int j = 0; j < W; ++j) out[j] = acc[j];
 }
 
-// c[n, m] = a x b with a(i, p) = a[i * sa_i + p * sa_p] and b as above.
+// c[n, m] (rows ldc apart) = a x b with a(i, p) = a[i * sa_i + p * sa_p] and b as above.
 template <class T>
 void small_gemm(const T* a, int64_t sa_i, int64_t sa_p, const T* b, int64_t sb_p, int64_t sb_j, T* c,
-                int64_t n, int64_t k, int64_t m) {
+                int64_t ldc, int64_t n, int64_t k, int64_t m) {
   for (int64_t i = 0; i < n; ++i) {
     const T* arow = a + i * sa_i;
-    T* crow = c + i * m;
+    T* crow = c + i * ldc;
     int64_t j = 0;
     for (; j + 4 <= m; j += 4) small_gemm_cols<4>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k);
     switch (m - j) {
@@ -118,22 +181,23 @@ void small_gemm(const T* a, int64_t sa_i, int64_t sa_p, const T* b, int64_t sb_p
   }
 }
 
-// c[n, m] = x[n, k] y[k, m], x stored as [k, n] when tx, y as [m, k] when ty; f32 through
-// oneDNN when `onednn` (the caller holds an OmpTeam).
+// c[n, m] (rows ldc_ apart) = x[n, k] y[k, m], x stored as [k, n] when tx, y as [m, k] when ty,
+// with leading dimensions lda_ and ldb_; f32 through oneDNN when `onednn` (the caller holds an
+// OmpTeam).
 template <class T>
-void gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m, bool tx = false, bool ty = false,
-          bool onednn = false) {
+void gemm(const T* a, int64_t lda_, const T* b, int64_t ldb_, T* c, int64_t ldc_, int64_t n, int64_t k, int64_t m,
+          bool tx, bool ty, bool onednn) {
   if (n == 0 || m == 0) return;
   if (k == 0) {  // sums of nothing; the operands may be no buffer at all
-    std::fill(c, c + n * m, T(0));
+    for (int64_t i = 0; i < n; ++i) std::fill(c + i * ldc_, c + i * ldc_ + m, T(0));
     return;
   }
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     int64_t work = 0;
     if (__builtin_mul_overflow(n * k, m, &work) || work > kSmallGemm) {
-      const auto lda = static_cast<blasint>(std::max<int64_t>(tx ? n : k, 1));
-      const auto ldb = static_cast<blasint>(std::max<int64_t>(ty ? k : m, 1));
-      const auto ldc = static_cast<blasint>(std::max<int64_t>(m, 1));
+      const auto lda = static_cast<blasint>(lda_);
+      const auto ldb = static_cast<blasint>(ldb_);
+      const auto ldc = static_cast<blasint>(ldc_);
       const CBLAS_TRANSPOSE ta = tx ? CblasTrans : CblasNoTrans, tb = ty ? CblasTrans : CblasNoTrans;
       if constexpr (std::is_same_v<T, float>) {
         if (onednn) {
@@ -147,7 +211,7 @@ void gemm(const T* a, const T* b, T* c, int64_t n, int64_t k, int64_t m, bool tx
       return;
     }
   }
-  small_gemm(a, tx ? 1 : k, tx ? n : 1, b, ty ? 1 : m, ty ? k : 1, c, n, k, m);
+  small_gemm(a, tx ? 1 : lda_, tx ? lda_ : 1, b, ty ? 1 : ldb_, ty ? ldb_ : 1, c, ldc_, n, k, m);
 }
 
 // A 16-bit product: operands widened to f32 in the workspace, one GEMM, results rounded once.
@@ -173,24 +237,23 @@ Kernel via_f32(int64_t xn, int64_t yn, int64_t on, Product product) {
 template <class T>
 void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o) {
   if (L.k == 0) {  // sums of nothing: x and y are empty, maybe no buffer, their offsets unused
-    std::fill(o, o + static_cast<int64_t>(L.batches()) * L.n * L.m, T(0));
+    for (size_t b = 0; b < L.batches(); ++b)
+      gemm<T>(nullptr, 1, nullptr, 1, o + L.o_off[b], L.ldc, L.n, 0, L.m, false, false, false);
     return;
   }
   std::optional<OmpTeam> team;
   if (L.onednn) team.emplace(L.macs() < kOneThreadMacs ? 1 : num_threads());
   if (L.fold_batch) {
-    gemm(x, y + (L.batches() ? L.y_off[0] : 0), o,
+    gemm(x + L.x_off[0], L.lda, y + L.y_off[0], L.ldb, o + L.o_off[0], L.ldc,
          L.n * static_cast<int64_t>(L.batches()), L.k, L.m, false, L.ty, L.onednn);
     return;
   }
   for (size_t b = 0; b < L.batches(); ++b)
-    gemm(x + L.x_off[b], y + L.y_off[b], o + static_cast<int64_t>(b) * L.n * L.m, L.n, L.k, L.m, L.tx, L.ty,
-         L.onednn);
+    gemm(x + L.x_off[b], L.lda, y + L.y_off[b], L.ldb, o + L.o_off[b], L.ldc, L.n, L.k, L.m, L.tx, L.ty, L.onednn);
 }
 
-// matmul and gemm: one kernel, gemm's operands read transposed.
-Kernel make_product(const KernelSpec& s, bool tx, bool ty) {
-  auto made = std::make_shared<MatmulLayout>(s.inputs[0].shape, s.inputs[1].shape, s.outputs[0].shape, tx, ty);
+// matmul, gemm and gemm_view: one kernel over a layout.
+Kernel make_product(const KernelSpec& s, std::shared_ptr<MatmulLayout> made) {
   const DType dt = s.inputs[0].dtype;
   made->onednn = s.library && (dt == DType::f32 || dt == DType::bf16 || dt == DType::f16);
   if (made->onednn) {
@@ -219,11 +282,21 @@ Kernel make_product(const KernelSpec& s, bool tx, bool ty) {
 
 }  // namespace
 
-Kernel make_Matmul(const KernelSpec& s) { return make_product(s, false, false); }
+Kernel make_Matmul(const KernelSpec& s) {
+  return make_product(s, std::make_shared<MatmulLayout>(s.inputs[0].shape, s.inputs[1].shape, s.outputs[0].shape));
+}
 
 Kernel make_Gemm(const KernelSpec& s) {
   const ir::NodeAttrs a(s.op, s.attrs);
-  return make_product(s, a.b<"transpose_x">(), a.b<"transpose_y">());
+  return make_product(s, std::make_shared<MatmulLayout>(s.inputs[0].shape, s.inputs[1].shape, s.outputs[0].shape,
+                                                        a.b<"transpose_x">(), a.b<"transpose_y">()));
+}
+
+Kernel make_GemmView(const KernelSpec& s) {
+  const ir::NodeAttrs a(s.op, s.attrs);
+  return make_product(s, std::make_shared<MatmulLayout>(ir::StridedView::decode(a.ints<"x_view">()),
+                                                        ir::StridedView::decode(a.ints<"y_view">()),
+                                                        a.ints<"out_perm">(), s.outputs[0].shape));
 }
 
 }  // namespace lazyrt::kernels
