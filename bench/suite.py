@@ -53,9 +53,28 @@ def parse_args(argv):
 
 
 def pin_threads(n):
+    """Every peer gets n threads and n CPUs: the thread settings, and an affinity of n CPUs that
+    child processes inherit. Thread settings alone do not bound XLA's CPU runtime: torch_xla
+    runs independent ops of a step on a thread pool of its own whatever
+    --xla_cpu_multi_thread_eigen says (the GPT step used 1.8 s of CPU a 0.96 s step at "1
+    thread" on 2 CPUs; 1.8 s a step on one)."""
     for name in ("LAZYRT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         os.environ[name] = str(n)
     os.environ.pop("LAZYRT_CACHE_DIR", None)  # no persistent cache unless a benchmark sets one
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+        if n < len(cpus):
+            os.sched_setaffinity(0, cpus[:n])
+    except (AttributeError, OSError):  # no affinity on this system: the thread settings only
+        pass
+
+
+def cpu_line():
+    """The CPUs the run may use (its affinity), as a phrase."""
+    try:
+        return f"on {len(os.sched_getaffinity(0))} of {os.cpu_count()} CPUs (affinity, inherited by every child process)"
+    except (AttributeError, OSError):
+        return "on any CPU (no affinity on this system)"
 
 
 def import_lazyrt(build):
@@ -182,7 +201,8 @@ def main(argv):
                 f"{load_average()} at the end (other processes share the CPUs: read the spreads). Python "
                 f"{platform.python_version()}, PyTorch {torch.__version__}, NumPy {np.__version__}, lazyrt "
                 f"{lr.__version__}.")
-    threads = (f"Threads, equal for every peer: {thread_settings()}, torch.set_num_threads({torch.get_num_threads()}). "
+    threads = (f"Threads, equal for every peer: {thread_settings()}, torch.set_num_threads({torch.get_num_threads()}), "
+               f"{cpu_line()}. "
                "Every peer starts from lazyrt's initial values and its results are checked against lazyrt's (stated "
                "per section) before it is timed; a mismatch fails the run. Warm-up runs are never counted. Cells: "
                "median [min, max] of repeated runs.")
