@@ -29,7 +29,8 @@ int count_ops(const Graph& g, OpKind op) {
   return n;
 }
 
-// Runs an executable on double inputs converted to `dtype` (f32 or f64); outputs as doubles.
+// Runs an executable on double inputs converted to `dtype` (f32, f64, or i64: rounded); outputs
+// as doubles.
 std::vector<std::vector<double>> run(runtime::Executable& exe, const std::vector<std::vector<double>>& params,
                                      DType dtype) {
   std::vector<std::vector<char>> in_bytes;
@@ -37,6 +38,7 @@ std::vector<std::vector<double>> run(runtime::Executable& exe, const std::vector
     in_bytes.emplace_back(p.size() * dtype_size(dtype));
     for (size_t i = 0; i < p.size(); ++i) {
       if (dtype == DType::f32) reinterpret_cast<float*>(in_bytes.back().data())[i] = static_cast<float>(p[i]);
+      else if (dtype == DType::i64) reinterpret_cast<int64_t*>(in_bytes.back().data())[i] = std::llround(p[i]);
       else reinterpret_cast<double*>(in_bytes.back().data())[i] = p[i];
     }
   }
@@ -56,8 +58,9 @@ std::vector<std::vector<double>> run(runtime::Executable& exe, const std::vector
     EXPECT_NE(src.kind, runtime::OutputSource::Kind::Const) << "output " << k;
     std::vector<double> v(static_cast<size_t>(exe.output_types()[k].numel()));
     for (size_t i = 0; i < v.size(); ++i)
-      v[i] = dtype == DType::f32 ? reinterpret_cast<const float*>(bytes.data())[i]
-                                 : reinterpret_cast<const double*>(bytes.data())[i];
+      v[i] = dtype == DType::f32   ? reinterpret_cast<const float*>(bytes.data())[i]
+             : dtype == DType::i64 ? static_cast<double>(reinterpret_cast<const int64_t*>(bytes.data())[i])
+                                   : reinterpret_cast<const double*>(bytes.data())[i];
     result.push_back(v);
   }
   return result;
@@ -281,9 +284,9 @@ TEST(Backends, LibraryConvolutionsMatchTheReferenceOnRandomGeometries) {
 
 // Products of slices, permutes and reshapes (gemm_view on the cpu backend: the operands read
 // where they lie, the result written permuted) against the reference backend, which copies
-// every view and multiplies the copies: random operands of rank 2 to 4, each cut from a larger
-// parameter (a slice with steps, its dims in a random order), batch dims merged or broadcast,
-// the result permuted or not.
+// every view and multiplies the copies: random operands (f32, f64, i64) of rank 2 to 4, each
+// cut from a larger parameter (a slice with steps, its dims in a random order), batch dims
+// merged or broadcast, the result permuted or not.
 TEST(Backends, CpuProductsOfViewsMatchTheReference) {
   const backend::Backend& cpu = backend::get("cpu");
   const backend::Backend& ref = backend::get("reference");
@@ -291,7 +294,7 @@ TEST(Backends, CpuProductsOfViewsMatchTheReference) {
   auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   int views = 0, permuted = 0;
   for (int trial = 0; trial < 300; ++trial) {
-    const DType dtype = trial % 3 ? DType::f32 : DType::f64;
+    const DType dtype = trial % 4 == 3 ? DType::i64 : trial % 2 ? DType::f32 : DType::f64;
     Graph g;
     // An operand of logical shape `want`: a parameter holding it in another order, padded and
     // strided, sliced and permuted back (reshaped from a flat parameter half the time).
@@ -344,14 +347,15 @@ TEST(Backends, CpuProductsOfViewsMatchTheReference) {
     for (const ir::Node& node : g.nodes)
       if (node.op == OpKind::Parameter) {
         params.emplace_back(static_cast<size_t>(shape_numel(node.results[0].shape)));
-        for (double& v : params.back()) v = std::uniform_real_distribution<double>(-1, 1)(rng);
+        for (double& v : params.back())
+          v = dtype == DType::i64 ? static_cast<double>(uniform(-5, 5)) : std::uniform_real_distribution<double>(-1, 1)(rng);
       }
     auto fast = compile(g, {}, cpu);
     views += count_ops(fast->graph(), OpKind::GemmView);
     for (const ir::Node& node : fast->graph().nodes)
       if (node.op == OpKind::GemmView && !ir::NodeAttrs(node.op, node.attrs).ints<"out_perm">().empty()) ++permuted;
     const auto got = run(*fast, params, dtype), want = run(*compile(g, {}, ref), params, dtype);
-    const double tol = dtype == DType::f32 ? 1e-5 : 1e-12;
+    const double tol = dtype == DType::f32 ? 1e-5 : dtype == DType::i64 ? 0 : 1e-12;
     ASSERT_EQ(got[0].size(), want[0].size());
     for (size_t i = 0; i < want[0].size(); ++i)
       ASSERT_NEAR(got[0][i], want[0][i], tol * (1 + std::abs(want[0][i]))) << "trial " << trial << " element " << i
