@@ -2596,3 +2596,35 @@ def test_a_capture_leaves_other_threads_running_pytorch_own_code():
     for _ in steps_run:
         step_a()
     same_tree(model_b.state_dict(), model_a.state_dict(), "the other thread's model against a run alone", 0, 0)
+
+
+def test_attention_heads_are_read_where_they_lie():
+    """Causal self-attention as nanoGPT writes it (qkv split three ways, the heads moved in
+    front of the tokens for the products, moved back after): the products read the heads from
+    the qkv value and write the result moved back (gemm_view), so no slice or permute is
+    copied; the values are eager's."""
+    torch.manual_seed(0)
+    qkv, proj = torch.nn.Linear(32, 96), torch.nn.Linear(32, 32)
+    mask = torch.tril(torch.ones(5, 5)).view(1, 1, 5, 5)
+
+    def attention(x):
+        with torch.no_grad():
+            b, t, c = x.shape
+            q, k, v = qkv(x).split(32, dim=2)
+            q, k, v = (z.view(b, t, 4, 8).transpose(1, 2) for z in (q, k, v))
+            w = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(8))
+            w = torch.softmax(w.masked_fill(mask[:, :, :t, :t] == 0, float("-inf")), dim=-1)
+            return proj((w @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+    x = torch.randn(2, 5, 32)
+    step = lazyrt.torch.compile(attention)
+    torch.testing.assert_close(step(x), attention(x), rtol=1e-5, atol=1e-6)
+    lazyrt.metrics.reset()
+    lazyrt.metrics.set_kernel_timings(True)
+    try:
+        step(x)
+    finally:
+        lazyrt.metrics.set_kernel_timings(False)
+    ops = [r["op"] for r in lazyrt.metrics.step_timings()]
+    assert "permute" not in ops and "slice" not in ops, ops
+    assert ops.count("gemm_view") >= 2, ops
