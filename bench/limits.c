@@ -135,7 +135,7 @@ static inline int32_t float_to_bits(float f) {
   return u.i;
 }
 
-/* lazyrt's exp for f32 (backend/cpu/kernels/vmath.h: exp_f32), the same operations. */
+/* lazyrt's exp for f32 (scalar/vmath.h: exp_f32), the same operations. */
 static inline float exp_f32(float x) {
   const float xc = x > 89.0f ? 89.0f : (x < -104.0f ? -104.0f : x);
   const float round = 12582912.0f;

@@ -16,6 +16,7 @@
 
 #include "cache/persistent_cache.h"
 #include "backend/backend.h"
+#include "compile/compile.h"
 #include "ir/serialize.h"
 
 namespace {
@@ -54,7 +55,7 @@ void check(std::string_view file) {
   size_t budget = size_t{1} << 20;
   if (small_enough_to_lower(entry.graph, &budget)) {
     try {
-      (void)lazyrt::backend::current().lower(entry.graph, entry.donations);
+      (void)lazyrt::compile::lower(entry.graph, entry.donations);
     } catch (const lazyrt::Error&) {
       // A verified graph no kernel takes: the cache counts it as a bad entry.
     }

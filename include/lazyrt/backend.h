@@ -26,4 +26,12 @@ std::vector<std::string> available_backends();
 bool set_flush_denormal(bool on);
 bool flush_denormal();
 
+/// The cpu backend compiles hot fusion regions and loops to machine code on a compiler thread
+/// (in a process of its own) while the interpreter runs them. Waits until everything handed to
+/// it so far is compiled.
+void wait_for_generated_code();
+/// Generation off for the rest of the process; ends the compile in flight (its code stays
+/// interpreted).
+void stop_generating_code();
+
 }  // namespace lazyrt

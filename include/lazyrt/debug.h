@@ -2,11 +2,16 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lazyrt/tensor.h"
 
 namespace lazyrt::debug {
+
+/// The rows of the op table (src/ir/ops.def): each op's name and the ATen overloads lazyrt.torch
+/// lowers to it (space separated).
+std::vector<std::pair<std::string, std::string>> op_table();
 
 /// The graph a sync of these tensors would compile, as text (before optimization).
 std::string graph_text(const std::vector<Tensor>& tensors);

@@ -27,6 +27,19 @@ std::string report();
 /// Sets every counter and timing back to zero.
 void reset();
 
+/// Adds `by` to a counter (front ends count what they do).
+void increment(std::string_view name, int64_t by = 1);
+/// A counter found once by name, for counting on a hot path: add() is one atomic add. Valid for
+/// the life of the process.
+class Counter {
+ public:
+  explicit Counter(std::string_view name);
+  void add(int64_t by = 1);
+
+ private:
+  void* cell_;
+};
+
 /// Kernel timings: while on, every kernel an executable runs records a timing named
 /// `Kernel:<op>` (`Kernel:fusion` for a fused node; a loop's covers its body's kernels, which
 /// record their own too). Off by default, or on from the start with LAZYRT_KERNEL_TIMINGS=1;

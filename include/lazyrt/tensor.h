@@ -57,6 +57,11 @@ class Tensor {
   /// alive by the result: the tensor's own memory where the backend's device is the host (no
   /// copy; never write through it), else a host copy.
   std::shared_ptr<const void> host_data() const;
+  /// The device memory holding this tensor's value, or null while the value is pending; does not
+  /// sync. It shares ownership with that memory: use_count() counts every tensor and view
+  /// holding it, this pointer included. For front ends that lend lazyrt's memory to another
+  /// framework without a copy (never write through it).
+  std::shared_ptr<void> storage() const;
   /// Syncs and formats like PyTorch: tensor([[1., 2.], [3., 4.]]).
   std::string to_string() const;
 
@@ -195,6 +200,10 @@ class TensorIndex {
 };
 
 }  // namespace indexing
+
+/// Whether ops record gradients on this thread (torch.is_grad_enabled), and setting it.
+bool grad_enabled();
+void set_grad_enabled(bool on);
 
 /// RAII: ops inside record no gradient (optimizer updates, evaluation). Per thread.
 class NoGradGuard {

@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,19 @@
 namespace lazyrt::python {
 
 namespace py = pybind11;
+
+/// Throws lazyrt::Error with the parts written one after another, as the C++ API words its errors.
+template <class... Parts>
+[[noreturn]] void fail(const Parts&... parts) {
+  std::ostringstream s;
+  (s << ... << parts);
+  throw Error(s.str());
+}
+/// fail(parts...) unless ok.
+template <class... Parts>
+void check(bool ok, const Parts&... parts) {
+  if (!ok) fail(parts...);
+}
 
 /// The Python face of a DType: lazyrt.float32 and friends, one object per dtype.
 struct DTypeObject {

@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "bindings.h"
-#include "util/check.h"
 
 namespace lazyrt::python {
 namespace {
@@ -14,7 +13,7 @@ distributed::ReduceOp reduce_op(const std::string& op, const char* call) {
   if (op == "mean" || op == "avg") return distributed::ReduceOp::Mean;
   if (op == "max") return distributed::ReduceOp::Max;
   if (op == "min") return distributed::ReduceOp::Min;
-  throw Error(lazyrt::detail::str_cat(call, ": op='", op, "' is not a reduction (expected 'sum', 'mean', 'max' or 'min')"));
+  fail(call, ": op='", op, "' is not a reduction (expected 'sum', 'mean', 'max' or 'min')");
 }
 
 }  // namespace
@@ -23,7 +22,7 @@ void bind_distributed(py::module_& m) {
   py::module_ d = m.def_submodule("_distributed", "Process groups and collectives (distributed.h).");
   d.def("init_process_group",
         [](const std::string& init_method, int rank, int world_size, double timeout_s) {
-          LAZYRT_CHECK(timeout_s > 0, "init_process_group: the timeout must be positive, got ", timeout_s, " s");
+          check(timeout_s > 0, "init_process_group: the timeout must be positive, got ", timeout_s, " s");
           distributed::InitOptions o;
           o.init_method = init_method;
           o.rank = rank;
@@ -49,11 +48,11 @@ void bind_distributed(py::module_& m) {
   }, py::arg("tensor"), py::arg("op") = "sum");
   d.def("broadcast", &distributed::broadcast, py::arg("tensor"), py::arg("src") = 0);
   d.def("all_reduce_coalesced", [](const std::vector<Tensor>& tensors, const std::string& op, int64_t bucket_bytes) {
-    LAZYRT_CHECK(bucket_bytes > 0, "all_reduce_coalesced: bucket_bytes must be positive, got ", bucket_bytes);
+    check(bucket_bytes > 0, "all_reduce_coalesced: bucket_bytes must be positive, got ", bucket_bytes);
     return distributed::all_reduce_coalesced(tensors, reduce_op(op, "all_reduce_coalesced"), static_cast<size_t>(bucket_bytes));
   }, py::arg("tensors"), py::arg("op") = "sum", py::arg("bucket_bytes") = static_cast<int64_t>(distributed::kDefaultBucketBytes));
   d.def("all_reduce_gradients", [](const std::vector<Tensor>& params, const std::string& op, int64_t bucket_bytes) {
-    LAZYRT_CHECK(bucket_bytes > 0, "all_reduce_gradients: bucket_bytes must be positive, got ", bucket_bytes);
+    check(bucket_bytes > 0, "all_reduce_gradients: bucket_bytes must be positive, got ", bucket_bytes);
     distributed::all_reduce_gradients(params, reduce_op(op, "all_reduce_gradients"), static_cast<size_t>(bucket_bytes));
   }, py::arg("params"), py::arg("op") = "mean", py::arg("bucket_bytes") = static_cast<int64_t>(distributed::kDefaultBucketBytes));
   d.def("broadcast_parameters", &distributed::broadcast_parameters, py::arg("tensors"), py::arg("src") = 0,

@@ -15,7 +15,6 @@
 #include <pybind11/numpy.h>
 
 #include "bindings.h"
-#include "trace/lazy_tensor.h"
 
 namespace lazyrt::python {
 

@@ -2,10 +2,6 @@
 // settings, generated kernels' compiler thread, and looking at pending graphs and memory; the
 // backend choice (backend.h). All thread-safe in C++; nothing here syncs.
 #include "bindings.h"
-#include "ir/op.h"
-#include "jit/jit.h"
-#include "util/check.h"
-#include "util/metrics_cells.h"
 
 namespace lazyrt::python {
 
@@ -48,16 +44,16 @@ void bind_metrics_cache(py::module_& m) {
   mt.def("_increment", [](const std::string& name, int64_t by) { metrics::increment(name, by); }, py::arg("name"),
          py::arg("by") = 1);
 
-  py::module_ j = m.def_submodule("_jit", "Generated kernels' compiler thread (src/jit/jit.h).");
-  j.def("wait_idle", &jit::wait_idle, py::call_guard<py::gil_scoped_release>(),
+  py::module_ j = m.def_submodule("_jit", "Generated kernels' compiler thread (backend.h).");
+  j.def("wait_idle", &wait_for_generated_code, py::call_guard<py::gil_scoped_release>(),
         "Waits until every module handed to the compiler thread so far is compiled.");
-  j.def("shutdown", &jit::shutdown, py::call_guard<py::gil_scoped_release>(),
+  j.def("shutdown", &stop_generating_code, py::call_guard<py::gil_scoped_release>(),
         "Generation off for the rest of the process; ends the compile in flight (its module stays interpreted).");
 
   py::module_ c = m.def_submodule("_cache", "The compile cache's settings (cache.h).");
   // Counts and bytes from Python: a negative value is a lazyrt.Error, not a TypeError.
   auto non_negative = [](int64_t value, const char* call) {
-    LAZYRT_CHECK(value >= 0, call, ": the value must be >= 0, got ", value);
+    check(value >= 0, call, ": the value must be >= 0, got ", value);
     return static_cast<uint64_t>(value);
   };
   c.def("set_memory_capacity", [non_negative](int64_t entries) {
@@ -93,10 +89,7 @@ void bind_metrics_cache(py::module_& m) {
   py::module_ d = m.def_submodule("_debug", "Pending graphs and memory (debug.h).");
   d.def("op_table", [] {
     py::list rows;
-    for (int i = 0; i < ir::kNumOps; ++i) {
-      const ir::OpInfo& info = ir::op_info(static_cast<ir::OpKind>(i));
-      rows.append(py::make_tuple(std::string(info.name), std::string(info.aten)));
-    }
+    for (const auto& [name, aten] : debug::op_table()) rows.append(py::make_tuple(name, aten));
     return rows;
   }, "The rows of the op table (ir/ops.def): (name, the ATen overloads lazyrt.torch lowers to it, space separated).");
   d.def("graph_text", [](py::handle ts) { return debug::graph_text(tensors_from(ts, "graph_text")); },

@@ -1,7 +1,6 @@
 // nn and optim from Python: gradient mode, the losses of nn.h, the C++ modules of nn.h
 // (lazyrt._C._nn; the lazyrt.nn package builds PyTorch-style Python modules on the same ops),
 // and the optimizers of optim.h (lazyrt._C._optim, wrapped by lazyrt.optim).
-#include "autograd/autograd.h"
 #include "bindings.h"
 
 namespace lazyrt::python {
@@ -34,8 +33,8 @@ nn::StateDict state_dict_from(py::handle d) {
 }  // namespace
 
 void bind_nn(py::module_& m) {
-  m.def("is_grad_enabled", &autograd::grad_enabled, "Whether ops record gradients (per thread).");
-  m.def("_set_grad_enabled", &autograd::set_grad_enabled, arg("mode"));
+  m.def("is_grad_enabled", &grad_enabled, "Whether ops record gradients (per thread).");
+  m.def("_set_grad_enabled", &set_grad_enabled, arg("mode"));
 
   py::module_ nn_m = m.def_submodule("_nn", "The C++ modules and losses of nn.h.");
   nn_m.def("mse_loss", &nn::mse_loss, arg("input"), arg("target"), arg("reduction") = "mean");

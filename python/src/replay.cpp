@@ -7,7 +7,6 @@
 #include "bindings.h"
 #include "compiled_step.h"
 #include "reads.h"
-#include "util/check.h"
 
 namespace lazyrt::python {
 
@@ -17,7 +16,7 @@ std::string hash_repr(const GraphHash& h) { return "GraphHash('" + h.to_string()
 
 // A count or byte setting from Python: a negative value is a lazyrt.Error, not a TypeError.
 uint64_t non_negative(int64_t value, const char* call, const char* what) {
-  LAZYRT_CHECK(value >= 0, call, ": ", what, " must be >= 0, got ", value);
+  check(value >= 0, call, ": ", what, " must be >= 0, got ", value);
   return static_cast<uint64_t>(value);
 }
 

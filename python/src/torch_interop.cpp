@@ -38,8 +38,6 @@
 #include "compiled_step.h"
 #include "reads.h"
 #include "torch_device.h"
-#include "trace/lazy_tensor.h"
-#include "util/metrics_cells.h"
 
 namespace py = pybind11;
 namespace lz = lazyrt;
@@ -626,12 +624,13 @@ class Handover {
       long views = 0;  // stand-ins' views of the buffer
       long left = 0;   // of those, not yet handed over
     };
-    std::unordered_map<const lz::runtime::Buffer*, Holders> standin_views;
+    // By the memory of each lazyrt value (Tensor::storage: null while pending).
+    std::unordered_map<const void*, Holders> standin_views;
     for (size_t j = 0; j < inplace_.size(); ++j) {
       const auto s = static_cast<size_t>(inplace_[j]);
-      const auto& impl = lz::trace::impl_of(lazy_[s]);
-      if (!impl->is_pending() && impl->data() && is_standin(current_[s].tensor.unsafeGetTensorImpl())) {
-        Holders& h = standin_views[impl->data().get()];
+      const std::shared_ptr<void> data = lazy_[s].storage();
+      if (data && is_standin(current_[s].tensor.unsafeGetTensorImpl())) {
+        Holders& h = standin_views[data.get()];
         ++h.views;
         ++h.left;
       }
@@ -644,9 +643,8 @@ class Handover {
         torch::autograd::impl::bump_version(t);
         continue;
       }
-      const auto& impl = lz::trace::impl_of(lazy_[s]);
-      const bool moved = impl->is_pending() || !impl->data() ||
-                         reinterpret_cast<uintptr_t>(impl->data()->data()) != expect_[j];
+      const std::shared_ptr<void> data = lazy_[s].storage();
+      const bool moved = !data || reinterpret_cast<uintptr_t>(data.get()) != expect_[j];
       if (!moved) {
         torch::autograd::impl::bump_version(t);
         continue;
@@ -656,9 +654,9 @@ class Handover {
       if (is_standin(t.unsafeGetTensorImpl())) {
         c10::AutoGradMode no_grad(false);
         bool own = false;
-        if (const auto& data = impl->data(); data && !impl->is_pending()) {
+        if (data) {
           Holders& h = standin_views.at(data.get());
-          own = --h.left == 0 && data.use_count() == h.views;
+          own = --h.left == 0 && data.use_count() == h.views + 1;  // + 1: `data` itself
         }
         at::Tensor grad = torch_view(lazy_[s]);
         left.emplace_back(static_cast<int64_t>(j), own ? grad : grad.clone());
@@ -939,7 +937,7 @@ class FastCall {
     // A gradient the step made anew: the torch view of its output (it holds the buffer, so no
     // later replay writes there), as p.grad = tensor would set it.
     for (auto& [p, pos] : set_grads_) p.mutable_grad() = torch_view(outs.at(pos));
-    static lz::metrics::detail::CounterCell& calls = lz::metrics::detail::counter_cell("TorchFastCall");
+    static lz::metrics::Counter calls("TorchFastCall");
     calls.add(1);
     if (single_) return leaf(leaves_[0], args, outs);
     py::list leaves(leaves_.size());

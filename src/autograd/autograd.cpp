@@ -255,6 +255,9 @@ void record_multi(const std::vector<Tensor>& outputs, ir::OpKind op, const std::
 
 namespace lazyrt {
 
+bool grad_enabled() { return autograd::grad_enabled(); }
+void set_grad_enabled(bool on) { autograd::set_grad_enabled(on); }
+
 NoGradGuard::NoGradGuard() : previous_(autograd::grad_enabled()) { autograd::set_grad_enabled(false); }
 NoGradGuard::~NoGradGuard() { autograd::set_grad_enabled(previous_); }
 

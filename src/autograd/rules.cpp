@@ -416,7 +416,7 @@ Grads grad_Cumprod(const C& c) {
 }
 
 // No rule here: leaves, boolean results, and control flow (loops record their own autograd
-// node, with the body's vector-Jacobian product, when traced: trace/loops.cpp).
+// node, with the body's vector-Jacobian product, when traced: loops/loops.cpp).
 constexpr GradRule grad_Parameter = nullptr;
 constexpr GradRule grad_CumprodBackward = nullptr;
 constexpr GradRule grad_Sort = nullptr;  // indices; sort's values are a gather of them

@@ -42,6 +42,13 @@ struct Capabilities {
   bool fuses() const { return max_fused_ops > 1 && max_fused_inputs > 0; }
 };
 
+/// The executables of a graph's loop regions, compiled by compile/ before the graph is lowered,
+/// so that lowering never calls back into compile: regions[i] holds node i's, in the order
+/// compile::lower makes them (while: cond, body; scan: body; scan_vjp: the vector-Jacobian
+/// product, then the forward's carries). Empty for every other node, fusion nodes included:
+/// a backend lowers a fusion's region itself. May be shorter than the graph's nodes.
+using RegionExecutables = std::vector<std::vector<std::shared_ptr<runtime::Executable>>>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -58,9 +65,9 @@ class Backend {
     return true;
   }
   /// The executable of a graph that compile/ optimized with these capabilities. donations as
-  /// compile::compile takes them.
-  virtual std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized,
-                                                     const std::vector<int32_t>& donations) const = 0;
+  /// compile::compile takes them; regions: the executables of its loop regions (below).
+  virtual std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized, const std::vector<int32_t>& donations,
+                                                     const RegionExecutables& regions) const = 0;
 
   // Memory. Tensor data lives in the backend's buffers; everything outside the executables
   // (making tensors from host data, reading values, NumPy and DLPack views, giving a tensor a
@@ -79,6 +86,8 @@ class Backend {
 
 /// Buffers belong to the backend that was current when they were made. Every backend today
 /// keeps them in host memory, so tensors made under one backend run under another.
+
+// The registry (backend/registry.cpp): the backends by name, and the current one.
 
 /// The current backend: set_current()'s, else LAZYRT_BACKEND's (read once), else cpu. An
 /// unknown LAZYRT_BACKEND throws lazyrt::Error naming the known backends.

@@ -38,7 +38,30 @@ std::shared_ptr<runtime::Executable> compile(const Graph& traced, const std::vec
   check_supported(graph, backend);
   Graph optimized = order_reads_before_updates(optimize(graph, backend.capabilities()), donations);
   ir::verify(optimized);
-  return backend.lower(optimized, donations);
+  return lower(optimized, donations, backend);
+}
+
+std::shared_ptr<runtime::Executable> lower(const Graph& optimized, const std::vector<int32_t>& donations,
+                                           const backend::Backend& backend) {
+  backend::RegionExecutables regions(optimized.nodes.size());
+  for (size_t i = 0; i < optimized.nodes.size(); ++i) {
+    const ir::Node& n = optimized.nodes[i];
+    switch (n.op) {
+      case ir::OpKind::While:
+        regions[i] = {compile(*n.regions[0], {}, backend), compile(*n.regions[1], {}, backend)};
+        break;
+      case ir::OpKind::Scan: regions[i] = {compile(*n.regions[0], {}, backend)}; break;
+      case ir::OpKind::ScanVjp: {
+        // The forward's carries only: the backward rebuilds them; its stacked rows are not needed.
+        Graph fwd = *n.regions[1];
+        fwd.outputs.resize(static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"states">()));
+        regions[i] = {compile(*n.regions[0], {}, backend), compile(fwd, {}, backend)};
+        break;
+      }
+      default: break;  // fusion regions are the backend's; calls were inlined
+    }
+  }
+  return backend.lower(optimized, donations, regions);
 }
 
 }  // namespace lazyrt::compile

@@ -1,5 +1,6 @@
 // Compile: verify, optimize with the backend's capabilities, order reads of donated buffers
-// before their updates, and hand the graph to the backend to lower into an Executable.
+// before their updates, compile the loop regions, and hand the graph with them to the backend
+// to lower into an Executable.
 #pragma once
 
 #include <memory>
@@ -19,5 +20,11 @@ namespace lazyrt::compile {
 std::shared_ptr<runtime::Executable> compile(const ir::Graph& graph,
                                              const std::vector<int32_t>& donations = {},
                                              const backend::Backend& backend = backend::current());
+
+/// An optimized graph (compile()'s, or one the disk cache kept) lowered by `backend`: the graphs
+/// of its loop regions compiled first, each with compile(), and handed to the backend
+/// (backend::RegionExecutables), so that lowering never calls back into compile.
+std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized, const std::vector<int32_t>& donations = {},
+                                           const backend::Backend& backend = backend::current());
 
 }  // namespace lazyrt::compile

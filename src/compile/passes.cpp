@@ -7,9 +7,8 @@
 
 #include "ir/gemm_view.h"
 #include "ir/hash.h"
-#include "backend/backend.h"
+#include "scalar/elementwise_fns.h"
 #include "util/dtype_dispatch.h"
-#include "runtime/buffer.h"
 #include "util/check.h"
 
 namespace lazyrt::compile {
@@ -195,30 +194,57 @@ bool is_full_of(const Graph& g, ValueRef v, double x) {
   return is_full(g, v) && full_value(g, v) == x;
 }
 
-// Evaluates an elementwise op on scalar constants as the reference backend runs it (its one-op
-// kernel), so folding computes exactly what execution would.
-double eval_scalar(OpKind op, const ir::Attrs& attrs, const std::vector<ir::TensorType>& in_types,
-                   const std::vector<double>& values, ir::TensorType out_type) {
-  Graph g;
-  std::vector<ValueRef> operands;
-  std::vector<std::shared_ptr<runtime::Buffer>> bufs;
-  std::vector<const void*> in;
-  for (size_t k = 0; k < in_types.size(); ++k) {
-    operands.push_back(g.add_parameter({in_types[k].dtype, {}}));
-    bufs.push_back(runtime::allocate(8));
-    fill_elements(bufs.back()->data(), in_types[k].dtype, values[k], 1);
-    in.push_back(bufs.back()->data());
+// Evaluates an elementwise op on scalar constants as every kernel does, with the ops' scalar
+// functions (scalar/elementwise_fns.h): each operand stored in its dtype and read in the compute
+// type, the function applied, the result stored in its dtype. So folding computes exactly what
+// execution would (tests/cpp/compile/passes_test.cpp runs both on random values). None where a
+// full node's value (a double) cannot hold the result exactly (an i64 past 2^53).
+std::optional<double> eval_scalar(OpKind op, const ir::Attrs& attrs, const std::vector<ir::TensorType>& in_types,
+                                  const std::vector<double>& values, ir::TensorType out_type) {
+  std::optional<double> result;
+  // r as a double, if that is exactly r.
+  auto exactly = [](auto r) -> std::optional<double> {
+    const double d = static_cast<double>(convert<double>(r));
+    if constexpr (std::is_integral_v<decltype(r)>)
+      if (!(d >= -0x1p63 && d < 0x1p63) || convert<decltype(r)>(d) != r) return std::nullopt;
+    return d;
+  };
+  // The value an element of dtype `d` holds after `v` is stored in it, as R.
+  auto stored = [](DType d, double v, auto to) {
+    using R = decltype(to);
+    R r{};
+    visit_dtype(d, [&](auto tag) { r = convert<R>(convert<decltype(tag)>(v)); });
+    return r;
+  };
+  if (op == OpKind::Cast || op == OpKind::Where) {
+    // cast: the stored operand converted; where: the operand the condition picks, in the result's dtype
+    const double picked = op == OpKind::Cast ? values[0] : stored(DType::b8, values[0], bool{}) ? values[1] : values[2];
+    const DType from = op == OpKind::Cast ? in_types[0].dtype : out_type.dtype;
+    visit_dtype(from, [&](auto in) {
+      using T = decltype(in);
+      const T x = convert<T>(picked);
+      visit_dtype(out_type.dtype, [&](auto out) { result = exactly(convert<decltype(out)>(x)); });
+    });
+    return result;
   }
-  g.outputs.push_back(g.add(op, operands, attrs));
-  LAZYRT_ASSERT(g.type(g.outputs[0]).dtype == out_type.dtype, "folding ", ir::op_name(op), " changed its dtype");
-  auto exe = backend::get("reference").lower(g, {});
-  auto out = runtime::allocate(8);
-  void* outs[] = {out->data()};
-  exe->run(in.data(), outs);
-  double result = 0;
-  visit_dtype(out_type.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    result = static_cast<double>(convert<double>(*static_cast<const T*>(out->data())));
+  scalar::visit_elementwise(op, attrs, [&](const auto& e) {
+    using E = std::decay_t<decltype(e)>;
+    visit_dtype(in_types[0].dtype, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (scalar::in_domain<E::domain, T>()) {
+        using C = compute_t<T>;
+        using R = std::conditional_t<E::to_bool, bool, T>;
+        auto arg = [&](size_t k) { return stored(in_types[k].dtype, values[k], C{}); };
+        R r{};
+        if constexpr (E::arity == 1) r = convert<R>(e.f.template operator()<C>(arg(0)));
+        else if constexpr (E::arity == 2) r = convert<R>(e.f.template operator()<C>(arg(0), arg(1)));
+        else r = convert<R>(e.f.template operator()<C>(arg(0), arg(1), arg(2)));
+        result = exactly(r);
+      } else {
+        LAZYRT_ASSERT(false, "folding ", ir::op_name(op), " of ", dtype_name(in_types[0].dtype),
+                      ", which its type rule refuses");
+      }
+    });
   });
   return result;
 }

@@ -74,7 +74,7 @@ std::shared_ptr<runtime::Executable> load_from_disk(const cache::PersistentCache
   std::shared_ptr<runtime::Executable> exe;
   if (found.status == cache::PersistentCache::Status::Hit) {
     try {
-      exe = backend::current().lower(found.entry.graph, donations);
+      exe = compile::lower(found.entry.graph, donations);
     } catch (const std::exception& e) {  // a verified graph no kernel takes: refuse the entry
       found.status = cache::PersistentCache::Status::Bad;
       found.error = std::string("lowering its graph failed: ") + e.what();

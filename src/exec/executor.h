@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.h"
 #include "ir/graph.h"
 #include "lazyrt/types.h"
 #include "runtime/buffer.h"
@@ -103,7 +104,7 @@ void run(runtime::Executable& exe, Frame& frame, const Offer& offer, const Param
     frame.out_ptrs[k] = nullptr;
     if (exe.outputs()[k].kind != runtime::OutputSource::Kind::Computed) continue;
     const BufferPtr& b = offer(k);
-    frame.outs[k] = b ? b : runtime::allocate(exe.output_types()[k].bytes());
+    frame.outs[k] = b ? b : backend::current().allocate(exe.output_types()[k].bytes());
     frame.out_ptrs[k] = frame.outs[k]->data();
   }
   execute(exe, frame.params.data(), frame.out_ptrs.data(), counter);

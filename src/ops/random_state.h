@@ -1,4 +1,4 @@
-// The default generator's offset, as loops see it (src/trace/loops.cpp): while a loop body is
+// The default generator's offset, as loops see it (src/loops/loops.cpp): while a loop body is
 // traced, the offset is a carry of the loop, so every iteration draws new numbers, the same
 // ones as the unrolled loop, and the generator continues from where the loop ends.
 #pragma once

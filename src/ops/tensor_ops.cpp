@@ -256,6 +256,12 @@ int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, shape(), "siz
 DType Tensor::dtype() const { return impl_of(*this).type.dtype; }
 bool Tensor::is_pending() const { return impl_of(*this).is_pending(); }
 
+std::shared_ptr<void> Tensor::storage() const {
+  const trace::TensorImpl& t = impl_of(*this);
+  if (t.is_pending() || !t.data()) return nullptr;
+  return std::shared_ptr<void>(t.data(), t.data()->data());
+}
+
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   constexpr DType want = std::is_same_v<T, float>     ? DType::f32
@@ -370,7 +376,7 @@ Tensor from_blob(void* data, Shape shape, DType dtype, std::function<void()> rel
   ir::TensorType type{dtype, std::move(shape)};
   if (type.bytes() == 0) {
     if (release) release();
-    return trace::tensor_of(trace::make_data(std::move(type), runtime::allocate(0)));
+    return trace::tensor_of(trace::make_data(std::move(type), backend::current().allocate(0)));
   }
   LAZYRT_CHECK(data != nullptr, "from_blob: null data for ", dtype_name(dtype), shape_str(type.shape));
   LAZYRT_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0, "from_blob: data at ", data,

@@ -4,7 +4,7 @@
 #include "lazyrt/random.h"
 #include "lazyrt/replay.h"
 #include "ops/views.h"
-#include "trace/call.h"
+#include "loops/call.h"
 #include "util/check.h"
 
 namespace lazyrt::optim {

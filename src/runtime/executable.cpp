@@ -20,8 +20,9 @@ std::atomic<int64_t> next_executable{1};
 }  // namespace
 
 Executable::Executable(Parts parts) : parts_(std::move(parts)), id_(next_executable.fetch_add(1)) {
-  arena_ = std::make_unique<Buffer>(parts_.arena_bytes);
-  auto* arena = static_cast<char*>(arena_->data());
+  LAZYRT_ASSERT(!parts_.arena_bytes || (parts_.arena && parts_.arena->bytes() >= parts_.arena_bytes),
+                "an executable's arena of ", parts_.arena_bytes, " bytes was not allocated");
+  auto* arena = parts_.arena ? static_cast<char*>(parts_.arena->data()) : nullptr;
   auto* consts = parts_.constants ? static_cast<char*>(parts_.constants->data()) : nullptr;
   auto resolve = [&](const Slot& s) -> void* {
     switch (s.kind) {

@@ -76,6 +76,8 @@ class Executable {
     size_t arena_bytes = 0;
     size_t arena_blocks = 0;
     std::shared_ptr<Buffer> constants;
+    /// arena_bytes of memory, from the backend that lowered the graph (Backend::allocate).
+    std::shared_ptr<Buffer> arena;
     std::vector<std::shared_ptr<Buffer>> constant_outputs;
     std::vector<OutputSource> outputs;
     std::vector<bool> donation_accepted;  // per output
@@ -140,7 +142,6 @@ class Executable {
   bool save_overwritten(size_t i, void* const* args, std::vector<std::pair<size_t, std::vector<char>>>& saved) const;
 
   Parts parts_;
-  std::unique_ptr<Buffer> arena_;
   std::vector<void*> args_;                             // all kernel arguments, step by step
   std::vector<std::pair<uint32_t, uint32_t>> bases_;    // per step: first input, first output
   std::vector<Patch> patches_;                          // arguments bound at run time

@@ -2,6 +2,7 @@
 
 #include <unordered_set>
 
+#include "ir/op.h"
 #include "runtime/buffer.h"
 #include "trace/lazy_tensor.h"
 
@@ -25,6 +26,15 @@ int64_t count_nodes(const ir::Graph& g, std::unordered_set<const ir::Graph*>& se
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> op_table() {
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (int i = 0; i < ir::kNumOps; ++i) {
+    const ir::OpInfo& info = ir::op_info(static_cast<ir::OpKind>(i));
+    rows.emplace_back(std::string(info.name), std::string(info.aten));
+  }
+  return rows;
+}
 
 std::string graph_text(const std::vector<Tensor>& tensors) {
   return ir::to_text(trace::pending_graph(impls(tensors)));

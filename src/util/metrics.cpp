@@ -116,6 +116,9 @@ int64_t timing_total_ns(std::string_view name) {
 
 void increment(std::string_view name, int64_t by) { detail::counter_cell(name).add(by); }
 
+Counter::Counter(std::string_view name) : cell_(&detail::counter_cell(name)) {}
+void Counter::add(int64_t by) { static_cast<detail::CounterCell*>(cell_)->add(by); }
+
 void record_timing(std::string_view name, int64_t ns) { detail::timing_cell(name).record(ns); }
 
 // Cells at zero (never touched, or reset) are left out.

@@ -11,12 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "lazyrt/metrics.h"
 #include "util/spin_lock.h"
 
 namespace lazyrt::metrics {
 
-// Recording, by the runtime only (the public lazyrt/metrics.h reads).
-void increment(std::string_view name, int64_t by = 1);
+// Recording, by the runtime (the public lazyrt/metrics.h reads, and has increment()).
 void record_timing(std::string_view name, int64_t nanoseconds);
 
 namespace detail {

@@ -25,6 +25,11 @@ PYTHON_FORM = {
     "shape_str": None,            # Tensor.shape is a tuple
     "shape_numel": None,          # Tensor.numel()
     "shape_bytes": None,          # Tensor.numel() * Tensor.element_size()
+    "grad_enabled": "is_grad_enabled",        # torch.is_grad_enabled's name
+    "set_grad_enabled": "set_grad_enabled",   # also a context manager, as torch's
+    "increment": None,            # the package's own layers count through lazyrt._C._metrics._increment
+    "wait_for_generated_code": None,  # lazyrt._C._jit.wait_idle (tests and benchmarks)
+    "stop_generating_code": None,     # lazyrt._C._jit.shutdown, which the package calls at exit
 }
 DECLARATION = re.compile(r"^[A-Za-z][A-Za-z0-9_:<>, ]*[ &*]([a-z_0-9]+)\(", re.MULTILINE)
 

@@ -21,14 +21,12 @@
 #include <functional>
 #include <memory>
 
-#include "compile/compile.h"
 #include "backend/cpu/kernels/ops.h"
 #include "util/metrics_cells.h"
 #include "util/check.h"
 
 namespace lazyrt::backend::cpu {
 
-using compile::compile;
 namespace {
 
 using runtime::OutputSource;
@@ -238,10 +236,18 @@ void run_scan(ScanState& st, const void* const* in, void* const* out) {
   st.sets.copy_out(ws, out, p);
 }
 
-kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>& operands,
-                           const Backend& backend) {
+using Compiled = std::vector<std::shared_ptr<runtime::Executable>>;
+
+// The executables compile/ made of a node's regions (RegionExecutables), `count` of them.
+const Compiled& regions_of(const ir::Node& n, const Compiled& compiled, size_t count) {
+  LAZYRT_ASSERT(compiled.size() == count, ir::op_name(n.op), " lowered without its ", count,
+                " compiled regions (compile::lower makes them)");
+  return compiled;
+}
+
+kernels::Kernel lower_scan(const ir::Node& n, const std::vector<ir::TensorType>& operands, const Compiled& compiled) {
   auto st = std::make_shared<ScanState>();
-  st->body = compile(*n.regions[0], {}, backend);
+  st->body = regions_of(n, compiled, 1)[0];
   const ir::NodeAttrs at(n.op, n.attrs);
   st->carries = static_cast<size_t>(at.i<"carries">());
   st->xs = static_cast<size_t>(at.i<"xs">());
@@ -423,7 +429,7 @@ struct ScanVjpState {
   }
 };
 
-kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorType>& operands,
+kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorType>& operands, const Compiled& compiled,
                                const Backend& backend) {
   auto st = std::make_shared<ScanVjpState>();
   st->backend = &backend;
@@ -439,10 +445,8 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
   st->length = st->counted ? 0 : at.i<"length">();
   st->fwd_reverse = at.b<"reverse">();
   st->snapshots = at.i<"snapshots">();
-  st->vjp = compile(*n.regions[0], {}, backend);
-  ir::Graph fwd = *n.regions[1];
-  fwd.outputs.resize(st->C);  // the forward's carries; its stacked outputs are not needed
-  st->fwd = compile(fwd, {}, backend);
+  st->vjp = regions_of(n, compiled, 2)[0];
+  st->fwd = compiled[1];  // the forward's carries only
   size_t ws = st->bw.place(operands, st->B, *st->vjp, 0);
   for (size_t k = 0; k < st->C; ++k) {
     const ir::TensorType& t = operands[st->B + st->XS + st->K + k];
@@ -473,14 +477,15 @@ kernels::Kernel lower_scan_vjp(const ir::Node& n, const std::vector<ir::TensorTy
 }  // namespace
 
 kernels::Kernel lower_control_flow(const ir::Node& n, const std::vector<ir::TensorType>& operands,
-                                   const Backend& backend, const std::shared_ptr<jit::Module>& generated) {
+                                   const Compiled& compiled, const Backend& backend,
+                                   const std::shared_ptr<jit::Module>& generated) {
   if (n.op == ir::OpKind::Fusion) return kernels::make_fused(*n.regions[0], operands, n.results, n.attrs, generated);
-  if (n.op == ir::OpKind::Scan) return lower_scan(n, operands, backend);
-  if (n.op == ir::OpKind::ScanVjp) return lower_scan_vjp(n, operands, backend);
+  if (n.op == ir::OpKind::Scan) return lower_scan(n, operands, compiled);
+  if (n.op == ir::OpKind::ScanVjp) return lower_scan_vjp(n, operands, compiled, backend);
   LAZYRT_ASSERT(n.op == ir::OpKind::While, "no lowering for ", ir::op_name(n.op));
   auto st = std::make_shared<WhileState>();
-  st->cond = compile(*n.regions[0], {}, backend);
-  st->body = compile(*n.regions[1], {}, backend);
+  st->cond = regions_of(n, compiled, 2)[0];
+  st->body = compiled[1];
   st->carries = static_cast<size_t>(ir::NodeAttrs(n.op, n.attrs).i<"carries">());
   st->operands = operands.size();
   if (generated && std::all_of(operands.begin(), operands.end(), [](const ir::TensorType& t) { return t.numel() == 1; })) {

@@ -8,13 +8,15 @@
 #include "backend/backend.h"
 #include "ir/graph.h"
 #include "backend/cpu/kernels/kernel.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 
 namespace lazyrt::backend::cpu {
 
-/// Regions that are graphs of their own (loop bodies) are compiled for `backend`. A fusion's
-/// region goes into `generated` (the graph's module of generated kernels) when there is one.
+/// Regions that are graphs of their own (loop bodies) come compiled in `compiled` (node's entry of
+/// RegionExecutables). A fusion's region goes into `generated` (the graph's module of generated
+/// kernels) when there is one.
 kernels::Kernel lower_control_flow(const ir::Node& node, const std::vector<ir::TensorType>& operands,
+                                   const std::vector<std::shared_ptr<runtime::Executable>>& compiled,
                                    const Backend& backend, const std::shared_ptr<jit::Module>& generated);
 
 }  // namespace lazyrt::backend::cpu

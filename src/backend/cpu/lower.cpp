@@ -4,17 +4,18 @@
 #include <map>
 
 #include "backend/cpu/control_flow.h"
-#include "compile/memory_plan.h"
+#include "ir/hash.h"
+#include "backend/memory_plan.h"
 #include "backend/cpu/kernels/ops.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "util/check.h"
 #include "util/dtype_dispatch.h"
 
 namespace lazyrt::backend::cpu {
 
-using compile::BufferRequest;
-using compile::MemoryPlan;
-using compile::plan_memory;
+using backend::BufferRequest;
+using backend::MemoryPlan;
+using backend::plan_memory;
 
 using ir::Graph;
 using ir::Node;
@@ -74,7 +75,7 @@ bool baked_constant(const Node& n) {
 }  // namespace
 
 std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& donations_in,
-                                           const Backend& backend) {
+                                           const RegionExecutables& regions, const Backend& backend) {
   const size_t num_outputs = g.outputs.size();
   std::vector<int32_t> donations = donations_in;
   donations.resize(num_outputs, -1);
@@ -94,7 +95,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
       const_bytes = detail::bytes_add(const_bytes, align64(g.nodes[i].results[0].bytes()), "constants");
     }
   if (const_bytes) {
-    parts.constants = runtime::allocate(const_bytes);
+    parts.constants = backend.allocate(const_bytes);
     for (size_t i = 0; i < g.nodes.size(); ++i)
       if (baked_constant(g.nodes[i])) {
         const Node& n = g.nodes[i];
@@ -176,7 +177,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     if (n.op == OpKind::Parameter) {
       parts.outputs[k] = {OutputSource::Kind::Param, static_cast<int32_t>(param_index(n))};
     } else if (baked_constant(n)) {
-      auto buf = runtime::allocate(n.results[0].bytes());
+      auto buf = backend.allocate(n.results[0].bytes());
       fill_elements(buf->data(), n.results[0].dtype, full_value(n), n.results[0].numel());
       parts.outputs[k] = {OutputSource::Kind::Const, static_cast<int32_t>(parts.constant_outputs.size())};
       parts.constant_outputs.push_back(std::move(buf));
@@ -251,7 +252,8 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
     std::vector<ir::TensorType> in_types;
     for (ValueRef v : n.operands) in_types.push_back(g.type(v));
     made[i] = n.regions.empty() ? kernels::make_kernel({n.op, n.attrs, in_types, n.results, backend.capabilities().library_kernels})
-                                : lower_control_flow(n, in_types, backend, generated);
+                                : lower_control_flow(n, in_types, i < regions.size() ? regions[i] : RegionExecutables::value_type{},
+                                                     backend, generated);
     const int32_t s = step_of[i];
     for (size_t r = 0; r < n.results.size(); ++r) {
       const ValueRef v{node, static_cast<int32_t>(r)};
@@ -292,6 +294,7 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   jit::Module::finish(generated);
   MemoryPlan plan = plan_memory(reqs);
   parts.arena_bytes = plan.arena_bytes;
+  parts.arena = backend.allocate(plan.arena_bytes);
   parts.arena_blocks = plan.distinct_blocks;
   for (const auto& [v, r] : req_of) slot_of[v] = {SlotKind::Arena, 0, plan.offsets[r]};
   for (const auto& [v, root] : alias_of) slot_of[v] = slot_of.at(root);
@@ -343,5 +346,39 @@ std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int
   parts.graph = g;
   return std::make_shared<runtime::Executable>(std::move(parts));
 }
+
+namespace {
+
+// The CPU kernels; `caps` decides how much of the graph they see fused.
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(std::string name, Capabilities caps) : name_(std::move(name)), caps_(caps) {
+    ir::Hasher h;
+    h.add_string(name_);
+    h.add(static_cast<uint64_t>(caps_.max_fused_ops));
+    h.add(static_cast<uint64_t>(caps_.max_fused_inputs));
+    h.add(static_cast<uint64_t>(caps_.gemm));
+    h.add(static_cast<uint64_t>(caps_.library_kernels));
+    h.add(static_cast<uint64_t>(caps_.fuses_reductions));
+    fingerprint_ = h.finish().lo;
+  }
+  const std::string& name() const override { return name_; }
+  uint64_t fingerprint() const override { return fingerprint_; }
+  const Capabilities& capabilities() const override { return caps_; }
+  std::shared_ptr<runtime::Executable> lower(const ir::Graph& optimized, const std::vector<int32_t>& donations,
+                                             const RegionExecutables& regions) const override {
+    return cpu::lower(optimized, donations, regions, *this);
+  }
+
+ private:
+  std::string name_;
+  Capabilities caps_;
+  uint64_t fingerprint_ = 0;
+};
+
+
+}  // namespace
+
+const Backend* make_backend(std::string name, Capabilities caps) { return new CpuBackend(std::move(name), caps); }
 
 }  // namespace lazyrt::backend::cpu

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "cache/persistent_cache.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "trace/lazy_tensor.h"
 
 namespace lazyrt::cache {

@@ -436,8 +436,9 @@ class NoF64Matmul final : public backend::Backend {
   bool supports(OpKind op, const std::vector<DType>& dtypes) const override {
     return !(op == OpKind::Matmul && dtypes.at(0) == DType::f64);
   }
-  std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& d) const override {
-    return ref_.lower(g, d);
+  std::shared_ptr<runtime::Executable> lower(const Graph& g, const std::vector<int32_t>& d,
+                                             const backend::RegionExecutables& regions) const override {
+    return ref_.lower(g, d, regions);
   }
 
  private:

@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 #include "compile/compile.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "lazyrt/metrics.h"
 #include "support/run_graph.h"
 #include "util/dtype_dispatch.h"

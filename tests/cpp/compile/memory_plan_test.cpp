@@ -4,10 +4,13 @@
 
 #include "backend/cpu/lower.h"
 #include "compile/compile.h"
-#include "compile/memory_plan.h"
+#include "backend/memory_plan.h"
 #include "support/graphs.h"
 
 namespace lazyrt::compile {
+using backend::BufferRequest;
+using backend::MemoryPlan;
+using backend::plan_memory;
 using ir::Graph;
 using ir::OpKind;
 using ir::ValueRef;
@@ -114,7 +117,7 @@ TEST(MemoryPlan, ChainOfHundredElementwiseOpsNeedsConstantBuffers) {
     ValueRef v = g.add_parameter(f32({1000}));
     for (int i = 0; i < n; ++i) v = g.add(i % 2 ? OpKind::Exp : OpKind::Tanh, {v});
     g.outputs = {g.add(OpKind::Sum, {v}, {std::vector<int64_t>{0}, false})};
-    return backend::cpu::lower(g, {}, backend::get("cpu"));
+    return backend::cpu::lower(g, {}, {}, backend::get("cpu"));
   };
   auto ten = chain(10)->stats();
   auto hundred = chain(100)->stats();

@@ -12,9 +12,9 @@
 #include <optional>
 #include <random>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "backend/cpu/kernels/ops.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "support/elementwise_ops.h"
 #include "support/graphs.h"
 #include "support/run_graph.h"

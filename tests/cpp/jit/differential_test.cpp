@@ -25,7 +25,7 @@
 
 #include "backend/backend.h"
 #include "compile/compile.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "lazyrt/metrics.h"
 #include "support/elementwise_ops.h"
 #include "support/env.h"

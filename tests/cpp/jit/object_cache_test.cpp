@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "backend/cpu/kernels/ops.h"
-#include "jit/code_server.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/code_server.h"
+#include "backend/cpu/jit/jit.h"
 #include "support/graphs.h"
 #include "support/run_graph.h"
 

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "support/run_graph.h"
 
 namespace lazyrt {

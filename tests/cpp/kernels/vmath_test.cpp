@@ -11,7 +11,7 @@
 #include <limits>
 #include <random>
 
-#include "backend/cpu/kernels/vmath.h"
+#include "scalar/vmath.h"
 
 namespace lazyrt {
 namespace {
@@ -47,17 +47,17 @@ void expect_within(const char* name, F f, R ref, int64_t bound) {
 
 TEST(VectorMath, WithinTwoUlpsOfTheCorrectlyRoundedValueOverTheF32Range) {
   // Called from lambdas: the functions are always inlined, so never taken by address.
-  expect_within("exp", [](float x) { return kernels::vm::exp_f32(x); }, [](double x) { return std::exp(x); }, 2);
-  expect_within("erf", [](float x) { return kernels::vm::erf_f32(x); }, [](double x) { return std::erf(x); }, 2);
-  expect_within("tanh", [](float x) { return kernels::vm::tanh_f32(x); }, [](double x) { return std::tanh(x); }, 2);
+  expect_within("exp", [](float x) { return scalar::vm::exp_f32(x); }, [](double x) { return std::exp(x); }, 2);
+  expect_within("erf", [](float x) { return scalar::vm::erf_f32(x); }, [](double x) { return std::erf(x); }, 2);
+  expect_within("tanh", [](float x) { return scalar::vm::tanh_f32(x); }, [](double x) { return std::tanh(x); }, 2);
 }
 
 TEST(VectorMath, SpecialValuesAsTheCLibraryHasThem) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  using kernels::vm::erf_f32;
-  using kernels::vm::exp_f32;
-  using kernels::vm::tanh_f32;
+  using scalar::vm::erf_f32;
+  using scalar::vm::exp_f32;
+  using scalar::vm::tanh_f32;
   EXPECT_EQ(exp_f32(-inf), 0.0f);
   EXPECT_EQ(exp_f32(inf), inf);
   EXPECT_EQ(exp_f32(88.8f), inf);
@@ -97,13 +97,13 @@ TEST(VectorMath, KernelsGiveTheScalarFunctionsBits) {
       float (*want)(float);
     };
     std::vector<Case> cases = {
-        {"exp", exp(x), [](float v) { return kernels::vm::exp_f32(v); }},
-        {"erf", erf(x), [](float v) { return kernels::vm::erf_f32(v); }},
-        {"tanh", tanh(x), [](float v) { return kernels::vm::tanh_f32(v); }},
+        {"exp", exp(x), [](float v) { return scalar::vm::exp_f32(v); }},
+        {"erf", erf(x), [](float v) { return scalar::vm::erf_f32(v); }},
+        {"tanh", tanh(x), [](float v) { return scalar::vm::tanh_f32(v); }},
         // Fused on the cpu backend: exp then a multiply in one pass.
-        {"exp(x) * 2", exp(x) * 2.0, [](float v) { return kernels::vm::exp_f32(v) * 2.0f; }},
+        {"exp(x) * 2", exp(x) * 2.0, [](float v) { return scalar::vm::exp_f32(v) * 2.0f; }},
         {"gelu", gelu(x),
-         [](float v) { return v * 0.5f * (1.0f + kernels::vm::erf_f32(v * static_cast<float>(M_SQRT1_2))); }},
+         [](float v) { return v * 0.5f * (1.0f + scalar::vm::erf_f32(v * static_cast<float>(M_SQRT1_2))); }},
     };
     for (auto& c : cases) {
       const std::vector<float> got = c.got.to_vector<float>();

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "ir/graph.h"
 
 namespace lazyrt::testing {
@@ -13,7 +13,7 @@ namespace lazyrt::testing {
 inline std::vector<ir::OpKind> table_ops() {
   std::vector<ir::OpKind> ops;
   for (int i = 0; i < ir::kNumOps; ++i)
-    if (kernels::has_elementwise_fn(static_cast<ir::OpKind>(i))) ops.push_back(static_cast<ir::OpKind>(i));
+    if (scalar::has_elementwise_fn(static_cast<ir::OpKind>(i))) ops.push_back(static_cast<ir::OpKind>(i));
   return ops;
 }
 

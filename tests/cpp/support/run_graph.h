@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ir/graph.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "runtime/executable.h"
 #include "util/dtype_dispatch.h"
 

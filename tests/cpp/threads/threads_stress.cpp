@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 #include "support/temp_dir.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// Functions recorded as call nodes (trace/call.h): the values against the same function run op
+// Functions recorded as call nodes (loops/call.h): the values against the same function run op
 // by op, the regions kept, what is refused, and the optimizers' updates recorded so.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "support/error_of.h"
-#include "trace/call.h"
+#include "loops/call.h"
 
 namespace lazyrt {
 namespace {

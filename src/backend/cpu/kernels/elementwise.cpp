@@ -4,12 +4,14 @@
 #include <cstring>
 #include <limits>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "backend/cpu/kernels/kernel.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
+
+using namespace lazyrt::scalar;  // the ops' scalar functions (scalar/elementwise_fns.h, vmath.h)
 
 BroadcastLayout::BroadcastLayout(const Shape& out, const std::vector<Shape>& inputs, int64_t repeat_runs_below) {
   LAZYRT_ASSERT(inputs.size() <= 8, "too many elementwise inputs");

@@ -30,12 +30,14 @@
 #include <cstring>
 #include <memory>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "backend/cpu/kernels/fused_program.h"
 #include "backend/cpu/kernels/ops.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 
 namespace lazyrt::kernels {
+
+using namespace lazyrt::scalar;  // the ops' scalar functions (scalar/elementwise_fns.h, vmath.h)
 
 using MicroFn = void (*)(const Instr& ins, void* const* r, int64_t n);
 

@@ -25,14 +25,16 @@
 #include <cstring>
 #include <memory>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "backend/cpu/kernels/fused_program.h"
 #include "backend/cpu/kernels/ops.h"
 #include "backend/cpu/kernels/parallel.h"
 #include "backend/cpu/kernels/sums.h"
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 
 namespace lazyrt::kernels {
+
+using namespace lazyrt::scalar;  // the ops' scalar functions (scalar/elementwise_fns.h, vmath.h)
 namespace {
 
 using ir::OpKind;

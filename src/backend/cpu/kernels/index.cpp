@@ -9,10 +9,12 @@
 #include <cstring>
 
 #include "backend/cpu/kernels/loops.h"
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "backend/cpu/kernels/ops.h"
 
 namespace lazyrt::kernels {
+
+using namespace lazyrt::scalar;  // the ops' scalar functions (scalar/elementwise_fns.h, vmath.h)
 namespace {
 
 template <class Fn>

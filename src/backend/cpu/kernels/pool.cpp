@@ -12,11 +12,13 @@
 #include <vector>
 
 #include "backend/cpu/kernels/loops.h"
-#include "backend/cpu/kernels/vmath.h"
+#include "scalar/vmath.h"
 #include "backend/cpu/kernels/ops.h"
 #include "backend/cpu/kernels/parallel.h"
 
 namespace lazyrt::kernels {
+
+using namespace lazyrt::scalar;  // the ops' scalar functions (scalar/elementwise_fns.h, vmath.h)
 namespace {
 
 struct PoolGeom {

@@ -12,12 +12,14 @@
 #include <memory>
 #include <vector>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "backend/cpu/kernels/loops.h"
 #include "backend/cpu/kernels/ops.h"
 #include "backend/cpu/kernels/sums.h"
 
 namespace lazyrt::kernels {
+
+using namespace lazyrt::scalar;  // the ops' scalar functions (scalar/elementwise_fns.h, vmath.h)
 namespace {
 
 enum class Kind { Sum, Mean, Max, Min };

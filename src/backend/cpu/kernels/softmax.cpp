@@ -21,9 +21,11 @@
 #include "backend/cpu/kernels/ops.h"
 #include "backend/cpu/kernels/parallel.h"
 #include "backend/cpu/kernels/sums.h"
-#include "backend/cpu/kernels/vmath.h"
+#include "scalar/vmath.h"
 
 namespace lazyrt::kernels {
+
+using namespace lazyrt::scalar;  // the ops' scalar functions (scalar/elementwise_fns.h, vmath.h)
 namespace {
 
 constexpr int64_t kChunk = 1024;  // exps buffered at a time

@@ -11,9 +11,11 @@
 #include <cstdint>
 
 #include "backend/cpu/kernels/loops.h"
-#include "backend/cpu/kernels/vmath.h"
+#include "scalar/vmath.h"
 
 namespace lazyrt::kernels {
+
+namespace vm = lazyrt::scalar::vm;
 namespace sums {
 
 constexpr int kLanes = 16;

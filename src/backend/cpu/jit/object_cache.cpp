@@ -1,4 +1,4 @@
-#include "jit/object_cache.h"
+#include "backend/cpu/jit/object_cache.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 
 #include "ir/hash.h"
 #include "cache/persistent_cache.h"
-#include "jit/code_server.h"
+#include "backend/cpu/jit/code_server.h"
 #include "lazyrt/cache.h"
 #include "util/metrics_cells.h"
 

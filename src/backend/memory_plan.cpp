@@ -1,4 +1,4 @@
-#include "compile/memory_plan.h"
+#include "backend/memory_plan.h"
 
 #include <algorithm>
 #include <iterator>
@@ -8,7 +8,7 @@
 
 #include "util/check.h"
 
-namespace lazyrt::compile {
+namespace lazyrt::backend {
 namespace {
 
 size_t align(size_t n) {
@@ -176,4 +176,4 @@ MemoryPlan plan_memory(const std::vector<BufferRequest>& reqs) {
   return plan;
 }
 
-}  // namespace lazyrt::compile
+}  // namespace lazyrt::backend

@@ -55,7 +55,7 @@
 #define LAZYRT_VM_INLINE inline
 #endif
 
-namespace lazyrt::kernels::vm {
+namespace lazyrt::scalar::vm {
 
 /// a * b + c with one rounding (the same bits on every CPU: an FMA instruction where the CPU
 /// has one, the C library's fmaf in the baseline clone).
@@ -152,4 +152,4 @@ LAZYRT_VM_INLINE T select_bits(uint8_t cond, T a, T b) {
   return std::bit_cast<T>(static_cast<U>((std::bit_cast<U>(a) & m) | (std::bit_cast<U>(b) & static_cast<U>(~m))));
 }
 
-}  // namespace lazyrt::kernels::vm
+}  // namespace lazyrt::scalar::vm

@@ -1,5 +1,5 @@
 // Modules of generated kernels and the background compiler thread (see jit.h).
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 
 #include <pthread.h>
 
@@ -14,9 +14,9 @@
 #include <string>
 #include <thread>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "ir/hash.h"
-#include "jit/code_server.h"
+#include "backend/cpu/jit/code_server.h"
 #include "lazyrt/cache.h"
 #include "lazyrt/metrics.h"
 #include "util/check.h"
@@ -45,7 +45,7 @@ bool generated_form(const ir::Node& n) {
     case ir::OpKind::Full:
     case ir::OpKind::Cast:
     case ir::OpKind::Where: return true;
-    default: return kernels::has_elementwise_fn(n.op);
+    default: return scalar::has_elementwise_fn(n.op);
   }
 }
 

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace lazyrt::compile {
+namespace lazyrt::backend {
 
 struct BufferRequest {
   size_t bytes = 0;
@@ -31,4 +31,4 @@ inline constexpr size_t kArenaAlignment = 64;
 
 MemoryPlan plan_memory(const std::vector<BufferRequest>& requests);
 
-}  // namespace lazyrt::compile
+}  // namespace lazyrt::backend

@@ -18,9 +18,11 @@
 // with T one of f32 f64 bf16 f16 i32 i64 b8 and C = compute_t<T>. Arguments an op of lower
 // arity does not take are ignored. Functions of an op on a dtype outside its domain exist and
 // return zero: codegen never calls them (the type rules reject such nodes first).
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 
-namespace lazyrt::kernels::jitlib {
+namespace lazyrt::jit::lib {
+
+using namespace lazyrt::scalar;
 
 template <class Row, class T>
 inline compute_t<std::conditional_t<Row::to_bool, bool, T>> apply(const void* row, compute_t<T> a, compute_t<T> b,
@@ -41,14 +43,14 @@ inline compute_t<std::conditional_t<Row::to_bool, bool, T>> apply(const void* ro
   }
 }
 
-}  // namespace lazyrt::kernels::jitlib
+}  // namespace lazyrt::jit::lib
 
 using lazyrt::bf16;
 using lazyrt::compute_t;
 using lazyrt::convert;
 using lazyrt::f16;
-using lazyrt::kernels::Domain;
-using lazyrt::kernels::ElementwiseFn;
+using lazyrt::scalar::Domain;
+using lazyrt::scalar::ElementwiseFn;
 
 #define LAZYRT_JIT_DTYPES(X, ...) \
   X(f32, float, __VA_ARGS__)      \
@@ -83,7 +85,7 @@ LAZYRT_JIT_DTYPES(LAZYRT_JIT_MEMORY, _)
 #define LAZYRT_JIT_OP_ON(name, T, Op, F, arity, domain, to_bool)                                             \
   extern "C" compute_t<std::conditional_t<to_bool, bool, T>> lazyrt_jit_op_##Op##_##name(                   \
       const void* row, compute_t<T> a, compute_t<T> b, compute_t<T> c) {                                   \
-    return lazyrt::kernels::jitlib::apply<ElementwiseFn<lazyrt::kernels::F, arity, Domain::domain, to_bool>, T>( \
+    return lazyrt::jit::lib::apply<ElementwiseFn<lazyrt::scalar::F, arity, Domain::domain, to_bool>, T>( \
         row, a, b, c);                                                                                     \
   }
 #define LAZYRT_JIT_OP(Op, F, arity, domain, to_bool, ...) \

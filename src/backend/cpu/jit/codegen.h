@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 
 namespace llvm {
 class LLVMContext;

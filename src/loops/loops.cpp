@@ -17,7 +17,7 @@
 // one with snapshots 0 (one more forward pass than a scan that stacks them as it goes, whose
 // stacked rows would fix the count in the graph).
 //
-// A call (trace/call.h) is traced the same way: a function over placeholders in a scope of its
+// A call (loops/call.h) is traced the same way: a function over placeholders in a scope of its
 // own, its region extracted once per list of operand types and shared by every call node.
 #include "lazyrt/loops.h"
 
@@ -28,7 +28,7 @@
 #include "ops/op_helpers.h"
 #include "ops/random_state.h"
 #include "ops/views.h"
-#include "trace/call.h"
+#include "loops/call.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"

@@ -50,11 +50,11 @@
 #include <map>
 #include <string>
 
-#include "backend/cpu/kernels/elementwise_fns.h"
+#include "scalar/elementwise_fns.h"
 #include "ir/hash.h"
 #include "ir/serialize.h"
-#include "jit/code_server.h"
-#include "jit/codegen.h"
+#include "backend/cpu/jit/code_server.h"
+#include "backend/cpu/jit/codegen.h"
 #include "util/check.h"
 #include "util/dtype_dispatch.h"
 
@@ -168,7 +168,7 @@ class Emitter {
   // The bytes of a row's functor (its attributes), as a constant the library reads.
   llvm::Value* row_bytes(const ir::Node& n) {
     std::string bytes;
-    kernels::visit_elementwise_row(n.op, n.attrs, [&](const auto& row) {
+    scalar::visit_elementwise_row(n.op, n.attrs, [&](const auto& row) {
       bytes.assign(reinterpret_cast<const char*>(&row.f), sizeof(row.f));
     });
     auto* init = llvm::ConstantDataArray::getRaw(bytes, bytes.size(), llvm::Type::getInt8Ty(c_));
@@ -301,7 +301,7 @@ class Emitter {
         const ir::Node& node = g.nodes[i];
         if (node.op == ir::OpKind::Full)
           value[i] = constant_value(c_, node.results[0].dtype, ir::NodeAttrs(node.op, node.attrs).f<"value">());
-        else if (kernels::has_elementwise_fn(node.op))
+        else if (scalar::has_elementwise_fn(node.op))
           row[i] = row_bytes(node);
       }
       element_values(g, value, row, load);
@@ -349,7 +349,7 @@ class Emitter {
       const ir::Node& node = g.nodes[i];
       if (node.op == ir::OpKind::Full)
         value[i] = constant_value(c_, node.results[0].dtype, ir::NodeAttrs(node.op, node.attrs).f<"value">());
-      else if (kernels::has_elementwise_fn(node.op))
+      else if (scalar::has_elementwise_fn(node.op))
         row[i] = row_bytes(node);
     }
     const bool forward = std::all_of(r.inner_strides.begin(), r.inner_strides.end(), [](int64_t st) { return st >= 0; });

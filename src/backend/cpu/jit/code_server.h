@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "jit/jit.h"
+#include "backend/cpu/jit/jit.h"
 
 namespace lazyrt::jit {
 

@@ -15,11 +15,11 @@
 #include <type_traits>
 
 #include "ir/graph.h"
-#include "backend/cpu/kernels/loops.h"
-#include "backend/cpu/kernels/vmath.h"
+#include "util/dtype_dispatch.h"
+#include "scalar/vmath.h"
 #include "util/check.h"
 
-namespace lazyrt::kernels {
+namespace lazyrt::scalar {
 
 template <class C>
 constexpr bool is_float_c = std::is_floating_point_v<C>;
@@ -346,4 +346,4 @@ inline compute_t<T> round_to(compute_t<T> x) {
   else return x;
 }
 
-}  // namespace lazyrt::kernels
+}  // namespace lazyrt::scalar

@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "jit/code_server.h"
-#include "jit/codegen.h"
+#include "backend/cpu/jit/code_server.h"
+#include "backend/cpu/jit/codegen.h"
 
 int main() {
   using namespace lazyrt::jit;

@@ -1,7 +1,7 @@
 // The running process's side of the compiler process (code_server.h): the wire format, the
 // CPU's fingerprint, starting and talking to lazyrt-jitc, and loading the shared objects it
 // makes.
-#include "jit/code_server.h"
+#include "backend/cpu/jit/code_server.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -31,7 +31,7 @@
 
 #include "ir/hash.h"
 #include "ir/serialize.h"
-#include "jit/object_cache.h"
+#include "backend/cpu/jit/object_cache.h"
 #include "util/check.h"
 #include "util/metrics_cells.h"
 
