@@ -94,6 +94,17 @@ def _allclose(a, b, what, rtol, atol):
     np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=rtol, atol=atol, err_msg=what)
 
 
+def close_to_scale(a, b, what, rtol, atol):
+    """a and b (arrays or tensors) agree within rtol of each element, plus atol, plus rtol times
+    b's largest magnitude: an element that is small because its terms cancel carries the
+    rounding of those larger terms (a gradient summed over a batch, a momentum buffer summing
+    gradients), which another order of summation changes."""
+    a = a.detach().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+    b = b.detach().numpy() if isinstance(b, torch.Tensor) else np.asarray(b)
+    scale = float(np.max(np.abs(b))) if b.size and np.isfinite(b).all() else 0.0
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol + rtol * scale, err_msg=what)
+
+
 def same_tree(a, b, what, rtol=1e-5, atol=1e-6, close=_allclose):
     """Two nested structures (state dicts, results) agree: tensors by close(a, b, what, rtol,
     atol) (dtype and shape exactly; to tolerance by default), everything else exactly."""

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 import lazyrt
 import lazyrt.metrics
 import lazyrt.torch
-from conftest import REPO, lowered_results, same_tree
+from conftest import REPO, close_to_scale, lowered_results, same_tree
 
 RTOL, ATOL = 1e-5, 1e-6
 STEPS = 5
@@ -61,8 +61,8 @@ def same_training_state(m1, o1, m2, o2, what=""):
             close(p1.grad.numpy(), p2.grad.numpy(), f"{what} {name}.grad")
     for (name, b1), (_, b2) in zip(m1.named_buffers(), m2.named_buffers()):
         close(b1.numpy(), b2.numpy(), f"{what} buffer {name}")
-    if o1 is not None:
-        same_tree(o1.state_dict(), o2.state_dict(), f"{what} optimizer.state_dict()")
+    if o1 is not None:  # momentum buffers sum gradients: their small elements carry that rounding
+        same_tree(o1.state_dict(), o2.state_dict(), f"{what} optimizer.state_dict()", close=close_to_scale)
 
 
 def mlp(act, seed=0):

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import lazyrt.torch
-from _compare import same_results, same_state, seeded
+from _compare import AdamNoise, same_results, same_state, seeded
 
 BATCH, STEPS = 8, 5
 
@@ -77,10 +77,15 @@ def test_vae_trains_as_in_eager_given_the_noise():
     eager, s_eager = seeded(program)
     lazy_fn, s_lazy = seeded(program)
     lazy = lazyrt.torch.compile(lazy_fn)
+    # A decoder weight whose gradient sums products of near-zero ReLU outputs is rounding noise
+    # (2e-7 against a largest gradient of 2: lazyrt 1.8e-7, eager 2.3e-7 on one CPU), which
+    # Adam's first step turns into about lr either way.
+    noise = AdamNoise(lr=1e-3)
     for k, (x, eps) in enumerate(data):
         # The summed loss is ~5e3: its float32 rounding alone is ~5e-4 absolute.
         same_results(lazy(x, eps), eager(x, eps), f"step {k}")
-        same_state(s_lazy, s_eager, f"after step {k}:")
+        noise.update(s_eager["model"])
+        same_state(s_lazy, s_eager, f"after step {k}:", adam_noise={"model": noise})
     assert lazy.captures == 1
 
 
