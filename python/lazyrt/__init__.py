@@ -27,6 +27,7 @@ _atexit.register(_C._jit.shutdown)
 from lazyrt._C import *  # noqa: F401,F403
 from lazyrt._tensor import tensor, as_tensor, arange, device, from_torch, to_torch  # noqa: F401
 from lazyrt._tensor import FACTORIES as _FACTORIES
+from lazyrt import _methods  # noqa: F401  (attaches the Tensor methods written in Python)
 globals().update(_FACTORIES)  # zeros, ones, ... taking PyTorch's device= as well
 from lazyrt._autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401
 from lazyrt._replay import GraphInputMatcher  # noqa: F401

@@ -1082,24 +1082,3 @@ def load(f, map_location=None, pickle_module=None, *, weights_only=False, **pick
 
 # Names the extension already provides stay the extension's.
 __all__ = [name for name in _NAMES if not hasattr(_C, name)]
-
-# Tensor methods of the functions above, as torch.Tensor has them.
-_METHODS = ["cummax", "cummin", "kthvalue", "median", "nanmedian", "quantile", "nanquantile", "mode",
-            "repeat_interleave", "rot90", "fliplr", "flipud", "erfinv", "nonzero", "argwhere", "masked_select",
-            "unique", "remainder", "fmod", "floor_divide"]
-for _name in _METHODS:
-    if not hasattr(Tensor, _name):
-        setattr(Tensor, _name, globals()[_name])
-
-# Python's % and // as torch.Tensor's: remainder (the divisor's sign) and floor_divide.
-Tensor.__mod__ = remainder
-Tensor.__rmod__ = lambda self, other: remainder(other, self)
-Tensor.__floordiv__ = floor_divide
-Tensor.__rfloordiv__ = lambda self, other: floor_divide(other, self)
-
-
-def _erfinv_(self):
-    return self.copy_(erfinv(self))
-
-
-Tensor.erfinv_ = _erfinv_
