@@ -5,17 +5,19 @@ dtype, item, backward, copy_, the arithmetic operators, ...), python/src/ops.cpp
 op as lazyrt.<op> and, where PyTorch has one, as a Tensor method, and python/src/indexing.cpp
 binds indexing. Every method written in Python is attached here, once, from the module that
 defines it: lazyrt._tensor (devices, to(), the new_* factories, pickling, in-place forms, ...)
-and the torch functions written in Python (lazyrt._extra). A name
-the extension already binds is not attached again, unless it is listed in REPLACES_BINDING
-(the Python method is the one in use); `_attach` refuses either mistake when lazyrt imports.
+and the torch functions written in Python (lazyrt._math, _shapes, _sorting, _data_dependent).
+A name the extension already binds is not attached again, unless it is listed in
+REPLACES_BINDING (the Python method is the one in use); `_attach` refuses either mistake when
+lazyrt imports.
 """
 
 from lazyrt import _C
 from lazyrt._C import Tensor
 from lazyrt import _tensor
-from lazyrt._extra import (argwhere, cummax, cummin, erfinv, fliplr, flipud, floor_divide, fmod, kthvalue,
-                           masked_select, median, mode, nanmedian, nanquantile, nonzero, quantile, remainder,
-                           repeat_interleave, rot90, unique)
+from lazyrt._data_dependent import argwhere, masked_select, nonzero, unique
+from lazyrt._math import erfinv, floor_divide, fmod, remainder
+from lazyrt._shapes import fliplr, flipud, repeat_interleave, rot90
+from lazyrt._sorting import cummax, cummin, kthvalue, median, mode, nanmedian, nanquantile, quantile
 
 # Methods the extension binds that the Python ones here replace on purpose:
 #   to: PyTorch's argument forms (to(device, dtype), to(other), copy=, non_blocking=);
