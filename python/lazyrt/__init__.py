@@ -27,6 +27,7 @@ _atexit.register(_C._jit.shutdown)
 from lazyrt._C import *  # noqa: F401,F403
 from lazyrt._tensor import tensor, as_tensor, arange, device, from_torch, to_torch  # noqa: F401
 from lazyrt._tensor import FACTORIES as _FACTORIES
+from lazyrt import _methods  # noqa: F401  (attaches the Tensor methods written in Python)
 globals().update(_FACTORIES)  # zeros, ones, ... taking PyTorch's device= as well
 from lazyrt._autograd import no_grad, enable_grad, set_grad_enabled  # noqa: F401
 from lazyrt._replay import GraphInputMatcher  # noqa: F401
@@ -38,7 +39,14 @@ from lazyrt import _reads, lr_scheduler as _lr_scheduler
 _reads.register(owned=(nn.Module, optim.Optimizer, _lr_scheduler.LRScheduler))
 
 __version__ = "0.1.0"
-from lazyrt._extra import *  # noqa: F401,F403,E402  (torch functions written in Python)
+# torch functions written in Python, as compositions of lazyrt's ops
+from lazyrt._math import *  # noqa: F401,F403,E402
+from lazyrt._linalg import *  # noqa: F401,F403,E402
+from lazyrt._factories import *  # noqa: F401,F403,E402
+from lazyrt._shapes import *  # noqa: F401,F403,E402
+from lazyrt._sorting import *  # noqa: F401,F403,E402
+from lazyrt._data_dependent import *  # noqa: F401,F403,E402
+from lazyrt._serialization import *  # noqa: F401,F403,E402
 
 # `from lazyrt import *` gives the names above and never the subpackage lazyrt.torch (which,
 # once imported, is an attribute here and would shadow PyTorch in the importer's namespace).

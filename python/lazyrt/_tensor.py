@@ -1,4 +1,4 @@
-"""Making tensors from Python data, NumPy and PyTorch, and the Tensor methods written in Python.
+"""Making tensors from Python data, NumPy and PyTorch, and Tensor methods written in Python.
 
 lazyrt.tensor copies, with PyTorch's dtype inference (Python floats -> float32, ints -> int64,
 bools -> bool; an ndarray keeps its dtype). from_numpy / as_tensor / from_torch share memory
@@ -6,8 +6,9 @@ where the layout allows, and lazyrt never writes into shared memory. t.numpy() a
 view the tensor's data without a copy; the NumPy view is read-only, and a PyTorch tensor from
 to_torch must not be written into (PyTorch has no read-only tensors; clone() it to modify).
 
-The Tensor methods below add PyTorch's device surface (Tensor.device, lazyrt.device, to(),
-new_zeros and the other new_* factories), and copy.deepcopy / pickle support.
+The Tensor methods below (attached to Tensor by lazyrt._methods) add PyTorch's device surface
+(Tensor.device, lazyrt.device, to(), new_zeros and the other new_* factories), copy.deepcopy /
+pickle support, in-place forms and more of torch.Tensor's surface.
 """
 
 import builtins
@@ -189,15 +190,6 @@ def _iter(self):
     return (self[i] for i in range(self.shape[0]))
 
 
-Tensor.tolist = _tolist
-Tensor.__iter__ = _iter
-Tensor.__format__ = _format
-# Tensors compare elementwise (== gives a tensor), so they hash by identity, as in PyTorch.
-Tensor.__hash__ = object.__hash__
-# NumPy scalars and arrays on the left of an operator defer to the tensor's reflected operator.
-Tensor.__array_priority__ = 1000
-
-
 # ---- devices -------------------------------------------------------------------------------
 # lazyrt has one device: tensors live in host memory and run where lazyrt runs, as PyTorch's
 # own lazy backend reads it: Tensor.device is device(type='lazy', index=0). 'cpu' names the same
@@ -372,16 +364,6 @@ def _new_tensor(self, data, dtype=None, device=None, requires_grad=False):
     return tensor(data, dtype=dtype or self.dtype, requires_grad=requires_grad)
 
 
-Tensor.device = property(lambda self: _LAZY, doc="The tensor's device: device(type='lazy', index=0).")
-Tensor.is_cuda = property(lambda self: False, doc="False: lazyrt tensors are not CUDA tensors.")
-Tensor.to = _to
-Tensor.new_full = _new_full
-Tensor.new_zeros = _new_zeros
-Tensor.new_ones = _new_ones
-Tensor.new_empty = _new_empty
-Tensor.new_tensor = _new_tensor
-
-
 # ---- copying and pickling ------------------------------------------------------------------
 # A tensor pickles as its values (a NumPy array), dtype, requires_grad, class (a Parameter
 # stays a Parameter) and any attributes of a subclass; the gradient is not kept, as in
@@ -436,10 +418,6 @@ def _deepcopy(self, memo):
         import copy
         new.__dict__.update(copy.deepcopy(state, memo))
     return new
-
-
-Tensor.__reduce_ex__ = _reduce_ex
-Tensor.__deepcopy__ = _deepcopy
 
 
 # ---- device= on the factories ------------------------------------------------------------------
@@ -520,16 +498,6 @@ def _mT(self):
     return _C.transpose(self, -2, -1)
 
 
-Tensor.expand_as = _expand_as
-Tensor.view_as = _view_as
-Tensor.type_as = _type_as
-Tensor.square = _square
-Tensor.clip = Tensor.clamp
-Tensor.select = _select
-Tensor.unbind = _unbind
-Tensor.mT = property(_mT, doc="The transpose of the last two dims (batches of matrices).")
-
-
 # ---- in-place forms --------------------------------------------------------------------------
 # lazyrt values are immutable: an in-place method computes the new value and rebinds the tensor
 # to it with copy_, so the tensor keeps its identity (a module's attribute, a name bound to it)
@@ -559,15 +527,6 @@ def _inplace(name, compute):
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"In place: the tensor becomes {name[:-1]}(...) of itself and is returned."
     return method
-
-
-for _name, _compute in {
-    "exp_": _C.exp, "sqrt_": _C.sqrt, "relu_": _C.relu, "sigmoid_": _C.sigmoid, "tanh_": _C.tanh,
-    "neg_": _C.neg, "abs_": _C.abs, "clamp_": _C.clamp, "clip_": _C.clamp, "pow_": _C.pow, "lerp_": _C.lerp,
-    "addcmul_": _C.addcmul, "addcdiv_": _C.addcdiv, "square_": _square,
-}.items():
-    setattr(Tensor, _name, _inplace(_name, _compute))
-del _name, _compute
 
 
 def _check_random_fill(self, call):
@@ -614,7 +573,3 @@ def _uniform_(self, a=0.0, b=1.0, *, generator=None, **kwargs):
     if generator is not None:
         raise _C.Error("uniform_: generator= is not supported (lazyrt has one generator: lazyrt.manual_seed)")
     return _random_fill(self, lambda t: init.uniform_(t, a, b))
-
-
-Tensor.normal_ = _normal_
-Tensor.uniform_ = _uniform_

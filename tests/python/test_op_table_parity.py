@@ -601,7 +601,7 @@ ELSEWHERE = {
     "mark_step": "test_tensor.py", "invalidate_compiled_steps": "test_replay.py", "sync": "test_metrics_cache.py",
     # type promotion table (test_api_coverage.py)
     "promote_types": "test_api_coverage.py",
-    # compositions written in Python (python/lazyrt/_extra.py), each against torch there
+    # compositions written in Python (python/lazyrt/_math.py, _linalg.py, ...), each against torch there
     "allclose": "test_torch_surface.py",
     "broadcast_tensors": "test_torch_surface.py",
     "clip": "test_torch_surface.py",
@@ -637,7 +637,8 @@ ELSEWHERE = {
     "trace": "test_torch_surface.py",
     "trunc": "test_torch_surface.py",
     "unbind": "test_torch_surface.py",
-    # more compositions (python/lazyrt/_extra.py): scans, order statistics, host reads, save / load
+    # more compositions (python/lazyrt/_sorting.py, _data_dependent.py, ...): scans, order statistics, host
+    # reads, save / load
     "argwhere": "test_torch_surface2.py",
     "bucketize": "test_torch_surface2.py",
     "cdist": "test_torch_surface2.py",

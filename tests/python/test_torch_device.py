@@ -199,7 +199,7 @@ def test_python_numbers_enter_as_data_with_eagers_values():
 
 def test_an_op_without_a_lowering_runs_on_the_cpu_and_comes_back(monkeypatch):
     from lazyrt.torch import _lower
-    monkeypatch.setattr(_lower, "_WARNED_BREAKS", set())  # warned once per process: not yet here
+    monkeypatch.setattr(_lower.interpreter, "_WARNED_BREAKS", set())  # warned once per process: not yet here
     torch.manual_seed(4)
     a = torch.randn(3, 2, 2)
     lazyrt.metrics.reset()

@@ -1,5 +1,5 @@
 """The PyTorch spellings written in Python (nn.functional activations, losses and distances,
-their modules, Tensor methods and in-place forms, lazyrt._extra's functions), against
+their modules, Tensor methods and in-place forms, lazyrt's torch-level functions), against
 PyTorch: values, dtypes, shapes and float64 gradients."""
 
 import math
@@ -406,12 +406,18 @@ def test_normal_and_uniform():
     np.testing.assert_allclose(w.grad.numpy(), h.detach().numpy(), rtol=1e-6)
 
 
-# ---- lazyrt._extra: torch-level functions ------------------------------------------------------
+# ---- torch-level functions written in Python (lazyrt._math, _linalg, ...) -----------------------
 
-def test_extra_exports():
-    import lazyrt._extra as extra
-    for name in extra.__all__:
-        assert getattr(lr, name) is getattr(extra, name), name
+PYTHON_FUNCTION_MODULES = ("_math", "_linalg", "_factories", "_shapes", "_sorting", "_data_dependent",
+                           "_serialization")
+
+
+@pytest.mark.parametrize("module", PYTHON_FUNCTION_MODULES)
+def test_python_function_exports(module):
+    import importlib
+    m = importlib.import_module(f"lazyrt.{module}")
+    for name in m.__all__:
+        assert getattr(lr, name) is getattr(m, name), name
         assert hasattr(torch, name), name
 
 

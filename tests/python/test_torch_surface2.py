@@ -1,4 +1,4 @@
-"""More PyTorch spellings written in Python, against PyTorch: lazyrt._extra's scans, order
+"""More PyTorch spellings written in Python, against PyTorch: lazyrt's scans, order
 statistics, searching, reshaping, distances, erfinv, the functions that read values on the
 host (nonzero, masked_select, unique, tensor repeat_interleave), save / load, and
 nn.functional's padding modes, 1-D and transposed convolutions, pixel shuffles, unfold / fold,

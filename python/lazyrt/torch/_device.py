@@ -581,8 +581,8 @@ def _from_cpu(out):
 def _on_cpu(func, args, kwargs):
     """Runs func in PyTorch on the CPU on the computed values of its inputs (a graph break)."""
     name = str(func)
-    if name not in _lower._WARNED_BREAKS:
-        _lower._WARNED_BREAKS.add(name)
+    if name not in _lower.interpreter._WARNED_BREAKS:
+        _lower.interpreter._WARNED_BREAKS.add(name)
         warnings.warn(f"lazyrt.torch: graph break: {name} has no lowering to lazyrt; on the lazyrt device it runs "
                       f"in PyTorch on the CPU, after its inputs are computed", GraphBreakWarning, stacklevel=4)
     _C._metrics._increment("GraphBreak", 1)
