@@ -187,5 +187,9 @@ def test_fast_neural_style_trains_as_in_eager():
         # Every bias right before an instance norm (the convolutions' and the residual blocks'
         # last norm's, which the next convolution and norm cancel): zero gradient in exact
         # arithmetic, so noise, which Adam turns into steps of up to lr (see _compare).
-        same_state(s_lazy, s_eager, f"after step {k}:", noise={"transformer": NOISE}, noise_atol=2 * args.lr * (k + 1))
+        # Those steps feed back: by step 3 eager's own gradients of conv1 are 9e-6 (norm, relative)
+        # from the float64 run's and lazyrt's 8.5e-6, so two float32 runs' largest elements of
+        # such a gradient differ by 1.2e-5 of its scale: held to 3e-5, not the suite's 1e-5.
+        same_state(s_lazy, s_eager, f"after step {k}:", rtol=3e-5, noise={"transformer": NOISE},
+                   noise_atol=2 * args.lr * (k + 1))
     assert lazy.captures == 1
