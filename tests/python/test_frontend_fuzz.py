@@ -38,7 +38,10 @@ def _slice(seeds, mode):
         f"{len(failures)} of {len(seeds)} programs differ from eager ({mode}; shrink and print one with: "
         f"PYTHONPATH=build/python .venv/bin/python tests/python/frontend_fuzz.py --programs 1 --seed SEED "
         f"--mode {mode}" + (f" --disable {','.join(DISABLED)}" if DISABLED else "") + "):\n" + "\n".join(failures))
-    assert kinds.get("match", 0) >= len(seeds) // 2, f"too few programs ran to the end: {kinds}"
+    # A noisy program ran to the end too: it differs from eager by rounding it amplifies, shown
+    # against float64 or its own conditioning.
+    ran = kinds.get("match", 0) + kinds.get("noisy", 0)
+    assert ran >= len(seeds) // 2, f"too few programs ran to the end: {kinds}"
 
 
 @pytest.mark.parametrize("first", [FIRST + i * CHUNK for i in range(CHUNKS)],
