@@ -95,6 +95,12 @@ void verify_scan_vjp(size_t i, const Node& n, const std::vector<TensorType>& ope
                      const std::vector<TensorType>& results) {
   if (n.regions.size() != 2) fail(i, n, "a scan_vjp needs a vjp and a forward region");
   const NodeAttrs at(n.op, n.attrs);
+  // Each a count of operands before they are added up (a negative one read from a file would
+  // wrap around as a size and pass the sum's check).
+  for (int64_t count : {at.i<"carries">(), at.i<"xs">(), at.i<"states">(), at.i<"state_xs">(), at.i<"state_captures">()})
+    if (count < 0 || count > static_cast<int64_t>(operands.size()))
+      fail(i, n, str_cat("carries, stacked inputs, states and captures must count its ", operands.size(),
+                         " operands, got ", count));
   const auto B = static_cast<size_t>(at.i<"carries">()), XS = static_cast<size_t>(at.i<"xs">());
   const auto C = static_cast<size_t>(at.i<"states">()), FX = static_cast<size_t>(at.i<"state_xs">());
   const auto P = static_cast<size_t>(at.i<"state_captures">());

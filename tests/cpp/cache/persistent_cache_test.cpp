@@ -884,5 +884,20 @@ TEST(PersistentCacheProcesses, EightProcessesRacingWhileEvictingStayCorrectAndUn
   EXPECT_LE(entry_bytes_in(dir.path()), cap);
 }
 
+// Found by make fuzz (entry_parser_fuzz): a scan_vjp node whose operand counts, read from a
+// file, are negative; the verifier took them as sizes, whose sum wrapped around and passed its
+// check, and read past the node's operands. Now refused by name, as any bad entry is.
+TEST(PersistentCacheEntry, AScanVjpWithNegativeCountsIsRefused) {
+  // The fuzzer's input, its body sealed with a valid header and checksum as the fuzzer does.
+  const std::string input = read_file(std::string(LAZYRT_SOURCE_DIR) + "/tests/fixtures/cache/scan_vjp_negative_counts.entry");
+  const std::string file = seal_entry({1, 2}, std::string_view(input).substr(entry_format::kHeaderBytes));
+  try {
+    (void)decode_entry(file);
+    FAIL() << "the entry was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("must count its"));
+  }
+}
+
 }  // namespace
 }  // namespace lazyrt::cache
