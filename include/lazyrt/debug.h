@@ -15,6 +15,9 @@ std::vector<std::pair<std::string, std::string>> op_table();
 
 /// The graph a sync of these tensors would compile, as text (before optimization).
 std::string graph_text(const std::vector<Tensor>& tensors);
+/// Where the graph reads dims marked dynamic (mark_dynamic): the bucket graph a sync compiles
+/// for it, as text; otherwise "not polymorphic: " and why (the op that cannot take padding).
+std::string polymorphic_graph_text(const std::vector<Tensor>& tensors);
 /// Its node count, regions included (a region that several nodes share, once).
 int64_t graph_node_count(const std::vector<Tensor>& tensors);
 /// Bytes of device memory (tensor data, arenas, constants) live now, and the most live at

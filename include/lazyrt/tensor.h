@@ -579,6 +579,14 @@ Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands);
 void mark_step();
 /// Syncs these tensors, as one graph.
 void sync(const std::vector<Tensor>& tensors);
+/// Marks dim `dim` of `t` dynamic, as torch._dynamo.mark_dynamic does: a graph that reads t's
+/// data is compiled once for every size of that dim in its bucket (the next power of two),
+/// padded there and masked wherever padding would change a value; the results of such a graph
+/// carry the mark on the dims that derive from it. A graph no rule can pad compiles as traced
+/// (metrics counter PolymorphicRefused). Throws lazyrt::Error for a dim out of range or a view.
+void mark_dynamic(const Tensor& t, int64_t dim);
+/// The dims of `t` marked dynamic, in order.
+std::vector<int64_t> dynamic_dims(const Tensor& t);
 /// The hash under which the pending graph of these tensors (with the in-place updates of the
 /// tensors it reads, see replay.h) is compiled and cached. Nothing is executed and the tensors
 /// stay pending. The zero hash when none of them is pending.

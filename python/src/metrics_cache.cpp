@@ -94,6 +94,11 @@ void bind_metrics_cache(py::module_& m) {
   }, "The rows of the op table (ir/ops.def): (name, the ATen overloads lazyrt.torch lowers to it, space separated).");
   d.def("graph_text", [](py::handle ts) { return debug::graph_text(tensors_from(ts, "graph_text")); },
         py::arg("tensors"), "The graph a sync of these tensors would compile, as text.");
+  d.def("polymorphic_graph_text",
+        [](py::handle ts) { return debug::polymorphic_graph_text(tensors_from(ts, "polymorphic_graph_text")); },
+        py::arg("tensors"),
+        "The bucket graph a sync of these tensors compiles where they read dims marked dynamic, as text; "
+        "else 'not polymorphic: ' and why.");
   d.def("graph_node_count", [](py::handle ts) { return debug::graph_node_count(tensors_from(ts, "graph_node_count")); },
         py::arg("tensors"));
   d.def("live_memory_bytes", &debug::live_memory_bytes);

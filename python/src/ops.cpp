@@ -584,7 +584,17 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
         std::vector<Tensor> ts = tensors_from(tensors, "sync");
         py::gil_scoped_release release;
         sync(ts);
-      }, arg("tensors"), "Computes these tensors, as one graph.");
+      }, arg("tensors"), "Computes these tensors, as one graph.")
+      .fn("mark_dynamic", [](const Tensor& t, py::handle dims) {
+        if (py::isinstance<py::int_>(dims)) {
+          mark_dynamic(t, dims.cast<int64_t>());
+          return;
+        }
+        for (py::handle d : dims) mark_dynamic(t, d.cast<int64_t>());
+      }, arg("tensor"), arg("dim"),
+          "Marks a dim (or each of a list of dims) of a tensor dynamic: graphs reading its data are "
+          "compiled once per bucket of that size (the next power of two), not once per size.")
+      .fn("dynamic_dims", &dynamic_dims, arg("tensor"), "The dims of a tensor marked dynamic.");
 }
 
 }  // namespace lazyrt::python

@@ -1,6 +1,8 @@
 #include "exec/executor.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -119,6 +121,55 @@ std::shared_ptr<runtime::Executable> executable_for(const GraphHash& key, const 
   cache::memory_cache().put(key, exe);
   dump(key, *exe);
   return exe;
+}
+
+void copy_box(const void* src, const Shape& from, void* dst, const Shape& to, const Shape& box, size_t esize) {
+  const size_t rank = box.size();
+  if (std::any_of(box.begin(), box.end(), [](int64_t n) { return n == 0; })) return;
+  if (rank == 0) {
+    std::memcpy(dst, src, esize);
+    return;
+  }
+  // Byte strides of both arrays; rows of the last dim are copied whole.
+  std::vector<size_t> sf(rank), st(rank);
+  sf[rank - 1] = st[rank - 1] = esize;
+  for (size_t d = rank - 1; d-- > 0;) {
+    sf[d] = sf[d + 1] * static_cast<size_t>(from[d + 1]);
+    st[d] = st[d + 1] * static_cast<size_t>(to[d + 1]);
+  }
+  const size_t row = static_cast<size_t>(box[rank - 1]) * esize;
+  std::vector<int64_t> at(rank, 0);
+  const auto* s = static_cast<const char*>(src);
+  auto* t = static_cast<char*>(dst);
+  for (;;) {
+    size_t of = 0, ot = 0;
+    for (size_t d = 0; d + 1 < rank; ++d) {
+      of += static_cast<size_t>(at[d]) * sf[d];
+      ot += static_cast<size_t>(at[d]) * st[d];
+    }
+    std::memcpy(t + ot, s + of, row);
+    size_t d = rank - 1;
+    for (;;) {
+      if (d == 0) return;
+      --d;
+      if (++at[d] < box[d]) break;
+      at[d] = 0;
+    }
+  }
+}
+
+BufferPtr padded_copy(const runtime::Buffer& src, const ir::TensorType& t, const Shape& padded) {
+  const ir::TensorType to{t.dtype, padded};
+  BufferPtr out = backend::current().allocate(to.bytes());
+  std::memset(out->data(), 0, out->bytes());
+  copy_box(src.data(), t.shape, out->data(), padded, t.shape, dtype_size(t.dtype));
+  return out;
+}
+
+BufferPtr cropped_copy(const runtime::Buffer& src, const Shape& padded, const ir::TensorType& t) {
+  BufferPtr out = backend::current().allocate(t.bytes());
+  copy_box(src.data(), padded, out->data(), t.shape, t.shape, dtype_size(t.dtype));
+  return out;
 }
 
 void execute(runtime::Executable& exe, const void* const* params, void* const* outs,

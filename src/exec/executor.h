@@ -50,6 +50,16 @@ inline const BufferPtr& writable(const BufferPtr& offer, size_t bytes, long owne
                                                                                                       : none;
 }
 
+/// Copies the elements of `box` (no larger than either shape in any dim) from the start of
+/// `src`, a row-major array of shape `from`, to the start of `dst`, of shape `to`; elements of
+/// `esize` bytes. A bucket graph's inputs are padded and its outputs cropped with it
+/// (compile/polymorphic.h).
+void copy_box(const void* src, const Shape& from, void* dst, const Shape& to, const Shape& box, size_t esize);
+/// `src`, of traced type `t`, in a fresh buffer of the bucket's shape `padded` (zeros beyond).
+BufferPtr padded_copy(const runtime::Buffer& src, const ir::TensorType& t, const Shape& padded);
+/// The first elements of `src`, of the bucket's shape `padded`, in a fresh buffer of type `t`.
+BufferPtr cropped_copy(const runtime::Buffer& src, const Shape& padded, const ir::TensorType& t);
+
 /// Reusable scratch for runs of one executable: sized once, so a run allocates nothing but
 /// the fresh output buffers it needs.
 struct Frame {

@@ -783,5 +783,24 @@ std::vector<std::shared_ptr<trace::TensorImpl>> impls_of(const std::vector<Tenso
 
 void sync(const std::vector<Tensor>& tensors) { trace::sync_tensors(impls_of(tensors, "sync")); }
 
+void mark_dynamic(const Tensor& t, int64_t dim) {
+  trace::TensorImpl& impl = impl_of(t, "mark_dynamic");
+  const auto rank = static_cast<int64_t>(impl.type.shape.size());
+  LAZYRT_CHECK(dim >= -rank && dim < rank, "mark_dynamic: dim ", dim, " is out of range for a tensor of shape ",
+               shape_str(impl.type.shape));
+  LAZYRT_CHECK(rank <= 64, "mark_dynamic: a tensor of rank ", rank, " (at most 64)");
+  LAZYRT_CHECK(!impl.view_of, "mark_dynamic: the tensor is a view; mark the tensor it was taken from");
+  impl.dynamic_dims |= uint64_t{1} << static_cast<unsigned>(dim < 0 ? dim + rank : dim);
+  impl.release_leaf();  // the next graph reading its data reads the mark
+}
+
+std::vector<int64_t> dynamic_dims(const Tensor& t) {
+  const trace::TensorImpl& impl = impl_of(t, "dynamic_dims");
+  std::vector<int64_t> dims;
+  for (size_t d = 0; d < impl.type.shape.size(); ++d)
+    if ((impl.dynamic_dims >> d) & 1) dims.push_back(static_cast<int64_t>(d));
+  return dims;
+}
+
 
 }  // namespace lazyrt

@@ -566,6 +566,14 @@ struct Variant {
   std::vector<ImplPtr> holds, sink_holds;               // the state tensors in use
   exec::Frame frame;
   std::vector<size_t> out_bytes;  // per output
+  std::vector<ir::TensorType> out_types;  // per output, its traced type
+  // Where the executable is a bucket graph's (compile/polymorphic.h): per binding, a buffer of
+  // its padded type that each call copies the bound value into (null: bound as it is); per
+  // sink, whether its output is padded (cropped into a buffer of its own after the run).
+  std::vector<std::shared_ptr<Buffer>> padded_inputs;
+  std::vector<Shape> padded_from;  // per binding, its traced shape
+  std::vector<uint64_t> padded_sinks;  // per sink, its padded dims (bit d for dim d)
+  std::vector<std::shared_ptr<Buffer>> sizes;  // the sizes the bucket graph reads
   std::vector<const TensorImpl*> written;  // the tensors a call wrote back (reserved per sink)
   std::vector<std::pair<TensorImpl*, size_t>> lent_copies;  // (tensor, output) copied into lent memory
   // Results that were tensors from outside the step (an updated argument or state tensor) or
@@ -658,6 +666,7 @@ Tensor proxy_of(const Tensor& a) {
   const std::shared_ptr<Buffer>& src = trace::impl_of(a)->data();
   auto t = trace::make_data({a.dtype(), a.shape()}, backend::current().allocate(src->bytes()));
   t->requires_grad = a.requires_grad();
+  t->dynamic_dims = trace::impl_of(a)->dynamic_dims;
   return trace::tensor_of(std::move(t));
 }
 
@@ -669,6 +678,39 @@ bool captured_elsewhere(const TensorImpl& t, const trace::Extracted& ex, const t
   for (const auto& e : journal.entries())
     if (e.tensor.get() == &t) return true;
   return false;
+}
+
+// Where the traced graph reads dims marked dynamic: the variant's executable is its bucket
+// graph's, shared by every size of the bucket; the padded outputs are offered no buffer.
+// False where there is none (no marks, or an op that cannot take padding).
+bool compile_polymorphic(Variant& v, const trace::Extracted& ex) {
+  if (std::none_of(ex.param_dynamic_dims.begin(), ex.param_dynamic_dims.end(), [](uint64_t d) { return d != 0; }))
+    return false;
+  std::optional<compile::PolymorphicGraph> pg = trace::polymorphic_graph(ex, nullptr);
+  if (!pg) {
+    metrics::increment("PolymorphicRefused");
+    return false;
+  }
+  std::vector<int32_t> offers = v.offers;
+  v.padded_sinks.assign(offers.size(), 0);
+  for (size_t k = 0; k < offers.size(); ++k) {
+    for (const compile::PaddedDim& d : pg->outputs[k]) v.padded_sinks[k] |= uint64_t{1} << d.dim;
+    if (v.padded_sinks[k] || (offers[k] >= 0 && !pg->params[offers[k]].empty())) offers[k] = -1;
+  }
+  v.offers = offers;
+  v.exe = exec::executable_for(exec::cache_key(pg->graph, offers), pg->graph, offers);
+  v.padded_inputs.resize(pg->params.size());
+  for (const ir::TensorType& t : ex.param_types) v.padded_from.push_back(t.shape);
+  for (size_t p = 0; p < pg->params.size(); ++p)
+    if (!pg->params[p].empty()) {
+      v.padded_inputs[p] = backend::current().allocate(v.exe->param_types()[p].bytes());
+      std::memset(v.padded_inputs[p]->data(), 0, v.padded_inputs[p]->bytes());
+    }
+  for (int64_t n : pg->sizes) {
+    v.sizes.push_back(backend::current().allocate(sizeof(int64_t)));
+    std::memcpy(v.sizes.back()->data(), &n, sizeof(int64_t));
+  }
+  return true;
 }
 
 // Traces the step once. Arguments not in `pin` are traced through proxies; returns null and
@@ -843,8 +885,11 @@ std::unique_ptr<Variant> trace_once(CompiledStep::State& st, const std::vector<T
       }
     }
     v->sink_reads = v->offers;
-    GraphHash key = exec::cache_key(ex.graph, v->offers);
-    v->exe = exec::executable_for(key, ex.graph, v->offers);
+    for (ir::ValueRef o : ex.graph.outputs) v->out_types.push_back(ex.graph.type(o));
+    if (!compile_polymorphic(*v, ex)) {
+      GraphHash key = exec::cache_key(ex.graph, v->offers);
+      v->exe = exec::executable_for(key, ex.graph, v->offers);
+    }
     v->pin = pin;
     for (size_t i = 0; i < n; ++i)
       if (pin[i]) v->pinned.push_back(trace::impl_of(args[i]));
@@ -898,16 +943,23 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   v->holds.resize(np);
   v->sink_holds.resize(no);
   v->frame.size_for(*v->exe);
-  for (const auto& t : v->exe->output_types()) v->out_bytes.push_back(t.bytes());
+  for (const auto& t : v->out_types) v->out_bytes.push_back(t.bytes());
   v->written.reserve(v->sinks.size());
+  for (size_t s = 0; s < v->sizes.size(); ++s) v->frame.params[np + s] = v->sizes[s]->data();
   for (size_t k = 0; k < v->results; ++k) {
-    auto buf = backend::current().allocate(v->exe->output_types()[k].bytes());
-    v->result_tensors.push_back(trace::tensor_of(trace::make_data(v->exe->output_types()[k], buf)));
+    auto buf = backend::current().allocate(v->out_types[k].bytes());
+    v->result_tensors.push_back(trace::tensor_of(trace::make_data(v->out_types[k], buf)));
   }
+  // Results keep the marks of the dims that derive from a marked one, as a sync's do.
+  for (size_t k = 0; k < v->padded_sinks.size(); ++k)
+    if (v->sinks[k].kind == Sink::Kind::Result)
+      trace::impl_of(v->result_tensors[v->sinks[k].index])->dynamic_dims |= v->padded_sinks[k];
   v->bytes = v->exe->held_bytes();
   for (const Tensor& t : v->result_tensors) v->bytes += trace::impl_of(t)->data()->bytes();
   for (const Binding& b : v->bindings)
     if (b.constant) v->bytes += b.constant->bytes();
+  for (const auto& b : v->padded_inputs)
+    if (b) v->bytes += b->bytes();
   return v;
 }
 
@@ -1037,6 +1089,13 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     } else {
       v.params[p] = &b.constant;
     }
+    if (!v.padded_inputs.empty() && v.padded_inputs[p]) {
+      // Into the bucket's shape: the padding (zeros since allocation) is never written.
+      const Shape& from = v.padded_from[p];
+      exec::copy_box((*v.params[p])->data(), from, v.padded_inputs[p]->data(), v.exe->param_types()[p].shape, from,
+                     dtype_size(v.exe->param_types()[p].dtype));
+      v.params[p] = &v.padded_inputs[p];
+    }
     v.frame.params[p] = (*v.params[p])->data();
   }
   // Each output may be written into the buffer its destination already holds, when nobody
@@ -1045,6 +1104,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     // A destination the graph also reads is written only where the compiler accepted it (it
     // refuses, for one, when the old value is itself an output).
     if (v.sink_reads[k] >= 0 && !exe.donation_accepted(k)) return kNoBuffer;
+    if (!v.padded_sinks.empty() && v.padded_sinks[k]) return kNoBuffer;
     TensorImpl* t = sink_tensor(v, v.sinks[k], args, v.sink_holds[k]);
     if (!t) return kNoBuffer;
     t->release_leaf();
@@ -1055,6 +1115,9 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   auto param_at = [&v](int32_t p) -> const std::shared_ptr<Buffer>& { return *v.params[p]; };
   static auto& replay_graph = metrics::detail::counter_cell("ReplayGraph");
   exec::run(exe, v.frame, offer, param_at, replay_graph);
+  for (size_t k = 0; k < v.padded_sinks.size(); ++k)
+    if (v.padded_sinks[k])
+      v.frame.outs[k] = exec::cropped_copy(*v.frame.outs[k], exe.output_types()[k].shape, v.out_types[k]);
   std::vector<std::pair<int32_t, Tensor>> arg_grads;
   // The tensors written back, kept only when one of them has views (rare): those views are
   // re-derived after the write-back, except the ones written too.
@@ -1091,11 +1154,11 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
       case Sink::Kind::Grad:
         if (held) {
           if (held->grad && held->grad.use_count() == 1 && !held->grad->grad_fn) write_back(*held->grad);
-          else held->set_grad_impl(trace::make_data(exe.output_types()[k], b));
+          else held->set_grad_impl(trace::make_data(v.out_types[k], b));
         }
         break;
       case Sink::Kind::ArgGrad:
-        arg_grads.emplace_back(s.index, trace::tensor_of(trace::make_data(exe.output_types()[k], b)));
+        arg_grads.emplace_back(s.index, trace::tensor_of(trace::make_data(v.out_types[k], b)));
         break;
     }
   }

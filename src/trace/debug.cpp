@@ -40,6 +40,14 @@ std::string graph_text(const std::vector<Tensor>& tensors) {
   return ir::to_text(trace::pending_graph(impls(tensors)));
 }
 
+std::string polymorphic_graph_text(const std::vector<Tensor>& tensors) {
+  std::vector<std::shared_ptr<trace::TensorImpl>> pending = trace::pending_only(impls(tensors));
+  if (pending.empty()) return "not polymorphic: nothing is pending";
+  std::string why;
+  std::optional<compile::PolymorphicGraph> pg = trace::polymorphic_graph(trace::extract_graph(pending), &why);
+  return pg ? ir::to_text(pg->graph) : "not polymorphic: " + why;
+}
+
 int64_t graph_node_count(const std::vector<Tensor>& tensors) {
   std::unordered_set<const ir::Graph*> seen;
   return count_nodes(trace::pending_graph(impls(tensors)), seen);

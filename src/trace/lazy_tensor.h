@@ -15,6 +15,7 @@
 #include <mutex>
 #include <vector>
 
+#include "compile/polymorphic.h"
 #include "ir/graph.h"
 #include "lazyrt/tensor.h"
 #include "runtime/buffer.h"
@@ -58,6 +59,9 @@ struct LazyNode {
   std::weak_ptr<TensorImpl> also;
   int64_t also_tensor = -1;
   int32_t placeholder = -1;
+  // Parameter leaves only: the tensor's dims marked dynamic (bit d for dim d) when the leaf
+  // was made.
+  uint64_t dynamic_dims = 0;
   // A scalar constant from the thread's cache (scalar_constant): one node read by many graphs,
   // so sharing it says nothing about two graphs sharing work.
   bool shared = false;
@@ -116,6 +120,10 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
   // graph reading the buffer reads that tensor's value too, and replays must know it.
   std::weak_ptr<TensorImpl> detached_from;
+  // Dims whose size may change from one graph to the next (mark_dynamic; bit d for dim d): a
+  // graph reading the tensor's data is compiled for every size of their bucket at once
+  // (compile/polymorphic.h). A sync's results keep the marks their dims derive from.
+  uint64_t dynamic_dims = 0;
 
   // PyTorch's layout of the elements, which decides what reshape() and view() can alias:
   // strides and offset in the base's elements; empty strides for a contiguous tensor.
@@ -335,10 +343,14 @@ struct Extracted {
   // Other tensors holding a parameter's buffer (a detached copy of a state tensor, say), as
   // (parameter, tensor). A parameter's tensor above is the oldest of them.
   std::vector<std::pair<int32_t, std::weak_ptr<TensorImpl>>> param_aliases;
+  std::vector<uint64_t> param_dynamic_dims;              // per parameter, its dynamic dims
 };
 /// The graph of the pending tensors, with its parameters and donations; with hash_only, all
 /// of it but the graph, and graph_hash instead.
 Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& pending, bool hash_only = false);
+/// The bucket graph of an extracted (built) graph whose parameters have dims marked dynamic
+/// (compile/polymorphic.h); nullopt, with the reason in `why`, where there is none.
+std::optional<compile::PolymorphicGraph> polymorphic_graph(const Extracted& ex, std::string* why);
 /// The pending tensors among `requested`, each once, in order.
 std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::shared_ptr<TensorImpl>>& requested);
 /// While alive (per thread), any sync throws lazyrt::Error with `reason`.

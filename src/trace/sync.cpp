@@ -6,6 +6,8 @@
 #include <unordered_set>
 
 #include "backend/backend.h"
+#include "compile/polymorphic.h"
+#include "lazyrt/metrics.h"
 #include "exec/executor.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
@@ -26,6 +28,91 @@ std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::sha
 namespace {
 
 thread_local const char* sync_forbidden = nullptr;
+
+// The executable's results bound to the synced tensors. A tensor gets a buffer of its own, not
+// one of the executable's constants or another output's: tensors that merely have equal values
+// (gradients zeroed together, say) stay distinct inputs of later graphs, and replays can tell
+// them apart.
+void bind_results(const std::vector<std::shared_ptr<TensorImpl>>& tensors, const runtime::Executable& exe,
+                  exec::Frame& frame) {
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const runtime::OutputSource::Kind kind = exe.outputs()[k].kind;
+    if (kind == runtime::OutputSource::Kind::Const || kind == runtime::OutputSource::Kind::Alias) {
+      const exec::BufferPtr& src = frame.outs[k];
+      frame.outs[k] = backend::current().copy(*src);
+    }
+    tensors[k]->set_data(std::move(frame.outs[k]));
+  }
+}
+
+}  // namespace
+
+std::optional<compile::PolymorphicGraph> polymorphic_graph(const Extracted& ex, std::string* why) {
+  std::vector<compile::DynamicDim> marks;
+  for (size_t p = 0; p < ex.param_dynamic_dims.size(); ++p)
+    for (size_t d = 0; d < ex.param_types[p].shape.size(); ++d)
+      if ((ex.param_dynamic_dims[p] >> d) & 1) marks.push_back({static_cast<int64_t>(p), static_cast<int64_t>(d)});
+  if (marks.empty()) {
+    if (why) *why = "it reads no dim marked dynamic";
+    return std::nullopt;
+  }
+  return compile::make_polymorphic(ex.graph, marks, why);
+}
+
+namespace {
+
+// A sync whose graph reads dims marked dynamic, run by its bucket graph's executable
+// (compile/polymorphic.h): the marked parameters padded into buffers of the bucket's size, the
+// sizes passed in, the outputs cropped to their traced shapes and marked where their dims
+// derive from a marked one. False (nothing run) where the graph cannot be made polymorphic;
+// the caller then compiles it as traced.
+bool sync_polymorphic(const std::vector<std::shared_ptr<TensorImpl>>& tensors, Extracted& ex) {
+  std::string why;
+  std::optional<compile::PolymorphicGraph> pg = polymorphic_graph(ex, &why);
+  if (!pg) {
+    metrics::increment("PolymorphicRefused");
+    return false;
+  }
+  // An output that is padded is written fresh and cropped; one computed from a padded
+  // parameter's buffer is never offered it.
+  std::vector<int32_t> donations = ex.donations;
+  for (size_t k = 0; k < donations.size(); ++k)
+    if (!pg->outputs[k].empty() || (donations[k] >= 0 && !pg->params[donations[k]].empty())) donations[k] = -1;
+  const GraphHash key = exec::cache_key(pg->graph, donations);
+  std::shared_ptr<runtime::Executable> exe = exec::executable_for(key, pg->graph, donations);
+
+  const backend::Backend& be = backend::current();
+  const size_t np = ex.params.size();
+  std::vector<exec::BufferPtr> params(np + pg->sizes.size());
+  for (size_t p = 0; p < np; ++p)
+    params[p] = pg->params[p].empty() ? ex.params[p]
+                                      : exec::padded_copy(*ex.params[p], ex.param_types[p], exe->param_types()[p].shape);
+  for (size_t s = 0; s < pg->sizes.size(); ++s) {
+    params[np + s] = be.allocate(sizeof(int64_t));
+    std::memcpy(params[np + s]->data(), &pg->sizes[s], sizeof(int64_t));
+  }
+  exec::Frame frame;
+  frame.size_for(*exe);
+  for (size_t i = 0; i < params.size(); ++i) frame.params[i] = params[i]->data();
+  static const exec::BufferPtr none;
+  auto offer = [&](size_t k) -> const exec::BufferPtr& {
+    return donations[k] >= 0 && exe->donation_accepted(k) ? params[donations[k]] : none;
+  };
+  auto param = [&](int32_t i) -> const exec::BufferPtr& { return params[i]; };
+  static auto& execute_graph = metrics::detail::counter_cell("ExecuteGraph");
+  exec::run(*exe, frame, offer, param, execute_graph);
+  static auto& polymorphic = metrics::detail::counter_cell("PolymorphicGraph");
+  polymorphic.add(1);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    uint64_t bits = 0;
+    for (const compile::PaddedDim& d : pg->outputs[k]) bits |= uint64_t{1} << d.dim;
+    tensors[k]->dynamic_dims |= bits;
+    if (pg->outputs[k].empty()) continue;
+    frame.outs[k] = exec::cropped_copy(*frame.outs[k], exe->output_types()[k].shape, tensors[k]->type);
+  }
+  bind_results(tensors, *exe, frame);
+  return true;
+}
 
 }  // namespace
 
@@ -49,22 +136,31 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 
-  // Hashed first, without building the graph; built only where no executable is cached.
+  // Hashed first, without building the graph; built only where no executable is cached, or
+  // where it reads dims marked dynamic (its bucket graph is made from the built graph).
   Extracted ex;
   GraphHash key;
   std::shared_ptr<runtime::Executable> exe;
+  bool dynamic = false;
   {
     static auto& trace_time = metrics::detail::timing_cell("TraceTime");
     detail::ScopedTimer timer(trace_time);
     ex = extract_graph(tensors, /*hash_only=*/true);
-    key = exec::cache_key(ex.graph_hash, ex.donations);
-    exe = exec::cached_executable(key);
+    dynamic = std::any_of(ex.param_dynamic_dims.begin(), ex.param_dynamic_dims.end(), [](uint64_t d) { return d != 0; });
+    if (!dynamic) {
+      key = exec::cache_key(ex.graph_hash, ex.donations);
+      exe = exec::cached_executable(key);
+    }
     if (!exe) {
       ex = {};  // its buffer references first: donation counts who else holds a buffer
       ex = extract_graph(tensors);
     }
   }
-  if (!exe) exe = exec::executable_for(key, ex.graph, ex.donations);
+  if (dynamic && sync_polymorphic(tensors, ex)) return;
+  if (!exe) {
+    if (dynamic) key = exec::cache_key(ex.graph, ex.donations);
+    exe = exec::executable_for(key, ex.graph, ex.donations);
+  }
   exec::Frame frame;
   frame.size_for(*exe);
   for (size_t i = 0; i < ex.params.size(); ++i) frame.params[i] = ex.params[i]->data();
@@ -76,17 +172,7 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   auto param = [&](int32_t i) -> const exec::BufferPtr& { return ex.params[i]; };
   static auto& execute_graph = metrics::detail::counter_cell("ExecuteGraph");
   exec::run(*exe, frame, offer, param, execute_graph);
-  for (size_t k = 0; k < tensors.size(); ++k) {
-    // A tensor gets a buffer of its own, not one of the executable's constants or another
-    // output's: tensors that merely have equal values (gradients zeroed together, say) stay
-    // distinct inputs of later graphs, and replays can tell them apart.
-    const runtime::OutputSource::Kind kind = exe->outputs()[k].kind;
-    if (kind == runtime::OutputSource::Kind::Const || kind == runtime::OutputSource::Kind::Alias) {
-      const exec::BufferPtr& src = frame.outs[k];
-      frame.outs[k] = backend::current().copy(*src);
-    }
-    tensors[k]->set_data(std::move(frame.outs[k]));
-  }
+  bind_results(tensors, *exe, frame);
 }
 
 }  // namespace lazyrt::trace

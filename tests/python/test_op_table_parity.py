@@ -599,6 +599,7 @@ ELSEWHERE = {
     "from_dlpack": "test_interop.py", "from_torch": "test_interop.py", "to_torch": "test_interop.py",
     # sync points compute values, they are no op
     "mark_step": "test_tensor.py", "invalidate_compiled_steps": "test_replay.py", "sync": "test_metrics_cache.py",
+    "mark_dynamic": "test_dynamic_shapes.py", "dynamic_dims": "test_dynamic_shapes.py",
     # type promotion table (test_api_coverage.py)
     "promote_types": "test_api_coverage.py",
     # compositions written in Python (python/lazyrt/_math.py, _linalg.py, ...), each against torch there

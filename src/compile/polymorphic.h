@@ -1,0 +1,64 @@
+// Shape-polymorphic graphs: one executable for every size of a dynamic dim within a bucket.
+//
+// A graph is traced at concrete sizes. Where some parameters' dims are marked dynamic
+// (lazyrt::mark_dynamic), make_polymorphic rewrites it into the bucket graph: every dim that
+// derives from a marked size n is padded to the bucket of n (the next power of two), the
+// padding at the end of the dim (a valid element of a padded dim of size k*B has index < k*n),
+// and n itself becomes a parameter (an i64 scalar). Every op whose result would depend on the
+// padding reads it masked instead: reductions over a padded dim read their identity there (or
+// the line's first element, for max, min and their arg forms), a mean divides by the count n
+// gives, softmax reads -inf, a product contracting a padded dim reads 0, indices read 0 (a
+// valid index), checks read true. Elsewhere the padding only ever holds values nothing valid
+// reads. Sizes of one bucket whose traces agree but for those dims hash alike, so they share
+// one compiled executable; the run pads the inputs and crops the outputs (trace/sync.cpp).
+//
+// Soundness: each trace is rewritten from its own concrete graph, and every rewrite computes
+// the valid elements exactly as the concrete graph does for that trace's n. A constant that
+// happens to equal n, a dim that coincides with it, an op with no rule: each at worst makes
+// the rewrite refuse (the graph then compiles as traced) or two sizes hash apart. Ops that
+// cannot take padding (a flip or concat along a padded dim, a sort along it, a scatter of
+// padded rows, loops and collectives reading padded values) refuse.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace lazyrt::compile {
+
+/// A parameter's dim marked dynamic.
+struct DynamicDim {
+  int64_t param;
+  int64_t dim;
+};
+
+/// A dim of a bucket graph's value that derives from symbol `sym`: k * n of the trace, padded
+/// to k * bucket.
+struct PaddedDim {
+  int64_t dim;
+  int32_t sym;
+  int64_t k;
+};
+
+struct PolymorphicGraph {
+  /// The bucket graph: the traced graph's parameters (padded types) in their order, then one
+  /// i64 scalar per symbol holding its size.
+  ir::Graph graph;
+  std::vector<int64_t> sizes;    // per symbol, its size in this trace (at least 2)
+  std::vector<int64_t> buckets;  // per symbol, the size it is padded to
+  std::vector<std::vector<PaddedDim>> params;   // per traced parameter, its padded dims
+  std::vector<std::vector<PaddedDim>> outputs;  // per output, its padded dims
+};
+
+/// The bucket a dynamic size n is padded to: the next power of two.
+int64_t bucket_of(int64_t n);
+
+/// The bucket graph of `g` with `marks` dynamic; nullopt, with the reason in `why`, where no
+/// marked size is at least 2 or an op cannot take padding.
+std::optional<PolymorphicGraph> make_polymorphic(const ir::Graph& g, std::span<const DynamicDim> marks,
+                                                 std::string* why);
+
+}  // namespace lazyrt::compile
