@@ -2,7 +2,7 @@
 
 Runs the C++ benchmarks of the build tree (build/bench/*_bench) and the Python workloads of this
 folder (seed_step, torch_frontend, mlp_step, adamw_update, fused_rows, conv_layers, resnet_step, gpt_step,
-loop_scaling, loop_grad, distributed, peers: PyTorch/XLA and JAX), checks every peer's results against
+dynamic_shapes, loop_scaling, loop_grad, distributed, peers: PyTorch/XLA and JAX), checks every peer's results against
 lazyrt's before timing anything, and writes one markdown report with a summary table, and PNG
 plots of the scaling studies. `make bench` runs it:
 
@@ -32,7 +32,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKLOADS = ("seed_step", "torch_frontend", "programs", "mlp_step", "adamw_update", "fused_rows", "conv_layers", "resnet_step",
-             "gpt_step", "loop_scaling", "loop_grad", "distributed", "peers")
+             "gpt_step", "dynamic_shapes", "loop_scaling", "loop_grad", "distributed", "peers")
 # Run by the workloads themselves (seed_step reads replay_bench --json), not reported alone.
 CPP_USED_BY_WORKLOADS = ("replay_bench",)
 

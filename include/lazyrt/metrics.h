@@ -5,7 +5,9 @@
 //           of them per lookup on disk; a hit is not an UncachedCompile), ExecuteGraph,
 //           ReplayGraph, MemoryCacheEvictions (an executable the in-memory cache's caps
 //           dropped), CompiledStepVariantEvictions (a compiled step's variant its caps dropped),
-//           LibraryKernels (a kernel made through a library: oneDNN's convolutions).
+//           LibraryKernels (a kernel made through a library: oneDNN's convolutions),
+//           PolymorphicGraph (a sync run, or a compiled step's variant made, on a bucket graph
+//           of dims marked dynamic), PolymorphicRefused (one that could not be: compiled as traced).
 // Timings:  TraceTime (graph extraction and hashing at a sync), CompileTime (everything after
 //           an in-memory miss: loading from disk, or compiling and storing), ExecuteTime.
 #pragma once

@@ -585,7 +585,12 @@ void sync(const std::vector<Tensor>& tensors);
 /// carry the mark on the dims that derive from it. A graph no rule can pad compiles as traced
 /// (metrics counter PolymorphicRefused). Throws lazyrt::Error for a dim out of range or a view.
 void mark_dynamic(const Tensor& t, int64_t dim);
-/// The dims of `t` marked dynamic, in order.
+/// As mark_dynamic, but the dim gives way (stays static in that graph) where it meets a
+/// static dim of its size, as torch._dynamo.maybe_mark_dynamic: dynamic=True marks every dim
+/// of every input so. The results of a graph carry such marks on the dims that derive from
+/// marked ones.
+void maybe_mark_dynamic(const Tensor& t, int64_t dim);
+/// The dims of `t` marked dynamic either way, in order.
 std::vector<int64_t> dynamic_dims(const Tensor& t);
 /// The hash under which the pending graph of these tensors (with the in-place updates of the
 /// tensors it reads, see replay.h) is compiled and cached. Nothing is executed and the tensors

@@ -594,6 +594,14 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       }, arg("tensor"), arg("dim"),
           "Marks a dim (or each of a list of dims) of a tensor dynamic: graphs reading its data are "
           "compiled once per bucket of that size (the next power of two), not once per size.")
+      .fn("maybe_mark_dynamic", [](const Tensor& t, py::handle dims) {
+        if (py::isinstance<py::int_>(dims)) {
+          maybe_mark_dynamic(t, dims.cast<int64_t>());
+          return;
+        }
+        for (py::handle d : dims) maybe_mark_dynamic(t, d.cast<int64_t>());
+      }, arg("tensor"), arg("dim"),
+          "As mark_dynamic, but the dim stays static in a graph where it meets a static dim of its size.")
       .fn("dynamic_dims", &dynamic_dims, arg("tensor"), "The dims of a tensor marked dynamic.");
 }
 

@@ -669,6 +669,16 @@ class Handover {
     return left;
   }
 
+  // The dims of slot s's views to mark dynamic (bit d for dim d): mark_dynamic's, and
+  // maybe_mark_dynamic's.
+  void mark(size_t s, uint64_t hard, uint64_t soft) {
+    if (s >= held_.size()) throw lz::Error("Handover: slot " + std::to_string(s) + " out of " + std::to_string(held_.size()));
+    marks_.resize(held_.size());
+    marks_[s] = {hard, soft};
+    held_[s] = Held{};  // a kept view is made again, marked
+    expect_valid_ = false;
+  }
+
   // Drops this call's inputs (not the kept views).
   void release() {
     current_.clear();
@@ -709,6 +719,18 @@ class Handover {
   }
 
   lz::Tensor new_view(size_t s) {
+    lz::Tensor v = unmarked_view(s);
+    if (s < marks_.size() && !on_lazyrt_device(current_[s].tensor)) {
+      const auto [hard, soft] = marks_[s];
+      for (int64_t d = 0; d < 64; ++d) {
+        if ((hard >> d) & 1) lz::mark_dynamic(v, d);
+        if ((soft >> d) & 1) lz::maybe_mark_dynamic(v, d);
+      }
+    }
+    return v;
+  }
+
+  lz::Tensor unmarked_view(size_t s) {
     const at::Tensor& t = current_[s].tensor;
     Held& h = held_[s];
     if (on_lazyrt_device(t)) {  // its own lazyrt tensor: nothing to lend or copy, nothing kept
@@ -797,6 +819,7 @@ class Handover {
   };
 
   std::vector<Held> held_;
+  std::vector<std::pair<uint64_t, uint64_t>> marks_;  // per slot (see mark)
   std::vector<bool> written_;
   std::vector<int64_t> inplace_;
   py::object aliased_;
@@ -1078,6 +1101,8 @@ PYBIND11_MODULE(_torch_C, m) {
       .def(py::init<size_t, std::vector<int64_t>, py::object>(), py::arg("inputs"), py::arg("inplace"),
            py::arg("aliased"))
       .def("standin", &Handover::standin, py::arg("tensor"), "A tensor never lent (a missing gradient's zeros).")
+      .def("mark", &Handover::mark, py::arg("slot"), py::arg("hard"), py::arg("soft"),
+           "Marks dims of a slot's views dynamic (bit masks: mark_dynamic's, maybe_mark_dynamic's).")
       .def("forget_standins", &Handover::forget_standins,
            "Lets go of the stand-ins and the views kept of them (the gradients exist now).")
       .def("views", [](Handover& h, const py::sequence& inputs) {

@@ -18,6 +18,23 @@ int64_t bucket_of(int64_t n) {
   return b;
 }
 
+Box box_of(const Shape& s, const std::vector<PaddedDim>& dims, const std::vector<int64_t>& buckets,
+           const std::vector<int64_t>& sizes) {
+  Box b;
+  size_t next = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (next < dims.size() && dims[next].dim == static_cast<int64_t>(i)) {
+      const PaddedDim& d = dims[next++];
+      b.traced.insert(b.traced.end(), {d.outer, sizes[d.sym], d.inner});
+      b.padded.insert(b.padded.end(), {d.outer, buckets[d.sym], d.inner});
+    } else {
+      b.traced.push_back(s[i]);
+      b.padded.push_back(s[i]);
+    }
+  }
+  return b;
+}
+
 namespace {
 
 using ir::Attrs;
@@ -27,18 +44,26 @@ using ir::NodeAttrs;
 using ir::OpKind;
 using ir::ValueRef;
 
-// A dim of a traced value: static, or k times symbol `sym`'s size.
+// A dim of a traced value: static, or of size outer * n * inner with n symbol `sym`'s size:
+// the dims an reshape merged into it, outside and inside the dynamic one. Padded, it is
+// outer * bucket * inner, and element i is valid where (i / inner) % bucket < n.
 struct Dim {
   int32_t sym = -1;
-  int64_t k = 0;
+  int64_t outer = 1, inner = 1;
   // A dim an expand or a constant made of the size n (not read from a dynamic value), and
   // the dims that take it from there: node `origin`'s dim `origin_dim`. Taken as dynamic
   // until it meets a static dim; the rewrite then starts again with that one static.
+  // A static dim of such a node keeps its origin too: it may be made dynamic where it meets
+  // a dynamic dim of its size. `uniform`: the value is the same all along the dim (an expand's
+  // new dim, a constant's), so it may take any layout of the padding.
   int32_t origin = -1;
   int64_t origin_dim = 0;
-  bool free() const { return origin >= 0; }
+  bool uniform = false;
   bool dyn() const { return sym >= 0; }
-  bool operator==(const Dim& o) const { return sym == o.sym && k == o.k; }
+  bool free() const { return dyn() && origin >= 0; }
+  bool promotable() const { return !dyn() && origin >= 0 && uniform; }
+  int64_t k() const { return outer * inner; }
+  bool operator==(const Dim& o) const { return sym == o.sym && outer == o.outer && inner == o.inner; }
   bool operator!=(const Dim& o) const { return !(*this == o); }
 };
 using Dims = std::vector<Dim>;
@@ -46,11 +71,17 @@ using Dims = std::vector<Dim>;
 struct Refused {
   std::string why;
 };
-// A free dim met a static one: the rewrite starts again with it static.
+// A choice the rewrite made at an expand's or a constant's dim turned out wrong: it starts
+// again with that dim static (sym < 0) or dynamic, k times symbol sym's size.
 struct Retry {
   std::pair<int32_t, int64_t> origin;
+  int32_t sym = -1;
+  int64_t k = 0;
 };
-using Forced = std::set<std::pair<int32_t, int64_t>>;
+struct Forced {
+  std::set<std::pair<int32_t, int64_t>> statics;
+  std::map<std::pair<int32_t, int64_t>, std::pair<int32_t, int64_t>> dynamics;
+};
 
 [[noreturn]] void refuse(const Node& n, const std::string& what) {
   throw Refused{detail::str_cat(ir::op_name(n.op), ": ", what)};
@@ -64,7 +95,8 @@ class Rewrite {
  public:
   Rewrite(const Graph& g, std::span<const DynamicDim> marks, const Forced& forced)
       : g_(g), forced_(forced), rw_(g), dims_(g.nodes.size()) {
-    std::vector<int32_t> param_node(static_cast<size_t>(g.num_params), -1);
+    std::vector<int32_t>& param_node = param_node_;
+    param_node.assign(static_cast<size_t>(g.num_params), -1);
     for (size_t i = 0; i < g.nodes.size(); ++i)
       if (g.nodes[i].op == OpKind::Parameter)
         param_node.at(static_cast<size_t>(NodeAttrs(OpKind::Parameter, g.nodes[i].attrs).i<"index">())) =
@@ -82,13 +114,15 @@ class Rewrite {
                    " of a value of rank ", s.size());
       const int64_t n = s[m.dim];
       if (n < 2) continue;  // a size-1 dim broadcasts: it stays what it is
+      if (m.soft && forced.statics.count({param_node[m.param], m.dim})) continue;
       Dims& d = marks_[m.param];
       d.resize(s.size());
-      d[m.dim] = {symbol_of(n), 1};
+      d[m.dim] = {symbol_of(n), 1, 1, m.soft ? param_node[m.param] : -1, m.dim};
     }
   }
 
   bool any_symbol() const { return !sizes_.empty(); }
+  const Shape& param_shape(int64_t p) const { return g_.nodes[param_node_[p]].results[0].shape; }
 
   PolymorphicGraph run() {
     // The sizes first, as the parameters after the traced ones.
@@ -110,19 +144,27 @@ class Rewrite {
     pg.params.resize(static_cast<size_t>(g_.num_params));
     for (size_t p = 0; p < marks_.size(); ++p) pg.params[p] = padded_dims(marks_[p]);
     for (ValueRef v : g_.outputs) pg.outputs.push_back(padded_dims(dims(v)));
+    for (size_t p = 0; p < pg.params.size(); ++p)
+      pg.param_boxes.push_back(pg.params[p].empty() ? Box{}
+                                                    : box_of(param_shape(static_cast<int64_t>(p)), pg.params[p],
+                                                             pg.buckets, pg.sizes));
+    for (size_t k = 0; k < g_.outputs.size(); ++k)
+      pg.output_boxes.push_back(pg.outputs[k].empty() ? Box{}
+                                                      : box_of(shape(g_.outputs[k]), pg.outputs[k], pg.buckets, pg.sizes));
     return pg;
   }
 
  private:
   const Graph& g_;
   const Forced& forced_;
+  std::vector<int32_t> param_node_;  // per parameter, its node
   GraphRewriter rw_;
   std::vector<std::vector<Dims>> dims_;  // per traced node, per result
   std::vector<Dims> marks_;              // per parameter
   std::vector<bool> divisor_;            // per traced node: a scalar constant some div divides by
   std::vector<int64_t> sizes_;           // per symbol
   std::vector<ValueRef> size_param_;     // per symbol
-  std::map<std::tuple<int32_t, int64_t, size_t, size_t>, ValueRef> masks_;
+  std::map<std::tuple<int32_t, int64_t, int64_t, size_t, size_t>, ValueRef> masks_;
 
   int32_t symbol_of(int64_t n) {
     for (size_t s = 0; s < sizes_.size(); ++s)
@@ -132,14 +174,20 @@ class Rewrite {
   }
   // The symbol of size n, where a new dim of that size (a constant's, an expand's) is taken
   // to be one: sound for this trace either way.
-  Dim dim_of_size(int64_t n, int32_t node, int64_t dim) const {
-    if (n >= 2 && !forced_.count({node, dim}))
+  // `uniform`: the node's value is the same all along the dim.
+  Dim dim_of_size(int64_t n, int32_t node, int64_t dim, bool uniform) const {
+    const std::pair<int32_t, int64_t> key{node, dim};
+    if (auto it = forced_.dynamics.find(key); it != forced_.dynamics.end())
+      return {it->second.first, it->second.second, 1, node, dim, uniform};
+    if (n >= 2 && !forced_.statics.count(key))
       for (size_t s = 0; s < sizes_.size(); ++s)
-        if (sizes_[s] == n) return {static_cast<int32_t>(s), 1, node, dim};
-    return {};
+        if (sizes_[s] == n) return {static_cast<int32_t>(s), 1, 1, node, dim, uniform};
+    Dim d;
+    if (uniform) d = {-1, 1, 1, node, dim, true};
+    return d;
   }
   int64_t bucket(int32_t sym) const { return bucket_of(sizes_[sym]); }
-  int64_t padded(int64_t concrete, Dim d) const { return d.dyn() ? d.k * bucket(d.sym) : concrete; }
+  int64_t padded(int64_t concrete, Dim d) const { return d.dyn() ? d.k() * bucket(d.sym) : concrete; }
   Shape padded_shape(const Shape& s, const Dims& d) const {
     Shape out = s;
     for (size_t i = 0; i < s.size(); ++i) out[i] = padded(s[i], d[i]);
@@ -148,7 +196,7 @@ class Rewrite {
   static std::vector<PaddedDim> padded_dims(const Dims& d) {
     std::vector<PaddedDim> out;
     for (size_t i = 0; i < d.size(); ++i)
-      if (d[i].dyn()) out.push_back({static_cast<int64_t>(i), d[i].sym, d[i].k});
+      if (d[i].dyn()) out.push_back({static_cast<int64_t>(i), d[i].sym, d[i].outer, d[i].inner});
     return out;
   }
 
@@ -174,19 +222,39 @@ class Rewrite {
       refuse(n, detail::str_cat("padded to ", ir::type_str(out().type(v)), ", not ",
                                 ir::type_str({n.results[0].dtype, want})));
     rw_.set(i, 0, v);
+    if (!keeps_uniform(n.op))
+      for (Dim& x : d) {
+        x.uniform = false;
+        if (!x.dyn()) x.origin = -1;
+      }
     dims_[i] = {std::move(d)};
+  }
+  // Ops whose result is the same all along a dim where their operands are (along the dims
+  // they come from).
+  static bool keeps_uniform(OpKind op) {
+    if (ir::has_flag(op, ir::kElementwise)) return true;
+    switch (op) {
+      case OpKind::Full: case OpKind::Expand: case OpKind::StopGradient: case OpKind::Permute:
+      case OpKind::Sum: case OpKind::Mean: case OpKind::Amax: case OpKind::Amin: case OpKind::Prod:
+      case OpKind::Var: case OpKind::Std: case OpKind::Norm: case OpKind::Matmul:
+        return true;
+      default: return false;
+    }
   }
 
   // valid(index along `axis`) as a b8 value of `rank` dims, every other dim 1.
   ValueRef mask(const Node& n, Dim d, size_t rank, size_t axis) {
-    auto key = std::make_tuple(d.sym, d.k, rank, axis);
+    auto key = std::make_tuple(d.sym, d.outer, d.inner, rank, axis);
     if (auto it = masks_.find(key); it != masks_.end()) return it->second;
-    const int64_t len = d.k * bucket(d.sym);
-    ValueRef limit = size_param_[d.sym];
-    if (d.k != 1) limit = emit(n, OpKind::Mul, {limit, full(n, static_cast<double>(d.k), DType::i64)}, {});
-    ValueRef m = emit(n, OpKind::Lt, {emit(n, OpKind::Iota, {}, {Shape{len}, DType::i64}), limit}, {});
+    const int64_t b = bucket(d.sym);
+    ValueRef m = emit(n, OpKind::Lt, {emit(n, OpKind::Iota, {}, {Shape{b}, DType::i64}), size_param_[d.sym]}, {});
+    if (d.outer != 1 || d.inner != 1) {
+      m = emit(n, OpKind::Reshape, {m}, {Shape{1, b, 1}});
+      m = emit(n, OpKind::Expand, {m}, {Shape{d.outer, b, d.inner}});
+      m = emit(n, OpKind::Reshape, {m}, {Shape{d.outer * b * d.inner}});
+    }
     Shape s(rank, 1);
-    s[axis] = len;
+    s[axis] = d.k() * b;
     if (rank != 1) m = emit(n, OpKind::Reshape, {m}, {s});
     masks_.emplace(key, m);
     return m;
@@ -221,52 +289,78 @@ class Rewrite {
   // The product of the sizes of `axes` of a value of dims `d` (traced shape `s`), in `dtype`.
   ValueRef count(const Node& n, const Shape& s, const Dims& d, const std::vector<int64_t>& axes, DType dtype) {
     int64_t fixed = 1;
-    for (int64_t a : axes) fixed *= d[a].dyn() ? d[a].k : s[a];
+    for (int64_t a : axes) fixed *= d[a].dyn() ? d[a].k() : s[a];
     ValueRef c = full(n, static_cast<double>(fixed), DType::i64);
     for (int64_t a : axes)
       if (d[a].dyn()) c = emit(n, OpKind::Mul, {c, size_param_[d[a].sym]}, {});
     return emit(n, OpKind::Cast, {c}, {dtype});
   }
 
+  // Two dynamic dims that may be one: the same size, laid out alike or one of them uniform
+  // (it takes the other's layout).
+  static bool compatible(const Dim& a, const Dim& b) {
+    return a.sym == b.sym && a.k() == b.k() && (a == b || a.uniform || b.uniform);
+  }
+  // A static dim `st` meets dynamic `dy`: the static one is made dynamic where it is uniform
+  // and chosen, else a chosen dynamic one static; else the graph is refused.
+  [[noreturn]] static void conflict(const Node& n, const Dim& st, const Dim& dy) {
+    if (st.promotable()) throw Retry{{st.origin, st.origin_dim}, dy.sym, dy.k()};
+    if (dy.free()) throw Retry{{dy.origin, dy.origin_dim}};
+    refuse(n, "a dim that is not dynamic meets a dynamic one");
+  }
+  // Two dynamic dims that cannot be one.
+  [[noreturn]] static void mismatch(const Node& n, const Dim& a, const Dim& b) {
+    if (a.free()) throw Retry{{a.origin, a.origin_dim}};
+    if (b.free()) throw Retry{{b.origin, b.origin_dim}};
+    refuse(n, "operands padded differently");
+  }
+  // The dim several operand dims (not of size 1) of one result dim make: dynamic in the layout
+  // of the first that is not uniform, chosen only where all are, uniform where all are.
+  static Dim join(const Node& n, const std::vector<Dim>& ds) {
+    Dim r;
+    const Dim* dy = nullptr;
+    const Dim* st = nullptr;
+    for (const Dim& x : ds) {
+      if (!x.dyn()) {
+        if (!st || (st->promotable() && !x.promotable())) st = &x;
+        continue;
+      }
+      if (!dy) dy = &x;
+      else if (!compatible(*dy, x)) mismatch(n, *dy, x);
+      else if (dy->uniform && !x.uniform) dy = &x;
+    }
+    if (dy && st) conflict(n, *st, *dy);
+    if (!dy) {
+      if (ds.empty()) return r;
+      r = *st;
+      for (const Dim& x : ds) r.uniform = r.uniform && x.uniform;
+      if (!r.uniform) r.origin = -1;
+      return r;
+    }
+    r = *dy;
+    for (const Dim& x : ds) {
+      r.uniform = r.uniform && x.uniform;
+      if (!x.free()) r.origin = -1;
+    }
+    return r;
+  }
+
   // Broadcasting: the result dims of operands broadcast to a result of `rank` dims
-  // (right-aligned). A dynamic dim read from a value wins over a free one; a free one that
-  // meets a static dim of its size starts the rewrite again with it static.
+  // (right-aligned), each the join of the operands' dims there.
   Dims broadcast(const Node& n, std::span<const ValueRef> operands, size_t rank) const {
-    Dims r(rank);
-    std::vector<int> stat(rank, 0);
+    std::vector<std::vector<Dim>> at(rank);
     for (ValueRef v : operands) {
       const Shape& s = shape(v);
       const Dims& d = dims(v);
-      for (size_t e = 0; e < s.size(); ++e) {
-        const size_t at = rank - s.size() + e;
-        if (s[e] == 1) continue;
-        if (!d[e].dyn()) {
-          stat[at] = 1;
-          continue;
-        }
-        Dim& to = r[at];
-        if (to.dyn() && to != d[e]) refuse(n, "two different dynamic sizes meet");
-        if (!to.dyn() || (to.free() && !d[e].free())) to = d[e];
-      }
+      for (size_t e = 0; e < s.size(); ++e)
+        if (s[e] != 1) at[rank - s.size() + e].push_back(d[e]);
     }
-    for (size_t at = 0; at < rank; ++at)
-      if (stat[at] && r[at].dyn()) meets_static(n, operands, rank, at);
+    Dims r(rank);
+    for (size_t k = 0; k < rank; ++k) r[k] = join(n, at[k]);
     return r;
   }
-  // A static dim meets a dynamic one at result dim `at`: a free one is retried static.
-  [[noreturn]] void meets_static(const Node& n, std::span<const ValueRef> operands, size_t rank, size_t at) const {
-    for (ValueRef v : operands) {
-      const Shape& s = shape(v);
-      if (at + s.size() < rank) continue;
-      const Dim& d = dims(v)[at + s.size() - rank];
-      if (d.free()) {
-        throw Retry{{d.origin, d.origin_dim}};
-      }
-    }
-    refuse(n, "a dim that is not dynamic meets a dynamic one");
-  }
 
-  // A dim an op cannot take padded: a free one is retried static.
+  // A dim an op cannot take padded: a chosen one is retried static.
   static void must_be_static(const Node& n, const Dim& d, const char* what) {
     if (!d.dyn()) return;
     if (d.free()) throw Retry{{d.origin, d.origin_dim}};
@@ -275,12 +369,13 @@ class Rewrite {
   static void all_static(const Node& n, const Dims& d, const char* what) {
     for (const Dim& x : d) must_be_static(n, x, what);
   }
-  // Two dims that must be padded alike.
+  // Two dims that must be padded alike, layout included.
   static void same(const Node& n, const Dim& a, const Dim& b) {
     if (a == b) return;
-    if (a.free() && !b.dyn()) throw Retry{{a.origin, a.origin_dim}};
-    if (b.free() && !a.dyn()) throw Retry{{b.origin, b.origin_dim}};
-    refuse(n, "operands padded differently");
+    if (!a.dyn() && !b.dyn()) return;
+    if (!a.dyn()) conflict(n, a, b);
+    if (!b.dyn()) conflict(n, b, a);
+    mismatch(n, a, b);
   }
   static void same(const Node& n, const Dims& a, const Dims& b) {
     if (a.size() != b.size()) refuse(n, "operands padded differently");
@@ -334,12 +429,12 @@ class Rewrite {
           }
         }
         Dims d(rank);
-        for (size_t e = 0; e < rank; ++e) d[e] = dim_of_size(n.results[0].shape[e], i, static_cast<int64_t>(e));
+        for (size_t e = 0; e < rank; ++e) d[e] = dim_of_size(n.results[0].shape[e], i, static_cast<int64_t>(e), true);
         done(i, emit(n, n.op, {}, {a.f<"value">(), padded_shape(n.results[0].shape, d), a.dtype<"dtype">()}), d);
         return;
       }
       case OpKind::Iota: {
-        Dims d{dim_of_size(n.results[0].shape[0], i, 0)};
+        Dims d{dim_of_size(n.results[0].shape[0], i, 0, false)};
         done(i, emit(n, n.op, {}, {padded_shape(n.results[0].shape, d), a.dtype<"dtype">()}), d);
         return;
       }
@@ -350,7 +445,7 @@ class Rewrite {
         Dims d(rank);
         for (size_t e = 0; e < rank; ++e)
           if (s[e] != 1) {
-            d[e] = dim_of_size(s[e], i, static_cast<int64_t>(e));
+            d[e] = dim_of_size(s[e], i, static_cast<int64_t>(e), false);
             break;
           }
         done(i, emit(n, n.op, mapped(n), {a.i<"distribution">(), padded_shape(s, d), a.dtype<"dtype">()}), d);
@@ -426,7 +521,7 @@ class Rewrite {
         for (size_t e = 0; e < rank; ++e) {
           const size_t off = rank - s.size();
           if (e >= off && s[e - off] != 1) d[e] = dx[e - off];
-          else d[e] = dim_of_size(to[e], i, static_cast<int64_t>(e));
+          else d[e] = dim_of_size(to[e], i, static_cast<int64_t>(e), true);
         }
         done(i, emit(n, n.op, {map(x)}, {padded_shape(to, d)}), d);
         return;
@@ -443,9 +538,9 @@ class Rewrite {
             if (starts[e] != 0 || steps[e] != 1 || ends[e] != s[e]) must_be_static(n, dx[e], "slices a dynamic dim");
             d[e] = dx[e];
             ends[e] = padded(s[e], dx[e]);
-          } else if (starts[e] == 0 && steps[e] == 1 && ends[e] < s[e]) {
-            // The first n of a longer static dim (a causal mask's rows): as long as the bucket fits.
-            const Dim k = dim_of_size(ends[e], i, static_cast<int64_t>(e));
+          } else if (starts[e] == 0 && steps[e] == 1 && ends[e] <= s[e]) {
+            // The first n of a static dim (a causal mask's rows): as long as the bucket fits.
+            const Dim k = dim_of_size(ends[e], i, static_cast<int64_t>(e), false);
             if (k.dyn() && bucket(k.sym) <= s[e]) {
               d[e] = k;
               ends[e] = bucket(k.sym);
@@ -603,31 +698,35 @@ class Rewrite {
     }
     const size_t rank = n.results[0].shape.size();
     // Batch dims broadcast as elementwise operands do.
-    Dims d(rank);
-    auto batch = [&](const Shape& s, const Dims& ds) {
-      for (size_t e = 0; e + 2 < s.size(); ++e) {
-        Dim& to = d[rank - s.size() + e];
-        if (ds[e].dyn()) {
-          if (to.dyn() && to != ds[e]) refuse(n, "two different dynamic sizes meet");
-          to = ds[e];
-        }
-      }
-    };
-    batch(sx, dx);
-    batch(sy, dy);
+    std::vector<std::vector<Dim>> at(rank);
     for (auto [s, ds] : {std::pair{&sx, &dx}, std::pair{&sy, &dy}})
       for (size_t e = 0; e + 2 < s->size(); ++e)
-        if ((*s)[e] != 1) same(n, (*ds)[e], d[rank - s->size() + e]);
-    same(n, dx[sx.size() - 1], dy[sy.size() - 2]);
+        if ((*s)[e] != 1) at[rank - s->size() + e].push_back((*ds)[e]);
+    Dims d(rank);
+    for (size_t e = 0; e + 2 < rank; ++e) d[e] = join(n, at[e]);
+    // The contracted dim: both masked alike, in the layout of the one that is not uniform.
+    const Dim kx = dx[sx.size() - 1], ky = dy[sy.size() - 2];
+    Dim kmask = kx;
+    if (kx.dyn() != ky.dyn()) {
+      if (kx.dyn()) conflict(n, ky, kx);
+      conflict(n, kx, ky);
+    }
+    if (kx.dyn()) {
+      if (!compatible(kx, ky)) mismatch(n, kx, ky);
+      if (kx.uniform) kmask = ky;
+    }
     d[rank - 2] = dx[sx.size() - 2];
     d[rank - 1] = dy[sy.size() - 1];
-    const ValueRef vx = fill(n, map(x), dx, sx.size() - 1, Fill::Zero);
-    const ValueRef vy = fill(n, map(y), dy, sy.size() - 2, Fill::Zero);
+    Dims mx = dx, my = dy;
+    mx[sx.size() - 1] = my[sy.size() - 2] = kmask;
+    const ValueRef vx = fill(n, map(x), mx, sx.size() - 1, Fill::Zero);
+    const ValueRef vy = fill(n, map(y), my, sy.size() - 2, Fill::Zero);
     done(i, emit(n, n.op, {vx, vy}, n.attrs), d);
   }
 
-  // Reshape: dims grouped into runs of equal element counts. A run holding a dynamic dim keeps
-  // its padding at the end only where that dim is the run's outermost (not 1) on both sides.
+  // Reshape: dims grouped into runs of equal element counts. A run holds at most one dynamic
+  // factor n; the output dim it falls in takes it, with the dims around it in the run as its
+  // outer and inner parts (so the padding keeps its place between them).
   void reshape(int32_t i) {
     const Node& n = g_.nodes[i];
     const ValueRef x = n.operands[0];
@@ -647,24 +746,38 @@ class Rewrite {
         else if (pb < pa && b < to.size()) pb *= to[b++];
         else refuse(n, "element counts do not match");
       }
-      Dim dyn;
-      size_t first = a0;
-      while (first < a && s[first] == 1) ++first;
+      // The run's dynamic factor, and the static elements outside and inside it.
+      int64_t dyn_at = -1;
       for (size_t e = a0; e < a; ++e)
         if (dx[e].dyn()) {
-          if (e != first) must_be_static(n, dx[e], "a dynamic dim is merged under another dim");
-          dyn = dx[e];
+          if (dyn_at >= 0) {  // a chosen one of the two is retried static, the inner first
+            const Dim& chosen = dx[e].free() ? dx[e] : dx[dyn_at];
+            must_be_static(n, chosen, "two dynamic dims are merged into one");
+          }
+          dyn_at = static_cast<int64_t>(e);
         }
-      if (!dyn.dyn()) continue;
-      size_t outer = b0;
-      while (outer < b && to[outer] == 1) ++outer;
-      if (outer == b) must_be_static(n, dyn, "a dynamic dim becomes size 1");
-      int64_t inner = 1;
-      for (size_t e = outer + 1; e < b; ++e) inner *= to[e];
+      if (dyn_at < 0) continue;
+      const Dim& dyn = dx[dyn_at];
+      int64_t outer = dyn.outer, inner = dyn.inner;
+      for (size_t e = a0; e < static_cast<size_t>(dyn_at); ++e) outer *= s[e];
+      for (size_t e = static_cast<size_t>(dyn_at) + 1; e < a; ++e) inner *= s[e];
+      // The output dim holding the factor: the dims before it make up part of `outer`, the
+      // dims after it part of `inner` (at most one such dim: see polymorphic.h).
       const int64_t n_sym = sizes_[dyn.sym];
-      if (to[outer] % n_sym != 0 || to[outer] / n_sym * inner != pa / n_sym)
-        must_be_static(n, dyn, "a dynamic dim is split under another dim");
-      d[outer] = {dyn.sym, to[outer] / n_sym};
+      bool placed = false;
+      int64_t before = 1;
+      for (size_t j = b0; j < b && !placed; ++j) {
+        int64_t after = 1;
+        for (size_t e = j + 1; e < b; ++e) after *= to[e];
+        if (outer % before == 0 && inner % after == 0 && to[j] == outer / before * n_sym * (inner / after)) {
+          d[j] = dyn;
+          d[j].outer = outer / before;
+          d[j].inner = inner / after;
+          placed = true;
+        }
+        before *= to[j];
+      }
+      if (!placed) must_be_static(n, dyn, "a dynamic dim is split across dims");
     }
     done(i, emit(n, n.op, {map(x)}, {padded_shape(to, d)}), d);
   }
@@ -710,7 +823,7 @@ std::optional<PolymorphicGraph> make_polymorphic(const ir::Graph& traced, std::s
   for (;;) {
     Rewrite r(g, marks, forced);
     if (!r.any_symbol()) {
-      if (why) *why = "no dynamic dim is of size 2 or more";
+      if (why) *why = kNothingToPad;
       return std::nullopt;
     }
     try {
@@ -719,8 +832,18 @@ std::optional<PolymorphicGraph> make_polymorphic(const ir::Graph& traced, std::s
       if (why) *why = e.why;
       return std::nullopt;
     } catch (const Retry& e) {
-      // Each retry makes one more free dim static: at most as many as there are.
-      LAZYRT_ASSERT(forced.insert(e.origin).second, "a free dim retried twice");
+      // Each retry settles one more chosen dim: static once and for all, or dynamic until
+      // made static. A dim asked both ways refuses.
+      if (e.sym < 0) {
+        forced.dynamics.erase(e.origin);
+        if (!forced.statics.insert(e.origin).second) {
+          if (why) *why = "a dim is both static and dynamic";
+          return std::nullopt;
+        }
+      } else if (forced.statics.count(e.origin) || !forced.dynamics.emplace(e.origin, std::pair{e.sym, e.k}).second) {
+        if (why) *why = "a dim is both static and dynamic";
+        return std::nullopt;
+      }
     }
   }
 }

@@ -29,19 +29,31 @@
 
 namespace lazyrt::compile {
 
-/// A parameter's dim marked dynamic.
+/// A parameter's dim marked dynamic. A soft mark (dynamic=True marks every dim so) gives way
+/// where the dim meets a static one; a hard one (mark_dynamic) makes the graph refuse there.
 struct DynamicDim {
   int64_t param;
   int64_t dim;
+  bool soft = false;
 };
 
-/// A dim of a bucket graph's value that derives from symbol `sym`: k * n of the trace, padded
-/// to k * bucket.
+/// A dim of a bucket graph's value that derives from symbol `sym`: outer * n * inner of the
+/// trace (a reshape merged static dims around it), padded to outer * bucket * inner.
 struct PaddedDim {
   int64_t dim;
   int32_t sym;
-  int64_t k;
+  int64_t outer, inner;
 };
+
+/// A padded value's elements as a box: its traced and padded shapes with each padded dim
+/// split in three (outer, n or bucket, inner), so that the valid elements are the box of
+/// `traced` at the start of `padded` (exec::copy_box pads and crops with it).
+struct Box {
+  Shape traced, padded;
+};
+/// The box of a value of traced shape `s` with these padded dims.
+Box box_of(const Shape& s, const std::vector<PaddedDim>& dims, const std::vector<int64_t>& buckets,
+           const std::vector<int64_t>& sizes);
 
 struct PolymorphicGraph {
   /// The bucket graph: the traced graph's parameters (padded types) in their order, then one
@@ -51,13 +63,19 @@ struct PolymorphicGraph {
   std::vector<int64_t> buckets;  // per symbol, the size it is padded to
   std::vector<std::vector<PaddedDim>> params;   // per traced parameter, its padded dims
   std::vector<std::vector<PaddedDim>> outputs;  // per output, its padded dims
+  std::vector<Box> param_boxes;                 // per traced parameter (empty shapes: not padded)
+  std::vector<Box> output_boxes;                // per output (empty shapes: not padded)
 };
 
 /// The bucket a dynamic size n is padded to: the next power of two.
 int64_t bucket_of(int64_t n);
 
+/// Why there is no bucket graph where no marked size is at least 2 (a size of 1 broadcasts: it
+/// is never padded). Not a refusal.
+inline constexpr const char* kNothingToPad = "no dynamic dim is of size 2 or more";
+
 /// The bucket graph of `g` with `marks` dynamic; nullopt, with the reason in `why`, where no
-/// marked size is at least 2 or an op cannot take padding.
+/// marked size is at least 2 (kNothingToPad) or an op cannot take padding.
 std::optional<PolymorphicGraph> make_polymorphic(const ir::Graph& g, std::span<const DynamicDim> marks,
                                                  std::string* why);
 

@@ -158,17 +158,17 @@ void copy_box(const void* src, const Shape& from, void* dst, const Shape& to, co
   }
 }
 
-BufferPtr padded_copy(const runtime::Buffer& src, const ir::TensorType& t, const Shape& padded) {
-  const ir::TensorType to{t.dtype, padded};
+BufferPtr padded_copy(const runtime::Buffer& src, const ir::TensorType& t, const compile::Box& box) {
+  const ir::TensorType to{t.dtype, box.padded};
   BufferPtr out = backend::current().allocate(to.bytes());
   std::memset(out->data(), 0, out->bytes());
-  copy_box(src.data(), t.shape, out->data(), padded, t.shape, dtype_size(t.dtype));
+  copy_box(src.data(), box.traced, out->data(), box.padded, box.traced, dtype_size(t.dtype));
   return out;
 }
 
-BufferPtr cropped_copy(const runtime::Buffer& src, const Shape& padded, const ir::TensorType& t) {
+BufferPtr cropped_copy(const runtime::Buffer& src, const compile::Box& box, const ir::TensorType& t) {
   BufferPtr out = backend::current().allocate(t.bytes());
-  copy_box(src.data(), padded, out->data(), t.shape, t.shape, dtype_size(t.dtype));
+  copy_box(src.data(), box.padded, out->data(), box.traced, box.traced, dtype_size(t.dtype));
   return out;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "compile/polymorphic.h"
 #include "ir/graph.h"
 #include "lazyrt/types.h"
 #include "runtime/buffer.h"
@@ -55,10 +56,10 @@ inline const BufferPtr& writable(const BufferPtr& offer, size_t bytes, long owne
 /// `esize` bytes. A bucket graph's inputs are padded and its outputs cropped with it
 /// (compile/polymorphic.h).
 void copy_box(const void* src, const Shape& from, void* dst, const Shape& to, const Shape& box, size_t esize);
-/// `src`, of traced type `t`, in a fresh buffer of the bucket's shape `padded` (zeros beyond).
-BufferPtr padded_copy(const runtime::Buffer& src, const ir::TensorType& t, const Shape& padded);
-/// The first elements of `src`, of the bucket's shape `padded`, in a fresh buffer of type `t`.
-BufferPtr cropped_copy(const runtime::Buffer& src, const Shape& padded, const ir::TensorType& t);
+/// `src`, of traced type `t`, in a fresh buffer of its padded shape (zeros in the padding).
+BufferPtr padded_copy(const runtime::Buffer& src, const ir::TensorType& t, const compile::Box& box);
+/// The valid elements of `src` (a padded value of this box) in a fresh buffer of type `t`.
+BufferPtr cropped_copy(const runtime::Buffer& src, const compile::Box& box, const ir::TensorType& t);
 
 /// Reusable scratch for runs of one executable: sized once, so a run allocates nothing but
 /// the fresh output buffers it needs.

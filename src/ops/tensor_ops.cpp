@@ -783,22 +783,28 @@ std::vector<std::shared_ptr<trace::TensorImpl>> impls_of(const std::vector<Tenso
 
 void sync(const std::vector<Tensor>& tensors) { trace::sync_tensors(impls_of(tensors, "sync")); }
 
-void mark_dynamic(const Tensor& t, int64_t dim) {
-  trace::TensorImpl& impl = impl_of(t, "mark_dynamic");
+namespace {
+void mark(const Tensor& t, int64_t dim, bool soft, const char* op) {
+  trace::TensorImpl& impl = impl_of(t, op);
   const auto rank = static_cast<int64_t>(impl.type.shape.size());
-  LAZYRT_CHECK(dim >= -rank && dim < rank, "mark_dynamic: dim ", dim, " is out of range for a tensor of shape ",
+  LAZYRT_CHECK(dim >= -rank && dim < rank, op, ": dim ", dim, " is out of range for a tensor of shape ",
                shape_str(impl.type.shape));
-  LAZYRT_CHECK(rank <= 64, "mark_dynamic: a tensor of rank ", rank, " (at most 64)");
-  LAZYRT_CHECK(!impl.view_of, "mark_dynamic: the tensor is a view; mark the tensor it was taken from");
-  impl.dynamic_dims |= uint64_t{1} << static_cast<unsigned>(dim < 0 ? dim + rank : dim);
+  LAZYRT_CHECK(rank <= 64, op, ": a tensor of rank ", rank, " (at most 64)");
+  LAZYRT_CHECK(!impl.view_of, op, ": the tensor is a view; mark the tensor it was taken from");
+  const uint64_t bit = uint64_t{1} << static_cast<unsigned>(dim < 0 ? dim + rank : dim);
+  (soft ? impl.dynamic.soft : impl.dynamic.hard) |= bit;
   impl.release_leaf();  // the next graph reading its data reads the mark
 }
+}  // namespace
+
+void mark_dynamic(const Tensor& t, int64_t dim) { mark(t, dim, false, "mark_dynamic"); }
+void maybe_mark_dynamic(const Tensor& t, int64_t dim) { mark(t, dim, true, "maybe_mark_dynamic"); }
 
 std::vector<int64_t> dynamic_dims(const Tensor& t) {
   const trace::TensorImpl& impl = impl_of(t, "dynamic_dims");
   std::vector<int64_t> dims;
   for (size_t d = 0; d < impl.type.shape.size(); ++d)
-    if ((impl.dynamic_dims >> d) & 1) dims.push_back(static_cast<int64_t>(d));
+    if (((impl.dynamic.hard | impl.dynamic.soft) >> d) & 1) dims.push_back(static_cast<int64_t>(d));
   return dims;
 }
 

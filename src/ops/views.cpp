@@ -158,7 +158,7 @@ Tensor detached_value(const Tensor& t) {
   auto d = trace::make_data(s.type, s.data());
   auto origin = s.detached_from.lock();
   d->detached_from = origin && origin->data() == s.data() ? origin : s.shared_from_this();
-  d->dynamic_dims = s.dynamic_dims;
+  d->dynamic = s.dynamic;
   return trace::tensor_of(std::move(d));
 }
 

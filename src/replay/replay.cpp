@@ -571,7 +571,7 @@ struct Variant {
   // its padded type that each call copies the bound value into (null: bound as it is); per
   // sink, whether its output is padded (cropped into a buffer of its own after the run).
   std::vector<std::shared_ptr<Buffer>> padded_inputs;
-  std::vector<Shape> padded_from;  // per binding, its traced shape
+  std::vector<compile::Box> input_boxes, sink_boxes;  // per binding, per sink
   std::vector<uint64_t> padded_sinks;  // per sink, its padded dims (bit d for dim d)
   std::vector<std::shared_ptr<Buffer>> sizes;  // the sizes the bucket graph reads
   std::vector<const TensorImpl*> written;  // the tensors a call wrote back (reserved per sink)
@@ -666,7 +666,7 @@ Tensor proxy_of(const Tensor& a) {
   const std::shared_ptr<Buffer>& src = trace::impl_of(a)->data();
   auto t = trace::make_data({a.dtype(), a.shape()}, backend::current().allocate(src->bytes()));
   t->requires_grad = a.requires_grad();
-  t->dynamic_dims = trace::impl_of(a)->dynamic_dims;
+  t->dynamic = trace::impl_of(a)->dynamic;
   return trace::tensor_of(std::move(t));
 }
 
@@ -684,11 +684,12 @@ bool captured_elsewhere(const TensorImpl& t, const trace::Extracted& ex, const t
 // graph's, shared by every size of the bucket; the padded outputs are offered no buffer.
 // False where there is none (no marks, or an op that cannot take padding).
 bool compile_polymorphic(Variant& v, const trace::Extracted& ex) {
-  if (std::none_of(ex.param_dynamic_dims.begin(), ex.param_dynamic_dims.end(), [](uint64_t d) { return d != 0; }))
+  if (std::none_of(ex.param_dynamic.begin(), ex.param_dynamic.end(), [](const trace::DynamicMarks& d) { return d.any(); }))
     return false;
-  std::optional<compile::PolymorphicGraph> pg = trace::polymorphic_graph(ex, nullptr);
+  std::string why;
+  std::optional<compile::PolymorphicGraph> pg = trace::polymorphic_graph(ex, &why);
   if (!pg) {
-    metrics::increment("PolymorphicRefused");
+    if (why != compile::kNothingToPad) metrics::increment("PolymorphicRefused");
     return false;
   }
   std::vector<int32_t> offers = v.offers;
@@ -699,8 +700,10 @@ bool compile_polymorphic(Variant& v, const trace::Extracted& ex) {
   }
   v.offers = offers;
   v.exe = exec::executable_for(exec::cache_key(pg->graph, offers), pg->graph, offers);
+  metrics::increment("PolymorphicGraph");
   v.padded_inputs.resize(pg->params.size());
-  for (const ir::TensorType& t : ex.param_types) v.padded_from.push_back(t.shape);
+  v.input_boxes = pg->param_boxes;
+  v.sink_boxes = pg->output_boxes;
   for (size_t p = 0; p < pg->params.size(); ++p)
     if (!pg->params[p].empty()) {
       v.padded_inputs[p] = backend::current().allocate(v.exe->param_types()[p].bytes());
@@ -953,7 +956,7 @@ std::unique_ptr<Variant> trace_step(CompiledStep::State& st, const std::vector<T
   // Results keep the marks of the dims that derive from a marked one, as a sync's do.
   for (size_t k = 0; k < v->padded_sinks.size(); ++k)
     if (v->sinks[k].kind == Sink::Kind::Result)
-      trace::impl_of(v->result_tensors[v->sinks[k].index])->dynamic_dims |= v->padded_sinks[k];
+      trace::impl_of(v->result_tensors[v->sinks[k].index])->dynamic.soft |= v->padded_sinks[k];
   v->bytes = v->exe->held_bytes();
   for (const Tensor& t : v->result_tensors) v->bytes += trace::impl_of(t)->data()->bytes();
   for (const Binding& b : v->bindings)
@@ -1091,8 +1094,8 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
     }
     if (!v.padded_inputs.empty() && v.padded_inputs[p]) {
       // Into the bucket's shape: the padding (zeros since allocation) is never written.
-      const Shape& from = v.padded_from[p];
-      exec::copy_box((*v.params[p])->data(), from, v.padded_inputs[p]->data(), v.exe->param_types()[p].shape, from,
+      const compile::Box& box = v.input_boxes[p];
+      exec::copy_box((*v.params[p])->data(), box.traced, v.padded_inputs[p]->data(), box.padded, box.traced,
                      dtype_size(v.exe->param_types()[p].dtype));
       v.params[p] = &v.padded_inputs[p];
     }
@@ -1117,7 +1120,7 @@ void replay(Variant& v, const std::vector<Tensor>& args) {
   exec::run(exe, v.frame, offer, param_at, replay_graph);
   for (size_t k = 0; k < v.padded_sinks.size(); ++k)
     if (v.padded_sinks[k])
-      v.frame.outs[k] = exec::cropped_copy(*v.frame.outs[k], exe.output_types()[k].shape, v.out_types[k]);
+      v.frame.outs[k] = exec::cropped_copy(*v.frame.outs[k], v.sink_boxes[k], v.out_types[k]);
   std::vector<std::pair<int32_t, Tensor>> arg_grads;
   // The tensors written back, kept only when one of them has views (rare): those views are
   // re-derived after the write-back, except the ones written too.

@@ -135,7 +135,7 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors,
   ex.param_nodes.reserve(kParams);
   ex.param_sources.reserve(kParams);
   ex.param_tensors.reserve(kParams);
-  ex.param_dynamic_dims.reserve(kParams);
+  ex.param_dynamic.reserve(kParams);
   util::PtrMap<int32_t> param_of_buffer;
   std::vector<int64_t>& source = ex.param_sources;
   // Another tensor on a parameter's buffer (a detached copy of a state tensor, or the tensor
@@ -169,10 +169,10 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& tensors,
           ex.params.push_back(v.node->data);
           source.push_back(v.node->source_tensor);
           ex.param_tensors.push_back(v.node->source);
-          ex.param_dynamic_dims.push_back(v.node->dynamic_dims);
+          ex.param_dynamic.push_back(v.node->dynamic);
         } else {
           note_source(p, v.node->source, v.node->source_tensor);
-          ex.param_dynamic_dims[p] |= v.node->dynamic_dims;  // a mark on any tensor of the buffer
+          ex.param_dynamic[p] |= v.node->dynamic;  // a mark on any tensor of the buffer
         }
         if (v.node->also_tensor >= 0) note_source(p, v.node->also, v.node->also_tensor);
         return ir::ValueRef{ex.param_nodes[p], 0};

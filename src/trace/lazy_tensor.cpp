@@ -211,7 +211,7 @@ LazyValue TensorImpl::value() {
     n->data = data_;
     n->source_tensor = id;
     n->source = weak_from_this();
-    n->dynamic_dims = dynamic_dims;
+    n->dynamic = dynamic;
     if (auto origin = detached_from.lock(); origin && origin->data_ == data_) {
       n->also = origin;
       n->also_tensor = origin->id;
@@ -292,7 +292,7 @@ void TensorImpl::take_computed(const std::shared_ptr<LazyNode>& o, std::shared_p
   o->data = buffer;
   o->source_tensor = id;
   o->source = weak_from_this();
-  o->dynamic_dims = dynamic_dims;
+  o->dynamic = dynamic;
   if (ir.node == o) {
     set_data(std::move(buffer));
   } else {

@@ -30,6 +30,20 @@ namespace lazyrt::trace {
 struct LazyNode;
 struct TensorImpl;
 
+// Dims marked dynamic (bit d for dim d): by mark_dynamic (hard: a graph that cannot keep the
+// dim dynamic refuses, and compiles as traced) or maybe_mark_dynamic (soft: the dim gives way
+// where it meets a static one). A sync's results carry soft marks on the dims that derive
+// from marked ones.
+struct DynamicMarks {
+  uint64_t hard = 0, soft = 0;
+  bool any() const { return (hard | soft) != 0; }
+  DynamicMarks& operator|=(const DynamicMarks& o) {
+    hard |= o.hard;
+    soft |= o.soft;
+    return *this;
+  }
+};
+
 struct LazyValue {
   std::shared_ptr<LazyNode> node;
   int32_t index = 0;
@@ -59,9 +73,8 @@ struct LazyNode {
   std::weak_ptr<TensorImpl> also;
   int64_t also_tensor = -1;
   int32_t placeholder = -1;
-  // Parameter leaves only: the tensor's dims marked dynamic (bit d for dim d) when the leaf
-  // was made.
-  uint64_t dynamic_dims = 0;
+  // Parameter leaves only: the tensor's dims marked dynamic when the leaf was made.
+  DynamicMarks dynamic;
   // A scalar constant from the thread's cache (scalar_constant): one node read by many graphs,
   // so sharing it says nothing about two graphs sharing work.
   bool shared = false;
@@ -120,10 +133,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // For a data tensor made by detach(): the tensor whose buffer it shares (held weakly). A
   // graph reading the buffer reads that tensor's value too, and replays must know it.
   std::weak_ptr<TensorImpl> detached_from;
-  // Dims whose size may change from one graph to the next (mark_dynamic; bit d for dim d): a
-  // graph reading the tensor's data is compiled for every size of their bucket at once
-  // (compile/polymorphic.h). A sync's results keep the marks their dims derive from.
-  uint64_t dynamic_dims = 0;
+  // Dims whose size may change from one graph to the next: a graph reading the tensor's data
+  // is compiled for every size of their bucket at once (compile/polymorphic.h).
+  DynamicMarks dynamic;
 
   // PyTorch's layout of the elements, which decides what reshape() and view() can alias:
   // strides and offset in the base's elements; empty strides for a contiguous tensor.
@@ -343,7 +355,7 @@ struct Extracted {
   // Other tensors holding a parameter's buffer (a detached copy of a state tensor, say), as
   // (parameter, tensor). A parameter's tensor above is the oldest of them.
   std::vector<std::pair<int32_t, std::weak_ptr<TensorImpl>>> param_aliases;
-  std::vector<uint64_t> param_dynamic_dims;              // per parameter, its dynamic dims
+  std::vector<DynamicMarks> param_dynamic;               // per parameter, its dims marked dynamic
 };
 /// The graph of the pending tensors, with its parameters and donations; with hash_only, all
 /// of it but the graph, and graph_hash instead.

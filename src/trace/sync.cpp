@@ -1,6 +1,7 @@
 // Sync: flatten the pending DAG of some tensors into an ir::Graph (extract.cpp), and have the
 // executor (src/exec) key, find or compile and run it; the results are bound to the tensors.
 #include <algorithm>
+#include <mutex>
 #include <cstring>
 #include <unordered_map>
 #include <unordered_set>
@@ -9,6 +10,7 @@
 #include "compile/polymorphic.h"
 #include "lazyrt/metrics.h"
 #include "exec/executor.h"
+#include "ir/hash.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -49,9 +51,12 @@ void bind_results(const std::vector<std::shared_ptr<TensorImpl>>& tensors, const
 
 std::optional<compile::PolymorphicGraph> polymorphic_graph(const Extracted& ex, std::string* why) {
   std::vector<compile::DynamicDim> marks;
-  for (size_t p = 0; p < ex.param_dynamic_dims.size(); ++p)
-    for (size_t d = 0; d < ex.param_types[p].shape.size(); ++d)
-      if ((ex.param_dynamic_dims[p] >> d) & 1) marks.push_back({static_cast<int64_t>(p), static_cast<int64_t>(d)});
+  for (size_t p = 0; p < ex.param_dynamic.size(); ++p)
+    for (size_t d = 0; d < ex.param_types[p].shape.size(); ++d) {
+      const trace::DynamicMarks& m = ex.param_dynamic[p];
+      if (((m.hard | m.soft) >> d) & 1)
+        marks.push_back({static_cast<int64_t>(p), static_cast<int64_t>(d), !((m.hard >> d) & 1)});
+    }
   if (marks.empty()) {
     if (why) *why = "it reads no dim marked dynamic";
     return std::nullopt;
@@ -61,57 +66,117 @@ std::optional<compile::PolymorphicGraph> polymorphic_graph(const Extracted& ex, 
 
 namespace {
 
-// A sync whose graph reads dims marked dynamic, run by its bucket graph's executable
-// (compile/polymorphic.h): the marked parameters padded into buffers of the bucket's size, the
-// sizes passed in, the outputs cropped to their traced shapes and marked where their dims
-// derive from a marked one. False (nothing run) where the graph cannot be made polymorphic;
-// the caller then compiles it as traced.
-bool sync_polymorphic(const std::vector<std::shared_ptr<TensorImpl>>& tensors, Extracted& ex) {
+// What running a traced graph on its bucket graph takes, without the graph: kept per traced
+// graph (its key and marks), so a sync that repeats builds and rewrites nothing.
+struct PolymorphicPlan {
+  GraphHash key;                   // the bucket graph's cache key
+  std::vector<int32_t> donations;  // offers, less the padded outputs'
+  std::vector<std::vector<compile::PaddedDim>> params, outputs;
+  std::vector<compile::Box> param_boxes, output_boxes;
+  std::vector<int64_t> sizes;
+};
+
+class PlanMemo {
+ public:
+  static GraphHash key(const Extracted& ex, const GraphHash& traced_key) {
+    ir::Hasher h;
+    h.add(traced_key.hi);
+    h.add(traced_key.lo);
+    for (const DynamicMarks& m : ex.param_dynamic) {
+      h.add(m.hard);
+      h.add(m.soft);
+    }
+    return h.finish();
+  }
+  // What is known of the traced graph of this key: nothing (false), or its plan (null where it
+  // has none; `refused`: not for want of a marked size of 2 or more).
+  bool find(const GraphHash& k, std::shared_ptr<const PolymorphicPlan>& plan, bool& refused) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = plans_.find(k);
+    if (it == plans_.end()) return false;
+    plan = it->second.first;
+    refused = it->second.second;
+    return true;
+  }
+  void put(const GraphHash& k, std::shared_ptr<const PolymorphicPlan> plan, bool refused) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (plans_.size() >= kMax) plans_.clear();  // the plans of a program's graphs: few, cheap to remake
+    plans_[k] = {std::move(plan), refused};
+  }
+
+ private:
+  static constexpr size_t kMax = 4096;
+  std::mutex mu_;
+  struct KeyHash {
+    size_t operator()(const GraphHash& h) const { return static_cast<size_t>(h.hi ^ (h.lo * 0x9e3779b97f4a7c15ULL)); }
+  };
+  std::unordered_map<GraphHash, std::pair<std::shared_ptr<const PolymorphicPlan>, bool>, KeyHash> plans_;
+};
+PlanMemo& plan_memo() {
+  static PlanMemo* m = new PlanMemo();
+  return *m;
+}
+
+// The plan of a built graph, its bucket graph compiled (or found); null where there is none
+// (`refused`: for a reason other than no marked size being 2 or more).
+std::shared_ptr<const PolymorphicPlan> make_plan(const Extracted& ex, std::shared_ptr<runtime::Executable>& exe,
+                                                 bool& refused) {
   std::string why;
   std::optional<compile::PolymorphicGraph> pg = polymorphic_graph(ex, &why);
-  if (!pg) {
-    metrics::increment("PolymorphicRefused");
-    return false;
-  }
+  refused = !pg && why != compile::kNothingToPad;
+  if (!pg) return nullptr;
+  auto plan = std::make_shared<PolymorphicPlan>();
   // An output that is padded is written fresh and cropped; one computed from a padded
   // parameter's buffer is never offered it.
-  std::vector<int32_t> donations = ex.donations;
-  for (size_t k = 0; k < donations.size(); ++k)
-    if (!pg->outputs[k].empty() || (donations[k] >= 0 && !pg->params[donations[k]].empty())) donations[k] = -1;
-  const GraphHash key = exec::cache_key(pg->graph, donations);
-  std::shared_ptr<runtime::Executable> exe = exec::executable_for(key, pg->graph, donations);
+  plan->donations = ex.donations;
+  for (size_t k = 0; k < plan->donations.size(); ++k)
+    if (!pg->outputs[k].empty() || (plan->donations[k] >= 0 && !pg->params[plan->donations[k]].empty()))
+      plan->donations[k] = -1;
+  plan->key = exec::cache_key(pg->graph, plan->donations);
+  exe = exec::executable_for(plan->key, pg->graph, plan->donations);
+  plan->params = std::move(pg->params);
+  plan->outputs = std::move(pg->outputs);
+  plan->param_boxes = std::move(pg->param_boxes);
+  plan->output_boxes = std::move(pg->output_boxes);
+  plan->sizes = std::move(pg->sizes);
+  return plan;
+}
 
+// A sync run by its bucket graph's executable (compile/polymorphic.h): the marked parameters
+// padded into buffers of the bucket's size, the sizes passed in, the outputs cropped to their
+// traced shapes and marked where their dims derive from a marked one.
+void run_polymorphic(const std::vector<std::shared_ptr<TensorImpl>>& tensors, const Extracted& ex,
+                     const PolymorphicPlan& plan, runtime::Executable& exe) {
   const backend::Backend& be = backend::current();
   const size_t np = ex.params.size();
-  std::vector<exec::BufferPtr> params(np + pg->sizes.size());
+  std::vector<exec::BufferPtr> params(np + plan.sizes.size());
   for (size_t p = 0; p < np; ++p)
-    params[p] = pg->params[p].empty() ? ex.params[p]
-                                      : exec::padded_copy(*ex.params[p], ex.param_types[p], exe->param_types()[p].shape);
-  for (size_t s = 0; s < pg->sizes.size(); ++s) {
+    params[p] = plan.params[p].empty() ? ex.params[p]
+                                       : exec::padded_copy(*ex.params[p], ex.param_types[p], plan.param_boxes[p]);
+  for (size_t s = 0; s < plan.sizes.size(); ++s) {
     params[np + s] = be.allocate(sizeof(int64_t));
-    std::memcpy(params[np + s]->data(), &pg->sizes[s], sizeof(int64_t));
+    std::memcpy(params[np + s]->data(), &plan.sizes[s], sizeof(int64_t));
   }
   exec::Frame frame;
-  frame.size_for(*exe);
+  frame.size_for(exe);
   for (size_t i = 0; i < params.size(); ++i) frame.params[i] = params[i]->data();
   static const exec::BufferPtr none;
   auto offer = [&](size_t k) -> const exec::BufferPtr& {
-    return donations[k] >= 0 && exe->donation_accepted(k) ? params[donations[k]] : none;
+    return plan.donations[k] >= 0 && exe.donation_accepted(k) ? params[plan.donations[k]] : none;
   };
   auto param = [&](int32_t i) -> const exec::BufferPtr& { return params[i]; };
   static auto& execute_graph = metrics::detail::counter_cell("ExecuteGraph");
-  exec::run(*exe, frame, offer, param, execute_graph);
+  exec::run(exe, frame, offer, param, execute_graph);
   static auto& polymorphic = metrics::detail::counter_cell("PolymorphicGraph");
   polymorphic.add(1);
   for (size_t k = 0; k < tensors.size(); ++k) {
     uint64_t bits = 0;
-    for (const compile::PaddedDim& d : pg->outputs[k]) bits |= uint64_t{1} << d.dim;
-    tensors[k]->dynamic_dims |= bits;
-    if (pg->outputs[k].empty()) continue;
-    frame.outs[k] = exec::cropped_copy(*frame.outs[k], exe->output_types()[k].shape, tensors[k]->type);
+    for (const compile::PaddedDim& d : plan.outputs[k]) bits |= uint64_t{1} << d.dim;
+    tensors[k]->dynamic.soft |= bits;
+    if (plan.outputs[k].empty()) continue;
+    frame.outs[k] = exec::cropped_copy(*frame.outs[k], plan.output_boxes[k], tensors[k]->type);
   }
-  bind_results(tensors, *exe, frame);
-  return true;
+  bind_results(tensors, exe, frame);
 }
 
 }  // namespace
@@ -136,31 +201,41 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   std::vector<std::shared_ptr<TensorImpl>> tensors = pending_only(requested);
   if (tensors.empty()) return;
 
-  // Hashed first, without building the graph; built only where no executable is cached, or
-  // where it reads dims marked dynamic (its bucket graph is made from the built graph).
+  // Hashed first, without building the graph; built only where no executable is cached. A
+  // graph reading dims marked dynamic runs on its bucket graph (its plan kept by the traced
+  // graph's key), unless it has none.
   Extracted ex;
-  GraphHash key;
+  GraphHash key, memo_key;
   std::shared_ptr<runtime::Executable> exe;
-  bool dynamic = false;
+  std::shared_ptr<const PolymorphicPlan> plan;
+  bool refused = false, make = false;
   {
     static auto& trace_time = metrics::detail::timing_cell("TraceTime");
     detail::ScopedTimer timer(trace_time);
     ex = extract_graph(tensors, /*hash_only=*/true);
-    dynamic = std::any_of(ex.param_dynamic_dims.begin(), ex.param_dynamic_dims.end(), [](uint64_t d) { return d != 0; });
-    if (!dynamic) {
-      key = exec::cache_key(ex.graph_hash, ex.donations);
-      exe = exec::cached_executable(key);
+    key = exec::cache_key(ex.graph_hash, ex.donations);
+    if (std::any_of(ex.param_dynamic.begin(), ex.param_dynamic.end(), [](const DynamicMarks& d) { return d.any(); })) {
+      memo_key = PlanMemo::key(ex, key);
+      const bool planned = plan_memo().find(memo_key, plan, refused);
+      if (plan) exe = exec::cached_executable(plan->key);
+      make = !planned || (plan && !exe);  // the bucket graph is made from the built graph
     }
-    if (!exe) {
+    if (!make && !plan) exe = exec::cached_executable(key);
+    if (make || !exe) {
       ex = {};  // its buffer references first: donation counts who else holds a buffer
       ex = extract_graph(tensors);
     }
   }
-  if (dynamic && sync_polymorphic(tensors, ex)) return;
-  if (!exe) {
-    if (dynamic) key = exec::cache_key(ex.graph, ex.donations);
-    exe = exec::executable_for(key, ex.graph, ex.donations);
+  if (make) {
+    plan = make_plan(ex, exe, refused);
+    plan_memo().put(memo_key, plan, refused);
   }
+  if (plan) {
+    run_polymorphic(tensors, ex, *plan, *exe);
+    return;
+  }
+  if (refused) metrics::increment("PolymorphicRefused");
+  if (!exe) exe = exec::executable_for(key, ex.graph, ex.donations);
   exec::Frame frame;
   frame.size_for(*exe);
   for (size_t i = 0; i < ex.params.size(); ++i) frame.params[i] = ex.params[i]->data();

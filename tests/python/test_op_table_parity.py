@@ -600,6 +600,7 @@ ELSEWHERE = {
     # sync points compute values, they are no op
     "mark_step": "test_tensor.py", "invalidate_compiled_steps": "test_replay.py", "sync": "test_metrics_cache.py",
     "mark_dynamic": "test_dynamic_shapes.py", "dynamic_dims": "test_dynamic_shapes.py",
+    "maybe_mark_dynamic": "test_dynamic_shapes.py",
     # type promotion table (test_api_coverage.py)
     "promote_types": "test_api_coverage.py",
     # compositions written in Python (python/lazyrt/_math.py, _linalg.py, ...), each against torch there

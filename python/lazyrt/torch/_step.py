@@ -360,6 +360,24 @@ class _Entry:
                 flat[k] = piece
         return direct, flat
 
+    def mark_dynamic(self, world, dynamic):
+        """Marks the argument slots' dims dynamic as torch would treat them: torch._dynamo's
+        mark_dynamic (hard) and maybe_mark_dynamic (soft) on the tensors of this capture's call,
+        every dim soft with dynamic=True, none with dynamic=False. Sizes of one bucket then share
+        one compiled executable (lazyrt.mark_dynamic)."""
+        if dynamic is False:
+            return
+        for s, (kind, ref) in enumerate(self._slot_refs):
+            if kind != "arg":
+                continue
+            t = world.args_leaves[ref]
+            hard = set(getattr(t, "_dynamo_dynamic_indices", None) or ())
+            soft = set(getattr(t, "_dynamo_weak_dynamic_indices", None) or ()) - hard
+            if dynamic:
+                soft |= set(range(t.dim())) - hard
+            if hard or soft:
+                self._handover.mark(s, sum(1 << d for d in hard), sum(1 << d for d in soft))
+
     def _torch_inputs(self, world):
         inputs = []
         for s, (kind, ref) in enumerate(self._slot_refs):
@@ -785,8 +803,9 @@ class CompiledFunction:
     would have left there. ``captures`` counts the captures made so far.
     """
 
-    def __init__(self, fn, model=None, optimizer=None):
+    def __init__(self, fn, model=None, optimizer=None, dynamic=None):
         self.fn = fn
+        self._dynamic = dynamic
         self._modules = _as_list(model)
         self._optimizers = _as_list(optimizer)
         self._entries = {}
@@ -989,6 +1008,7 @@ class CompiledFunction:
                 # An optimizer the step runs that discovery did not find is refused, naming it.
                 with _discover.foreign_optimizers(world.optimizers):
                     entry = self._capture_entry(world, side_attrs, places)
+                entry.mark_dynamic(world, self._dynamic)
             finally:
                 changed = [p for p in places if p.changed()]
                 sets = [p.tensors_set() if isinstance(p, _ModulePlace) else None for p in changed]
@@ -1070,7 +1090,7 @@ class CompiledFunction:
         return _Entry(capture_again(world, fn, frozenset(exact_grads), frozenset(exact_states)))
 
 
-def compile(fn=None, *, model=None, optimizer=None):
+def compile(fn=None, *, model=None, optimizer=None, dynamic=None):
     """Compiles a PyTorch training step for lazyrt: ``step = lazyrt.torch.compile(fn)``.
 
     fn: a function of tensors (and Python values) that runs one training step on torch modules
@@ -1085,9 +1105,14 @@ def compile(fn=None, *, model=None, optimizer=None):
     the step runs that is neither given nor found is refused when captured, naming it.
     A module found but not used costs only its tensors' hand-over per call.
 
+    dynamic: as torch.compile's. None: the dims torch._dynamo.mark_dynamic (or maybe_mark_dynamic)
+    marked on the arguments are dynamic; True: every dim of every tensor argument may be (those
+    that meet a static dim, a weight's, stay static); False: none. A capture is still made per
+    shape, but sizes of one bucket (up to the next power of two) share one compiled executable.
+
     Used as a decorator too: ``@lazyrt.torch.compile`` or ``@lazyrt.torch.compile(model=m)``.
     See the package docstring (``help(lazyrt.torch)``) for what is captured and guarded.
     """
     if fn is None:
-        return lambda f: CompiledFunction(f, model=model, optimizer=optimizer)
-    return CompiledFunction(fn, model=model, optimizer=optimizer)
+        return lambda f: CompiledFunction(f, model=model, optimizer=optimizer, dynamic=dynamic)
+    return CompiledFunction(fn, model=model, optimizer=optimizer, dynamic=dynamic)
