@@ -18,6 +18,9 @@ std::string graph_text(const std::vector<Tensor>& tensors);
 /// Where the graph reads dims marked dynamic (mark_dynamic): the bucket graph a sync compiles
 /// for it, as text; otherwise "not polymorphic: " and why (the op that cannot take padding).
 std::string polymorphic_graph_text(const std::vector<Tensor>& tensors);
+/// Why the last graph (of a sync or a compiled step) that read dims marked dynamic was compiled
+/// as traced (the op that cannot take padding); empty when none was.
+std::string last_polymorphic_refusal();
 /// Its node count, regions included (a region that several nodes share, once).
 int64_t graph_node_count(const std::vector<Tensor>& tensors);
 /// Bytes of device memory (tensor data, arenas, constants) live now, and the most live at

@@ -580,7 +580,8 @@ void mark_step();
 /// Syncs these tensors, as one graph.
 void sync(const std::vector<Tensor>& tensors);
 /// Marks dim `dim` of `t` dynamic, as torch._dynamo.mark_dynamic does: a graph that reads t's
-/// data is compiled once for every size of that dim in its bucket (the next power of two),
+/// data (a pending t once it holds data) is compiled once for every size of that dim in its
+/// bucket (the next power of two),
 /// padded there and masked wherever padding would change a value; the results of such a graph
 /// carry the mark on the dims that derive from it. A graph no rule can pad compiles as traced
 /// (metrics counter PolymorphicRefused). Throws lazyrt::Error for a dim out of range or a view.

@@ -99,6 +99,8 @@ void bind_metrics_cache(py::module_& m) {
         py::arg("tensors"),
         "The bucket graph a sync of these tensors compiles where they read dims marked dynamic, as text; "
         "else 'not polymorphic: ' and why.");
+  d.def("last_polymorphic_refusal", &debug::last_polymorphic_refusal,
+        "Why the last graph that read dims marked dynamic was compiled as traced; '' when none was.");
   d.def("graph_node_count", [](py::handle ts) { return debug::graph_node_count(tensors_from(ts, "graph_node_count")); },
         py::arg("tensors"));
   d.def("live_memory_bytes", &debug::live_memory_bytes);

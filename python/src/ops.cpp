@@ -191,6 +191,15 @@ py::object in_place(py::object self, F&& f) {
   return self;
 }
 
+// mark(t, d) for a dim given as an int, or for each of a sequence of them.
+void for_each_dim(const Tensor& t, py::handle dims, void (*mark)(const Tensor&, int64_t)) {
+  if (py::isinstance<py::int_>(dims)) {
+    mark(t, dims.cast<int64_t>());
+    return;
+  }
+  for (py::handle d : dims) mark(t, d.cast<int64_t>());
+}
+
 }  // namespace
 
 void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
@@ -585,22 +594,12 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
         py::gil_scoped_release release;
         sync(ts);
       }, arg("tensors"), "Computes these tensors, as one graph.")
-      .fn("mark_dynamic", [](const Tensor& t, py::handle dims) {
-        if (py::isinstance<py::int_>(dims)) {
-          mark_dynamic(t, dims.cast<int64_t>());
-          return;
-        }
-        for (py::handle d : dims) mark_dynamic(t, d.cast<int64_t>());
-      }, arg("tensor"), arg("dim"),
+      .fn("mark_dynamic", [](const Tensor& t, py::handle dims) { for_each_dim(t, dims, mark_dynamic); },
+          arg("tensor"), arg("dim"),
           "Marks a dim (or each of a list of dims) of a tensor dynamic: graphs reading its data are "
           "compiled once per bucket of that size (the next power of two), not once per size.")
-      .fn("maybe_mark_dynamic", [](const Tensor& t, py::handle dims) {
-        if (py::isinstance<py::int_>(dims)) {
-          maybe_mark_dynamic(t, dims.cast<int64_t>());
-          return;
-        }
-        for (py::handle d : dims) maybe_mark_dynamic(t, d.cast<int64_t>());
-      }, arg("tensor"), arg("dim"),
+      .fn("maybe_mark_dynamic", [](const Tensor& t, py::handle dims) { for_each_dim(t, dims, maybe_mark_dynamic); },
+          arg("tensor"), arg("dim"),
           "As mark_dynamic, but the dim stays static in a graph where it meets a static dim of its size.")
       .fn("dynamic_dims", &dynamic_dims, arg("tensor"), "The dims of a tensor marked dynamic.");
 }

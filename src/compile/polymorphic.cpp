@@ -88,6 +88,18 @@ struct Forced {
 }
 
 
+// A reduction over a list of dims (sum, mean, amax, amin, prod, var, std, norm), by its result
+// rule in the op table.
+bool reduces_dims(OpKind op) {
+  switch (ir::op_info(op).rule) {
+    case ir::ResultRule::Reduce:
+    case ir::ResultRule::ReduceFloat:
+    case ir::ResultRule::ReduceNonEmpty:
+    case ir::ResultRule::ReduceNorm: return true;
+    default: return false;
+  }
+}
+
 // What the padding of a value reads as where an op must not see it.
 enum class Fill { Zero, One, NegInf, True, First };
 
@@ -232,11 +244,9 @@ class Rewrite {
   // Ops whose result is the same all along a dim where their operands are (along the dims
   // they come from).
   static bool keeps_uniform(OpKind op) {
-    if (ir::has_flag(op, ir::kElementwise)) return true;
+    if (ir::has_flag(op, ir::kElementwise) || reduces_dims(op)) return true;
     switch (op) {
-      case OpKind::Full: case OpKind::Expand: case OpKind::StopGradient: case OpKind::Permute:
-      case OpKind::Sum: case OpKind::Mean: case OpKind::Amax: case OpKind::Amin: case OpKind::Prod:
-      case OpKind::Var: case OpKind::Std: case OpKind::Norm: case OpKind::Matmul:
+      case OpKind::Full: case OpKind::Expand: case OpKind::StopGradient: case OpKind::Permute: case OpKind::Matmul:
         return true;
       default: return false;
     }
@@ -415,6 +425,10 @@ class Rewrite {
       done(i, emit(n, n.op, mapped(n), n.attrs), std::move(d));
       return;
     }
+    if (reduces_dims(n.op)) {
+      reduction(i);
+      return;
+    }
     switch (n.op) {
       case OpKind::Full: {
         if (divisor_[i]) {
@@ -451,16 +465,6 @@ class Rewrite {
         done(i, emit(n, n.op, mapped(n), {a.i<"distribution">(), padded_shape(s, d), a.dtype<"dtype">()}), d);
         return;
       }
-      case OpKind::Sum:
-      case OpKind::Mean:
-      case OpKind::Amax:
-      case OpKind::Amin:
-      case OpKind::Prod:
-      case OpKind::Var:
-      case OpKind::Std:
-      case OpKind::Norm:
-        reduction(i);
-        return;
       case OpKind::ArgMax:
       case OpKind::ArgMin: {
         const ValueRef x = n.operands[0];

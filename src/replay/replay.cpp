@@ -689,7 +689,7 @@ bool compile_polymorphic(Variant& v, const trace::Extracted& ex) {
   std::string why;
   std::optional<compile::PolymorphicGraph> pg = trace::polymorphic_graph(ex, &why);
   if (!pg) {
-    if (why != compile::kNothingToPad) metrics::increment("PolymorphicRefused");
+    if (why != compile::kNothingToPad) trace::note_polymorphic_refusal(why);
     return false;
   }
   std::vector<int32_t> offers = v.offers;

@@ -48,6 +48,8 @@ std::string polymorphic_graph_text(const std::vector<Tensor>& tensors) {
   return pg ? ir::to_text(pg->graph) : "not polymorphic: " + why;
 }
 
+std::string last_polymorphic_refusal() { return trace::last_polymorphic_refusal(); }
+
 int64_t graph_node_count(const std::vector<Tensor>& tensors) {
   std::unordered_set<const ir::Graph*> seen;
   return count_nodes(trace::pending_graph(impls(tensors)), seen);

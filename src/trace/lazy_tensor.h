@@ -363,6 +363,10 @@ Extracted extract_graph(const std::vector<std::shared_ptr<TensorImpl>>& pending,
 /// The bucket graph of an extracted (built) graph whose parameters have dims marked dynamic
 /// (compile/polymorphic.h); nullopt, with the reason in `why`, where there is none.
 std::optional<compile::PolymorphicGraph> polymorphic_graph(const Extracted& ex, std::string* why);
+/// Counts a graph that reads marked dims but was compiled as traced (PolymorphicRefused), and
+/// keeps why for last_polymorphic_refusal.
+void note_polymorphic_refusal(const std::string& why);
+std::string last_polymorphic_refusal();
 /// The pending tensors among `requested`, each once, in order.
 std::vector<std::shared_ptr<TensorImpl>> pending_only(const std::vector<std::shared_ptr<TensorImpl>>& requested);
 /// While alive (per thread), any sync throws lazyrt::Error with `reason`.

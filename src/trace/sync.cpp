@@ -49,6 +49,22 @@ void bind_results(const std::vector<std::shared_ptr<TensorImpl>>& tensors, const
 
 }  // namespace
 
+namespace {
+std::mutex refusal_mu;
+std::string last_refusal;
+}  // namespace
+
+void note_polymorphic_refusal(const std::string& why) {
+  metrics::increment("PolymorphicRefused");
+  std::lock_guard<std::mutex> lock(refusal_mu);
+  last_refusal = why;
+}
+
+std::string last_polymorphic_refusal() {
+  std::lock_guard<std::mutex> lock(refusal_mu);
+  return last_refusal;
+}
+
 std::optional<compile::PolymorphicGraph> polymorphic_graph(const Extracted& ex, std::string* why) {
   std::vector<compile::DynamicDim> marks;
   for (size_t p = 0; p < ex.param_dynamic.size(); ++p)
@@ -89,8 +105,8 @@ class PlanMemo {
     return h.finish();
   }
   // What is known of the traced graph of this key: nothing (false), or its plan (null where it
-  // has none; `refused`: not for want of a marked size of 2 or more).
-  bool find(const GraphHash& k, std::shared_ptr<const PolymorphicPlan>& plan, bool& refused) {
+  // has none; `refused`: why, unless for want of a marked size of 2 or more).
+  bool find(const GraphHash& k, std::shared_ptr<const PolymorphicPlan>& plan, std::string& refused) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = plans_.find(k);
     if (it == plans_.end()) return false;
@@ -98,10 +114,10 @@ class PlanMemo {
     refused = it->second.second;
     return true;
   }
-  void put(const GraphHash& k, std::shared_ptr<const PolymorphicPlan> plan, bool refused) {
+  void put(const GraphHash& k, std::shared_ptr<const PolymorphicPlan> plan, std::string refused) {
     std::lock_guard<std::mutex> lock(mu_);
     if (plans_.size() >= kMax) plans_.clear();  // the plans of a program's graphs: few, cheap to remake
-    plans_[k] = {std::move(plan), refused};
+    plans_[k] = {std::move(plan), std::move(refused)};
   }
 
  private:
@@ -110,7 +126,7 @@ class PlanMemo {
   struct KeyHash {
     size_t operator()(const GraphHash& h) const { return static_cast<size_t>(h.hi ^ (h.lo * 0x9e3779b97f4a7c15ULL)); }
   };
-  std::unordered_map<GraphHash, std::pair<std::shared_ptr<const PolymorphicPlan>, bool>, KeyHash> plans_;
+  std::unordered_map<GraphHash, std::pair<std::shared_ptr<const PolymorphicPlan>, std::string>, KeyHash> plans_;
 };
 PlanMemo& plan_memo() {
   static PlanMemo* m = new PlanMemo();
@@ -118,12 +134,12 @@ PlanMemo& plan_memo() {
 }
 
 // The plan of a built graph, its bucket graph compiled (or found); null where there is none
-// (`refused`: for a reason other than no marked size being 2 or more).
+// (`refused`: why, unless for want of a marked size of 2 or more).
 std::shared_ptr<const PolymorphicPlan> make_plan(const Extracted& ex, std::shared_ptr<runtime::Executable>& exe,
-                                                 bool& refused) {
+                                                 std::string& refused) {
   std::string why;
   std::optional<compile::PolymorphicGraph> pg = polymorphic_graph(ex, &why);
-  refused = !pg && why != compile::kNothingToPad;
+  refused = !pg && why != compile::kNothingToPad ? why : std::string();
   if (!pg) return nullptr;
   auto plan = std::make_shared<PolymorphicPlan>();
   // An output that is padded is written fresh and cropped; one computed from a padded
@@ -208,7 +224,8 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
   GraphHash key, memo_key;
   std::shared_ptr<runtime::Executable> exe;
   std::shared_ptr<const PolymorphicPlan> plan;
-  bool refused = false, make = false;
+  std::string refused;
+  bool make = false;
   {
     static auto& trace_time = metrics::detail::timing_cell("TraceTime");
     detail::ScopedTimer timer(trace_time);
@@ -234,7 +251,7 @@ void sync_tensors(const std::vector<std::shared_ptr<TensorImpl>>& requested) {
     run_polymorphic(tensors, ex, *plan, *exe);
     return;
   }
-  if (refused) metrics::increment("PolymorphicRefused");
+  if (!refused.empty()) note_polymorphic_refusal(refused);
   if (!exe) exe = exec::executable_for(key, ex.graph, ex.donations);
   exec::Frame frame;
   frame.size_for(*exe);

@@ -292,6 +292,7 @@ def test_the_bucket_graph_and_why_a_graph_is_not_polymorphic():
     y = x.flip([0]) + 1  # refused: computed as traced
     np.testing.assert_array_equal(y.numpy(), np.arange(10, dtype=np.float32).reshape(5, 2)[::-1] + 1)
     assert lr.metrics.counter("PolymorphicRefused") == 1 and lr.metrics.counter("PolymorphicGraph") == 0
+    assert lr.debug.last_polymorphic_refusal() == "flip: flips a dynamic dim"
 
 
 def test_a_compiled_step_shares_one_executable_per_bucket_and_trains_as_eager():
@@ -442,3 +443,23 @@ def test_a_gpt_step_marked_dynamic_compiles_once_per_bucket_and_trains_as_eager(
 def test_dynamic_true_marks_every_argument_dim_and_keeps_those_that_can_be():
     compiles, _ = _gpt_sweep(0, [5, 7, 6, 8], mark=False)
     assert compiles == 1, lr.metrics.report()
+
+
+def test_torch_compile_backend_dynamic_graphs_share_one_executable_per_bucket():
+    import lazyrt.torch  # noqa: F401  (registers the backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(F, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+    def f(x):
+        return model(x).softmax(-1).mean(0) + x.sum(0)[:3]
+
+    compiled = torch.compile(f, backend="lazyrt", dynamic=True)
+    lr.cache.clear_memory()
+    lr.metrics.reset()
+    with torch.no_grad():
+        for n in [5, 7, 6, 8, 3]:
+            x = torch.randn(n, F)
+            torch.testing.assert_close(compiled(x), f(x), rtol=1e-5, atol=1e-6)
+    # one symbolic graph from Dynamo, specialized per size by lazyrt: buckets 8 and 4
+    assert lr.metrics.counter("UncachedCompile") == 2, lr.metrics.report()
+    assert lr.metrics.counter("PolymorphicRefused") == 0

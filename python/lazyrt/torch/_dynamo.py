@@ -121,6 +121,7 @@ class _Static:
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True) if roots else None
         self.compiled = None  # False until the first call compiles it; True where it has pieces
         self._dummy = None
+        self.symbolic = None  # per input, the dims a symbolic graph had symbolic (mark_dynamic)
         # Without graph breaks, the inputs are handed over as views of the caller's tensors
         # (kept from call to call), and an update of an input of its own shape and dtype is
         # written by the compiled step into that input's memory, lent to it
@@ -151,11 +152,22 @@ class _Static:
             self.handover = _torch_C.Handover(len(placeholders) + len(self.lowered.constants),
                                               [k for k, _ in self.inplace], _AliasedMemory)
 
+    def mark_dynamic(self, dims):
+        """Marks these dims of each input dynamic (soft: lazyrt.maybe_mark_dynamic) in the views
+        the step is handed."""
+        self.symbolic = dims
+        if self.handover is not None:
+            for k, ds in enumerate(dims):
+                if ds:
+                    self.handover.mark(k, 0, sum(1 << d for d in ds))
+
     def _lazy_inputs(self, args):
         inputs = []
-        for is_tensor, a in zip(self.tensor_inputs, args):
+        for k, (is_tensor, a) in enumerate(zip(self.tensor_inputs, args)):
             if is_tensor:
                 inputs.append(lazyrt.from_torch(a))
+                if self.symbolic and self.symbolic[k]:
+                    lazyrt.maybe_mark_dynamic(inputs[-1], self.symbolic[k])
             else:  # a number the static graph does not read (a size it was specialized to)
                 if self._dummy is None:
                     self._dummy = _C.full((), 0, dtype=_C.int64)
@@ -335,7 +347,22 @@ class _Compiled:
 
             static_gm = make_fx(run, tracing_mode="fake")(*args)
             s = self.variants[key] = self._lower(static_gm)
+            if isinstance(s, _Static):
+                s.mark_dynamic(self._symbolic_dims())
         return s
+
+    def _symbolic_dims(self):
+        """Per input of the symbolic graph, the dims Dynamo made symbolic: lazyrt marks them
+        (maybe_mark_dynamic) in each specialization, whose compiled steps then share one
+        executable per bucket of sizes."""
+        dims = []
+        for p in self.gm.graph.nodes:
+            if p.op != "placeholder":
+                continue
+            v = p.meta.get("val")
+            dims.append([d for d, n in enumerate(v.shape) if isinstance(n, torch.SymInt)]
+                        if isinstance(v, torch.Tensor) else [])
+        return dims
 
     def _lower(self, gm):
         try:
