@@ -11,7 +11,8 @@ copy of the model trained alongside) before anything is counted.
 
 Counted: lazyrt's compiles (metrics UncachedCompile) and captures over each sweep, the
 sweep's wall time, and the same for Inductor with torch.compile(dynamic=True) where it runs
-(its compiled graphs from torch._dynamo's counters). Timed: at a few sizes, lazyrt's step replayed
+(its compiled graphs from torch._dynamo's counters, from a fresh Inductor cache) and torch_xla on a
+sample of the sizes (its CompileTime count). Timed: at a few sizes, lazyrt's step replayed
 on the bucket's shared executable against the step compiled for exactly that shape (no mark),
 side by side; a size inside a bucket pays for the padding up to the bucket's size.
 """
@@ -24,7 +25,8 @@ import torch.nn.functional as F
 import gpt_step
 import lazyrt as lr
 import lazyrt.torch  # noqa: F401  (lr.torch)
-from harness import INDUCTOR, BenchmarkError, check_close, num, ratio, table, time_side_by_side
+from harness import (INDUCTOR, BenchmarkError, check_close, fresh_inductor_cache, num, ratio, table,
+                     time_side_by_side)
 
 BATCH_SWEEP = list(range(1, 65))  # at BATCH_TOKENS tokens
 BATCH_TOKENS = 32
@@ -91,6 +93,8 @@ def inductor_sweep(kind, sizes):
     import torch._dynamo
     model, ref = gpt_step.models()
     torch._dynamo.reset()
+    fresh_inductor_cache()  # compiled, not loaded from an earlier run's cache
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     try:
         step = torch.compile(step_of(model, gpt_step.optimizer(model)), dynamic=True)
         eager = step_of(ref, gpt_step.optimizer(ref))
@@ -107,6 +111,60 @@ def inductor_sweep(kind, sizes):
         raise
     except Exception as e:  # noqa: BLE001 - a peer that cannot run here gets a row saying why
         return f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+
+
+XLA_SAMPLE = {"batch": [33, 40, 48, 56, 64], "sequence": [100, 128, 129, 200]}
+XLA = "torch_xla, torch_xla.sync() every step (child process)"
+
+
+def eager_losses(kind, sizes):
+    """The losses of eager training over these sizes, from the start state."""
+    model, _ = gpt_step.models()
+    eager = step_of(model, gpt_step.optimizer(model))
+    return [eager(*batch_of(kind, n, i)).item() for i, n in enumerate(sizes)]
+
+
+def child_xla(kind, sizes):
+    """In a child process (bench/suite.py --child dynamic-xla KIND SIZES): the training step on
+    torch_xla's device over the sizes, one sync a step, the tokens as they come (torch_xla traces
+    and compiles a graph per new shape). Prints the losses, the compiles torch_xla counted (its CompileTime metric) and the
+    seconds of the sweep."""
+    import json
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+    dev = torch_xla.device()
+    model, opt = gpt_step.on_device(dev)
+    step = step_of(model, opt)
+    losses = []
+    t0 = time.perf_counter()
+    for i, n in enumerate(sizes):
+        idx, targets = (t.to(dev) for t in batch_of(kind, n, i))
+        loss = step(idx, targets)
+        torch_xla.sync()
+        xm.wait_device_ops()
+        losses.append(float(loss.cpu()))
+    seconds = time.perf_counter() - t0
+    compile_time = met.metric_data("CompileTime")
+    print(json.dumps({"losses": losses, "compiles": compile_time[0] if compile_time else 0, "seconds": seconds}))
+
+
+def xla_sweep(opts, kind):
+    """(compiles, seconds, sizes) of torch_xla over a sample of the sizes, its losses checked
+    against eager's; or a string saying why it did not run."""
+    import sys
+    from harness import run_child_or_why
+    from peers import CHILD_TIMEOUT_S, install_failure, xla_env, xla_installed
+    if not xla_installed():
+        return "failed: " + (install_failure(sys.prefix) or "torch_xla is not installed (`make bench` installs it)")
+    sizes = XLA_SAMPLE[kind]
+    out, why = run_child_or_why(opts, "dynamic-xla", kind, ",".join(map(str, sizes)), env=xla_env(opts.threads),
+                                timeout=4 * CHILD_TIMEOUT_S)
+    if out is None:
+        return f"failed: {why}"
+    check_close(f"GPT, {kind} {sizes}: torch_xla's losses", out["losses"], eager_losses(kind, sizes),
+                rtol=1e-3, atol=1e-4)
+    return out["compiles"], out["seconds"], sizes
 
 
 def timed(kind, n, reps):
@@ -146,6 +204,7 @@ def run(opts):
     buckets = {k: len({lr_bucket(n) for n in v if n > 1}) + (1 in v) for k, v in sweeps.items()}
     counted = {k: lazyrt_sweep(k, v) for k, v in sweeps.items()}
     inductor = {} if opts.quick else {k: inductor_sweep(k, v) for k, v in sweeps.items()}
+    xla = {} if opts.quick else {k: xla_sweep(opts, k) for k in sweeps}
     reps = 3 if opts.quick else 5
     times = [(kind, n) + timed(kind, n, reps) for kind, n in (QUICK_TIMED if opts.quick else TIMED)]
 
@@ -164,6 +223,12 @@ def run(opts):
                          num(ind[1])))
         elif ind is not None:
             rows.append((label(kind), f"{len(sweeps[kind])}", f"{INDUCTOR}, dynamic=True", ind, "-", "-", "-"))
+        x = xla.get(kind)
+        if isinstance(x, tuple):
+            rows.append((f"{kind} {', '.join(map(str, x[2]))} (a sample)", f"{len(x[2])}", XLA, f"{x[0]}", "-", "-",
+                         num(x[1])))
+        elif x is not None:
+            rows.append((label(kind), "-", XLA, x, "-", "-", "-"))
     time_rows = [(f"{kind} {n}" + (f" (x{BATCH_TOKENS} tokens)" if kind == "batch" else f" (batch {SEQ_BATCH})"),
                   f"{lr_bucket(n)}", bucket.cell(), fixed.cell(), ratio(bucket.median / fixed.median))
                  for kind, n, bucket, fixed in times]
@@ -172,7 +237,7 @@ def run(opts):
           "marked with `torch._dynamo.mark_dynamic` along the swept dim; lazyrt pads each marked size to its bucket "
           "(the next power of two) and compiles one executable per bucket (a capture is still made per shape). "
           "Every loss is checked against PyTorch eager's (rtol 1e-4) before it counts. compiles: lazyrt's "
-          "UncachedCompile (Inductor: graphs Dynamo compiled); buckets: the power-of-two buckets the sizes fall "
+          "UncachedCompile (Inductor: graphs Dynamo compiled, from a fresh cache; torch_xla: its CompileTime count); buckets: the power-of-two buckets the sizes fall "
           "in; seconds: the sweep's calls, first calls (capture, compile) included.\n",
           table(["sizes", "steps", "path", "compiles", "captures", "buckets", "seconds"], rows, "lrlrrrr") + "\n",
           refused_note(counted),

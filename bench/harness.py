@@ -221,6 +221,17 @@ def compiled_graphs():
     return dynamo_unique_graphs(), metrics.counter("DynamoGraph")
 
 
+def fresh_inductor_cache():
+    """Points Inductor at a fresh on-disk cache folder (TORCHINDUCTOR_CACHE_DIR, removed at exit),
+    so that what it compiles next is compiled, not loaded from an earlier run's cache."""
+    import atexit
+    import shutil
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="lazyrt-bench-inductor-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+
+
 class FirstCallTimed:
     """A compiled step whose first call (where it is captured and compiled) is timed on its own:
     first_seconds, None before that call. Steady-state timings call .fn, the step itself, after
@@ -236,12 +247,7 @@ class FirstCallTimed:
         if self.first_seconds is not None:
             return self.fn(*args)
         if self.fresh_inductor_cache:
-            import atexit
-            import shutil
-            import tempfile
-            folder = tempfile.mkdtemp(prefix="lazyrt-bench-inductor-")
-            atexit.register(shutil.rmtree, folder, True)
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+            fresh_inductor_cache()
         start = time.perf_counter()
         out = self.fn(*args)
         self.first_seconds = time.perf_counter() - start

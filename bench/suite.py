@@ -165,6 +165,10 @@ def main(argv):
             import gpt_step
             gpt_step.child_xla(int(args.child[1]))
             return 0
+        if args.child[0] == "dynamic-xla":
+            import dynamic_shapes
+            dynamic_shapes.child_xla(args.child[1], [int(n) for n in args.child[2].split(",")])
+            return 0
         if args.child[0] == "mlp-xla":
             import mlp_step
             mlp_step.child_xla(int(args.child[1]))
