@@ -1,16 +1,16 @@
 // Sync: flatten the pending DAG of some tensors into an ir::Graph (extract.cpp), and have the
 // executor (src/exec) key, find or compile and run it; the results are bound to the tensors.
 #include <algorithm>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "backend/backend.h"
 #include "compile/polymorphic.h"
-#include "lazyrt/metrics.h"
 #include "exec/executor.h"
 #include "ir/hash.h"
+#include "lazyrt/metrics.h"
 #include "trace/extract.h"
 #include "trace/lazy_tensor.h"
 #include "util/check.h"
@@ -47,11 +47,9 @@ void bind_results(const std::vector<std::shared_ptr<TensorImpl>>& tensors, const
   }
 }
 
-}  // namespace
-
-namespace {
 std::mutex refusal_mu;
-std::string last_refusal;
+std::string last_refusal;  // last_polymorphic_refusal's, under refusal_mu
+
 }  // namespace
 
 void note_polymorphic_refusal(const std::string& why) {
@@ -87,9 +85,7 @@ namespace {
 struct PolymorphicPlan {
   GraphHash key;                   // the bucket graph's cache key
   std::vector<int32_t> donations;  // offers, less the padded outputs'
-  std::vector<std::vector<compile::PaddedDim>> params, outputs;
-  std::vector<compile::Box> param_boxes, output_boxes;
-  std::vector<int64_t> sizes;
+  compile::PolymorphicGraph pg;    // its padded dims, boxes and sizes (the graph itself dropped)
 };
 
 class PlanMemo {
@@ -150,11 +146,8 @@ std::shared_ptr<const PolymorphicPlan> make_plan(const Extracted& ex, std::share
       plan->donations[k] = -1;
   plan->key = exec::cache_key(pg->graph, plan->donations);
   exe = exec::executable_for(plan->key, pg->graph, plan->donations);
-  plan->params = std::move(pg->params);
-  plan->outputs = std::move(pg->outputs);
-  plan->param_boxes = std::move(pg->param_boxes);
-  plan->output_boxes = std::move(pg->output_boxes);
-  plan->sizes = std::move(pg->sizes);
+  pg->graph = {};
+  plan->pg = std::move(*pg);
   return plan;
 }
 
@@ -165,13 +158,13 @@ void run_polymorphic(const std::vector<std::shared_ptr<TensorImpl>>& tensors, co
                      const PolymorphicPlan& plan, runtime::Executable& exe) {
   const backend::Backend& be = backend::current();
   const size_t np = ex.params.size();
-  std::vector<exec::BufferPtr> params(np + plan.sizes.size());
+  std::vector<exec::BufferPtr> params(np + plan.pg.sizes.size());
   for (size_t p = 0; p < np; ++p)
-    params[p] = plan.params[p].empty() ? ex.params[p]
-                                       : exec::padded_copy(*ex.params[p], ex.param_types[p], plan.param_boxes[p]);
-  for (size_t s = 0; s < plan.sizes.size(); ++s) {
+    params[p] = plan.pg.params[p].empty() ? ex.params[p]
+                                       : exec::padded_copy(*ex.params[p], ex.param_types[p], plan.pg.param_boxes[p]);
+  for (size_t s = 0; s < plan.pg.sizes.size(); ++s) {
     params[np + s] = be.allocate(sizeof(int64_t));
-    std::memcpy(params[np + s]->data(), &plan.sizes[s], sizeof(int64_t));
+    std::memcpy(params[np + s]->data(), &plan.pg.sizes[s], sizeof(int64_t));
   }
   exec::Frame frame;
   frame.size_for(exe);
@@ -187,10 +180,10 @@ void run_polymorphic(const std::vector<std::shared_ptr<TensorImpl>>& tensors, co
   polymorphic.add(1);
   for (size_t k = 0; k < tensors.size(); ++k) {
     uint64_t bits = 0;
-    for (const compile::PaddedDim& d : plan.outputs[k]) bits |= uint64_t{1} << d.dim;
+    for (const compile::PaddedDim& d : plan.pg.outputs[k]) bits |= uint64_t{1} << d.dim;
     tensors[k]->dynamic.soft |= bits;
-    if (plan.outputs[k].empty()) continue;
-    frame.outs[k] = exec::cropped_copy(*frame.outs[k], plan.output_boxes[k], tensors[k]->type);
+    if (plan.pg.outputs[k].empty()) continue;
+    frame.outs[k] = exec::cropped_copy(*frame.outs[k], plan.pg.output_boxes[k], tensors[k]->type);
   }
   bind_results(tensors, exe, frame);
 }
