@@ -81,6 +81,9 @@ struct Retry {
 struct Forced {
   std::set<std::pair<int32_t, int64_t>> statics;
   std::map<std::pair<int32_t, int64_t>, std::pair<int32_t, int64_t>> dynamics;
+  // Nodes whose padding is made zero where they are computed (a product reads them, through
+  // views, contracting a padded dim): every reader then sees zeros there.
+  std::set<int32_t> zeroed;
 };
 
 [[noreturn]] void refuse(const Node& n, const std::string& what) {
@@ -115,6 +118,7 @@ class Rewrite {
             static_cast<int32_t>(i);
     marks_.resize(static_cast<size_t>(g.num_params));
     divisor_.assign(g.nodes.size(), false);
+    zero_.assign(g.nodes.size(), false);
     for (const Node& n : g.nodes)
       if (n.op == OpKind::Div && g.node(n.operands[1]).op == OpKind::Full && g.type(n.operands[1]).shape.empty())
         divisor_[n.operands[1].node] = true;
@@ -134,6 +138,8 @@ class Rewrite {
   }
 
   bool any_symbol() const { return !sizes_.empty(); }
+  // The nodes this run found a product would rather read zero-padded (Forced::zeroed).
+  const std::set<int32_t>& wanted_zero() const { return want_zero_; }
   const Shape& param_shape(int64_t p) const { return g_.nodes[param_node_[p]].results[0].shape; }
 
   PolymorphicGraph run() {
@@ -174,6 +180,10 @@ class Rewrite {
   std::vector<std::vector<Dims>> dims_;  // per traced node, per result
   std::vector<Dims> marks_;              // per parameter
   std::vector<bool> divisor_;            // per traced node: a scalar constant some div divides by
+  // Per traced node: its result 0 (as rewritten) holds 0 in every padded element, the padding
+  // of each of its dynamic dims in that dim's own layout. Inputs are padded with zeros.
+  std::vector<bool> zero_;
+  std::set<int32_t> want_zero_;          // nodes a product would rather read zero-padded
   std::vector<int64_t> sizes_;           // per symbol
   std::vector<ValueRef> size_param_;     // per symbol
   std::map<std::tuple<int32_t, int64_t, int64_t, size_t, size_t>, ValueRef> masks_;
@@ -233,13 +243,109 @@ class Rewrite {
     if (out().type(v).shape != want || out().type(v).dtype != n.results[0].dtype)
       refuse(n, detail::str_cat("padded to ", ir::type_str(out().type(v)), ", not ",
                                 ir::type_str({n.results[0].dtype, want})));
-    rw_.set(i, 0, v);
     if (!keeps_uniform(n.op))
       for (Dim& x : d) {
         x.uniform = false;
         if (!x.dyn()) x.origin = -1;
       }
+    bool zero = keeps_zero(n, d);
+    // Zeroed where computed, for the products reading it. Not a value uniform along a dynamic
+    // dim: that one may take another layout of the padding, where zeros would be valid elements.
+    if (!zero && forced_.zeroed.count(i) && std::none_of(d.begin(), d.end(), [](const Dim& x) { return x.uniform; })) {
+      v = fill_all(n, v, d, Fill::Zero);
+      zero = true;
+    }
+    zero_[i] = zero;
+    rw_.set(i, 0, v);
     dims_[i] = {std::move(d)};
+  }
+  // Whether traced value `v`'s padding is zero in the layout of dim `want` along its dim `e`
+  // (a dim read as `want`, laid out alike).
+  bool zero_as(ValueRef v, size_t e, const Dim& want) const {
+    return v.index == 0 && zero_[v.node] && dims(v)[e] == want;
+  }
+  // Whether node n's result (of dims d) holds zero in all its padding, from its operands':
+  // f(0, .., 0) = 0 for an elementwise f whose operands all have each dynamic dim of the
+  // result, laid out alike, and zero padding; such a value times or divided by a finite
+  // constant (not 0, for a divisor); views and sums of such values; a constant 0. Not a
+  // product of two values (0 times an infinity is not 0) nor anything else.
+  bool keeps_zero(const Node& n, const Dims& d) const {
+    if (std::none_of(d.begin(), d.end(), [](const Dim& x) { return x.dyn(); })) return true;
+    const auto operand_zero = [&] { return n.operands[0].index == 0 && zero_[n.operands[0].node]; };
+    const auto finite_constant = [&](ValueRef v) {
+      const Node& c = g_.node(v);
+      if (c.op != OpKind::Full) return false;
+      const double value = NodeAttrs(c.op, c.attrs).f<"value">();
+      return std::isfinite(value) && (n.op == OpKind::Mul || value != 0);
+    };
+    if (n.op == OpKind::Mul || n.op == OpKind::Div)
+      for (size_t k = 0; k < 2; ++k) {  // operand k times (or over) constant 1 - k
+        if ((n.op == OpKind::Div && k != 0) || !finite_constant(n.operands[1 - k])) continue;
+        const ValueRef v = n.operands[k];
+        if (shape(v).size() != d.size()) continue;
+        bool zero = true;
+        for (size_t e = 0; e < d.size(); ++e) zero = zero && (!d[e].dyn() || zero_as(v, e, d[e]));
+        if (zero) return true;
+      }
+    switch (n.op) {
+      case OpKind::Neg: case OpKind::Abs: case OpKind::Sqrt: case OpKind::Relu: case OpKind::Tanh: case OpKind::Cast:
+      case OpKind::Sin: case OpKind::Log1p: case OpKind::Expm1: case OpKind::Erf: case OpKind::Atan: case OpKind::Gelu:
+      case OpKind::Silu: case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: case OpKind::Sign: case OpKind::Add:
+      case OpKind::Sub: case OpKind::Mul: case OpKind::Maximum: case OpKind::Minimum: case OpKind::Ne:
+      case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::Where: case OpKind::StopGradient: {
+        for (size_t k = n.op == OpKind::Where ? 1 : 0; k < n.operands.size(); ++k) {
+          const ValueRef v = n.operands[k];
+          const size_t off = d.size() - shape(v).size();
+          for (size_t e = 0; e < d.size(); ++e)
+            if (d[e].dyn() && (e < off || shape(v)[e - off] == 1 || !zero_as(v, e - off, d[e]))) return false;
+        }
+        return true;
+      }
+      case OpKind::Permute: case OpKind::Reshape: case OpKind::Sum: case OpKind::Amax: case OpKind::Amin:
+        return operand_zero();
+      case OpKind::Slice: case OpKind::Expand: {
+        // No dim made dynamic here: its padding would hold valid elements of the operand.
+        const ValueRef x = n.operands[0];
+        const Dims& dx = dims(x);
+        const size_t off = d.size() - dx.size();
+        for (size_t e = 0; e < d.size(); ++e)
+          if (d[e].dyn() && (e < off || !dx[e - off].dyn() || shape(x)[e - off] == 1)) return false;
+        return operand_zero();
+      }
+      case OpKind::Full: return NodeAttrs(n.op, n.attrs).f<"value">() == 0;
+      default: return false;
+    }
+  }
+  // A product or a sum reads traced value `v` over a padded dim, and it is not zero-padded.
+  // The node to zero where computed: the value the views (permutes, reshapes, slices) `v`
+  // comes through start from, where that is elementwise (the zeroing joins its kernel); else
+  // `v` itself (a product may write a permute of its result itself, so the views stay as they
+  // are; a view zeroed in an earlier run makes the views of it zero too).
+  void want_zero(ValueRef v) {
+    if (v.index != 0) return;
+    ValueRef s = v;
+    for (;;) {
+      const Node& p = g_.node(s);
+      if (p.op != OpKind::Permute && p.op != OpKind::Reshape && p.op != OpKind::Slice) break;
+      if (p.op == OpKind::Slice) {
+        const Dims& ds = dims(s);
+        const Dims& dx = dims(p.operands[0]);
+        bool fresh = false;
+        for (size_t e = 0; e < ds.size(); ++e) fresh = fresh || (ds[e].dyn() && !dx[e].dyn());
+        if (fresh) break;
+      }
+      if (p.operands[0].index != 0) break;
+      s = p.operands[0];
+    }
+    want_zero_.insert(ir::has_flag(g_.node(s).op, ir::kElementwise) ? s.node : v.node);
+  }
+  // Operand `t` of a product contracting its padded dim `axis`, read as dims `m` (the
+  // contracted dim in the layout both operands share): as it is where its padding is zero
+  // there, else masked.
+  ValueRef contracted(const Node& n, ValueRef t, const Dims& m, size_t axis) {
+    if (!m[axis].dyn() || zero_as(t, axis, m[axis])) return map(t);
+    want_zero(t);
+    return fill(n, map(t), m, axis, Fill::Zero);
   }
   // Ops whose result is the same all along a dim where their operands are (along the dims
   // they come from).
@@ -402,6 +508,7 @@ class Rewrite {
   void keep(int32_t i) {
     const Node& n = g_.nodes[i];
     rw_.copy(i);
+    zero_[i] = true;  // nothing padded
     dims_[i].clear();
     for (const ir::TensorType& t : n.results) dims_[i].push_back(Dims(t.shape.size()));
   }
@@ -418,6 +525,7 @@ class Rewrite {
       out().nodes.push_back(std::move(c));
       rw_.set(i, 0, {static_cast<int32_t>(out().nodes.size() - 1), 0});
       dims_[i] = {std::move(d)};
+      zero_[i] = true;  // the run pads inputs with zeros
       return;
     }
     if (ir::has_flag(n.op, ir::kElementwise) || n.op == OpKind::StopGradient) {
@@ -601,10 +709,11 @@ class Rewrite {
         must_be_static(n, dims(x)[axis], "indexes a dynamic dim");
         ValueRef vi = fill_all(n, map(idx), dims(idx), Fill::Zero);
         ValueRef vs = map(src);
+        const bool zero = src.index == 0 && zero_[src.node];
         if (n.op == OpKind::ScatterAdd) {
           same(n, dims(idx), dims(src));
-          vs = fill_all(n, vs, dims(src), Fill::Zero);
-        } else {
+          if (!zero) vs = fill_all(n, vs, dims(src), Fill::Zero);
+        } else if (!zero) {
           vs = fill(n, vs, dims(src), axis, Fill::Zero);
         }
         done(i, emit(n, n.op, {map(x), vi, vs}, n.attrs), dims(x));
@@ -660,9 +769,16 @@ class Rewrite {
       for (int64_t e : axes) w = fill(n, w, dx, static_cast<size_t>(e), f);
       return w;
     };
+    // x's own zeros in its padding, where it has them, for a sum (else asked for).
+    const bool zero = x.index == 0 && zero_[x.node];
+    auto zeros = [&](ValueRef w) {
+      if (zero) return w;
+      want_zero(x);
+      return fill_axes(w, Fill::Zero);
+    };
     switch (n.op) {
       case OpKind::Sum:
-      case OpKind::Norm: done(i, emit(n, n.op, {fill_axes(v, Fill::Zero)}, n.attrs), d); return;
+      case OpKind::Norm: done(i, emit(n, n.op, {zeros(v)}, n.attrs), d); return;
       case OpKind::Prod: done(i, emit(n, n.op, {fill_axes(v, Fill::One)}, n.attrs), d); return;
       case OpKind::Amax:
       case OpKind::Amin: done(i, emit(n, n.op, {fill_axes(v, Fill::First)}, n.attrs), d); return;
@@ -675,7 +791,7 @@ class Rewrite {
     if (wide != dtype) v = emit(n, OpKind::Cast, {v}, {wide});
     const ValueRef c = count(n, shape(x), dx, axes, wide);
     const bool keep_mean = n.op != OpKind::Mean || keepdim;
-    ValueRef mean = emit(n, OpKind::Div, {emit(n, OpKind::Sum, {fill_axes(v, Fill::Zero)}, {axes, keep_mean}), c}, {});
+    ValueRef mean = emit(n, OpKind::Div, {emit(n, OpKind::Sum, {zeros(v)}, {axes, keep_mean}), c}, {});
     ValueRef r = mean;
     if (n.op != OpKind::Mean) {
       const ValueRef dev = fill_axes(emit(n, OpKind::Sub, {v, mean}, {}), Fill::Zero);
@@ -723,8 +839,8 @@ class Rewrite {
     d[rank - 1] = dy[sy.size() - 1];
     Dims mx = dx, my = dy;
     mx[sx.size() - 1] = my[sy.size() - 2] = kmask;
-    const ValueRef vx = fill(n, map(x), mx, sx.size() - 1, Fill::Zero);
-    const ValueRef vy = fill(n, map(y), my, sy.size() - 2, Fill::Zero);
+    const ValueRef vx = contracted(n, x, mx, sx.size() - 1);
+    const ValueRef vy = contracted(n, y, my, sy.size() - 2);
     done(i, emit(n, n.op, {vx, vy}, n.attrs), d);
   }
 
@@ -803,9 +919,9 @@ class Rewrite {
     Attrs attrs = n.attrs;
     std::vector<ValueRef> ops = mapped(n);
     Dims d(n.results[0].shape.size());
-    if (n.op == OpKind::Conv2dBackwardWeight) {
-      ops[0] = fill(n, ops[0], dims(n.operands[0]), 0, Fill::Zero);
-      ops[1] = fill(n, ops[1], dims(n.operands[1]), 0, Fill::Zero);
+    if (n.op == OpKind::Conv2dBackwardWeight) {  // contracts the batch
+      ops[0] = contracted(n, n.operands[0], dims(n.operands[0]), 0);
+      ops[1] = contracted(n, n.operands[1], dims(n.operands[1]), 0);
     } else {
       d[0] = batch;
       if (n.op == OpKind::Conv2dBackwardInput || n.op == OpKind::AvgPool2dBackward) {
@@ -824,6 +940,8 @@ std::optional<PolymorphicGraph> make_polymorphic(const ir::Graph& traced, std::s
                                                  std::string* why) {
   const ir::Graph g = inline_calls(traced);
   Forced forced;
+  constexpr int kZeroRounds = 4;
+  int zero_rounds = 0;
   for (;;) {
     Rewrite r(g, marks, forced);
     if (!r.any_symbol()) {
@@ -831,7 +949,13 @@ std::optional<PolymorphicGraph> make_polymorphic(const ir::Graph& traced, std::s
       return std::nullopt;
     }
     try {
-      return r.run();
+      PolymorphicGraph pg = r.run();
+      // Again with the values products read zeroed where they are computed, while that finds
+      // more of them (a bounded number of times: each graph is sound, only slower).
+      const size_t before = forced.zeroed.size();
+      forced.zeroed.insert(r.wanted_zero().begin(), r.wanted_zero().end());
+      if (forced.zeroed.size() == before || ++zero_rounds > kZeroRounds) return pg;
+      continue;
     } catch (const Refused& e) {
       if (why) *why = e.why;
       return std::nullopt;

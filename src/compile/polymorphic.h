@@ -10,7 +10,15 @@
 // gives, softmax reads -inf, a product contracting a padded dim reads 0, indices read 0 (a
 // valid index), checks read true. Elsewhere the padding only ever holds values nothing valid
 // reads. Sizes of one bucket whose traces agree but for those dims hash alike, so they share
-// one compiled executable; the run pads the inputs and crops the outputs (trace/sync.cpp).
+// one compiled executable; the run pads the inputs with zeros and crops the outputs
+// (trace/sync.cpp, replay/replay.cpp).
+//
+// Zero padding: the rewrite tracks which values hold exactly 0 in all their padding (inputs;
+// f(0, .., 0) = 0 elementwise ops of such values laid out alike; such a value times, or over,
+// a finite constant; views and sums of them), and a sum or a product reads those unmasked. A
+// value a product or a sum would read masked is instead zeroed where it is computed (its
+// elementwise source, so the zeroing joins that kernel), in a second run of the rewrite: one
+// pass where there were masks at each reader, and products keep reading views in place.
 //
 // Soundness: each trace is rewritten from its own concrete graph, and every rewrite computes
 // the valid elements exactly as the concrete graph does for that trace's n. A constant that

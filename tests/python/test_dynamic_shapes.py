@@ -65,6 +65,24 @@ def _ops():
         mean = h.mean(0, keepdim=True)
         return (h - mean) / (h.var(0, keepdim=True, unbiased=False) + 1e-3).sqrt()
 
+    def nn_fn(M):
+        return torch.nn.functional if M is torch else lr.nn.functional
+
+    # Elementwise chains: some keep the zeros the inputs are padded with (a bucket graph then
+    # reads them unmasked in sums and products), some do not (f(0) != 0, a product with a
+    # value that is not a constant, a row of a broadcast, a constant other than 0).
+    def odd_chain(M, h, c):
+        return (h.sin() + h.atan() * 0.5 - h.erf()) / 3.0 + h.expm1().tanh() + h.abs().log1p()
+
+    def activations(M, h, c):
+        return nn_fn(M).gelu(h) - nn_fn(M).silu(h) * 0.5 + M.maximum(h, h * 0.3) - M.minimum(h, -h).neg()
+
+    def rows_of_mean(M, h, c):  # each padded row a copy of a valid one
+        return h + h.mean(0, keepdim=True).expand(h.shape[0], F)
+
+    def weight_grad(M, h, c):  # a product over the dynamic dim of two computed values
+        return h @ (h.t() @ (h * 0.5).tanh()) * 0.1
+
     def index_rows(M, h, c):  # indexes the dynamic dim: refused, computed as traced
         return h + h[M.zeros(F, dtype=M.int64) if M is torch else lr.zeros([F], dtype=lr.int64)].sum(0)
 
@@ -77,6 +95,16 @@ def _ops():
         "tanh": lambda M, h, c: h.tanh(),
         "sigmoid": lambda M, h, c: h.sigmoid(),
         "exp": lambda M, h, c: (-h.abs()).exp(),
+        "cos": lambda M, h, c: h.cos(),
+        "plus_one": lambda M, h, c: h + 1,
+        "where_one": lambda M, h, c: M.where(h > 0, h, M.ones_like(h)),
+        "scale_cols": lambda M, h, c: h * c.param(M, (F,)),
+        "scale": lambda M, h, c: h * 0.5 - h / 4.0,
+        "square": lambda M, h, c: h * h.tanh(),
+        "odd_chain": odd_chain,
+        "activations": activations,
+        "rows_of_mean": rows_of_mean,
+        "weight_grad": weight_grad,
         "softmax1": lambda M, h, c: h.softmax(1),
         "log_softmax1": lambda M, h, c: h.log_softmax(1),
         "softmax0": lambda M, h, c: h.softmax(0) * h.shape[0],
@@ -282,9 +310,12 @@ def test_bad_marks_are_refused_with_the_call_and_shape():
 def test_the_bucket_graph_and_why_a_graph_is_not_polymorphic():
     x = lr.tensor(np.arange(10, dtype=np.float32).reshape(5, 2))
     lr.mark_dynamic(x, 0)
-    text = lr.debug.polymorphic_graph_text([x.mean(0)])
-    # padded to 8 rows, the size a parameter, the mean's count read from it
+    text = lr.debug.polymorphic_graph_text([(x + 1).mean(0)])
+    # padded to 8 rows, the size a parameter, the mean's count read from it, the padding of
+    # x + 1 (ones) masked out of the sum
     assert "f32[8, 2]" in text and ": i64[]" in text and "iota" in text, text
+    # inputs are padded with zeros, and x * 2 keeps them: its sum reads no mask
+    assert "iota" not in lr.debug.polymorphic_graph_text([(x * 2).mean(0)])
     assert lr.debug.polymorphic_graph_text([x.flip([0])]) == "not polymorphic: flip: flips a dynamic dim"
     assert lr.debug.polymorphic_graph_text([lr.tensor([1.0]) * 2]) == (
         "not polymorphic: it reads no dim marked dynamic")

@@ -5,6 +5,7 @@
 // bucket graph (one hash).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <random>
 
@@ -88,6 +89,30 @@ std::vector<Program> programs() {
          g.outputs = {rows, g.add(OpKind::IndexAdd, {table, idx, src}, {int64_t{0}}),
                       g.add(OpKind::ScatterAdd, {table, idx3, src}, {int64_t{0}}),
                       g.add(OpKind::Gather, {src, g.add(OpKind::Full, {}, {0.0, Shape{n, 1}, DType::i64})}, {int64_t{1}})};
+         return g;
+       }},
+      {"sums and products reading zero padding unmasked, and values whose padding is not zero",
+       [](int64_t n, auto& m) {
+         // Inputs are padded with zeros; x * inf, x / 0, where(x > 0, x, 1), x plus the first n
+         // rows of a static buffer and exp(x) do not keep them.
+         Graph g;
+         ValueRef x = g.add_parameter(f32({n, 3}));
+         ValueRef buf = g.add_parameter(f32({16, 3}));
+         m.push_back({0, 0});
+         ValueRef a = g.add(OpKind::Abs, {x});
+         ValueRef first_n = g.add(OpKind::Slice, {buf}, {std::vector<int64_t>{0, 0}, std::vector<int64_t>{n, 3},
+                                                         std::vector<int64_t>{1, 1}});
+         ValueRef t = g.add(OpKind::Permute, {g.add(OpKind::Tanh, {x})}, {std::vector<int64_t>{1, 0}});
+         g.outputs = {
+             sum(g, g.add(OpKind::Mul, {a, g.add_full(INFINITY, {}, DType::f32)}), {0}),
+             sum(g, g.add(OpKind::Div, {a, g.add_full(0.0, {}, DType::f32)}), {0}),
+             sum(g, g.add(OpKind::Where, {g.add(OpKind::Gt, {x, g.add_full(0.0, {}, DType::f32)}), x,
+                                          g.add_full(1.0, {}, DType::f32)}), {0}),
+             sum(g, g.add(OpKind::Add, {x, first_n}), {0}),
+             g.add(OpKind::Matmul, {t, g.add(OpKind::Exp, {x})}),
+             sum(g, g.add(OpKind::Exp, {x}), {0}),
+             g.add(OpKind::Matmul, {t, g.add(OpKind::Mul, {g.add(OpKind::Neg, {x}), g.add_full(0.5, {}, DType::f32)})}),
+         };
          return g;
        }},
       {"a count of n: the mean's gradient divides by it",
