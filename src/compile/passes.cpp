@@ -711,10 +711,20 @@ Graph views_into_gemm(const Graph& g) {
   for (const Node& n : g.nodes)
     for (ValueRef v : n.operands) ++uses[v.node];
   for (ValueRef v : g.outputs) ++uses[v.node];
-  auto is_product = [](const Node& n) { return n.op == OpKind::Matmul || n.op == OpKind::Gemm; };
-  auto emit = [](GraphRewriter& rw, const ProductViews& p, std::vector<int64_t> perm) {
-    return rw.graph().add(OpKind::GemmView, {rw.map(p.x.src), rw.map(p.y.src)},
-                          {p.x.view.encode(), p.y.view.encode(), std::move(perm)});
+  // A product: matmul, gemm, or a gemm_view bounded by valid extents that reads its operands
+  // whole (a bucket graph's, compile/polymorphic.h), which keeps its extents.
+  auto is_product = [&g](const Node& n) {
+    if (n.op == OpKind::Matmul || n.op == OpKind::Gemm) return true;
+    if (n.op != OpKind::GemmView || n.operands.size() != 3) return false;
+    const ir::NodeAttrs at(n.op, n.attrs);
+    return at.ints<"out_perm">().empty() &&
+           at.ints<"x_view">() == ir::StridedView::whole(g.type(n.operands[0]).shape).encode() &&
+           at.ints<"y_view">() == ir::StridedView::whole(g.type(n.operands[1]).shape).encode();
+  };
+  auto emit = [](GraphRewriter& rw, const Node& product, const ProductViews& p, std::vector<int64_t> perm) {
+    std::vector<ValueRef> operands{rw.map(p.x.src), rw.map(p.y.src)};
+    if (product.operands.size() == 3) operands.push_back(rw.map(product.operands[2]));
+    return rw.graph().add(OpKind::GemmView, std::move(operands), {p.x.view.encode(), p.y.view.encode(), std::move(perm)});
   };
   GraphRewriter rw(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -722,7 +732,7 @@ Graph views_into_gemm(const Graph& g) {
     if (is_product(n)) {
       const ProductViews p = product_views(g, n);
       if (p.viewed) {
-        ValueRef r = emit(rw, p, {});
+        ValueRef r = emit(rw, n, p, {});
         if (rw.graph().type(r).shape != n.results[0].shape)
           r = rw.graph().add(OpKind::Reshape, {r}, {n.results[0].shape});
         rw.set(static_cast<int32_t>(i), 0, r);
@@ -749,7 +759,7 @@ Graph views_into_gemm(const Graph& g) {
         logical.push_back(res.back());
         const Shape& permuted_from = reshape ? reshape->results[0].shape : res;
         if (permuted_from == logical) {
-          rw.set(static_cast<int32_t>(i), 0, emit(rw, p, dims));
+          rw.set(static_cast<int32_t>(i), 0, emit(rw, g.node(from), p, dims));
           continue;
         }
       }

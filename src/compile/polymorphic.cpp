@@ -4,10 +4,12 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
 #include "compile/passes.h"
+#include "ir/gemm_view.h"
 #include "util/check.h"
 
 namespace lazyrt::compile {
@@ -237,7 +239,8 @@ class Rewrite {
   ValueRef full(const Node& n, double value, DType dtype) { return emit(n, OpKind::Full, {}, {value, Shape{}, dtype}); }
 
   // Node i's result 0 is `v`, of dims `d`; its padded type must be what the dims say.
-  void done(int32_t i, ValueRef v, Dims d) {
+  // `zero`: the value is known to hold 0 in all its padding.
+  void done(int32_t i, ValueRef v, Dims d, bool zero = false) {
     const Node& n = g_.nodes[i];
     const Shape want = padded_shape(n.results.at(0).shape, d);
     if (out().type(v).shape != want || out().type(v).dtype != n.results[0].dtype)
@@ -248,7 +251,7 @@ class Rewrite {
         x.uniform = false;
         if (!x.dyn()) x.origin = -1;
       }
-    bool zero = keeps_zero(n, d);
+    zero = zero || keeps_zero(n, d);
     // Zeroed where computed, for the products reading it. Not a value uniform along a dynamic
     // dim: that one may take another layout of the padding, where zeros would be valid elements.
     if (!zero && forced_.zeroed.count(i) && std::none_of(d.begin(), d.end(), [](const Dim& x) { return x.uniform; })) {
@@ -837,11 +840,57 @@ class Rewrite {
     }
     d[rank - 2] = dx[sx.size() - 2];
     d[rank - 1] = dy[sy.size() - 1];
+    if (std::optional<ValueRef> ext = extents(n, d, kx.dyn() ? kmask : Dim{})) {
+      // Bounded: reads no padding, writes zeros there.
+      const ValueRef vx = map(x), vy = map(y);
+      const std::vector<int64_t> xv = ir::StridedView::whole(out().type(vx).shape).encode();
+      const std::vector<int64_t> yv = ir::StridedView::whole(out().type(vy).shape).encode();
+      done(i, emit(n, OpKind::GemmView, {vx, vy, *ext}, {xv, yv, std::vector<int64_t>{}}), d, true);
+      return;
+    }
     Dims mx = dx, my = dy;
     mx[sx.size() - 1] = my[sy.size() - 2] = kmask;
     const ValueRef vx = contracted(n, x, mx, sx.size() - 1);
     const ValueRef vy = contracted(n, y, my, sy.size() - 2);
     done(i, emit(n, n.op, {vx, vy}, n.attrs), d);
+  }
+
+  // A product's valid extents (gemm_view's third operand: batches, rows, columns, contracted
+  // elements) where each of its dynamic dims is a prefix of one symbol's size (outer 1): the
+  // first batch dim, the rows, the columns, the contracted dim `k`. None where another dim is
+  // dynamic, two symbols meet, or a dynamic dim of the result is uniform (its zeros would not
+  // be).
+  std::optional<ValueRef> extents(const Node& n, const Dims& d, const Dim& k) {
+    const size_t rank = d.size();
+    const Shape& s = n.results[0].shape;
+    int32_t sym = -1;
+    auto prefix = [&](const Dim& x) -> std::optional<int64_t> {  // its size per n; 0: static
+      if (!x.dyn()) return 0;
+      if (x.outer != 1 || (sym >= 0 && x.sym != sym)) return std::nullopt;
+      sym = x.sym;
+      return x.inner;
+    };
+    int64_t per[4] = {0, 0, 0, 0};
+    for (size_t e = 0; e < rank; ++e) {
+      if (!d[e].dyn()) continue;
+      if (d[e].uniform || (e > 0 && e + 2 < rank)) return std::nullopt;
+      const std::optional<int64_t> p = prefix(d[e]);
+      if (!p) return std::nullopt;
+      const size_t at = e + 2 == rank ? 1 : e + 1 == rank ? 2 : 0;
+      per[at] = *p;
+      if (at == 0)
+        for (size_t f = 1; f + 2 < rank; ++f) per[0] *= s[f];  // the batch dims inside it, static
+    }
+    const std::optional<int64_t> pk = prefix(k);
+    if (!pk || sym < 0) return std::nullopt;
+    per[3] = *pk;
+    std::vector<ValueRef> parts;
+    for (int64_t p : per) {
+      ValueRef v = p > 0 ? emit(n, OpKind::Mul, {full(n, static_cast<double>(p), DType::i64), size_param_[sym]}, {})
+                         : full(n, -1, DType::i64);
+      parts.push_back(emit(n, OpKind::Reshape, {v}, {Shape{1}}));
+    }
+    return emit(n, OpKind::Concat, parts, {int64_t{0}});
   }
 
   // Reshape: dims grouped into runs of equal element counts. A run holds at most one dynamic

@@ -7,6 +7,7 @@
 
 #include "compile/compile.h"
 #include "compile/passes.h"
+#include "ir/gemm_view.h"
 #include "support/graphs.h"
 
 namespace lazyrt::compile {
@@ -204,5 +205,67 @@ TEST_P(BatchedGemmKernel, MatchesPlainProductsPerBatch) {
 
 INSTANTIATE_TEST_SUITE_P(Flags, BatchedGemmKernel,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool(), ::testing::Values(3, 40)));
+
+}  // namespace lazyrt::compile
+
+namespace lazyrt::compile {
+
+// gemm_view bounded by valid extents (its third operand, read at run time: batches, rows,
+// columns, contracted elements): only the prefixes are computed, from the valid contracted
+// elements alone, and every other element of the result is 0. x's batches are read
+// consecutively (a GEMM folding the batches, where it may) or transposed (one per batch).
+class BoundedGemmView : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
+
+TEST_P(BoundedGemmView, ComputesThePrefixesAndZerosTheRest) {
+  const auto [tx, size] = GetParam();
+  const int64_t b = 3, n = size, k = size + 3, m = size + 1;
+  Graph g;
+  ValueRef x = g.add_parameter(tx ? f32({b, k, n}) : f32({b, n, k}));
+  ValueRef y = g.add_parameter(f32({k, m}));
+  ValueRef e = g.add_parameter({DType::i64, {4}});
+  const std::vector<int64_t> xv = tx ? std::vector<int64_t>{0, b, k * n, n, 1, k, n}
+                                     : ir::StridedView::whole({b, n, k}).encode();
+  g.outputs = {g.add(OpKind::GemmView, {x, y, e}, {xv, ir::StridedView::whole({k, m}).encode(), std::vector<int64_t>{}})};
+  ASSERT_EQ(g.type(g.outputs[0]).shape, (Shape{b, n, m}));
+  auto exe = compile(g);
+  std::vector<float> xs(static_cast<size_t>(b * n * k)), ys(static_cast<size_t>(k * m));
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7f * static_cast<float>(i));
+  for (size_t i = 0; i < ys.size(); ++i) ys[i] = std::cos(0.3f * static_cast<float>(i));
+  const std::vector<std::vector<int64_t>> cases = {
+      {-1, -1, -1, -1}, {2, n - 1, m - 2, k - 3}, {3, n, m, 0}, {1, n, m, k}, {0, n, m, k}, {5, 1, 99, -1}};
+  for (const std::vector<int64_t>& ext : cases) {
+    SCOPED_TRACE(::testing::PrintToString(ext));
+    const int64_t vb = ext[0] < 0 ? b : std::min(ext[0], b), vn = ext[1] < 0 ? n : std::min(ext[1], n);
+    const int64_t vm = ext[2] < 0 ? m : std::min(ext[2], m), vk = ext[3] < 0 ? k : std::min(ext[3], k);
+    std::vector<float> out(static_cast<size_t>(b * n * m), NAN);
+    const void* in[3] = {xs.data(), ys.data(), ext.data()};
+    void* outs[1] = {out.data()};
+    exe->run(in, outs);
+    for (int64_t a = 0; a < b; ++a)
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          double want = 0;
+          if (a < vb && i < vn && j < vm)
+            for (int64_t p = 0; p < vk; ++p)
+              want += static_cast<double>(xs[static_cast<size_t>(a * n * k + (tx ? p * n + i : i * k + p))]) *
+                      ys[static_cast<size_t>(p * m + j)];
+          EXPECT_NEAR(out[static_cast<size_t>((a * n + i) * m + j)], want, 1e-4 * (1 + std::abs(want)))
+              << a << ", " << i << ", " << j;
+        }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, BoundedGemmView, ::testing::Combine(::testing::Bool(), ::testing::Values(3, 40)));
+
+TEST(BoundedGemmView, TheShapeRuleTakesOnlyI64ExtentsOfFour) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({4, 4}));
+  const std::vector<int64_t> v = ir::StridedView::whole({4, 4}).encode();
+  const ir::Attrs attrs{v, v, std::vector<int64_t>{}};
+  EXPECT_THROW(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i64, {3}})}, attrs), Error);
+  EXPECT_THROW(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i32, {4}})}, attrs), Error);
+  EXPECT_THROW(g.add(OpKind::GemmView, {x}, attrs), Error);
+  EXPECT_EQ(g.type(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i64, {4}})}, attrs)).shape, (Shape{4, 4}));
+}
 
 }  // namespace lazyrt::compile

@@ -232,29 +232,63 @@ Kernel via_f32(int64_t xn, int64_t yn, int64_t on, Product product) {
             float* of = yf + yn;
             for (int64_t i = 0; i < xn; ++i) xf[i] = static_cast<float>(x[i]);
             for (int64_t i = 0; i < yn; ++i) yf[i] = static_cast<float>(y[i]);
-            product(xf, yf, of);
+            product(xf, yf, of, in);
             T* o = static_cast<T*>(out[0]);
             for (int64_t i = 0; i < on; ++i) o[i] = T(of[i]);
           },
           static_cast<size_t>(xn + yn + on) * sizeof(float)};
 }
 
+// A gemm_view's valid extents (its optional i64[4] operand): the prefixes of the batches,
+// rows, columns and contracted elements it computes; every other result element is 0.
+struct Extents {
+  int64_t batches, n, m, k;
+  static int64_t bound(int64_t given, int64_t all) { return given < 0 ? all : std::min(given, all); }
+  Extents(const MatmulLayout& L, const int64_t* e)
+      : batches(static_cast<int64_t>(L.batches())), n(L.n), m(L.m), k(L.k) {
+    if (!e) return;
+    batches = bound(e[0], batches);
+    n = bound(e[1], n);
+    m = bound(e[2], m);
+    k = bound(e[3], k);
+  }
+};
+
 template <class T>
-void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o) {
-  if (L.k == 0) {  // sums of nothing: x and y are empty, maybe no buffer, their offsets unused
-    for (size_t b = 0; b < L.batches(); ++b)
-      gemm<T>(nullptr, 1, nullptr, 1, o + L.o_off[b], L.ldc, L.n, 0, L.m, false, false, false);
+void zero_rows(T* c, int64_t ldc, int64_t rows, int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i) std::fill(c + i * ldc, c + i * ldc + cols, T(0));
+}
+
+template <class T>
+void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o, const int64_t* extents) {
+  const Extents E(L, extents);
+  // The result outside the extents: 0.
+  if (extents)
+    for (size_t b = 0; b < L.batches(); ++b) {
+      T* c = o + L.o_off[b];
+      if (static_cast<int64_t>(b) >= E.batches) {
+        zero_rows(c, L.ldc, L.n, L.m);
+        continue;
+      }
+      zero_rows(c + E.n * L.ldc, L.ldc, L.n - E.n, L.m);
+      zero_rows(c + E.m, L.ldc, E.n, L.m - E.m);
+    }
+  const auto valid = static_cast<size_t>(E.batches);
+  if (E.k == 0) {  // sums of nothing: x and y may be empty, maybe no buffer, their offsets unused
+    for (size_t b = 0; b < valid; ++b)
+      gemm<T>(nullptr, 1, nullptr, 1, o + L.o_off[b], L.ldc, E.n, 0, E.m, false, false, false);
     return;
   }
   std::optional<OmpTeam> team;
   if (L.onednn) team.emplace(L.macs() < kOneThreadMacs ? 1 : num_threads());
-  if (L.fold_batch) {
-    gemm(x + L.x_off[0], L.lda, y + L.y_off[0], L.ldb, o + L.o_off[0], L.ldc,
-         L.n * static_cast<int64_t>(L.batches()), L.k, L.m, false, L.ty, L.onednn);
+  if (L.fold_batch && (E.n == L.n || valid <= 1)) {
+    if (valid > 0)
+      gemm(x + L.x_off[0], L.lda, y + L.y_off[0], L.ldb, o + L.o_off[0], L.ldc,
+           (valid - 1) * L.n + E.n, E.k, E.m, false, L.ty, L.onednn);
     return;
   }
-  for (size_t b = 0; b < L.batches(); ++b)
-    gemm(x + L.x_off[b], L.lda, y + L.y_off[b], L.ldb, o + L.o_off[b], L.ldc, L.n, L.k, L.m, L.tx, L.ty, L.onednn);
+  for (size_t b = 0; b < valid; ++b)
+    gemm(x + L.x_off[b], L.lda, y + L.y_off[b], L.ldb, o + L.o_off[b], L.ldc, E.n, E.k, E.m, L.tx, L.ty, L.onednn);
 }
 
 // matmul, gemm and gemm_view: one kernel over a layout.
@@ -266,6 +300,7 @@ Kernel make_product(const KernelSpec& s, std::shared_ptr<MatmulLayout> made) {
     library.add(1);
   }
   std::shared_ptr<const MatmulLayout> layout = std::move(made);
+  const bool bounded = s.inputs.size() == 3;  // a gemm_view's valid extents
   const int64_t xn = s.inputs[0].numel(), yn = s.inputs[1].numel(), on = s.outputs[0].numel();
   return visit_dtype(s.inputs[0].dtype, [&](auto tag) -> Kernel {
     using T = decltype(tag);
@@ -273,13 +308,13 @@ Kernel make_product(const KernelSpec& s, std::shared_ptr<MatmulLayout> made) {
       LAZYRT_ASSERT(false, "matmul kernel made for b8");
       return {};
     } else if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-      return via_f32<T>(xn, yn, on, [layout](const float* x, const float* y, float* o) {
-        run_batches<float>(*layout, x, y, o);
+      return via_f32<T>(xn, yn, on, [layout, bounded](const float* x, const float* y, float* o, const void* const* in) {
+        run_batches<float>(*layout, x, y, o, bounded ? static_cast<const int64_t*>(in[2]) : nullptr);
       });
     } else {
-      return {[layout](const void* const* in, void* const* out) {
+      return {[layout, bounded](const void* const* in, void* const* out) {
         run_batches<T>(*layout, static_cast<const T*>(in[0]), static_cast<const T*>(in[1]),
-                       static_cast<T*>(out[0]));
+                       static_cast<T*>(out[0]), bounded ? static_cast<const int64_t*>(in[2]) : nullptr);
       }};
     }
   });
