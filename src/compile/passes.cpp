@@ -503,21 +503,26 @@ Graph algebraic_simplification(const Graph& g) {
   return rw.finish();
 }
 
+namespace {
+
+// A permute that swaps the last two dims and keeps the others.
+bool is_transpose(const Node& n) {
+  if (n.op != OpKind::Permute) return false;
+  const auto& dims = ir::NodeAttrs(n.op, n.attrs).ints<"dims">();
+  const size_t r = dims.size();
+  if (r < 2 || dims[r - 2] != static_cast<int64_t>(r - 1) || dims[r - 1] != static_cast<int64_t>(r - 2)) return false;
+  for (size_t d = 0; d + 2 < r; ++d)
+    if (dims[d] != static_cast<int64_t>(d)) return false;
+  return true;
+}
+
+}  // namespace
+
 Graph transposes_into_gemm(const Graph& g) {
   std::vector<int32_t> uses(g.nodes.size(), 0);
   for (const Node& n : g.nodes)
     for (ValueRef v : n.operands) ++uses[v.node];
   for (ValueRef v : g.outputs) ++uses[v.node];
-  // A permute that swaps the last two dims and keeps the others.
-  auto is_transpose = [](const Node& n) {
-    if (n.op != OpKind::Permute) return false;
-    const auto& dims = ir::NodeAttrs(n.op, n.attrs).ints<"dims">();
-    const size_t r = dims.size();
-    if (r < 2 || dims[r - 2] != static_cast<int64_t>(r - 1) || dims[r - 1] != static_cast<int64_t>(r - 2)) return false;
-    for (size_t d = 0; d + 2 < r; ++d)
-      if (dims[d] != static_cast<int64_t>(d)) return false;
-    return true;
-  };
   struct Product {
     ValueRef x, y;
     bool tx, ty;
@@ -638,7 +643,16 @@ struct ProductViews {
 ProductViews product_views(const Graph& g, const Node& n) {
   const bool gemm = n.op == OpKind::Gemm;
   const ir::NodeAttrs at(n.op, n.attrs);
-  const bool t[2] = {gemm && at.b<"transpose_x">(), gemm && at.b<"transpose_y">()};
+  bool t[2] = {gemm && at.b<"transpose_x">(), gemm && at.b<"transpose_y">()};
+  // The operands, a transpose looked through as a gemm's flag (a bounded gemm_view's: a
+  // matmul's were made gemms by transposes_into_gemm).
+  ValueRef operand[2] = {n.operands[0], n.operands[1]};
+  if (n.op == OpKind::GemmView)
+    for (int k = 0; k < 2; ++k)
+      if (is_transpose(g.node(operand[k]))) {
+        operand[k] = g.node(operand[k]).operands[0];
+        t[k] = true;
+      }
   auto transposed = [](ir::StridedView v) {
     const size_t r = v.sizes.size();
     std::swap(v.sizes[r - 2], v.sizes[r - 1]);
@@ -651,7 +665,7 @@ ProductViews product_views(const Graph& g, const Node& n) {
   ViewOf deep[2], split[2];
   bool has_split[2] = {false, false};
   for (int k = 0; k < 2; ++k) {
-    const ValueRef v = n.operands[static_cast<size_t>(k)];
+    const ValueRef v = operand[k];
     deep[k] = view_of(g, v);
     if (t[k]) deep[k].view = transposed(std::move(deep[k].view));
     const Node& p = g.node(v);
@@ -667,7 +681,7 @@ ProductViews product_views(const Graph& g, const Node& n) {
   }
   const Shape product_batch = batch_of(ir::StridedView::whole(n.results[0].shape));
   auto whole_of = [&](int k) {
-    const ValueRef v = n.operands[static_cast<size_t>(k)];
+    const ValueRef v = operand[k];
     ir::StridedView w = ir::StridedView::whole(g.type(v).shape);
     return ViewOf{v, t[k] ? transposed(std::move(w)) : std::move(w)};
   };
@@ -675,7 +689,7 @@ ProductViews product_views(const Graph& g, const Node& n) {
   out.batch = has_split[0] ? batch_of(split[0].view) : has_split[1] ? batch_of(split[1].view) : product_batch;
   // Each operand over those batch dims (its own where it broadcasts), read in place if it can be.
   for (int k = 0; k < 2; ++k) {
-    const ValueRef v = n.operands[static_cast<size_t>(k)];
+    const ValueRef v = operand[k];
     ViewOf chosen = whole_of(k);
     const bool regroup = out.batch != product_batch && batch_of(chosen.view) == product_batch;  // takes the split dims
     auto as_batch = [&](const ViewOf& c) -> std::optional<ViewOf> {
@@ -698,7 +712,7 @@ ProductViews product_views(const Graph& g, const Node& n) {
     } else {  // cannot regroup: read whole, as the product does
       return ProductViews{whole_of(0), whole_of(1), product_batch, false};
     }
-    out.viewed = out.viewed || chosen.src != v;
+    out.viewed = out.viewed || chosen.src != n.operands[static_cast<size_t>(k)];
     (k == 0 ? out.x : out.y) = std::move(chosen);
   }
   return out;

@@ -855,40 +855,41 @@ class Rewrite {
     done(i, emit(n, n.op, {vx, vy}, n.attrs), d);
   }
 
-  // A product's valid extents (gemm_view's third operand: batches, rows, columns, contracted
-  // elements) where each of its dynamic dims is a prefix of one symbol's size (outer 1): the
-  // first batch dim, the rows, the columns, the contracted dim `k`. None where another dim is
-  // dynamic, two symbols meet, or a dynamic dim of the result is uniform (its zeros would not
-  // be).
+  // A product's valid extents (gemm_view's third operand: per axis, batches, rows, columns,
+  // contracted elements, a valid count and a block) where its dynamic dims are all of one
+  // symbol: the first batch dim, the rows, the columns, the contracted dim `k`. A dim of
+  // outer * n * inner is valid in blocks of bucket * inner, n * inner at each block's start
+  // (one block where outer is 1). None where another batch dim is dynamic, two symbols meet,
+  // or a dynamic dim of the result is uniform (its zeros would not be).
   std::optional<ValueRef> extents(const Node& n, const Dims& d, const Dim& k) {
     const size_t rank = d.size();
     const Shape& s = n.results[0].shape;
     int32_t sym = -1;
-    auto prefix = [&](const Dim& x) -> std::optional<int64_t> {  // its size per n; 0: static
-      if (!x.dyn()) return 0;
-      if (x.outer != 1 || (sym >= 0 && x.sym != sym)) return std::nullopt;
+    int64_t per[4] = {0, 0, 0, 0}, block[4] = {-1, -1, -1, -1};  // valid count per n, block
+    auto take = [&](const Dim& x, size_t axis, int64_t inside) {
+      if (!x.dyn()) return true;
+      if (sym >= 0 && x.sym != sym) return false;
       sym = x.sym;
-      return x.inner;
+      per[axis] = x.inner * inside;
+      if (x.outer != 1) block[axis] = bucket(x.sym) * x.inner * inside;
+      return true;
     };
-    int64_t per[4] = {0, 0, 0, 0};
     for (size_t e = 0; e < rank; ++e) {
       if (!d[e].dyn()) continue;
       if (d[e].uniform || (e > 0 && e + 2 < rank)) return std::nullopt;
-      const std::optional<int64_t> p = prefix(d[e]);
-      if (!p) return std::nullopt;
-      const size_t at = e + 2 == rank ? 1 : e + 1 == rank ? 2 : 0;
-      per[at] = *p;
-      if (at == 0)
-        for (size_t f = 1; f + 2 < rank; ++f) per[0] *= s[f];  // the batch dims inside it, static
+      int64_t inside = 1;  // the static batch dims inside the first one
+      if (e + 2 < rank)
+        for (size_t f = 1; f + 2 < rank; ++f) inside *= s[f];
+      if (!take(d[e], e + 2 == rank ? 1 : e + 1 == rank ? 2 : 0, inside)) return std::nullopt;
     }
-    const std::optional<int64_t> pk = prefix(k);
-    if (!pk || sym < 0) return std::nullopt;
-    per[3] = *pk;
+    if (!take(k, 3, 1) || sym < 0) return std::nullopt;
     std::vector<ValueRef> parts;
-    for (int64_t p : per) {
-      ValueRef v = p > 0 ? emit(n, OpKind::Mul, {full(n, static_cast<double>(p), DType::i64), size_param_[sym]}, {})
-                         : full(n, -1, DType::i64);
+    for (size_t a = 0; a < 4; ++a) {
+      ValueRef v = per[a] > 0
+                       ? emit(n, OpKind::Mul, {full(n, static_cast<double>(per[a]), DType::i64), size_param_[sym]}, {})
+                       : full(n, -1, DType::i64);
       parts.push_back(emit(n, OpKind::Reshape, {v}, {Shape{1}}));
+      parts.push_back(emit(n, OpKind::Reshape, {full(n, static_cast<double>(block[a]), DType::i64)}, {Shape{1}}));
     }
     return emit(n, OpKind::Concat, parts, {int64_t{0}});
   }

@@ -13,12 +13,17 @@
 // one compiled executable; the run pads the inputs with zeros and crops the outputs
 // (trace/sync.cpp, replay/replay.cpp).
 //
+// Products: a product whose dynamic dims (its first batch dim, rows, columns, contracted dim)
+// all derive from one size is a gemm_view bounded by valid extents computed from it (per axis,
+// n * inner valid in each block of bucket * inner): it computes only valid elements, reads
+// no padding, and writes zeros there. Other products mask what they contract.
+//
 // Zero padding: the rewrite tracks which values hold exactly 0 in all their padding (inputs;
 // f(0, .., 0) = 0 elementwise ops of such values laid out alike; such a value times, or over,
-// a finite constant; views and sums of them), and a sum or a product reads those unmasked. A
-// value a product or a sum would read masked is instead zeroed where it is computed (its
-// elementwise source, so the zeroing joins that kernel), in a second run of the rewrite: one
-// pass where there were masks at each reader, and products keep reading views in place.
+// a finite constant; views and sums of them; bounded products), and a sum or a product reads
+// those unmasked. A value a product or a sum would read masked is instead zeroed where it is
+// computed (its elementwise source, so the zeroing joins that kernel), in a second run of the
+// rewrite: one pass where there were masks at each reader, and products keep their views.
 //
 // Soundness: each trace is rewritten from its own concrete graph, and every rewrite computes
 // the valid elements exactly as the concrete graph does for that trace's n. A constant that

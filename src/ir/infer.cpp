@@ -285,9 +285,9 @@ std::vector<TensorType> rule_types(OpKind op, std::span<const TensorType> ops, c
     case ResultRule::GemmView: {
       LAZYRT_CHECK(ops.size() == 2 || ops.size() == 3, name, ": expects 2 operands and maybe valid extents, got ",
                    ops.size());
-      LAZYRT_CHECK(ops.size() == 2 || (ops[2].dtype == DType::i64 && ops[2].shape == Shape{4}), name,
-                   ": the valid extents must be i64[4] (batches, rows, columns, contracted), got ",
-                   type_str(ops[2]));
+      LAZYRT_CHECK(ops.size() == 2 || (ops[2].dtype == DType::i64 && ops[2].shape == Shape{8}), name,
+                   ": the valid extents must be i64[8] (valid count and block of the batches, rows, columns "
+                   "and contracted elements), got ", type_str(ops[2]));
       const auto& x = ops[0];
       const auto& y = ops[1];
       LAZYRT_CHECK(x.dtype == y.dtype, name, ": expects two operands of one dtype, got ", types_str(ops));

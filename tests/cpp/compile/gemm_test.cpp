@@ -210,19 +210,20 @@ INSTANTIATE_TEST_SUITE_P(Flags, BatchedGemmKernel,
 
 namespace lazyrt::compile {
 
-// gemm_view bounded by valid extents (its third operand, read at run time: batches, rows,
-// columns, contracted elements): only the prefixes are computed, from the valid contracted
-// elements alone, and every other element of the result is 0. x's batches are read
-// consecutively (a GEMM folding the batches, where it may) or transposed (one per batch).
+// gemm_view bounded by valid extents (its third operand, read at run time: per axis, batches,
+// rows, columns, contracted elements, a valid count and a block): only the valid elements are
+// computed (index i valid where i % block < count), from the valid contracted elements alone,
+// and every other element of the result is 0. x's batches are read consecutively (a GEMM
+// folding the batches, where it may) or transposed (one per batch).
 class BoundedGemmView : public ::testing::TestWithParam<std::tuple<bool, int64_t>> {};
 
-TEST_P(BoundedGemmView, ComputesThePrefixesAndZerosTheRest) {
+TEST_P(BoundedGemmView, ComputesTheValidBlocksAndZerosTheRest) {
   const auto [tx, size] = GetParam();
   const int64_t b = 3, n = size, k = size + 3, m = size + 1;
   Graph g;
   ValueRef x = g.add_parameter(tx ? f32({b, k, n}) : f32({b, n, k}));
   ValueRef y = g.add_parameter(f32({k, m}));
-  ValueRef e = g.add_parameter({DType::i64, {4}});
+  ValueRef e = g.add_parameter({DType::i64, {8}});
   const std::vector<int64_t> xv = tx ? std::vector<int64_t>{0, b, k * n, n, 1, k, n}
                                      : ir::StridedView::whole({b, n, k}).encode();
   g.outputs = {g.add(OpKind::GemmView, {x, y, e}, {xv, ir::StridedView::whole({k, m}).encode(), std::vector<int64_t>{}})};
@@ -232,11 +233,21 @@ TEST_P(BoundedGemmView, ComputesThePrefixesAndZerosTheRest) {
   for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7f * static_cast<float>(i));
   for (size_t i = 0; i < ys.size(); ++i) ys[i] = std::cos(0.3f * static_cast<float>(i));
   const std::vector<std::vector<int64_t>> cases = {
-      {-1, -1, -1, -1}, {2, n - 1, m - 2, k - 3}, {3, n, m, 0}, {1, n, m, k}, {0, n, m, k}, {5, 1, 99, -1}};
+      {-1, -1, -1, -1, -1, -1, -1, -1},          // all
+      {2, -1, n - 1, -1, m - 2, -1, k - 3, -1},  // prefixes
+      {3, 0, n, 0, m, 0, 0, 0},                  // nothing contracted
+      {1, -1, n, -1, m, -1, k, -1},              // one batch: folded
+      {0, -1, n, -1, m, -1, k, -1},              // no batch
+      {5, -1, 1, -1, 99, -1, -1, -1},            // counts past the sizes
+      {1, 2, 2, 3, -1, -1, 2, 4},                // blocks of batches, rows, contracted
+      {-1, -1, 1, 2, 1, 2, 3, 5},                // blocks of rows, columns, contracted
+  };
   for (const std::vector<int64_t>& ext : cases) {
     SCOPED_TRACE(::testing::PrintToString(ext));
-    const int64_t vb = ext[0] < 0 ? b : std::min(ext[0], b), vn = ext[1] < 0 ? n : std::min(ext[1], n);
-    const int64_t vm = ext[2] < 0 ? m : std::min(ext[2], m), vk = ext[3] < 0 ? k : std::min(ext[3], k);
+    auto valid = [&](int64_t i, int64_t axis, int64_t size_of) {
+      const int64_t count = ext[2 * axis], block = ext[2 * axis + 1] > 0 ? ext[2 * axis + 1] : size_of;
+      return count < 0 || i % block < count;
+    };
     std::vector<float> out(static_cast<size_t>(b * n * m), NAN);
     const void* in[3] = {xs.data(), ys.data(), ext.data()};
     void* outs[1] = {out.data()};
@@ -245,10 +256,11 @@ TEST_P(BoundedGemmView, ComputesThePrefixesAndZerosTheRest) {
       for (int64_t i = 0; i < n; ++i)
         for (int64_t j = 0; j < m; ++j) {
           double want = 0;
-          if (a < vb && i < vn && j < vm)
-            for (int64_t p = 0; p < vk; ++p)
-              want += static_cast<double>(xs[static_cast<size_t>(a * n * k + (tx ? p * n + i : i * k + p))]) *
-                      ys[static_cast<size_t>(p * m + j)];
+          if (valid(a, 0, b) && valid(i, 1, n) && valid(j, 2, m))
+            for (int64_t p = 0; p < k; ++p)
+              if (valid(p, 3, k))
+                want += static_cast<double>(xs[static_cast<size_t>(a * n * k + (tx ? p * n + i : i * k + p))]) *
+                        ys[static_cast<size_t>(p * m + j)];
           EXPECT_NEAR(out[static_cast<size_t>((a * n + i) * m + j)], want, 1e-4 * (1 + std::abs(want)))
               << a << ", " << i << ", " << j;
         }
@@ -257,15 +269,42 @@ TEST_P(BoundedGemmView, ComputesThePrefixesAndZerosTheRest) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, BoundedGemmView, ::testing::Combine(::testing::Bool(), ::testing::Values(3, 40)));
 
-TEST(BoundedGemmView, TheShapeRuleTakesOnlyI64ExtentsOfFour) {
+// A bucket graph's bounded gemm_view reading its operands whole: views_into_gemm reads through
+// a transpose of a reshape merging batch dims (attention's heads) as it does for a matmul,
+// and keeps the extents.
+TEST(BoundedGemmView, ViewsIntoGemmReadsItsOperandsInPlaceAndKeepsTheExtents) {
+  Graph g;
+  ValueRef x = g.add_parameter(f32({2, 4, 3, 5}));  // [batch, rows, heads, cols]
+  ValueRef y = g.add_parameter(f32({6, 4, 7}));
+  ValueRef e = g.add_parameter({DType::i64, {8}});
+  ValueRef heads = g.add(OpKind::Permute, {x}, {std::vector<int64_t>{0, 2, 1, 3}});  // [2, 3, 4, 5]
+  ValueRef xt = g.add(OpKind::Permute, {g.add(OpKind::Reshape, {heads}, {Shape{6, 4, 5}})}, {std::vector<int64_t>{0, 2, 1}});
+  g.outputs = {g.add(OpKind::GemmView, {xt, y, e},
+                     {ir::StridedView::whole({6, 5, 4}).encode(), ir::StridedView::whole({6, 4, 7}).encode(),
+                      std::vector<int64_t>{}})};
+  const Graph out = dead_code_elimination(views_into_gemm(g));
+  const ir::Node* views = nullptr;
+  for (const ir::Node& n : out.nodes)
+    if (n.op == OpKind::GemmView) views = &n;
+  ASSERT_TRUE(views) << ir::to_text(out);
+  const ir::Node& p = *views;
+  ASSERT_EQ(p.op, OpKind::GemmView) << ir::to_text(out);
+  ASSERT_EQ(p.operands.size(), 3u);
+  EXPECT_EQ(out.node(p.operands[0]).op, OpKind::Parameter) << ir::to_text(out);  // x itself, transposed in place
+  EXPECT_EQ(out.node(p.operands[2]).op, OpKind::Parameter);
+  EXPECT_EQ(out.type(out.outputs[0]).shape, (Shape{6, 5, 7}));
+  for (const ir::Node& n : out.nodes) EXPECT_NE(n.op, OpKind::Permute) << ir::to_text(out);
+}
+
+TEST(BoundedGemmView, TheShapeRuleTakesOnlyI64ExtentsOfEight) {
   Graph g;
   ValueRef x = g.add_parameter(f32({4, 4}));
   const std::vector<int64_t> v = ir::StridedView::whole({4, 4}).encode();
   const ir::Attrs attrs{v, v, std::vector<int64_t>{}};
-  EXPECT_THROW(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i64, {3}})}, attrs), Error);
-  EXPECT_THROW(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i32, {4}})}, attrs), Error);
+  EXPECT_THROW(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i64, {4}})}, attrs), Error);
+  EXPECT_THROW(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i32, {8}})}, attrs), Error);
   EXPECT_THROW(g.add(OpKind::GemmView, {x}, attrs), Error);
-  EXPECT_EQ(g.type(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i64, {4}})}, attrs)).shape, (Shape{4, 4}));
+  EXPECT_EQ(g.type(g.add(OpKind::GemmView, {x, x, g.add_parameter({DType::i64, {8}})}, attrs)).shape, (Shape{4, 4}));
 }
 
 }  // namespace lazyrt::compile

@@ -69,10 +69,16 @@ std::vector<Program> programs() {
          m.push_back({0, 1});
          ValueRef flat = g.add(OpKind::Reshape, {x}, {Shape{2 * n * 3}});
          ValueRef rows = g.add(OpKind::Reshape, {x}, {Shape{2 * n, 3}});
-         ValueRef back = g.add(OpKind::Reshape, {g.add(OpKind::Exp, {rows})}, {Shape{2, n, 3}});
+         ValueRef e = g.add(OpKind::Exp, {rows});
+         ValueRef back = g.add(OpKind::Reshape, {e}, {Shape{2, n, 3}});
+         ValueRef w = g.add_parameter(f32({3, 4}));
+         ValueRef et = g.add(OpKind::Permute, {e}, {std::vector<int64_t>{1, 0}});
+         // Products over the merged dim: its valid rows in two blocks, read and contracted.
          g.outputs = {g.add(OpKind::Amin, {flat}, {std::vector<int64_t>{0}, false}), sum(g, rows, {0}),
                       g.add(OpKind::Softmax, {rows}, {int64_t{0}}), back,
-                      g.add(OpKind::Mean, {flat}, {std::vector<int64_t>{0}, false})};
+                      g.add(OpKind::Mean, {flat}, {std::vector<int64_t>{0}, false}),
+                      g.add(OpKind::Matmul, {e, w}), g.add(OpKind::Matmul, {et, e}),
+                      sum(g, g.add(OpKind::Matmul, {e, w}), {0})};
          return g;
        }},
       {"indices read along a dynamic dim: index_select, gather, scatter_add, index_add",

@@ -154,9 +154,11 @@ inline constexpr double kOneThreadMacs = 1 << 22;
 // than eager's blocked kernels), this is as accurate as they are or more.
 template <int W, class T>
 void small_gemm_cols(const T* __restrict arow, int64_t sa_p, const T* __restrict b, int64_t sb_p,
-                     int64_t sb_j, T* __restrict out, int64_t k) {
+                     int64_t sb_j, T* __restrict out, int64_t k, bool accumulate) {
   using Acc = std::conditional_t<std::is_same_v<T, float>, double, T>;
   Acc acc[W] = {};
+  if (accumulate)
+    for (int j = 0; j < W; ++j) acc[j] = static_cast<Acc>(out[j]);
   for (int64_t p = 0; p < k; ++p) {
     const Acc av = arow[p * sa_p];
     const T* bp = b + p * sb_p;
@@ -168,33 +170,35 @@ void small_gemm_cols(const T* __restrict arow, int64_t sa_p, const T* __restrict
   for (int j = 0; j < W; ++j) out[j] = static_cast<T>(acc[j]);
 }
 
-// c[n, m] (rows ldc apart) = a x b with a(i, p) = a[i * sa_i + p * sa_p] and b as above.
+// c[n, m] (rows ldc apart) = a x b with a(i, p) = a[i * sa_i + p * sa_p] and b as above (added
+// to c where `accumulate`).
 template <class T>
 void small_gemm(const T* a, int64_t sa_i, int64_t sa_p, const T* b, int64_t sb_p, int64_t sb_j, T* c,
-                int64_t ldc, int64_t n, int64_t k, int64_t m) {
+                int64_t ldc, int64_t n, int64_t k, int64_t m, bool accumulate) {
   for (int64_t i = 0; i < n; ++i) {
     const T* arow = a + i * sa_i;
     T* crow = c + i * ldc;
     int64_t j = 0;
-    for (; j + 4 <= m; j += 4) small_gemm_cols<4>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k);
+    for (; j + 4 <= m; j += 4) small_gemm_cols<4>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k, accumulate);
     switch (m - j) {
-      case 3: small_gemm_cols<3>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k); break;
-      case 2: small_gemm_cols<2>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k); break;
-      case 1: small_gemm_cols<1>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k); break;
+      case 3: small_gemm_cols<3>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k, accumulate); break;
+      case 2: small_gemm_cols<2>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k, accumulate); break;
+      case 1: small_gemm_cols<1>(arow, sa_p, b + j * sb_j, sb_p, sb_j, crow + j, k, accumulate); break;
       default: break;
     }
   }
 }
 
 // c[n, m] (rows ldc_ apart) = x[n, k] y[k, m], x stored as [k, n] when tx, y as [m, k] when ty,
-// with leading dimensions lda_ and ldb_; f32 through oneDNN when `onednn` (the caller holds an
-// OmpTeam).
+// with leading dimensions lda_ and ldb_; added to c where `accumulate`; f32 through oneDNN when
+// `onednn` (the caller holds an OmpTeam).
 template <class T>
 void gemm(const T* a, int64_t lda_, const T* b, int64_t ldb_, T* c, int64_t ldc_, int64_t n, int64_t k, int64_t m,
-          bool tx, bool ty, bool onednn) {
+          bool tx, bool ty, bool onednn, bool accumulate = false) {
   if (n == 0 || m == 0) return;
   if (k == 0) {  // sums of nothing; the operands may be no buffer at all
-    for (int64_t i = 0; i < n; ++i) std::fill(c + i * ldc_, c + i * ldc_ + m, T(0));
+    if (!accumulate)
+      for (int64_t i = 0; i < n; ++i) std::fill(c + i * ldc_, c + i * ldc_ + m, T(0));
     return;
   }
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -206,17 +210,18 @@ void gemm(const T* a, int64_t lda_, const T* b, int64_t ldb_, T* c, int64_t ldc_
       const CBLAS_TRANSPOSE ta = tx ? CblasTrans : CblasNoTrans, tb = ty ? CblasTrans : CblasNoTrans;
       if constexpr (std::is_same_v<T, float>) {
         if (onednn) {
-          const dnnl_status_t st = dnnl_sgemm(tx ? 'T' : 'N', ty ? 'T' : 'N', n, m, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+          const dnnl_status_t st = dnnl_sgemm(tx ? 'T' : 'N', ty ? 'T' : 'N', n, m, k, 1.0f, a, lda, b, ldb,
+                                              accumulate ? 1.0f : 0.0f, c, ldc);
           LAZYRT_ASSERT(st == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(st));
         } else {
-          cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+          cblas_sgemm(CblasRowMajor, ta, tb, n, m, k, 1.0f, a, lda, b, ldb, accumulate ? 1.0f : 0.0f, c, ldc);
         }
       } else
-        cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, 0.0, c, ldc);
+        cblas_dgemm(CblasRowMajor, ta, tb, n, m, k, 1.0, a, lda, b, ldb, accumulate ? 1.0 : 0.0, c, ldc);
       return;
     }
   }
-  small_gemm(a, tx ? 1 : lda_, tx ? lda_ : 1, b, ty ? 1 : ldb_, ty ? ldb_ : 1, c, ldc_, n, k, m);
+  small_gemm(a, tx ? 1 : lda_, tx ? lda_ : 1, b, ty ? 1 : ldb_, ty ? ldb_ : 1, c, ldc_, n, k, m, accumulate);
 }
 
 // A 16-bit product: operands widened to f32 in the workspace, one GEMM, results rounded once.
@@ -239,56 +244,91 @@ Kernel via_f32(int64_t xn, int64_t yn, int64_t on, Product product) {
           static_cast<size_t>(xn + yn + on) * sizeof(float)};
 }
 
-// A gemm_view's valid extents (its optional i64[4] operand): the prefixes of the batches,
-// rows, columns and contracted elements it computes; every other result element is 0.
-struct Extents {
-  int64_t batches, n, m, k;
-  static int64_t bound(int64_t given, int64_t all) { return given < 0 ? all : std::min(given, all); }
-  Extents(const MatmulLayout& L, const int64_t* e)
-      : batches(static_cast<int64_t>(L.batches())), n(L.n), m(L.m), k(L.k) {
+// A gemm_view's valid extents (its optional i64[8] operand): per axis (the flattened batches,
+// rows, columns, contracted elements), the valid count of each block of `block` (the whole
+// axis where not positive): index i is valid where i % block < valid (all where valid is
+// negative). Only valid elements are computed, from valid contracted elements alone; every
+// other result element is 0.
+struct Axis {
+  int64_t size, valid, block;
+  Axis(int64_t size_, const int64_t* e) : size(size_), valid(size_), block(std::max<int64_t>(size_, 1)) {
     if (!e) return;
-    batches = bound(e[0], batches);
-    n = bound(e[1], n);
-    m = bound(e[2], m);
-    k = bound(e[3], k);
+    if (e[1] > 0) block = std::min(e[1], block);
+    if (e[0] >= 0) valid = std::min(e[0], block);
+  }
+  bool whole() const { return valid >= size; }
+  // Each block's start and its valid count.
+  template <class F>
+  void blocks(F f) const {
+    for (int64_t b0 = 0; b0 < size; b0 += block) f(b0, std::min(valid, size - b0), std::min(block, size - b0));
   }
 };
 
 template <class T>
-void zero_rows(T* c, int64_t ldc, int64_t rows, int64_t cols) {
+void zero_block(T* c, int64_t ldc, int64_t rows, int64_t cols) {
   for (int64_t i = 0; i < rows; ++i) std::fill(c + i * ldc, c + i * ldc + cols, T(0));
 }
 
 template <class T>
 void run_batches(const MatmulLayout& L, const T* x, const T* y, T* o, const int64_t* extents) {
-  const Extents E(L, extents);
-  // The result outside the extents: 0.
-  if (extents)
-    for (size_t b = 0; b < L.batches(); ++b) {
-      T* c = o + L.o_off[b];
-      if (static_cast<int64_t>(b) >= E.batches) {
-        zero_rows(c, L.ldc, L.n, L.m);
-        continue;
-      }
-      zero_rows(c + E.n * L.ldc, L.ldc, L.n - E.n, L.m);
-      zero_rows(c + E.m, L.ldc, E.n, L.m - E.m);
-    }
-  const auto valid = static_cast<size_t>(E.batches);
-  if (E.k == 0) {  // sums of nothing: x and y may be empty, maybe no buffer, their offsets unused
-    for (size_t b = 0; b < valid; ++b)
-      gemm<T>(nullptr, 1, nullptr, 1, o + L.o_off[b], L.ldc, E.n, 0, E.m, false, false, false);
-    return;
-  }
+  const Axis B(static_cast<int64_t>(L.batches()), extents), N(L.n, extents ? extents + 2 : nullptr),
+      M(L.m, extents ? extents + 4 : nullptr), K(L.k, extents ? extents + 6 : nullptr);
   std::optional<OmpTeam> team;
-  if (L.onednn) team.emplace(L.macs() < kOneThreadMacs ? 1 : num_threads());
-  if (L.fold_batch && (E.n == L.n || valid <= 1)) {
-    if (valid > 0)
+  if (L.onednn && K.valid > 0) team.emplace(L.macs() < kOneThreadMacs ? 1 : num_threads());
+  if (B.whole() && N.whole() && M.whole() && K.whole()) {
+    if (L.k == 0) {  // sums of nothing: x and y are empty, maybe no buffer, their offsets unused
+      for (size_t b = 0; b < L.batches(); ++b)
+        gemm<T>(nullptr, 1, nullptr, 1, o + L.o_off[b], L.ldc, L.n, 0, L.m, false, false, false);
+    } else if (L.fold_batch) {
       gemm(x + L.x_off[0], L.lda, y + L.y_off[0], L.ldb, o + L.o_off[0], L.ldc,
-           (valid - 1) * L.n + E.n, E.k, E.m, false, L.ty, L.onednn);
+           L.n * static_cast<int64_t>(L.batches()), L.k, L.m, false, L.ty, L.onednn);
+    } else {
+      for (size_t b = 0; b < L.batches(); ++b)
+        gemm(x + L.x_off[b], L.lda, y + L.y_off[b], L.ldb, o + L.o_off[b], L.ldc, L.n, L.k, L.m, L.tx, L.ty,
+             L.onednn);
+    }
     return;
   }
-  for (size_t b = 0; b < valid; ++b)
-    gemm(x + L.x_off[b], L.lda, y + L.y_off[b], L.ldb, o + L.o_off[b], L.ldc, E.n, E.k, E.m, L.tx, L.ty, L.onednn);
+  // Bounded: zeros outside the valid batches, rows and columns (and inside them where nothing
+  // is contracted), then per valid batch and block of valid rows and columns the valid
+  // contracted blocks summed, or one GEMM where the valid rows of the batches are consecutive.
+  for (size_t bi = 0; bi < L.batches(); ++bi) {
+    T* c = o + L.o_off[bi];
+    if (static_cast<int64_t>(bi) % B.block >= B.valid) {
+      zero_block(c, L.ldc, L.n, L.m);
+      continue;
+    }
+    N.blocks([&](int64_t r0, int64_t rv, int64_t rlen) {
+      zero_block(c + (r0 + rv) * L.ldc, L.ldc, rlen - rv, L.m);
+      M.blocks([&](int64_t c0, int64_t cv, int64_t clen) {
+        zero_block(c + r0 * L.ldc + c0 + (K.valid == 0 ? 0 : cv), L.ldc, rv, K.valid == 0 ? clen : clen - cv);
+      });
+    });
+  }
+  if (K.valid == 0) return;
+  const auto single = [](const Axis& a) { return a.block >= a.size; };
+  if (L.fold_batch && single(B) && single(N) && single(M) && single(K) && (N.whole() || B.valid <= 1)) {
+    if (B.valid > 0)
+      gemm(x + L.x_off[0], L.lda, y + L.y_off[0], L.ldb, o + L.o_off[0], L.ldc, (B.valid - 1) * L.n + N.valid, K.valid,
+           M.valid, false, L.ty, L.onednn);
+    return;
+  }
+  for (size_t bi = 0; bi < L.batches(); ++bi) {
+    if (static_cast<int64_t>(bi) % B.block >= B.valid) continue;
+    N.blocks([&](int64_t r0, int64_t rv, int64_t) {
+      M.blocks([&](int64_t c0, int64_t cv, int64_t) {
+        bool accumulate = false;
+        K.blocks([&](int64_t p0, int64_t pv, int64_t) {
+          if (pv == 0 || rv == 0 || cv == 0) return;
+          const T* a = x + L.x_off[bi] + (L.tx ? p0 * L.lda + r0 : r0 * L.lda + p0);
+          const T* b = y + L.y_off[bi] + (L.ty ? c0 * L.ldb + p0 : p0 * L.ldb + c0);
+          gemm(a, L.lda, b, L.ldb, o + L.o_off[bi] + r0 * L.ldc + c0, L.ldc, rv, pv, cv, L.tx, L.ty, L.onednn,
+               accumulate);
+          accumulate = true;
+        });
+      });
+    });
+  }
 }
 
 // matmul, gemm and gemm_view: one kernel over a layout.
