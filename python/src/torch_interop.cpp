@@ -27,6 +27,7 @@
 #include <torch/csrc/Dtype.h>
 
 #include <algorithm>
+#include <map>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -511,6 +512,38 @@ Span span_of(const at::Tensor& t) {
   if (!t.device().is_cpu()) return {0, 0};
   const auto start = reinterpret_cast<uintptr_t>(t.storage().data());
   return {start, start + t.storage().nbytes()};
+}
+
+// Of `values` (a list: non-tensors and empty tensors are skipped), the positions whose memory
+// overlaps an input's (the tensors of `inputs`) or an earlier value's that is kept: the caller
+// copies those, as a copy overlaps nothing. Kept spans are disjoint, by start: log time each.
+std::vector<int64_t> shared_memory(const py::list& values, const py::sequence& inputs) {
+  std::map<uintptr_t, uintptr_t> taken;  // start -> end, disjoint
+  auto overlaps = [&](const Span& s) {
+    auto it = taken.lower_bound(s.second);  // the spans starting before s's end precede it
+    return it != taken.begin() && std::prev(it)->second > s.first;
+  };
+  for (py::handle h : inputs) {
+    if (!is_tensor(h)) continue;
+    Span s = span_of(tensor_of(h));
+    if (s.first >= s.second) continue;
+    // Merged with the spans it overlaps: at most one starts before it.
+    if (auto before = taken.lower_bound(s.first); before != taken.begin() && std::prev(before)->second > s.first)
+      s.first = std::prev(before)->first;
+    for (auto it = taken.lower_bound(s.first); it != taken.end() && it->first < s.second; it = taken.erase(it))
+      s.second = std::max(s.second, it->second);
+    taken[s.first] = s.second;
+  }
+  std::vector<int64_t> copy;
+  for (size_t k = 0; k < values.size(); ++k) {
+    py::handle h = values[k];
+    if (!is_tensor(h)) continue;
+    const Span s = span_of(tensor_of(h));
+    if (s.first >= s.second) continue;
+    if (overlaps(s)) copy.push_back(static_cast<int64_t>(k));
+    else taken[s.first] = s.second;
+  }
+  return copy;
 }
 
 class Handover {
@@ -1124,6 +1157,8 @@ PYBIND11_MODULE(_torch_C, m) {
       .def(py::init<const py::dict&>(), py::arg("spec"))
       .def("__call__", &FastCall::call, py::arg("args"),
            "The call's result, or spec's miss (the guard fails) or other (nothing ran).");
+  m.def("shared_memory", &shared_memory, py::arg("values"), py::arg("inputs"),
+        "The positions of the values whose memory an input's or an earlier value's overlaps.");
   m.def("set_device_dispatcher", &lazyrt_torch::set_device_dispatcher, py::arg("fn"),
         "Sets fn(op name, args, kwargs), which computes the ops reaching the lazyrt device's C++ kernel.");
   m.def("set_device_shape", [](py::handle t, std::vector<int64_t> sizes) {

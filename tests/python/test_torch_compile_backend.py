@@ -14,6 +14,7 @@ with a margin and are far below what a wrong op gives (an error of the size of a
 import copy
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -509,6 +510,43 @@ def test_results_own_their_memory():
     for k, r in enumerate(results):
         _close(r, before, f"result {k}")
     assert len({r.data_ptr() for r in results}) == 3
+
+
+def test_results_are_made_to_own_memory_apart_from_inputs_and_each_other():
+    """The backend's result check on random layouts against a pairwise one: inputs are slices of
+    one buffer (overlapping each other), results slices of it too, repeats and fresh tensors.
+    Afterwards no result shares memory with an input or an earlier result, a result that shared
+    none is the very tensor it was, and a copied one holds the same values."""
+    from lazyrt.torch._dynamo import _own_memory
+
+    def span(t):
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    def overlap(a, b):
+        return a[0] < b[1] and b[0] < a[1]
+
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        base = torch.arange(64, dtype=torch.float32)
+
+        def piece():
+            lo = int(rng.integers(0, 63))
+            return base[lo:int(rng.integers(lo + 1, 65))]
+        inputs = [piece() for _ in range(int(rng.integers(0, 5)))]
+        values = []
+        for _ in range(int(rng.integers(1, 7))):
+            kind = rng.integers(0, 3)
+            values.append(piece() if kind == 0 else torch.randn(int(rng.integers(1, 5))) if kind == 1 or not values
+                          else values[int(rng.integers(0, len(values)))])
+        given = list(values)
+        _own_memory(values, inputs)
+        taken = [span(t) for t in inputs]
+        for k, (v, g) in enumerate(zip(values, given)):
+            shared = any(overlap(span(g), t) for t in taken)
+            assert (v is g) != shared, (trial, k)
+            assert torch.equal(v, g)
+            assert not any(overlap(span(v), t) for t in taken), (trial, k)
+            taken.append(span(v))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

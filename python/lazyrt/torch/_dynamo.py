@@ -287,25 +287,13 @@ def _passed_on(node, index):
     return index.get(node) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
 
 
-def _span(t):
-    start = t.data_ptr()
-    return start, start + t.numel() * t.element_size()
-
-
 def _own_memory(values, inputs):
     """Makes every result a tensor of its own: lazyrt may return an input's memory as a result
     (a clone, or x * 1, of an input is the input to lazyrt), or one buffer as two results.
     Eager's results are new tensors, and a result that shares memory with an input would change
     when that input is written (the step's own in-place updates, or the caller's)."""
-    spans = [_span(t) for t in inputs if isinstance(t, torch.Tensor) and t.numel() and t.is_contiguous()]
-    for k, v in enumerate(values):
-        if not isinstance(v, torch.Tensor) or not v.numel():
-            continue
-        start, end = _span(v)
-        if any(a < end and start < b for a, b in spans):
-            values[k] = v = v.clone()
-            start, end = _span(v)
-        spans.append((start, end))
+    for k in _torch_C.shared_memory(values, inputs):
+        values[k] = values[k].clone()
 
 
 class _Eager:
