@@ -241,6 +241,7 @@ TEST_P(BoundedGemmView, ComputesTheValidBlocksAndZerosTheRest) {
       {5, -1, 1, -1, 99, -1, -1, -1},            // counts past the sizes
       {1, 2, 2, 3, -1, -1, 2, 4},                // blocks of batches, rows, contracted
       {-1, -1, 1, 2, 1, 2, 3, 5},                // blocks of rows, columns, contracted
+      {-1, 2, -1, 2, 2, -1, -1, 3},              // whole blocks (all valid) beside a bound column
   };
   for (const std::vector<int64_t>& ext : cases) {
     SCOPED_TRACE(::testing::PrintToString(ext));

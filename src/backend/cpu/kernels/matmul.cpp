@@ -254,7 +254,7 @@ struct Axis {
   Axis(int64_t size_, const int64_t* e) : size(size_), valid(size_), block(std::max<int64_t>(size_, 1)) {
     if (!e) return;
     if (e[1] > 0) block = std::min(e[1], block);
-    if (e[0] >= 0) valid = std::min(e[0], block);
+    valid = e[0] >= 0 ? std::min(e[0], block) : block;
   }
   bool whole() const { return valid >= size; }
   // Each block's start and its valid count.
