@@ -787,10 +787,14 @@ class Rewrite {
       case OpKind::Amin: done(i, emit(n, n.op, {fill_axes(v, Fill::First)}, n.attrs), d); return;
       default: break;
     }
-    // Mean, var, std: over the count the sizes give, in at least f32 (a 16-bit result is
-    // rounded once, as its kernel does).
+    // Mean, var, std: over the count the sizes give, in f64 for f32 (as the kernels sum: a
+    // line of equal values has a mean of exactly that value and a std of exactly 0, which a
+    // std's gradient tells apart from a small one) and f32 for 16-bit types; the result is
+    // rounded once, as the kernel's.
     const DType dtype = n.results[0].dtype;
-    const DType wide = dtype == DType::bf16 || dtype == DType::f16 ? DType::f32 : dtype;
+    const DType wide = dtype == DType::bf16 || dtype == DType::f16 ? DType::f32
+                       : dtype == DType::f32                      ? DType::f64
+                                                                  : dtype;
     if (wide != dtype) v = emit(n, OpKind::Cast, {v}, {wide});
     const ValueRef c = count(n, shape(x), dx, axes, wide);
     const bool keep_mean = n.op != OpKind::Mean || keepdim;

@@ -58,8 +58,8 @@ def _ops():
     def cat_slice(M, h, c):
         return M.cat([h, h * 2], 1)[:, 1:F + 1]
 
-    def flip_features(M, h, c):
-        return h.flip([1]) - h
+    def flip_features(M, h, c):  # not h.flip - h: its rows' sums would cancel exactly, a column
+        return h.flip([1]) * 0.7 - h  # of equal values (std 0, or rounding's) after cumsum1
 
     def batch_norm(M, h, c):
         mean = h.mean(0, keepdim=True)
@@ -145,9 +145,10 @@ class _Ctx:
     """The values a program reads, made alike for lazyrt and torch: parameters in order of use,
     and the tokens an embedding reads."""
 
-    def __init__(self, rng_seed, n):
+    def __init__(self, rng_seed, n, dtype):
         self.rng = np.random.default_rng(rng_seed)
         self.n = n
+        self.dtype = dtype
         self.params = []  # (numpy value) in order of use
         self.made = {}  # module -> list of tensors
         self.at = {}
@@ -159,7 +160,7 @@ class _Ctx:
         while len(self.params) <= i:
             self.params.append(None)
         if self.params[i] is None:
-            self.params[i] = (self.rng.standard_normal(shape) * 0.5).astype(np.float32)
+            self.params[i] = (self.rng.standard_normal(shape) * 0.5).astype(self.dtype)
         t = (lr.tensor(self.params[i], requires_grad=True) if M is lr
              else torch.tensor(self.params[i], requires_grad=True))
         self.made.setdefault(M, []).append(t)
@@ -174,7 +175,7 @@ class _Ctx:
 
 
 def _run(M, program, x, target, seed, n, dynamic):
-    ctx = _Ctx(seed, n)
+    ctx = _Ctx(seed, n, x.dtype)
     h0 = h = lr.tensor(x, requires_grad=True) if M is lr else torch.tensor(x, requires_grad=True)
     y = lr.tensor(target) if M is lr else torch.tensor(target)
     if M is lr and dynamic:
@@ -191,17 +192,45 @@ def _run(M, program, x, target, seed, n, dynamic):
     return [loss.detach().numpy(), h.detach().numpy()] + [g.numpy() for g in grads]
 
 
-def _mismatch(program, seed, n, dynamic=True):
-    rng = np.random.default_rng(seed * 1000 + n)
-    x = rng.standard_normal((n, F)).astype(np.float32)
-    target = rng.standard_normal(n).astype(np.float32)
-    want = _run(torch, program, x, target, seed, n, False)
+def _mismatch(program, seed, n, dynamic=True, dtype=np.float32, oracle=torch):
+    """Why lazyrt's results (the inputs marked dynamic, or not) differ from the oracle's (PyTorch
+    eager, or lazyrt without marks), or None."""
+    x, target = _inputs(seed, n, dtype)
+    want = _run(oracle, program, x, target, seed, n, False)
     got = _run(lr, program, x, target, seed, n, dynamic)
+    return _differ(got, want, 2e-4 if dtype == np.float32 else 1e-9)
+
+
+def _inputs(seed, n, dtype):
+    rng = np.random.default_rng(seed * 1000 + n)
+    return rng.standard_normal((n, F)).astype(dtype), rng.standard_normal(n).astype(dtype)
+
+
+def _differ(got, want, tol):
     for k, (g, w) in enumerate(zip(got, want)):
-        scale = max(1.0, float(np.abs(w).max()) if w.size else 1.0)
-        if g.shape != w.shape or not np.allclose(g, w, rtol=2e-4, atol=2e-4 * scale):
+        scale = max(1.0, float(np.nanmax(np.abs(w), initial=0.0)) if w.size else 1.0)
+        # NaN where the oracle has NaN agrees (an overflow in both).
+        if g.shape != w.shape or not np.allclose(g, w, rtol=tol, atol=tol * scale, equal_nan=True):
             return f"result {k}: shape {g.shape} vs {w.shape}, max diff {np.abs(g - w).max() if g.shape == w.shape else '-'}"
     return None
+
+
+def _ill_conditioned(program, seed, n):
+    """Whether PyTorch's own float32 results differ from its float64 ones as much: a program
+    whose rounding decides its value (a std over rows made equal, 0 or rounding's), where no
+    float32 result can be told right or wrong."""
+    x, target = _inputs(seed, n, np.float64)
+    want = _run(torch, program, x, target, seed, n, False)
+    got = _run(torch, program, x.astype(np.float32), target.astype(np.float32), seed, n, False)
+    return _differ(got, want, 2e-4) is not None
+
+
+def _rounding(program, seed, n):
+    """Whether float32 rounding, not padding, explains a difference from eager: in float64 the
+    program matches eager, and in float32 its bucket graph matches the graph traced at the
+    exact size (lazyrt without marks)."""
+    return (_mismatch(program, seed, n, dtype=np.float64) is None and
+            _mismatch(program, seed, n, oracle=lr) is None)
 
 
 def _program(seed):
@@ -232,19 +261,39 @@ def test_random_programs_at_several_sizes_match_eager():
     polymorphic_programs = 0
     first = int(os.environ.get("LAZYRT_DYNAMIC_FUZZ_SEED", "0"))
     seeds = range(first, first + int(os.environ.get("LAZYRT_DYNAMIC_FUZZ_PROGRAMS", "60")))
+    rounding = 0
+
+    def fails(p, seed, n):
+        return _mismatch(p, seed, n) is not None and not _rounding(p, seed, n) and not _ill_conditioned(p, seed, n)
     for seed in seeds:
         program = _program(seed)
         for n in SIZES:
             why = _mismatch(program, seed, n)
+            if why and (_rounding(program, seed, n) or _ill_conditioned(program, seed, n)):
+                rounding += 1
+                continue
             if why:
-                shortest = _shrink(program, lambda p: _mismatch(p, seed, n) is not None)
+                shortest = _shrink(program, lambda p: fails(p, seed, n))
                 pytest.fail(f"seed {seed}, n {n}: {why}\nprogram {program}\nshortest failing {shortest}")
         if not REFUSED.intersection(program):
             polymorphic_programs += 1
+    # Rounding explains a few programs, not a share of them.
+    assert rounding <= max(2, len(seeds) * len(SIZES) // 50), rounding
     # The path under test ran: every sync of a program without a refused op is polymorphic,
     # and none of those refused.
     assert lr.metrics.counter("PolymorphicGraph") >= polymorphic_programs * (len(SIZES) - 1)
     assert polymorphic_programs >= len(seeds) * 2 // 3
+
+
+def test_a_std_over_equal_rows_is_exactly_zero_as_in_eager():
+    """A column of equal values (a ReLU'd column of negatives, shifted by one constant): eager's
+    std of it is exactly 0, and its gradient takes the std == 0 branch. The bucket graph's std
+    (sums over the valid rows and a count) must be exactly 0 there too: computed in f64 from
+    f32, as the kernels sum. Found by the random programs (seed 25, 3 rows)."""
+    assert _mismatch(["relu", "flattened_t", "std0"], 25, 3) is None
+    lr.metrics.reset()
+    assert _mismatch(["relu", "flattened_t", "std0"], 25, 3, oracle=lr) is None
+    assert lr.metrics.counter("PolymorphicGraph") >= 1
 
 
 def test_one_compile_per_bucket_for_a_training_step():
