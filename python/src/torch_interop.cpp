@@ -12,6 +12,8 @@
 // FastCall: a whole call of the common kind (the guard holds, every input found where it was,
 //   nothing to copy back) without Python: resolve the inputs, hand them over, run the compiled
 //   step, bump, and return the results as torch tensors over lazyrt's result buffers.
+// shared_memory: which results of a call share memory with its inputs or each other (the
+//   Dynamo backend copies those, so that every result is a tensor of its own).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
