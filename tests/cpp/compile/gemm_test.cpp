@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 
 #include "compile/compile.h"
 #include "compile/passes.h"
@@ -232,7 +233,7 @@ TEST_P(BoundedGemmView, ComputesTheValidBlocksAndZerosTheRest) {
   std::vector<float> xs(static_cast<size_t>(b * n * k)), ys(static_cast<size_t>(k * m));
   for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::sin(0.7f * static_cast<float>(i));
   for (size_t i = 0; i < ys.size(); ++i) ys[i] = std::cos(0.3f * static_cast<float>(i));
-  const std::vector<std::vector<int64_t>> cases = {
+  std::vector<std::vector<int64_t>> cases = {
       {-1, -1, -1, -1, -1, -1, -1, -1},          // all
       {2, -1, n - 1, -1, m - 2, -1, k - 3, -1},  // prefixes
       {3, 0, n, 0, m, 0, 0, 0},                  // nothing contracted
@@ -243,6 +244,14 @@ TEST_P(BoundedGemmView, ComputesTheValidBlocksAndZerosTheRest) {
       {-1, -1, 1, 2, 1, 2, 3, 5},                // blocks of rows, columns, contracted
       {-1, 2, -1, 2, 2, -1, -1, 3},              // whole blocks (all valid) beside a bound column
   };
+  // And seeded random ones: per axis a count from -1 to past the size, a block likewise.
+  std::mt19937 rng(static_cast<unsigned>(size) * 2 + (tx ? 1 : 0));
+  for (int r = 0; r < 40; ++r) {
+    std::vector<int64_t> ext;
+    for (int64_t extent : {b, n, m, k})
+      for (int j = 0; j < 2; ++j) ext.push_back(static_cast<int64_t>(rng() % static_cast<unsigned>(extent + 3)) - 1);
+    cases.push_back(ext);
+  }
   for (const std::vector<int64_t>& ext : cases) {
     SCOPED_TRACE(::testing::PrintToString(ext));
     auto valid = [&](int64_t i, int64_t axis, int64_t size_of) {
