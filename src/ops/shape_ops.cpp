@@ -475,6 +475,12 @@ Tensor scatter(const Tensor& a, int64_t dim, const Tensor& index, Scalar value) 
                     constant_tensor(value.to_double(), a.dtype(), index.shape()));
 }
 Tensor scatter_add(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  // torch 2.x sums into a 16-bit tensor in f32 and rounds once (its index_add and index_put
+  // round after every addition, as the scatter_add op does in the tensor's dtype).
+  const DType compute = detail::opmath_type(impl_of(a, "scatter_add").type.dtype);
+  if (compute != a.dtype() && impl_of(src, "scatter_add").type.dtype == a.dtype())
+    return cast_to(scatter_op(OpKind::ScatterAdd, "scatter_add", cast_to(a, compute), dim, index, cast_to(src, compute)),
+                   a.dtype());
   return scatter_op(OpKind::ScatterAdd, "scatter_add", a, dim, index, src);
 }
 
