@@ -35,6 +35,36 @@
 
 namespace {
 
+// The plain elementwise rows of the op table (lazyrt/ops.def's api column): one and two operands.
+#define LAZYRT_ROW_Public(name)
+#define LAZYRT_ROW_Internal(name)
+#define LAZYRT_ROW_Unary(name) &lazyrt::name,
+#define LAZYRT_ROW_UnaryFloat(name) &lazyrt::name,
+#define LAZYRT_ROW_Arith(name)
+#define LAZYRT_ROW_ArithFloat(name)
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) LAZYRT_ROW_##api(name)
+constexpr lazyrt::Tensor (*kUnaryRows[])(const lazyrt::Tensor&) = {
+#include "lazyrt/ops.def"
+};
+#undef LAZYRT_ROW_Unary
+#undef LAZYRT_ROW_UnaryFloat
+#undef LAZYRT_ROW_Arith
+#undef LAZYRT_ROW_ArithFloat
+#define LAZYRT_ROW_Unary(name)
+#define LAZYRT_ROW_UnaryFloat(name)
+#define LAZYRT_ROW_Arith(name) &lazyrt::name,
+#define LAZYRT_ROW_ArithFloat(name) &lazyrt::name,
+constexpr lazyrt::Tensor (*kBinaryRows[])(const lazyrt::Tensor&, const lazyrt::Tensor&) = {
+#include "lazyrt/ops.def"
+};
+#undef OP
+#undef LAZYRT_ROW_Public
+#undef LAZYRT_ROW_Internal
+#undef LAZYRT_ROW_Unary
+#undef LAZYRT_ROW_UnaryFloat
+#undef LAZYRT_ROW_Arith
+#undef LAZYRT_ROW_ArithFloat
+
 using namespace lazyrt;
 using lazyrt::indexing::Slice;
 using lazyrt::indexing::TensorIndex;
@@ -330,31 +360,21 @@ class Program {
       case 1: {  // unary elementwise
         Entry a = pick();
         Tensor r;
-        switch (byte() % 24) {
-          case 0: r = neg(a.t); break;
-          case 1: r = abs(a.t); break;
-          case 2: r = exp(a.t); break;
-          case 3: r = log(a.t); break;
-          case 4: r = sqrt(a.t); break;
-          case 5: r = rsqrt(a.t); break;
-          case 6: r = relu(a.t); break;
-          case 7: r = sigmoid(a.t); break;
-          case 8: r = tanh(a.t); break;
-          case 9: r = isnan(a.t); break;
-          case 10: r = logical_not(a.t); break;
-          case 11: r = sin(a.t); break;
-          case 12: r = log1p(a.t); break;
-          case 13: r = erf(a.t); break;
-          case 14: r = reciprocal(a.t); break;
-          case 15: r = sign(a.t); break;
-          case 16: r = floor(a.t); break;
-          case 17: r = round(a.t, dim_arg()); break;
-          case 18: r = isinf(a.t); break;
-          case 19: r = nan_to_num(a.t); break;
-          case 20: r = gelu(a.t, flag() ? "tanh" : "none"); break;
-          case 21: r = silu(a.t); break;
-          case 22: r = softplus(a.t, scalar_arg(), scalar_arg()); break;
-          default: r = leaky_relu(a.t, scalar_arg()); break;
+        const size_t k = byte() % (std::size(kUnaryRows) + 9);
+        if (k < std::size(kUnaryRows)) {
+          r = kUnaryRows[k](a.t);
+        } else {
+          switch (k - std::size(kUnaryRows)) {
+            case 0: r = reciprocal(a.t); break;
+            case 1: r = round(a.t, dim_arg()); break;
+            case 2: r = isinf(a.t); break;
+            case 3: r = nan_to_num(a.t); break;
+            case 4: r = gelu(a.t, flag() ? "tanh" : "none"); break;
+            case 5: r = silu(a.t); break;
+            case 6: r = softplus(a.t, scalar_arg(), scalar_arg()); break;
+            case 7: r = -a.t; break;
+            default: r = leaky_relu(a.t, scalar_arg()); break;
+          }
         }
         push(r, {&a});
         break;
@@ -363,23 +383,18 @@ class Program {
         Entry a = pick();
         Entry b = pick();
         Tensor r;
-        switch (byte() % 16) {
-          case 0: r = add(a.t, b.t, scalar_arg()); break;
-          case 1: r = sub(a.t, b.t, scalar_arg()); break;
-          case 2: r = mul(a.t, b.t); break;
-          case 3: r = div(a.t, b.t); break;
-          case 4: r = pow(a.t, b.t); break;
-          case 5: r = maximum(a.t, b.t); break;
-          case 6: r = minimum(a.t, b.t); break;
-          case 7: r = eq(a.t, b.t); break;
-          case 8: r = lt(a.t, b.t); break;
-          case 9: r = ge(a.t, b.t); break;
-          case 10: r = logical_and(a.t, b.t); break;
-          case 11: r = logical_or(a.t, b.t); break;
-          case 12: r = atan2(a.t, b.t); break;
-          case 13: r = a.t * b.t; break;
-          case 14: r = a.t / b.t; break;
-          default: r = a.t - b.t; break;
+        const size_t k = byte() % (std::size(kBinaryRows) + 6);
+        if (k < std::size(kBinaryRows)) {
+          r = kBinaryRows[k](a.t, b.t);
+        } else {
+          switch (k - std::size(kBinaryRows)) {
+            case 0: r = add(a.t, b.t, scalar_arg()); break;
+            case 1: r = sub(a.t, b.t, scalar_arg()); break;
+            case 2: r = pow(a.t, b.t); break;
+            case 3: r = a.t * b.t; break;
+            case 4: r = a.t / b.t; break;
+            default: r = a.t - b.t; break;
+          }
         }
         push(r, {&a, &b});
         break;

@@ -9,9 +9,16 @@
 
 namespace lazyrt::debug {
 
-/// The rows of the op table (src/ir/ops.def): each op's name and the ATen overloads lazyrt.torch
-/// lowers to it (space separated).
-std::vector<std::pair<std::string, std::string>> op_table();
+/// A row of the op table (lazyrt/ops.def).
+struct OpRow {
+  std::string name;
+  std::string aten;  // the ATen overloads lazyrt.torch lowers to it, space separated
+  std::string api;   // Unary, UnaryFloat, Arith, ArithFloat, Public or Internal
+  int operands;      // -1: any number
+  bool elementwise;
+  bool differentiable;  // it has a gradient rule
+};
+std::vector<OpRow> op_table();
 
 /// The graph a sync of these tensors would compile, as text (before optimization).
 std::string graph_text(const std::vector<Tensor>& tensors);

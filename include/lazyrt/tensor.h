@@ -247,35 +247,34 @@ Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 
 // ---- elementwise -----------------------------------------------------------------------
-Tensor neg(const Tensor& a);
-Tensor abs(const Tensor& a);
-Tensor exp(const Tensor& a);
-Tensor log(const Tensor& a);
-Tensor sqrt(const Tensor& a);
-Tensor rsqrt(const Tensor& a);
-Tensor relu(const Tensor& a);
-Tensor sigmoid(const Tensor& a);
-Tensor tanh(const Tensor& a);
-Tensor isnan(const Tensor& a);
-Tensor logical_not(const Tensor& a);
-Tensor cast(const Tensor& a, DType dtype);
+// The plain elementwise ops of the op table (lazyrt/ops.def, its api column), with PyTorch's
+// type promotion: neg, abs, exp, log, sqrt, rsqrt, relu, sigmoid, tanh, isnan, logical_not,
+// sin, cos, log1p, expm1, erf, atan, floor, ceil, round, sign (one tensor); mul, div, atan2,
+// maximum, minimum, eq, ne, lt, le, gt, ge, logical_and, logical_or (a tensor and a tensor or
+// a number). The row's comment says what each computes.
+#define LAZYRT_API_Public(name)
+#define LAZYRT_API_Internal(name)
+#define LAZYRT_API_Unary(name) Tensor name(const Tensor& a);
+#define LAZYRT_API_UnaryFloat(name) Tensor name(const Tensor& a);
+#define LAZYRT_API_Arith(name) \
+  Tensor name(const Tensor& a, const Tensor& b); \
+  Tensor name(const Tensor& a, Scalar b);
+#define LAZYRT_API_ArithFloat(name) LAZYRT_API_Arith(name)
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) LAZYRT_API_##api(name)
+#include "lazyrt/ops.def"
+#undef OP
+#undef LAZYRT_API_Public
+#undef LAZYRT_API_Internal
+#undef LAZYRT_API_Unary
+#undef LAZYRT_API_UnaryFloat
+#undef LAZYRT_API_Arith
+#undef LAZYRT_API_ArithFloat
 
+Tensor cast(const Tensor& a, DType dtype);
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha = 1);
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha = 1);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give f32
 Tensor pow(const Tensor& a, const Tensor& b);
 Tensor pow(const Tensor& a, Scalar exponent);
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
-Tensor eq(const Tensor& a, const Tensor& b);
-Tensor ne(const Tensor& a, const Tensor& b);
-Tensor lt(const Tensor& a, const Tensor& b);
-Tensor le(const Tensor& a, const Tensor& b);
-Tensor gt(const Tensor& a, const Tensor& b);
-Tensor ge(const Tensor& a, const Tensor& b);
-Tensor logical_and(const Tensor& a, const Tensor& b);
-Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 
 Tensor operator-(const Tensor& a);
@@ -443,21 +442,8 @@ Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
 // compute in f32, operands broadcast and promote as in torch, negative dims count from the
 // end, and where torch accepts None the argument is a std::optional.
 
-// Elementwise functions.
-Tensor sin(const Tensor& a);
-Tensor cos(const Tensor& a);
-Tensor log1p(const Tensor& a);   // log(1 + a), accurate near 0
-Tensor expm1(const Tensor& a);   // exp(a) - 1, accurate near 0
-Tensor erf(const Tensor& a);
-Tensor atan(const Tensor& a);
-/// The angle of the point (other, a) in [-pi, pi], as torch.atan2 (signed zeros as C's atan2;
-/// integers compute in f32, operands promote and broadcast as for div).
-Tensor atan2(const Tensor& a, const Tensor& other);
+// Elementwise functions (the plain ones are above).
 Tensor reciprocal(const Tensor& a);  // 1 / a; integers give f32
-Tensor sign(const Tensor& a);    // -1, 0 or 1 in a's dtype (0 for nan); b8 stays b8
-Tensor floor(const Tensor& a);   // integers unchanged
-Tensor ceil(const Tensor& a);
-Tensor round(const Tensor& a);   // half to even: round(2.5) == 2
 /// Rounded (half to even) to `decimals` decimal places, as torch.round(a, decimals=):
 /// round(a * 10^decimals) / 10^decimals in a's dtype (negative decimals: tens, hundreds, ...).
 /// Floating tensors only, unless decimals is 0.

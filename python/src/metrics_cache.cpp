@@ -89,9 +89,20 @@ void bind_metrics_cache(py::module_& m) {
   py::module_ d = m.def_submodule("_debug", "Pending graphs and memory (debug.h).");
   d.def("op_table", [] {
     py::list rows;
-    for (const auto& [name, aten] : debug::op_table()) rows.append(py::make_tuple(name, aten));
+    for (const debug::OpRow& r : debug::op_table()) {
+      py::dict row;
+      row["name"] = r.name;
+      row["aten"] = r.aten;
+      row["api"] = r.api;
+      row["operands"] = r.operands;
+      row["elementwise"] = r.elementwise;
+      row["differentiable"] = r.differentiable;
+      rows.append(row);
+    }
     return rows;
-  }, "The rows of the op table (ir/ops.def): (name, the ATen overloads lazyrt.torch lowers to it, space separated).");
+  }, "The rows of the op table (lazyrt/ops.def), as dicts: name, aten (the ATen overloads lazyrt.torch "
+     "lowers to it, space separated), api (its public function: Unary, UnaryFloat, Arith, ArithFloat, "
+     "Public or Internal), operands (-1: any number), elementwise, differentiable.");
   d.def("graph_text", [](py::handle ts) { return debug::graph_text(tensors_from(ts, "graph_text")); },
         py::arg("tensors"), "The graph a sync of these tensors would compile, as text.");
   d.def("polymorphic_graph_text",

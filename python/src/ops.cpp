@@ -205,34 +205,41 @@ void for_each_dim(const Tensor& t, py::handle dims, void (*mark)(const Tensor&, 
 void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
   OpBinder b(m, cls);
 
-  // ---- elementwise, unary ----
-  b.op("neg", &neg).op("negative", &neg).op("abs", &abs).op("exp", &exp).op("log", &log).op("sqrt", &sqrt)
-      .op("rsqrt", &rsqrt).op("relu", &relu).op("sigmoid", &sigmoid).op("tanh", &tanh).op("isnan", &isnan)
-      .op("logical_not", &logical_not);
+  // ---- the plain elementwise ops of the op table (its api column): one binding per row ----
+#define LAZYRT_BIND_Public(name)
+#define LAZYRT_BIND_Internal(name)
+#define LAZYRT_BIND_Unary(name) b.op(#name, static_cast<Tensor (*)(const Tensor&)>(&lazyrt::name));
+#define LAZYRT_BIND_UnaryFloat(name) LAZYRT_BIND_Unary(name)
+#define LAZYRT_BIND_Arith(name)                                                         \
+  b.op(#name, [](const Tensor& a, const Operand& other) {                              \
+    if (const Tensor* t = std::get_if<Tensor>(&other)) return lazyrt::name(a, *t);      \
+    return lazyrt::name(a, std::get<Scalar>(other));                                    \
+  }, arg("other"));
+#define LAZYRT_BIND_ArithFloat(name) LAZYRT_BIND_Arith(name)
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) LAZYRT_BIND_##api(name)
+#include "lazyrt/ops.def"
+#undef OP
+#undef LAZYRT_BIND_Public
+#undef LAZYRT_BIND_Internal
+#undef LAZYRT_BIND_Unary
+#undef LAZYRT_BIND_UnaryFloat
+#undef LAZYRT_BIND_Arith
+#undef LAZYRT_BIND_ArithFloat
+
+  // ---- elementwise ----
+  b.op("negative", &neg);
   b.fn("cast", &cast, arg("input"), arg("dtype"));
 
   // ---- elementwise, binary (other: tensor or number) ----
   b.op("add", &add_op, arg("other"), kw_only(), arg("alpha") = 1)
       .op("sub", &sub_op, arg("other"), kw_only(), arg("alpha") = 1)
       .op("subtract", &sub_op, arg("other"), kw_only(), arg("alpha") = 1)
-      .op("mul", LAZYRT_BINARY(a * b), arg("other"))
       .op("multiply", LAZYRT_BINARY(a * b), arg("other"))
-      .op("div", LAZYRT_BINARY(a / b), arg("other"))
       .op("divide", LAZYRT_BINARY(a / b), arg("other"))
       .op("true_divide", LAZYRT_BINARY(a / b), arg("other"))
       .op("pow", &pow_op, arg("exponent"))
       .fn("pow", [](Scalar self, const Tensor& e) { return pow(scalar_like(self, e), e); }, arg("self"),
           arg("exponent"))
-      .op("maximum", &maximum, arg("other"))
-      .op("minimum", &minimum, arg("other"))
-      .op("eq", LAZYRT_BINARY(a == b), arg("other"))
-      .op("ne", LAZYRT_BINARY(a != b), arg("other"))
-      .op("lt", LAZYRT_BINARY(a < b), arg("other"))
-      .op("le", LAZYRT_BINARY(a <= b), arg("other"))
-      .op("gt", LAZYRT_BINARY(a > b), arg("other"))
-      .op("ge", LAZYRT_BINARY(a >= b), arg("other"))
-      .op("logical_and", &logical_and, arg("other"))
-      .op("logical_or", &logical_or, arg("other"))
       .fn("where", &where_op, arg("condition"), arg("input"), arg("other"))
       .method("where", [](const Tensor& self, const Tensor& cond, const Operand& other) {
         return where_op(cond, self, other);
@@ -247,11 +254,11 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .op("amin", &minmax_op<amin>, arg("dim") = py::tuple(), arg("keepdim") = false)
       // max/min: of every element, elementwise of two tensors, or (values, indices) along a dim.
       .op("max", [](const Tensor& a) { return extreme_of_all(a, true); })
-      .op("max", &maximum, arg("other"))
+      .op("max", static_cast<Tensor (*)(const Tensor&, const Tensor&)>(&maximum), arg("other"))
       .op("max", [](const Tensor& a, int64_t dim, bool keepdim) { return values_indices("max", max(a, dim, keepdim)); },
           arg("dim"), arg("keepdim") = false)
       .op("min", [](const Tensor& a) { return extreme_of_all(a, false); })
-      .op("min", &minimum, arg("other"))
+      .op("min", static_cast<Tensor (*)(const Tensor&, const Tensor&)>(&minimum), arg("other"))
       .op("min", [](const Tensor& a, int64_t dim, bool keepdim) { return values_indices("min", min(a, dim, keepdim)); },
           arg("dim"), arg("keepdim") = false);
 
@@ -341,9 +348,7 @@ void bind_ops(py::module_& m, py::class_<Tensor>& cls) {
       .op("multinomial", &multinomial, arg("num_samples"), arg("replacement") = false);
 
   // ---- math ----
-  b.op("sin", &sin).op("cos", &cos).op("log1p", &log1p).op("expm1", &expm1).op("erf", &erf).op("atan", &atan)
-      .op("atan2", [](const Tensor& a, const Tensor& other) { return atan2(a, other); }, py::arg("other"))
-      .op("reciprocal", &reciprocal).op("sign", &sign).op("floor", &floor).op("ceil", &ceil)
+  b.op("reciprocal", &reciprocal)
       .op("round", [](const Tensor& a, int64_t decimals) { return round(a, decimals); },
           kw_only(), arg("decimals") = 0).op("isinf", &isinf).op("isfinite", &isfinite)
       .op("silu", &silu)

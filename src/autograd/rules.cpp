@@ -1,6 +1,7 @@
-// Gradient rules, one per row of ops.def. Each builds the input gradients out of public lazy
-// ops, so they trace into the same graph as the forward. An op that is not differentiable
-// says so explicitly; a row with neither a rule nor that mark does not compile.
+// Gradient rules, one per row of ops.def (its grad column): the rules written by hand here
+// (RULE) and the table of all of them. Each builds the input gradients out of public lazy ops,
+// so they trace into the same graph as the forward. A row marked RULE without a grad_Enum
+// here does not compile.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -49,17 +50,6 @@ Tensor prod_over(const Tensor& x, const std::vector<int64_t>& dims) {
 }
 
 // ---- rules --------------------------------------------------------------------------------
-Grads grad_Neg(const C& c) { return {-c.grad}; }
-Grads grad_Abs(const C& c) { return {c.grad * sign_of(c.inputs[0])}; }
-Grads grad_Exp(const C& c) { return {c.grad * c.output}; }
-Grads grad_Log(const C& c) { return {c.grad / c.inputs[0]}; }
-Grads grad_Sqrt(const C& c) { return {c.grad / (c.output * 2)}; }
-Grads grad_Rsqrt(const C& c) { return {c.grad * c.output * c.output * c.output * -0.5}; }
-// Zero where the result is <= 0 and the gradient elsewhere, nan included (PyTorch's
-// threshold_backward).
-Grads grad_Relu(const C& c) { return {where(c.output <= 0, zeros_of(c.grad), c.grad)}; }
-Grads grad_Sigmoid(const C& c) { return {c.grad * c.output * (1 - c.output)}; }
-Grads grad_Tanh(const C& c) { return {c.grad * (1 - c.output * c.output)}; }
 Grads grad_Cast(const C& c) {
   if (!is_floating(c.inputs[0].dtype())) return {Tensor()};
   return {cast_like(c.grad, c.inputs[0])};
@@ -72,18 +62,6 @@ Grads grad_Add(const C& c) {
 Grads grad_Sub(const C& c) {
   return {c.needs[0] ? to_operand(c.grad, c.inputs[0]) : Tensor(),
           c.needs[1] ? to_operand(-c.grad, c.inputs[1]) : Tensor()};
-}
-Grads grad_Mul(const C& c) {
-  const Tensor& a = c.inputs[0];
-  const Tensor& b = c.inputs[1];
-  return {c.needs[0] ? to_operand(c.grad * b, a) : Tensor(),
-          c.needs[1] ? to_operand(c.grad * a, b) : Tensor()};
-}
-Grads grad_Div(const C& c) {
-  const Tensor& a = c.inputs[0];
-  const Tensor& b = c.inputs[1];
-  return {c.needs[0] ? to_operand(c.grad / b, a) : Tensor(),
-          c.needs[1] ? to_operand(-c.grad * a / (b * b), b) : Tensor()};
 }
 Grads grad_Pow(const C& c) {
   const Tensor& a = c.inputs[0];
@@ -276,31 +254,7 @@ Grads grad_AvgPool2d(const C& c) {
                  a.b<"ceil_mode">(), a.b<"count_include_pad">(), a.i<"divisor">()})};
 }
 
-// Backward kernels: backward() runs under NoGradGuard (no double backward), so they are
-// never recorded.
-constexpr GradRule grad_Conv2dBackwardInput = nullptr;
-constexpr GradRule grad_Conv2dBackwardWeight = nullptr;
-constexpr GradRule grad_MaxPool2dBackward = nullptr;
-constexpr GradRule grad_MaxPool2dIndices = nullptr;  // integer places
-constexpr GradRule grad_AvgPool2dBackward = nullptr;
-
 // ---- math ops (PyTorch's derivatives, torch/csrc/autograd/FunctionsManual.cpp) -----------
-Grads grad_Sin(const C& c) { return {c.grad * cos(c.inputs[0])}; }
-Grads grad_Atan(const C& c) { return {c.grad / (c.inputs[0] * c.inputs[0] + 1)}; }
-// d/dy atan2(y, x) = x / (x^2 + y^2), d/dx = -y / (x^2 + y^2): nan at the origin, as torch.
-Grads grad_Atan2(const C& c) {
-  const Tensor& y = c.inputs[0];
-  const Tensor& x = c.inputs[1];
-  Tensor g = c.grad / (x * x + y * y);
-  return {c.needs[0] ? to_operand(g * x, y) : Tensor(), c.needs[1] ? to_operand(-(g * y), x) : Tensor()};
-}
-Grads grad_Cos(const C& c) { return {-c.grad * sin(c.inputs[0])}; }
-Grads grad_Log1p(const C& c) { return {c.grad / (c.inputs[0] + 1)}; }
-Grads grad_Expm1(const C& c) { return {c.grad * (c.output + 1)}; }
-Grads grad_Erf(const C& c) {
-  const Tensor& x = c.inputs[0];
-  return {c.grad * (2.0 / std::sqrt(M_PI)) * exp(-(x * x))};
-}
 Grads grad_Gelu(const C& c) {
   const Tensor& x = c.inputs[0];
   if (c.at().b<"tanh">()) {  // tanh form
@@ -327,11 +281,6 @@ Grads grad_Softplus(const C& c) {
   Tensor bx = x * beta;
   return {where(bx > threshold, c.grad, c.grad * sigmoid(bx))};
 }
-// Piecewise constant: zero gradient almost everywhere, as in torch.
-Grads grad_Floor(const C& c) { return {zeros_of(c.grad)}; }
-Grads grad_Ceil(const C& c) { return {zeros_of(c.grad)}; }
-Grads grad_Round(const C& c) { return {zeros_of(c.grad)}; }
-Grads grad_Sign(const C& c) { return {zeros_of(c.grad)}; }
 // torch's clamp_backward and clamp_backward_min_max: x gets the gradient where it lies within
 // the bounds (inclusive); a bound gets it where it is the result. With min > max the result
 // is max everywhere, so min gets nothing.
@@ -415,48 +364,39 @@ Grads grad_Cumprod(const C& c) {
   return {detail::apply(OpKind::CumprodBackward, {c.grad, c.inputs[0]}, {c.at().i<"dim">()})};
 }
 
-// No rule here: leaves, boolean results, and control flow (loops record their own autograd
-// node, with the body's vector-Jacobian product, when traced: loops/loops.cpp).
-constexpr GradRule grad_Parameter = nullptr;
-constexpr GradRule grad_CumprodBackward = nullptr;
-constexpr GradRule grad_Sort = nullptr;  // indices; sort's values are a gather of them
-constexpr GradRule grad_Full = nullptr;
-constexpr GradRule grad_IsNan = nullptr;
-constexpr GradRule grad_LogicalNot = nullptr;
-constexpr GradRule grad_Eq = nullptr;
-constexpr GradRule grad_Ne = nullptr;
-constexpr GradRule grad_Lt = nullptr;
-constexpr GradRule grad_Le = nullptr;
-constexpr GradRule grad_Gt = nullptr;
-constexpr GradRule grad_Ge = nullptr;
-constexpr GradRule grad_LogicalAnd = nullptr;
-constexpr GradRule grad_LogicalOr = nullptr;
-constexpr GradRule grad_While = nullptr;
-constexpr GradRule grad_Scan = nullptr;
-constexpr GradRule grad_ScanVjp = nullptr;
-constexpr GradRule grad_StopGradient = nullptr;  // that is its purpose
-constexpr GradRule grad_Fusion = nullptr;  // made by the compiler after autodiff
-// Recorded only where no gradient is (detail::TracedFunction runs the function itself then).
-constexpr GradRule grad_Call = nullptr;
-constexpr GradRule grad_Gemm = nullptr;    // likewise
-constexpr GradRule grad_GemmView = nullptr;  // likewise
-constexpr GradRule grad_Random = nullptr;
-constexpr GradRule grad_Iota = nullptr;
-constexpr GradRule grad_Check = nullptr;  // checks detached values (bernoulli's probabilities)
-constexpr GradRule grad_ArgMax = nullptr;  // integer results
-constexpr GradRule grad_ArgMin = nullptr;
-// Collectives are not differentiated: gradients are reduced across ranks after backward
-// (distributed::reduce_gradients), as PyTorch/XLA does.
-constexpr GradRule grad_AllReduce = nullptr;
-constexpr GradRule grad_AllGather = nullptr;
-constexpr GradRule grad_ReduceScatter = nullptr;
-constexpr GradRule grad_Broadcast = nullptr;
 
+// The table, from the grad column of ops.def: RULE names grad_Enum above, NONE has no rule,
+// GRAD(e) and GRAD2(e0, e1) are expressions of g (the result's gradient), x and y (the
+// operands) and out (the result); a binary op's gradients are summed to their operands'
+// shapes and computed only for operands that need them.
+#define LAZYRT_GRAD_RULE(Enum) grad_##Enum
+#define LAZYRT_GRAD_NONE(Enum) nullptr
+#define LAZYRT_GRAD_IGNORE(Enum)
+#define LAZYRT_GRAD_GRAD(e)                               \
+  [](const C& c) -> Grads {                               \
+    [[maybe_unused]] const Tensor& g = c.grad;            \
+    [[maybe_unused]] const Tensor& x = c.inputs[0];       \
+    [[maybe_unused]] const Tensor& out = c.output;        \
+    return {e};                                           \
+  } LAZYRT_GRAD_IGNORE
+#define LAZYRT_GRAD_GRAD2(e0, e1)                                                            \
+  [](const C& c) -> Grads {                                                                  \
+    [[maybe_unused]] const Tensor& g = c.grad;                                               \
+    [[maybe_unused]] const Tensor& x = c.inputs[0];                                          \
+    [[maybe_unused]] const Tensor& y = c.inputs[1];                                          \
+    [[maybe_unused]] const Tensor& out = c.output;                                           \
+    return {c.needs[0] ? to_operand(e0, x) : Tensor(), c.needs[1] ? to_operand(e1, y) : Tensor()}; \
+  } LAZYRT_GRAD_IGNORE
 constexpr std::array<GradRule, ir::kNumOps> kRules = {
-#define OP(Enum, name, operands, rule, flags, attrs, aten) grad_##Enum,
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) LAZYRT_GRAD_##grad(Enum),
+#include "lazyrt/ops.def"
 #undef OP
 };
+#undef LAZYRT_GRAD_RULE
+#undef LAZYRT_GRAD_NONE
+#undef LAZYRT_GRAD_IGNORE
+#undef LAZYRT_GRAD_GRAD
+#undef LAZYRT_GRAD_GRAD2
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 
 #include "compile/passes.h"
 #include "ir/gemm_view.h"
+#include "ir/rules.h"
 #include "util/check.h"
 
 namespace lazyrt::compile {
@@ -96,13 +97,9 @@ struct Forced {
 // A reduction over a list of dims (sum, mean, amax, amin, prod, var, std, norm), by its result
 // rule in the op table.
 bool reduces_dims(OpKind op) {
-  switch (ir::op_info(op).rule) {
-    case ir::ResultRule::Reduce:
-    case ir::ResultRule::ReduceFloat:
-    case ir::ResultRule::ReduceNonEmpty:
-    case ir::ResultRule::ReduceNorm: return true;
-    default: return false;
-  }
+  const ir::ResultRule r = ir::op_info(op).rule;
+  return r == &ir::rules::Reduce || r == &ir::rules::ReduceFloat || r == &ir::rules::ReduceNonEmpty ||
+         r == &ir::rules::ReduceNorm;
 }
 
 // What the padding of a value reads as where an op must not see it.

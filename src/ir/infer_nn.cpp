@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "ir/graph.h"
+#include "ir/rules.h"
 #include "util/check.h"
 
 namespace lazyrt::ir {
@@ -324,57 +325,109 @@ void check_grad(std::string_view op, const TensorType& grad, const Shape& want, 
 
 }  // namespace
 
-std::vector<TensorType> infer_nn_types(const OpInfo& info, std::span<const TensorType> ops,
-                                       const NodeAttrs& a) {
-  const std::string_view op = info.name;
-  switch (info.rule) {
-    case ResultRule::Slice: return slice_types(op, ops[0], a);
-    case ResultRule::Pad: return pad_types(op, ops[0], a);
-    case ResultRule::Flip: return flip_types(op, ops[0], a);
-    case ResultRule::Concat: return concat_types(op, ops, a);
-    case ResultRule::IndexSelect: return index_select_types(op, ops, a);
-    case ResultRule::Gather: return gather_types(op, ops, a);
-    case ResultRule::Scatter: return scatter_types(op, ops, a);
-    case ResultRule::IndexAdd: return index_add_types(op, ops, a);
-    case ResultRule::Conv2d: return {conv_result(op, ops[0], ops[1], conv_attrs(a))};
-    case ResultRule::Conv2dBackwardInput: {
-      const TensorType input{ops[0].dtype, a.ints<"input_size">()};
-      LAZYRT_CHECK(input.shape.size() == 4, op, ": input_size must have 4 entries");
-      TensorType out = conv_result(op, input, ops[1], conv_attrs(a));
-      check_grad(op, ops[0], out.shape, out.dtype);
-      return {input};
-    }
-    case ResultRule::Conv2dBackwardWeight: {
-      const TensorType weight{ops[0].dtype, a.ints<"weight_size">()};
-      LAZYRT_CHECK(weight.shape.size() == 4, op, ": weight_size must have 4 entries");
-      TensorType out = conv_result(op, ops[1], weight, conv_attrs(a));
-      check_grad(op, ops[0], out.shape, out.dtype);
-      return {weight};
-    }
-    case ResultRule::MaxPool2d:
-      check_max_poolable(op, ops[0]);
-      return single_result(ops[0].dtype, pool_result(op, ops[0], max_pool_attrs(a)));
-    case ResultRule::MaxPool2dIndices:
-      check_max_poolable(op, ops[0]);
-      return single_result(DType::i64, pool_result(op, ops[0], max_pool_attrs(a)));
-    case ResultRule::MaxPool2dBackward:
-      check_float(op, ops[1]);
-      check_grad(op, ops[0], pool_result(op, ops[1], max_pool_attrs(a)), ops[1].dtype);
-      return single_result(ops[1]);
-    case ResultRule::AvgPool2d:
-      LAZYRT_CHECK(is_floating(ops[0].dtype) || ops[0].dtype == DType::i64, op,
-                   ": expects a floating or i64 tensor, got ", type_str(ops[0]));
-      LAZYRT_CHECK(a.i<"divisor">() >= 0, op, ": divisor_override must be positive, got ",
-                   a.i<"divisor">());
-      return single_result(ops[0].dtype, pool_result(op, ops[0], avg_pool_attrs(a)));
-    case ResultRule::AvgPool2dBackward: {
-      const TensorType input{ops[0].dtype, a.ints<"input_size">()};
-      check_grad(op, ops[0], pool_result(op, input, avg_pool_attrs(a)), input.dtype);
-      return {input};
-    }
-    default: break;
-  }
-  LAZYRT_ASSERT(false, "infer_nn_types called for ", op);
+namespace rules {
+
+std::vector<TensorType> Slice(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return slice_types(op, ops[0], a);
 }
+
+std::vector<TensorType> Pad(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return pad_types(op, ops[0], a);
+}
+
+std::vector<TensorType> Flip(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return flip_types(op, ops[0], a);
+}
+
+std::vector<TensorType> Concat(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return concat_types(op, ops, a);
+}
+
+std::vector<TensorType> IndexSelect(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return index_select_types(op, ops, a);
+}
+
+std::vector<TensorType> Gather(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return gather_types(op, ops, a);
+}
+
+std::vector<TensorType> Scatter(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return scatter_types(op, ops, a);
+}
+
+std::vector<TensorType> IndexAdd(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return index_add_types(op, ops, a);
+}
+
+std::vector<TensorType> Conv2d(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  return {conv_result(op, ops[0], ops[1], conv_attrs(a))};
+}
+
+std::vector<TensorType> Conv2dBackwardInput(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  const TensorType input{ops[0].dtype, a.ints<"input_size">()};
+  LAZYRT_CHECK(input.shape.size() == 4, op, ": input_size must have 4 entries");
+  TensorType out = conv_result(op, input, ops[1], conv_attrs(a));
+  check_grad(op, ops[0], out.shape, out.dtype);
+  return {input};
+
+}
+
+std::vector<TensorType> Conv2dBackwardWeight(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  const TensorType weight{ops[0].dtype, a.ints<"weight_size">()};
+  LAZYRT_CHECK(weight.shape.size() == 4, op, ": weight_size must have 4 entries");
+  TensorType out = conv_result(op, ops[1], weight, conv_attrs(a));
+  check_grad(op, ops[0], out.shape, out.dtype);
+  return {weight};
+
+}
+
+std::vector<TensorType> MaxPool2d(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  check_max_poolable(op, ops[0]);
+  return single_result(ops[0].dtype, pool_result(op, ops[0], max_pool_attrs(a)));
+}
+
+std::vector<TensorType> MaxPool2dIndices(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  check_max_poolable(op, ops[0]);
+  return single_result(DType::i64, pool_result(op, ops[0], max_pool_attrs(a)));
+}
+
+std::vector<TensorType> MaxPool2dBackward(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  check_float(op, ops[1]);
+  check_grad(op, ops[0], pool_result(op, ops[1], max_pool_attrs(a)), ops[1].dtype);
+  return single_result(ops[1]);
+}
+
+std::vector<TensorType> AvgPool2d(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  LAZYRT_CHECK(is_floating(ops[0].dtype) || ops[0].dtype == DType::i64, op,
+  ": expects a floating or i64 tensor, got ", type_str(ops[0]));
+  LAZYRT_CHECK(a.i<"divisor">() >= 0, op, ": divisor_override must be positive, got ",
+  a.i<"divisor">());
+  return single_result(ops[0].dtype, pool_result(op, ops[0], avg_pool_attrs(a)));
+}
+
+std::vector<TensorType> AvgPool2dBackward(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  const TensorType input{ops[0].dtype, a.ints<"input_size">()};
+  check_grad(op, ops[0], pool_result(op, input, avg_pool_attrs(a)), input.dtype);
+  return {input};
+
+}
+
+}  // namespace rules
 
 }  // namespace lazyrt::ir

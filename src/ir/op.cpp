@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ir/graph.h"
+#include "ir/rules.h"
 #include "util/check.h"
 
 namespace lazyrt::ir {
@@ -35,9 +36,9 @@ std::vector<AttrSpec> parse_attr_specs(std::string_view spec) {
 
 const std::array<OpInfo, kNumOps>& table() {
   static const std::array<OpInfo, kNumOps> t = {{
-#define OP(Enum, name, operands, rule, flags, attrs, aten) \
-  OpInfo{name, operands, ResultRule::rule, static_cast<uint32_t>(flags), parse_attr_specs(attrs), aten},
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) \
+  OpInfo{#name, operands, &rules::rule, static_cast<uint32_t>(flags), parse_attr_specs(attrs), aten, Api::api},
+#include "lazyrt/ops.def"
 #undef OP
   }};
   return t;

@@ -3,22 +3,23 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
 namespace lazyrt::ir {
 
 enum class OpKind : uint16_t {
-#define OP(Enum, name, operands, rule, flags, attrs, aten) Enum,
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) Enum,
+#include "lazyrt/ops.def"
 #undef OP
 };
 
 // Number of rows in ops.def. Tables indexed by OpKind static_assert against it, so a table
 // that misses an op does not compile.
 inline constexpr int kNumOps = 0
-#define OP(Enum, name, operands, rule, flags, attrs, aten) +1
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) +1
+#include "lazyrt/ops.def"
 #undef OP
     ;
 
@@ -32,67 +33,22 @@ enum OpFlags : uint32_t {
 
 /// Each row's flags, for checks at compile time (has_flag() reads the same values).
 inline constexpr uint32_t kOpFlags[] = {
-#define OP(Enum, name, operands, rule, flags, attrs, aten) (flags),
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) (flags),
+#include "lazyrt/ops.def"
 #undef OP
 };
 constexpr bool has_flag_c(OpKind op, OpFlags f) { return (kOpFlags[static_cast<size_t>(op)] & f) != 0; }
 
-enum class ResultRule : uint8_t {
-  Given,           // the result types are supplied by whoever builds the node (parameters, calls)
-  Full,            // from the shape and dtype attributes
-  Unary,           // same type
-  UnaryNumeric,    // same type; not b8
-  UnaryFloat,      // same type; floating only
-  UnaryToBool,     // same shape, b8
-  Cast,            // same shape, the dtype attribute
-  Binary,          // broadcast shape, the operands' common dtype
-  BinaryNumeric,   // as Binary; not b8
-  BinaryFloat,     // as Binary; floating only
-  Compare,         // broadcast shape, b8
-  Where,           // b8 condition, two values of one dtype; broadcast of all three
-  Clamp,           // three operands of one dtype, not b8; broadcast of all three
-  Reduce,          // dims removed (or kept as 1)
-  ReduceFloat,     // as Reduce; floating only
-  ReduceNonEmpty,  // as Reduce; reduced dims must not be empty
-  ReduceNorm,      // as ReduceFloat; the p attribute must be 1, 2 or inf
-  ArgReduce,       // the dim attribute removed (or kept as 1), i64; not b8; dim not empty
-  Softmax,         // same type, floating only; the dim attribute in range
-  Cumulative,      // operand 0's type, not b8, the dim attribute in range; further operands
-                   // of that type (then floating only)
-  Sort,            // i64, the dim attribute in range and of size k (0 <= k <= its size)
-  Matmul,          // [..., n, k] x [..., k, m] -> [broadcast(...), n, m]
-  Permute,         // dims permuted
-  Reshape,         // the shape attribute, same element count
-  Expand,          // the shape attribute, broadcast from the operand
-  // Data movement, indexing and NN ops: rules in infer_nn.cpp.
-  Slice,                 // per dim ceil((end - start) / step)
-  Pad,                   // per dim low + high + n + (n - 1) * interior
-  Flip,                  // same type
-  Concat,                // operands of one type but for `dim`; sizes along it add up
-  IndexSelect,           // `dim` takes the index's length
-  Gather,                // the index's shape
-  Scatter,               // operand 0's type; index and src fit it
-  IndexAdd,              // operand 0's type; src is it with `dim` of the index's length
-  Conv2d,                // [N, C, H, W] x [O, C / groups, kh, kw] -> [N, O, OH, OW]
-  Conv2dBackwardInput,   // the input_size attribute
-  Conv2dBackwardWeight,  // the weight_size attribute
-  MaxPool2d,             // [N, C, OH, OW]
-  MaxPool2dBackward,     // the input's type
-  MaxPool2dIndices,      // [N, C, OH, OW] of i64
-  AvgPool2d,             // [N, C, OH, OW]
-  AvgPool2dBackward,     // the input_size attribute
-  Check,           // operand 0's type; operand 1 b8; the what attribute a CheckKind
-  While,           // the first `carries` operand types
-  Scan,            // the carries' operand types, then the stacked outputs of the attributes
-  Random,          // the shape and (floating) dtype attributes; operands i64 scalars
-  Iota,            // the shape (one dim) and dtype attributes
-  Gemm,            // [.., n, k] (or [.., k, n] transposed) x [.., k, m] (or [.., m, k]) -> [.., n, m]
-  GemmView,        // the views' [.., n, k] x [.., k, m] -> [.., n, m], permuted by out_perm
-  Fusion,          // one result per dtype attribute, of the shape attribute or one value per row (ops.def)
-  Collective,      // the tensor's type (all_gather: dim 0 times world; reduce_scatter: divided
-                   // by it), then the b8 scalar token; operand 1 such a token
-};
+/// An op's public function and type promotion (the api column of ops.def).
+enum class Api : uint8_t { Unary, UnaryFloat, Arith, ArithFloat, Public, Internal };
+
+struct TensorType;
+class NodeAttrs;
+/// A result rule (the Rule column of ops.def, defined in ir/rules.h): the result types of op
+/// over operands of these types with these attributes; throws lazyrt::Error naming the op for
+/// operands or attributes it refuses.
+using ResultRule = std::vector<TensorType> (*)(OpKind op, std::span<const TensorType> operands,
+                                               const NodeAttrs& at);
 
 enum class AttrKind : uint8_t { Int, Float, Bool, DType, Ints };
 
@@ -108,6 +64,7 @@ struct OpInfo {
   uint32_t flags;
   std::vector<AttrSpec> attrs;
   std::string_view aten;  // the ATen overloads lazyrt.torch lowers to this op, space separated
+  Api api;
 };
 
 const OpInfo& op_info(OpKind op);
@@ -141,8 +98,8 @@ struct AttrName {
 namespace attr_specs {
 
 inline constexpr std::string_view kAttrSpecs[] = {
-#define OP(Enum, name, operands, rule, flags, attrs, aten) attrs,
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) attrs,
+#include "lazyrt/ops.def"
 #undef OP
 };
 

@@ -106,19 +106,8 @@ Tensor normalize(OpKind op, const Tensor& a, int64_t dim, std::optional<DType> d
 
 // ---- elementwise ----------------------------------------------------------------------------
 
-Tensor sin(const Tensor& a) { return unary_float(OpKind::Sin, a); }
-Tensor cos(const Tensor& a) { return unary_float(OpKind::Cos, a); }
-Tensor log1p(const Tensor& a) { return unary_float(OpKind::Log1p, a); }
-Tensor expm1(const Tensor& a) { return unary_float(OpKind::Expm1, a); }
-Tensor erf(const Tensor& a) { return unary_float(OpKind::Erf, a); }
-Tensor atan(const Tensor& a) { return unary_float(OpKind::Atan, a); }
-Tensor atan2(const Tensor& a, const Tensor& other) { return arith(OpKind::Atan2, a, other); }
 // torch computes 1 / a in the promoted type, true division: integers and bools give f32.
 Tensor reciprocal(const Tensor& a) { return arith(OpKind::Div, a, Scalar(1), /*scalar_first=*/true); }
-Tensor sign(const Tensor& a) { return unary(OpKind::Sign, a); }
-Tensor floor(const Tensor& a) { return unary(OpKind::Floor, a); }
-Tensor ceil(const Tensor& a) { return unary(OpKind::Ceil, a); }
-Tensor round(const Tensor& a) { return unary(OpKind::Round, a); }
 Tensor round(const Tensor& a, int64_t decimals) {
   if (decimals == 0) return round(a);  // integers unchanged, as torch.round(a) keeps them
   check_floating(a, "round");

@@ -133,9 +133,10 @@ Tensor binary_scalar(OpKind op, const Tensor& a, Scalar b, DType compute, bool s
   return scalar_first ? apply(op, {c, x}) : apply(op, {x, c});
 }
 
-// Arithmetic ops: the promoted type; true division always floating.
+// Arithmetic ops: the promoted type; an integer one computed in f32 for true division (the
+// ArithFloat rows of ops.def).
 DType arith_type(OpKind op, DType promoted) {
-  if ((op == OpKind::Div || op == OpKind::Atan2) && !is_floating(promoted)) return DType::f32;
+  if (ir::op_info(op).api == ir::Api::ArithFloat && !is_floating(promoted)) return DType::f32;
   return promoted;
 }
 
@@ -474,27 +475,28 @@ void Tensor::set_data(const Tensor& value) {
 
 // ---- elementwise ----------------------------------------------------------------------------
 
-Tensor neg(const Tensor& a) {
-  LAZYRT_CHECK(a.dtype() != DType::b8,
-               "neg: negation of a b8 tensor is not supported; use logical_not");
-  return unary(OpKind::Neg, a);
-}
-Tensor abs(const Tensor& a) {
-  LAZYRT_CHECK(a.dtype() != DType::b8, "abs: does not take b8 tensors");
-  return unary(OpKind::Abs, a);
-}
-Tensor relu(const Tensor& a) {
-  LAZYRT_CHECK(a.dtype() != DType::b8, "relu: does not take b8 tensors");
-  return unary(OpKind::Relu, a);
-}
-Tensor exp(const Tensor& a) { return unary_float(OpKind::Exp, a); }
-Tensor log(const Tensor& a) { return unary_float(OpKind::Log, a); }
-Tensor sqrt(const Tensor& a) { return unary_float(OpKind::Sqrt, a); }
-Tensor rsqrt(const Tensor& a) { return unary_float(OpKind::Rsqrt, a); }
-Tensor sigmoid(const Tensor& a) { return unary_float(OpKind::Sigmoid, a); }
-Tensor tanh(const Tensor& a) { return unary_float(OpKind::Tanh, a); }
-Tensor isnan(const Tensor& a) { return unary(OpKind::IsNan, a); }
-Tensor logical_not(const Tensor& a) { return unary(OpKind::LogicalNot, a); }
+// The plain elementwise ops of the op table (its api column): one function per row.
+#define LAZYRT_API_Public(Enum, name)
+#define LAZYRT_API_Internal(Enum, name)
+#define LAZYRT_API_Unary(Enum, name) \
+  Tensor name(const Tensor& a) { return unary(OpKind::Enum, a); }
+#define LAZYRT_API_UnaryFloat(Enum, name) \
+  Tensor name(const Tensor& a) { return unary_float(OpKind::Enum, a); }
+#define LAZYRT_API_Arith(Enum, name)                                                 \
+  Tensor name(const Tensor& a, const Tensor& b) { return arith(OpKind::Enum, a, b); } \
+  Tensor name(const Tensor& a, Scalar b) { return arith(OpKind::Enum, a, b); }
+#define LAZYRT_API_ArithFloat(Enum, name) LAZYRT_API_Arith(Enum, name)
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) LAZYRT_API_##api(Enum, name)
+#include "lazyrt/ops.def"
+#undef OP
+#undef LAZYRT_API_Public
+#undef LAZYRT_API_Internal
+#undef LAZYRT_API_Unary
+#undef LAZYRT_API_UnaryFloat
+#undef LAZYRT_API_Arith
+#undef LAZYRT_API_ArithFloat
+
+
 Tensor cast(const Tensor& a, DType dtype) {
   impl_of(a, "cast");
   return cast_to(a, dtype);
@@ -522,8 +524,6 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
   DType t = result_type(a, b);
   return binary(OpKind::Sub, a, binary_scalar(OpKind::Mul, b, alpha, t, false), t);
 }
-Tensor mul(const Tensor& a, const Tensor& b) { return arith(OpKind::Mul, a, b); }
-Tensor div(const Tensor& a, const Tensor& b) { return arith(OpKind::Div, a, b); }
 Tensor pow(const Tensor& a, const Tensor& b) { return arith(OpKind::Pow, a, b); }
 Tensor pow(const Tensor& a, Scalar exponent) {
   // As torch 2.x: an exponent of True is the base itself, False gives ones, for a b8 base too
@@ -537,26 +537,8 @@ Tensor pow(const Tensor& a, Scalar exponent) {
                " tensor, exponent ", static_cast<int64_t>(exponent.to_double()), ")");
   return arith(OpKind::Pow, a, exponent);
 }
-Tensor maximum(const Tensor& a, const Tensor& b) { return arith(OpKind::Maximum, a, b); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return arith(OpKind::Minimum, a, b); }
 
-namespace {
-Tensor compare(OpKind op, const Tensor& a, const Tensor& b) {
-  return binary(op, a, b, result_type(a, b));
-}
-Tensor compare(OpKind op, const Tensor& a, Scalar b) {
-  return binary_scalar(op, a, b, result_type(a, b), false);
-}
-}  // namespace
 
-Tensor eq(const Tensor& a, const Tensor& b) { return compare(OpKind::Eq, a, b); }
-Tensor ne(const Tensor& a, const Tensor& b) { return compare(OpKind::Ne, a, b); }
-Tensor lt(const Tensor& a, const Tensor& b) { return compare(OpKind::Lt, a, b); }
-Tensor le(const Tensor& a, const Tensor& b) { return compare(OpKind::Le, a, b); }
-Tensor gt(const Tensor& a, const Tensor& b) { return compare(OpKind::Gt, a, b); }
-Tensor ge(const Tensor& a, const Tensor& b) { return compare(OpKind::Ge, a, b); }
-Tensor logical_and(const Tensor& a, const Tensor& b) { return compare(OpKind::LogicalAnd, a, b); }
-Tensor logical_or(const Tensor& a, const Tensor& b) { return compare(OpKind::LogicalOr, a, b); }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   LAZYRT_CHECK(cond.dtype() == DType::b8, "where: the condition must be b8, got ",
@@ -590,12 +572,12 @@ Tensor operator<(const Tensor& a, const Tensor& b) { return lt(a, b); }
 Tensor operator<=(const Tensor& a, const Tensor& b) { return le(a, b); }
 Tensor operator>(const Tensor& a, const Tensor& b) { return gt(a, b); }
 Tensor operator>=(const Tensor& a, const Tensor& b) { return ge(a, b); }
-Tensor operator==(const Tensor& a, Scalar b) { return compare(OpKind::Eq, a, b); }
-Tensor operator!=(const Tensor& a, Scalar b) { return compare(OpKind::Ne, a, b); }
-Tensor operator<(const Tensor& a, Scalar b) { return compare(OpKind::Lt, a, b); }
-Tensor operator<=(const Tensor& a, Scalar b) { return compare(OpKind::Le, a, b); }
-Tensor operator>(const Tensor& a, Scalar b) { return compare(OpKind::Gt, a, b); }
-Tensor operator>=(const Tensor& a, Scalar b) { return compare(OpKind::Ge, a, b); }
+Tensor operator==(const Tensor& a, Scalar b) { return arith(OpKind::Eq, a, b); }
+Tensor operator!=(const Tensor& a, Scalar b) { return arith(OpKind::Ne, a, b); }
+Tensor operator<(const Tensor& a, Scalar b) { return arith(OpKind::Lt, a, b); }
+Tensor operator<=(const Tensor& a, Scalar b) { return arith(OpKind::Le, a, b); }
+Tensor operator>(const Tensor& a, Scalar b) { return arith(OpKind::Gt, a, b); }
+Tensor operator>=(const Tensor& a, Scalar b) { return arith(OpKind::Ge, a, b); }
 
 // ---- reductions -----------------------------------------------------------------------------
 

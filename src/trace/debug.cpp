@@ -1,5 +1,6 @@
 #include "lazyrt/debug.h"
 
+#include <string_view>
 #include <unordered_set>
 
 #include "ir/op.h"
@@ -27,11 +28,23 @@ int64_t count_nodes(const ir::Graph& g, std::unordered_set<const ir::Graph*>& se
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> op_table() {
-  std::vector<std::pair<std::string, std::string>> rows;
+std::vector<OpRow> op_table() {
+  static constexpr const char* kApi[] = {
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) #api,
+#include "lazyrt/ops.def"
+#undef OP
+  };
+  static constexpr bool kDifferentiable[] = {
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) std::string_view(#grad) != "NONE",
+#include "lazyrt/ops.def"
+#undef OP
+  };
+  std::vector<OpRow> rows;
   for (int i = 0; i < ir::kNumOps; ++i) {
-    const ir::OpInfo& info = ir::op_info(static_cast<ir::OpKind>(i));
-    rows.emplace_back(std::string(info.name), std::string(info.aten));
+    const auto op = static_cast<ir::OpKind>(i);
+    const ir::OpInfo& info = ir::op_info(op);
+    rows.push_back({std::string(info.name), std::string(info.aten), kApi[i], info.operands,
+                    ir::has_flag(op, ir::kElementwise), kDifferentiable[i]});
   }
   return rows;
 }

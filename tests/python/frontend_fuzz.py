@@ -122,6 +122,11 @@ LOWERED_OPS = ["tanh", "sigmoid", "exp_clamped", "abs_sqrt", "softmax", "log_sof
                "clamp", "where", "center", "square", "normalize", "erf", "rsqrt", "sort", "topk_pad",
                "sin", "log1p", "expm1", "atan2", "cumprod", "frac_round", "index_cols", "index_put_acc",
                "repeat_fold", "diagonal"]
+# Every plain elementwise row of lazyrt's op table, by its torch name (its lowering is generated
+# from the row): see _op.
+PLAIN_ROWS = {r["name"]: r["operands"] for r in lazyrt._C._debug.op_table()
+              if r["api"] in ("Unary", "UnaryFloat", "Arith", "ArithFloat")}
+LOWERED_OPS += ["row_" + name for name in PLAIN_ROWS]
 BREAK_OPS = ["i0e", "det2x2", "bessel_j0", "cummax", "erfinv", "logit", "sinh"]
 ACTS = ["relu", "gelu", "tanh", "sigmoid", "silu", "elu", "leaky_relu", "softplus", "hardswish",
         "mish", "celu", "hardtanh", "prelu"]
@@ -613,6 +618,11 @@ def _op(a, h):
     if a == "diagonal":  # the diagonal of each sample's outer product, and diag_embed's sum
         outer = h.unsqueeze(2) * h.unsqueeze(1)
         return torch.diagonal(outer, 0, 1, 2) * 0.5 + torch.diag_embed(h).sum(2) * 0.5
+    if a.startswith("row_"):  # on values in (0.25, 1.25), inside every plain row's domain
+        x = torch.sigmoid(h) + 0.25
+        fn = getattr(torch, a[4:])
+        out = fn(x) if PLAIN_ROWS[a[4:]] == 1 else fn(x, x.flip(1))
+        return h + 0.1 * (out if out.is_floating_point() else out.to(h.dtype))
     # BREAK_OPS (no lowering: graph breaks), then more of LOWERED_OPS
     if a == "i0e":
         return torch.special.i0e(h)

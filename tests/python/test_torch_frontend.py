@@ -745,7 +745,7 @@ def test_layer_and_group_norm_of_bf16_values_as_atens_cpu_kernels(norm):
 
 
 def test_every_aten_op_the_op_table_names_has_a_lowering():
-    # ir/ops.def names, per op, the ATen overloads lazyrt.torch lowers to it: each must exist in
+    # lazyrt/ops.def names, per op, the ATen overloads lazyrt.torch lowers to it: each must exist in
     # this PyTorch and have a lowering (or a decomposition the capture applies), else a step
     # using it breaks its graph for want of one.
     from lazyrt.torch._capture import _decompositions
@@ -753,8 +753,9 @@ def test_every_aten_op_the_op_table_names_has_a_lowering():
     table = lazyrt._C._debug.op_table()
     decomposed = _decompositions()
     unknown, missing = [], []
-    for name, aten in table:
-        for overload in aten.split():
+    for row in table:
+        name = row["name"]
+        for overload in row["aten"].split():
             packet, _, variant = overload.partition(".")
             op = getattr(getattr(torch.ops.aten, packet, None), variant, None)
             if op is None:
@@ -763,7 +764,7 @@ def test_every_aten_op_the_op_table_names_has_a_lowering():
                 missing.append(f"{name}: aten.{overload}")
     assert not unknown, f"ops.def names ATen overloads this PyTorch lacks: {unknown}"
     assert not missing, f"ops.def names ATen overloads lazyrt.torch does not lower: {missing}"
-    assert sum(bool(aten) for _, aten in table) >= 70  # the column is filled
+    assert sum(bool(row["aten"]) for row in table) >= 70  # the column is filled
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -2236,6 +2237,24 @@ _LOWERED_OPS = {  # name -> (fn, image input)
 }
 _INDEX_COLUMNS = torch.tensor([5, 0, -1, 5])
 _INDEX_GRID = torch.tensor([[1, 2], [0, -3]])
+
+
+def _plain_row(name, operands):
+    """A plain elementwise row of lazyrt's op table applied by its torch name (the lowering is
+    generated from the row): on values in (0.25, 1.25), inside every such op's domain, with a
+    bool result taken as 0 and 1, added to t so that the step trains through it."""
+    fn = getattr(torch, name)
+
+    def apply(t):
+        x = torch.sigmoid(t) + 0.25
+        out = fn(x) if operands == 1 else fn(x, x.flip(1))
+        return t + 0.1 * (out if out.is_floating_point() else out.to(t.dtype))
+    return apply
+
+
+for _row in lazyrt._C._debug.op_table():
+    if _row["api"] in ("Unary", "UnaryFloat", "Arith", "ArithFloat"):
+        _LOWERED_OPS["row_" + _row["name"]] = (_plain_row(_row["name"], _row["operands"]), False)
 
 
 @pytest.mark.parametrize("name", list(_LOWERED_OPS))

@@ -94,42 +94,41 @@ struct OpEntry {
 const std::map<std::string, OpEntry>& dispatcher() {
   static const std::map<std::string, OpEntry> table = [] {
     std::map<std::string, OpEntry> t;
+    // Input 0 transposed first where the case carries `transpose_input D0 D1`.
+    auto first = [](const Args& x, const Attrs& a) {
+      if (!a.has("transpose_input")) return x[0];
+      const auto d = a.ints("transpose_input");
+      return transpose(x[0], d.at(0), d.at(1));
+    };
     auto unary = [&](const char* name, Tensor (*fn)(const Tensor&)) {
-      t[name] = {1, [fn](const Args& x, const Attrs&) { return fn(x[0]); }};
+      t[name] = {1, [fn, first](const Args& x, const Attrs& a) { return fn(first(x, a)); }};
     };
     auto binary = [&](const char* name, Tensor (*fn)(const Tensor&, const Tensor&)) {
-      t[name] = {2, [fn](const Args& x, const Attrs&) { return fn(x[0], x[1]); }};
+      t[name] = {2, [fn, first](const Args& x, const Attrs& a) { return fn(first(x, a), x[1]); }};
     };
-    unary("neg", lazyrt::neg);
-    unary("abs", lazyrt::abs);
-    unary("exp", lazyrt::exp);
-    unary("log", lazyrt::log);
-    unary("sqrt", lazyrt::sqrt);
-    unary("rsqrt", lazyrt::rsqrt);
-    unary("relu", lazyrt::relu);
-    unary("sigmoid", lazyrt::sigmoid);
-    unary("tanh", lazyrt::tanh);
-    unary("isnan", lazyrt::isnan);
-    unary("logical_not", lazyrt::logical_not);
+    // The plain elementwise ops of the op table (lazyrt/ops.def's api column), by row.
+#define LAZYRT_CASE_Public(name)
+#define LAZYRT_CASE_Internal(name)
+#define LAZYRT_CASE_Unary(name) unary(#name, lazyrt::name);
+#define LAZYRT_CASE_UnaryFloat(name) unary(#name, lazyrt::name);
+#define LAZYRT_CASE_Arith(name) binary(#name, lazyrt::name);
+#define LAZYRT_CASE_ArithFloat(name) binary(#name, lazyrt::name);
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) LAZYRT_CASE_##api(name)
+#include "lazyrt/ops.def"
+#undef OP
+#undef LAZYRT_CASE_Public
+#undef LAZYRT_CASE_Internal
+#undef LAZYRT_CASE_Unary
+#undef LAZYRT_CASE_UnaryFloat
+#undef LAZYRT_CASE_Arith
+#undef LAZYRT_CASE_ArithFloat
     t["cast"] = {1, [](const Args& x, const Attrs& a) { return cast(x[0], a.dtype("dtype")); }};
     t["unary_minus"] = {1, [](const Args& x, const Attrs&) { return -x[0]; }};
 
     t["add"] = {2, [](const Args& x, const Attrs& a) { return add(x[0], x[1], a.scalar_or("alpha", 1)); }};
     t["sub"] = {2, [](const Args& x, const Attrs& a) { return sub(x[0], x[1], a.scalar_or("alpha", 1)); }};
-    binary("mul", lazyrt::mul);
-    binary("div", lazyrt::div);
     t["pow"] = {2, [](const Args& x, const Attrs&) { return pow(x[0], x[1]); }};
     t["pow_scalar"] = {1, [](const Args& x, const Attrs& a) { return pow(x[0], a.scalar("exponent")); }};
-    binary("maximum", lazyrt::maximum);
-    binary("minimum", lazyrt::minimum);
-    binary("eq", lazyrt::eq);
-    binary("ne", lazyrt::ne);
-    binary("lt", lazyrt::lt);
-    binary("le", lazyrt::le);
-    binary("gt", lazyrt::gt);
-    binary("ge", lazyrt::ge);
-    binary("logical_and", lazyrt::logical_and);
-    binary("logical_or", lazyrt::logical_or);
     t["where"] = {3, [](const Args& x, const Attrs&) { return where(x[0], x[1], x[2]); }};
 
     t["operator_add"] = {2, [](const Args& x, const Attrs&) { return x[0] + x[1]; }};

@@ -3,8 +3,8 @@
 import torch
 
 from lazyrt import _C
-from lazyrt.torch._lower.table import (UnsupportedOperatorError, _TORCH_DTYPES, _cast, _is_tensor, lazy_dtype,
-                                       lowering, refusal)
+from lazyrt.torch._lower.table import (LOWERINGS, UnsupportedOperatorError, _TORCH_DTYPES, _cast, _is_tensor,
+                                       lazy_dtype, lowering, refusal)
 
 aten = torch.ops.aten
 
@@ -16,6 +16,35 @@ def _elementwise(fn):
     return lower
 
 
+def _plain(fn):
+    """The lowering of a plain elementwise op of the op table (lazyrt/ops.def's api column): its
+    operands in the result's dtype, or for a bool result of two operands (a comparison) in their
+    common dtype. A number first (a graph that Dynamo specialized from a symbolic float holds
+    1.5 - x) becomes a constant of that dtype."""
+    def lower(e, *args):
+        dtype = e.dtype
+        if dtype is _C.bool:
+            if len(args) == 1:
+                return fn(*args)
+            dtype = _common_dtype(*args)
+        args = [_cast(a, dtype) for a in args]
+        if not _is_tensor(args[0]):
+            args[0] = _C.full((), args[0], dtype=dtype)
+        return fn(*args)
+    return lower
+
+
+def _lower_plain_rows():
+    for row in _C._debug.op_table():
+        if row["api"] not in ("Unary", "UnaryFloat", "Arith", "ArithFloat"):
+            continue
+        for overload in row["aten"].split():
+            packet, _, variant = overload.partition(".")
+            op = getattr(getattr(aten, packet), variant)
+            assert op not in LOWERINGS, f"{op} is lowered twice"
+            lowering(op)(_plain(getattr(_C, row["name"])))
+
+
 # A graph that Dynamo specialized from a symbolic float may hold the number first (1.5 - x).
 lowering(aten.add.Tensor, aten.add.Scalar)(_elementwise(
     lambda a, b, alpha=1: _C.add(a, b, alpha=alpha) if _is_tensor(a) else _C.add(_C.mul(b, alpha), a)))
@@ -24,41 +53,12 @@ lowering(aten.sub.Tensor, aten.sub.Scalar)(_elementwise(
 lowering(aten.rsub.Tensor, aten.rsub.Scalar)(
     _elementwise(lambda a, b, alpha=1: _C.sub(b, a, alpha=alpha) if _is_tensor(b)
                  else _C.add(_C.mul(a, -alpha), b)))
-lowering(aten.mul.Tensor, aten.mul.Scalar)(_elementwise(lambda a, b: _C.mul(a, b) if _is_tensor(a) else _C.mul(b, a)))
-lowering(aten.div.Tensor, aten.div.Scalar)(_elementwise(_C.div))
-lowering(aten.maximum.default)(_elementwise(_C.maximum))
-lowering(aten.minimum.default)(_elementwise(_C.minimum))
 lowering(aten.addcmul.default)(_elementwise(lambda s, a, b, value=1: _C.addcmul(s, a, b, value=value)))
 lowering(aten.addcdiv.default)(_elementwise(lambda s, a, b, value=1: _C.addcdiv(s, a, b, value=value)))
 lowering(aten.lerp.Scalar, aten.lerp.Tensor)(_elementwise(_C.lerp))
-lowering(aten.neg.default)(_elementwise(_C.neg))
-lowering(aten.abs.default)(_elementwise(_C.abs))
-lowering(aten.sign.default, aten.sgn.default)(_elementwise(_C.sign))  # sgn: sign of a real tensor
-lowering(aten.sqrt.default)(_elementwise(_C.sqrt))
-lowering(aten.rsqrt.default)(_elementwise(_C.rsqrt))
 lowering(aten.reciprocal.default)(_elementwise(_C.reciprocal))
-lowering(aten.exp.default)(_elementwise(_C.exp))
-lowering(aten.log.default)(_elementwise(_C.log))
-lowering(aten.tanh.default)(_elementwise(_C.tanh))
-lowering(aten.sigmoid.default)(_elementwise(_C.sigmoid))
-lowering(aten.relu.default)(_elementwise(_C.relu))
 lowering(aten.silu.default)(_elementwise(_C.silu))
-lowering(aten.erf.default)(_elementwise(_C.erf))
-lowering(aten.log1p.default)(_elementwise(_C.log1p))
-lowering(aten.expm1.default)(_elementwise(_C.expm1))
-lowering(aten.sin.default)(_elementwise(_C.sin))
-lowering(aten.cos.default)(_elementwise(_C.cos))
-lowering(aten.atan.default)(_elementwise(_C.atan))
-lowering(aten.atan2.default)(_elementwise(_C.atan2))
-lowering(aten.floor.default)(_elementwise(_C.floor))
-lowering(aten.ceil.default)(_elementwise(_C.ceil))
-lowering(aten.round.default)(_elementwise(_C.round))
 lowering(aten.round.decimals)(_elementwise(lambda x, decimals=0: _C.round(x, decimals=decimals)))
-
-
-@lowering(aten.isnan.default)
-def _isnan(e, x):
-    return _C.isnan(x)
 
 
 @lowering(aten.isinf.default)
@@ -101,13 +101,6 @@ def _masked_fill(e, x, mask, value):
     return _C.masked_fill(_cast(x, e.dtype), mask, _cast(value, e.dtype))
 
 
-def _comparison(fn):
-    def lower(e, a, b):
-        common = _common_dtype(a, b)
-        return fn(_cast(a, common), _cast(b, common))
-    return lower
-
-
 def _common_dtype(a, b):
     """PyTorch's promoted dtype of two operands (lazyrt tensors or Python numbers)."""
     def probe(x):
@@ -118,30 +111,9 @@ def _common_dtype(a, b):
     return lazy_dtype(torch.result_type(probe(a), probe(b)))
 
 
-for _op, _fn in ((aten.lt, _C.lt), (aten.le, _C.le), (aten.gt, _C.gt), (aten.ge, _C.ge), (aten.eq, _C.eq),
-                 (aten.ne, _C.ne)):
-    lowering(_op.Tensor, _op.Scalar)(_comparison(_fn))
-del _op, _fn
-
-
-@lowering(aten.logical_not.default)
-def _logical_not(e, x):
-    return _C.logical_not(x)
-
-
 @lowering(aten.bitwise_not.default)  # of bool only (REFUSALS): logical not
 def _bitwise_not(e, x):
     return _C.logical_not(x)
-
-
-@lowering(aten.logical_and.default)
-def _logical_and(e, a, b):
-    return _C.logical_and(a, b)
-
-
-@lowering(aten.logical_or.default)
-def _logical_or(e, a, b):
-    return _C.logical_or(a, b)
 
 
 def _bool_only(name, fn):
@@ -160,3 +132,6 @@ lowering(aten.bitwise_or.Tensor)(_bool_only("bitwise_or", _C.logical_or))
 def _bitwise_not_refusal(node):
     dtype = node.meta["val"].dtype
     return None if dtype == torch.bool else f"of {dtype}: lowered for bool only"
+
+
+_lower_plain_rows()

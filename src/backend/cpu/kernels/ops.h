@@ -11,8 +11,8 @@ class Module;
 
 namespace lazyrt::kernels {
 
-#define OP(Enum, name, operands, rule, flags, attrs, aten) Kernel make_##Enum(const KernelSpec& spec);
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) Kernel make_##Enum(const KernelSpec& spec);
+#include "lazyrt/ops.def"
 #undef OP
 
 /// Limits of one fusion node, which the fusion pass keeps to: elementwise ops in its region,

@@ -8,8 +8,8 @@ namespace {
 using Maker = Kernel (*)(const KernelSpec&);
 
 constexpr std::array<Maker, ir::kNumOps> kMakers = {
-#define OP(Enum, name, operands, rule, flags, attrs, aten) &make_##Enum,
-#include "ir/ops.def"
+#define OP(Enum, name, operands, rule, flags, attrs, aten, api, grad) &make_##Enum,
+#include "lazyrt/ops.def"
 #undef OP
 };
 static_assert(kMakers.size() == ir::kNumOps, "every op in ops.def needs a kernel maker");
