@@ -61,9 +61,15 @@ void check_pair(std::string_view op, std::string_view what, const std::vector<in
                min > 0 ? "positive" : "non-negative", ", got ", shape_str(v));
 }
 
+}  // namespace
+
+namespace rules {
+
 // ---- data movement ---------------------------------------------------------------------------
 
-std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
+std::vector<TensorType> Slice(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  const TensorType& x = ops[0];
   const auto& starts = a.ints<"starts">();
   const auto& ends = a.ints<"ends">();
   const auto& steps = a.ints<"steps">();
@@ -82,7 +88,9 @@ std::vector<TensorType> slice_types(std::string_view op, const TensorType& x, co
   return single_result(x.dtype, std::move(out));
 }
 
-std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
+std::vector<TensorType> Pad(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  const TensorType& x = ops[0];
   const auto& low = a.ints<"low">();
   const auto& high = a.ints<"high">();
   const auto& interior = a.ints<"interior">();
@@ -102,7 +110,9 @@ std::vector<TensorType> pad_types(std::string_view op, const TensorType& x, cons
   return single_result(x.dtype, std::move(out));
 }
 
-std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, const NodeAttrs& a) {
+std::vector<TensorType> Flip(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
+  const TensorType& x = ops[0];
   const auto& dims = a.ints<"dims">();
   for (size_t k = 0; k < dims.size(); ++k) {
     check_dim(op, dims[k], x);
@@ -112,8 +122,8 @@ std::vector<TensorType> flip_types(std::string_view op, const TensorType& x, con
   return {x};
 }
 
-std::vector<TensorType> concat_types(std::string_view op, std::span<const TensorType> ops,
-                                     const NodeAttrs& a) {
+std::vector<TensorType> Concat(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
   LAZYRT_CHECK(!ops.empty(), op, ": expects at least one operand");
   const int64_t dim = a.i<"dim">();
   const TensorType& first = ops[0];
@@ -134,8 +144,8 @@ std::vector<TensorType> concat_types(std::string_view op, std::span<const Tensor
 
 // ---- indexing --------------------------------------------------------------------------------
 
-std::vector<TensorType> index_select_types(std::string_view op, std::span<const TensorType> ops,
-                                           const NodeAttrs& a) {
+std::vector<TensorType> IndexSelect(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
   const int64_t dim = a.i<"dim">();
@@ -147,8 +157,8 @@ std::vector<TensorType> index_select_types(std::string_view op, std::span<const 
   return single_result(x.dtype, std::move(out));
 }
 
-std::vector<TensorType> gather_types(std::string_view op, std::span<const TensorType> ops,
-                                     const NodeAttrs& a) {
+std::vector<TensorType> Gather(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
   const int64_t dim = a.i<"dim">();
@@ -163,8 +173,8 @@ std::vector<TensorType> gather_types(std::string_view op, std::span<const Tensor
   return single_result(x.dtype, index.shape);
 }
 
-std::vector<TensorType> scatter_types(std::string_view op, std::span<const TensorType> ops,
-                                      const NodeAttrs& a) {
+std::vector<TensorType> Scatter(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
   const TensorType& src = ops[2];
@@ -184,8 +194,8 @@ std::vector<TensorType> scatter_types(std::string_view op, std::span<const Tenso
   return {x};
 }
 
-std::vector<TensorType> index_add_types(std::string_view op, std::span<const TensorType> ops,
-                                        const NodeAttrs& a) {
+std::vector<TensorType> IndexAdd(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
+  const std::string_view op = op_name(kind);
   const TensorType& x = ops[0];
   const TensorType& index = ops[1];
   const TensorType& src = ops[2];
@@ -202,6 +212,10 @@ std::vector<TensorType> index_add_types(std::string_view op, std::span<const Ten
                "), got ", shape_str(src.shape));
   return {x};
 }
+
+}  // namespace rules
+
+namespace {
 
 // ---- convolution -----------------------------------------------------------------------------
 
@@ -326,46 +340,6 @@ void check_grad(std::string_view op, const TensorType& grad, const Shape& want, 
 }  // namespace
 
 namespace rules {
-
-std::vector<TensorType> Slice(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return slice_types(op, ops[0], a);
-}
-
-std::vector<TensorType> Pad(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return pad_types(op, ops[0], a);
-}
-
-std::vector<TensorType> Flip(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return flip_types(op, ops[0], a);
-}
-
-std::vector<TensorType> Concat(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return concat_types(op, ops, a);
-}
-
-std::vector<TensorType> IndexSelect(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return index_select_types(op, ops, a);
-}
-
-std::vector<TensorType> Gather(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return gather_types(op, ops, a);
-}
-
-std::vector<TensorType> Scatter(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return scatter_types(op, ops, a);
-}
-
-std::vector<TensorType> IndexAdd(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
-  const std::string_view op = op_name(kind);
-  return index_add_types(op, ops, a);
-}
 
 std::vector<TensorType> Conv2d(OpKind kind, std::span<const TensorType> ops, const NodeAttrs& a) {
   const std::string_view op = op_name(kind);
