@@ -78,6 +78,7 @@ struct Log1pF { template <class C> C operator()(C x) const { return std::log1p(x
 struct Expm1F { template <class C> C operator()(C x) const { return std::expm1(x); } };
 struct ErfF { template <class C> C operator()(C x) const { return erf_c(x); } };
 struct AtanF { template <class C> C operator()(C x) const { return std::atan(x); } };
+struct AsinhF { template <class C> C operator()(C x) const { return std::asinh(x); } };
 // silu is x / (1 + exp(-x)).
 struct SiluF { template <class C> C operator()(C x) const { return x / (C(1) + exp_c(-x)); } };
 
@@ -254,6 +255,7 @@ struct ElementwiseFn {
   X(Expm1, Expm1F, 1, Float, false)                                 \
   X(Erf, ErfF, 1, Float, false)                                     \
   X(Atan, AtanF, 1, Float, false)                                   \
+  X(Asinh, AsinhF, 1, Float, false)                                 \
   X(Gelu, GeluForm, 1, Float, false, a.b<"tanh">())                 \
   X(Silu, SiluF, 1, Float, false)                                   \
   X(Softplus, SoftplusF, 1, Float, false, a.f<"beta">(), a.f<"threshold">()) \
