@@ -23,8 +23,7 @@ plain attribute): so its metadata is what the capture depends on. (lazyrt.torch'
 a read of one of the modules' parameters and buffers, or of the step's other parameters,
 ``True``: those are inputs of their own.) Registered modules and optimizers are discovery's
 (`lazyrt.torch._discover`). In lazyrt.torch the values and identities are part of the call's
-signature and quick key, the metadata part of its quick key and of a capture's acceptance;
-its C++ guard checks all three. lazyrt's compiled steps check all three in C++ before every
+signature, the metadata part of a capture's acceptance; its C++ guard checks all three. lazyrt's compiled steps check all three in C++ before every
 call and trace again where one changed.
 
 What the walk reads, by the bytecode of each function it meets (`code_reads`: the global names
@@ -97,8 +96,8 @@ def plain(v):
 
 def _by_value(v):
     """Whether a read of v compares values: a plain value, a torch.dtype or a NumPy scalar (the
-    last two by value in the signature and the quick key, by identity in the C++ guard: another
-    object of an equal value takes the Python path, which finds the same capture)."""
+    last two by value in the signature, by identity in the C++ guard: another object of an
+    equal value takes the signature, which finds the same capture)."""
     return plain(v) or v.__class__ in _Kinds.by_value or isinstance(v, np.generic)
 
 
@@ -365,6 +364,8 @@ def python_reads(fn, modules=()):
         f = f.func
     if inspect.isfunction(f):
         add_function("the step", f, True)
+    elif _holder(f):  # an object called as the step: its attributes, and what its __call__ reads
+        add_holder("the step", f, 1)
     for mi, m in enumerate(modules):
         for name, sub in m.named_modules():
             add_holder(f"model {mi}" + (f".{name}" if name else ""), sub, 1)

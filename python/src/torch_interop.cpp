@@ -49,8 +49,9 @@ namespace reads = lazyrt::python::reads;
 namespace {
 
 // ---- Guard ------------------------------------------------------------------------------------
-// The facts lazyrt.torch's quick key (_capture.quick_key) compares between two calls, recorded
-// from one call and checked on the next without building the key: what the step function
+// The facts two calls of a lazyrt.torch compiled step must share for the second to replay the
+// first's capture (the one definition of them; built by _step._guard), recorded from one call
+// and checked on the next: what the step function
 // reaches (its code, closure cells and the globals its code names, by identity), the Python
 // values the step reads (lazyrt._reads: plain values by value, the objects the walk went
 // through by identity, where the checks before do not cover them), the arguments' shapes, dtypes and requires_grad, every submodule's training flag and parameter,
@@ -58,9 +59,9 @@ namespace {
 // dtype, every buffer's shape and dtype, each optimizer's groups (their parameters by identity,
 // every hyperparameter but a learning rate read as an input, by plain value) and state layout
 // (tensor shapes and dtypes, plain values), and the grad and autocast modes. Equal facts imply
-// an equal quick key (the tests compare the two on changed worlds); any difference sends the
-// call to the Python path, which decides. The recorded objects are held, so identities stay
-// unique.
+// an equal signature and an accepting capture (the tests compare the two on changed worlds);
+// any difference sends the call to the signature, which decides. The recorded objects are
+// held, so identities stay unique.
 
 struct Meta {
   std::vector<int64_t> sizes;
@@ -1128,7 +1129,7 @@ class FastCall {
 
 PYBIND11_MODULE(_torch_C, m) {
   m.doc() = "lazyrt.torch's use of PyTorch's C++ API";
-  py::class_<Guard>(m, "Guard", "The facts of a call's quick key, checked on the next call (see the source).")
+  py::class_<Guard>(m, "Guard", "The facts a call shares with the last one for its capture to replay it, checked on the next call (see the source).")
       .def(py::init<const py::dict&>(), py::arg("spec"))
       .def("check", &Guard::check, py::arg("args"),
            "Whether a call with these positional arguments has the recorded facts.");

@@ -113,13 +113,13 @@ def test_module_optimizer_and_number_arguments_take_the_guarded_fast_path():
         got, want = steps(m_lazy, o_lazy, x, y, scale), scaled(m_eager, o_eager, x, y, scale)
         close(got.detach().numpy(), want.detach().numpy(), f"loss at step {k}")
         same_state([(a, b) for a, b, _, _ in pairs] + [(c, d) for _, _, c, d in pairs], f"after step {k}:")
-        assert steps._last is not None and steps._last[3] is not None, "a guarded call"
+        assert steps._last is not None and steps._last[2] is not None, "a guarded call"
     assert steps.captures == 4  # two models, two scales
-    fast = steps._last[4]
+    fast = steps._last[3]
     m_lazy, _, o_lazy, _ = pairs[1]
     x, y = batches(n=1)[0]
     steps(m_lazy, o_lazy, x, y, 2.0)
-    assert steps._last[4] is fast and fast is not None, "the same call again: the fast call"
+    assert steps._last[3] is fast and fast is not None, "the same call again: the fast call"
 
 
 def test_tuple_and_list_arguments_take_the_fast_path_and_stay_exact():
@@ -149,7 +149,7 @@ def test_tuple_and_list_arguments_take_the_fast_path_and_stay_exact():
         same_state([(m_lazy, m_eager), (o_lazy, o_eager)], f"after step {k}:")
         if k == 1:
             settled = len(found)  # the first call has no gradients yet: the second is signed anew
-    assert len(found) == settled <= 2 and compiled._last[4] is not None, "then the fast call, every call"
+    assert len(found) == settled <= 2 and compiled._last[3] is not None, "then the fast call, every call"
     # The model and optimizer inside a tuple argument, alternating between two pairs: each call
     # trains the pair it is given, as eager.
     pairs = []

@@ -40,7 +40,7 @@ import torch.utils._pytree as pytree
 
 from lazyrt.torch import _optim, _patch
 from lazyrt.torch import _reads as _torch_reads  # noqa: F401  (registers PyTorch's objects for the walk)
-from lazyrt._reads import META, meta, read_now, read_signature
+from lazyrt._reads import read_signature
 
 aten = torch.ops.aten
 
@@ -451,95 +451,24 @@ def _plain(v):
 
 
 def key_object(a):
-    """Whether argument `a` (not a tensor) may enter the quick key: by value if plain (a number,
+    """Whether argument `a` (not a tensor) may enter the call guard: by value if plain (a number,
     a string), else by identity (a module, an optimizer, another object). It must be an argument
     leaf itself (pytree; unlike a list, tuple, dict or None), so that the arguments are the
     step's argument leaves, in order. What the step reads through an object is guarded apart
-    (discovery's reach, the Python values read). Whoever keeps the key keeps `a` alive, so its
-    id stays its."""
+    (discovery's reach, the Python values read). Whoever keeps the guard keeps `a` alive, so
+    its id stays its."""
     return pytree.tree_leaves(a) == [a]
 
 
 def call_leaves(world, args):
-    """The argument leaves of a call with positional arguments `args` (the quick key's, the
-    guard's and the fast call's arguments): args itself where `world`'s were flat, else their
+    """The argument leaves of a call with positional arguments `args` (the guard's and the
+    fast call's arguments): args itself where `world`'s were flat, else their
     pytree leaves where they have `world`'s structure (a hidden state passed as a tuple of
     tensors), else None."""
     if world.args_flat:
         return args
     leaves, spec = pytree.tree_flatten((args, {}))
     return tuple(leaves) if spec == world.args_spec else None
-
-
-def quick_key(world, modules, optimizers, args):
-    """A tuple that is equal on two calls only if they have the same signature (`World.signature`)
-    and the same missing gradients and optimizer state: for a call with positional arguments
-    only, given as their leaves (`call_leaves`: tensors, plain values and key objects: modules,
-    optimizers), on the modules and
-    optimizers `world` was built from, with the same
-    parameter and buffer objects in the same places, and the same Python values at the places the
-    step read when `world` was built (`World.reads`). None when the call is not of that kind
-    (then the signature decides). Cheaper than building a World: it walks the submodules
-    `world` found and compares identities, shapes, dtypes and plain values, never tensors' values
-    and never objects by ==. The world (held with the key) keeps every object whose id is in the
-    key alive, so those ids stay unique."""
-    arg_parts = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            arg_parts.append((a.shape, a.dtype, a.layout, a.requires_grad, id(a) in world.tensor_ids))
-        elif not key_object(a):
-            return None
-        elif _plain(a):
-            arg_parts.append(("P", a.__class__, a))
-        else:
-            arg_parts.append(("O", id(a)))  # held by the caller with the key (see key_object)
-    parts = [tuple(map(id, modules)), tuple(map(id, optimizers)), tuple(arg_parts),
-             tuple((sub.training, tuple(map(id, sub._parameters.values())), tuple(map(id, sub._buffers.values())),
-                    tuple(map(id, sub._modules.values()))) for sub in world.submodules),
-             tuple((p.shape, p.dtype, p.requires_grad, None if p.grad is None else (p.grad.shape, p.grad.dtype))
-                   for p in world.params),
-             tuple((b.shape, b.dtype) for b in world.buffers)]
-    params = world.params
-    for oi, o in enumerate(optimizers):
-        lr_in = _optim.lr_is_input(o)
-        groups = []
-        for g in o.param_groups:
-            hyper = []
-            for k, v in g.items():
-                if k == "params" or k == "initial_lr" or (k == "lr" and lr_in):
-                    continue
-                if not _plain(v):
-                    return None
-                hyper.append((k, v))
-            groups.append((tuple(hyper), tuple(map(id, g["params"]))))
-        states = []
-        state = o.state
-        for _, i in world.opt_params[oi]:
-            d = state.get(params[i])
-            if not d:
-                states.append(None)
-                continue
-            entries = []
-            for k, v in d.items():
-                if isinstance(v, torch.Tensor):
-                    entries.append((k, v.shape, v.dtype))
-                elif _plain(v):
-                    entries.append((k, v))
-                else:
-                    return None
-            states.append(tuple(entries))
-        parts.append((type(o), lr_in, tuple(groups), tuple(states)))
-    enabled = torch.is_autocast_enabled("cpu")
-    parts.append((torch.is_grad_enabled(), torch.get_default_dtype(), enabled,
-                  torch.get_autocast_dtype("cpu") if enabled else None))
-    # The Python values the step read when `world` was built: each place's value (type and
-    # value), identity, or for a tensor its metadata.
-    values = []
-    for _, kind, holder, name, value, identity in world.reads:
-        now = read_now(kind, holder, name)
-        values.append(meta(now) if identity is META else id(now) if identity else (now.__class__, now))
-    parts.append(tuple(values))
-    return tuple(parts)
 
 
 def _autocast_mode():

@@ -169,6 +169,8 @@ def roots(fn, args=(), kwargs=None):
         f = f.func
     code = getattr(f, "__code__", None)
     if code is None:
+        if not (inspect.isroutine(f) or inspect.isclass(f)) and hasattr(f, "__dict__"):
+            yield None, f  # an object called as the step: what its attributes hold
         return
     for cell in getattr(f, "__closure__", None) or ():
         try:
@@ -266,7 +268,7 @@ def find(fn, args=(), kwargs=None):
             walk(x, depth + 1)
 
     for k, v in roots(fn, args, kwargs):
-        # A tuple, list or dict argument is not held by identity: the quick key and the guard
+        # A tuple, list or dict argument is not held by identity: the signature and the guard
         # compare its structure and its leaves (by identity, shape or value), which is what the
         # walk could find in it (a list the walk went through is recorded as a container).
         if k is not None and v.__class__ not in _PLAIN and not isinstance(v, (tuple, list, dict)):

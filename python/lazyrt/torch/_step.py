@@ -10,7 +10,7 @@ import torch
 
 import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
-from lazyrt.torch._capture import CaptureError, EagerOnly, World, call_leaves, capture, key_object, quick_key
+from lazyrt.torch._capture import CaptureError, EagerOnly, World, _plain, call_leaves, capture, key_object
 from lazyrt._reads import DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
     KINDS as _READ_KINDS, META as _META, TensorReads, code_reads, guard_spec, inputs_by_identity, python_reads
 from lazyrt import _C, _torch_C
@@ -712,16 +712,22 @@ def discover(fn, *args, **kwargs):
     return modules, optimizers
 
 
-def _guard(fn, world, modules, optimizers, args, entry):
-    """A _torch_C.Guard of the facts quick_key(world, modules, optimizers, args) compares, and of
-    what discover(fn) reads (fn's code, closure cells and named globals, by identity) and of the
-    Python values the step reads (world.reads: those the checks of fn's cells and named globals
-    do not cover; a tensor by its metadata where `entry` reads it from its place, see
-    _Entry.source_constants); None
-    where fn is not a plain function or a method of one (then the Python path decides)."""
-    f = fn.__func__ if inspect.ismethod(fn) else fn
-    if not inspect.isfunction(f):
+def _guard(fn, world, optimizers, args, entry):
+    """A _torch_C.Guard of the facts a call must share with the one `world` was built from for
+    `entry` to run it: the call's argument leaves (`args`: tensors by metadata, modules and
+    optimizers by identity, plain values by value), the modules' modes and the identity of
+    their parameters, buffers and children, the parameters' and buffers' metadata and
+    gradients, the optimizers' hyperparameters and state, the modes, what discover(fn) reads
+    (fn's code, closure cells and named globals, by identity) and the Python values the step
+    reads (world.reads: those the checks of fn's cells and named globals do not cover; a tensor
+    by its metadata where `entry` reads it from its place, see _Entry.source_constants). The
+    one definition of those facts: a call the guard passes has the capture's signature. None
+    where a fact cannot be compared without Python (an argument leaf that is no key object, a
+    hyperparameter or state entry that is not a plain value): such calls take the signature."""
+    if not all(isinstance(a, torch.Tensor) or key_object(a) for a in args):
         return None
+    f = fn.__func__ if inspect.ismethod(fn) else fn
+    plain_function = inspect.isfunction(f)
     # The places of tensors compared by their metadata: all but those of a constant read from
     # several places (which must hold one tensor: by identity here, the capture checks the rest).
     shared = {(kind, id(holder), key) for places in entry.tensor_reads.where(world.reads).values() if len(places) > 1
@@ -729,17 +735,19 @@ def _guard(fn, world, modules, optimizers, args, entry):
     by_meta = {(kind, id(holder), key) for _, kind, holder, key, _, how in world.reads
                if how is _META and (kind, id(holder), key) not in shared}
     cells = []
-    for cell in f.__closure__ or ():
+    for cell in (f.__closure__ or ()) if plain_function else ():
         try:
             cells.append((cell, cell.cell_contents, True, ("c", id(cell), None) in by_meta))
         except ValueError:  # an empty cell
             cells.append((cell, None, False, False))
-    g = f.__globals__
-    own_names = set(_code_names(f.__code__))
+    # A callable that is no function (a module, an object with __call__): its reach is checked
+    # by _reach_holds, the values it reads as world.reads.
+    g = f.__globals__ if plain_function else {}
+    own_names = _code_names(f.__code__) if plain_function else []
     params = world.params
     spec = {
-        "function": f, "code": f.__code__, "cells": cells, "globals": g,
-        "names": [(n, g.get(n), n in g, ("g", id(g), n) in by_meta) for n in _code_names(f.__code__)],
+        "function": f, "code": f.__code__ if plain_function else None, "cells": cells, "globals": g,
+        "names": [(n, g.get(n), n in g, ("g", id(g), n) in by_meta) for n in own_names],
         "args": list(args), "world_tensors": list(world.params) + list(world.buffers),
         "submodules": [(sub, sub.training, list(sub._parameters.values()), list(sub._buffers.values()),
                         list(sub._modules.values())) for sub in world.submodules],
@@ -763,6 +771,9 @@ def _guard(fn, world, modules, optimizers, args, entry):
         for _, i in world.opt_params[oi]:
             d = o.state.get(params[i])
             states.append((params[i], list(d.items()) if d else None))
+        if not all(_plain(v) for _, entries in groups for _, v in entries) or \
+                not all(isinstance(v, torch.Tensor) or _plain(v) for _, d in states if d for _, v in d):
+            return None  # (compared by identity, an object changed in place would pass)
         opts.append((o, lr_in, groups, states))
     spec["optimizers"] = opts
     return _torch_C.Guard(spec)
@@ -809,7 +820,7 @@ class CompiledFunction:
         self._modules = _as_list(model)
         self._optimizers = _as_list(optimizer)
         self._entries = {}
-        self._last = None  # (world, entry, quick key, guard, fast call) of the last call that had a quick key
+        self._last = None  # (world, entry, guard, fast call) of the last call that had a guard
         self.captures = 0
         self._warned_aliasing = False
         self._warned_grad_arguments = False
@@ -862,11 +873,10 @@ class CompiledFunction:
         if last is not None and not kwargs and _reach_holds(last[0], args):
             leaves = call_leaves(last[0], args)
         if leaves is not None:
-            # Same modules, optimizers, structure, shapes, dtypes, flags, hyperparameters, state
-            # layout and modes as the last call: its signature and its entry (see quick_key;
-            # the guard checks the same facts in C++, the function's reach included). The fast
-            # call checks the guard and runs the whole call in C++ where it can.
-            world, entry, key, guard, fast = last
+            # The guard checks in C++ that this call shares the last one's facts (_guard): its
+            # signature and its entry. The fast call checks the guard and runs the whole call in
+            # C++ where it can.
+            world, entry, guard, fast = last
             if fast is not None:
                 try:
                     r = fast(leaves)
@@ -875,13 +885,8 @@ class CompiledFunction:
                 if r is not _MISS and r is not _OTHER:
                     return r
                 same = r is _OTHER
-            elif guard is not None:
-                same = guard.check(leaves)
             else:
-                modules, optimizers = self._found(args)
-                # (the key compares the tensors read from places by their metadata; the capture
-                # also needs a constant's places to hold one tensor)
-                same = quick_key(world, modules, optimizers, leaves) == key and entry.tensor_reads.hold(world.reads)
+                same = guard.check(leaves)
             if same:
                 world.args_leaves = list(leaves)
                 try:
@@ -898,7 +903,7 @@ class CompiledFunction:
             return self._eager_for_layout(args, kwargs)
         modules, optimizers, reach = self._discovery(args, kwargs)
         world = self._world(args, kwargs, (modules, optimizers))
-        world.reach = reach  # checked before the last call's key or guard is (_reach_holds)
+        world.reach = reach  # checked before the last call's guard is (_reach_holds)
         signature = world.signature()
         entries = self._entries.setdefault(signature, [])
         if signature[:-1] in self._eager_only:  # no capture can replay it (see EagerOnly)
@@ -920,21 +925,20 @@ class CompiledFunction:
             if entry.collectives:
                 _distributed._before_first_run(world)
         leaves = None if kwargs else call_leaves(world, args)
-        key = None if leaves is None else quick_key(world, modules, optimizers, leaves)
-        guard = None if key is None else _guard(self.fn, world, modules, optimizers, leaves, entry)
-        if key is not None:
-            # The objects the key holds by identity, alive while the key is (their ids stay theirs).
+        guard = None if leaves is None else _guard(self.fn, world, optimizers, leaves, entry)
+        if guard is not None:
+            # The objects the guard holds by identity, alive while it is (their ids stay theirs).
             world.key_objects = [a for a in leaves if not isinstance(a, torch.Tensor)]
         try:
             result = entry.run(world)
         except _AliasedMemory as e:
             return self._eager(world, entry, e, args, kwargs)
         finally:
-            if key is not None:
+            if guard is not None:
                 world.args_leaves = None
-                self._last = (world, entry, key, guard, None)
-        if key is not None:
-            self._last = (world, entry, key, guard, entry.fast_call(world, guard))
+                self._last = (world, entry, guard, None)
+        if guard is not None:
+            self._last = (world, entry, guard, entry.fast_call(world, guard))
         return result
 
     def _warn_value_captures(self, signature):
