@@ -11,6 +11,7 @@
 #include "compile/passes.h"
 #include "ir/gemm_view.h"
 #include "ir/rules.h"
+#include "scalar/elementwise_fns.h"
 #include "util/check.h"
 
 namespace lazyrt::compile {
@@ -287,20 +288,19 @@ class Rewrite {
         for (size_t e = 0; e < d.size(); ++e) zero = zero && (!d[e].dyn() || zero_as(v, e, d[e]));
         if (zero) return true;
       }
-    switch (n.op) {
-      case OpKind::Neg: case OpKind::Abs: case OpKind::Sqrt: case OpKind::Relu: case OpKind::Tanh: case OpKind::Cast:
-      case OpKind::Sin: case OpKind::Log1p: case OpKind::Expm1: case OpKind::Erf: case OpKind::Atan: case OpKind::Gelu:
-      case OpKind::Silu: case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: case OpKind::Sign: case OpKind::Add:
-      case OpKind::Sub: case OpKind::Mul: case OpKind::Maximum: case OpKind::Minimum: case OpKind::Ne:
-      case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::Where: case OpKind::StopGradient: {
-        for (size_t k = n.op == OpKind::Where ? 1 : 0; k < n.operands.size(); ++k) {
-          const ValueRef v = n.operands[k];
-          const size_t off = d.size() - shape(v).size();
-          for (size_t e = 0; e < d.size(); ++e)
-            if (d[e].dyn() && (e < off || shape(v)[e - off] == 1 || !zero_as(v, e - off, d[e]))) return false;
-        }
-        return true;
+    // f(0, .., 0) = 0: read off the elementwise rows' scalar functions; cast, where (of its
+    // values) and stop_gradient pass zeros on.
+    if (n.op == OpKind::Cast || n.op == OpKind::Where || n.op == OpKind::StopGradient ||
+        (scalar::has_elementwise_fn(n.op) && scalar::maps_zero_to_zero(n.op))) {
+      for (size_t k = n.op == OpKind::Where ? 1 : 0; k < n.operands.size(); ++k) {
+        const ValueRef v = n.operands[k];
+        const size_t off = d.size() - shape(v).size();
+        for (size_t e = 0; e < d.size(); ++e)
+          if (d[e].dyn() && (e < off || shape(v)[e - off] == 1 || !zero_as(v, e - off, d[e]))) return false;
       }
+      return true;
+    }
+    switch (n.op) {
       case OpKind::Permute: case OpKind::Reshape: case OpKind::Sum: case OpKind::Amax: case OpKind::Amin:
         return operand_zero();
       case OpKind::Slice: case OpKind::Expand: {

@@ -301,6 +301,38 @@ constexpr bool every_elementwise_row_has_a_fn() {
 static_assert(every_elementwise_row_has_a_fn(),
               "an elementwise row of ops.def has no scalar function in LAZYRT_ELEMENTWISE_FNS");
 
+/// Whether elementwise op `op` (a row of LAZYRT_ELEMENTWISE_FNS) maps zeros to zero: its scalar
+/// function gives 0 (false) with every operand 0 or -0 (padding may hold either; atan2(0, -0)
+/// is pi), for every value of its attributes: read off the function in double, with
+/// value-initialized attributes where their value cannot make it 0 (softplus: log(2) / beta;
+/// clamp of zeros: 0 with either bound), both forms of gelu. Bucket graphs
+/// (compile/polymorphic.cpp) read such a result's zero padding unmasked.
+template <class F, int kArity>
+bool zero_at_zero() {
+  if constexpr (std::is_same_v<F, GeluForm>) {
+    return GeluF<false>{}(0.0) == 0 && GeluF<true>{}(0.0) == 0 && GeluF<false>{}(-0.0) == 0 &&
+           GeluF<true>{}(-0.0) == 0;
+  } else {
+    const F f{};
+    for (int signs = 0; signs < (1 << kArity); ++signs) {
+      [[maybe_unused]] const double a = signs & 1 ? -0.0 : 0.0, b = signs & 2 ? -0.0 : 0.0, c = signs & 4 ? -0.0 : 0.0;
+      bool zero;
+      if constexpr (kArity == 1) zero = f(a) == 0;
+      else if constexpr (kArity == 2) zero = f(a, b) == 0;
+      else zero = f(a, b, c) == 0;
+      if (!zero) return false;
+    }
+    return true;
+  }
+}
+inline bool maps_zero_to_zero(ir::OpKind op) {
+#define LAZYRT_AT_ZERO(Op, F, arity, ...) \
+  if (op == ir::OpKind::Op) return zero_at_zero<F, arity>();
+  LAZYRT_ELEMENTWISE_FNS(LAZYRT_AT_ZERO)
+#undef LAZYRT_AT_ZERO
+  return false;
+}
+
 /// k(the functor a loop runs) for a row's functor f: f itself, or, for a row whose attribute
 /// selects a form, the functor type of that form.
 template <class F, class K>

@@ -137,7 +137,22 @@ def _ops():
     }
 
 
+def _plain_row(name, operands):
+    """A plain elementwise row of the op table on h itself, so its padding is what the row
+    makes of zeros (kept unmasked where the row keeps zeros, masked where not); rows defined
+    on part of the line only see h shifted into it. A bool result counts as 0 and 1."""
+    def apply(M, h, c):
+        x = h.abs() + 0.5 if name in ("log", "sqrt", "rsqrt", "log1p") else h
+        r = getattr(M, name)(x) if operands == 1 else getattr(M, name)(x, h.tanh() * 0.5 + 1)
+        if r.dtype == M.bool:
+            r = M.where(r, M.ones_like(h), M.zeros_like(h))
+        return h + r * 0.25
+    return apply
+
+
 OPS = _ops()
+OPS.update({"row_" + r["name"]: _plain_row(r["name"], r["operands"]) for r in lr._C._debug.op_table()
+            if r["api"] in ("Unary", "UnaryFloat", "Arith", "ArithFloat")})
 REFUSED = {"index_rows", "sort_batch"}
 
 

@@ -13,6 +13,7 @@
 #include "compile/polymorphic.h"
 #include "exec/executor.h"
 #include "ir/hash.h"
+#include "scalar/elementwise_fns.h"
 #include "support/run_graph.h"
 
 namespace lazyrt {
@@ -223,6 +224,22 @@ TEST(Polymorphic, BucketGraphsComputeTheTracedGraphsValuesAndShareOneHashPerBuck
     EXPECT_EQ(hashes[0], hashes[2]) << prog.name;
     EXPECT_NE(hashes[0], hashes[3]) << prog.name;
   }
+}
+
+// Which elementwise ops keep zero padding zero is read off their scalar functions at 0 and -0:
+// the facts of the functions, for ops with and without attributes.
+TEST(Polymorphic, ZeroKeepingOpsAreReadOffTheirScalarFunctions) {
+  using ir::OpKind;
+  for (OpKind op : {OpKind::Neg, OpKind::Abs, OpKind::Sqrt, OpKind::Relu, OpKind::Sin, OpKind::Tanh, OpKind::Gelu,
+                    OpKind::Silu, OpKind::Asinh, OpKind::Floor, OpKind::Round, OpKind::Sign, OpKind::Add,
+                    OpKind::Mul, OpKind::Maximum, OpKind::Ne, OpKind::Lt, OpKind::IsNan, OpKind::LogicalAnd,
+                    OpKind::Clamp})
+    EXPECT_TRUE(scalar::maps_zero_to_zero(op)) << ir::op_name(op);
+  // exp(0) = 1, 0/0 and rsqrt(0) are not 0, pow(0, 0) = 1, atan2(0, -0) = pi, softplus(0) =
+  // log(2) / beta, sigmoid(0) = 0.5, 0 == 0, !0.
+  for (OpKind op : {OpKind::Exp, OpKind::Div, OpKind::Rsqrt, OpKind::Log, OpKind::Pow, OpKind::Atan2,
+                    OpKind::Softplus, OpKind::Sigmoid, OpKind::Eq, OpKind::Le, OpKind::LogicalNot})
+    EXPECT_FALSE(scalar::maps_zero_to_zero(op)) << ir::op_name(op);
 }
 
 TEST(Polymorphic, OpsThatCannotTakePaddingRefuseAndSayWhich) {
