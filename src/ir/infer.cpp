@@ -45,6 +45,15 @@ void check_value_fits(std::string_view op, double value, DType dtype) {
   LAZYRT_CHECK(fits, op, ": value ", value, " does not fit ", dtype_name(dtype));
 }
 
+// The `dim` attribute of an op along one dim of t, checked in range (a 0-dim t takes 0).
+int64_t dim_attr(std::string_view op, const NodeAttrs& at, const TensorType& t) {
+  const auto rank = static_cast<int64_t>(t.shape.size());
+  const int64_t dim = at.i<"dim">();
+  LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), op, ": dim ", dim, " out of range for ",
+               type_str(t));
+  return dim;
+}
+
 // The reduce family (sum, mean, amax, amin, prod, var, std, norm) and the arg reductions
 // (dims = their one `dim`): every op of both has `keepdim`.
 std::vector<TensorType> reduce_types(std::string_view op, const TensorType& in,
@@ -260,10 +269,7 @@ std::vector<TensorType> ArgReduce(OpKind op, std::span<const TensorType> ops, co
 std::vector<TensorType> Softmax(OpKind op, std::span<const TensorType> ops, const NodeAttrs& at) {
   const std::string_view name = op_name(op);
   check_float(name, ops[0]);
-  const auto rank = static_cast<int64_t>(ops[0].shape.size());
-  const int64_t dim = at.i<"dim">();
-  LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
-               " out of range for ", type_str(ops[0]));
+  dim_attr(name, at, ops[0]);
   return single_result(ops[0]);
 }
 
@@ -274,19 +280,14 @@ std::vector<TensorType> Cumulative(OpKind op, std::span<const TensorType> ops, c
     check_float(name, ops[0]);
     LAZYRT_CHECK(ops[i] == ops[0], name, ": operands must have one type, got ", types_str(ops));
   }
-  const auto rank = static_cast<int64_t>(ops[0].shape.size());
-  const int64_t dim = at.i<"dim">();
-  LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
-               " out of range for ", type_str(ops[0]));
+  dim_attr(name, at, ops[0]);
   return single_result(ops[0]);
 }
 
 std::vector<TensorType> Sort(OpKind op, std::span<const TensorType> ops, const NodeAttrs& at) {
   const std::string_view name = op_name(op);
   const auto rank = static_cast<int64_t>(ops[0].shape.size());
-  const int64_t dim = at.i<"dim">(), k = at.i<"k">();
-  LAZYRT_CHECK(dim >= 0 && dim < std::max<int64_t>(rank, 1), name, ": dim ", dim,
-               " out of range for ", type_str(ops[0]));
+  const int64_t dim = dim_attr(name, at, ops[0]), k = at.i<"k">();
   const int64_t size = rank ? ops[0].shape[dim] : 1;
   LAZYRT_CHECK(k >= 0 && k <= size, name, ": k ", k, " out of range [0, ", size, "] for ",
                type_str(ops[0]), " along dim ", dim);
