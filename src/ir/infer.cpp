@@ -45,6 +45,16 @@ void check_value_fits(std::string_view op, double value, DType dtype) {
   LAZYRT_CHECK(fits, op, ": value ", value, " does not fit ", dtype_name(dtype));
 }
 
+// The result shape of a product of [..., n, k] and [..., k, m] shapes: their batch dims
+// broadcast, then n, m.
+Shape product_shape(std::string_view op, const Shape& x, const Shape& y, int64_t n, int64_t m) {
+  Shape bx(x.begin(), x.end() - 2), by(y.begin(), y.end() - 2);
+  Shape out = bx == by ? std::move(bx) : broadcast_shapes(bx, by, str_cat(op, " batch dims"));
+  out.push_back(n);
+  out.push_back(m);
+  return out;
+}
+
 // The `dim` attribute of an op along one dim of t, checked in range (a 0-dim t takes 0).
 int64_t dim_attr(std::string_view op, const NodeAttrs& at, const TensorType& t) {
   const auto rank = static_cast<int64_t>(t.shape.size());
@@ -309,11 +319,7 @@ std::vector<TensorType> Matmul(OpKind op, std::span<const TensorType> ops, const
   int64_t k2 = y.shape[y.shape.size() - 2], m = y.shape.back();
   LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", shape_str(x.shape), " x ",
                shape_str(y.shape), " (", k, " vs ", k2, ")");
-  Shape bx(x.shape.begin(), x.shape.end() - 2), by(y.shape.begin(), y.shape.end() - 2);
-  Shape out = bx == by ? std::move(bx) : broadcast_shapes(bx, by, str_cat(name, " batch dims"));
-  out.push_back(n);
-  out.push_back(m);
-  return single_result(x.dtype, std::move(out));
+  return single_result(x.dtype, product_shape(name, x.shape, y.shape, n, m));
 }
 
 std::vector<TensorType> Gemm(OpKind op, std::span<const TensorType> ops, const NodeAttrs& at) {
@@ -328,11 +334,7 @@ std::vector<TensorType> Gemm(OpKind op, std::span<const TensorType> ops, const N
   const int64_t n = x.shape[rx - (tx ? 1 : 2)], k = x.shape[rx - (tx ? 2 : 1)];
   const int64_t k2 = y.shape[ry - (ty ? 1 : 2)], m = y.shape[ry - (ty ? 2 : 1)];
   LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", types_str(ops), " (", k, " vs ", k2, ")");
-  Shape bx(x.shape.begin(), x.shape.end() - 2), by(y.shape.begin(), y.shape.end() - 2);
-  Shape out = bx == by ? std::move(bx) : broadcast_shapes(bx, by, str_cat(name, " batch dims"));
-  out.push_back(n);
-  out.push_back(m);
-  return single_result(x.dtype, std::move(out));
+  return single_result(x.dtype, product_shape(name, x.shape, y.shape, n, m));
 }
 
 std::vector<TensorType> GemmView(OpKind op, std::span<const TensorType> ops, const NodeAttrs& at) {
@@ -371,10 +373,7 @@ std::vector<TensorType> GemmView(OpKind op, std::span<const TensorType> ops, con
   const Shape xs = view(x, at.ints<"x_view">(), "x"), ys = view(y, at.ints<"y_view">(), "y");
   const int64_t n = xs[xs.size() - 2], k = xs.back(), k2 = ys[ys.size() - 2], m = ys.back();
   LAZYRT_CHECK(k == k2, name, ": inner dimensions differ: ", shape_str(xs), " x ", shape_str(ys));
-  Shape bx(xs.begin(), xs.end() - 2), by(ys.begin(), ys.end() - 2);
-  Shape out = bx == by ? std::move(bx) : broadcast_shapes(bx, by, str_cat(name, " batch dims"));
-  out.push_back(n);
-  out.push_back(m);
+  Shape out = product_shape(name, xs, ys, n, m);
   const auto& perm = at.ints<"out_perm">();
   if (perm.empty()) return single_result(x.dtype, std::move(out));
   LAZYRT_CHECK(perm.size() == out.size() && perm.back() == static_cast<int64_t>(out.size()) - 1, name,
