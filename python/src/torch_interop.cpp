@@ -9,9 +9,10 @@
 //   bumped (PyTorch counts every in-place change there, and autograd checks the counter before
 //   it uses a tensor it saved for backward: a graph recorded before a compiled step changed a
 //   parameter refuses to backpropagate, as in eager).
-// FastCall: a whole call of the common kind (the guard holds, every input found where it was,
-//   nothing to copy back) without Python: resolve the inputs, hand them over, run the compiled
-//   step, bump, and return the results as torch tensors over lazyrt's result buffers.
+// Plan, Call: a capture's call plan, made at capture, and its executor, which runs every call
+//   of the capture: resolve the inputs, hand them over, run the compiled step, bump, write back
+//   what the step changed (gradients, optimizer state, inputs not updated in place), and return
+//   the results as torch tensors over lazyrt's result buffers.
 // shared_memory: which results of a call share memory with its inputs or each other (the
 //   Dynamo backend copies those, so that every result is a tensor of its own).
 #include <pybind11/pybind11.h>
@@ -564,12 +565,19 @@ class Handover {
     }
   }
 
-  // A tensor standing in for a missing gradient: never lent (lazyrt's writes must not land in
-  // it; the call copies the new gradient in).
-  void standin(const at::Tensor& t) {
-    standins_.push_back(t);
+  // The tensor standing in for slot s's missing gradient: never lent (lazyrt's writes must not
+  // land in it; the call sets the new gradient).
+  void standin(size_t s, const at::Tensor& t) {
+    if (s >= held_.size()) throw lz::Error("Handover: slot " + std::to_string(s) + " out of " + std::to_string(held_.size()));
+    standins_[s] = t;
     standin_impls_.insert(t.unsafeGetTensorImpl());
   }
+  // Slot s's stand-in (undefined: none).
+  at::Tensor standin_of(size_t s) const {
+    auto it = standins_.find(s);
+    return it == standins_.end() ? at::Tensor() : it->second;
+  }
+  bool has_standins() const { return !standins_.empty(); }
 
   // Lets go of the stand-ins and of the views kept of them (the gradients exist now; a later
   // call that misses one again gets a new stand-in). Waits for a call in flight.
@@ -859,7 +867,7 @@ class Handover {
   std::vector<bool> written_;
   std::vector<int64_t> inplace_;
   py::object aliased_;
-  std::vector<at::Tensor> standins_;
+  std::unordered_map<size_t, at::Tensor> standins_;  // slot -> its stand-in
   std::unordered_set<const at::TensorImpl*> standin_impls_;  // of standins_
   std::vector<WrittenSpan> written_spans_;
   std::vector<uintptr_t> expect_;
@@ -889,135 +897,245 @@ std::vector<Input> inputs_from(const py::sequence& seq) {
   return out;
 }
 
-// ---- FastCall ---------------------------------------------------------------------------------
+// ---- Plan and Call ----------------------------------------------------------------------------
+// A capture's call plan (made once, at capture, from lazyrt.torch._step's typed items) and its
+// executor, bound to the objects of one world: every call of a capture runs here, guarded (the
+// Guard holds: the fast call) or not (a call the guard cannot cover: Python found the capture).
 
-class FastCall {
+// What an input of the step is read from each call.
+enum class Source { Arg, Tensor, Grad, State, Lr, Place };
+// What a write-back after the step writes: an input slot's tensor, a parameter's gradient, an
+// optimizer's state entry.
+enum class Target { Slot, Grad, State };
+// How: copy into the tensor there (a new tensor where there is none), set a new tensor, clear
+// (a gradient set to None), set a constant (a state entry that is a plain value).
+enum class How { Update, New, Clear, Const };
+// A result leaf: a constant, an input as it is after the call, the torch view of a result's own
+// output, a copy of a value, a new lazyrt device tensor of a value.
+enum class Leaf { Const, Input, Own, Copy, Device };
+
+// Where a value comes from after the step: an input slot as it was before the call (output
+// false: a copy taken before the step ran), or a root of the lowered graph (output true).
+struct Value {
+  bool output = false;
+  size_t index = 0;
+};
+Value value_of(py::handle h) {
+  auto t = h.cast<py::tuple>();
+  return {t[0].cast<bool>(), t[1].cast<size_t>()};
+}
+
+class Plan {
  public:
-  // spec: guard (a Guard), handover (a Handover), step (the compiled step, a lazyrt
-  // CompiledStep), inputs [per input: ("arg", index) | ("tensor", t) | ("grad", parameter,
-  // stand-in or None) |
-  // ("state", optimizer, parameter, key) | ("lr", optimizer, group index) | ("place", kind,
-  // holder, key, path): a tensor read from a place of lazyrt._reads, at a path of keys in
-  // its tuples, lists and dicts], results [per leaf:
-  // ("C", value) | ("in", input) | ("out", output position)], clear_grads (parameters whose
-  // .grad the step sets to None), set_grads [(parameter, output position) of gradients the
-  // step makes anew], spec (the results' pytree spec),
-  // single (one result, returned as is), miss (returned when the guard does not hold), other
-  // (returned when the guard holds but the call is not of this kind; nothing ran).
-  explicit FastCall(const py::dict& spec) {
-    guard_object_ = spec["guard"];
-    guard_ = guard_object_.cast<Guard*>();
-    handover_object_ = spec["handover"];
-    handover_ = handover_object_.cast<Handover*>();
-    step_object_ = spec["step"];
-    step_ = step_object_.cast<lz::python::PyCompiledStep*>();
-    for (py::handle h : spec["inputs"]) {
+  struct Write {
+    Target target = Target::Slot;
+    size_t key = 0;       // Slot: the slot; Grad, State: the parameter (its index in the world)
+    size_t optimizer = 0;  // State: the optimizer
+    py::object state_key, constant;
+    How how = How::Update;
+    Value value;
+    bool take = false;  // the value is an output no other write or result reads: no copy
+  };
+  struct Result {
+    Leaf kind = Leaf::Const;
+    Value value;
+    py::object constant;
+  };
+  // Where a root of the lowered graph is among the step's outputs: an output of its own
+  // (position), or a piece of its dtype's packed output (group, offset, numel, shape).
+  struct Where {
+    int64_t position = -1, group = -1, offset = 0, numel = 0;
+    std::vector<int64_t> shape;
+  };
+
+  // spec: writes [Write items: (target, key, how, value, constant)], results [Result items:
+  // (kind, value, constant)], roots (how many), direct [roots, in output order], groups
+  // [(roots, sizes, shapes)], snapshots [input slots a write reads as before the call],
+  // inplace_grads [per in-place item, the parameter whose gradient it is, or -1], spec (the
+  // results' pytree spec), single (one result, returned as is), side_attrs [(module, name)
+  // set to the tensors the step returns after its results].
+  explicit Plan(const py::dict& spec) {
+    where.resize(spec["roots"].cast<size_t>());
+    size_t position = 0;
+    for (py::handle h : spec["direct"]) where.at(h.cast<size_t>()).position = static_cast<int64_t>(position++);
+    outputs = position;
+    int64_t g = 0;
+    for (py::handle h : spec["groups"]) {
       auto t = h.cast<py::tuple>();
-      const std::string kind = t[0].cast<std::string>();
-      Source src;
-      if (kind == "arg") {
-        src.kind = Source::Arg;
-        src.index = t[1].cast<Py_ssize_t>();
-      } else if (kind == "tensor") {
-        src.kind = Source::Fixed;
-        src.tensor = THPVariable_Unpack(t[1].ptr());
-        src.object = py::reinterpret_borrow<py::object>(t[1]);
-      } else if (kind == "grad") {
-        src.kind = Source::Grad;
-        src.tensor = THPVariable_Unpack(t[1].ptr());
-        // The stand-in for a missing gradient, used where the step only reads the slot.
-        if (t.size() > 2 && !t[2].is_none() && !handover_->written(sources_.size()))
-          src.standin = THPVariable_Unpack(t[2].ptr());
-      } else if (kind == "state") {
-        src.kind = Source::State;
-        src.object = py::reinterpret_borrow<py::object>(t[1]);
-        src.param = py::reinterpret_borrow<py::object>(t[2]);
-        src.key = py::reinterpret_borrow<py::object>(t[3]);
-        auto it = std::find_if(states_.begin(), states_.end(),
-                               [&](const OptimizerState& o) { return o.optimizer.ptr() == src.object.ptr(); });
-        src.index = it - states_.begin();
-        if (it == states_.end()) states_.push_back({src.object, {}});
-      } else if (kind == "lr") {
-        src.kind = Source::Lr;
-        src.object = py::reinterpret_borrow<py::object>(t[1]);
-        src.index = t[2].cast<Py_ssize_t>();
-      } else if (kind == "place") {
-        src.kind = Source::Place;
-        src.index = t[1].cast<int>();
-        src.object = py::reinterpret_borrow<py::object>(t[2]);
-        src.key = py::reinterpret_borrow<py::object>(t[3]);
-        src.path = objects(t[4]);
-      } else {
-        throw lz::Error("FastCall: unknown input kind " + kind);
+      auto roots = t[0].cast<std::vector<size_t>>();
+      auto sizes = t[1].cast<std::vector<int64_t>>();
+      auto shapes = t[2].cast<std::vector<std::vector<int64_t>>>();
+      int64_t offset = 0;
+      for (size_t j = 0; j < roots.size(); ++j) {
+        Where& w = where.at(roots[j]);
+        w.group = g;
+        w.offset = offset;
+        w.numel = sizes.at(j);
+        w.shape = shapes.at(j);
+        offset += sizes[j];
       }
-      sources_.push_back(std::move(src));
+      ++g;
     }
-    if (sources_.size() != handover_->inputs())
-      throw lz::Error("FastCall: " + std::to_string(sources_.size()) + " inputs for a hand-over of " +
-                      std::to_string(handover_->inputs()));
+    groups = static_cast<size_t>(g);
+    std::vector<int> uses(where.size(), 0);
+    for (py::handle h : spec["writes"]) {
+      auto t = h.cast<py::tuple>();
+      Write w;
+      w.target = t[0].cast<Target>();
+      w.how = t[2].cast<How>();
+      if (w.target == Target::State) {
+        auto key = t[1].cast<py::tuple>();
+        w.optimizer = key[0].cast<size_t>();
+        w.key = key[1].cast<size_t>();
+        w.state_key = key[2];
+      } else {
+        w.key = t[1].cast<size_t>();
+      }
+      if (w.how == How::Update || w.how == How::New) w.value = checked(value_of(t[3]));
+      w.constant = t[4];
+      if (w.value.output && (w.how == How::Update || w.how == How::New)) ++uses[w.value.index];
+      writes.push_back(std::move(w));
+    }
     for (py::handle h : spec["results"]) {
       auto t = h.cast<py::tuple>();
-      const std::string kind = t[0].cast<std::string>();
-      Leaf leaf;
-      leaf.kind = kind == "C" ? Leaf::Const : kind == "in" ? Leaf::In : Leaf::Out;
-      if (leaf.kind == Leaf::Const) leaf.value = py::reinterpret_borrow<py::object>(t[1]);
-      else leaf.index = t[1].cast<size_t>();
-      leaves_.push_back(std::move(leaf));
+      Result r;
+      r.kind = t[0].cast<Leaf>();
+      if (r.kind == Leaf::Const) r.constant = t[2];
+      else r.value = checked(value_of(t[1]));
+      if (r.kind == Leaf::Own && !(r.value.output && where[r.value.index].position >= 0))
+        throw lz::Error("Plan: a result returned as its own output is no output of its own");
+      if (r.value.output && r.kind != Leaf::Const) ++uses[r.value.index];
+      results.push_back(std::move(r));
     }
-    for (py::handle p : spec["clear_grads"]) clear_grads_.push_back(THPVariable_Unpack(p.ptr()));
-    for (py::handle h : spec["set_grads"]) {
+    for (Write& w : writes)
+      w.take = w.how == How::New && w.value.output && uses[w.value.index] == 1 && where[w.value.index].position >= 0;
+    snapshots = spec["snapshots"].cast<std::vector<size_t>>();
+    inplace_grads = spec["inplace_grads"].cast<std::vector<int64_t>>();
+    result_spec = spec["spec"];
+    single = spec["single"].cast<bool>();
+    for (py::handle h : spec["side_attrs"]) {
       auto t = h.cast<py::tuple>();
-      set_grads_.emplace_back(THPVariable_Unpack(t[0].ptr()), t[1].cast<size_t>());
+      side_attrs.emplace_back(py::reinterpret_borrow<py::object>(t[0]), py::reinterpret_borrow<py::object>(t[1]));
     }
-    spec_ = spec["spec"];
-    single_ = spec["single"].cast<bool>();
+  }
+
+  std::vector<Write> writes;
+  std::vector<Result> results;
+  std::vector<Where> where;  // per root
+  size_t outputs = 0, groups = 0;  // the step's outputs: `outputs` of their own, then the groups
+  std::vector<size_t> snapshots;
+  std::vector<int64_t> inplace_grads;
+  py::object result_spec;
+  bool single = false;
+  std::vector<std::pair<py::object, py::object>> side_attrs;
+
+ private:
+  Value checked(Value v) const {
+    if (v.output && (v.index >= where.size() || (where[v.index].position < 0 && where[v.index].group < 0)))
+      throw lz::Error("Plan: root " + std::to_string(v.index) + " is read but no output of the step");
+    return v;
+  }
+};
+
+class Call {
+ public:
+  // spec: plan (a Plan), guard (a Guard, or None: run() only), handover (a Handover), step (the
+  // compiled step, or None), runner (runner(views) -> the step's outputs: the first call, which
+  // compiles, and steps with graph breaks), inputs [per input: (Source.Arg, index) |
+  // (Source.Tensor, t) | (Source.Grad, parameter) | (Source.State, optimizer, parameter, key) |
+  // (Source.Lr, optimizer, group index) | (Source.Place, kind, holder, key, path): a tensor
+  // read from a place of lazyrt._reads, at a path of keys in its tuples, lists and dicts],
+  // params, optimizers (the world's, by index), moved (a torch tensor's values as a new lazyrt
+  // device tensor), device_result (a value as a result on the lazyrt device), miss (returned
+  // when the guard does not hold), other (returned when an input is not found: nothing ran).
+  explicit Call(const py::dict& spec) {
+    plan_object_ = spec["plan"];
+    plan_ = plan_object_.cast<Plan*>();
+    guard_object_ = spec["guard"];
+    guard_ = guard_object_.is_none() ? nullptr : guard_object_.cast<Guard*>();
+    handover_object_ = spec["handover"];
+    handover_ = handover_object_.cast<Handover*>();
+    set_step(spec["step"]);
+    runner_ = spec["runner"];
+    for (py::handle h : spec["inputs"]) {
+      auto t = h.cast<py::tuple>();
+      Src src;
+      src.kind = t[0].cast<Source>();
+      switch (src.kind) {
+        case Source::Arg: src.index = t[1].cast<Py_ssize_t>(); break;
+        case Source::Tensor:
+        case Source::Grad:
+          src.tensor = THPVariable_Unpack(t[1].ptr());
+          src.object = py::reinterpret_borrow<py::object>(t[1]);
+          break;
+        case Source::State: {
+          src.object = py::reinterpret_borrow<py::object>(t[1]);
+          src.param = py::reinterpret_borrow<py::object>(t[2]);
+          src.key = py::reinterpret_borrow<py::object>(t[3]);
+          auto it = std::find_if(states_.begin(), states_.end(),
+                                 [&](const OptimizerState& o) { return o.optimizer.ptr() == src.object.ptr(); });
+          src.index = it - states_.begin();
+          if (it == states_.end()) states_.push_back({src.object, {}});
+          break;
+        }
+        case Source::Lr:
+          src.object = py::reinterpret_borrow<py::object>(t[1]);
+          src.index = t[2].cast<Py_ssize_t>();
+          break;
+        case Source::Place:
+          src.index = t[1].cast<int>();
+          src.object = py::reinterpret_borrow<py::object>(t[2]);
+          src.key = py::reinterpret_borrow<py::object>(t[3]);
+          src.path = objects(t[4]);
+          break;
+      }
+      inputs_.push_back(std::move(src));
+    }
+    if (inputs_.size() != handover_->inputs())
+      throw lz::Error("Call: " + std::to_string(inputs_.size()) + " inputs for a hand-over of " +
+                      std::to_string(handover_->inputs()));
+    for (py::handle p : spec["params"]) params_.push_back(py::reinterpret_borrow<py::object>(p));
+    for (py::handle o : spec["optimizers"]) optimizers_.push_back(py::reinterpret_borrow<py::object>(o));
+    moved_ = spec["moved"];
+    device_result_ = spec["device_result"];
     miss_ = spec["miss"];
     other_ = spec["other"];
     unflatten_ = py::module_::import("torch.utils._pytree").attr("tree_unflatten");
   }
 
+  void set_step(const py::object& step) {
+    step_object_ = step;
+    step_ = step.is_none() ? nullptr : step.cast<lz::python::PyCompiledStep*>();
+  }
+
+  // A guarded call: miss where the guard fails, other where an input is not found.
   py::object call(const py::tuple& args) {
-    if (!guard_->check(args)) return miss_;
-    for (OptimizerState& o : states_)
-      if (!o.read()) return other_;
-    std::vector<Input> inputs(sources_.size());
-    for (size_t i = 0; i < sources_.size(); ++i)
-      if (!resolve(sources_[i], args, inputs[i])) return other_;
-    std::vector<lz::Tensor> outs;
-    try {
-      outs = step_->run(handover_->views(std::move(inputs)));
-    } catch (...) {
-      handover_->release();
-      throw;
-    }
-    if (!handover_->finish().empty())  // resolve() never hands over a stand-in
-      throw lz::Error("lazyrt.torch: a fast call wrote a stand-in");
-    for (at::Tensor& p : clear_grads_) p.mutable_grad().reset();  // p.grad = None, as the step left it
-    // A gradient the step made anew: the torch view of its output (it holds the buffer, so no
-    // later replay writes there), as p.grad = tensor would set it.
-    for (auto& [p, pos] : set_grads_) p.mutable_grad() = torch_view(outs.at(pos));
+    if (!guard_ || !guard_->check(args)) return miss_;
+    std::vector<Input> inputs;
+    if (!resolve_all(args, inputs, nullptr)) return other_;
+    py::object r = execute(args, std::move(inputs));
     static lz::metrics::Counter calls("TorchFastCall");
     calls.add(1);
-    if (single_) return leaf(leaves_[0], args, outs);
-    py::list leaves(leaves_.size());
-    for (size_t i = 0; i < leaves_.size(); ++i) leaves[i] = leaf(leaves_[i], args, outs);
-    return unflatten_(leaves, spec_);
+    return r;
+  }
+
+  // A call Python found the capture for (args: the call's argument leaves); raises where an
+  // input is not found.
+  py::object run(const py::tuple& args) {
+    std::vector<Input> inputs;
+    std::string missing;
+    if (!resolve_all(args, inputs, &missing)) throw lz::Error("lazyrt.torch: the captured step's " + missing);
+    return execute(args, std::move(inputs));
   }
 
  private:
-  struct Source {
-    enum Kind { Arg, Fixed, Grad, State, Lr, Place } kind = Arg;
+  struct Src {
+    Source kind = Source::Arg;
     Py_ssize_t index = 0;  // Arg: position; State: the optimizer in states_; Lr: the group; Place: its kind
-    at::Tensor tensor;  // Fixed: the tensor; Grad: the parameter
-    at::Tensor standin;  // Grad: what stands for a missing gradient (undefined: none)
-    py::object object, param, key;  // Fixed: the tensor; State: optimizer, parameter, key; Lr: optimizer;
-                                    // Place: holder, key
+    at::Tensor tensor;  // Tensor: the tensor; Grad: the parameter
+    py::object object, param, key;  // Tensor, Grad: the tensor; State: optimizer, parameter, key; Lr:
+                                    // optimizer; Place: holder, key
     std::vector<py::object> path;   // Place: the keys of its item
-  };
-  struct Leaf {
-    enum Kind { Const, In, Out } kind = Const;
-    py::object value;
-    size_t index = 0;
   };
 
   // An optimizer's state dict this call, by parameter identity (a parameter's hash is a Python
@@ -1036,27 +1154,49 @@ class FastCall {
     }
   };
 
-  // Where an input is this call; false where it is not as the Python path would find it usable
-  // here (a missing gradient or state, a learning rate that is not a Python number).
-  bool resolve(const Source& src, const py::tuple& args, Input& in) const {
+  bool resolve_all(const py::tuple& args, std::vector<Input>& inputs, std::string* missing) {
+    for (OptimizerState& o : states_) {
+      if (!o.read()) {
+        if (missing) *missing = "optimizer has no state dict";
+        return false;
+      }
+    }
+    inputs.resize(inputs_.size());
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      if (!resolve(i, args, inputs[i])) {
+        static const char* kinds[] = {"argument", "tensor", "gradient", "optimizer state", "learning rate",
+                                      "tensor read from a place"};
+        if (missing) *missing = "input " + std::to_string(i) + " (a " + kinds[static_cast<int>(inputs_[i].kind)] +
+                                ") is not where the capture found it";
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // Where input i is this call; false where it is not found (a missing gradient without a
+  // stand-in, missing state, a learning rate that is no number).
+  bool resolve(size_t i, const py::tuple& args, Input& in) const {
+    const Src& src = inputs_[i];
     switch (src.kind) {
       case Source::Arg:
-        in.tensor = THPVariable_Unpack(PyTuple_GET_ITEM(args.ptr(), src.index));  // the guard checked it
+        if (src.index >= PyTuple_GET_SIZE(args.ptr())) return false;
+        in.tensor = THPVariable_Unpack(PyTuple_GET_ITEM(args.ptr(), src.index));  // its metadata: guarded
         return true;
-      case Source::Fixed:
+      case Source::Tensor:
         in.tensor = src.tensor;
         return true;
-      case Source::Place: {  // (the guard checked its metadata)
+      case Source::Place: {  // (its metadata: guarded)
         PyObject* v = read_place(static_cast<int>(src.index), src.object, src.key);
         for (const py::object& k : src.path)
           if (v) v = item_of(v, k.ptr());
-        if (!v || !THPVariable_Check(v)) return false;
+        if (!v || !THPVariable_Check(v)) return clear();
         in.tensor = THPVariable_Unpack(v);
         return true;
       }
       case Source::Grad:
         in.tensor = src.tensor.grad();
-        if (!in.tensor.defined()) in.tensor = src.standin;
+        if (!in.tensor.defined()) in.tensor = handover_->standin_of(i);
         return in.tensor.defined();
       case Source::State: {
         const auto& by_param = states_[static_cast<size_t>(src.index)].by_param;
@@ -1069,18 +1209,16 @@ class FastCall {
       }
       case Source::Lr: {
         py::object groups = attr(src.object, names().param_groups);
-        if (!groups || !PyList_CheckExact(groups.ptr()) || PyList_GET_SIZE(groups.ptr()) <= src.index) return false;
+        if (!groups || !PyList_Check(groups.ptr()) || PyList_GET_SIZE(groups.ptr()) <= src.index) return false;
         PyObject* g = PyList_GET_ITEM(groups.ptr(), src.index);
         if (!PyDict_Check(g)) return false;
         PyObject* lr = PyDict_GetItemWithError(g, names().lr);
         if (!lr) return clear();
         if (PyFloat_CheckExact(lr)) {
           in.number = PyFloat_AS_DOUBLE(lr);
-        } else if (PyLong_CheckExact(lr)) {
-          in.number = PyLong_AsDouble(lr);
+        } else {  // an int, a 0-d tensor: float(lr)
+          in.number = PyFloat_AsDouble(lr);
           if (in.number == -1.0 && PyErr_Occurred()) return clear();
-        } else {
-          return false;
         }
         in.is_number = true;
         return true;
@@ -1092,37 +1230,172 @@ class FastCall {
     PyErr_Clear();
     return false;
   }
-  py::object leaf(const Leaf& l, const py::tuple& args, const std::vector<lz::Tensor>& outs) const {
-    switch (l.kind) {
-      case Leaf::Const: return l.value;
-      case Leaf::In: {
-        const Source& src = sources_[l.index];
-        if (src.kind == Source::Arg) return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(args.ptr(), src.index));
-        if (src.kind == Source::Fixed) return src.object;
-        at::Tensor t;
-        if (src.kind == Source::Grad || src.kind == Source::State || src.kind == Source::Place) {
-          Input in;
-          resolve(src, args, in);
-          t = in.tensor;
-        }
-        return py::reinterpret_steal<py::object>(THPVariable_Wrap(t));
+
+  bool on_device(size_t param) const { return on_lazyrt_device(THPVariable_Unpack(params_.at(param).ptr())); }
+  static py::object wrap(at::Tensor t) { return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t))); }
+
+  // One call's values after the step ran.
+  struct Values {
+    std::vector<lz::Tensor> outs;
+    std::vector<at::Tensor> packed;  // torch views of the groups' outputs (made when first read)
+    std::unordered_map<size_t, at::Tensor> before;  // input slot -> its value before the call
+  };
+  at::Tensor value(const Value& v, Values& vals) const {
+    if (!v.output) return vals.before.at(v.index);
+    const Plan::Where& w = plan_->where[v.index];
+    if (w.position >= 0) return torch_view(vals.outs.at(static_cast<size_t>(w.position)));
+    at::Tensor& group = vals.packed.at(static_cast<size_t>(w.group));
+    if (!group.defined()) group = torch_view(vals.outs.at(plan_->outputs + static_cast<size_t>(w.group)));
+    return group.narrow(0, w.offset, w.numel).view(w.shape);
+  }
+  // A tensor of its own with a write's value, on the device of parameter `param` (the lazyrt
+  // device's tensors get theirs there): the output's own view where nothing else reads it.
+  py::object fresh(const Plan::Write& w, size_t param, Values& vals) const {
+    at::Tensor v = value(w.value, vals);
+    if (on_device(param)) return moved_(wrap(v));
+    return wrap(w.take ? v : v.clone());
+  }
+  void set_grad(size_t param, py::object grad) const {
+    if (on_device(param)) {
+      py::setattr(params_[param], "grad", grad);
+    } else {
+      THPVariable_Unpack(params_[param].ptr()).mutable_grad() =
+          grad.is_none() ? at::Tensor() : THPVariable_Unpack(grad.ptr());
+    }
+  }
+
+  py::object execute(const py::tuple& args, std::vector<Input> inputs) {
+    Values vals;
+    vals.packed.resize(plan_->groups);
+    for (size_t s : plan_->snapshots) {  // read before anything is written
+      const Input& in = inputs.at(s);
+      vals.before[s] = in.is_number ? at::scalar_tensor(in.number, at::kDouble) : in.tensor.detach().clone();
+    }
+    try {
+      const std::vector<lz::Tensor>& views = handover_->views(inputs);
+      if (step_) {
+        vals.outs = step_->run(views);
+      } else {
+        py::list l(views.size());
+        for (size_t i = 0; i < views.size(); ++i) l[i] = py::cast(views[i]);
+        for (py::handle h : runner_(l)) vals.outs.push_back(h.cast<lz::Tensor>());
       }
-      case Leaf::Out: return py::reinterpret_steal<py::object>(THPVariable_Wrap(torch_view(outs.at(l.index))));
+    } catch (...) {
+      handover_->release();
+      throw;
+    }
+    if (vals.outs.size() != plan_->outputs + plan_->groups)
+      throw lz::Error("lazyrt.torch: the step returned " + std::to_string(vals.outs.size()) + " outputs, expected " +
+                      std::to_string(plan_->outputs + plan_->groups));
+    // Written in place: the new values are in the torch tensors' memory (the hand-over bumps
+    // their version counters), or copied in where they could not land there; a missing
+    // gradient written into a stand-in's view is set here.
+    for (auto& [j, grad] : handover_->finish()) {
+      const int64_t p = plan_->inplace_grads.at(static_cast<size_t>(j));
+      if (p < 0) throw lz::Error("lazyrt.torch: a stand-in was written by an item that is no gradient");
+      set_grad(static_cast<size_t>(p), on_device(static_cast<size_t>(p)) ? moved_(wrap(grad)) : wrap(grad));
+    }
+    {
+      c10::AutoGradMode no_grad(false);
+      for (const Plan::Write& w : plan_->writes) write(w, inputs, vals);
+    }
+    if (handover_->has_standins() && all_grads_present()) {
+      // The step made the gradients stood in for (the usual first step): the zeros go, rather
+      // than hold a gradient's worth of memory for the capture's life.
+      handover_->forget_standins();
+    }
+    py::object result;
+    if (plan_->single) {
+      result = leaf(plan_->results.at(0), args, inputs, vals);
+    } else {
+      py::list leaves(plan_->results.size());
+      for (size_t i = 0; i < plan_->results.size(); ++i) leaves[i] = leaf(plan_->results[i], args, inputs, vals);
+      result = unflatten_(leaves, plan_->result_spec);
+    }
+    if (!plan_->side_attrs.empty()) {
+      // Tensors the step sets on modules: (result, their values).
+      auto pair = result.cast<py::tuple>();
+      auto values = py::reinterpret_borrow<py::sequence>(pair[1]);
+      for (size_t i = 0; i < plan_->side_attrs.size(); ++i)
+        py::setattr(plan_->side_attrs[i].first, plan_->side_attrs[i].second, values[i]);
+      result = pair[0];
+    }
+    return result;
+  }
+
+  void write(const Plan::Write& w, const std::vector<Input>& inputs, Values& vals) const {
+    switch (w.target) {
+      case Target::Slot:
+        inputs.at(w.key).tensor.copy_(value(w.value, vals));
+        return;
+      case Target::Grad: {
+        const at::Tensor& p = THPVariable_Unpack(params_.at(w.key).ptr());
+        if (w.how == How::Clear) set_grad(w.key, py::none());
+        else if (w.how == How::Update && p.grad().defined()) p.grad().copy_(value(w.value, vals));
+        else set_grad(w.key, fresh(w, w.key, vals));
+        return;
+      }
+      case Target::State: {
+        py::object state = attr(optimizers_.at(w.optimizer), names().state);
+        if (!state) throw lz::Error("lazyrt.torch: an optimizer of the step has no state dict");
+        py::object entry = state[params_.at(w.key)];  // (a defaultdict: made where missing)
+        if (w.how == How::Const) {
+          entry[w.state_key] = w.constant;
+          return;
+        }
+        if (w.how == How::Update) {
+          PyObject* old = PyDict_Check(entry.ptr()) ? PyDict_GetItemWithError(entry.ptr(), w.state_key.ptr()) : nullptr;
+          if (!old && PyErr_Occurred()) throw py::error_already_set();
+          if (old && THPVariable_Check(old)) {
+            THPVariable_Unpack(old).copy_(value(w.value, vals));
+            return;
+          }
+        }
+        entry[w.state_key] = fresh(w, w.key, vals);
+        return;
+      }
+    }
+  }
+
+  bool all_grads_present() const {
+    for (const Src& src : inputs_)
+      if (src.kind == Source::Grad && !src.tensor.grad().defined()) return false;
+    return true;
+  }
+
+  py::object leaf(const Plan::Result& r, const py::tuple& args, const std::vector<Input>& inputs,
+                  Values& vals) const {
+    switch (r.kind) {
+      case Leaf::Const: return r.constant;
+      case Leaf::Input: {
+        const size_t s = r.value.index;
+        const Src& src = inputs_.at(s);
+        if (src.kind == Source::Arg) return py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(args.ptr(), src.index));
+        if (src.kind == Source::Tensor) return src.object;
+        const Input& in = inputs.at(s);
+        if (in.is_number) return wrap(at::scalar_tensor(in.number, at::kDouble));  // a new tensor every call
+        return wrap(in.tensor);
+      }
+      case Leaf::Own: return wrap(torch_view(vals.outs.at(static_cast<size_t>(plan_->where[r.value.index].position))));
+      case Leaf::Copy: return wrap(value(r.value, vals).clone());
+      case Leaf::Device: {
+        const Plan::Where& w = plan_->where[r.value.index];
+        if (w.position >= 0) return device_result_(py::cast(vals.outs.at(static_cast<size_t>(w.position))));
+        return device_result_(wrap(value(r.value, vals)));
+      }
     }
     return py::none();
   }
 
-  py::object guard_object_, handover_object_, step_object_;
+  py::object plan_object_, guard_object_, handover_object_, step_object_, runner_;
+  Plan* plan_;
   Guard* guard_;
   Handover* handover_;
-  lz::python::PyCompiledStep* step_;
-  std::vector<Source> sources_;
-  std::vector<at::Tensor> clear_grads_;  // parameters whose .grad the step leaves None
-  std::vector<std::pair<at::Tensor, size_t>> set_grads_;  // (parameter, output) of gradients made anew
+  lz::python::PyCompiledStep* step_ = nullptr;
+  std::vector<Src> inputs_;
+  std::vector<py::object> params_, optimizers_;
   std::vector<OptimizerState> states_;  // of the optimizers whose state is an input
-  std::vector<Leaf> leaves_;
-  py::object spec_, miss_, other_, unflatten_;
-  bool single_ = false;
+  py::object moved_, device_result_, miss_, other_, unflatten_;
 };
 
 }  // namespace
@@ -1136,7 +1409,9 @@ PYBIND11_MODULE(_torch_C, m) {
   py::class_<Handover>(m, "Handover", "A capture's inputs handed to its compiled step (see the source).")
       .def(py::init<size_t, std::vector<int64_t>, py::object>(), py::arg("inputs"), py::arg("inplace"),
            py::arg("aliased"))
-      .def("standin", &Handover::standin, py::arg("tensor"), "A tensor never lent (a missing gradient's zeros).")
+      .def("standin", &Handover::standin, py::arg("slot"), py::arg("tensor"),
+           "The zeros standing in for a slot's missing gradient (never lent).")
+      .def("has_standin", [](const Handover& h, size_t s) { return h.standin_of(s).defined(); }, py::arg("slot"))
       .def("mark", &Handover::mark, py::arg("slot"), py::arg("hard"), py::arg("soft"),
            "Marks dims of a slot's views dynamic (bit masks: mark_dynamic's, maybe_mark_dynamic's).")
       .def("forget_standins", &Handover::forget_standins,
@@ -1156,10 +1431,24 @@ PYBIND11_MODULE(_torch_C, m) {
            "After the step ran on views(): bump or copy in the written tensors; returns (position, new "
            "gradient) for the in-place items whose tensor is a stand-in (the caller sets the gradient).")
       .def("release", &Handover::release, "Drops this call's inputs (a step that failed).");
-  py::class_<FastCall>(m, "FastCall", "A whole call of the common kind, without Python (see the source).")
+  py::enum_<Source>(m, "Source", "What an input of a captured step is read from each call.")
+      .value("ARG", Source::Arg).value("TENSOR", Source::Tensor).value("GRAD", Source::Grad)
+      .value("STATE", Source::State).value("LR", Source::Lr).value("PLACE", Source::Place);
+  py::enum_<Target>(m, "Target", "What a write-back after a captured step writes.")
+      .value("SLOT", Target::Slot).value("GRAD", Target::Grad).value("STATE", Target::State);
+  py::enum_<How>(m, "How", "How a write-back writes its value.")
+      .value("UPDATE", How::Update).value("NEW", How::New).value("CLEAR", How::Clear).value("CONST", How::Const);
+  py::enum_<Leaf>(m, "Leaf", "What a result leaf of a captured step is.")
+      .value("CONST", Leaf::Const).value("INPUT", Leaf::Input).value("OWN", Leaf::Own).value("COPY", Leaf::Copy)
+      .value("DEVICE", Leaf::Device);
+  py::class_<Plan>(m, "Plan", "A capture's call plan: its write-backs, results and outputs (see the source).")
+      .def(py::init<const py::dict&>(), py::arg("spec"));
+  py::class_<Call>(m, "Call", "Every call of a capture, in one world (see the source).")
       .def(py::init<const py::dict&>(), py::arg("spec"))
-      .def("__call__", &FastCall::call, py::arg("args"),
-           "The call's result, or spec's miss (the guard fails) or other (nothing ran).");
+      .def("__call__", &Call::call, py::arg("args"),
+           "A guarded call's result, or spec's miss (the guard does not hold) or other (nothing ran).")
+      .def("run", &Call::run, py::arg("args"), "The call's result (Python found its capture).")
+      .def("set_step", &Call::set_step, py::arg("step"), "The compiled step, once compiled.");
   m.def("shared_memory", &shared_memory, py::arg("values"), py::arg("inputs"),
         "The positions of the values whose memory an input's or an earlier value's overlaps.");
   m.def("set_device_dispatcher", &lazyrt_torch::set_device_dispatcher, py::arg("fn"),

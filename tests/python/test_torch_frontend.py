@@ -291,6 +291,60 @@ def test_replays_write_into_the_users_memory_without_a_copy(opt_name):
     assert lazyrt.metrics.counter("TorchFastCall") - fast == len(data) - 2
 
 
+class _Remembers(nn.Module):
+    """Keeps its last hidden activations as an attribute (a tensor the step sets on a module)
+    and the last targets in a buffer; `offset` is a buffer the step below sets as a gradient (a
+    write-back whose value is an input as it was before the call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = nn.Linear(6, 8), nn.Linear(8, 4)
+        self.register_buffer("targets", torch.zeros(8, 4))
+        self.register_buffer("offset", torch.full((4,), 0.5))
+        self.seen = None
+
+    def forward(self, x):
+        h = torch.tanh(self.hidden(x))
+        self.seen = h.detach()
+        return self.out(h)
+
+
+@pytest.mark.parametrize("kind", ["side attribute and input as written", "graph break"])
+def test_calls_of_every_plan_run_whole_in_the_executor(kind):
+    # Every call whose guard holds runs in C++ (_torch_C.Call): also those that set tensors on
+    # modules, write back a value that is an input as it was before the call, or run pieces
+    # around a graph break; each as eager leaves it.
+    make = _Remembers if kind != "graph break" else DetHead
+    m_eager, o_eager, m_lazy, o_lazy = twins(make, OPTIMIZERS["sgd_momentum"])
+    loss_fn = nn.MSELoss()
+
+    def stepper(model, opt):
+        def step(x, y):
+            opt.zero_grad()
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            if kind != "graph break":
+                model.targets.copy_(y)
+                model.out.bias.grad = model.offset
+            return loss
+        return step
+
+    eager, lazy = stepper(m_eager, o_eager), lazyrt.torch.compile(stepper(m_lazy, o_lazy))
+    data = batches("mse", n=6, seed=3)
+    fast = lazyrt.metrics.counter("TorchFastCall")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", lazyrt.torch.GraphBreakWarning)
+        for k, (x, y) in enumerate(data):
+            close(lazy(x, y).item(), eager(x, y).item(), f"loss at step {k}")
+            same_training_state(m_lazy, o_lazy, m_eager, o_eager, f"after step {k}:")
+            if kind != "graph break":
+                close(m_lazy.seen.numpy(), m_eager.seen.numpy(), f"the attribute set at step {k}")
+                assert m_lazy.seen is not m_eager.seen
+    assert lazy.captures == 1
+    assert lazyrt.metrics.counter("TorchFastCall") - fast == len(data) - 2, "every call after the second"
+
+
 def _heap_in_use():
     """Bytes the C heap has handed out and not taken back (glibc mallinfo2): torch's CPU
     tensors and lazyrt's buffers, counted exactly."""

@@ -5,6 +5,7 @@ import functools
 import inspect
 import math
 import warnings
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -21,24 +22,56 @@ from lazyrt.torch import _device, _discover
 _PACKABLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
 
 
-def _as_tensor(t):
-    """An input as a torch tensor (a learning rate is handed over as a Python float)."""
-    return torch.tensor(t, dtype=torch.float64) if t.__class__ is float else t
+# The typed call plan of a capture (made once, at capture; run by _torch_C.Call).
+_Source, _Target, _How, _Leaf = _torch_C.Source, _torch_C.Target, _torch_C.How, _torch_C.Leaf
+
+
+class Value(NamedTuple):
+    """Where a value comes from after a call: an input slot as it was before the call (output
+    False), or a root of the lowered graph (output True)."""
+    output: bool
+    index: int
+
+
+class Write(NamedTuple):
+    """A write-back after the call: target (_torch_C.Target) SLOT (key: the slot), GRAD (key: the
+    parameter's index) or STATE (key: (optimizer index, parameter index, state key)); how
+    (_torch_C.How) UPDATE (into the tensor there, else a new one), NEW, CLEAR (a gradient set to
+    None) or CONST (a plain state value, `constant`)."""
+    target: object
+    key: object
+    how: object
+    value: Optional[Value] = None
+    constant: object = None
+
+
+class Result(NamedTuple):
+    """A result leaf: kind (_torch_C.Leaf) CONST (`constant`), INPUT (the input slot `value.index`
+    as it is after the call), OWN (the torch view of the output of its own of root
+    `value.index`), COPY (a copy of `value`) or DEVICE (a lazyrt device tensor of `value`)."""
+    kind: object
+    value: Optional[Value] = None
+    constant: object = None
 
 
 def _source(node, placeholder_index, roots):
-    """Where a graph value comes from after a call: ('in', slot) for an input left as it was,
-    else ('out', position among the lowered graph's outputs)."""
+    """Where a graph value comes from after a call (see Value)."""
     if node.op == "placeholder":
-        return ("in", placeholder_index[node])
+        return Value(False, placeholder_index[node])
     roots.append(node)
-    return ("out", len(roots) - 1)
+    return Value(True, len(roots) - 1)
+
+
+def _device_result(v):
+    """A result on the lazyrt device: a device tensor of its own with the values of v (a lazyrt
+    output, or a torch view of one)."""
+    return _device.to_device(v.clone() if isinstance(v, lazyrt.Tensor) else lazyrt.from_torch(v.clone()))
 
 
 class _Entry:
     """One capture: its lowered graph (compiled by lazyrt.compile_step on first use, piece by
-    piece where it has graph breaks), the world it is valid for beyond its signature, and the
-    write-back plan."""
+    piece where it has graph breaks), the world it is valid for beyond its signature, and its
+    call plan (write-backs and results), which a _torch_C.Call runs."""
 
     def __init__(self, captured):
         c = captured
@@ -63,36 +96,37 @@ class _Entry:
                                        "arguments, parameters, buffers, gradients or optimizer state (a tensor "
                                        "from a closure or a global?); register it as a buffer of the model")
                 copies[placeholder_index[dst]] = n.args[1]
-        self.writes = []  # (slot, source): args, parameters, buffers changed in place
+        # The write-backs, in order: inputs changed in place, gradients, optimizer state.
+        writes = []
         for s, value in copies.items():
             if c.slots[s].kind in ("arg", "param", "buffer"):
-                self.writes.append((s, _source(value, placeholder_index, roots)))
+                writes.append(Write(_Target.SLOT, s, _How.UPDATE, _source(value, placeholder_index, roots)))
             elif c.slots[s].kind == "lr":
                 raise CaptureError("lazyrt.torch: the step changes a learning rate in place")
 
         self.result_spec = c.result_spec
-        self.result = [("T", _source(outputs[v[1]], placeholder_index, roots)) if v[0] == "T" else v
-                       for v in c.result]
+        results = [_source(outputs[v[1]], placeholder_index, roots) if v[0] == "T" else v for v in c.result]
         # Results on the lazyrt device (a step of device tensors) are returned there.
-        self._device_results = [v[0] == "T" and _on_device(outputs[v[1]]) for v in c.result]
+        on_device = [v[0] == "T" and _on_device(outputs[v[1]]) for v in c.result]
 
-        def final(kind_entry, own_slot):
+        def final(target, key, kind_entry, own_slot):
+            """The write of a final value (("T", output, whether it is the tensor of own_slot)),
+            or None where the step left it as it was."""
             _, k, own = kind_entry
             src = _source(outputs[k], placeholder_index, roots)
-            if own and src == ("in", own_slot):
-                return ("keep",)  # the step left it as it was
-            return ("own", src) if own else ("new", src)
+            if own and src == Value(False, own_slot):
+                return None
+            return Write(target, key, _How.UPDATE if own else _How.NEW, src)
 
-        self.grads = {}
         for i, g in c.grads.items():
-            self.grads[i] = ("none",) if g[0] == "N" else final(g, c.grad_slot.get(i))
-        self.states = {}
-        for key, d in c.states.items():
-            plan = {}
+            writes.append(Write(_Target.GRAD, i, _How.CLEAR) if g[0] == "N" else
+                          final(_Target.GRAD, i, g, c.grad_slot.get(i)))
+        for (oi, i), d in c.states.items():
             for k, v in d.items():
-                slot = c.state_in.get(key, {}).get(k)
-                plan[k] = ("C", v[1]) if v[0] == "C" else final(v, slot if isinstance(slot, int) else None)
-            self.states[key] = plan
+                slot = c.state_in.get((oi, i), {}).get(k)
+                writes.append(Write(_Target.STATE, (oi, i, k), _How.CONST, constant=v[1]) if v[0] == "C" else
+                              final(_Target.STATE, (oi, i, k), v, slot if isinstance(slot, int) else None))
+        writes = [w for w in writes if w is not None]
         if not roots:
             raise CaptureError("lazyrt.torch: the step computes nothing lazyrt could run")
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True)
@@ -101,30 +135,17 @@ class _Entry:
         self.collectives = any(n.op == "call_function" and n.target in _distributed.COLLECTIVE_OPS
                                for n in self.lowered.nodes)
         self._roots = len(roots)
-        self._in_sources = [w[1] for w in self.writes if w[1][0] == "in"] + \
-            [g[1] for g in self.grads.values() if len(g) == 2 and g[1][0] == "in"] + \
-            [v[1] for d in self.states.values() for v in d.values() if v[0] in ("own", "new") and v[1][0] == "in"]
         self._slot_refs = [(slot.kind, slot.ref) for slot in c.slots]
         self._grad_slot = dict(c.grad_slot)
         self._state_slot = {key: dict(d) for key, d in c.state_in.items()}
-        self._plan_writes(placeholders, roots)
-        self._plan_calls(roots)
-        # Results returned as the torch view of their own output: each once among the results,
-        # and an output of its own (no write-back reads it).
-        counts = {}
-        for r in self.result:
-            if r[0] == "T" and r[1][0] == "out":
-                counts[r[1][1]] = counts.get(r[1][1], 0) + 1
-        self._result_roots = {k for k, n in counts.items() if n == 1 and k in self._direct and
-                              not any(_item_source(kind, plan) == ("out", k) for kind, _, plan in self._items)}
-        self._single_result = len(self.result) == 1 and torch.utils._pytree.tree_unflatten(
-            [None], self.result_spec) is None
+        self._plan_writes(writes, placeholders, roots)
+        self._plan_calls(results, roots)
+        self._results = self._plan_results(results, on_device, c.result)
         # The hand-over of the inputs to the compiled step (views kept from call to call, memory
         # lent to the step's in-place updates, version counters bumped after it).
         self._handover = _torch_C.Handover(len(c.slots) + len(self.lowered.constants), self._inplace_slots,
                                            _AliasedMemory)
-        self._zeros = {}  # grad slot -> its stand-in (see _standin)
-        self._zero_buffers = {}  # dtype -> the buffer the stand-ins view
+        self._plan = None  # the _torch_C.Plan, made on the first call (side_attrs are set by then)
         self._ran = False
 
         self.exact_grads = c.exact_grads
@@ -160,9 +181,12 @@ class _Entry:
                     return False
         return True
 
-    def run(self, world):
+    def run(self, world, call=None):
+        """The call of `world` (its args_leaves set), run by `call` (this capture's Call in
+        `world`; made here if None), after making what the capture stands in for: the
+        optimizer's initial state where missing, and zeros for missing gradients."""
         # Missing state this capture stands in for: create the optimizer's initial state now (the
-        # step updates it in place below, as eager's first step creates and updates it).
+        # step updates it in place, as eager's first step creates and updates it).
         created = []
         if self._state_creates is None:
             self._state_creates = [(oi, gi, i) for oi in range(len(world.optimizers))
@@ -173,22 +197,16 @@ class _Entry:
                 o.state[world.params[i]] = _optim.initial_state(o, o.param_groups[gi], world.params[i])
                 created.append((o, world.params[i]))
         try:
-            result = self._run(world)
+            self._stand_in(world)
+            if call is None:
+                call = self.call(world, None)
+            result = call.run(tuple(world.args_leaves))
         except BaseException:
             for o, p in created:  # a step that did not run leaves no state behind
                 o.state.pop(p, None)
             raise
-        if self.side_attrs:
-            # Tensors the step sets on modules (see CompiledFunction._capture): set again.
-            result, values = result
-            for (sub, name), value in zip(self.side_attrs, values):
-                setattr(sub, name, value)
-        if self._zeros and all(world.params[self._slot_refs[s][1]].grad is not None for s in self._zeros):
-            # The step made the gradients it stood in for (the usual first step): the zeros go,
-            # rather than hold a gradient's worth of memory for the capture's life.
-            self._zeros.clear()
-            self._zero_buffers.clear()
-            self._handover.forget_standins()
+        if self._packed is not None:
+            call.set_step(self._packed)  # (compiled by the first call)
         if not self._ran:
             # The first call's capture, compile and copies are freed: hand their memory back.
             self._ran = True
@@ -199,101 +217,68 @@ class _Entry:
     def traces(self):
         return self.lowered.traces if self._packed is None else self._packed.traces
 
-    def fast_call(self, world, guard):
-        """A _torch_C.FastCall of this capture in `world` (whose facts `guard` checks): calls where
-        nothing is copied back after the step (gradients it sets to None or makes anew aside)
-        and every result is a constant, an input or a result of its own; None for other
-        captures, which take the Python path every call."""
-        if guard is None or self._packed is None or self._in_sources or self.side_attrs or any(self._device_results) \
-                or any(isinstance(p, _device._Value) for p in world.params):
-            return None  # (the lazyrt device's tensors take the Python path: their values are lazyrt's)
-        clear_grads, set_grads = [], []
-        uses = {}
-        for r in self.result:
-            if r[0] == "T" and r[1][0] == "out":
-                uses[r[1][1]] = uses.get(r[1][1], 0) + 1
-        for kind, _, plan in self._items:
-            src = _item_source(kind, plan)
-            if src is not None and src[0] == "out":
-                uses[src[1]] = uses.get(src[1], 0) + 1
-        for kind, key, plan in self._items:
-            if kind == "g" and plan[0] == "none":
-                clear_grads.append(world.params[key])
-            elif kind == "g" and plan[0] == "new" and plan[1][0] == "out" and uses[plan[1][1]] == 1 and \
-                    plan[1][1] in self._direct:
-                # A gradient made anew: .grad becomes the torch view of its own output.
-                set_grads.append((world.params[key], self._direct.index(plan[1][1])))
-            else:
-                return None
-        leaves = []
-        for r in self.result:
-            if r[0] == "C":
-                leaves.append(("C", r[1]))
-            elif r[1][0] == "in":
-                s = r[1][1]
-                if s < len(self._slot_refs) and self._slot_refs[s][0] == "lr":
-                    return None  # returned as a new tensor every call
-                leaves.append(("in", s))
-            elif r[1][0] == "out" and r[1][1] in self._result_roots:
-                leaves.append(("out", self._direct.index(r[1][1])))
-            else:
-                return None
+    def call(self, world, guard):
+        """This capture's _torch_C.Call in `world`: guarded by `guard` (whose facts are world's;
+        None: only run() by Python, which found this capture)."""
+        if self._plan is None:
+            self._plan = _torch_C.Plan({
+                "writes": self._items, "results": self._results, "roots": self._roots, "direct": self._direct,
+                "groups": self._groups, "snapshots": self._snapshots,
+                "inplace_grads": [w.key if w.target == _Target.GRAD else -1 for w, _, _ in self._inplace],
+                "spec": self.result_spec, "single": self._single_result,
+                "side_attrs": list(self.side_attrs)})
         inputs = []
         for kind, ref in self._slot_refs:
             if kind == "arg":
-                inputs.append(("arg", ref))
+                inputs.append((_Source.ARG, ref))
             elif kind == "param":
-                inputs.append(("tensor", world.params[ref]))
+                inputs.append((_Source.TENSOR, world.params[ref]))
             elif kind == "buffer":
-                inputs.append(("tensor", world.buffers[ref]))
+                inputs.append((_Source.TENSOR, world.buffers[ref]))
             elif kind == "grad":
-                inputs.append(("grad", world.params[ref], self._zeros.get(len(inputs))))
+                inputs.append((_Source.GRAD, world.params[ref]))
             elif kind == "state":
                 oi, i, k = ref
-                inputs.append(("state", world.optimizers[oi], world.params[i], k))
+                inputs.append((_Source.STATE, world.optimizers[oi], world.params[i], k))
             else:
                 oi, gi = ref
-                inputs.append(("lr", world.optimizers[oi], gi))
+                inputs.append((_Source.LR, world.optimizers[oi], gi))
         places = self.tensor_reads.where(world.reads)
-        inputs += [("place", _READ_KINDS[places[k][0][0]]) + places[k][0][1:] if k in places else ("tensor", t)
-                   for k, t in enumerate(self.lowered.constants)]
-        return _torch_C.FastCall({
-            "guard": guard, "handover": self._handover, "step": self._packed, "inputs": inputs,
-            "results": leaves, "clear_grads": clear_grads, "set_grads": set_grads, "spec": self.result_spec,
-            "single": self._single_result,
+        inputs += [(_Source.PLACE, _READ_KINDS[places[k][0][0]]) + places[k][0][1:] if k in places
+                   else (_Source.TENSOR, t) for k, t in enumerate(self.lowered.constants)]
+        return _torch_C.Call({
+            "plan": self._plan, "guard": guard, "handover": self._handover, "step": self._packed,
+            "runner": self._run_step, "inputs": inputs, "params": list(world.params),
+            "optimizers": list(world.optimizers), "moved": _device._moved, "device_result": _device_result,
             "miss": _MISS, "other": _OTHER})
 
-    def _plan_writes(self, placeholders, roots):
-        """The write-backs as one list of (kind, key, plan): 'w' (slot, source), 'g' (param
-        index, plan), 's' ((optimizer, param index), state key, plan); split into those the
-        compiled step writes into the tensor of the slot that held the old value, in its own
-        memory (`_inplace`: (item, slot, root), a new value of the slot's shape and dtype), and
-        those written after the call (`_items`). Not with graph breaks (their pieces run one by
-        one through lazyrt's own buffers)."""
-        items = [("w", s, src) for s, src in self.writes]
-        items += [("g", i, plan) for i, plan in self.grads.items() if plan[0] != "keep"]
-        items += [("s", key, (k, how)) for key, d in self.states.items() for k, how in d.items() if how[0] != "keep"]
+    def _plan_writes(self, writes, placeholders, roots):
+        """Splits the write-backs into those the compiled step writes into the tensor of the slot
+        that held the old value, in its own memory (`_inplace`: (write, slot, root), a new value
+        of the slot's shape and dtype), and those written after the call (`_items`). Not with
+        graph breaks (their pieces run one by one through lazyrt's own buffers)."""
         self._items, self._inplace = [], []
-        for item in items:
-            kind, key, plan = item
-            slot, src = None, None
-            if kind == "w":
-                slot, src = key, plan
-            elif kind == "g" and plan[0] == "own":
-                slot, src = self._grad_slot.get(key), plan[1]
-            elif kind == "s" and plan[1][0] == "own":
-                s = self._state_slot.get(key, {}).get(plan[0])
-                slot, src = (s if isinstance(s, int) else None), plan[1][1]
-            if self.lowered.pieces is None and slot is not None and src[0] == "out":
-                old, new = placeholders[slot].meta.get("val"), roots[src[1]].meta.get("val")
+        for w in writes:
+            slot = None
+            if w.target == _Target.SLOT:
+                slot = w.key
+            elif w.target == _Target.GRAD and w.how == _How.UPDATE:
+                slot = self._grad_slot.get(w.key)
+            elif w.target == _Target.STATE and w.how == _How.UPDATE:
+                s = self._state_slot.get(w.key[:2], {}).get(w.key[2])
+                slot = s if isinstance(s, int) else None
+            if self.lowered.pieces is None and slot is not None and w.value.output:
+                old, new = placeholders[slot].meta.get("val"), roots[w.value.index].meta.get("val")
                 if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and \
                         old.dtype == new.dtype and old.shape == new.shape and old.dtype in _PACKABLE:
-                    self._inplace.append((item, slot, src[1]))
+                    self._inplace.append((w, slot, w.value.index))
                     continue
-            self._items.append(item)
+            self._items.append(w)
         self._inplace_slots = [slot for _, slot, _ in self._inplace]
+        # Input slots a write-back after the call reads: copied before the step writes any input.
+        self._snapshots = sorted({w.value.index for w in self._items if w.value is not None and not w.value.output})
 
-    def _plan_calls(self, roots):
+    def _plan_calls(self, results, roots):
         """The compiled step's outputs: the roots a result or a write-back after the call reads
         (roots only written in place are not outputs). Those only written back are grouped by
         dtype: the compiled step returns each group as one flat tensor (one hand-over per group
@@ -302,18 +287,16 @@ class _Entry:
         self._packed = None
         self._direct = list(range(len(roots)))
         self._groups = []
-        self._where = {}
         if self.lowered.pieces is not None:
             return
-        in_result = {r[1][1] for r in self.result if r[0] == "T" and r[1][0] == "out"}
+        in_result = {v.index for v in results if isinstance(v, Value) and v.output}
         needed = set(in_result)
         own = set(in_result)  # outputs of their own: results, and gradients made anew
-        for kind, _, plan in self._items:
-            src = _item_source(kind, plan)
-            if src is not None and src[0] == "out":
-                needed.add(src[1])
-                if kind == "g" and plan[0] == "new":
-                    own.add(src[1])
+        for w in self._items:
+            if w.value is not None and w.value.output:
+                needed.add(w.value.index)
+                if w.target == _Target.GRAD and w.how == _How.NEW:
+                    own.add(w.value.index)
         groups = {}
         self._direct = []
         for k in sorted(needed):
@@ -324,41 +307,49 @@ class _Entry:
                 groups.setdefault(val.dtype, []).append(k)
         for dtype, ks in groups.items():
             shapes = [tuple(int(d) for d in roots[k].meta["val"].shape) for k in ks]
-            sizes = [math.prod(shape) for shape in shapes]
-            for j, k in enumerate(ks):
-                self._where[k] = (len(self._groups), j, shapes[j])
-            self._groups.append((ks, sizes))
+            self._groups.append((ks, [math.prod(shape) for shape in shapes], shapes))
+
+    def _plan_results(self, results, on_device, captured):
+        """The result leaves (see Result). A result root is returned as the torch view of its own
+        output where it is one, once among the results, and no write-back reads it."""
+        counts = {}
+        for v in results:
+            if isinstance(v, Value) and v.output:
+                counts[v.index] = counts.get(v.index, 0) + 1
+        read = {w.value.index for w in self._items if w.value is not None and w.value.output}
+        own = {k for k, n in counts.items() if n == 1 and k in self._direct and k not in read}
+        self._single_result = len(results) == 1 and torch.utils._pytree.tree_unflatten(
+            [None], self.result_spec) is None
+        leaves = []
+        for v, device, c in zip(results, on_device, captured):
+            if c[0] == "C":
+                leaves.append(Result(_Leaf.CONST, constant=c[1]))
+            elif not v.output:
+                leaves.append(Result(_Leaf.INPUT, v))
+            elif device:
+                leaves.append(Result(_Leaf.DEVICE, v))
+            else:
+                leaves.append(Result(_Leaf.OWN if v.index in own else _Leaf.COPY, v))
+        return leaves
 
     def _packed_fn(self, *inputs):
         vals = self.lowered(*inputs)
         for _, slot, k in self._inplace:
             inputs[slot].copy_(vals[k])  # an update of the argument: replays write it in place
         out = [vals[k] for k in self._direct]
-        for ks, sizes in self._groups:
+        for ks, sizes, _ in self._groups:
             out.append(_C.cat([_C.reshape(vals[k], (n,)) for k, n in zip(ks, sizes)], 0))
         return tuple(out)
 
-    def _outputs(self, lazy_inputs):
-        """(direct, flat): per root the compiled step returned, its lazyrt value (direct) or a
-        flat torch view of its values inside its group's output (flat); the other entry None."""
-        direct = [None] * self._roots
-        flat = [None] * self._roots
+    def _run_step(self, lazy_inputs):
+        """The step's outputs for the lazyrt views of a call's inputs: compiled by
+        lazyrt.compile_step on the first call; piece by piece with graph breaks."""
         if self.lowered.pieces is not None:
-            for k, v in enumerate(self.lowered.run(lazy_inputs)):
-                direct[k] = v
-            return direct, flat
+            return list(self.lowered.run(lazy_inputs))
         if self._packed is None:
             self._packed = lazyrt.compile_step(self._packed_fn, lazy_inputs, guard_reads=False)
         outs = self._packed(*lazy_inputs)
-        if isinstance(outs, lazyrt.Tensor):
-            outs = (outs,)
-        for pos, k in enumerate(self._direct):
-            direct[k] = outs[pos]
-        base = len(self._direct)
-        for g, (ks, sizes) in enumerate(self._groups):
-            for k, piece in zip(ks, lazyrt.to_torch(outs[base + g]).split_with_sizes(sizes)):
-                flat[k] = piece
-        return direct, flat
+        return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
 
     def mark_dynamic(self, world, dynamic):
         """Marks the argument slots' dims dynamic as torch would treat them: torch._dynamo's
@@ -378,147 +369,27 @@ class _Entry:
             if hard or soft:
                 self._handover.mark(s, sum(1 << d for d in hard), sum(1 << d for d in soft))
 
-    def _torch_inputs(self, world):
-        inputs = []
-        for s, (kind, ref) in enumerate(self._slot_refs):
-            if kind == "arg":
-                t = world.args_leaves[ref]
-            elif kind == "param":
-                t = world.params[ref]
-            elif kind == "buffer":
-                t = world.buffers[ref]
-            elif kind == "grad":
-                t = world.params[ref].grad
-                if t is None:  # the stand-in zeros: lazyrt never writes into them
-                    t = self._zeros.get(s)
-                    if t is None:
-                        t = self._zeros[s] = self._standin(world, world.params[ref])
-                        self._handover.standin(t)
-            elif kind == "state":
-                oi, i, k = ref
-                t = world.state_of(oi, i)[k]
-            else:  # lr: a Python number
-                oi, gi = ref
-                t = float(world.optimizers[oi].param_groups[gi]["lr"])
-            inputs.append(t)
-        return inputs + self.tensor_reads.constants(world.reads, self.lowered.constants)
-
     def source_constants(self, world):
         """Takes the tensors the step read from places (world.reads of tensors: `_reads.META`)
         as inputs read from those places on every call (`_reads.TensorReads`); the capture
         accepts a call while they hold."""
         self.tensor_reads = TensorReads(world.reads, self.lowered.constants)
 
-    def _standin(self, world, p):
-        """Zeros standing in for p's missing gradient: a view of one zeroed buffer per dtype that
-        all of this capture's stand-ins share (they are only read), as large as the largest
-        gradient of that dtype."""
-        shared = self._zero_buffers.get(p.dtype)
-        if shared is None:
-            largest = max(world.params[ref].numel() for kind, ref in self._slot_refs
-                          if kind == "grad" and world.params[ref].dtype == p.dtype)
-            shared = self._zero_buffers[p.dtype] = torch.zeros(largest, dtype=p.dtype)
-        return shared[:p.numel()].view(p.shape)
-
-    def _run(self, world):
-        inputs = self._torch_inputs(world)
-        lazy = self._handover.views(inputs)
-        params = world.params
-        try:
-            # Sources that are inputs are read before anything is written (the compiled step
-            # writes some inputs in place).
-            snapshots = {}
-            for src in self._in_sources:
-                s = src[1]
-                if s not in snapshots:
-                    snapshots[s] = _as_tensor(inputs[s]).detach().clone()
-            direct, flat = self._outputs(lazy)
-        except BaseException:
-            self._handover.release()
-            raise
-        where = self._where
-
-        def value(src):
-            if src[0] == "in":
-                return snapshots[src[1]]
-            k = src[1]
-            f = flat[k]
-            return lazyrt.to_torch(direct[k]) if f is None else f.view(where[k][2])
-
-        def new(src, like):
-            """A tensor of its own with src's values, on like's device (the lazyrt device's
-            tensors get theirs there)."""
-            return _device._moved(value(src)) if isinstance(like, _device._Value) else value(src).clone()
-
-        # Written in place: the new values are in the torch tensors' memory (the hand-over
-        # bumps their version counters), or copied in where they could not land there.
-        for j, grad in self._handover.finish():  # a missing gradient, written into a stand-in's view
-            (kind, key, _), _, _ = self._inplace[j]
-            assert kind == "g", kind
-            params[key].grad = _device._moved(grad) if isinstance(params[key], _device._Value) else grad
-        late = self._items
-        with _no_grad_if(late):
-            for kind, key, plan in late:
-                if kind == "w":
-                    inputs[key].copy_(value(plan))
-                elif kind == "g":
-                    p = params[key]
-                    if plan[0] == "none":
-                        p.grad = None
-                    elif plan[0] == "own" and p.grad is not None:
-                        p.grad.copy_(value(plan[1]))
-                    else:
-                        p.grad = new(plan[1], p)
-                else:
-                    oi, i = key
-                    state = world.optimizers[oi].state[params[i]]
-                    k, how = plan
-                    if how[0] == "C":
-                        state[k] = how[1]
-                    elif how[0] == "own" and isinstance(state.get(k), torch.Tensor):
-                        state[k].copy_(value(how[1]))
-                    else:
-                        state[k] = new(how[1], params[i])
-
-        # A returned value is a torch view of the lazyrt buffer the replay wrote it into: the
-        # view holds that buffer, so lazyrt never writes into it again (the next call's result
-        # goes to another buffer), and it is the caller's alone.
-        leaves = []
-        for r, on_device in zip(self.result, self._device_results):
-            if r[0] == "C":
-                leaves.append(r[1])
-            elif r[1][0] == "in":
-                leaves.append(_as_tensor(inputs[r[1][1]]))
-            elif on_device:  # a device tensor of its own over the result's lazyrt value
-                k = r[1][1]
-                leaves.append(_device.to_device(direct[k].clone() if direct[k] is not None else
-                                                lazyrt.from_torch(value(r[1]).clone())))
-            elif r[1][1] in self._result_roots:
-                leaves.append(lazyrt.to_torch(direct[r[1][1]]))
-            else:
-                leaves.append(value(r[1]).clone())
-        if self._single_result:
-            return leaves[0]
-        return torch.utils._pytree.tree_unflatten(leaves, self.result_spec)
+    def _stand_in(self, world):
+        """Zeros standing in for the parameters' missing gradients the step reads (lazyrt never
+        writes into them): views of one zeroed buffer per dtype, as large as the largest of
+        them (they are only read)."""
+        missing = [(s, world.params[ref]) for s, (kind, ref) in enumerate(self._slot_refs)
+                   if kind == "grad" and world.params[ref].grad is None and not self._handover.has_standin(s)]
+        shared = {}
+        for _, p in missing:
+            shared[p.dtype] = max(shared.get(p.dtype, 0), p.numel())
+        shared = {dtype: torch.zeros(n, dtype=dtype) for dtype, n in shared.items()}
+        for s, p in missing:
+            self._handover.standin(s, shared[p.dtype][:p.numel()].view(p.shape))
 
 
-class _NoContext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_CONTEXT = _NoContext()
-
-
-def _no_grad_if(needed):
-    """torch.no_grad() where torch ops will run, else nothing (it costs a microsecond)."""
-    return torch.no_grad() if needed else _NO_CONTEXT
-
-
-# What a FastCall returns where the guard fails (_MISS) or the call is not of its kind (_OTHER).
+# What a Call returns where the guard fails (_MISS) or an input is not where it was (_OTHER).
 _MISS, _OTHER = object(), object()
 
 
@@ -533,15 +404,6 @@ class _AliasedMemory(Exception):
 def _on_device(node):
     val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
     return isinstance(val, torch.Tensor) and val.device.type == _device.NAME
-
-
-def _item_source(kind, plan):
-    """Where a write-back item's new value comes from (see _source), or None (a constant, or
-    no value: a gradient set to None)."""
-    if kind == "w":
-        return plan
-    how = plan if kind == "g" else plan[1]
-    return how[1] if how[0] in ("own", "new") else None
 
 
 def _code_names(code):
@@ -820,7 +682,7 @@ class CompiledFunction:
         self._modules = _as_list(model)
         self._optimizers = _as_list(optimizer)
         self._entries = {}
-        self._last = None  # (world, entry, guard, fast call) of the last call that had a guard
+        self._last = None  # (world, entry, guard, its Call) of the last call that had a guard
         self.captures = 0
         self._warned_aliasing = False
         self._warned_grad_arguments = False
@@ -873,28 +735,21 @@ class CompiledFunction:
         if last is not None and not kwargs and _reach_holds(last[0], args):
             leaves = call_leaves(last[0], args)
         if leaves is not None:
-            # The guard checks in C++ that this call shares the last one's facts (_guard): its
-            # signature and its entry. The fast call checks the guard and runs the whole call in
-            # C++ where it can.
-            world, entry, guard, fast = last
-            if fast is not None:
-                try:
-                    r = fast(leaves)
-                except _AliasedMemory as e:
-                    return self._eager(world, entry, e, args, kwargs)
-                if r is not _MISS and r is not _OTHER:
-                    return r
-                same = r is _OTHER
-            else:
-                same = guard.check(leaves)
-            if same:
-                world.args_leaves = list(leaves)
-                try:
-                    return entry.run(world)
-                except _AliasedMemory as e:
-                    return self._eager(world, entry, e, args, kwargs)
-                finally:
-                    world.args_leaves = None  # the world is kept; the arguments are not
+            # The last call's Call checks in C++ that this call shares its facts (_guard): its
+            # signature and its entry; and runs the whole call there.
+            world, entry, _, call = last
+            try:
+                r = call(leaves)
+                if r is _OTHER:  # an input is not where it was: made where the capture can
+                    world.args_leaves = list(leaves)
+                    try:
+                        r = entry.run(world, call)
+                    finally:
+                        world.args_leaves = None  # the world is kept; the arguments are not
+            except _AliasedMemory as e:
+                return self._eager(world, entry, e, args, kwargs)
+            if r is not _MISS:
+                return r
         self._last = None
         tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if any(t.requires_grad for t in tensors):
@@ -929,17 +784,15 @@ class CompiledFunction:
         if guard is not None:
             # The objects the guard holds by identity, alive while it is (their ids stay theirs).
             world.key_objects = [a for a in leaves if not isinstance(a, torch.Tensor)]
+        call = entry.call(world, guard)
         try:
-            result = entry.run(world)
+            return entry.run(world, call)
         except _AliasedMemory as e:
             return self._eager(world, entry, e, args, kwargs)
         finally:
             if guard is not None:
                 world.args_leaves = None
-                self._last = (world, entry, guard, None)
-        if guard is not None:
-            self._last = (world, entry, guard, entry.fast_call(world, guard))
-        return result
+                self._last = (world, entry, guard, call)
 
     def _warn_value_captures(self, signature):
         """Warns once where the step has been captured _VALUE_CAPTURES times for nothing but
