@@ -172,9 +172,8 @@ SAN_REPLAY_FUZZ_PROGRAMS ?= 40
 # tests run the interpreter with the runtimes preloaded (tests/CMakeLists.txt says how), and
 # so do the child interpreters some of them start. Nothing is skipped; the C++ replay fuzz
 # test runs SAN_REPLAY_FUZZ_PROGRAMS programs instead of its 150, and the timeouts of ctest's
-# tests are five times longer. Each C++ test binary is one ctest test here (not one per case,
-# as in the normal build: ~3000 sanitized processes would take over an hour on two cores
-# before any case ran). ASan's allocator returns null
+# tests are five times longer. Each C++ test binary is one ctest test, as in the normal
+# build. ASan's allocator returns null
 # for requests past its limit, as malloc does, so the tests of allocations too large to make
 # see lazyrt's out-of-memory error rather than an abort.
 check-asan: setup

@@ -1007,8 +1007,12 @@ class Plan {
       if (r.value.output && r.kind != Leaf::Const) ++uses[r.value.index];
       results.push_back(std::move(r));
     }
-    for (Write& w : writes)
+    for (Write& w : writes) {
       w.take = w.how == How::New && w.value.output && uses[w.value.index] == 1 && where[w.value.index].position >= 0;
+      if (w.take) handed.push_back(static_cast<size_t>(where[w.value.index].position));
+    }
+    for (const Result& r : results)
+      if (r.kind == Leaf::Own) handed.push_back(static_cast<size_t>(where[r.value.index].position));
     snapshots = spec["snapshots"].cast<std::vector<size_t>>();
     inplace_grads = spec["inplace_grads"].cast<std::vector<int64_t>>();
     result_spec = spec["spec"];
@@ -1025,6 +1029,7 @@ class Plan {
   size_t outputs = 0, groups = 0;  // the step's outputs: `outputs` of their own, then the groups
   std::vector<size_t> snapshots;
   std::vector<int64_t> inplace_grads;
+  std::vector<size_t> handed;  // the outputs handed out as views: taken writes' and Own results'
   py::object result_spec;
   bool single = false;
   std::vector<std::pair<py::object, py::object>> side_attrs;
@@ -1239,7 +1244,44 @@ class Call {
     std::vector<lz::Tensor> outs;
     std::vector<at::Tensor> packed;  // torch views of the groups' outputs (made when first read)
     std::unordered_map<size_t, at::Tensor> before;  // input slot -> its value before the call
+    std::unordered_map<size_t, at::Tensor> handed;  // output -> the tensor handed out for it
   };
+  // The outputs a call hands out as torch views of lazyrt's buffers (results of their own,
+  // gradients and state taken without a copy) are tensors of their own, as eager's are. The
+  // buffer lazyrt returns for an output may be an input's memory (a clone of an argument is
+  // the argument to lazyrt; a parameter written in place) or another output's (two equal
+  // results computed once): such a view is copied.
+  void hand_out(const std::vector<Input>& inputs, Values& vals) const {
+    if (plan_->handed.empty()) return;
+    std::vector<std::pair<Span, size_t>> views;  // (span, output), by start
+    for (size_t pos : plan_->handed) {
+      at::Tensor v = torch_view(vals.outs.at(pos));
+      const Span s = span_of(v);
+      vals.handed[pos] = std::move(v);
+      if (s.first < s.second) views.push_back({s, pos});
+    }
+    std::sort(views.begin(), views.end());
+    std::vector<Span> in;  // the inputs' spans, by start, with the largest end so far
+    for (const Input& i : inputs) {
+      if (i.is_number || !i.tensor.defined()) continue;
+      const Span s = span_of(i.tensor);
+      if (s.first < s.second) in.push_back(s);
+    }
+    std::sort(in.begin(), in.end());
+    for (size_t k = 1; k < in.size(); ++k) in[k].second = std::max(in[k].second, in[k - 1].second);
+    uintptr_t end = 0;  // the largest end of the views kept so far
+    for (const auto& [span, pos] : views) {
+      auto it = std::lower_bound(in.begin(), in.end(), span.second,
+                                 [](const Span& s, uintptr_t e) { return s.first < e; });
+      const bool input = it != in.begin() && std::prev(it)->second > span.first;
+      if (input || span.first < end) {
+        at::Tensor& v = vals.handed[pos];
+        v = v.clone();
+      } else {
+        end = std::max(end, span.second);
+      }
+    }
+  }
   at::Tensor value(const Value& v, Values& vals) const {
     if (!v.output) return vals.before.at(v.index);
     const Plan::Where& w = plan_->where[v.index];
@@ -1251,9 +1293,9 @@ class Call {
   // A tensor of its own with a write's value, on the device of parameter `param` (the lazyrt
   // device's tensors get theirs there): the output's own view where nothing else reads it.
   py::object fresh(const Plan::Write& w, size_t param, Values& vals) const {
+    if (w.take && !on_device(param)) return wrap(vals.handed.at(static_cast<size_t>(plan_->where[w.value.index].position)));
     at::Tensor v = value(w.value, vals);
-    if (on_device(param)) return moved_(wrap(v));
-    return wrap(w.take ? v : v.clone());
+    return on_device(param) ? moved_(wrap(v)) : wrap(v.clone());
   }
   void set_grad(size_t param, py::object grad) const {
     if (on_device(param)) {
@@ -1297,6 +1339,7 @@ class Call {
     }
     {
       c10::AutoGradMode no_grad(false);
+      hand_out(inputs, vals);
       for (const Plan::Write& w : plan_->writes) write(w, inputs, vals);
     }
     if (handover_->has_standins() && all_grads_present()) {
@@ -1376,7 +1419,7 @@ class Call {
         if (in.is_number) return wrap(at::scalar_tensor(in.number, at::kDouble));  // a new tensor every call
         return wrap(in.tensor);
       }
-      case Leaf::Own: return wrap(torch_view(vals.outs.at(static_cast<size_t>(plan_->where[r.value.index].position))));
+      case Leaf::Own: return wrap(vals.handed.at(static_cast<size_t>(plan_->where[r.value.index].position)));
       case Leaf::Copy: return wrap(value(r.value, vals).clone());
       case Leaf::Device: {
         const Plan::Where& w = plan_->where[r.value.index];

@@ -20,7 +20,7 @@ import frontend_fuzz as ff  # noqa: E402
 
 CHUNK = 10
 FIRST = 0
-CHUNKS = 5  # 50 programs
+CHUNKS = 3  # 30 programs
 # Features left out of the slice because they expose open library bugs (see frontend_fuzz.py
 # FEATURES); `make fuzz-frontend` runs them all.
 DISABLED = ()

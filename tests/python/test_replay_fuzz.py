@@ -17,7 +17,7 @@ import lazyrt as lr  # noqa: E402
 import replay_fuzz as rf  # noqa: E402
 
 CHUNK = 25
-CHUNKS = 16  # 400 programs
+CHUNKS = 8  # 200 programs
 ACTIONS = 12
 
 

@@ -345,6 +345,45 @@ def test_calls_of_every_plan_run_whole_in_the_executor(kind):
     assert lazyrt.metrics.counter("TorchFastCall") - fast == len(data) - 2, "every call after the second"
 
 
+def test_results_that_pass_an_input_on_are_tensors_of_their_own():
+    # lazyrt returns an input's own memory for a value that only passes it on (x * 1, x + 0, a
+    # clone of x), and one buffer for two equal values computed once; eager's results are new
+    # tensors. Returned as views of those buffers, they changed when the caller then wrote the
+    # argument (or the step its parameter); a clone of an argument as a result failed to
+    # compile.
+    torch.manual_seed(0)
+    m_eager = nn.Linear(3, 2)
+    m_lazy = copy.deepcopy(m_eager)
+
+    def stepper(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            opt.zero_grad()
+            loss = m(x).square().mean()
+            loss.backward()
+            opt.step()
+            return loss, x * 1, x.clone(), x + 0, x * 2, x * 2, m.weight * 1
+        return step
+
+    eager, lazy = stepper(m_eager), lazyrt.torch.compile(stepper(m_lazy))
+    for k in range(4):
+        x = torch.randn(4, 3)
+        got, want = lazy(x), eager(x.clone())
+        for g, w in zip(got, want):
+            close(g.detach().numpy(), w.detach().numpy(), f"call {k}")
+        kept = [g.clone() for g in got]
+        x.add_(100.0)  # the caller writes its argument; the next call writes the weight
+        spans = sorted((g.data_ptr(), g.data_ptr() + g.numel() * g.element_size()) for g in got[1:])
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"call {k}: results share memory"
+        assert all(x.data_ptr() + x.numel() * 4 <= a or b <= x.data_ptr() for a, b in spans), f"call {k}"
+        z = torch.randn(4, 3)
+        lazy(z)
+        eager(z.clone())
+        for j, (g, before) in enumerate(zip(got, kept)):
+            assert torch.equal(g, before), f"call {k}: result {j} changed after the call"
+
+
 def _heap_in_use():
     """Bytes the C heap has handed out and not taken back (glibc mallinfo2): torch's CPU
     tensors and lazyrt's buffers, counted exactly."""

@@ -15,7 +15,7 @@ from lazyrt.torch._capture import CaptureError, EagerOnly, World, _plain, call_l
 from lazyrt._reads import DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
     KINDS as _READ_KINDS, META as _META, TensorReads, code_reads, guard_spec, inputs_by_identity, python_reads
 from lazyrt import _C, _torch_C
-from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph
+from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph, _computed
 from lazyrt.torch import _device, _discover
 
 # dtypes whose write-backs travel packed in one flat output per dtype.
@@ -336,7 +336,9 @@ class _Entry:
         vals = self.lowered(*inputs)
         for _, slot, k in self._inplace:
             inputs[slot].copy_(vals[k])  # an update of the argument: replays write it in place
-        out = [vals[k] for k in self._direct]
+        # A compiled step returns what it computes: a root that only passes an input on (a
+        # clone of an argument) leaves through an identity op.
+        out = [_computed(vals[k]) for k in self._direct]
         for ks, sizes, _ in self._groups:
             out.append(_C.cat([_C.reshape(vals[k], (n,)) for k, n in zip(ks, sizes)], 0))
         return tuple(out)
