@@ -518,18 +518,19 @@ Span span_of(const at::Tensor& t) {
   return {start, start + t.storage().nbytes()};
 }
 
-// Of `values` (a list: non-tensors and empty tensors are skipped), the positions whose memory
-// overlaps an input's (the tensors of `inputs`) or an earlier value's that is kept: the caller
-// copies those, as a copy overlaps nothing. Kept spans are disjoint, by start: log time each.
-std::vector<int64_t> shared_memory(const py::list& values, const py::sequence& inputs) {
+// Of the tensors `values` (undefined and empty ones are skipped), the positions whose memory
+// overlaps an input's (the defined tensors of `inputs`) or an earlier value's that is kept: the
+// caller copies those, as a copy overlaps nothing. Kept spans are disjoint, by start: log time
+// each.
+std::vector<size_t> shared_memory(const std::vector<at::Tensor>& values, const std::vector<at::Tensor>& inputs) {
   std::map<uintptr_t, uintptr_t> taken;  // start -> end, disjoint
   auto overlaps = [&](const Span& s) {
     auto it = taken.lower_bound(s.second);  // the spans starting before s's end precede it
     return it != taken.begin() && std::prev(it)->second > s.first;
   };
-  for (py::handle h : inputs) {
-    if (!is_tensor(h)) continue;
-    Span s = span_of(tensor_of(h));
+  for (const at::Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    Span s = span_of(t);
     if (s.first >= s.second) continue;
     // Merged with the spans it overlaps: at most one starts before it.
     if (auto before = taken.lower_bound(s.first); before != taken.begin() && std::prev(before)->second > s.first)
@@ -538,16 +539,24 @@ std::vector<int64_t> shared_memory(const py::list& values, const py::sequence& i
       s.second = std::max(s.second, it->second);
     taken[s.first] = s.second;
   }
-  std::vector<int64_t> copy;
+  std::vector<size_t> copy;
   for (size_t k = 0; k < values.size(); ++k) {
-    py::handle h = values[k];
-    if (!is_tensor(h)) continue;
-    const Span s = span_of(tensor_of(h));
+    if (!values[k].defined()) continue;
+    const Span s = span_of(values[k]);
     if (s.first >= s.second) continue;
-    if (overlaps(s)) copy.push_back(static_cast<int64_t>(k));
+    if (overlaps(s)) copy.push_back(k);
     else taken[s.first] = s.second;
   }
   return copy;
+}
+// The same over Python lists (non-tensors skipped).
+std::vector<size_t> shared_memory_of(const py::list& values, const py::sequence& inputs) {
+  auto tensors = [](py::handle seq) {
+    std::vector<at::Tensor> out;
+    for (py::handle h : seq) out.push_back(is_tensor(h) ? tensor_of(h) : at::Tensor());
+    return out;
+  };
+  return shared_memory(tensors(values), tensors(inputs));
 }
 
 class Handover {
@@ -1253,34 +1262,11 @@ class Call {
   // results computed once): such a view is copied.
   void hand_out(const std::vector<Input>& inputs, Values& vals) const {
     if (plan_->handed.empty()) return;
-    std::vector<std::pair<Span, size_t>> views;  // (span, output), by start
-    for (size_t pos : plan_->handed) {
-      at::Tensor v = torch_view(vals.outs.at(pos));
-      const Span s = span_of(v);
-      vals.handed[pos] = std::move(v);
-      if (s.first < s.second) views.push_back({s, pos});
-    }
-    std::sort(views.begin(), views.end());
-    std::vector<Span> in;  // the inputs' spans, by start, with the largest end so far
-    for (const Input& i : inputs) {
-      if (i.is_number || !i.tensor.defined()) continue;
-      const Span s = span_of(i.tensor);
-      if (s.first < s.second) in.push_back(s);
-    }
-    std::sort(in.begin(), in.end());
-    for (size_t k = 1; k < in.size(); ++k) in[k].second = std::max(in[k].second, in[k - 1].second);
-    uintptr_t end = 0;  // the largest end of the views kept so far
-    for (const auto& [span, pos] : views) {
-      auto it = std::lower_bound(in.begin(), in.end(), span.second,
-                                 [](const Span& s, uintptr_t e) { return s.first < e; });
-      const bool input = it != in.begin() && std::prev(it)->second > span.first;
-      if (input || span.first < end) {
-        at::Tensor& v = vals.handed[pos];
-        v = v.clone();
-      } else {
-        end = std::max(end, span.second);
-      }
-    }
+    std::vector<at::Tensor> views, in;
+    for (size_t pos : plan_->handed) views.push_back(torch_view(vals.outs.at(pos)));
+    for (const Input& i : inputs) in.push_back(i.is_number ? at::Tensor() : i.tensor);
+    for (size_t k : shared_memory(views, in)) views[k] = views[k].clone();
+    for (size_t k = 0; k < views.size(); ++k) vals.handed[plan_->handed[k]] = std::move(views[k]);
   }
   at::Tensor value(const Value& v, Values& vals) const {
     if (!v.output) return vals.before.at(v.index);
@@ -1337,23 +1323,21 @@ class Call {
       if (p < 0) throw lz::Error("lazyrt.torch: a stand-in was written by an item that is no gradient");
       set_grad(static_cast<size_t>(p), on_device(static_cast<size_t>(p)) ? moved_(wrap(grad)) : wrap(grad));
     }
+    py::object result;
     {
       c10::AutoGradMode no_grad(false);
       hand_out(inputs, vals);
+      // The results are taken before the write-backs (a result's copy of an output whose
+      // buffer is an input's memory has the values the step returned).
+      py::list leaves(plan_->results.size());
+      for (size_t i = 0; i < plan_->results.size(); ++i) leaves[i] = leaf(plan_->results[i], args, inputs, vals);
       for (const Plan::Write& w : plan_->writes) write(w, inputs, vals);
+      result = plan_->single ? py::object(leaves[0]) : unflatten_(leaves, plan_->result_spec);
     }
     if (handover_->has_standins() && all_grads_present()) {
       // The step made the gradients stood in for (the usual first step): the zeros go, rather
       // than hold a gradient's worth of memory for the capture's life.
       handover_->forget_standins();
-    }
-    py::object result;
-    if (plan_->single) {
-      result = leaf(plan_->results.at(0), args, inputs, vals);
-    } else {
-      py::list leaves(plan_->results.size());
-      for (size_t i = 0; i < plan_->results.size(); ++i) leaves[i] = leaf(plan_->results[i], args, inputs, vals);
-      result = unflatten_(leaves, plan_->result_spec);
     }
     if (!plan_->side_attrs.empty()) {
       // Tensors the step sets on modules: (result, their values).
@@ -1492,7 +1476,7 @@ PYBIND11_MODULE(_torch_C, m) {
            "A guarded call's result, or spec's miss (the guard does not hold) or other (nothing ran).")
       .def("run", &Call::run, py::arg("args"), "The call's result (Python found its capture).")
       .def("set_step", &Call::set_step, py::arg("step"), "The compiled step, once compiled.");
-  m.def("shared_memory", &shared_memory, py::arg("values"), py::arg("inputs"),
+  m.def("shared_memory", &shared_memory_of, py::arg("values"), py::arg("inputs"),
         "The positions of the values whose memory an input's or an earlier value's overlaps.");
   m.def("set_device_dispatcher", &lazyrt_torch::set_device_dispatcher, py::arg("fn"),
         "Sets fn(op name, args, kwargs), which computes the ops reaching the lazyrt device's C++ kernel.");

@@ -512,12 +512,47 @@ def test_results_own_their_memory():
     assert len({r.data_ptr() for r in results}) == 3
 
 
+def test_a_graph_called_with_overlapping_inputs_then_apart_writes_every_update():
+    # A graph that updates an input in place lends that input's memory to the compiled step;
+    # where the input overlaps another, the call runs the graph compiled with nothing lent. Each
+    # call, overlapping or not, gives what the graph gives run by torch on the same layout (the
+    # graph's values computed apart, then its copy_ at the end). The overlapping call's compile
+    # took the place of the lending one, whose later calls then left the update out.
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from lazyrt.torch._dynamo import _Compiled
+
+    def f(a, b):
+        a.copy_(b * 2 + 1)
+        return a.sum(), b * 1
+
+    gm = make_fx(torch.func.functionalize(f, remove="mutations_and_views"))(torch.randn(6), torch.randn(6))
+    graph = _Compiled(gm, "inference")
+    for k in range(3):
+        for overlap in (True, False):
+            base, mine = torch.arange(10.0) + k, torch.arange(10.0) + k
+            a, b = (base[:6], base[2:8]) if overlap else (base[:6].clone(), base[2:8].clone())
+            ea, eb = (mine[:6], mine[2:8]) if overlap else (a.clone(), b.clone())
+            want = gm(ea, eb)
+            got = graph([a, b])
+            what = f"call {k}, {'overlapping' if overlap else 'apart'}"
+            for g, w in zip(got, want):
+                _close(g, w, what)
+            _close(a, ea, what + ": the updated input")
+            if overlap:
+                _close(base, mine, what + ": the buffer")
+
+
 def test_results_are_made_to_own_memory_apart_from_inputs_and_each_other():
-    """The backend's result check on random layouts against a pairwise one: inputs are slices of
-    one buffer (overlapping each other), results slices of it too, repeats and fresh tensors.
-    Afterwards no result shares memory with an input or an earlier result, a result that shared
-    none is the very tensor it was, and a copied one holds the same values."""
-    from lazyrt.torch._dynamo import _own_memory
+    """The executor's check of the results it hands out (_torch_C.shared_memory, which names
+    those it copies) on random layouts against a pairwise one: inputs are slices of one buffer
+    (overlapping each other), results slices of it too, repeats and fresh tensors. Afterwards
+    no result shares memory with an input or an earlier result, a result that shared none is the
+    very tensor it was, and a copied one holds the same values."""
+    from lazyrt import _torch_C
+
+    def _own_memory(values, inputs):
+        for k in _torch_C.shared_memory(values, inputs):
+            values[k] = values[k].clone()
 
     def span(t):
         return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()

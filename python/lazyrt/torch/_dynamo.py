@@ -14,8 +14,8 @@ in place (an optimizer step: parameters and optimizer state; batch norm's runnin
 keeps those updates as ``aten.copy_(input, new value)`` nodes at its end rather than returning
 them for AOT's runtime wrapper to copy. The lazyrt step computes every new value and writes it
 into the caller's tensor (lent to it, see `_Static`) or the call copies it there after the step
-ran, so every update lands in the user's tensors (same tensors, version counters bumped as by
-eager's in-place update). Where AOT still
+ran (lazyrt.torch.compile's executor, `_torch_C.Call`), so every update lands in the user's
+tensors (same tensors, version counters bumped as by eager's in-place update). Where AOT still
 returns a mutation as an extra output (an input that requires grad in a training graph), its
 runtime wrapper applies it as usual.
 
@@ -53,7 +53,7 @@ import torch.fx
 import lazyrt
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LOWERINGS, LoweredGraph, UnsupportedOperatorError, _computed
-from lazyrt.torch._step import _PACKABLE, _AliasedMemory
+from lazyrt.torch._step import _PACKABLE, _AliasedMemory, _How, _Leaf, _Source, _Target, Result, Value, Write
 
 aten = torch.ops.aten
 
@@ -77,14 +77,17 @@ def _has_symbolic_shapes(gm):
 
 
 class _Static:
-    """A graph with static shapes, lowered and compiled by lazyrt.compile_step on its first call.
+    """A graph with static shapes, lowered, compiled by lazyrt.compile_step on its first call
+    (piece by piece where it has graph breaks) and run by a `_torch_C.Call` of its plan: the
+    executor of lazyrt.torch.compile's steps, here with the graph's inputs as its arguments.
 
-    Its outputs: per graph output, ('in', k) for placeholder k returned as it is, ('out', j)
-    for root j of the lowered graph, ('const', v) for a value that is no node. Its in-place
-    updates: (placeholder k, source) per ``aten.copy_(placeholder, value)``.
-    """
+    Its outputs are Result items: an input returned as it is, a root of the lowered graph, a
+    value that is no node. Its in-place updates (``aten.copy_(placeholder, value)``) are written
+    by the compiled step into the input's memory, lent to it, where the new value has the
+    input's shape and dtype (`_torch_C.Handover`: no copy in, none back), else copied after the
+    step (Write items). `lend=False`: none lent (a call whose inputs overlap in memory)."""
 
-    def __init__(self, gm, what):
+    def __init__(self, gm, what, lend=True):
         self.what = what
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         index = {n: k for k, n in enumerate(placeholders)}
@@ -96,179 +99,129 @@ class _Static:
         def source(v):
             if isinstance(v, torch.fx.Node):
                 if v.op == "placeholder":
-                    return ("in", index[v])
+                    return Value(False, index[v])
                 if v not in root_of:
                     root_of[v] = len(roots)
                     roots.append(v)
-                return ("out", root_of[v])
-            return ("const", v)
+                return Value(True, root_of[v])
+            return v
 
-        self.outputs = [source(v) for v in outs]
-        self.copies = []
+        outputs = [source(v) for v in outs]
+        copies = []
         for n in gm.graph.nodes:
             if n.op == "call_function" and n.target is aten.copy_.default:
                 dst = n.args[0]
                 if not (isinstance(dst, torch.fx.Node) and dst.op == "placeholder"):
                     raise UnsupportedOperatorError(f"lazyrt.torch: the {what} graph changes a tensor in place that "
                                                    f"is not one of its inputs (node '{n.name}')")
-                self.copies.append((index[dst], source(n.args[1])))
+                copies.append((index[dst], source(n.args[1])))
         self.tensor_inputs = [isinstance(p.meta.get("val"), torch.Tensor) for p in placeholders]
         devices = {str(p.meta["val"].device) for p, t in zip(placeholders, self.tensor_inputs) if t}
         if devices - {"cpu"}:
             raise UnsupportedOperatorError(f"lazyrt.torch: the graph's inputs are on {', '.join(sorted(devices))}; "
                                            "lazyrt runs on the CPU")
-        self.roots = roots
+        if not all(isinstance(r.meta.get("val"), torch.Tensor) for r in roots):
+            raise UnsupportedOperatorError(f"lazyrt.torch: the {what} graph computes values that are no tensors")
+        self._gm, self._lend = gm, lend
         self.lowered = LoweredGraph(gm, roots, graph_breaks=True) if roots else None
-        self.compiled = None  # False until the first call compiles it; True where it has pieces
-        self._dummy = None
-        self.symbolic = None  # per input, the dims a symbolic graph had symbolic (mark_dynamic)
-        # Without graph breaks, the inputs are handed over as views of the caller's tensors
-        # (kept from call to call), and an update of an input of its own shape and dtype is
-        # written by the compiled step into that input's memory, lent to it
-        # (`_torch_C.Handover`, as lazyrt.torch.compile's steps): no copy in, none back. The
-        # other updates are copied after the step (`late`); the step returns only the roots a
-        # result or a late copy reads (`needed`).
-        self.handover = None
-        if self.lowered is not None and self.lowered.pieces is None:
-            self.inplace, self.late = [], []
-            for k, src in self.copies:
-                old, new = placeholders[k].meta.get("val"), roots[src[1]].meta.get("val") if src[0] == "out" else None
-                if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype and \
-                        old.shape == new.shape and old.dtype in _PACKABLE and k not in {i for i, _ in self.inplace}:
-                    self.inplace.append((k, src[1]))
-                else:
-                    self.late.append((k, src))
-            self.needed = sorted({v for kind, v in self.outputs if kind == "out"} |
-                                 {src[1] for _, src in self.late if src[0] == "out"})
-            # An input a returned value passes on (a clone of it, a view: lazyrt may return the
-            # input's own memory for it) is not lent: the step's write into that memory would
-            # show through the returned value (SGD's nesterov foreach step clones a gradient
-            # and then updates the gradient in place).
-            passed_on = {_passed_on(roots[j], index) for j in self.needed} - {None}
-            if passed_on & {k for k, _ in self.inplace}:
-                self.late = [(k, ("out", j)) for k, j in self.inplace if k in passed_on] + self.late
-                self.inplace = [(k, j) for k, j in self.inplace if k not in passed_on]
-                self.needed = sorted(set(self.needed) | {src[1] for _, src in self.late if src[0] == "out"})
-            self.handover = _torch_C.Handover(len(placeholders) + len(self.lowered.constants),
-                                              [k for k, _ in self.inplace], _AliasedMemory)
+        pieces = self.lowered is not None and self.lowered.pieces is not None
+        # An update of an input of its own shape and dtype is written into that input's memory
+        # (not with graph breaks: their pieces run one by one through lazyrt's own buffers).
+        self.inplace, late = [], []
+        for k, src in copies:
+            old, new = placeholders[k].meta.get("val"), roots[src.index].meta.get("val") if src.output else None
+            if lend and not pieces and isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and \
+                    old.dtype == new.dtype and old.shape == new.shape and old.dtype in _PACKABLE and \
+                    k not in {i for i, _ in self.inplace}:
+                self.inplace.append((k, src.index))
+            else:
+                late.append((k, src))
+        # An input a returned value passes on (a clone of it, a view: lazyrt may return the
+        # input's own memory for it) is not lent: the step's write into that memory would show
+        # through the returned value (SGD's nesterov foreach step clones a gradient and then
+        # updates the gradient in place).
+        returned = {v.index for v in outputs if isinstance(v, Value) and v.output}
+        passed_on = {_passed_on(roots[j], index) for j in returned | {src.index for _, src in late if src.output}}
+        late = [(k, Value(True, j)) for k, j in self.inplace if k in passed_on] + late
+        self.inplace = [(k, j) for k, j in self.inplace if k not in passed_on]
+        self.needed = list(range(len(roots))) if pieces else \
+            sorted(returned | {src.index for _, src in late if src.output})
+        read_late = {src.index for _, src in late if src.output}
+        uses = {}
+        for v in outputs:
+            if isinstance(v, Value) and v.output:
+                uses[v.index] = uses.get(v.index, 0) + 1
+        results = [Result(_Leaf.CONST, constant=v) if not isinstance(v, Value) else
+                   Result(_Leaf.INPUT, v) if not v.output else
+                   Result(_Leaf.OWN if uses[v.index] == 1 and v.index not in read_late else _Leaf.COPY, v)
+                   for v in outputs]
+        constants = self.lowered.constants if self.lowered is not None else []
+        self.handover = _torch_C.Handover(len(placeholders) + len(constants), [k for k, _ in self.inplace],
+                                          _AliasedMemory)
+        plan = _torch_C.Plan({
+            "writes": [Write(_Target.SLOT, k, _How.UPDATE, src) for k, src in late], "results": results,
+            "roots": len(roots), "direct": self.needed, "groups": [],
+            "snapshots": sorted({src.index for _, src in late if not src.output}),
+            "inplace_grads": [-1] * len(self.inplace), "spec": torch.utils._pytree.tree_flatten([0] * len(outputs))[1],
+            "single": False, "side_attrs": []})
+        dummy = torch.zeros((), dtype=torch.int64)  # for a number the static graph does not read
+        self.compiled = None  # the compiled step; True where pieces compile themselves
+        self.call = _torch_C.Call({
+            "plan": plan, "guard": None, "handover": self.handover, "step": None, "runner": self._run_step,
+            "inputs": [(_Source.ARG, k) if t else (_Source.TENSOR, dummy) for k, t in enumerate(self.tensor_inputs)] +
+                      [(_Source.TENSOR, c) for c in constants],
+            "params": [], "optimizers": [], "moved": None, "device_result": None, "miss": None, "other": None})
+        self._aliased = None  # this graph with no memory lent (see __call__)
+        self._marks = None
 
     def mark_dynamic(self, dims):
         """Marks these dims of each input dynamic (soft: lazyrt.maybe_mark_dynamic) in the views
         the step is handed."""
-        self.symbolic = dims
-        if self.handover is not None:
-            for k, ds in enumerate(dims):
-                if ds:
-                    self.handover.mark(k, 0, sum(1 << d for d in ds))
+        self._marks = dims
+        for k, ds in enumerate(dims):
+            if ds:
+                self.handover.mark(k, 0, sum(1 << d for d in ds))
 
-    def _lazy_inputs(self, args):
-        inputs = []
-        for k, (is_tensor, a) in enumerate(zip(self.tensor_inputs, args)):
-            if is_tensor:
-                inputs.append(lazyrt.from_torch(a))
-                if self.symbolic and self.symbolic[k]:
-                    lazyrt.maybe_mark_dynamic(inputs[-1], self.symbolic[k])
-            else:  # a number the static graph does not read (a size it was specialized to)
-                if self._dummy is None:
-                    self._dummy = _C.full((), 0, dtype=_C.int64)
-                inputs.append(self._dummy)
-        return inputs + [lazyrt.from_torch(c) for c in self.lowered.constants]
-
-    def _run_lowered(self, lazy):
+    def _run_step(self, lazy):
+        """The step's outputs for the lazyrt views of the inputs: compiled on the first call."""
         if self.compiled is None:
-            self.compiled = self.lowered.pieces is not None  # pieces compile themselves on first run
             _C._metrics._increment("DynamoGraph", 1)
-        if self.lowered.pieces is not None:
-            return self.lowered.run(lazy)
-        if self.compiled is False:
-            lowered = self.lowered
-
-            def step(*xs):
-                # A compiled step returns what it computes: a root that only passes an input on
-                # leaves through an identity op.
-                return [_computed(v) for v in lowered(*xs)]
-
-            self.compiled = lazyrt.compile_step(step, lazy, guard_reads=False)
-        outs = self.compiled(*lazy)
-        return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
-
-    def _handed_over(self, args):
-        """The call through the hand-over: the results, or None where the inputs' memory
-        overlaps in a way the hand-over cannot lend (then the call copies, as with pieces)."""
-        inputs = [a if t else 0.0 for a, t in zip(args, self.tensor_inputs)] + self.lowered.constants
-        try:
-            lazy = self.handover.views(inputs)
-        except _AliasedMemory:
-            return None
-        try:
-            if self.compiled is None:
-                _C._metrics._increment("DynamoGraph", 1)
+            if self.lowered is None:
+                self.compiled = True
+            elif self.lowered.pieces is not None:
+                self.compiled = True  # pieces compile themselves on first run
+            else:
                 lowered, inplace, needed = self.lowered, self.inplace, self.needed
 
                 def step(*xs):
                     vals = lowered(*xs)
                     for k, j in inplace:
                         xs[k].copy_(vals[j])  # an update of the input: replays write it in its memory
+                    # A compiled step returns what it computes: a root that only passes an input
+                    # on leaves through an identity op.
                     return [_computed(vals[j]) for j in needed]
 
                 self.compiled = lazyrt.compile_step(step, list(lazy), guard_reads=False)
-            outs = self.compiled(*lazy)
-        except BaseException:
-            self.handover.release()
-            raise
-        self.handover.finish()
-        outs = [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
-        values = dict(zip(self.needed, (lazyrt.to_torch(v) if isinstance(v, _C.Tensor) else v for v in outs)))
-        order = list(values)
-        got = [values[j] for j in order]
-        _own_memory(got, [a for a, t in zip(args, self.tensor_inputs) if t] + self.lowered.constants)
-        values = dict(zip(order, got))
-
-        def value(src):
-            kind, v = src
-            return args[v] if kind == "in" else values[v] if kind == "out" else v
-
-        results = [value(src) for src in self.outputs]
-        self._copy_back(args, self.late, value)
-        return results
-
-    def _copy_back(self, args, copies, value):
-        if copies:
-            # Every new value is read before any input is written: an input that is the new
-            # value of another is copied first.
-            written = {id(args[k]) for k, _ in copies}
-            updates = []
-            for k, src in copies:
-                v = value(src)
-                updates.append((k, v.clone() if src[0] == "in" and id(v) in written else v))
-            with torch.no_grad():
-                for k, v in updates:
-                    args[k].copy_(v)
+                self.call.set_step(self.compiled)
+        if self.lowered is None:
+            return []
+        if self.compiled is True:
+            return list(self.lowered.run(lazy))
+        outs = self.compiled(*lazy)
+        return [outs] if isinstance(outs, lazyrt.Tensor) else list(outs)
 
     def __call__(self, args):
         _C._metrics._increment("DynamoCall", 1)
-        if self.handover is not None:
-            results = self._handed_over(args)
-            if results is not None:
-                return results
-        values = []
-        if self.lowered is not None:
-            lazy = self._lazy_inputs(args)
-            values = [lazyrt.to_torch(v) if isinstance(v, _C.Tensor) else v for v in self._run_lowered(lazy)]
-            del lazy
-            _own_memory(values, [a for a, t in zip(args, self.tensor_inputs) if t] + self.lowered.constants)
-
-        def value(src):
-            kind, v = src
-            if kind == "in":
-                return args[v]
-            if kind == "out":
-                return values[v]
-            return v
-
-        results = [value(src) for src in self.outputs]
-        self._copy_back(args, self.copies, value)
-        return results
+        try:
+            return self.call.run(tuple(args))
+        except _AliasedMemory:
+            # An input the step updates in place overlaps another input in memory: this call
+            # runs the graph compiled with no memory lent, which copies every update after it.
+            if self._aliased is None:
+                self._aliased = _Static(self._gm, self.what, lend=False)
+                if self._marks is not None:
+                    self._aliased.mark_dynamic(self._marks)
+            return self._aliased(args)
 
 
 _PASSING_ON = {aten.clone.default, aten.alias.default, aten.detach.default, aten.view.default,
@@ -285,15 +238,6 @@ def _passed_on(node, index):
     while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _PASSING_ON:
         node = node.args[0]
     return index.get(node) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
-
-
-def _own_memory(values, inputs):
-    """Makes every result a tensor of its own: lazyrt may return an input's memory as a result
-    (a clone, or x * 1, of an input is the input to lazyrt), or one buffer as two results.
-    Eager's results are new tensors, and a result that shares memory with an input would change
-    when that input is written (the step's own in-place updates, or the caller's)."""
-    for k in _torch_C.shared_memory(values, inputs):
-        values[k] = values[k].clone()
 
 
 class _Eager:
