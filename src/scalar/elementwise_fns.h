@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string_view>
 #include <type_traits>
 
 #include "ir/graph.h"
@@ -234,52 +235,78 @@ struct ElementwiseFn {
   F f;
 };
 
+/// What an elementwise row of ops.def implies for its scalar function: the arity (the row's
+/// operand count), and from the row's result rule the dtypes it takes (Domain) and whether it
+/// returns b8. known: the rule is one of an elementwise row's.
+struct RowFacts {
+  int arity;
+  Domain domain;
+  bool to_bool;
+  bool known;
+};
+constexpr RowFacts facts_of_rule(int operands, std::string_view rule) {
+  if (rule == "UnaryToBool" || rule == "Compare") return {operands, Domain::Any, true, true};
+  if (rule == "UnaryFloat" || rule == "BinaryFloat") return {operands, Domain::Float, false, true};
+  if (rule == "UnaryNumeric" || rule == "BinaryNumeric" || rule == "Clamp") return {operands, Domain::NotBool, false, true};
+  if (rule == "Unary" || rule == "Binary") return {operands, Domain::Any, false, true};
+  return {operands, Domain::Any, false, false};
+}
+inline constexpr RowFacts kRowFacts[] = {
+#define OP(Enum, name, operands, rule, ...) facts_of_rule(operands, #rule),
+#include "lazyrt/ops.def"
+#undef OP
+};
+constexpr const RowFacts& row_facts(ir::OpKind op) { return kRowFacts[static_cast<size_t>(op)]; }
+/// The ElementwiseFn of row Op with functor F.
+template <ir::OpKind Op, class F>
+using RowFn = ElementwiseFn<F, row_facts(Op).arity, row_facts(Op).domain, row_facts(Op).to_bool>;
+
 // The scalar function of every elementwise row of ops.def but cast and where (whose operands
-// differ in dtype: their kernels are written out): op, functor, arity, domain, whether the
-// result is bool, and the functor's fields from the attributes `a`.
-#define LAZYRT_ELEMENTWISE_FNS(X)                                   \
-  X(Neg, NegF, 1, NotBool, false)                                   \
-  X(Abs, AbsF, 1, NotBool, false)                                   \
-  X(Exp, ExpF, 1, Float, false)                                     \
-  X(Log, LogF, 1, Float, false)                                     \
-  X(Sqrt, SqrtF, 1, Float, false)                                   \
-  X(Rsqrt, RsqrtF, 1, Float, false)                                 \
-  X(Relu, ReluF, 1, NotBool, false)                                 \
-  X(Sigmoid, SigmoidF, 1, Float, false)                             \
-  X(Tanh, TanhF, 1, Float, false)                                   \
-  X(IsNan, IsNanF, 1, Any, true)                                    \
-  X(LogicalNot, LogicalNotF, 1, Any, true)                          \
-  X(Sin, SinF, 1, Float, false)                                     \
-  X(Cos, CosF, 1, Float, false)                                     \
-  X(Log1p, Log1pF, 1, Float, false)                                 \
-  X(Expm1, Expm1F, 1, Float, false)                                 \
-  X(Erf, ErfF, 1, Float, false)                                     \
-  X(Atan, AtanF, 1, Float, false)                                   \
-  X(Asinh, AsinhF, 1, Float, false)                                 \
-  X(Gelu, GeluForm, 1, Float, false, a.b<"tanh">())                 \
-  X(Silu, SiluF, 1, Float, false)                                   \
-  X(Softplus, SoftplusF, 1, Float, false, a.f<"beta">(), a.f<"threshold">()) \
-  X(Floor, FloorF, 1, NotBool, false)                               \
-  X(Ceil, CeilF, 1, NotBool, false)                                 \
-  X(Round, RoundF, 1, NotBool, false)                               \
-  X(Sign, SignF, 1, Any, false)                                     \
-  X(Add, AddF, 2, Any, false)                                       \
-  X(Sub, SubF, 2, NotBool, false)                                   \
-  X(Mul, MulF, 2, Any, false)                                       \
-  X(Div, DivF, 2, Float, false)                                     \
-  X(Atan2, Atan2F, 2, Float, false)                                 \
-  X(Pow, PowF, 2, NotBool, false)                                   \
-  X(Maximum, MaximumF, 2, Any, false)                               \
-  X(Minimum, MinimumF, 2, Any, false)                               \
-  X(Eq, EqF, 2, Any, true)                                          \
-  X(Ne, NeF, 2, Any, true)                                          \
-  X(Lt, LtF, 2, Any, true)                                          \
-  X(Le, LeF, 2, Any, true)                                          \
-  X(Gt, GtF, 2, Any, true)                                          \
-  X(Ge, GeF, 2, Any, true)                                          \
-  X(LogicalAnd, AndF, 2, Any, true)                                 \
-  X(LogicalOr, OrF, 2, Any, true)                                   \
-  X(Clamp, ClampF, 3, NotBool, false, a.b<"has_min">(), a.b<"has_max">())
+// differ in dtype: their kernels are written out): op, functor, and the functor's fields from
+// the attributes `a` (arity, domain and bool result: row_facts).
+#define LAZYRT_ELEMENTWISE_FNS(X)                             \
+  X(Neg, NegF)                                                \
+  X(Abs, AbsF)                                                \
+  X(Exp, ExpF)                                                \
+  X(Log, LogF)                                                \
+  X(Sqrt, SqrtF)                                              \
+  X(Rsqrt, RsqrtF)                                            \
+  X(Relu, ReluF)                                              \
+  X(Sigmoid, SigmoidF)                                        \
+  X(Tanh, TanhF)                                              \
+  X(IsNan, IsNanF)                                            \
+  X(LogicalNot, LogicalNotF)                                  \
+  X(Sin, SinF)                                                \
+  X(Cos, CosF)                                                \
+  X(Log1p, Log1pF)                                            \
+  X(Expm1, Expm1F)                                            \
+  X(Erf, ErfF)                                                \
+  X(Atan, AtanF)                                              \
+  X(Asinh, AsinhF)                                            \
+  X(Gelu, GeluForm, a.b<"tanh">())                            \
+  X(Silu, SiluF)                                              \
+  X(Softplus, SoftplusF, a.f<"beta">(), a.f<"threshold">())   \
+  X(Floor, FloorF)                                            \
+  X(Ceil, CeilF)                                              \
+  X(Round, RoundF)                                            \
+  X(Sign, SignF)                                              \
+  X(Add, AddF)                                                \
+  X(Sub, SubF)                                                \
+  X(Mul, MulF)                                                \
+  X(Div, DivF)                                                \
+  X(Atan2, Atan2F)                                            \
+  X(Pow, PowF)                                                \
+  X(Maximum, MaximumF)                                        \
+  X(Minimum, MinimumF)                                        \
+  X(Eq, EqF)                                                  \
+  X(Ne, NeF)                                                  \
+  X(Lt, LtF)                                                  \
+  X(Le, LeF)                                                  \
+  X(Gt, GtF)                                                  \
+  X(Ge, GeF)                                                  \
+  X(LogicalAnd, AndF)                                         \
+  X(LogicalOr, OrF)                                           \
+  X(Clamp, ClampF, a.b<"has_min">(), a.b<"has_max">())
 
 /// Whether LAZYRT_ELEMENTWISE_FNS has a row for op.
 constexpr bool has_elementwise_fn(ir::OpKind op) {
@@ -293,13 +320,14 @@ constexpr bool every_elementwise_row_has_a_fn() {
   for (int i = 0; i < ir::kNumOps; ++i) {
     const auto op = static_cast<ir::OpKind>(i);
     if (ir::has_flag_c(op, ir::kElementwise) && op != ir::OpKind::Cast && op != ir::OpKind::Where &&
-        !has_elementwise_fn(op))
+        (!has_elementwise_fn(op) || !row_facts(op).known))
       return false;
   }
   return true;
 }
 static_assert(every_elementwise_row_has_a_fn(),
-              "an elementwise row of ops.def has no scalar function in LAZYRT_ELEMENTWISE_FNS");
+              "an elementwise row of ops.def has no scalar function in LAZYRT_ELEMENTWISE_FNS, or a result "
+              "rule facts_of_rule does not know");
 
 /// Whether elementwise op `op` (a row of LAZYRT_ELEMENTWISE_FNS) maps zeros to zero: its scalar
 /// function gives 0 (false) with every operand 0 or -0 (padding may hold either; atan2(0, -0)
@@ -326,8 +354,8 @@ bool zero_at_zero() {
   }
 }
 inline bool maps_zero_to_zero(ir::OpKind op) {
-#define LAZYRT_AT_ZERO(Op, F, arity, ...) \
-  if (op == ir::OpKind::Op) return zero_at_zero<F, arity>();
+#define LAZYRT_AT_ZERO(Op, F, ...) \
+  if (op == ir::OpKind::Op) return zero_at_zero<F, row_facts(ir::OpKind::Op).arity>();
   LAZYRT_ELEMENTWISE_FNS(LAZYRT_AT_ZERO)
 #undef LAZYRT_AT_ZERO
   return false;
@@ -347,17 +375,16 @@ decltype(auto) resolve_form(const GeluForm& f, K&& k) {
 /// resolve_form picks the form). Asserts on other ops.
 template <class V>
 decltype(auto) visit_elementwise_row(ir::OpKind op, const ir::Attrs& attrs, V&& v) {
-  using D = Domain;
   [[maybe_unused]] const ir::NodeAttrs a(op, attrs);
   switch (op) {
-#define LAZYRT_CASE(Op, F, arity, domain, to_bool, ...) \
-  case ir::OpKind::Op: return v(ElementwiseFn<F, arity, D::domain, to_bool>{F{__VA_ARGS__}});
+#define LAZYRT_CASE(Op, F, ...) \
+  case ir::OpKind::Op: return v(RowFn<ir::OpKind::Op, F>{F{__VA_ARGS__}});
     LAZYRT_ELEMENTWISE_FNS(LAZYRT_CASE)
 #undef LAZYRT_CASE
     default: break;
   }
   LAZYRT_ASSERT(false, ir::op_name(op), " has no elementwise function");
-  return v(ElementwiseFn<NegF, 1, D::NotBool, false>{});
+  return v(RowFn<ir::OpKind::Neg, NegF>{});
 }
 
 /// Calls v(ElementwiseFn<...>{functor}) for an op of LAZYRT_ELEMENTWISE_FNS, with the functor

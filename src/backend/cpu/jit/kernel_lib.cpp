@@ -49,8 +49,8 @@ using lazyrt::bf16;
 using lazyrt::compute_t;
 using lazyrt::convert;
 using lazyrt::f16;
-using lazyrt::scalar::Domain;
-using lazyrt::scalar::ElementwiseFn;
+using lazyrt::scalar::row_facts;
+using lazyrt::scalar::RowFn;
 
 #define LAZYRT_JIT_DTYPES(X, ...) \
   X(f32, float, __VA_ARGS__)      \
@@ -82,14 +82,12 @@ using lazyrt::scalar::ElementwiseFn;
 LAZYRT_JIT_DTYPES(LAZYRT_JIT_MEMORY, _)
 
 // The ops of the elementwise table, on every dtype.
-#define LAZYRT_JIT_OP_ON(name, T, Op, F, arity, domain, to_bool)                                             \
-  extern "C" compute_t<std::conditional_t<to_bool, bool, T>> lazyrt_jit_op_##Op##_##name(                   \
-      const void* row, compute_t<T> a, compute_t<T> b, compute_t<T> c) {                                   \
-    return lazyrt::jit::lib::apply<ElementwiseFn<lazyrt::scalar::F, arity, Domain::domain, to_bool>, T>( \
-        row, a, b, c);                                                                                     \
+#define LAZYRT_JIT_OP_ON(name, T, Op, F)                                                              \
+  extern "C" compute_t<std::conditional_t<row_facts(lazyrt::ir::OpKind::Op).to_bool, bool, T>>              \
+      lazyrt_jit_op_##Op##_##name(const void* row, compute_t<T> a, compute_t<T> b, compute_t<T> c) {         \
+    return lazyrt::jit::lib::apply<RowFn<lazyrt::ir::OpKind::Op, lazyrt::scalar::F>, T>(row, a, b, c);       \
   }
-#define LAZYRT_JIT_OP(Op, F, arity, domain, to_bool, ...) \
-  LAZYRT_JIT_DTYPES(LAZYRT_JIT_OP_ON, Op, F, arity, domain, to_bool)
+#define LAZYRT_JIT_OP(Op, F, ...) LAZYRT_JIT_DTYPES(LAZYRT_JIT_OP_ON, Op, F)
 LAZYRT_ELEMENTWISE_FNS(LAZYRT_JIT_OP)
 
 // Casts: a compute value holds a From exactly; cast it as the one-op kernel casts the stored
