@@ -668,11 +668,16 @@ class Handover {
   // a buffer are stand-ins' views (the zeros of a zero_grad() at the step's end, one buffer
   // per shape), the last of them takes the buffer and the others a copy: the copies are then
   // made with no more memory live than the gradients need.
-  std::vector<std::pair<int64_t, at::Tensor>> finish() {
+  // keep: the call keeps its turn (it writes back what the step made after the call, and
+  // calls release() when done); else finish() releases it.
+  std::vector<std::pair<int64_t, at::Tensor>> finish(bool keep = false) {
     struct Done {
       Handover* h;
-      ~Done() { h->release(); }
-    } done{this};
+      bool keep;
+      ~Done() {
+        if (!keep) h->release();
+      }
+    } done{this, keep};
     struct Holders {
       long views = 0;  // stand-ins' views of the buffer
       long left = 0;   // of those, not yet handed over
@@ -1295,12 +1300,14 @@ class Call {
   py::object execute(const py::tuple& args, std::vector<Input> inputs) {
     Values vals;
     vals.packed.resize(plan_->groups);
-    for (size_t s : plan_->snapshots) {  // read before anything is written
-      const Input& in = inputs.at(s);
-      vals.before[s] = in.is_number ? at::scalar_tensor(in.number, at::kDouble) : in.tensor.detach().clone();
-    }
     try {
       const std::vector<lz::Tensor>& views = handover_->views(inputs);
+      // Inputs a write-back reads as before the call, read before anything is written (and
+      // after views(): no other call of this step writes them while this one holds its turn).
+      for (size_t s : plan_->snapshots) {
+        const Input& in = inputs.at(s);
+        vals.before[s] = in.is_number ? at::scalar_tensor(in.number, at::kDouble) : in.tensor.detach().clone();
+      }
       if (step_) {
         vals.outs = step_->run(views);
       } else {
@@ -1317,14 +1324,20 @@ class Call {
                       std::to_string(plan_->outputs + plan_->groups));
     // Written in place: the new values are in the torch tensors' memory (the hand-over bumps
     // their version counters), or copied in where they could not land there; a missing
-    // gradient written into a stand-in's view is set here.
-    for (auto& [j, grad] : handover_->finish()) {
-      const int64_t p = plan_->inplace_grads.at(static_cast<size_t>(j));
-      if (p < 0) throw lz::Error("lazyrt.torch: a stand-in was written by an item that is no gradient");
-      set_grad(static_cast<size_t>(p), on_device(static_cast<size_t>(p)) ? moved_(wrap(grad)) : wrap(grad));
-    }
+    // gradient written into a stand-in's view is set here. The call keeps its turn until its
+    // write-backs are done: no other call of the step reads a tensor this one still writes.
+    struct Release {
+      Handover* h;
+      ~Release() { h->release(); }
+    };
     py::object result;
     {
+      Release release{handover_};
+      for (auto& [j, grad] : handover_->finish(/*keep=*/true)) {
+        const int64_t p = plan_->inplace_grads.at(static_cast<size_t>(j));
+        if (p < 0) throw lz::Error("lazyrt.torch: a stand-in was written by an item that is no gradient");
+        set_grad(static_cast<size_t>(p), on_device(static_cast<size_t>(p)) ? moved_(wrap(grad)) : wrap(grad));
+      }
       c10::AutoGradMode no_grad(false);
       hand_out(inputs, vals);
       // The results are taken before the write-backs (a result's copy of an output whose
