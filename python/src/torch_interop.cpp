@@ -924,9 +924,10 @@ enum class Target { Slot, Grad, State };
 // How: copy into the tensor there (a new tensor where there is none), set a new tensor, clear
 // (a gradient set to None), set a constant (a state entry that is a plain value).
 enum class How { Update, New, Clear, Const };
-// A result leaf: a constant, an input as it is after the call, the torch view of a result's own
-// output, a copy of a value, a new lazyrt device tensor of a value.
-enum class Leaf { Const, Input, Own, Copy, Device };
+// A result leaf: a constant, an input as it is after the call, a root's value (the torch view of
+// its output where nothing else reads that output, else a copy), a new lazyrt device tensor of a
+// value.
+enum class Leaf { Const, Input, Output, Device };
 
 // Where a value comes from after the step: an input slot as it was before the call (output
 // false: a copy taken before the step ran), or a root of the lowered graph (output true).
@@ -954,6 +955,7 @@ class Plan {
     Leaf kind = Leaf::Const;
     Value value;
     py::object constant;
+    bool own = false;  // Output: the output is this result's alone (handed out as its view)
   };
   // Where a root of the lowered graph is among the step's outputs: an output of its own
   // (position), or a piece of its dtype's packed output (group, offset, numel, shape).
@@ -1016,8 +1018,8 @@ class Plan {
       r.kind = t[0].cast<Leaf>();
       if (r.kind == Leaf::Const) r.constant = t[2];
       else r.value = checked(value_of(t[1]));
-      if (r.kind == Leaf::Own && !(r.value.output && where[r.value.index].position >= 0))
-        throw lz::Error("Plan: a result returned as its own output is no output of its own");
+      if ((r.kind == Leaf::Output || r.kind == Leaf::Device) && !r.value.output)
+        throw lz::Error("Plan: a result read from an output is an input");
       if (r.value.output && r.kind != Leaf::Const) ++uses[r.value.index];
       results.push_back(std::move(r));
     }
@@ -1025,8 +1027,10 @@ class Plan {
       w.take = w.how == How::New && w.value.output && uses[w.value.index] == 1 && where[w.value.index].position >= 0;
       if (w.take) handed.push_back(static_cast<size_t>(where[w.value.index].position));
     }
-    for (const Result& r : results)
-      if (r.kind == Leaf::Own) handed.push_back(static_cast<size_t>(where[r.value.index].position));
+    for (Result& r : results) {
+      r.own = r.kind == Leaf::Output && uses[r.value.index] == 1 && where[r.value.index].position >= 0;
+      if (r.own) handed.push_back(static_cast<size_t>(where[r.value.index].position));
+    }
     snapshots = spec["snapshots"].cast<std::vector<size_t>>();
     inplace_grads = spec["inplace_grads"].cast<std::vector<int64_t>>();
     result_spec = spec["spec"];
@@ -1043,7 +1047,7 @@ class Plan {
   size_t outputs = 0, groups = 0;  // the step's outputs: `outputs` of their own, then the groups
   std::vector<size_t> snapshots;
   std::vector<int64_t> inplace_grads;
-  std::vector<size_t> handed;  // the outputs handed out as views: taken writes' and Own results'
+  std::vector<size_t> handed;  // the outputs handed out as views: taken writes' and own results'
   py::object result_spec;
   bool single = false;
   std::vector<std::pair<py::object, py::object>> side_attrs;
@@ -1257,8 +1261,8 @@ class Call {
   struct Values {
     std::vector<lz::Tensor> outs;
     std::vector<at::Tensor> packed;  // torch views of the groups' outputs (made when first read)
-    std::unordered_map<size_t, at::Tensor> before;  // input slot -> its value before the call
-    std::unordered_map<size_t, at::Tensor> handed;  // output -> the tensor handed out for it
+    std::vector<at::Tensor> before;  // per input slot read as before the call: that value
+    std::vector<at::Tensor> handed;  // per output handed out: the tensor handed out for it
   };
   // The outputs a call hands out as torch views of lazyrt's buffers (results of their own,
   // gradients and state taken without a copy) are tensors of their own, as eager's are. The
@@ -1274,7 +1278,7 @@ class Call {
     for (size_t k = 0; k < views.size(); ++k) vals.handed[plan_->handed[k]] = std::move(views[k]);
   }
   at::Tensor value(const Value& v, Values& vals) const {
-    if (!v.output) return vals.before.at(v.index);
+    if (!v.output) return vals.before.at(v.index);  // (snapshots: every slot a write reads)
     const Plan::Where& w = plan_->where[v.index];
     if (w.position >= 0) return torch_view(vals.outs.at(static_cast<size_t>(w.position)));
     at::Tensor& group = vals.packed.at(static_cast<size_t>(w.group));
@@ -1300,6 +1304,8 @@ class Call {
   py::object execute(const py::tuple& args, std::vector<Input> inputs) {
     Values vals;
     vals.packed.resize(plan_->groups);
+    vals.handed.resize(plan_->outputs);
+    if (!plan_->snapshots.empty()) vals.before.resize(inputs.size());
     try {
       const std::vector<lz::Tensor>& views = handover_->views(inputs);
       // Inputs a write-back reads as before the call, read before anything is written (and
@@ -1416,8 +1422,9 @@ class Call {
         if (in.is_number) return wrap(at::scalar_tensor(in.number, at::kDouble));  // a new tensor every call
         return wrap(in.tensor);
       }
-      case Leaf::Own: return wrap(vals.handed.at(static_cast<size_t>(plan_->where[r.value.index].position)));
-      case Leaf::Copy: return wrap(value(r.value, vals).clone());
+      case Leaf::Output:
+        if (r.own) return wrap(vals.handed.at(static_cast<size_t>(plan_->where[r.value.index].position)));
+        return wrap(value(r.value, vals).clone());
       case Leaf::Device: {
         const Plan::Where& w = plan_->where[r.value.index];
         if (w.position >= 0) return device_result_(py::cast(vals.outs.at(static_cast<size_t>(w.position))));
@@ -1479,7 +1486,7 @@ PYBIND11_MODULE(_torch_C, m) {
   py::enum_<How>(m, "How", "How a write-back writes its value.")
       .value("UPDATE", How::Update).value("NEW", How::New).value("CLEAR", How::Clear).value("CONST", How::Const);
   py::enum_<Leaf>(m, "Leaf", "What a result leaf of a captured step is.")
-      .value("CONST", Leaf::Const).value("INPUT", Leaf::Input).value("OWN", Leaf::Own).value("COPY", Leaf::Copy)
+      .value("CONST", Leaf::Const).value("INPUT", Leaf::Input).value("OUTPUT", Leaf::Output)
       .value("DEVICE", Leaf::Device);
   py::class_<Plan>(m, "Plan", "A capture's call plan: its write-backs, results and outputs (see the source).")
       .def(py::init<const py::dict&>(), py::arg("spec"));

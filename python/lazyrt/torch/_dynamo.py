@@ -146,15 +146,8 @@ class _Static:
         self.inplace = [(k, j) for k, j in self.inplace if k not in passed_on]
         self.needed = list(range(len(roots))) if pieces else \
             sorted(returned | {src.index for _, src in late if src.output})
-        read_late = {src.index for _, src in late if src.output}
-        uses = {}
-        for v in outputs:
-            if isinstance(v, Value) and v.output:
-                uses[v.index] = uses.get(v.index, 0) + 1
         results = [Result(_Leaf.CONST, constant=v) if not isinstance(v, Value) else
-                   Result(_Leaf.INPUT, v) if not v.output else
-                   Result(_Leaf.OWN if uses[v.index] == 1 and v.index not in read_late else _Leaf.COPY, v)
-                   for v in outputs]
+                   Result(_Leaf.OUTPUT if v.output else _Leaf.INPUT, v) for v in outputs]
         constants = self.lowered.constants if self.lowered is not None else []
         self.handover = _torch_C.Handover(len(placeholders) + len(constants), [k for k, _ in self.inplace],
                                           _AliasedMemory)

@@ -47,8 +47,9 @@ class Write(NamedTuple):
 
 class Result(NamedTuple):
     """A result leaf: kind (_torch_C.Leaf) CONST (`constant`), INPUT (the input slot `value.index`
-    as it is after the call), OWN (the torch view of the output of its own of root
-    `value.index`), COPY (a copy of `value`) or DEVICE (a lazyrt device tensor of `value`)."""
+    as it is after the call), OUTPUT (root `value.index`'s value: the torch view of its output
+    where nothing else reads that output, else a copy) or DEVICE (a lazyrt device tensor of
+    `value`)."""
     kind: object
     value: Optional[Value] = None
     constant: object = None
@@ -310,27 +311,12 @@ class _Entry:
             self._groups.append((ks, [math.prod(shape) for shape in shapes], shapes))
 
     def _plan_results(self, results, on_device, captured):
-        """The result leaves (see Result). A result root is returned as the torch view of its own
-        output where it is one, once among the results, and no write-back reads it."""
-        counts = {}
-        for v in results:
-            if isinstance(v, Value) and v.output:
-                counts[v.index] = counts.get(v.index, 0) + 1
-        read = {w.value.index for w in self._items if w.value is not None and w.value.output}
-        own = {k for k, n in counts.items() if n == 1 and k in self._direct and k not in read}
+        """The result leaves (see Result)."""
         self._single_result = len(results) == 1 and torch.utils._pytree.tree_unflatten(
             [None], self.result_spec) is None
-        leaves = []
-        for v, device, c in zip(results, on_device, captured):
-            if c[0] == "C":
-                leaves.append(Result(_Leaf.CONST, constant=c[1]))
-            elif not v.output:
-                leaves.append(Result(_Leaf.INPUT, v))
-            elif device:
-                leaves.append(Result(_Leaf.DEVICE, v))
-            else:
-                leaves.append(Result(_Leaf.OWN if v.index in own else _Leaf.COPY, v))
-        return leaves
+        return [Result(_Leaf.CONST, constant=c[1]) if c[0] == "C" else
+                Result(_Leaf.INPUT if not v.output else _Leaf.DEVICE if device else _Leaf.OUTPUT, v)
+                for v, device, c in zip(results, on_device, captured)]
 
     def _packed_fn(self, *inputs):
         vals = self.lowered(*inputs)
