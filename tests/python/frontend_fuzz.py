@@ -23,7 +23,8 @@ printed:
     autocast to bf16, a metric under torch.no_grad(), a loss weight that changes between calls,
     a global weight of no module applied to the output and trained by hand (``fw -= 0.1 *
     fw.grad``), a tensor and a function the step reads from a global, a dict or a namespace
-    (``out + 0.5 * obj_cfg['act'](out) * obj_cfg['scale']``);
+    (``out + 0.5 * obj_cfg['act'](out) * obj_cfg['scale']``), extra results that pass a value on
+    (``x.clone()``, ``x * 1``, ``x + 0``, one value returned twice);
   * a list of calls: data seed, batch size (it changes between calls), train() or eval(), a new
     tensor (of the same shape, or of shape (1,)) and another function put where the step reads
     them.
@@ -32,7 +33,9 @@ The step is Python source (printed as is with a failure) executed twice: once in
 through lazyrt.torch.compile, on deep copies of one model (copied before the optimizers are
 made) and the same inputs. After every call the returned values, every parameter, every .grad
 (None-ness too), every buffer and optimizer.state_dict() are compared (float32: rtol 1e-4,
-atol 1e-5; float64: rtol 1e-7, atol 1e-9; autocast bf16: 5e-2).
+atol 1e-5; float64: rtol 1e-7, atol 1e-9; autocast bf16: 5e-2). Off the device, a returned
+tensor must not overlap in memory an input, a parameter, a gradient, a buffer, optimizer state
+or an earlier result where eager's does not (class "memory").
 
 Outcomes: "match"; "refused" (the compiled step raised lazyrt.torch.CaptureError,
 UnsupportedOperatorError or lazyrt.Error with a message: counted and listed by message; the
@@ -109,7 +112,12 @@ NOISE_REL = {"float32": 1e-4, "float64": 1e-11, "autocast": 5e-2}
 FEATURES = ("conv", "embed", "rnn", "attn", "bn", "ln", "dropout", "breaks", "views", "inplace",
             "nograd_stat", "autocast", "float64", "sched", "clip", "groups", "manual", "modes",
             "batch_change", "scalar_change", "metric", "foreach", "fused", "zero_grad_first", "free_weight",
-            "object_reads")
+            "object_reads", "echo")
+
+# The extra results of a step with echo (see generate): values a compiled step may compute as
+# nothing but an input, or as one output twice.
+ECHOES = {"x_clone": ["x.clone()"], "x_times_one": ["x * 1"], "x_plus_zero": ["x + 0"],
+          "twice": ["loss.detach().clone()", "loss.detach().clone()"]}
 
 # The functions a step with object_reads applies (a library function or one of the program's),
 # and where it reads the function and the tensor it scales by (see step_source).
@@ -349,6 +357,11 @@ def generate(seed, disable=()):
                 call["scale"] = int(rng.integers(1 << 30)) if coin(0.8) else -1  # -1: a (1,) tensor
             if coin(0.2):
                 call["act"] = pick(list(OBJECT_ACTS))
+    # Results that pass a value on (an input unchanged, one value returned twice): eager returns
+    # each as a tensor of its own, which no later write of the input or of the other changes.
+    # Drawn last.
+    if coin(0.25):
+        c["step"]["echo"] = pick(list(ECHOES))
     p = Program(seed, c, layers, calls)
     return apply_disabled(p, disable)
 
@@ -399,6 +412,8 @@ def apply_disabled(p, disable):
         c["step"]["free_weight"] = False
     if "object_reads" in d:
         c["step"].pop("object_reads", None)
+    if "echo" in d:
+        c["step"].pop("echo", None)
     calls = [dict(x) for x in p.calls]
     for call in calls:
         if "object_reads" in d:
@@ -793,6 +808,7 @@ def step_source(p):
         rets.append("metric")
     if s["ret"] == "tuple":
         rets.append("out.detach()")
+    rets.extend(ECHOES.get(s.get("echo"), ()))
     body.append("return " + ", ".join(rets))
     if s.get("free_weight"):
         body.insert(0, "global fw")
@@ -959,6 +975,25 @@ class World:
                     if isinstance(v, torch.Tensor) and isinstance(src, torch.Tensor) and v.shape == m.shape:
                         v[m.to(v.device)] = src[m].to(v.device)
 
+    def shares(self, x, y, result):
+        """The pairs (returned[i], other) where the call's i-th result overlaps in memory with
+        another tensor the caller holds: the inputs, the parameters, their gradients, the
+        buffers, the optimizer state, an earlier result."""
+        res = result if isinstance(result, tuple) else (result,)
+        held = [("x", x), ("y", y)]
+        for n, t in self.model.named_parameters():
+            held += [(f"param {n}", t), (f"grad {n}", t.grad)]
+        held += [(f"buffer {n}", t) for n, t in self.model.named_buffers()]
+        if self.opt is not None:
+            for k, st in self.opt.state_dict()["state"].items():  # (the tensors themselves)
+                held += [(f"opt state[{k}][{name}]", v) for name, v in st.items()]
+        pairs = set()
+        for i, r in enumerate(res):
+            if isinstance(r, torch.Tensor):
+                pairs.update((f"returned[{i}]", n) for n, t in held if _overlap(r, t))
+                held.append((f"returned[{i}]", r))
+        return pairs
+
     def snapshot(self, result):
         snap = {}
         res = result if isinstance(result, tuple) else (result,)
@@ -992,6 +1027,22 @@ class World:
         if self.mode in DEVICE_MODES:  # compared on the CPU
             snap = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in snap.items()}
         return snap
+
+
+def _span(t):
+    """The bytes a tensor's elements lie in: [first, last + 1) of its storage's addresses."""
+    if t.numel() == 0:
+        return None
+    first = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+    extent = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
+    return first, first + extent * t.element_size()
+
+
+def _overlap(a, b):
+    if not isinstance(b, torch.Tensor):
+        return False
+    sa, sb = _span(a), _span(b)
+    return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
 
 
 def compare(a, b, rtol, atol, floor=None):
@@ -1087,9 +1138,16 @@ def _run_world(p, mode, model, tol, eager_snaps=None, floor=None):
             return snaps, (f"crash: call {call['index']}: {type(e).__name__}: {_first_line(str(e))}\n"
                            + "".join(traceback.format_exception(e)[-6:])), "failed"
         snap = w.snapshot(res)
+        if mode not in DEVICE_MODES:
+            snap["__shares__"] = w.shares(x, y, res)
         snaps.append((call["index"], snap))
         if eager_snaps is not None:
             d = compare(snap, eager_snaps[i][1], *tol, floor=floor[i][1] if floor and i < len(floor) else None)
+            extra = sorted(snap.get("__shares__", set()) - eager_snaps[i][1].get("__shares__", set()))
+            if not d and extra:
+                return snaps, (f"memory: after call {call['index']}: " +
+                               "; ".join(f"{a} shares memory with {b} (eager's does not)" for a, b in extra[:3])), \
+                    "failed"
             if d:
                 cat = "grad" if d.startswith("grad") else "state" if d.startswith(("opt", "buffer")) else "value"
                 return snaps, f"{cat}: after call {call['index']}: {d}", "failed"

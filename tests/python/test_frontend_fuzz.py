@@ -114,6 +114,22 @@ def test_the_comparison_sees_values_none_shapes_and_state():
     assert ff.compare({"r": torch.zeros(1)}, {"r": n}, 1e-4, 1e-5) is not None
 
 
+def test_the_memory_check_sees_results_that_share_memory():
+    # Eager's results are tensors of their own: one that overlaps an input, a parameter or an
+    # earlier result in memory is a difference (a later write of the one changes the other).
+    p = _plain_program()
+    w = ff.World(p, ff.FuzzNet(p), "eager")
+    x, y = torch.randn(4, 5), torch.randn(4, 2)
+    weight = next(w.model.parameters())
+    name = next(n for n, _ in w.model.named_parameters())
+    assert w.shares(x, y, (x.clone(), x * 1, weight.detach().clone())) == set()
+    assert w.shares(x, y, (x[1:].view(-1),)) == {("returned[0]", "x")}
+    r = torch.ones(3)
+    assert w.shares(x, y, (r, x.clone(), r[2:])) == {("returned[2]", "returned[0]")}
+    assert w.shares(x, y, weight.detach()) == {("returned[0]", f"param {name}")}
+    assert w.shares(x, y, (x[:0],)) == set()  # no element: no memory
+
+
 def test_programs_are_reproducible_printable_and_features_can_be_disabled():
     a, b = ff.generate(123), ff.generate(123)
     assert a.describe() == b.describe()
