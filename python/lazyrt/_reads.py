@@ -199,6 +199,48 @@ def tensors_in(v, depth=0, path=()):
         yield from tensors_in(x, depth + 1, path + (k,))
 
 
+def put(kind, holder, key, value, path=()):
+    """Puts `value` where read_now(kind, holder, key, path) reads: into the innermost list or
+    dict on the path (the tuples below it rebuilt), else at the place itself. Returns the
+    function that puts back what was there, unless something else was put there since."""
+    chain = [read_now(kind, holder, key)]
+    for k in path:
+        chain.append(chain[-1][k])
+    for depth in range(len(path) - 1, -1, -1):
+        container, k = chain[depth], path[depth]
+        if container.__class__ is tuple:
+            items = list(container)
+            items[k] = value
+            value = tuple(items)
+            continue
+        old = container[k]
+        container[k] = value
+
+        def undo_item():
+            if container[k] is value:
+                container[k] = old
+        return undo_item
+    _put_place(kind, holder, key, value)
+
+    def undo():
+        if read_now(kind, holder, key) is value:
+            _put_place(kind, holder, key, chain[0])
+    return undo
+
+
+def _put_place(kind, holder, key, value):
+    if kind == "c":
+        holder.cell_contents = value
+    elif kind == "g":
+        holder[key] = value
+    else:
+        d = _dict_of(holder)
+        if d.__class__ is dict:
+            d[key] = value
+        else:
+            setattr(holder, key, value)
+
+
 def read_now(kind, holder, key, path=()):
     """What the place of a read holds now (ABSENT: nothing), or the item at `path` in it (see
     tensors_in)."""
@@ -449,7 +491,7 @@ class TensorReads:
         index = {id(c): k for k, c in enumerate(constants)}
         self.metas = {}  # name -> (the value then (kept alive: meta holds ids), its metadata)
         self.places = {}  # constant index -> [(name, path)]
-        for what, (_, _, _, value) in self._named(reads).items():
+        for what, (_, _, _, value) in self.named(reads).items():
             self.metas[what] = (value, meta(value))
             for path, t in tensors_in(value):
                 k = index.get(id(t))
@@ -457,7 +499,7 @@ class TensorReads:
                     self.places.setdefault(k, []).append((what, path))
 
     @staticmethod
-    def _named(reads):
+    def named(reads):
         """{name: (kind, holder, key, value)} of the reads of tensors: the walk's name of the
         place (numbered where two places share one)."""
         out = {}
@@ -471,12 +513,12 @@ class TensorReads:
         return out
 
     @classmethod
-    def _places(cls, reads):
-        return {name: r[:3] for name, r in cls._named(reads).items()}
+    def places_of(cls, reads):
+        return {name: r[:3] for name, r in cls.named(reads).items()}
 
     def hold(self, reads):
         """Whether the capture holds for a call with these reads (see the class docstring)."""
-        now = self._places(reads)
+        now = self.places_of(reads)
         for what, (_, m) in self.metas.items():
             if what not in now or meta(read_now(*now[what])) != m:
                 return False
@@ -488,7 +530,7 @@ class TensorReads:
 
     def where(self, reads):
         """Per constant read from places: its places in `reads`, [(kind, holder, key, path)]."""
-        now = self._places(reads)
+        now = self.places_of(reads)
         return {k: [now[what] + (path,) for what, path in places] for k, places in self.places.items()}
 
     def constants(self, reads, constants):

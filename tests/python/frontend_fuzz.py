@@ -23,7 +23,8 @@ printed:
     autocast to bf16, a metric under torch.no_grad(), a loss weight that changes between calls,
     a global weight of no module applied to the output and trained by hand (``fw -= 0.1 *
     fw.grad``), a tensor and a function the step reads from a global, a dict or a namespace
-    (``out + 0.5 * obj_cfg['act'](out) * obj_cfg['scale']``), extra results that pass a value on
+    (``out + 0.5 * obj_cfg['act'](out) * obj_cfg['scale']``), the tensor there changed in place
+    by the step (``obj_cfg['scale'].mul_(0.9)``), extra results that pass a value on
     (``x.clone()``, ``x * 1``, ``x + 0``, one value returned twice);
   * a list of calls: data seed, batch size (it changes between calls), train() or eval(), a new
     tensor (of the same shape, or of shape (1,)) and another function put where the step reads
@@ -362,6 +363,10 @@ def generate(seed, disable=()):
     # Drawn last.
     if coin(0.25):
         c["step"]["echo"] = pick(list(ECHOES))
+    # The step changes the tensor it reads from a place in place (a decay kept outside any
+    # module): each call reads what the last left there. Drawn last.
+    if c["step"].get("object_reads") and coin(0.3):
+        c["step"]["object_write"] = True
     p = Program(seed, c, layers, calls)
     return apply_disabled(p, disable)
 
@@ -412,6 +417,7 @@ def apply_disabled(p, disable):
         c["step"]["free_weight"] = False
     if "object_reads" in d:
         c["step"].pop("object_reads", None)
+        c["step"].pop("object_write", None)
     if "echo" in d:
         c["step"].pop("echo", None)
     calls = [dict(x) for x in p.calls]
@@ -776,6 +782,8 @@ def step_source(p):
         fwd.insert(1, "out = out + 0.5 * torch.tanh(out @ fw)")
     if s.get("object_reads"):
         fwd.insert(1, "out = out + 0.5 * {0}(out) * {1}".format(*OBJECT_PLACES[s["object_reads"]]))
+        if s.get("object_write"):
+            fwd.insert(0, "{1}.mul_(0.9)".format(*OBJECT_PLACES[s["object_reads"]]))
     if s["loss_weight"]:
         fwd[-1] += " * loss_w"
     if s["autocast"]:

@@ -217,13 +217,59 @@ def test_an_op_without_a_lowering_runs_on_the_cpu_and_comes_back(monkeypatch):
     assert any(issubclass(w.category, GraphBreakWarning) for w in caught)
 
 
-def test_a_compiled_step_reading_a_device_tensor_from_a_global_is_refused_clearly():
+def test_a_compiled_step_reads_device_tensors_from_its_places_on_every_call():
+    # A device tensor kept in a global, a namespace's attribute or a dict or tuple there is read
+    # from its place on every call, as a CPU tensor there is (and as Dynamo reads a global): a
+    # new tensor put there is what the next call reads, and an in-place change inside the step
+    # is written back into it. Checked against the same program in eager on the CPU.
+    import types
+
+    def program(device, compile):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(4, 3).to(device)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        ns = types.SimpleNamespace(scale=torch.full((3,), 0.5).to(device), count=torch.zeros(()).to(device))
+        g = {"pair": (torch.tensor([1.0, 2.0, 3.0]).to(device), 7), "d": {"w": torch.ones(3).to(device)}}
+
+        def step(x):
+            out = lin(x) * ns.scale + g["pair"][0] * g["d"]["w"]
+            ns.count.add_(1)
+            loss = out.square().mean() * (1 + ns.count)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        f = lazyrt.torch.compile(step) if compile else step
+        xs = torch.randn(7, 2, 4, generator=torch.Generator().manual_seed(1))
+        losses = []
+        for i in range(7):
+            if i == 2:
+                ns.scale = torch.full((3,), 2.0).to(device)
+            if i == 3:
+                g["d"]["w"] = torch.full((3,), -1.0).to(device)
+            if i == 4:
+                g["pair"] = (torch.tensor([0.0, 1.0, 0.0]).to(device), 7)
+            if i == 5:
+                ns.scale.mul_(3)
+            if i == 6:
+                ns.scale = torch.full((1,), 0.25).to(device)  # another shape: captured anew
+            losses.append(f(xs[i].to(device)).cpu().item())
+        return losses, lin.weight.detach().cpu(), ns.count.cpu().item(), getattr(f, "captures", None)
+
+    want, got = program("cpu", False), program(DEV, True)
+    assert got[0] == pytest.approx(want[0], rel=1e-4)
+    close(got[1], want[1], 1e-4)
+    assert got[2] == want[2] == 7.0  # the step's add_ into the namespace's tensor, every call
+    assert got[3] == 2
+
+
+def test_a_device_tensor_a_compiled_step_cannot_find_is_refused_clearly():
     lin = torch.nn.Linear(3, 3).to(DEV)
     scale = torch.ones(3).to(DEV)
 
-    def step(x):
-        return (lin(x) * scale).sum()
-    with pytest.raises(lazyrt.torch.CaptureError, match="reads a device tensor from outside its arguments"):
+    def step(x, s=scale):  # a default argument's value: no place a capture reads
+        return (lin(x) * s).sum()
+    with pytest.raises(lazyrt.torch.CaptureError, match="found in none of the places a capture looks"):
         lazyrt.torch.compile(step)(torch.ones(2, 3).to(DEV))
     want = torch.nn.functional.linear(torch.ones(2, 3), lin.weight.cpu(), lin.bias.cpu()).sum().item()
     got = lazyrt.torch.compile(lambda x, s: (lin(x) * s).sum())(torch.ones(2, 3).to(DEV), scale)  # as an argument

@@ -502,9 +502,9 @@ def test_one_tensor_read_from_two_places_then_two():
 
     def schedule(k):
         global scale_a, scale_b
-        if k == 3:  # the places part: the capture read one tensor from both
+        if k == 3:  # the places part: each is an input read from its own place (no new capture)
             scale_a = torch.full((3,), 2.0)
-            return True
+            return None
         if k == 5:  # one tensor again, another one: read anew
             scale_a = scale_b = torch.full((3,), 0.5)
             return None
@@ -513,6 +513,42 @@ def test_one_tensor_read_from_two_places_then_two():
         run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(8))
     finally:
         scale_a = scale_b = torch.ones(3)
+
+
+def test_a_tensor_read_from_a_place_and_changed_in_place_by_the_step():
+    # A counter and a decay kept as tensors in a namespace's attribute and a dict, changed in
+    # place by the step (a tensor of no module: no buffer): each call reads what the last one
+    # left and writes its change back into the same tensor, as eager does; a tensor put there
+    # between calls is what the next call reads and changes.
+    import types
+
+    def make(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ns = types.SimpleNamespace(count=torch.zeros(()))
+        cfg = {"decay": (torch.ones(3), "unused")}
+
+        def step(x, y):
+            ns.count.add_(1)
+            cfg["decay"][0].mul_(0.5)
+            loss = F.mse_loss(model(x) * cfg["decay"][0] + ns.count, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step, ns, cfg
+    eager_model, lazy_model = pair(lambda: nn.Linear(6, 3))
+    eager_step, eager_ns, eager_cfg = make(eager_model)
+    lazy_step, lazy_ns, lazy_cfg = make(lazy_model)
+    compiled = lazyrt.torch.compile(lazy_step)
+
+    def schedule(k):
+        if k == 3:
+            eager_ns.count, lazy_ns.count = torch.full((), 10.0), torch.full((), 10.0)
+            return None
+        return False
+    run_schedule(eager_step, compiled, eager_model, lazy_model, schedule, batches(6))
+    assert lazy_ns.count.item() == eager_ns.count.item() == 13.0
+    close(lazy_cfg["decay"][0].numpy(), eager_cfg["decay"][0].numpy(), "the decay after the calls")
 
 
 class _Accumulating(nn.Module):

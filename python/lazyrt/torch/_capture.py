@@ -40,7 +40,7 @@ import torch.utils._pytree as pytree
 
 from lazyrt.torch import _optim, _patch
 from lazyrt.torch import _reads as _torch_reads  # noqa: F401  (registers PyTorch's objects for the walk)
-from lazyrt._reads import read_signature
+from lazyrt._reads import TensorReads, put, read_signature, tensors_in
 
 aten = torch.ops.aten
 
@@ -482,8 +482,9 @@ def _autocast_mode():
 
 class Slot:
     """One input of the captured graph: kind is 'arg' (ref: leaf index), 'param' / 'buffer'
-    (ref: index), 'grad' (ref: param index), 'state' (ref: (optimizer, param index, key)) or
-    'lr' (ref: (optimizer, group index))."""
+    (ref: index), 'grad' (ref: param index), 'state' (ref: (optimizer, param index, key)),
+    'lr' (ref: (optimizer, group index)) or 'read' (a tensor read from a place; ref: (its
+    name in TensorReads.named, path))."""
 
     __slots__ = ("kind", "ref")
 
@@ -621,6 +622,18 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
             for gi, g in enumerate(o.param_groups):
                 lr_slot[(oi, gi)] = add_slot("lr", (oi, gi), torch.tensor(float(g["lr"]), dtype=torch.float64))
 
+    # Tensors the step reads from places (a global, a closure cell, an attribute, an item of a
+    # dict, list or tuple there: `_reads.TensorReads`; not the world's own, which are read by
+    # identity): inputs of their own, read from their place on every call, as Dynamo reads a
+    # global tensor, and written back into where the step changes them in place (their
+    # metadata is the capture's to check). A device tensor could be no constant of the graph.
+    # One that requires grad is no input: where the step reads it, tracing refuses it.
+    read_slot = []  # (slot, kind, holder, key, path)
+    for name, (kind, holder, key, value) in TensorReads.named(world.reads).items():
+        for path, t in tensors_in(value):
+            if isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.requires_grad:
+                read_slot.append((add_slot("read", (name, path), t.detach()), kind, holder, key, path))
+
     # Filled in by pass 1.
     info = {}
 
@@ -635,6 +648,8 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
         restore = []
         foreach = set()  # the parameters of groups that asked for for-each steps (see _optim)
         try:
+            for s, kind, holder, key, path in read_slot:
+                restore.append(("place", put(kind, holder, key, inputs[s], path)))
             for places, s in ((world.param_places, param_slot), (world.buffer_places, buffer_slot)):
                 for i, where in enumerate(places):
                     for sub, name in where:
@@ -745,6 +760,8 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
                     o.state = saved_state
                 elif entry[0] == "flat_weights":
                     entry[1]._flat_weights = entry[2]
+                elif entry[0] == "place":
+                    entry[1]()
                 else:
                     table, name, value = entry
                     table[name] = value

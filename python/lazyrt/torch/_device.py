@@ -476,9 +476,10 @@ def _lazy_arg(a):
         if a.device.type == "cpu" and a.dim() == 0:
             return _cpu_to_lazy(a)  # a CPU scalar mixes with any device's tensors, as in PyTorch
         if a.device.type == NAME:  # a capture's fake tensor met a real device tensor
-            raise RuntimeError("the step reads a device tensor from outside its arguments, parameters, buffers "
-                               "and optimizer state (a global, a closure cell, an attribute): a capture of device "
-                               "tensors cannot take it as a constant; pass it as an argument of the step")
+            raise RuntimeError("the step reads a device tensor found in none of the places a capture looks: "
+                               "its arguments, the parameters, buffers and optimizer state, and the globals, "
+                               "closure cells and attributes the step reaches (not a default argument's value, "
+                               "nor what a library function keeps); pass it as an argument of the step")
         raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                            f"{NAME}:0 and {a.device}")
     return a

@@ -100,7 +100,7 @@ class _Entry:
         # The write-backs, in order: inputs changed in place, gradients, optimizer state.
         writes = []
         for s, value in copies.items():
-            if c.slots[s].kind in ("arg", "param", "buffer"):
+            if c.slots[s].kind in ("arg", "param", "buffer", "read"):
                 writes.append(Write(_Target.SLOT, s, _How.UPDATE, _source(value, placeholder_index, roots)))
             elif c.slots[s].kind == "lr":
                 raise CaptureError("lazyrt.torch: the step changes a learning rate in place")
@@ -156,13 +156,13 @@ class _Entry:
         self.state_keys = set(c.state_in)
         self._state_creates = None  # (optimizer, group, param index) of state_keys, in order
         self.side_attrs = ()  # (module, attribute name) the step sets to tensors, in result order
-        self.tensor_reads = TensorReads((), ())  # see source_constants
+        self.tensor_reads = TensorReads((), ())  # see keep_reads
 
     def accepts(self, world):
         """Whether this capture is right for `world` (which has this capture's signature): the
         missing gradients and state it captured as missing are still missing, and those it
         captured through a stand-in are missing only where the stand-in was checked, and the
-        tensors it read from places are still of their metadata (source_constants)."""
+        tensors it read from places are still of their metadata (keep_reads)."""
         if not self.tensor_reads.hold(world.reads):
             return False
         for i in range(len(world.params)):
@@ -228,7 +228,7 @@ class _Entry:
                 "inplace_grads": [w.key if w.target == _Target.GRAD else -1 for w, _, _ in self._inplace],
                 "spec": self.result_spec, "single": self._single_result,
                 "side_attrs": list(self.side_attrs)})
-        inputs = []
+        inputs, now = [], None
         for kind, ref in self._slot_refs:
             if kind == "arg":
                 inputs.append((_Source.ARG, ref))
@@ -241,12 +241,16 @@ class _Entry:
             elif kind == "state":
                 oi, i, k = ref
                 inputs.append((_Source.STATE, world.optimizers[oi], world.params[i], k))
+            elif kind == "read":
+                name, path = ref
+                if now is None:
+                    now = TensorReads.places_of(world.reads)
+                place_kind, holder, key = now[name]
+                inputs.append((_Source.PLACE, _READ_KINDS[place_kind], holder, key, path))
             else:
                 oi, gi = ref
                 inputs.append((_Source.LR, world.optimizers[oi], gi))
-        places = self.tensor_reads.where(world.reads)
-        inputs += [(_Source.PLACE, _READ_KINDS[places[k][0][0]]) + places[k][0][1:] if k in places
-                   else (_Source.TENSOR, t) for k, t in enumerate(self.lowered.constants)]
+        inputs += [(_Source.TENSOR, t) for t in self.lowered.constants]
         return _torch_C.Call({
             "plan": self._plan, "guard": guard, "handover": self._handover, "step": self._packed,
             "runner": self._run_step, "inputs": inputs, "params": list(world.params),
@@ -357,11 +361,11 @@ class _Entry:
             if hard or soft:
                 self._handover.mark(s, sum(1 << d for d in hard), sum(1 << d for d in soft))
 
-    def source_constants(self, world):
-        """Takes the tensors the step read from places (world.reads of tensors: `_reads.META`)
-        as inputs read from those places on every call (`_reads.TensorReads`); the capture
-        accepts a call while they hold."""
-        self.tensor_reads = TensorReads(world.reads, self.lowered.constants)
+    def keep_reads(self, world):
+        """Keeps the metadata of the tensors the step read from places (world.reads of tensors:
+        `_reads.META`; the capture's 'read' slots, read from those places on every call): the
+        capture accepts a call while they hold (`_reads.TensorReads`)."""
+        self.tensor_reads = TensorReads(world.reads, ())
 
     def _stand_in(self, world):
         """Zeros standing in for the parameters' missing gradients the step reads (lazyrt never
@@ -570,7 +574,7 @@ def _guard(fn, world, optimizers, args, entry):
     gradients, the optimizers' hyperparameters and state, the modes, what discover(fn) reads
     (fn's code, closure cells and named globals, by identity) and the Python values the step
     reads (world.reads: those the checks of fn's cells and named globals do not cover; a tensor
-    by its metadata where `entry` reads it from its place, see _Entry.source_constants). The
+    by its metadata: `entry` reads it from its place, see _Entry.keep_reads). The
     one definition of those facts: a call the guard passes has the capture's signature. None
     where a fact cannot be compared without Python (an argument leaf that is no key object, a
     hyperparameter or state entry that is not a plain value): such calls take the signature."""
@@ -578,12 +582,8 @@ def _guard(fn, world, optimizers, args, entry):
         return None
     f = fn.__func__ if inspect.ismethod(fn) else fn
     plain_function = inspect.isfunction(f)
-    # The places of tensors compared by their metadata: all but those of a constant read from
-    # several places (which must hold one tensor: by identity here, the capture checks the rest).
-    shared = {(kind, id(holder), key) for places in entry.tensor_reads.where(world.reads).values() if len(places) > 1
-              for kind, holder, key, _ in places}
-    by_meta = {(kind, id(holder), key) for _, kind, holder, key, _, how in world.reads
-               if how is _META and (kind, id(holder), key) not in shared}
+    # The places of tensors, compared by their metadata.
+    by_meta = {(kind, id(holder), key) for _, kind, holder, key, _, how in world.reads if how is _META}
     cells = []
     for cell in (f.__closure__ or ()) if plain_function else ():
         try:
@@ -863,7 +863,7 @@ class CompiledFunction:
             declared = {(id(m), k) for m, k in side_attrs}
             if not changed or (side_attrs and all(sets) and all((id(m), k) in declared for m, k in found)):
                 entry.side_attrs = tuple(side_attrs)
-                entry.source_constants(world)
+                entry.keep_reads(world)
                 return entry
             if side_attrs or not all(sets):
                 raise _StateChanged(
