@@ -126,10 +126,20 @@ void bind_replay(py::module_& m) {
       py::gil_scoped_release release;
       out = run_cached_graph(h, in);
     }
-    return to_list(out);
+    // An output that is an input (updated in place) is returned as the caller's own object.
+    std::vector<int64_t> in_ids(in.size());
+    for (size_t i = 0; i < in.size(); ++i) in_ids[i] = tensor_id(in[i]);
+    const auto given = py::reinterpret_borrow<py::sequence>(inputs);
+    py::list result(out.size());
+    for (size_t k = 0; k < out.size(); ++k) {
+      const auto at = std::find(in_ids.begin(), in_ids.end(), tensor_id(out[k]));
+      result[k] = at == in_ids.end() ? py::cast(out[k]) : given[static_cast<size_t>(at - in_ids.begin())];
+    }
+    return result;
   }, py::arg("graph_hash"), py::arg("inputs"),
         "Runs the warmed-up graph once on the inputs (in graph_inputs order), writing back every "
-        "input the traced code updated in place. Returns every output of the graph.");
+        "input the traced code updated in place. Returns every output of the graph (an updated "
+        "input as the object given).");
 
   py::class_<PyCompiledStep>(m, "CompiledStep", "A step function traced once and replayed.")
       .def("__call__", [](PyCompiledStep& s, const py::args& args) -> py::object {

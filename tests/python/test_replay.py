@@ -76,8 +76,12 @@ def test_low_level_scenario_updates_state_on_every_replay():
     assert lr.tensor_id(s.model.weight) in ids, "the weight is an input, as the same tensor"
     assert s.weights() == init["weight"].tolist(), "back to its value before the trace"
     lr.metrics.reset()
-    losses = [lr.run_cached_graph(h, values)[0].item() for _ in range(3)]
+    outs = [lr.run_cached_graph(h, values) for _ in range(3)]
+    losses = [o[0].item() for o in outs]
     assert lr.metrics.counter("ReplayGraph") == 3 and lr.metrics.counter("UncachedCompile") == 0
+    # An output that is an input updated in place is the caller's own tensor object.
+    weight = next(v for i, v in zip(ids, values) if i == lr.tensor_id(s.model.weight))
+    assert any(o is weight for o in outs[-1]) and s.model.weight.tolist() == weight.tolist()
     assert losses[0] != losses[1] != losses[2]
     expect_losses, expect_weights = plain(init, 3, False)
     assert losses == expect_losses
