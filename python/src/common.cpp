@@ -115,22 +115,25 @@ Shape shape_from_args(const py::args& args, const py::kwargs& kwargs, const char
 
 std::vector<Tensor> tensors_from(py::handle seq, const char* what) {
   std::vector<Tensor> out;
-  if (py::isinstance<Tensor>(seq)) {
-    out.push_back(seq.cast<Tensor>());
+  // One caster, one type lookup per element (a replay's inputs come through here every call).
+  py::detail::make_caster<Tensor> tensor;
+  const bool listed = PyList_Check(seq.ptr()) || PyTuple_Check(seq.ptr());
+  if (!listed && tensor.load(seq, false)) {
+    out.push_back(py::detail::cast_op<Tensor&>(tensor));
     return out;
   }
-  if (!py::isinstance<py::sequence>(seq) || py::isinstance<py::str>(seq))
+  if (!listed && (!py::isinstance<py::sequence>(seq) || py::isinstance<py::str>(seq)))
     throw py::type_error(std::string(what) + ": expected a tuple or list of lazyrt tensors, got " +
                          std::string(py::str(py::type::handle_of(seq).attr("__name__"))));
   auto s = py::reinterpret_borrow<py::sequence>(seq);
   out.reserve(s.size());
   size_t i = 0;
   for (py::object h : s) {
-    if (!py::isinstance<Tensor>(h))
+    if (!tensor.load(h, false))
       throw py::type_error(std::string(what) + ": element " + std::to_string(i) +
                            " is not a lazyrt tensor but " +
                            std::string(py::str(py::type::handle_of(h).attr("__name__"))));
-    out.push_back(h.cast<Tensor>());
+    out.push_back(py::detail::cast_op<Tensor&>(tensor));
     ++i;
   }
   return out;

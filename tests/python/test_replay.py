@@ -114,8 +114,14 @@ def test_run_cached_graph_errors():
     ids, values = lr.graph_inputs([loss])
     with pytest.raises(lr.Error, match="inputs given"):
         lr.run_cached_graph(h, values[:-1])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"run_cached_graph: element 0 is not a lazyrt tensor but float"):
         lr.run_cached_graph(h, [1.0] * len(values))
+    with pytest.raises(TypeError, match=r"run_cached_graph: element 2 is not a lazyrt tensor but ndarray"):
+        lr.run_cached_graph(h, tuple(values[:2]) + (np.ones(3),))
+    with pytest.raises(TypeError, match=r"run_cached_graph: expected a tuple or list of lazyrt tensors, got int"):
+        lr.run_cached_graph(h, 3)
+    assert lr.graph_hash(loss) == lr.graph_hash([loss]), "one tensor stands for a list of it"
+    assert loss.is_pending(), "the failed calls ran nothing"
 
 
 def test_compile_step_replays_match_plain_steps():
