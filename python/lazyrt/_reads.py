@@ -474,29 +474,23 @@ class Same:
 
 
 class TensorReads:
-    """The tensors a capture read from places (`META` reads) and the constants among them.
+    """The tensors a capture read from places (`META` reads), by the walk's names of their
+    places, and their metadata then.
 
-    A capture's constants (the real tensors its graph reads from outside its inputs) that one or
-    more places held when it was captured are read from the first of those places (and path:
-    `tensors_in`) on every call, as Dynamo reads a global tensor: a mask rebound in a global, or
-    a module's state kept in a plain attribute and set by the step itself, is what the next call
-    reads. The capture holds for a call whose reads (`python_reads` now: the same places, or the
-    places of another function of the same code) have the places of tensors it read, named as
-    the walk names them, each of the metadata it held then (`meta`), and each constant's places
-    one tensor (`hold`). (A place that holds a tensor now and held nothing then, such as an
-    attribute the step sets, was not read by it.)
+    A capture takes each such tensor (or each tensor in the tuples, lists and dicts there:
+    `tensors_in`) as an input of its graph, read from its place on every call, as Dynamo reads
+    a global tensor: a mask rebound in a global, or a module's state kept in a plain attribute
+    and set by the step itself, is what the next call reads (`named`, `places_of`, `put`,
+    `read_now`). The capture holds for a call whose reads (`python_reads` now: the same places,
+    or the places of another function of the same code) have the places of the tensors it read,
+    each of the metadata it held then (`meta`; `hold`). (A place that holds a tensor now and
+    held nothing then, such as an attribute the step sets, was not read by it.)
     """
 
-    def __init__(self, reads, constants):
-        index = {id(c): k for k, c in enumerate(constants)}
+    def __init__(self, reads):
         self.metas = {}  # name -> (the value then (kept alive: meta holds ids), its metadata)
-        self.places = {}  # constant index -> [(name, path)]
         for what, (_, _, _, value) in self.named(reads).items():
             self.metas[what] = (value, meta(value))
-            for path, t in tensors_in(value):
-                k = index.get(id(t))
-                if k is not None:
-                    self.places.setdefault(k, []).append((what, path))
 
     @staticmethod
     def named(reads):
@@ -514,6 +508,7 @@ class TensorReads:
 
     @classmethod
     def places_of(cls, reads):
+        """{name: (kind, holder, key)} of the reads of tensors (see `named`)."""
         return {name: r[:3] for name, r in cls.named(reads).items()}
 
     def hold(self, reads):
@@ -522,23 +517,4 @@ class TensorReads:
         for what, (_, m) in self.metas.items():
             if what not in now or meta(read_now(*now[what])) != m:
                 return False
-        for places in self.places.values():
-            first = read_now(*now[places[0][0]], places[0][1])
-            if any(read_now(*now[what], path) is not first for what, path in places[1:]):
-                return False
         return True
-
-    def where(self, reads):
-        """Per constant read from places: its places in `reads`, [(kind, holder, key, path)]."""
-        now = self.places_of(reads)
-        return {k: [now[what] + (path,) for what, path in places] for k, places in self.places.items()}
-
-    def constants(self, reads, constants):
-        """The capture's constants for a call with these reads: those read from places, read
-        now."""
-        if not self.places:
-            return constants
-        out = list(constants)
-        for k, places in self.where(reads).items():
-            out[k] = read_now(*places[0])
-        return out

@@ -495,6 +495,14 @@ class Slot:
         return f"Slot({self.kind}, {self.ref})"
 
 
+def place_tensors(reads):
+    """(name, kind, holder, key, path, tensor) of the strided torch tensors read from places
+    (`TensorReads.named`; `path` into the tuples, lists and dicts there: `tensors_in`), which a
+    capture takes as inputs read from those places on every call."""
+    return [(name, kind, holder, key, path, t) for name, (kind, holder, key, value) in TensorReads.named(reads).items()
+            for path, t in tensors_in(value) if isinstance(t, torch.Tensor) and t.layout is torch.strided]
+
+
 class Captured:
     """The result of a capture: the functionalized graph, its input slots, and what to do with
     its outputs. Built by `capture`; used by `lazyrt.torch._step`."""
@@ -628,11 +636,8 @@ def capture(world, fn, exact_grads=frozenset(), exact_states=frozenset()):
     # global tensor, and written back into where the step changes them in place (their
     # metadata is the capture's to check). A device tensor could be no constant of the graph.
     # One that requires grad is no input: where the step reads it, tracing refuses it.
-    read_slot = []  # (slot, kind, holder, key, path)
-    for name, (kind, holder, key, value) in TensorReads.named(world.reads).items():
-        for path, t in tensors_in(value):
-            if isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.requires_grad:
-                read_slot.append((add_slot("read", (name, path), t.detach()), kind, holder, key, path))
+    read_slot = [(add_slot("read", (name, path), t.detach()), kind, holder, key, path)
+                 for name, kind, holder, key, path, t in place_tensors(world.reads) if not t.requires_grad]
 
     # Filled in by pass 1.
     info = {}

@@ -36,9 +36,9 @@ import torch.utils._pytree as pytree
 import lazyrt
 from lazyrt import _C
 from lazyrt.torch import _discover
-from lazyrt.torch._capture import CaptureError, _autocast_mode, _fake_trace, tracing
+from lazyrt.torch._capture import CaptureError, _autocast_mode, _fake_trace, place_tensors, tracing
 from lazyrt.torch._lower import _TORCH_DTYPES, LoweredGraph
-from lazyrt._reads import Same, TensorReads, python_reads, read_signature
+from lazyrt._reads import Same, TensorReads, put, python_reads, read_now, read_signature
 
 
 class _Inputs:
@@ -122,11 +122,17 @@ class _Attach(torch.autograd.Function):
 
 
 class _Body:
-    """One capture of a body: its lowered graph, the structure of its results, and the tensors it
-    read from places (`TensorReads`)."""
+    """One capture of a body: its lowered graph, the structure of its results, the metadata of
+    the tensors it read from places (`TensorReads`) and those places: (name, path) per input
+    of the graph after the body's own, each read there on every call."""
 
-    def __init__(self, lowered, out_spec, tensor_reads):
-        self.lowered, self.out_spec, self.tensor_reads = lowered, out_spec, tensor_reads
+    def __init__(self, lowered, out_spec, tensor_reads, places):
+        self.lowered, self.out_spec, self.tensor_reads, self.places = lowered, out_spec, tensor_reads, places
+
+    def read(self, reads):
+        """The tensors at the body's places in `reads` (the Python reads of a call)."""
+        now = TensorReads.places_of(reads)
+        return [read_now(*now[name], path) for name, path in self.places]
 
 
 class _Bodies:
@@ -177,11 +183,21 @@ _bodies = _Bodies()
 
 
 def _capture_body(torch_fn, what, spec, examples, reads):
-    """A _Body of torch_fn over fake tensors of `examples`' metadata."""
+    """A _Body of torch_fn over fake tensors of `examples`' metadata. The tensors it reads from
+    places (`reads`) are inputs of the graph after the body's own, as a step's are (`capture`)."""
     out_spec = [None]
+    places = place_tensors(reads)
+    own = len(examples)
 
     def flat_fn(xs):
-        result = torch_fn(*pytree.tree_unflatten(list(xs), spec))
+        undo = []
+        try:
+            for x, (_, kind, holder, key, path, _) in zip(xs[own:], places):
+                undo.append(put(kind, holder, key, x, path))
+            result = torch_fn(*pytree.tree_unflatten(list(xs[:own]), spec))
+        finally:
+            for u in reversed(undo):
+                u()
         leaves, out_spec[0] = pytree.tree_flatten(result)
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor):
@@ -194,8 +210,8 @@ def _capture_body(torch_fn, what, spec, examples, reads):
     for positions in (False, True):
         try:
             with torch.no_grad():
-                gm = _fake_trace(functionalize(flat_fn), examples, constants_may_require_grad=True,
-                                 positions=positions)
+                gm = _fake_trace(functionalize(flat_fn), list(examples) + [p[-1].detach() for p in places],
+                                 constants_may_require_grad=True, positions=positions)
             break
         except (CaptureError, lazyrt.Error, TypeError):
             raise
@@ -213,11 +229,13 @@ def _capture_body(torch_fn, what, spec, examples, reads):
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders:
-            raise CaptureError(f"lazyrt.torch.{what}: the body changes a carried tensor in place; "
-                               "return the new value instead")
+            k = placeholders.index(n.args[0])
+            raise CaptureError(f"lazyrt.torch.{what}: the body changes " +
+                               ("a carried tensor in place; return the new value instead" if k < own else
+                                f"a tensor it reads from {places[k - own][0]} in place; carry it instead"))
     output = next(n for n in gm.graph.nodes if n.op == "output")
     lowered = LoweredGraph(gm, list(output.args[0]))
-    return _Body(lowered, out_spec[0], TensorReads(reads, lowered.constants))
+    return _Body(lowered, out_spec[0], TensorReads(reads), [(p[0], p[4]) for p in places])
 
 
 def _lazy_body(torch_fn, what, inputs):
@@ -232,8 +250,8 @@ def _lazy_body(torch_fn, what, inputs):
         if b is None:
             b = _capture_body(torch_fn, what, spec, examples, reads)
             _bodies.keep(key, signature, b)
-        constants = [inputs(c) for c in b.tensor_reads.constants(reads, b.lowered.constants)]
-        results = b.lowered(*flat, *constants)
+        read = [inputs(t) for t in b.read(reads)]
+        results = b.lowered(*flat, *read, *[inputs(c) for c in b.lowered.constants])
         return pytree.tree_unflatten(results, b.out_spec)
     return body
 

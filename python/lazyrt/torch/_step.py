@@ -156,7 +156,7 @@ class _Entry:
         self.state_keys = set(c.state_in)
         self._state_creates = None  # (optimizer, group, param index) of state_keys, in order
         self.side_attrs = ()  # (module, attribute name) the step sets to tensors, in result order
-        self.tensor_reads = TensorReads((), ())  # see keep_reads
+        self.tensor_reads = TensorReads(())  # see keep_reads
 
     def accepts(self, world):
         """Whether this capture is right for `world` (which has this capture's signature): the
@@ -365,7 +365,7 @@ class _Entry:
         """Keeps the metadata of the tensors the step read from places (world.reads of tensors:
         `_reads.META`; the capture's 'read' slots, read from those places on every call): the
         capture accepts a call while they hold (`_reads.TensorReads`)."""
-        self.tensor_reads = TensorReads(world.reads, ())
+        self.tensor_reads = TensorReads(world.reads)
 
     def _stand_in(self, world):
         """Zeros standing in for the parameters' missing gradients the step reads (lazyrt never
