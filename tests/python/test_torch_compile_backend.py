@@ -680,3 +680,46 @@ def test_dropout_draws_anew_on_every_replay():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_dir, os.environ.get("PYTHONPATH")])))
     r = subprocess.run([sys.executable, "-c", _DROPOUT_CHECK], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+_DYNAMO_AFTER_A_CAPTURED_LOOP = """
+import torch, torch.nn.functional as F, lazyrt.torch
+from torch._higher_order_ops.scan import scan
+# The process's first torch.compile starts inside a capture: tracing PyTorch's scan compiles it.
+c = lazyrt.torch.compile(lambda init, xs: scan(lambda c, x: (c + x, c * 1), init, xs))
+torch.testing.assert_close(c(torch.zeros(3), torch.ones(4, 3))[0], torch.full((3,), 4.0))
+torch.manual_seed(0)
+models = [torch.nn.Linear(6, 4) for _ in range(2)]
+models[1].load_state_dict(models[0].state_dict())
+def make(model):
+    opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    def step(x, y):
+        def closure():
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+        return opt.step(closure)
+    return step
+compiled, eager = torch.compile(make(models[0]), backend="eager"), make(models[1])
+g = torch.Generator().manual_seed(1)
+for _ in range(2):
+    x, y = torch.randn(5, 6, generator=g), torch.randn(5, 4, generator=g)
+    torch.testing.assert_close(compiled(x, y), eager(x, y))
+torch.testing.assert_close(models[0].weight, models[1].weight)
+"""
+
+
+def test_dynamo_keeps_its_own_patches_made_while_a_step_is_captured():
+    """Dynamo's first compile disables its tracing of LBFGS's step by replacing the method; a
+    capture that traces PyTorch's scan starts that compile while lazyrt has swapped the method
+    for the capture (`_patch.patch`). The capture's end must leave Dynamo's replacement: once
+    it put PyTorch's method back, every later torch.compile of an LBFGS step failed in Dynamo.
+    In a fresh process, where the capture's compile is Dynamo's first."""
+    import subprocess
+    import sys
+    package_dir = os.path.dirname(os.path.dirname(lazyrt.__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_dir, os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([sys.executable, "-c", _DYNAMO_AFTER_A_CAPTURED_LOOP], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -47,4 +47,9 @@ def patch(owner, name, replacement):
     try:
         yield original
     finally:
-        setattr(owner, name, original)
+        # Put back unless another library replaced it meanwhile, wrapping `chosen` (Dynamo's
+        # first compile, which a loop op traced inside a capture starts, disables its tracing of
+        # LBFGS's step so): its wrapper stays, and `chosen` calls the original outside captures.
+        now = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        if now is chosen:
+            setattr(owner, name, original)
