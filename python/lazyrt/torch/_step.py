@@ -566,15 +566,16 @@ def discover(fn, *args, **kwargs):
     return modules, optimizers
 
 
-def _guard(fn, world, optimizers, args, entry):
+def _guard(fn, world, optimizers, args):
     """A _torch_C.Guard of the facts a call must share with the one `world` was built from for
-    `entry` to run it: the call's argument leaves (`args`: tensors by metadata, modules and
+    the capture made for `world` to run it: the call's argument leaves (`args`: tensors by metadata, modules and
     optimizers by identity, plain values by value), the modules' modes and the identity of
     their parameters, buffers and children, the parameters' and buffers' metadata and
     gradients, the optimizers' hyperparameters and state, the modes, what discover(fn) reads
     (fn's code, closure cells and named globals, by identity) and the Python values the step
     reads (world.reads: those the checks of fn's cells and named globals do not cover; a tensor
-    by its metadata: `entry` reads it from its place, see _Entry.keep_reads). The
+    by its metadata: a capture reads it from its place, see _Entry.keep_reads). It needs no
+    capture: the same facts for every capture of the world. The
     one definition of those facts: a call the guard passes has the capture's signature. None
     where a fact cannot be compared without Python (an argument leaf that is no key object, a
     hyperparameter or state entry that is not a plain value): such calls take the signature."""
@@ -768,7 +769,7 @@ class CompiledFunction:
             if entry.collectives:
                 _distributed._before_first_run(world)
         leaves = None if kwargs else call_leaves(world, args)
-        guard = None if leaves is None else _guard(self.fn, world, optimizers, leaves, entry)
+        guard = None if leaves is None else _guard(self.fn, world, optimizers, leaves)
         if guard is not None:
             # The objects the guard holds by identity, alive while it is (their ids stay theirs).
             world.key_objects = [a for a in leaves if not isinstance(a, torch.Tensor)]
