@@ -310,7 +310,8 @@ struct GraphHashKey {
 // Keyed by the whole 128-bit hash: two graphs whose hashes share 64 bits stay apart.
 struct WarmTable {
   std::mutex mu;
-  std::unordered_map<GraphHash, WarmGraph, GraphHashKey> entries;
+  // Shared, never changed once in: a replay holds its entry without copying it.
+  std::unordered_map<GraphHash, std::shared_ptr<const WarmGraph>, GraphHashKey> entries;
 };
 WarmTable& warm_table() {
   static WarmTable* t = new WarmTable();
@@ -359,7 +360,7 @@ void warm_up_cache(const std::vector<Tensor>& outputs) {
   for (const auto& [p, t] : ex.param_aliases) note_grad(t);
   WarmTable& t = warm_table();
   std::lock_guard<std::mutex> lock(t.mu);
-  t.entries[key] = std::move(w);
+  t.entries[key] = std::make_shared<const WarmGraph>(std::move(w));
 }
 
 namespace {
@@ -395,15 +396,16 @@ GraphInputs graph_inputs(const std::vector<Tensor>& outputs) {
 }
 
 std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Tensor>& inputs) {
-  WarmGraph w;
+  std::shared_ptr<const WarmGraph> held;
   {
     WarmTable& t = warm_table();
     std::lock_guard<std::mutex> lock(t.mu);
     auto it = t.entries.find(hash);
     LAZYRT_CHECK(it != t.entries.end(), "run_cached_graph: no graph with hash ", hash.to_string(),
                  " was warmed up; call warm_up_cache(outputs) after tracing the step");
-    w = it->second;
+    held = it->second;
   }
+  const WarmGraph& w = *held;
   LAZYRT_CHECK(w.epoch == step_epoch.load(std::memory_order_relaxed), "run_cached_graph: a module or "
                "optimizer changed since graph ", hash.to_string(), " was warmed up (train()/eval(), a "
                "replaced or deleted attribute, a new optimizer, an optimizer setting other than the "
