@@ -243,6 +243,15 @@ void bind_interop(py::module_& m, py::class_<Tensor>& cls) {
         "lazyrt has), else a copy. lazyrt never writes into shared memory.");
   m.def("_tensor_from_array", [](const py::array& a) { return copy_of(a, "tensor"); },
         "A tensor holding a copy of the array's values.");
+  m.def("_scalar_data", [](double value, DType dtype) {
+        // The number as the dtype's kernels round it (a Python float is a double).
+        if (dtype == DType::f64) return from_blob(&value, {}, dtype);
+        if (dtype != DType::f32)
+          throw Error(std::string("_scalar_data: expected dtype f32 or f64, got ") + dtype_name(dtype));
+        const float f = static_cast<float>(value);
+        return from_blob(&f, {}, dtype);
+      }, py::arg("value"), py::arg("dtype"),
+      "A 0-dim f32 or f64 tensor holding the number (data, as a tensor made from an array is).");
   m.def("from_dlpack", [](py::object o) { return from_dlpack(std::move(o), false); }, py::arg("ext_tensor"),
         "A tensor sharing the memory of a DLPack-capable CPU tensor (or capsule).");
   m.def("_from_dlpack", [](py::object o, bool uint8_as_bool) { return from_dlpack(std::move(o), uint8_as_bool); },

@@ -195,6 +195,18 @@ def test_python_numbers_enter_as_data_with_eagers_values():
              lambda t: torch.lerp(t, t * 2, 0.1), lambda t: torch.arange(6, device=t.device) * 0.5]
     for f in cases:
         close(f(d), f(x), 1e-6)
+        close(f(d.double()), f(x.double()), 1e-12)  # the number in float64, unrounded
+
+
+def test_ops_on_bool_and_int_numbers_keep_pytorchs_result_dtype():
+    # An op's result dtype for a number depends on the number's type: True and 1 are equal (and
+    # hash alike) in Python, but bool + True is bool, bool + 1 is int64, in either order of calls.
+    x = torch.tensor([True, False])
+    d = x.to(DEV)
+    for numbers in ((1, True), (True, 1)):
+        for n in numbers:
+            for op in (torch.ops.aten.add.Scalar, torch.ops.aten.mul.Scalar):
+                close(op(d, n), op(x, n))
 
 
 def test_an_op_without_a_lowering_runs_on_the_cpu_and_comes_back(monkeypatch):

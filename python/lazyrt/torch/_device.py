@@ -227,47 +227,82 @@ def _to_cpu(v):
 
 # ---- dispatch --------------------------------------------------------------------------------
 
+class _Func:
+    """What the dispatcher knows of one op: its own meaning on the device (`special`), its
+    lifting of Python numbers (`lift`), how it is computed (`kind`) and the op whose lowering
+    computes it (`op`, see _functional_of). Made on the op's first call."""
+
+    __slots__ = ("func", "special", "indexing", "lift", "kind", "op", "lowering", "twin", "reshapes", "one_alias")
+
+    def __init__(self, func):
+        self.func = func  # (held: the table is keyed by its id)
+        self.special = _SPECIAL.get(func)
+        self.indexing = func in _INDEXING
+        self.lift = _LIFTS.get(func)
+        self.kind = _kind(func)
+        self.op = _functional_of(func)
+        self.lowering = LOWERINGS.get(self.op)
+        # An in-place op: its functional twin, whether it changes its tensor's shape, whether it
+        # returns its tensor alone.
+        self.twin = _twin(func) if self.kind == "in_place" else None
+        self.reshapes = torch.Tag.inplace_view in func.tags
+        returns = func._schema.returns
+        self.one_alias = len(returns) == 1 and returns[0].alias_info is not None
+
+
+# op id -> _Func: an OpOverload hashes in Python, an id in C.
+_FUNCS = {}
+
+
+def _func(func):
+    f = _FUNCS.get(id(func))
+    if f is None:
+        f = _FUNCS[id(func)] = _Func(func)
+    return f
+
+
 def _dispatch(func, args, kwargs):
+    f = _FUNCS.get(id(func)) or _func(func)
     if _COPIED[0]:
         _refresh(args, kwargs)
-    special = _SPECIAL.get(func)
-    if special is not None:
-        return special(*args, **kwargs)
-    if func in _INDEXING and isinstance(args[1], (list, tuple)):  # CPU indices, as PyTorch takes them
+    if f.special is not None:
+        return f.special(*args, **kwargs)
+    if f.indexing and isinstance(args[1], (list, tuple)):  # CPU indices, as PyTorch takes them
         args = (args[0], [_Value(_cpu_to_lazy(i)) if isinstance(i, torch.Tensor) and not isinstance(i, _Value)
                           else i for i in args[1]], *args[2:])
-    lift = _LIFTS.get(func)
-    if lift is not None:
-        lifted = lift(*args, **kwargs)
+    if f.lift is not None:
+        lifted = f.lift(*args, **kwargs)
         if lifted is not NotImplemented:
             return lifted
-    kind = _KINDS.get(func)
-    if kind is None:
-        kind = _KINDS[func] = _kind(func)
+    kind = f.kind
+    if kind == "op":
+        return _op(func, args, kwargs, f)
     if kind == "foreach":
         return _foreach(func, args, kwargs)
     if kind == "in_place":
-        return _in_place(func, args, kwargs)
+        return _in_place(func, args, kwargs, f)
     if kind == "view":
         return _view(func, args, kwargs)
-    if kind == "out":
-        return _out(func, args, kwargs)
-    return _op(func, args, kwargs)
+    return _out(func, args, kwargs)
 
 
-def _op(func, args, kwargs):
-    op = _functional_of(func)
-    plan = _plan(op, args, kwargs)
+def _op(func, args, kwargs, f=None):
+    f = f or _func(func)
+    plan = _plan(f.op, args, kwargs)
     if plan is None:
-        decomposition = _decomposition(op)
+        decomposition = _decomposition(f.op)
         if decomposition is not None:
             return decomposition(*args, **kwargs)
         return _on_cpu(func, args, kwargs)
     node, e = plan
-    largs, lkwargs = tree_map(_lazy_arg, (args, kwargs))
-    lkwargs.pop("device", None)
+    largs = [a._v if type(a) is _Value else _lazy_arg(a) for a in args]
     try:
-        result = LOWERINGS[op](e, *largs, **lkwargs)
+        if kwargs:
+            lkwargs = tree_map(_lazy_arg, kwargs)
+            lkwargs.pop("device", None)
+            result = f.lowering(e, *largs, **lkwargs)
+        else:
+            result = f.lowering(e, *largs)
     except UnsupportedOperatorError:
         return _on_cpu(func, args, kwargs)
     return _results(node, e, result)
@@ -305,10 +340,8 @@ def _refresh(args, kwargs):
             a._regen = (func, fargs, fkwargs, index, fargs[0]._version)
 
 
-_KINDS = {}  # op -> "foreach", "in_place", "view", "out" or "op"
-
-
 def _kind(func):
+    """How func is computed: "foreach", "in_place", "view", "out" or "op"."""
     schema = func._schema
     if func.__name__.startswith("_foreach_"):
         return "foreach"
@@ -354,15 +387,14 @@ _INDEXING = {aten.index.Tensor, aten._unsafe_index.Tensor, aten.index_put.defaul
              aten.index_put_.default, aten._index_put_impl_.default}
 
 
-def _in_place(func, args, kwargs):
+def _in_place(func, args, kwargs, f):
     """An in-place op on a device tensor: its functional twin computes the value the first
     argument's lazyrt tensor takes in place."""
-    functional = _twin(func)
-    if functional is not None and torch.Tag.inplace_view in func.tags:
+    functional = f.twin
+    if functional is not None and f.reshapes:
         return _reshaped(functional, args, kwargs)
-    returns = func._schema.returns
-    if (functional is None or len(returns) != 1 or returns[0].alias_info is None
-            or _plan(_functional_of(functional), args, kwargs) is None and _decomposition(functional) is None):
+    if (functional is None or not f.one_alias
+            or _plan(_func(functional).op, args, kwargs) is None and _decomposition(functional) is None):
         return _on_cpu(func, args, kwargs)  # (a fused optimizer step: its lists written back)
     out = _dispatch(functional, args, kwargs)
     target = args[0]
@@ -391,12 +423,14 @@ def _twin(func):
 def _assign(target, v):
     """Device tensor target takes lazyrt value v (cast to its dtype, broadcast to its shape) in
     place: its lazyrt tensor keeps its identity, and its views and aliases see the new value."""
-    if getattr(target, "_copy_of_view", None):
+    if "_copy_of_view" in target.__dict__:
         raise RuntimeError(f"lazyrt.torch: a tensor made by {target._copy_of_view} on the lazyrt device is a copy, not "
                            f"a view of its input, so writing to it in place would not reach that input; write to "
                            f"the input (or a clone()) instead")
-    v = _lower._cast(v, _lower.lazy_dtype(target.dtype))
-    if tuple(v.shape) != tuple(target.shape):
+    dtype = _lower.lazy_dtype(target.dtype)
+    if v.dtype is not dtype:
+        v = _C.cast(v, dtype)
+    if v.shape != target.shape:
         v = _C.expand(v, list(target.shape))
     target._v.copy_(v)
     if _STEPPED:
@@ -472,6 +506,8 @@ _TWINS = {}
 def _lazy_arg(a):
     if isinstance(a, _Value):
         return a._v
+    if isinstance(a, (list, tuple)):
+        return tree_map(_lazy_arg, a)
     if isinstance(a, torch.Tensor):
         if a.device.type == "cpu" and a.dim() == 0:
             return _cpu_to_lazy(a)  # a CPU scalar mixes with any device's tensors, as in PyTorch
@@ -493,14 +529,21 @@ def _meta(a):
 
 def _key(a):
     """The part of an argument that PyTorch's answer for the result depends on."""
-    if type(a) is _Value:
+    t = type(a)
+    if t is _Value:
         return (a.dtype, a.shape)
+    if t is float:
+        return float
+    if t is tuple or t is list:
+        return (t, tuple([_key(x) for x in a]))
+    if t is bool:
+        return (bool, a)  # (True == 1: a bool keys apart from an int)
     if isinstance(a, torch.Tensor):
         return (a.dtype, tuple(a.shape), a.device.type)
     if isinstance(a, float):
         return float
     if isinstance(a, (list, tuple)):
-        return (type(a), tuple(_key(x) for x in a))
+        return (t, tuple([_key(x) for x in a]))
     if isinstance(a, dict):
         return tuple((k, _key(v)) for k, v in a.items())
     return a
@@ -516,7 +559,7 @@ def _plan(op, args, kwargs):
     argument types. The node is a one-op FX graph carrying PyTorch's answers (meta tensors), so
     that the lowering table's expectations and refusals read it as they read a captured graph."""
     try:
-        key = (op, _key(args), _key(kwargs))
+        key = (id(op), _key(args), _key(kwargs) if kwargs else None)
         plan = _PLANS.get(key, _NO_PLAN)
     except TypeError:  # an unhashable argument
         key, plan = None, _NO_PLAN
@@ -851,7 +894,7 @@ def _number(x):
 
 
 def _data(x, like):
-    return _Value(lazyrt.from_torch(torch.tensor(x, dtype=like.dtype)))
+    return _Value(_C._scalar_data(x, like._v.dtype))
 
 
 def _floating(t):
@@ -860,12 +903,18 @@ def _floating(t):
     return isinstance(t, _Value) and t.dtype in (torch.float32, torch.float64)
 
 
+def _call(op, *args, **kwargs):
+    """op on device values, dispatched here directly (a lift's ops: below autograd, as the
+    call that reached the lift is)."""
+    return _dispatch(op, args, kwargs)
+
+
 def _scaled(op):
     """mul/div of a floating tensor by a number: the Tensor overload with the number as data."""
     def lift(t, other, *rest, **kwargs):
         if not (_floating(t) and _number(other)):
             return NotImplemented
-        return op(t, _data(other, t), *rest, **kwargs)
+        return _call(op, t, _data(other, t), *rest, **kwargs)
     return lift
 
 
@@ -873,10 +922,10 @@ def _with_alpha(op):
     """add/sub with a number for alpha: b scaled by alpha as data, then the op without it."""
     def lift(a, b, alpha=1):
         if _number(b) and _floating(a):
-            return op(a, _data(b * alpha, a))
+            return _call(op, a, _data(b * alpha, a))
         if not (_number(alpha) and _floating(a) and _floating(b) and a.dtype == b.dtype):
             return NotImplemented
-        return op(a, aten.mul.Tensor(b, _data(alpha, b)))
+        return _call(op, a, _call(aten.mul.Tensor, b, _data(alpha, b)))
     return lift
 
 
@@ -885,14 +934,14 @@ def _addc(inner):
     def lift(s, t1, t2, value=1):
         if not (_number(value) and _floating(s) and s.dtype == t1.dtype == t2.dtype):
             return NotImplemented
-        return aten.add.Tensor(s, inner(aten.mul.Tensor(t1, _data(value, t1)), t2))
+        return _call(aten.add.Tensor, s, _call(inner, _call(aten.mul.Tensor, t1, _data(value, t1)), t2))
     return lift
 
 
 def _lerp(a, b, weight):
     if not (_number(weight) and _floating(a)):
         return NotImplemented
-    return aten.lerp.Tensor(a, b, _data(weight, a))
+    return _call(aten.lerp.Tensor, a, b, _data(weight, a))
 
 
 _LIFTS = {
