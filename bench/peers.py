@@ -572,9 +572,12 @@ def in_short(summary, xla_loop_wrong):
         if row[0].startswith("counter loop") and "JAX" in row[4]:
             said.append(f"On the counter loop ({row[0].split(':')[0].replace('counter loop, ', '')}), a warm call of "
                         f"lazyrt.while_loop takes {row[2]} ms, JAX's jit-compiled lax.while_loop {row[5]} ms ({row[6]}).")
-        if row[4] == XLA_REPLAY:
+        if row[4] == XLA_REPLAY and row[0] == "seed step, replayed":
             said.append(f"On the cached step, torch_xla's `_run_cached_graph` replay takes {row[5]} us against lazyrt's "
-                        f"{row[2]} us by the same calls, but recomputes the first step every time (below).")
+                        f"{row[2]} us by the same calls ({row[6]}), but recomputes the first step every time (below).")
+        if row[4] == XLA_PLAIN and row[1] == LAZYRT_DEVICE:
+            said.append(f"Traced every call on a device, as PyTorch/XLA programs train, the step takes {row[2]} us on "
+                        f"lazyrt's device and {row[5]} us on torch_xla's ({row[6]}).")
     if xla_loop_wrong:
         said.append("torch_xla's own lowering of while_loop computes this counter wrongly; the loop it gets right, "
                     "PyTorch's generic one, runs one XLA execution per iteration.")

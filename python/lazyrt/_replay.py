@@ -7,7 +7,10 @@ captured values everywhere else, in graph order, ready for run_cached_graph.
 """
 
 
-class GraphInputMatcher:
+from lazyrt import _C
+
+
+class GraphInputMatcher(_C._InputMatch):
     """Built from graph_inputs(...) of a traced step and the step's arguments' ids.
 
     tensor_id_to_arg_idx: {tensor_id(arg): position} for the traced step's arguments.
@@ -28,11 +31,8 @@ class GraphInputMatcher:
         self.graph_input_values = list(graph_input_values)
         # Per graph input, the argument position feeding it, or None for a captured value.
         self._arg_of_input = [self.tensor_id_to_arg_idx.get(i) for i in self.graph_input_tensor_ids]
-
-    def __call__(self, args):
-        """The graph's inputs for a call with these arguments, in graph order."""
-        return [value if arg is None else args[arg]
-                for arg, value in zip(self._arg_of_input, self.graph_input_values)]
+        # Its call (in C++): the graph's inputs for a call's arguments, in graph order.
+        super().__init__(self._arg_of_input, self.graph_input_values)
 
     def __repr__(self):
         n_args = sum(a is not None for a in self._arg_of_input)

@@ -78,9 +78,49 @@ PyCompiledStep compile_step_py(py::function fn, py::handle example_args, bool re
   return PyCompiledStep(std::move(state), std::move(step));
 }
 
+// GraphInputMatcher's call (lazyrt._replay subclasses this): per graph input, the call's
+// argument at its position, or the value captured for it.
+struct InputMatch {
+  std::vector<int64_t> arg_of;  // per graph input, the argument position, or -1
+  std::vector<py::object> values;
+};
+
+py::list match_inputs(const InputMatch& m, py::handle args) {
+  PyObject* seq = PySequence_Fast(args.ptr(), "GraphInputMatcher: expected a list or tuple of arguments");
+  if (seq == nullptr) throw py::error_already_set();
+  const auto held = py::reinterpret_steal<py::object>(seq);
+  const Py_ssize_t n_args = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  py::list out(m.arg_of.size());
+  for (size_t i = 0; i < m.arg_of.size(); ++i) {
+    const int64_t a = m.arg_of[i];
+    if (a < 0) {
+      PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), m.values[i].inc_ref().ptr());
+      continue;
+    }
+    if (a >= n_args)
+      throw py::index_error("GraphInputMatcher: graph input " + std::to_string(i) + " is argument " +
+                            std::to_string(a) + ", the call has " + std::to_string(n_args));
+    Py_INCREF(items[a]);
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), items[a]);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bind_replay(py::module_& m) {
+  py::class_<InputMatch>(m, "_InputMatch", "The call of lazyrt.GraphInputMatcher.")
+      .def(py::init([](const std::vector<std::optional<int64_t>>& arg_of, const std::vector<py::object>& values) {
+        check(arg_of.size() == values.size(), "GraphInputMatcher: ", arg_of.size(), " positions for ", values.size(),
+              " values");
+        InputMatch im;
+        for (const auto& a : arg_of) im.arg_of.push_back(a.value_or(-1));
+        im.values = values;
+        return im;
+      }), py::arg("arg_of_input"), py::arg("values"))
+      .def("__call__", &match_inputs, py::arg("args"), "The graph's inputs for a call with these arguments, in graph order.");
+
   py::class_<GraphHash>(m, "GraphHash", "The 128-bit structural hash of a traced graph.")
       .def(py::init([](uint64_t hi, uint64_t lo) { return GraphHash{hi, lo}; }), py::arg("hi"), py::arg("lo"))
       .def_readonly("hi", &GraphHash::hi)
