@@ -113,13 +113,54 @@ def test_module_optimizer_and_number_arguments_take_the_guarded_fast_path():
         got, want = steps(m_lazy, o_lazy, x, y, scale), scaled(m_eager, o_eager, x, y, scale)
         close(got.detach().numpy(), want.detach().numpy(), f"loss at step {k}")
         same_state([(a, b) for a, b, _, _ in pairs] + [(c, d) for _, _, c, d in pairs], f"after step {k}:")
-        assert steps._last is not None and steps._last[2] is not None, "a guarded call"
+        assert steps._recent and steps._recent[0][2] is not None, "a guarded call"
     assert steps.captures == 4  # two models, two scales
-    fast = steps._last[3]
+    fast = steps._recent[0][3]
     m_lazy, _, o_lazy, _ = pairs[1]
     x, y = batches(n=1)[0]
     steps(m_lazy, o_lazy, x, y, 2.0)
-    assert steps._last[3] is fast and fast is not None, "the same call again: the fast call"
+    assert steps._recent[0][3] is fast and fast is not None, "the same call again: the fast call"
+
+
+def test_calls_that_alternate_between_captures_take_the_guarded_fast_path():
+    # Two batch sizes in turn (a last short batch, an evaluation batch), gradients accumulated
+    # over two calls (none on the first, present on the second): each call's facts are those of
+    # one of the step's last calls, whose guard it passes, so it runs without discovery or a
+    # signature (before: only the very last call's guard was tried, and every switch was
+    # discovered and signed anew, ~20x the time of a step). The results stay eager's.
+    m_lazy, m_eager = net(), net()
+    o_lazy, o_eager = sgd(m_lazy.parameters()), sgd(m_eager.parameters())
+
+    def accumulate(model, opt, x, y, update):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        if update:
+            opt.step()
+            opt.zero_grad()
+        return loss
+
+    compiled = lazyrt.torch.compile(accumulate)
+    found = []
+    discovery = compiled._discovery
+    compiled._discovery = lambda *a: found.append(1) or discovery(*a)
+    g = torch.Generator().manual_seed(4)
+    sizes = [8, 5, 8, 3]
+    for k in range(36):
+        n = sizes[k % len(sizes)]
+        x, y = torch.randn(n, 6, generator=g), torch.randn(n, 4, generator=g)
+        update = k % 3 == 2
+        got = compiled(m_lazy, o_lazy, x, y, update)
+        want = accumulate(m_eager, o_eager, x, y, update)
+        close(got.detach().numpy(), want.detach().numpy(), f"loss at call {k}")
+        same_state([(m_lazy, m_eager), (o_lazy, o_eager)], f"after call {k}:")
+        if k == 23:  # every (size, update, gradients present, momentum present) met
+            settled = len(found)
+    assert len(found) == settled, f"{len(found) - settled} calls of the last round were discovered again"
+    # The calls kept for their guards are those on the objects of the last call: a call on
+    # another model drops the others (each holds its model, optimizer and tensors alive).
+    m_new = net(seed=2)
+    compiled(m_new, sgd(m_new.parameters()), x, y, True)
+    assert all(world.modules == [m_new] for world, _, _, _ in compiled._recent)
 
 
 def test_tuple_and_list_arguments_take_the_fast_path_and_stay_exact():
@@ -149,7 +190,7 @@ def test_tuple_and_list_arguments_take_the_fast_path_and_stay_exact():
         same_state([(m_lazy, m_eager), (o_lazy, o_eager)], f"after step {k}:")
         if k == 1:
             settled = len(found)  # the first call has no gradients yet: the second is signed anew
-    assert len(found) == settled <= 2 and compiled._last[3] is not None, "then the fast call, every call"
+    assert len(found) == settled <= 2 and compiled._recent[0][3] is not None, "then the fast call, every call"
     # The model and optimizer inside a tuple argument, alternating between two pairs: each call
     # trains the pair it is given, as eager.
     pairs = []

@@ -1906,7 +1906,7 @@ def test_the_call_guard_passes_only_where_the_lookup_finds_the_same_capture(chan
     compiled(*args)
     compiled(*args)
     compiled(*args)
-    world, entry, guard, _ = compiled._last
+    world, entry, guard, _ = compiled._recent[0]
     assert guard is not None
     make, same = GUARD_CHANGES[change]
     new_args = make(model, opt, args, rebind)
@@ -1950,7 +1950,7 @@ def test_the_call_guard_takes_module_optimizer_and_number_arguments(change):
     args = (model, opt, x, y, 2.0)
     for _ in range(3):
         compiled(*args)
-    world, entry, guard, _ = compiled._last
+    world, entry, guard, _ = compiled._recent[0]
     assert guard is not None
     make, same = ARGUMENT_CHANGES[change]
     new_args = make(model, opt, args)
@@ -1989,7 +1989,7 @@ def test_a_step_that_is_no_function_is_guarded_like_one():
             model_e.eval(), model_l.eval()
         want, got = eager(x, y), compiled(x, y)
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), k
-        world, entry, guard, fast = compiled._last
+        world, entry, guard, fast = compiled._recent[0]
         assert guard is not None, "a callable object is guarded"
     assert compiled.captures == 3  # the first call, scale 0.5, eval mode
     for pe, pl in zip(model_e.parameters(), model_l.parameters()):
@@ -2008,7 +2008,7 @@ def test_the_call_guard_sees_the_modes(mode):
     args = (torch.randn(10, 6), torch.randn(10, 4))
     for _ in range(3):
         compiled(*args)
-    world, entry, guard, _ = compiled._last
+    world, entry, guard, _ = compiled._recent[0]
     ctx = {"no_grad": torch.no_grad, "autocast": lambda: torch.autocast("cpu", dtype=torch.bfloat16)}.get(mode)
     if ctx is None:
         torch.set_default_dtype(torch.float64)

@@ -630,10 +630,21 @@ def _guard(fn, world, optimizers, args):
     return _torch_C.Guard(spec)
 
 
+# Calls whose guards a call tries before it finds its capture by discovery and signature (each
+# a world of facts: argument shapes, gradients present or not, modes, ...).
+_RECENT = 16
+
 # Captures for other values of the Python values a step reads (and nothing else) before a
 # warning says so.
 _VALUE_CAPTURES = 8
 
+
+
+def _same_objects(a, b):
+    """Whether worlds a and b hold the same modules, optimizers, parameters and buffers."""
+    return all(len(x) == len(y) and all(p is q for p, q in zip(x, y))
+               for x, y in ((a.modules, b.modules), (a.optimizers, b.optimizers), (a.params, b.params),
+                            (a.buffers, b.buffers)))
 
 
 def _reach_holds(world, args):
@@ -671,7 +682,9 @@ class CompiledFunction:
         self._modules = _as_list(model)
         self._optimizers = _as_list(optimizer)
         self._entries = {}
-        self._last = None  # (world, entry, guard, its Call) of the last call that had a guard
+        # (world, entry, guard, its Call) of the last calls that had a guard, one per world,
+        # the most recent first: a call tries their guards in this order (_RECENT at most).
+        self._recent = []
         self.captures = 0
         self._warned_aliasing = False
         self._warned_grad_arguments = False
@@ -719,14 +732,13 @@ class CompiledFunction:
         return sum(e.traces for entries in self._entries.values() for e in entries)
 
     def __call__(self, *args, **kwargs):
-        last = self._last
-        leaves = None
-        if last is not None and not kwargs and _reach_holds(last[0], args):
-            leaves = call_leaves(last[0], args)
-        if leaves is not None:
-            # The last call's Call checks in C++ that this call shares its facts (_guard): its
+        for k, recent in enumerate(self._recent if not kwargs else ()):
+            world, entry, _, call = recent
+            leaves = call_leaves(world, args) if _reach_holds(world, args) else None
+            if leaves is None:
+                continue
+            # A recent call's Call checks in C++ that this call shares its facts (_guard): its
             # signature and its entry; and runs the whole call there.
-            world, entry, _, call = last
             try:
                 r = call(leaves)
                 if r is _OTHER:  # an input is not where it was: made where the capture can
@@ -738,8 +750,9 @@ class CompiledFunction:
             except _AliasedMemory as e:
                 return self._eager(world, entry, e, args, kwargs)
             if r is not _MISS:
+                if k:
+                    self._recent.insert(0, self._recent.pop(k))
                 return r
-        self._last = None
         tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if any(t.requires_grad for t in tensors):
             return self._eager_for_grad_arguments(args, kwargs)
@@ -781,7 +794,10 @@ class CompiledFunction:
         finally:
             if guard is not None:
                 world.args_leaves = None
-                self._last = (world, entry, guard, call)
+                # Only calls on the same objects stay (a world holds its modules, optimizers and
+                # tensors alive: those of a model the program dropped are not kept).
+                kept = [r for r in self._recent if _same_objects(r[0], world)]
+                self._recent = [(world, entry, guard, call)] + kept[:_RECENT - 1]
 
     def _warn_value_captures(self, signature):
         """Warns once where the step has been captured _VALUE_CAPTURES times for nothing but
