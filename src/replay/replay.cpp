@@ -442,6 +442,7 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   if (!pending.empty()) sync(pending);
 
   std::vector<std::shared_ptr<Buffer>> params;
+  params.reserve(inputs.size());
   exec::Frame frame;
   frame.size_for(exe);
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -459,6 +460,8 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   exec::run(*w.exe, frame, offer, param, replay_graph);
   std::vector<Tensor> results;
   std::vector<const TensorImpl*> written;
+  results.reserve(frame.outs.size());
+  written.reserve(frame.outs.size());
   for (size_t k = 0; k < frame.outs.size(); ++k) {
     const int32_t p = w.updates[k];
     if (p >= 0) {
@@ -479,6 +482,7 @@ std::vector<Tensor> run_cached_graph(const GraphHash& hash, const std::vector<Te
   }
   rederive_written_views(written);
   std::vector<Tensor> ordered;
+  ordered.reserve(w.layout.size() + results.size());
   std::vector<char> placed(results.size(), 0);
   for (size_t i = 0; i < w.layout.size(); ++i) {
     if (w.layout[i] >= 0) {
