@@ -49,6 +49,7 @@ import dis
 import functools
 import inspect
 import sys
+import weakref
 
 import numpy as np
 
@@ -456,21 +457,50 @@ def read_signature(reads):
 
 
 class Same:
-    """An object compared by identity (==, hash), held alive so that its id stays its."""
+    """An object compared by identity (==, hash), not held alive where it can be referred to
+    weakly (a module, an optimizer, a tensor, a function): equal only while it lives, so its id,
+    once a later object's, equals nothing; a signature holding it keeps no dropped model alive,
+    and says it is dead (`alive`). An object with no weak references is held."""
 
-    __slots__ = ("obj",)
+    __slots__ = ("_get", "_id")
 
     def __init__(self, obj):
-        self.obj = obj
+        self._id = id(obj)
+        try:
+            self._get = weakref.ref(obj)
+        except TypeError:
+            self._get = lambda: obj
+
+    @property
+    def obj(self):
+        """The object, or None once it is gone."""
+        return self._get()
+
+    @property
+    def alive(self):
+        return self._get() is not None
 
     def __eq__(self, other):
-        return isinstance(other, Same) and other.obj is self.obj
+        if not isinstance(other, Same) or other._id != self._id:
+            return False
+        obj = self._get()
+        return obj is not None and other._get() is obj
 
     def __hash__(self):
-        return id(self.obj)
+        return self._id
 
     def __repr__(self):
-        return f"<{type(self.obj).__name__} at {id(self.obj):#x}>"
+        obj = self._get()
+        return f"<{type(obj).__name__ if obj is not None else 'dead object'} at {self._id:#x}>"
+
+
+def all_alive(key):
+    """Whether every object a key (nested tuples) holds by identity (Same) is still alive."""
+    if isinstance(key, Same):
+        return key.alive
+    if isinstance(key, tuple):
+        return all(all_alive(k) for k in key)
+    return True
 
 
 class TensorReads:

@@ -163,6 +163,51 @@ def test_calls_that_alternate_between_captures_take_the_guarded_fast_path():
     assert all(world.modules == [m_new] for world, _, _, _ in compiled._recent)
 
 
+def test_a_model_the_program_drops_is_not_kept_by_the_compiled_step():
+    # A sweep, or k-fold training: one compiled step, a new model and optimizer per trial. The
+    # signatures of the earlier trials' captures held their models (argument objects) alive,
+    # and kept their captures (compiled code, views of the parameters' memory) forever. Objects
+    # are in a signature by identity without being held; a capture of a world whose objects are
+    # all gone is dropped when the next capture is made. The same for a model reached by a
+    # global that the program rebinds.
+    import gc
+    import weakref
+
+    def trial(model, opt, x, y):
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    global SWEEP_MODEL, SWEEP_OPT
+
+    def closure_trial(x, y):
+        return trial(SWEEP_MODEL, SWEEP_OPT, x, y)
+
+    for compiled, by_argument in ((lazyrt.torch.compile(trial), True), (lazyrt.torch.compile(closure_trial), False)):
+        dropped = []
+        for seed in range(6):
+            gc.collect()  # (a model and its optimizer may hold each other: freed by the collector)
+            m_lazy, m_eager = net(seed=seed), net(seed=seed)
+            o_lazy, o_eager = sgd(m_lazy.parameters()), sgd(m_eager.parameters())
+            SWEEP_MODEL, SWEEP_OPT = m_lazy, o_lazy
+            for x, y in batches(n=3, seed=seed):
+                got = compiled(m_lazy, o_lazy, x, y) if by_argument else compiled(x, y)
+                close(got.detach().numpy(), trial(m_eager, o_eager, x, y).detach().numpy(), f"trial {seed}")
+            same_state([(m_lazy, m_eager), (o_lazy, o_eager)], f"trial {seed}:")
+            dropped.append(weakref.ref(m_lazy))
+            del m_lazy, o_lazy, got
+        SWEEP_MODEL = SWEEP_OPT = None
+        gc.collect()
+        # (the last trial's model: its calls' guards hold it until a call on another model)
+        alive = sum(r() is not None for r in dropped[:-1])
+        assert alive == 0, f"{alive} of the first 5 dropped models alive (by argument: {by_argument})"
+        # Each trial captures twice (no momentum yet, then momentum): those of the last two
+        # trials at most are kept (the one before the last is dropped once the collector ran).
+        assert sum(map(len, compiled._entries.values())) <= 4, f"{len(compiled._entries)} captures kept"
+
+
 def test_tuple_and_list_arguments_take_the_fast_path_and_stay_exact():
     # A recurrent model's hidden state passed as a tuple of tensors (a new tuple every call), a
     # batch as a list: the call's leaves enter the quick key and the guard, so it takes the fast

@@ -40,7 +40,7 @@ import torch.utils._pytree as pytree
 
 from lazyrt.torch import _optim, _patch
 from lazyrt.torch import _reads as _torch_reads  # noqa: F401  (registers PyTorch's objects for the walk)
-from lazyrt._reads import TensorReads, put, read_signature, tensors_in
+from lazyrt._reads import Same, TensorReads, put, read_signature, tensors_in
 
 aten = torch.ops.aten
 
@@ -275,6 +275,14 @@ def _hashable(value):
         return ("unhashable", type(value).__name__, repr(value))
 
 
+def _keyed(a):
+    """An argument that is no tensor, in a signature: an object that hashes by identity (a
+    module, an optimizer) by identity, not held (`Same`); a value that hashes by value, itself."""
+    if type(a).__hash__ is object.__hash__:
+        return Same(a)
+    return _hashable(a)
+
+
 def _tensor_sig(t):
     return ("T", tuple(t.shape), t.dtype)
 
@@ -403,10 +411,10 @@ class World:
     def signature(self):
         """Everything a captured graph depends on besides tensor values (and learning rates)."""
         args = tuple(("T", tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor)
-                     else ("C", type(a).__name__, _hashable(a)) for a in self.args_leaves)
-        params = tuple((id(p), tuple(p.shape), p.dtype, p.requires_grad, len(pl))
+                     else ("C", type(a).__name__, _keyed(a)) for a in self.args_leaves)
+        params = tuple((Same(p), tuple(p.shape), p.dtype, p.requires_grad, len(pl))
                        for p, pl in zip(self.params, self.param_places))
-        buffers = tuple((id(b), tuple(b.shape), b.dtype, len(bl)) for b, bl in zip(self.buffers, self.buffer_places))
+        buffers = tuple((Same(b), tuple(b.shape), b.dtype, len(bl)) for b, bl in zip(self.buffers, self.buffer_places))
         grads = []
         for i, p in enumerate(self.params):
             kind = self.grad_kind(i)
@@ -419,7 +427,7 @@ class World:
             groups = tuple((tuple(sorted((k, _hashable(v)) for k, v in g.items()
                                          if k not in _optim.NOT_HYPERPARAMETERS)),
                             ("lr-input",) if lr_in else ("lr", _hashable(g["lr"])),
-                            tuple(id(p) for p in g["params"]))
+                            tuple(Same(p) for p in g["params"]))
                            for g in o.param_groups)
             states = []
             for gi, i in self.opt_params[oi]:
@@ -432,7 +440,10 @@ class World:
                     d = {}
                 states.append(tuple(sorted((k, _value_sig(v)) for k, v in d.items())))
             opts.append((type(o), lr_in, groups, tuple(states)))
-        return (str(self.args_spec), args, params, buffers, self.training, tuple(grads), tuple(opts),
+        # The modules by identity, not held: a capture of a model the program dropped is dropped
+        # (its own hand-over keeps the parameters alive, not the modules).
+        modules = tuple(Same(m) for m in self.modules)
+        return (str(self.args_spec), args, modules, params, buffers, self.training, tuple(grads), tuple(opts),
                 torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode(), self.read_values())
 
     def read_values(self):

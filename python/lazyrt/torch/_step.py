@@ -13,7 +13,8 @@ import lazyrt
 from lazyrt.torch import _optim, distributed as _distributed
 from lazyrt.torch._capture import CaptureError, EagerOnly, World, _plain, call_leaves, capture, key_object
 from lazyrt._reads import DEPTH as _READS_DEPTH, MAX_ITEMS as _READS_MAX_ITEMS, \
-    KINDS as _READ_KINDS, META as _META, TensorReads, code_reads, guard_spec, inputs_by_identity, python_reads
+    KINDS as _READ_KINDS, META as _META, TensorReads, all_alive, code_reads, guard_spec, \
+    inputs_by_identity, python_reads
 from lazyrt import _C, _torch_C
 from lazyrt.torch._lower import GraphBreakWarning, LoweredGraph, _computed
 from lazyrt.torch import _device, _discover
@@ -770,6 +771,7 @@ class CompiledFunction:
             if entry.accepts(world):
                 break
         else:
+            self._forget_the_dead()
             entry = self._capture_or_eager(world, signature, args, kwargs)
             if entry is None:
                 return self.fn(*args, **kwargs)
@@ -798,6 +800,14 @@ class CompiledFunction:
                 # tensors alive: those of a model the program dropped are not kept).
                 kept = [r for r in self._recent if _same_objects(r[0], world)]
                 self._recent = [(world, entry, guard, call)] + kept[:_RECENT - 1]
+
+    def _forget_the_dead(self):
+        """Drops the captures (and eager-only verdicts) for worlds whose modules, optimizers,
+        parameters or objects read by identity are gone: no call can have their signature again,
+        and a capture holds compiled code and views of its tensors' memory."""
+        self._entries = {s: e for s, e in self._entries.items() if all_alive(s)}
+        self._eager_only = {s: why for s, why in self._eager_only.items() if all_alive(s)}
+        self._state_changed = {s for s in self._state_changed if all_alive(s)}
 
     def _warn_value_captures(self, signature):
         """Warns once where the step has been captured _VALUE_CAPTURES times for nothing but
