@@ -166,6 +166,10 @@ class _Static:
             "params": [], "optimizers": [], "moved": None, "device_result": None, "miss": None, "other": None})
         self._aliased = None  # this graph with no memory lent (see __call__)
         self._marks = None
+        # Outputs that are views of an input: AOT makes such an output again from the input with
+        # the strides and offset of the one the graph returns, which must then be eager's.
+        self.input_views = [(i, view[0], view[1]) for i, view in enumerate(_view_of_input(v, index) for v in outs)
+                            if view is not None]
 
     def mark_dynamic(self, dims):
         """Marks these dims of each input dynamic (soft: lazyrt.maybe_mark_dynamic) in the views
@@ -206,7 +210,7 @@ class _Static:
     def __call__(self, args):
         _C._metrics._increment("DynamoCall", 1)
         try:
-            return self.call.run(tuple(args))
+            results = self.call.run(tuple(args))
         except _AliasedMemory:
             # An input the step updates in place overlaps another input in memory: this call
             # runs the graph compiled with no memory lent, which copies every update after it.
@@ -215,6 +219,14 @@ class _Static:
                 if self._marks is not None:
                     self._aliased.mark_dynamic(self._marks)
             return self._aliased(args)
+        # The views of inputs, made by torch from the inputs (updated in place by now), as eager
+        # makes them (lazyrt's value may be a copy: an input of a shape bucket, say).
+        for i, k, chain in self.input_views:
+            t = args[k]
+            for n in chain:
+                t = n.target(t, *n.args[1:], **n.kwargs)
+            results[i] = t
+        return results
 
 
 _PASSING_ON = {aten.clone.default, aten.alias.default, aten.detach.default, aten.view.default,
@@ -231,6 +243,21 @@ def _passed_on(node, index):
     while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _PASSING_ON:
         node = node.args[0]
     return index.get(node) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
+
+
+def _view_of_input(node, index):
+    """(input position, the view nodes from it to `node`) where `node` is a chain of views of an
+    input (ops whose result aliases their first argument, with no other node among their
+    arguments), else None."""
+    chain = []
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and \
+            isinstance(node.target, torch._ops.OpOverload) and node.target.is_view and \
+            not any(isinstance(a, torch.fx.Node) for a in torch.utils._pytree.tree_leaves((node.args[1:], node.kwargs))):
+        chain.append(node)
+        node = node.args[0]
+    if not chain or not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+        return None
+    return index[node], chain[::-1]
 
 
 class _Eager:
