@@ -291,6 +291,17 @@ def _value_sig(v):
     return _tensor_sig(v) if isinstance(v, torch.Tensor) else ("C", _hashable(v))
 
 
+class Facts(collections.namedtuple("Facts", "spec args modules submodules params buffers optimizers modes reads")):
+    """What a capture made for one world depends on besides tensor values and learning rates
+    (World.facts): the arguments' structure (spec) and leaves; the modules, and each submodule
+    in walk order with its mode; the parameters (tensor, how many places hold it, its gradient's
+    kind: World.grad_kind), the buffers (tensor, places); per optimizer (optimizer, whether its
+    learning rates are inputs, its groups (group, its hyperparameters in order: the learning
+    rate where it is no input), its states (group index, parameter index, kind: World.state_kind,
+    the state dict or None)); the modes (grad, default dtype, CPU autocast: _autocast_mode); the
+    Python values the step reads. Tensors' metadata is read from the tensors."""
+
+
 class World:
     """The tensors one call of a step reads and writes, and the signature the call is guarded on.
 
@@ -313,12 +324,10 @@ class World:
         self.params, self.param_places = [], []
         self.buffers, self.buffer_places = [], []
         index_of = {}
-        training = []
         self.submodules = []  # every submodule in walk order (shared ones again where met again)
         for m in modules:
             for _, sub in m.named_modules(remove_duplicate=False):
                 self.submodules.append(sub)
-                training.append(sub.training)
                 for table, tensors, places, kind in ((sub._parameters, self.params, self.param_places, "p"),
                                                      (sub._buffers, self.buffers, self.buffer_places, "b")):
                     for name, t in table.items():
@@ -335,7 +344,6 @@ class World:
                             places[i[1]].append((sub, name))
         self.param_index = {id(p): i for i, p in enumerate(self.params)}
         self.tensor_ids = frozenset(index_of)
-        self.training = tuple(training)
         # The Python values the step reads (_reads.python_reads; set by the compiled function):
         # constants of a capture, so their values are part of the signature.
         self.reads = ()
@@ -408,48 +416,56 @@ class World:
             return "empty_canonical"
         return "empty"
 
-    def signature(self):
-        """Everything a captured graph depends on besides tensor values (and learning rates)."""
-        args = tuple(("T", tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor)
-                     else ("C", type(a).__name__, _keyed(a)) for a in self.args_leaves)
-        params = tuple((Same(p), tuple(p.shape), p.dtype, p.requires_grad, len(pl))
-                       for p, pl in zip(self.params, self.param_places))
-        buffers = tuple((Same(b), tuple(b.shape), b.dtype, len(bl)) for b, bl in zip(self.buffers, self.buffer_places))
-        grads = []
-        for i, p in enumerate(self.params):
-            kind = self.grad_kind(i)
-            g = p.grad
-            grads.append(_tensor_sig(g) if kind == "present" else
-                         _tensor_sig(p) if kind == "none_canonical" else ("N",))
+    def facts(self):
+        """What a capture made for this world depends on besides tensor values and learning
+        rates, listed once (`Facts`): the signature that finds the capture is made of them, and
+        so is the C++ guard that lets a later call take it without Python (`_step._guard`)."""
         opts = []
         for oi, o in enumerate(self.optimizers):
             lr_in = _optim.lr_is_input(o)
-            groups = tuple((tuple(sorted((k, _hashable(v)) for k, v in g.items()
-                                         if k not in _optim.NOT_HYPERPARAMETERS)),
-                            ("lr-input",) if lr_in else ("lr", _hashable(g["lr"])),
-                            tuple(Same(p) for p in g["params"]))
+            groups = tuple((g, tuple((k, v) for k, v in g.items()
+                                     if k not in ("params", "initial_lr") and not (k == "lr" and lr_in)))
                            for g in o.param_groups)
-            states = []
-            for gi, i in self.opt_params[oi]:
-                kind = self.state_kind(oi, gi, i)
-                if kind == "present":
-                    d = self.state_of(oi, i)
-                elif kind == "empty_canonical":
-                    d = _optim.initial_state(o, o.param_groups[gi], self.params[i], device="meta")
-                else:
-                    d = {}
-                states.append(tuple(sorted((k, _value_sig(v)) for k, v in d.items())))
-            opts.append((type(o), lr_in, groups, tuple(states)))
-        # The modules by identity, not held: a capture of a model the program dropped is dropped
-        # (its own hand-over keeps the parameters alive, not the modules).
-        modules = tuple(Same(m) for m in self.modules)
-        return (str(self.args_spec), args, modules, params, buffers, self.training, tuple(grads), tuple(opts),
-                torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode(), self.read_values())
+            states = tuple((gi, i, self.state_kind(oi, gi, i), self.state_of(oi, i)) for gi, i in self.opt_params[oi])
+            opts.append((o, lr_in, groups, states))
+        return Facts(
+            str(self.args_spec), tuple(self.args_leaves), tuple(self.modules),
+            tuple((sub, sub.training) for sub in self.submodules),
+            tuple((p, len(pl), self.grad_kind(i)) for i, (p, pl) in enumerate(zip(self.params, self.param_places))),
+            tuple((b, len(bl)) for b, bl in zip(self.buffers, self.buffer_places)),
+            tuple(opts),
+            (torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode()),
+            self.reads)
 
-    def read_values(self):
-        """What the Python values the step reads make of the signature (`_reads.read_signature`);
-        always its last part."""
-        return read_signature(self.reads)
+    def signature(self):
+        """Everything a captured graph depends on besides tensor values (and learning rates):
+        the facts (`facts`), each by what the capture depends on. A missing gradient or
+        optimizer state the capture can make (see grad_kind, state_kind) is keyed as present, so
+        that its call shares the capture; objects are keyed by identity, not held (`Same`)."""
+        f = self.facts()
+        args = tuple(("T", tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor)
+                     else ("C", type(a).__name__, _keyed(a)) for a in f.args)
+        params = tuple((Same(p), tuple(p.shape), p.dtype, p.requires_grad, places) for p, places, _ in f.params)
+        buffers = tuple((Same(b), tuple(b.shape), b.dtype, places) for b, places in f.buffers)
+        grads = tuple(_tensor_sig(p.grad) if kind == "present" else _tensor_sig(p) if kind == "none_canonical"
+                      else ("N",) for p, _, kind in f.params)
+        opts = []
+        for o, lr_in, groups, states in f.optimizers:
+            keyed_groups = tuple((tuple(sorted((k, _hashable(v)) for k, v in entries if k != "lr")),
+                                  ("lr-input",) if lr_in else ("lr", _hashable(g["lr"])),
+                                  tuple(Same(p) for p in g["params"]))
+                                 for g, entries in groups)
+            keyed_states = []
+            for gi, i, kind, d in states:
+                if kind == "empty_canonical":
+                    d = _optim.initial_state(o, o.param_groups[gi], self.params[i], device="meta")
+                elif kind != "present":
+                    d = {}
+                keyed_states.append(tuple(sorted((k, _value_sig(v)) for k, v in d.items())))
+            opts.append((type(o), lr_in, keyed_groups, tuple(keyed_states)))
+        return (f.spec, args, tuple(Same(m) for m in f.modules), params, buffers,
+                tuple(training for _, training in f.submodules), grads, tuple(opts), *f.modes,
+                read_signature(f.reads))  # (last: the Python values read, see _warn_value_captures)
 
 
 _PLAIN_VALUES = (int, float, bool, str, type(None))

@@ -567,25 +567,24 @@ def discover(fn, *args, **kwargs):
     return modules, optimizers
 
 
-def _guard(fn, world, optimizers, args):
+def _guard(fn, world, args):
     """A _torch_C.Guard of the facts a call must share with the one `world` was built from for
-    the capture made for `world` to run it: the call's argument leaves (`args`: tensors by metadata, modules and
-    optimizers by identity, plain values by value), the modules' modes and the identity of
-    their parameters, buffers and children, the parameters' and buffers' metadata and
-    gradients, the optimizers' hyperparameters and state, the modes, what discover(fn) reads
-    (fn's code, closure cells and named globals, by identity) and the Python values the step
-    reads (world.reads: those the checks of fn's cells and named globals do not cover; a tensor
-    by its metadata: a capture reads it from its place, see _Entry.keep_reads). It needs no
-    capture: the same facts for every capture of the world. The
-    one definition of those facts: a call the guard passes has the capture's signature. None
-    where a fact cannot be compared without Python (an argument leaf that is no key object, a
+    the capture made for `world` to run it: `world.facts()`, each compared exactly (the
+    signature made of them keys some by what a capture depends on only), and what discover(fn)
+    reads (fn's code, closure cells and named globals, by identity). `args`: the call's argument
+    leaves (tensors by metadata, modules and optimizers by identity, plain values by value).
+    The Python values the step reads are compared as read (a tensor by its metadata: a capture
+    reads it from its place, see _Entry.keep_reads). It needs no capture: the same facts for
+    every capture of the world. A call the guard passes has the capture's signature. None where
+    a fact cannot be compared without Python (an argument leaf that is no key object, a
     hyperparameter or state entry that is not a plain value): such calls take the signature."""
     if not all(isinstance(a, torch.Tensor) or key_object(a) for a in args):
         return None
+    facts = world.facts()
     f = fn.__func__ if inspect.ismethod(fn) else fn
     plain_function = inspect.isfunction(f)
     # The places of tensors, compared by their metadata.
-    by_meta = {(kind, id(holder), key) for _, kind, holder, key, _, how in world.reads if how is _META}
+    by_meta = {(kind, id(holder), key) for _, kind, holder, key, _, how in facts.reads if how is _META}
     cells = []
     for cell in (f.__closure__ or ()) if plain_function else ():
         try:
@@ -593,40 +592,34 @@ def _guard(fn, world, optimizers, args):
         except ValueError:  # an empty cell
             cells.append((cell, None, False, False))
     # A callable that is no function (a module, an object with __call__): its reach is checked
-    # by _reach_holds, the values it reads as world.reads.
+    # by _reach_holds, the values it reads as the reads.
     g = f.__globals__ if plain_function else {}
     own_names = _code_names(f.__code__) if plain_function else []
-    params = world.params
+    params = [p for p, _, _ in facts.params]
+    buffers = [b for b, _ in facts.buffers]
+    grad_enabled, default_dtype, (_, autocast, autocast_dtype) = facts.modes
     spec = {
         "function": f, "code": f.__code__ if plain_function else None, "cells": cells, "globals": g,
         "names": [(n, g.get(n), n in g, ("g", id(g), n) in by_meta) for n in own_names],
-        "args": list(args), "world_tensors": list(world.params) + list(world.buffers),
-        "submodules": [(sub, sub.training, list(sub._parameters.values()), list(sub._buffers.values()),
-                        list(sub._modules.values())) for sub in world.submodules],
-        "params": list(params), "buffers": list(world.buffers),
-        # The Python values the step reads (world.reads) but those the checks of cells and named
-        # globals above already compare by identity.
-        "reads": guard_spec([r for r in world.reads
+        "args": list(args), "world_tensors": params + buffers,
+        "submodules": [(sub, training, list(sub._parameters.values()), list(sub._buffers.values()),
+                        list(sub._modules.values())) for sub, training in facts.submodules],
+        "params": params, "buffers": buffers,
+        # The Python values the step reads but those the checks of cells and named globals
+        # above already compare by identity.
+        "reads": guard_spec([r for r in facts.reads
                              if not (r[1] == "c" and any(r[2] is c[0] for c in cells) or
                                      r[1] == "g" and r[2] is g and r[3] in own_names)], by_meta),
         "limits": (_READS_DEPTH, _READS_MAX_ITEMS),
-        "modes": (torch.is_grad_enabled(), torch.get_default_dtype(), torch.is_autocast_enabled("cpu"),
-                  torch.get_autocast_dtype("cpu")),
+        "modes": (grad_enabled, default_dtype, autocast, autocast_dtype),
     }
     opts = []
-    for oi, o in enumerate(optimizers):
-        lr_in = _optim.lr_is_input(o)
-        groups = [(list(group["params"]), [(k, v) for k, v in group.items()
-                                           if k not in ("params", "initial_lr") and not (k == "lr" and lr_in)])
-                  for group in o.param_groups]
-        states = []
-        for _, i in world.opt_params[oi]:
-            d = o.state.get(params[i])
-            states.append((params[i], list(d.items()) if d else None))
+    for o, lr_in, groups, states in facts.optimizers:
+        states = [(params[i], list(d.items()) if d else None) for _, i, _, d in states]
         if not all(_plain(v) for _, entries in groups for _, v in entries) or \
                 not all(isinstance(v, torch.Tensor) or _plain(v) for _, d in states if d for _, v in d):
             return None  # (compared by identity, an object changed in place would pass)
-        opts.append((o, lr_in, groups, states))
+        opts.append((o, lr_in, [(list(group["params"]), list(entries)) for group, entries in groups], states))
     spec["optimizers"] = opts
     return _torch_C.Guard(spec)
 
@@ -784,7 +777,7 @@ class CompiledFunction:
             if entry.collectives:
                 _distributed._before_first_run(world)
         leaves = None if kwargs else call_leaves(world, args)
-        guard = None if leaves is None else _guard(self.fn, world, optimizers, leaves)
+        guard = None if leaves is None else _guard(self.fn, world, leaves)
         if guard is not None:
             # The objects the guard holds by identity, alive while it is (their ids stay theirs).
             world.key_objects = [a for a in leaves if not isinstance(a, torch.Tensor)]
