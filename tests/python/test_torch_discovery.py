@@ -173,19 +173,12 @@ def test_a_model_the_program_drops_is_not_kept_by_the_compiled_step():
     import gc
     import weakref
 
-    def trial(model, opt, x, y):
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
     global SWEEP_MODEL, SWEEP_OPT
 
     def closure_trial(x, y):
-        return trial(SWEEP_MODEL, SWEEP_OPT, x, y)
+        return train(SWEEP_MODEL, SWEEP_OPT, x, y)
 
-    for compiled, by_argument in ((lazyrt.torch.compile(trial), True), (lazyrt.torch.compile(closure_trial), False)):
+    for compiled, by_argument in ((lazyrt.torch.compile(train), True), (lazyrt.torch.compile(closure_trial), False)):
         dropped = []
         for seed in range(6):
             gc.collect()  # (a model and its optimizer may hold each other: freed by the collector)
@@ -194,7 +187,7 @@ def test_a_model_the_program_drops_is_not_kept_by_the_compiled_step():
             SWEEP_MODEL, SWEEP_OPT = m_lazy, o_lazy
             for x, y in batches(n=3, seed=seed):
                 got = compiled(m_lazy, o_lazy, x, y) if by_argument else compiled(x, y)
-                close(got.detach().numpy(), trial(m_eager, o_eager, x, y).detach().numpy(), f"trial {seed}")
+                close(got.detach().numpy(), train(m_eager, o_eager, x, y).detach().numpy(), f"trial {seed}")
             same_state([(m_lazy, m_eager), (o_lazy, o_eager)], f"trial {seed}:")
             dropped.append(weakref.ref(m_lazy))
             del m_lazy, o_lazy, got
