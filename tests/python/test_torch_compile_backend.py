@@ -520,6 +520,9 @@ VIEW_RESULTS = {
     "two views": lambda h: (h[1:], h[:, :2]),
     "diagonal": lambda h: h.diagonal(),
     "after an update in place": lambda h: (h.mul_(2), h[:, 1:])[1],
+    "changed in place": lambda h: h.narrow(1, 1, h.shape[1] - 1).add_(5),
+    "chunk": lambda h: h.chunk(3, 1),
+    "unbind": lambda h: h.unbind(0),
     "of an intermediate, with it": lambda h: (lambda t: (t, t[:, 1:]))(h * 2),
 }
 

@@ -44,6 +44,7 @@ warned about (`GraphBreakWarning`) and counted by ``DynamoEagerGraph``.
 import importlib.abc
 import importlib.util
 import math
+import operator
 import sys
 import warnings
 
@@ -168,8 +169,10 @@ class _Static:
         self._marks = None
         # Outputs that are views of an input: AOT makes such an output again from the input with
         # the strides and offset of the one the graph returns, which must then be eager's.
-        self.input_views = [(i, view[0], view[1]) for i, view in enumerate(_view_of_input(v, index) for v in outs)
-                            if view is not None]
+        written = {src_node: k for k, src_node in ((index[n.args[0]], n.args[1]) for n in gm.graph.nodes
+                                                   if n.op == "call_function" and n.target is aten.copy_.default)}
+        self.input_views = [(i, view[0], view[1]) for i, view in
+                            enumerate(_view_of_input(v, index, written) for v in outs) if view is not None]
 
     def mark_dynamic(self, dims):
         """Marks these dims of each input dynamic (soft: lazyrt.maybe_mark_dynamic) in the views
@@ -223,8 +226,10 @@ class _Static:
         # makes them (lazyrt's value may be a copy: an input of a shape bucket, say).
         for i, k, chain in self.input_views:
             t = args[k]
-            for n in chain:
+            for n, item in chain:
                 t = n.target(t, *n.args[1:], **n.kwargs)
+                if item is not None:
+                    t = t[item]
             results[i] = t
         return results
 
@@ -245,19 +250,29 @@ def _passed_on(node, index):
     return index.get(node) if isinstance(node, torch.fx.Node) and node.op == "placeholder" else None
 
 
-def _view_of_input(node, index):
-    """(input position, the view nodes from it to `node`) where `node` is a chain of views of an
-    input (ops whose result aliases their first argument, with no other node among their
-    arguments), else None."""
+def _view_of_input(node, index, written):
+    """(input position, the chain of views from it to `node`: (view node, the item taken of its
+    results or None)) where `node` is a chain of views (ops whose results alias their first
+    argument, with no other node among their arguments; split's and unbind's items too) of an
+    input, or of the value the graph writes into an input (`written`: that value's node -> the
+    input's position; the chain is made after the write), else None."""
     chain = []
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and \
-            isinstance(node.target, torch._ops.OpOverload) and node.target.is_view and \
-            not any(isinstance(a, torch.fx.Node) for a in torch.utils._pytree.tree_leaves((node.args[1:], node.kwargs))):
-        chain.append(node)
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        item = None
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            node, item = node.args[0], node.args[1]
+        if not (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload) and
+                node.target.is_view and not any(isinstance(a, torch.fx.Node) for a in
+                                                torch.utils._pytree.tree_leaves((node.args[1:], node.kwargs)))):
+            if item is not None:
+                return None
+            break
+        chain.append((node, item))
         node = node.args[0]
-    if not chain or not isinstance(node, torch.fx.Node) or node.op != "placeholder":
+    if not chain or not isinstance(node, torch.fx.Node):
         return None
-    return index[node], chain[::-1]
+    k = index.get(node) if node.op == "placeholder" else written.get(node)
+    return None if k is None else (k, chain[::-1])
 
 
 class _Eager:
