@@ -1827,7 +1827,7 @@ def _lookup_finds(compiled, world, entry, new_args):
     try:
         modules, optimizers, _ = compiled._discovery(new_args, {})
         now = compiled._world(new_args, {}, (modules, optimizers))
-        return now.signature() == signature and entry.accepts(now)
+        return now.signature() == signature and entry.accepts(now.facts())
     except Exception:  # a change the lookup itself cannot take is a different call
         return False
 

@@ -437,12 +437,13 @@ class World:
             (torch.is_grad_enabled(), torch.get_default_dtype(), _autocast_mode()),
             self.reads)
 
-    def signature(self):
+    def signature(self, facts=None):
         """Everything a captured graph depends on besides tensor values (and learning rates):
-        the facts (`facts`), each by what the capture depends on. A missing gradient or
-        optimizer state the capture can make (see grad_kind, state_kind) is keyed as present, so
-        that its call shares the capture; objects are keyed by identity, not held (`Same`)."""
-        f = self.facts()
+        the facts (`facts()`, or those given), each by what the capture depends on. A missing
+        gradient or optimizer state the capture can make (see grad_kind, state_kind) is keyed as
+        present, so that its call shares the capture; objects are keyed by identity, not held
+        (`Same`)."""
+        f = facts or self.facts()
         args = tuple(("T", tuple(a.shape), a.dtype, a.requires_grad) if isinstance(a, torch.Tensor)
                      else ("C", type(a).__name__, _keyed(a)) for a in f.args)
         params = tuple((Same(p), tuple(p.shape), p.dtype, p.requires_grad, places) for p, places, _ in f.params)

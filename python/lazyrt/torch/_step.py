@@ -159,23 +159,22 @@ class _Entry:
         self.side_attrs = ()  # (module, attribute name) the step sets to tensors, in result order
         self.tensor_reads = TensorReads(())  # see keep_reads
 
-    def accepts(self, world):
-        """Whether this capture is right for `world` (which has this capture's signature): the
-        missing gradients and state it captured as missing are still missing, and those it
-        captured through a stand-in are missing only where the stand-in was checked, and the
-        tensors it read from places are still of their metadata (keep_reads)."""
-        if not self.tensor_reads.hold(world.reads):
+    def accepts(self, facts):
+        """Whether this capture is right for a world of these facts (World.facts; the world has
+        this capture's signature): the missing gradients and state it captured as missing are
+        still missing, and those it captured through a stand-in are missing only where the
+        stand-in was checked, and the tensors it read from places are still of their metadata
+        (keep_reads)."""
+        if not self.tensor_reads.hold(facts.reads):
             return False
-        for i in range(len(world.params)):
-            kind = world.grad_kind(i)
+        for i, (_, _, kind) in enumerate(facts.params):
             if i in self.exact_grads:
                 if kind != "none_canonical":
                     return False
             elif kind == "none_canonical" and i not in self.grad_none_ok:
                 return False
-        for oi, entries in enumerate(world.opt_params):
-            for gi, i in entries:
-                kind = world.state_kind(oi, gi, i)
+        for oi, (_, _, _, states) in enumerate(facts.optimizers):
+            for _, i, kind, _ in states:
                 if (oi, i) in self.exact_states:
                     if kind != "empty_canonical":
                         return False
@@ -755,13 +754,14 @@ class CompiledFunction:
         modules, optimizers, reach = self._discovery(args, kwargs)
         world = self._world(args, kwargs, (modules, optimizers))
         world.reach = reach  # checked before the last call's guard is (_reach_holds)
-        signature = world.signature()
+        facts = world.facts()
+        signature = world.signature(facts)
         entries = self._entries.setdefault(signature, [])
         if signature[:-1] in self._eager_only:  # no capture can replay it (see EagerOnly)
             self._warn_eager_only(signature[:-1])
             return self.fn(*args, **kwargs)
         for entry in entries:
-            if entry.accepts(world):
+            if entry.accepts(facts):
                 break
         else:
             self._forget_the_dead()
