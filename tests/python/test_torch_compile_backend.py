@@ -536,7 +536,7 @@ def test_views_returned_are_eagers_views(case, dynamic):
     # elements (h.narrow(1, 1, n - 1) came back shifted, with no error).
     f = VIEW_RESULTS[case]
     compiled = torch.compile(f, backend="lazyrt", dynamic=dynamic)
-    for n in (9, 11, 12):
+    for n in (9, 12):
         h, h_eager = torch.arange(6.0 * n).reshape(6, n), torch.arange(6.0 * n).reshape(6, n)
         got, want = compiled(h), f(h_eager)
         got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
