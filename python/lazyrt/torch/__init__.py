@@ -129,12 +129,14 @@ contents of lists and dicts of more than 256 items and of other containers (guar
 identity), ``__slots__``, the globals of library code (torch, NumPy, the standard library),
 and any Python side effect of the step beyond those refused at capture (it runs only when
 captured: changes to other objects' attributes, printing). A call with
-positional tensor arguments on the same modules and optimizers as the last call is checked
-first by a cheaper key over the same facts (identities of the modules' parameters, buffers and
-submodules, shapes, dtypes, flags, plain hyperparameter and state values, modes, the values
-read), checked in C++ where the step is a plain function (with what it reaches: its code,
-closure cells and the globals it names, by identity); any difference, or a value that is not a
-plain number, string or tuple of them, takes the full signature.
+positional arguments on the same modules and optimizers as its recent calls (the last 16 that
+differed) is checked first against theirs, most recent first, by a cheaper key over the same
+facts (identities of the modules' parameters, buffers and submodules, shapes, dtypes, flags,
+plain hyperparameter and state values, modes, the values read), checked in C++ (with what a
+plain function reaches: its code, closure cells and the globals it names, by identity); a call
+that matches none, or a value that is not a plain number, string or tuple of them, takes the
+full signature. A compiled function holds no model the program dropped: captures of a world
+whose modules are gone are let go at the next capture.
 
 **Data-parallel training** (`lazyrt.torch.distributed`): a step that calls
 ``lazyrt.torch.distributed.reduce_gradients(optimizer)`` (or ``optimizer_step(optimizer)``, or

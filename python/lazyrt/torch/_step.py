@@ -753,7 +753,7 @@ class CompiledFunction:
             return self._eager_for_layout(args, kwargs)
         modules, optimizers, reach = self._discovery(args, kwargs)
         world = self._world(args, kwargs, (modules, optimizers))
-        world.reach = reach  # checked before the last call's guard is (_reach_holds)
+        world.reach = reach  # checked before its guard is (_reach_holds)
         facts = world.facts()
         signature = world.signature(facts)
         entries = self._entries.setdefault(signature, [])
