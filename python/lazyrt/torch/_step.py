@@ -725,7 +725,10 @@ class CompiledFunction:
         return sum(e.traces for entries in self._entries.values() for e in entries)
 
     def __call__(self, *args, **kwargs):
-        for k, recent in enumerate(self._recent if not kwargs else ()):
+        # (The list is replaced, never changed in place: a call in another thread may be
+        # going through it.)
+        recents = self._recent if not kwargs else ()
+        for k, recent in enumerate(recents):
             world, entry, _, call = recent
             leaves = call_leaves(world, args) if _reach_holds(world, args) else None
             if leaves is None:
@@ -744,7 +747,7 @@ class CompiledFunction:
                 return self._eager(world, entry, e, args, kwargs)
             if r is not _MISS:
                 if k:
-                    self._recent.insert(0, self._recent.pop(k))
+                    self._recent = [recent] + [other for other in self._recent if other is not recent]
                 return r
         tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         if any(t.requires_grad for t in tensors):
